@@ -1,0 +1,30 @@
+//! The `ironsan` binary: argument parsing and dispatch to the layer crates.
+//! Each subcommand lives in its own module under `cmd/`; this file only wires them.
+
+use clap::{Parser, Subcommand};
+
+mod cmd;
+
+#[derive(Parser)]
+#[command(name = "ironsan", version, about = "User-space iSCSI/iSER target, initiator and SAN tools")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve iSCSI targets (default: a 1 GiB RAM LUN on 127.0.0.1:3260).
+    Target(cmd::target::TargetArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Target(args) => cmd::target::run(args),
+    };
+    if let Err(e) = result {
+        eprintln!("ironsan: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the test suite needs (idempotent; quiet when all are present).
+set -euo pipefail
+packages=(
+  libiscsi-bin   # iscsi-ls, iscsi-inq, iscsi-perf, iscsi-test-cu: the conformance peer
+  tgt            # tgtd: the comparison target
+  tshark         # independent decoder for our wire bytes
+  tcpdump
+  iproute2
+  python3
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections 2>/dev/null || true
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "cargo is not installed: install the Rust toolchain (https://rustup.rs) and re-run" >&2
+  exit 1
+fi
+rustup component add rustfmt clippy >/dev/null 2>&1 || true
