@@ -651,7 +651,7 @@ impl Bhs {
     /// Encode to 48 bytes with the given TotalAHSLength (bytes, multiple of 4) and
     /// DataSegmentLength (bytes, < 2^24).
     pub fn encode(&self, ahs_len: usize, data_len: u32) -> [u8; BHS_LEN] {
-        debug_assert!(ahs_len % 4 == 0 && ahs_len / 4 <= 255);
+        debug_assert!(ahs_len.is_multiple_of(4) && ahs_len / 4 <= 255);
         debug_assert!(data_len < 1 << 24);
         let mut b = [0u8; BHS_LEN];
         b[0] = self.opcode() as u8;

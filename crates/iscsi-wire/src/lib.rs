@@ -369,13 +369,12 @@ pub fn decode_pdu(buf: &[u8], digests: Digests, max_data: u32) -> Result<Decoded
     })
 }
 
+/// A digest function over a byte slice (the `digest` crate's `crc32c`).
+pub type CrcFn<'a> = &'a dyn Fn(&[u8]) -> u32;
+
 /// Encode a PDU to bytes with the given digest functions (pass `None` for no digest).
 /// Used by tests, tools and the initiator's slow paths; the hot paths build vectored writes.
-pub fn encode_pdu(
-    pdu: &Pdu,
-    header_crc: Option<&dyn Fn(&[u8]) -> u32>,
-    data_crc: Option<&dyn Fn(&[u8]) -> u32>,
-) -> Vec<u8> {
+pub fn encode_pdu(pdu: &Pdu, header_crc: Option<CrcFn>, data_crc: Option<CrcFn>) -> Vec<u8> {
     let mut out =
         Vec::with_capacity(BHS_LEN + pdu.ahs.len() + padded_len(pdu.data.len() as u32) + 8);
     out.extend_from_slice(&pdu.encode_bhs());
