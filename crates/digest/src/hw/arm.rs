@@ -1,0 +1,42 @@
+//! AArch64: the `crc` extension's CRC32C instructions, one stream.
+//!
+//! These are `unsafe fn`s only because of `#[target_feature]`: callers must have checked the
+//! feature. All memory access goes through safe slices.
+
+use core::arch::aarch64::{__crc32cb, __crc32cd};
+
+#[inline(always)]
+fn word(bytes: &[u8]) -> u64 {
+    u64::from_le_bytes(bytes.try_into().expect("8-byte chunk"))
+}
+
+/// One stream over the raw register.
+#[target_feature(enable = "crc")]
+pub(super) unsafe fn update_1way(mut reg: u32, data: &[u8]) -> u32 {
+    let mut words = data.chunks_exact(8);
+    for w in &mut words {
+        reg = __crc32cd(reg, word(w));
+    }
+    for &b in words.remainder() {
+        reg = __crc32cb(reg, b);
+    }
+    reg
+}
+
+/// One stream, copying each word to `dst` as it is read. `dst.len() == src.len()`.
+#[target_feature(enable = "crc")]
+pub(super) unsafe fn copy_update_1way(mut reg: u32, dst: &mut [u8], src: &[u8]) -> u32 {
+    let mut src_words = src.chunks_exact(8);
+    let mut dst_words = dst.chunks_exact_mut(8);
+    for (d, s) in (&mut dst_words).zip(&mut src_words) {
+        let w = word(s);
+        d.copy_from_slice(&w.to_le_bytes());
+        reg = __crc32cd(reg, w);
+    }
+    let tail = src_words.remainder();
+    dst_words.into_remainder().copy_from_slice(tail);
+    for &b in tail {
+        reg = __crc32cb(reg, b);
+    }
+    reg
+}

@@ -1,0 +1,236 @@
+//! Known vectors and agreement of every implementation, split and combine.
+
+use super::*;
+use proptest::prelude::*;
+
+/// Bit-at-a-time CRC32C straight from the definition: independent of every table and instruction.
+fn bitwise(data: &[u8]) -> u32 {
+    let mut reg = !0u32;
+    for &b in data {
+        reg ^= u32::from(b);
+        for _ in 0..8 {
+            reg = if reg & 1 != 0 {
+                (reg >> 1) ^ 0x82F6_3B78
+            } else {
+                reg >> 1
+            };
+        }
+    }
+    !reg
+}
+
+type Append = fn(u32, &[u8]) -> u32;
+type CopyAppend = fn(u32, &mut [u8], &[u8]) -> u32;
+
+/// Every implementation this CPU can run, called directly (not only through the dispatcher).
+fn appends() -> Vec<(&'static str, Append)> {
+    let mut v: Vec<(&'static str, Append)> = vec![
+        ("sarwate", sarwate::append),
+        ("slicing8", slicing8::append),
+        ("dispatched", crc32c_append),
+    ];
+    if hw::available() {
+        v.push(("hw", hw::append));
+        v.push(("hw-1stream", hw::append_1stream));
+    }
+    v
+}
+
+fn copy_appends() -> Vec<(&'static str, CopyAppend)> {
+    let mut v: Vec<(&'static str, CopyAppend)> = vec![
+        ("sarwate", sarwate::copy_append),
+        ("slicing8", slicing8::copy_append),
+        ("dispatched", |crc, d, s| {
+            let mut state = Crc32c::resume(crc);
+            state.update_copy(d, s);
+            state.finalize()
+        }),
+    ];
+    if hw::available() {
+        v.push(("hw", hw::copy_append));
+    }
+    v
+}
+
+fn hex(s: &str) -> Vec<u8> {
+    let s: String = s.split_whitespace().collect();
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+/// The vectors of the iSCSI spec notes, section 7 (RFC 3720 appendix B.4).
+fn vectors() -> Vec<(Vec<u8>, u32, [u8; 4])> {
+    vec![
+        (vec![0u8; 32], 0x8A91_36AA, [0xaa, 0x36, 0x91, 0x8a]),
+        (vec![0xffu8; 32], 0x62A8_AB43, [0x43, 0xab, 0xa8, 0x62]),
+        ((0u8..32).collect(), 0x46DD_794E, [0x4e, 0x79, 0xdd, 0x46]),
+        (
+            (0u8..32).rev().collect(),
+            0x113F_DB5C,
+            [0x5c, 0xdb, 0x3f, 0x11],
+        ),
+        (b"123456789".to_vec(), 0xE306_9283, [0x83, 0x92, 0x06, 0xe3]),
+        (
+            hex(
+                "01c00000 00000000 00000000 00000000 14000000 00000400 00000014 00000018
+                 28000000 00000000 02000000 00000000",
+            ),
+            0xD996_3A56,
+            [0x56, 0x3a, 0x96, 0xd9],
+        ),
+    ]
+}
+
+#[test]
+fn known_vectors_every_implementation() {
+    for (data, want, wire) in vectors() {
+        assert_eq!(bitwise(&data), want, "bitwise reference");
+        for (name, f) in appends() {
+            assert_eq!(f(0, &data), want, "{name} on {data:02x?}");
+        }
+        for (name, f) in copy_appends() {
+            let mut dst = vec![0u8; data.len()];
+            assert_eq!(f(0, &mut dst, &data), want, "{name} copy");
+            assert_eq!(dst, data, "{name} copy bytes");
+        }
+        assert_eq!(crc32c(&data), want);
+        assert_eq!(crc32c_le_bytes(&data), wire);
+        assert_eq!(to_wire(want), wire);
+        assert_eq!(from_wire(wire), want);
+        let mut dst = vec![0u8; data.len()];
+        assert_eq!(copy_with_crc32c(&mut dst, &data), want);
+        assert_eq!(dst, data);
+    }
+}
+
+#[test]
+fn data_followed_by_its_wire_digest_leaves_the_residue() {
+    for (data, _, _) in vectors() {
+        let mut with_digest = data.clone();
+        with_digest.extend_from_slice(&crc32c_le_bytes(&data));
+        // The register without the final inversion is the fixed residue 0xB798B438.
+        assert_eq!(!crc32c(&with_digest), 0xB798_B438);
+    }
+}
+
+#[test]
+fn empty_input_is_zero_and_identity() {
+    for (name, f) in appends() {
+        assert_eq!(f(0, &[]), 0, "{name}");
+        assert_eq!(f(0x1234_5678, &[]), 0x1234_5678, "{name}");
+    }
+    assert_eq!(crc32c_combine(0xE306_9283, 0, 0), 0xE306_9283);
+}
+
+/// Lengths around every block boundary of the three-stream path (192-byte threshold, 24-byte
+/// rounds, 8 KiB per stream) and both sides of a multi-round buffer.
+#[test]
+fn all_implementations_agree_across_block_boundaries() {
+    let data: Vec<u8> = (0..80_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let mut lengths: Vec<usize> = (0..300).collect();
+    for base in [384, 768, 3 * 8192, 2 * 3 * 8192, 70_000] {
+        lengths.extend(base - 9..base + 9);
+    }
+    lengths.push(data.len());
+    let mut dst = vec![0u8; data.len()];
+    for len in lengths {
+        let src = &data[..len];
+        let want = slicing8::append(0, src);
+        assert_eq!(sarwate::append(0, src), want, "sarwate len {len}");
+        for (name, f) in appends() {
+            assert_eq!(f(0, src), want, "{name} len {len}");
+            assert_eq!(
+                f(0x0bad_cafe, src),
+                sarwate::append(0x0bad_cafe, src),
+                "{name} len {len} resumed"
+            );
+        }
+        for (name, f) in copy_appends() {
+            dst[..len].fill(0x5a);
+            assert_eq!(f(0, &mut dst[..len], src), want, "{name} copy len {len}");
+            assert_eq!(&dst[..len], src, "{name} copied bytes len {len}");
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "lengths differ")]
+fn copy_with_mismatched_lengths_panics() {
+    let mut dst = [0u8; 3];
+    copy_with_crc32c(&mut dst, &[1, 2]);
+}
+
+#[test]
+fn implementation_name_matches_cpu() {
+    let want = if hw::available() {
+        "hardware"
+    } else {
+        "slicing-by-8"
+    };
+    assert_eq!(implementation_name(), want);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn every_implementation_matches_the_bitwise_definition(data in prop::collection::vec(any::<u8>(), 0..2000)) {
+        let want = bitwise(&data);
+        for (name, f) in appends() {
+            prop_assert_eq!(f(0, &data), want, "{}", name);
+        }
+        for (name, f) in copy_appends() {
+            let mut dst = vec![0u8; data.len()];
+            prop_assert_eq!(f(0, &mut dst, &data), want, "{}", name);
+            prop_assert_eq!(&dst, &data);
+        }
+    }
+
+    #[test]
+    fn any_split_into_updates_agrees(
+        data in prop::collection::vec(any::<u8>(), 0..3000),
+        cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..6),
+    ) {
+        let mut cuts: Vec<usize> = cuts.iter().map(|i| i.index(data.len() + 1)).collect();
+        cuts.sort_unstable();
+        let want = crc32c(&data);
+        let mut state = Crc32c::new();
+        let mut copied = Crc32c::new();
+        let mut dst = vec![0u8; data.len()];
+        let mut start = 0;
+        for end in cuts.into_iter().chain(std::iter::once(data.len())) {
+            state.update(&data[start..end]);
+            copied.update_copy(&mut dst[start..end], &data[start..end]);
+            for (name, f) in appends() {
+                // Each implementation resumes from a CRC any other produced.
+                let prefix = crc32c(&data[..start]);
+                prop_assert_eq!(f(prefix, &data[start..end]), crc32c(&data[..end]), "{}", name);
+            }
+            start = end;
+        }
+        prop_assert_eq!(state.finalize(), want);
+        prop_assert_eq!(copied.finalize(), want);
+        prop_assert_eq!(&dst, &data);
+    }
+
+    #[test]
+    fn combine_agrees_with_concatenation(
+        a in prop::collection::vec(any::<u8>(), 0..1500),
+        b in prop::collection::vec(any::<u8>(), 0..1500),
+    ) {
+        let joined: Vec<u8> = a.iter().chain(&b).copied().collect();
+        prop_assert_eq!(crc32c_combine(crc32c(&a), crc32c(&b), b.len()), bitwise(&joined));
+    }
+
+    #[test]
+    fn combine_handles_long_virtual_lengths(crc_a in any::<u32>(), zeros in 0usize..200_000) {
+        // Appending n zero bytes: combine with the CRC of n zeros equals actually hashing them.
+        let zero_bytes = vec![0u8; zeros];
+        let want = slicing8::append(crc_a, &zero_bytes);
+        prop_assert_eq!(crc32c_combine(crc_a, crc32c(&zero_bytes), zeros), want);
+    }
+}
