@@ -4,8 +4,19 @@
 //! clocks or threads: the runtime feeds it the fields of parsed Login/Text
 //! PDUs and their data segments, and sends the responses it returns.
 
+pub mod chap;
+pub mod directory;
 pub mod keys;
 pub mod params;
+pub mod pdu;
+pub mod target;
 pub mod text;
 
+pub use chap::{ChapAlgorithm, ChapCredentials, Entropy};
+pub use directory::{AuthRequirement, Portal, StaticDirectory, StaticTarget, TargetDirectory};
 pub use params::{ConnectionParams, SessionParams, SessionType, TaskReporting, TransportKind};
+pub use pdu::{LoginRequest, LoginResponse, LoginStatus, Stage};
+pub use target::{
+    DigestPolicy, LoginOutcome, LoginState, LoginStep, SessionIdentity, TargetLimits, TargetLogin,
+    TargetLoginConfig,
+};
