@@ -6,17 +6,27 @@
 
 pub mod chap;
 pub mod directory;
+pub mod initiator;
 pub mod keys;
 pub mod params;
 pub mod pdu;
 pub mod target;
 pub mod text;
+pub mod textneg;
 
 pub use chap::{ChapAlgorithm, ChapCredentials, Entropy};
 pub use directory::{AuthRequirement, Portal, StaticDirectory, StaticTarget, TargetDirectory};
+pub use initiator::{
+    DesiredSession, DigestPreference, InitiatorAuth, InitiatorLogin, InitiatorLoginConfig,
+    InitiatorStep, LoginError,
+};
 pub use params::{ConnectionParams, SessionParams, SessionType, TaskReporting, TransportKind};
 pub use pdu::{LoginRequest, LoginResponse, LoginStatus, Stage};
 pub use target::{
     DigestPolicy, LoginOutcome, LoginState, LoginStep, SessionIdentity, TargetLimits, TargetLogin,
     TargetLoginConfig,
+};
+pub use textneg::{
+    negotiate_text, parse_send_targets, send_targets, DiscoveredTarget, TargetAddress, TextContext,
+    TextPiece, TextResponder,
 };
