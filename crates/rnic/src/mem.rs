@@ -1,0 +1,344 @@
+//! Registered memory and the STag table: every tagged access from the wire is checked here
+//! (validity, protection domain, access rights, bounds) before a single byte is placed or read.
+
+use iwarp::TerminateCode;
+use rdma::{Access, MemoryRegion};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, RwLock};
+
+/// The memory behind one region. Allocated once, freed when the last `Arc` goes (the engine holds
+/// a clone while it places into or sends from the region, so deregistration never frees memory
+/// under an in-flight copy).
+pub struct MrInner {
+    ptr: *mut u8,
+    len: usize,
+    pub(crate) pd: u32,
+    pub(crate) access: Access,
+    stag: AtomicU32,
+    valid: AtomicBool,
+    table: Arc<StagTable>,
+}
+
+// SAFETY: the raw pointer is owned exclusively by this struct (allocated in `new`, freed in Drop);
+// all accesses copy through raw pointers without creating long-lived references, and concurrent
+// access to the same bytes by the local user and a remote peer is a race the ULP must avoid, as
+// with any RDMA device.
+unsafe impl Send for MrInner {}
+// SAFETY: see above.
+unsafe impl Sync for MrInner {}
+
+impl MrInner {
+    pub(crate) fn base(&self) -> u64 {
+        self.ptr as u64
+    }
+    pub(crate) fn stag(&self) -> u32 {
+        self.stag.load(Ordering::Acquire)
+    }
+    pub(crate) fn valid(&self) -> bool {
+        self.valid.load(Ordering::Acquire)
+    }
+    pub(crate) fn invalidate(&self) {
+        self.valid.store(false, Ordering::Release);
+    }
+    /// Pointer to byte `offset`; the caller has bounds-checked `offset + len <= self.len`.
+    pub(crate) fn ptr_at(&self, offset: usize) -> *mut u8 {
+        debug_assert!(offset <= self.len);
+        // SAFETY: offset is within (or one past) the allocation.
+        unsafe { self.ptr.add(offset) }
+    }
+}
+
+impl Drop for MrInner {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len came from Box<[u8]>::into_raw in `StagTable::register` and are freed once.
+        unsafe {
+            drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+                self.ptr, self.len,
+            )))
+        };
+    }
+}
+
+/// Maps STag index (upper 24 bits) to regions. The low 8 bits are the key, changed on
+/// re-validation so a stale STag no longer matches.
+#[derive(Default)]
+pub struct StagTable {
+    map: RwLock<HashMap<u32, Arc<MrInner>>>,
+    next_index: AtomicU32,
+}
+
+/// Why an access failed, as the Terminate code the check implies for a tagged RDMA Write / Read
+/// Response (DDP layer) and the code for an RDMA Read Request source (RDMAP layer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessError {
+    InvalidStag,
+    WrongPd,
+    Rights,
+    Bounds,
+}
+
+impl AccessError {
+    pub fn ddp_code(self) -> TerminateCode {
+        match self {
+            AccessError::InvalidStag => TerminateCode::DDP_TAGGED_INVALID_STAG,
+            AccessError::WrongPd => TerminateCode::DDP_TAGGED_NOT_ASSOC,
+            // DDP has no rights code of its own; RFC 5040 reports rights at the RDMAP layer.
+            AccessError::Rights => TerminateCode::RDMAP_ACCESS,
+            AccessError::Bounds => TerminateCode::DDP_TAGGED_BASE_BOUNDS,
+        }
+    }
+    pub fn rdmap_code(self) -> TerminateCode {
+        match self {
+            AccessError::InvalidStag => TerminateCode::RDMAP_INVALID_STAG,
+            AccessError::WrongPd => TerminateCode::RDMAP_STAG_NOT_ASSOC,
+            AccessError::Rights => TerminateCode::RDMAP_ACCESS,
+            AccessError::Bounds => TerminateCode::RDMAP_BASE_BOUNDS,
+        }
+    }
+}
+
+impl StagTable {
+    pub fn new() -> Arc<StagTable> {
+        Arc::new(StagTable {
+            map: RwLock::new(HashMap::new()),
+            next_index: AtomicU32::new(1),
+        })
+    }
+
+    pub fn register(self: &Arc<Self>, pd: u32, len: usize, access: Access) -> Arc<MrInner> {
+        let buf = vec![0u8; len.max(1)].into_boxed_slice();
+        let len = buf.len();
+        let ptr = Box::into_raw(buf) as *mut u8;
+        let index = self.next_index.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff;
+        let stag = (index << 8) | 0x01;
+        let mr = Arc::new(MrInner {
+            ptr,
+            len,
+            pd,
+            access,
+            stag: AtomicU32::new(stag),
+            valid: AtomicBool::new(true),
+            table: self.clone(),
+        });
+        self.map.write().unwrap().insert(index, mr.clone());
+        mr
+    }
+
+    pub fn deregister(&self, stag: u32) {
+        if let Some(mr) = self.map.write().unwrap().remove(&(stag >> 8)) {
+            mr.invalidate();
+        }
+    }
+
+    /// Looks up a valid region by its current STag.
+    pub fn lookup(&self, stag: u32) -> Option<Arc<MrInner>> {
+        let map = self.map.read().unwrap();
+        let mr = map.get(&(stag >> 8))?;
+        (mr.stag() == stag && mr.valid()).then(|| mr.clone())
+    }
+
+    /// The one check every tagged access goes through: `len` bytes at address `to` of region `stag`,
+    /// from a QP in protection domain `pd`, needing `need` rights. Returns the region and the
+    /// offset of `to` inside it. A zero-length access names no memory and is not checked further
+    /// than the STag (ready-to-receive messages use STags that may not exist).
+    pub fn check(
+        &self,
+        stag: u32,
+        pd: u32,
+        need: Access,
+        to: u64,
+        len: u64,
+    ) -> Result<(Arc<MrInner>, usize), AccessError> {
+        let mr = self.lookup(stag).ok_or(AccessError::InvalidStag)?;
+        if mr.pd != pd {
+            return Err(AccessError::WrongPd);
+        }
+        if !mr.access.contains(need) {
+            return Err(AccessError::Rights);
+        }
+        let start = to.checked_sub(mr.base()).ok_or(AccessError::Bounds)?;
+        let end = start.checked_add(len).ok_or(AccessError::Bounds)?;
+        if end > mr.len as u64 {
+            return Err(AccessError::Bounds);
+        }
+        Ok((mr, start as usize))
+    }
+
+    /// Invalidation requested by the peer (Send with Invalidate): the STag must be a valid region
+    /// of this PD that grants remote access.
+    pub fn remote_invalidate(&self, stag: u32, pd: u32) -> bool {
+        match self.lookup(stag) {
+            Some(mr)
+                if mr.pd == pd
+                    && (mr.access.contains(Access::REMOTE_READ)
+                        || mr.access.contains(Access::REMOTE_WRITE)) =>
+            {
+                mr.invalidate();
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// A registered memory region of the software RNIC.
+pub struct Mr {
+    pub(crate) inner: Arc<MrInner>,
+}
+
+impl Mr {
+    /// Borrow the region's bytes for reading. Remote writes may land concurrently if the ULP lets
+    /// them, exactly as with hardware; ironsan's protocols never read a buffer that is in flight.
+    pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+        // SAFETY: ptr/len describe a live allocation owned by `inner`, kept alive by `self`.
+        let s = unsafe { std::slice::from_raw_parts(self.inner.ptr, self.inner.len) };
+        f(s)
+    }
+    /// Fill the region (or part of it) through a closure.
+    pub fn with_bytes_mut<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> R {
+        // SAFETY: as above; the mutable borrow lasts only for the closure, and the engine only
+        // writes into the region when a remote peer targets it, which the ULP sequences.
+        let s = unsafe { std::slice::from_raw_parts_mut(self.inner.ptr, self.inner.len) };
+        f(s)
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        self.inner.table.deregister(self.inner.stag());
+    }
+}
+
+impl MemoryRegion for Mr {
+    fn lkey(&self) -> u32 {
+        self.inner.stag()
+    }
+    fn rkey(&self) -> u32 {
+        self.inner.stag()
+    }
+    fn addr(&self) -> u64 {
+        self.inner.base()
+    }
+    fn len(&self) -> usize {
+        self.inner.len
+    }
+    fn access(&self) -> Access {
+        self.inner.access
+    }
+    fn read_at(&self, offset: usize, out: &mut [u8]) {
+        assert!(
+            offset
+                .checked_add(out.len())
+                .is_some_and(|e| e <= self.inner.len),
+            "read outside the region"
+        );
+        // SAFETY: bounds checked above; source and destination cannot overlap (out is a Rust borrow).
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.inner.ptr_at(offset), out.as_mut_ptr(), out.len())
+        };
+    }
+    fn write_at(&self, offset: usize, data: &[u8]) {
+        assert!(
+            offset
+                .checked_add(data.len())
+                .is_some_and(|e| e <= self.inner.len),
+            "write outside the region"
+        );
+        // SAFETY: bounds checked above.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.inner.ptr_at(offset), data.len())
+        };
+    }
+    fn invalidate(&self) {
+        self.inner.invalidate();
+    }
+    fn revalidate(&self) -> u32 {
+        let old = self.inner.stag();
+        let new = (old & 0xffff_ff00) | ((old.wrapping_add(1)) & 0xff);
+        self.inner.stag.store(new, Ordering::Release);
+        self.inner.valid.store(true, Ordering::Release);
+        new
+    }
+    fn is_valid(&self) -> bool {
+        self.inner.valid()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn check_enforces_pd_rights_bounds_validity() {
+        let t = StagTable::new();
+        let a = t.register(1, 4096, Access::REMOTE_WRITE | Access::LOCAL_WRITE);
+        let base = a.base();
+        assert!(t
+            .check(a.stag(), 1, Access::REMOTE_WRITE, base, 4096)
+            .is_ok());
+        assert_eq!(
+            t.check(a.stag(), 2, Access::REMOTE_WRITE, base, 1).err(),
+            Some(AccessError::WrongPd)
+        );
+        assert_eq!(
+            t.check(a.stag(), 1, Access::REMOTE_READ, base, 1).err(),
+            Some(AccessError::Rights)
+        );
+        assert_eq!(
+            t.check(a.stag(), 1, Access::REMOTE_WRITE, base + 1, 4096)
+                .err(),
+            Some(AccessError::Bounds)
+        );
+        assert_eq!(
+            t.check(a.stag(), 1, Access::REMOTE_WRITE, base - 1, 1)
+                .err(),
+            Some(AccessError::Bounds)
+        );
+        assert_eq!(
+            t.check(a.stag(), 1, Access::REMOTE_WRITE, u64::MAX, 2)
+                .err(),
+            Some(AccessError::Bounds)
+        );
+        assert_eq!(
+            t.check(a.stag() ^ 1, 1, Access::REMOTE_WRITE, base, 1)
+                .err(),
+            Some(AccessError::InvalidStag)
+        );
+        a.invalidate();
+        assert_eq!(
+            t.check(a.stag(), 1, Access::REMOTE_WRITE, base, 1).err(),
+            Some(AccessError::InvalidStag)
+        );
+    }
+
+    proptest! {
+        /// Whatever STag/offset/length a peer names, an accepted access lies entirely inside one
+        /// valid region of the right PD with the right rights.
+        #[test]
+        fn accepted_accesses_stay_inside_a_region(
+            regions in proptest::collection::vec((1u32..3, 1usize..5000, 0u8..8), 1..6),
+            probes in proptest::collection::vec((any::<u32>(), 0usize..6, any::<i64>(), 0u64..10000, 1u32..3, 0u8..8, any::<bool>()), 1..200),
+        ) {
+            let t = StagTable::new();
+            let mrs: Vec<_> = regions.iter().map(|&(pd, len, acc)| t.register(pd, len, Access(acc))).collect();
+            for (raw_stag, pick, delta, len, pd, need, use_real) in probes {
+                let (stag, to) = if use_real {
+                    let mr = &mrs[pick % mrs.len()];
+                    (mr.stag(), mr.base().wrapping_add_signed(delta % 6000))
+                } else {
+                    (raw_stag, delta as u64)
+                };
+                if let Ok((mr, off)) = t.check(stag, pd, Access(need), to, len) {
+                    prop_assert!(mr.valid());
+                    prop_assert_eq!(mr.stag(), stag);
+                    prop_assert_eq!(mr.pd, pd);
+                    prop_assert!(mr.access.contains(Access(need)));
+                    prop_assert!(off as u64 + len <= mr.len as u64);
+                    prop_assert_eq!(mr.base() + off as u64, to);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! Two RNIC instances over loopback TCP: every operation, with CRC off and on.
+mod common;
+use common::*;
+use rdma::*;
+use rnic::Rnic;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(10);
+
+fn all_ops(crc: bool) {
+    let a = Rnic::new().unwrap();
+    let b = Rnic::new().unwrap();
+    let pda = a.alloc_pd().unwrap();
+    let pdb = b.alloc_pd().unwrap();
+    let rbuf = b.reg_mr(&pdb, 300_000, Access::LOCAL_WRITE).unwrap();
+    let params = ConnParams {
+        crc,
+        first_fpdu_delay: Duration::ZERO,
+        ..Default::default()
+    };
+    let (ea, eb) = pair(&a, &pda, &b, &pdb, params, |_, qb| {
+        qb.post_recv(RecvWr {
+            wr_id: 1,
+            sges: vec![rbuf.sge(0, 200_000)],
+        })
+        .unwrap();
+        qb.post_recv(RecvWr {
+            wr_id: 2,
+            sges: vec![rbuf.sge(200_000, 50_000), rbuf.sge(250_000, 50_000)],
+        })
+        .unwrap();
+    });
+
+    // Send of 150 000 bytes (three FPDUs on loopback), then RDMA Write, then Send w/ SE+Invalidate.
+    let data = pattern(1, 150_000);
+    let src = mr_with(&a, &pda, &data, Access::NONE);
+    ea.qp
+        .post_send(SendWr {
+            wr_id: 10,
+            op: SendOp::Send,
+            sges: vec![src.sge(0, data.len())],
+            signaled: true,
+        })
+        .unwrap();
+    let wc = wait_wc(&eb.rcq, T);
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.opcode, wc.byte_len),
+        (1, WcStatus::Success, WcOpcode::Recv, 150_000)
+    );
+    let mut got = vec![0u8; data.len()];
+    rbuf.read_at(0, &mut got);
+    assert!(got == data, "Send payload mismatch");
+    assert_eq!(wait_wc(&ea.scq, T).wr_id, 10);
+
+    let sink = b
+        .reg_mr(
+            &pdb,
+            1 << 20,
+            Access::REMOTE_WRITE | Access::LOCAL_WRITE | Access::REMOTE_READ,
+        )
+        .unwrap();
+    let wdata = pattern(2, 700_001);
+    let wsrc = mr_with(&a, &pda, &wdata, Access::NONE);
+    ea.qp
+        .post_send(SendWr {
+            wr_id: 11,
+            op: SendOp::RdmaWrite {
+                remote_addr: sink.addr() + 5,
+                rkey: sink.rkey(),
+            },
+            sges: vec![wsrc.sge(0, 400_000), wsrc.sge(400_000, 300_001)],
+            signaled: true,
+        })
+        .unwrap();
+    let small = mr_with(&a, &pda, b"done", Access::NONE);
+    ea.qp
+        .post_send(SendWr {
+            wr_id: 12,
+            op: SendOp::SendSeInvalidate { rkey: sink.rkey() },
+            sges: vec![small.sge(0, 4)],
+            signaled: true,
+        })
+        .unwrap();
+    // The Send completes after the Write's data is placed (ordering).
+    let wc = wait_wc(&eb.rcq, T);
+    assert_eq!(
+        (wc.wr_id, wc.byte_len, wc.solicited, wc.invalidated_rkey),
+        (2, 4, true, Some(sink.rkey()))
+    );
+    let mut got = vec![0u8; wdata.len()];
+    sink.read_at(5, &mut got);
+    assert!(got == wdata, "RDMA Write payload mismatch");
+    assert!(
+        !sink.is_valid(),
+        "Send with Invalidate invalidated the STag"
+    );
+    assert_eq!(wait_wc(&ea.scq, T).wr_id, 11);
+    assert_eq!(wait_wc(&ea.scq, T).wr_id, 12);
+
+    // RDMA Read of a re-validated region.
+    let new_key = sink.revalidate();
+    let rsink = a.reg_mr(&pda, 1 << 20, Access::LOCAL_WRITE).unwrap();
+    ea.qp
+        .post_send(SendWr {
+            wr_id: 13,
+            op: SendOp::RdmaRead {
+                remote_addr: sink.addr() + 5,
+                rkey: new_key,
+            },
+            sges: vec![rsink.sge(100, wdata.len())],
+            signaled: true,
+        })
+        .unwrap();
+    let wc = wait_wc(&ea.scq, T);
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.opcode, wc.byte_len),
+        (13, WcStatus::Success, WcOpcode::RdmaRead, 700_001)
+    );
+    let mut got = vec![0u8; wdata.len()];
+    rsink.read_at(100, &mut got);
+    assert!(got == wdata, "RDMA Read payload mismatch");
+
+    // Orderly close: both sides end in Error with nothing left outstanding.
+    ea.qp.disconnect();
+    assert!(ea.qp.wait_closed(T));
+    assert!(eb.qp.wait_closed(T));
+}
+
+#[test]
+fn all_operations_crc_off() {
+    all_ops(false);
+}
+
+#[test]
+fn all_operations_crc_on() {
+    all_ops(true);
+}
+
+#[test]
+fn flush_on_disconnect_and_reject_with_private_data() {
+    let a = Rnic::new().unwrap();
+    let pd = a.alloc_pd().unwrap();
+    let buf = a.reg_mr(&pd, 4096, Access::LOCAL_WRITE).unwrap();
+    let (ea, eb) = pair(
+        &a,
+        &pd,
+        &a,
+        &pd,
+        ConnParams {
+            first_fpdu_delay: Duration::ZERO,
+            ..Default::default()
+        },
+        |_, _| {},
+    );
+    eb.qp
+        .post_recv(RecvWr {
+            wr_id: 77,
+            sges: vec![buf.sge(0, 4096)],
+        })
+        .unwrap();
+    ea.qp.disconnect();
+    assert!(eb.qp.wait_closed(T));
+    let wc = wait_wc(&eb.rcq, T);
+    assert_eq!((wc.wr_id, wc.status), (77, WcStatus::Flushed));
+
+    let listener = a.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = listener.local_addr();
+    let h = std::thread::spawn(move || {
+        let req = listener.get_request(T).unwrap().unwrap();
+        assert_eq!(req.private_data(), b"hello");
+        req.reject(b"go away").unwrap();
+    });
+    let cq = a.create_cq(16, None).unwrap();
+    let qp = a.create_qp(&pd, &cq, &cq, QpCaps::default()).unwrap();
+    let err = qp
+        .connect(
+            addr,
+            &ConnParams {
+                private_data: b"hello".to_vec(),
+                ..Default::default()
+            },
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Rejected(ref pd) if pd == b"go away"),
+        "{err}"
+    );
+    h.join().unwrap();
+}
+
+#[test]
+fn peer_to_peer_rtr() {
+    let a = Rnic::new().unwrap();
+    let pd = a.alloc_pd().unwrap();
+    let buf = a.reg_mr(&pd, 64, Access::LOCAL_WRITE).unwrap();
+    let src = mr_with(&a, &pd, b"after rtr", Access::NONE);
+    let params = ConnParams {
+        p2p: true,
+        first_fpdu_delay: Duration::ZERO,
+        ..Default::default()
+    };
+    let (ea, eb) = pair(&a, &pd, &a, &pd, params, |qa, _| {
+        qa.post_recv(RecvWr {
+            wr_id: 5,
+            sges: vec![buf.sge(0, 64)],
+        })
+        .unwrap();
+    });
+    // The responder sends first: allowed once the RTR has arrived.
+    eb.qp
+        .post_send(SendWr {
+            wr_id: 1,
+            op: SendOp::Send,
+            sges: vec![src.sge(0, 9)],
+            signaled: true,
+        })
+        .unwrap();
+    let wc = wait_wc(&ea.rcq, T);
+    assert_eq!((wc.wr_id, wc.byte_len), (5, 9));
+}
