@@ -1,0 +1,105 @@
+//! The Datamover boundary of RFC 5047: the iSCSI layer never touches a socket. It sends
+//! control PDUs with [`Datamover::send_control`], hands read data to
+//! [`Datamover::put_data`], fetches write data with [`Datamover::get_data`], and receives
+//! [`Notice`]s (control PDUs, commands with their write-data handles, connection loss).
+//! The TCP implementation ([`tcp`]) turns these into Data-In, R2T and Data-Out PDUs with
+//! digests; the iSER implementation turns them into RDMA Writes, Reads and Sends.
+//! StatSN, ExpCmdSN and MaxCmdSN are stamped on each PDU as it is sent, so they are
+//! always in wire order.
+
+pub mod tcp;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use iscsi_wire::Pdu;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Why a datamover operation failed: the connection is gone or the task was aborted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DmError {
+    #[error("connection closed")]
+    Closed,
+    #[error("task aborted")]
+    Aborted,
+}
+
+/// The session's command window as the initiator should see it, shared by all of the
+/// session's connections and read when each PDU is stamped.
+#[derive(Debug, Default)]
+pub struct CmdSnState(AtomicU64);
+
+impl CmdSnState {
+    pub fn new(exp_cmd_sn: u32, max_cmd_sn: u32) -> Arc<Self> {
+        let s = Arc::new(CmdSnState::default());
+        s.store(exp_cmd_sn, max_cmd_sn);
+        s
+    }
+    pub fn store(&self, exp_cmd_sn: u32, max_cmd_sn: u32) {
+        self.0.store(((exp_cmd_sn as u64) << 32) | max_cmd_sn as u64, Ordering::Release);
+    }
+    /// (ExpCmdSN, MaxCmdSN)
+    pub fn load(&self) -> (u32, u32) {
+        let v = self.0.load(Ordering::Acquire);
+        ((v >> 32) as u32, v as u32)
+    }
+}
+
+/// Identity of a task whose data moves: what Data-In/R2T headers need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskRef {
+    pub itt: u32,
+    /// The LUN field as it appeared on the wire.
+    pub lun: u64,
+}
+
+/// Status sent in the last Data-In (phase collapse) instead of a SCSI Response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CollapsedStatus {
+    pub status: u8,
+    pub overflow: bool,
+    pub underflow: bool,
+    pub residual: u32,
+}
+
+/// A received PDU with its original 48 header bytes (a Reject must echo them exactly).
+#[derive(Debug, Clone)]
+pub struct InPdu {
+    pub pdu: Pdu,
+    pub raw_bhs: [u8; 48],
+}
+
+/// Write data being collected for one command; redeemed with [`Datamover::get_data`].
+#[derive(Debug)]
+pub struct WriteHandle {
+    pub itt: u32,
+    pub expected_len: u32,
+}
+
+/// What the datamover tells the iSCSI layer.
+#[derive(Debug)]
+pub enum Notice {
+    /// A SCSI Command (its data segment already moved into `write` when it has one).
+    Command { pdu: InPdu, write: Option<WriteHandle> },
+    /// Any other PDU from the initiator.
+    Control(InPdu),
+    /// The connection ended (peer closed, I/O error, protocol or digest error).
+    Closed(String),
+}
+
+/// The operations the iSCSI layer uses to move data and control PDUs.
+#[async_trait]
+pub trait Datamover: Send + Sync {
+    /// Send a control PDU (response, NOP-In, Text, Logout, Reject, Async, TMF response).
+    async fn send_control(&self, pdu: Pdu) -> Result<(), DmError>;
+    /// Deliver read data for `task`, optionally with collapsed status. Returns the
+    /// number of data PDUs used (for ExpDataSN).
+    async fn put_data(&self, task: TaskRef, data: Bytes, status: Option<CollapsedStatus>) -> Result<u32, DmError>;
+    /// Collect all write data of a command (soliciting what was not sent unsolicited).
+    /// Returns the data and the number of R2Ts used.
+    async fn get_data(&self, task: TaskRef, write: WriteHandle) -> Result<(Bytes, u32), DmError>;
+    /// Forget a task's pending write data (task management abort).
+    fn abort_task(&self, itt: u32);
+    /// Close the connection after everything queued has been sent.
+    fn close(&self);
+}
