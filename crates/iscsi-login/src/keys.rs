@@ -159,10 +159,11 @@ pub static KEYS: &[KeyDef] = &[
     key("OFMarker", And, Operational, InitialOnly, Scope::Connection, Sender::Both, "No", None),
     key("IFMarkInt", Special, Operational, InitialOnly, Scope::Connection, Sender::Both, "2048~2048", None),
     key("OFMarkInt", Special, Operational, InitialOnly, Scope::Connection, Sender::Both, "2048~2048", None),
-    // RFC 7145 (iSER).
+    // RFC 7145 (iSER). Both lengths may come from either side: open-iscsi
+    // sends TargetRecvDataSegmentLength as its expectation (LIO: both).
     discovery_irrelevant(key("RDMAExtensions", And, Operational, LeadingOnly, Scope::Session, Sender::Both, "No", None)),
-    discovery_irrelevant(iser(key("InitiatorRecvDataSegmentLength", Declarative, Operational, All, Scope::Connection, Sender::Initiator, "8192", Some((512, MAX24))))),
-    discovery_irrelevant(iser(key("TargetRecvDataSegmentLength", Declarative, Operational, All, Scope::Connection, Sender::Target, "8192", Some((512, MAX24))))),
+    discovery_irrelevant(iser(key("InitiatorRecvDataSegmentLength", Declarative, Operational, All, Scope::Connection, Sender::Both, "8192", Some((512, MAX24))))),
+    discovery_irrelevant(iser(key("TargetRecvDataSegmentLength", Declarative, Operational, All, Scope::Connection, Sender::Both, "8192", Some((512, MAX24))))),
     discovery_irrelevant(iser(key("MaxOutstandingUnexpectedPDUs", Declarative, Operational, All, Scope::Connection, Sender::Both, "0", Some((0, u32::MAX as u64))))),
 ];
 
