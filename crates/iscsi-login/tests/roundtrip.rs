@@ -166,7 +166,7 @@ proptest! {
         prop_assert_eq!(s.default_time2wait, t2w.max(tt2w));
         prop_assert_eq!(s.default_time2retain, t2r.min(tt2r));
         prop_assert_eq!(s.error_recovery_level, 0);
-        if !(iser && !discovery) {
+        if !iser || discovery {
             prop_assert_eq!(c.max_send_data_segment_length, i_mrdsl);
             prop_assert_eq!(c.max_recv_data_segment_length, t_mrdsl);
         } else {

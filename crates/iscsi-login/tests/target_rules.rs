@@ -693,7 +693,8 @@ fn libiscsi_hex_and_base64_user_names_compare_literally() {
 #[test]
 fn chap_failures_are_0201() {
     // Wrong secret, wrong user, garbage response, missing response.
-    let cases: Vec<Box<dyn Fn(&LoginStep) -> LoginRequest>> = vec![
+    type Case = Box<dyn Fn(&LoginStep) -> LoginRequest>;
+    let cases: Vec<Case> = vec![
         Box::new(|s| answer(s, "user", "wrong", false)),
         Box::new(|s| answer(s, "other", "libiscsi-secret", false)),
         Box::new(|_| {
