@@ -1,0 +1,405 @@
+//! Per-LUN configuration, deserialized from the target's TOML config.
+//!
+//! ```toml
+//! [[target.lun]]            # (the enclosing table is the target crate's business)
+//! id = 0
+//! size = "1GiB"             # or a byte count; optional for file/block (file/device size)
+//! block_size = 512          # 512 or 4096
+//! backend = "memory"        # or { type = "file", path = "/var/lib/ironsan/lun0.img", create = true }
+//!                           # or { type = "block", path = "/dev/loop0" }
+//! read_only = false
+//! thin_provisioning = true
+//! serial = "lun0-serial"    # default: derived from target name + LUN number
+//! wwn = "0x3fedcba987654321" # NAA designator, 16 or 32 hex digits; default derived likewise
+//! vendor = "IRONSAN"
+//! product = "VIRTUAL-DISK"
+//! revision = "0001"
+//! removable = false
+//! ```
+
+use std::fmt;
+use std::path::PathBuf;
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+
+/// A byte count given as an integer or a string with a binary/decimal suffix
+/// ("1GiB", "512MiB", "64k", "1000000").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteSize(pub u64);
+
+impl ByteSize {
+    /// Parses "123", "4k", "4KiB", "1.5GiB", "10MB" (KB/MB/GB/TB decimal; K/M/G/T, KiB.. binary).
+    pub fn parse(text: &str) -> Result<ByteSize, String> {
+        let t = text.trim();
+        let split = t
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let unit = unit.trim();
+        let mult: u64 = match unit.to_ascii_lowercase().as_str() {
+            "" | "b" => 1,
+            "k" | "kib" => 1 << 10,
+            "m" | "mib" => 1 << 20,
+            "g" | "gib" => 1 << 30,
+            "t" | "tib" => 1 << 40,
+            "kb" => 1_000,
+            "mb" => 1_000_000,
+            "gb" => 1_000_000_000,
+            "tb" => 1_000_000_000_000,
+            _ => return Err(format!("invalid size {text:?}: unknown unit {unit:?} (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)")),
+        };
+        if num.is_empty() {
+            return Err(format!(
+                "invalid size {text:?}: expected a number such as \"1GiB\" or 1073741824"
+            ));
+        }
+        let bytes = if let Some((int, frac)) = num.split_once('.') {
+            let whole: f64 = format!("{int}.{frac}")
+                .parse()
+                .map_err(|_| format!("invalid size {text:?}"))?;
+            let v = whole * mult as f64;
+            if !(v.is_finite() && v >= 0.0 && v < u64::MAX as f64) || v.fract() != 0.0 {
+                return Err(format!(
+                    "invalid size {text:?}: not a whole number of bytes"
+                ));
+            }
+            v as u64
+        } else {
+            let n: u64 = num.parse().map_err(|_| format!("invalid size {text:?}"))?;
+            n.checked_mul(mult)
+                .ok_or_else(|| format!("invalid size {text:?}: too large"))?
+        };
+        Ok(ByteSize(bytes))
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = ByteSize;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a size in bytes (integer) or a string such as \"1GiB\" or \"512MiB\"")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<ByteSize, E> {
+                Ok(ByteSize(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<ByteSize, E> {
+                u64::try_from(v)
+                    .map(ByteSize)
+                    .map_err(|_| E::custom("size must not be negative"))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<ByteSize, E> {
+                ByteSize::parse(v).map_err(E::custom)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Where a LUN's blocks live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendConfig {
+    /// RAM, lazily allocated ("memory mode"). Needs `size`.
+    Memory,
+    /// A sparse regular file. `create`: create it (with `size`) if missing.
+    File { path: PathBuf, create: bool },
+    /// A block device (O_DIRECT where aligned).
+    Block { path: PathBuf },
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
+enum BackendTable {
+    Memory,
+    File {
+        path: PathBuf,
+        #[serde(default)]
+        create: bool,
+    },
+    Block {
+        path: PathBuf,
+    },
+}
+
+impl<'de> Deserialize<'de> for BackendConfig {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = BackendConfig;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("\"memory\", or a table { type = \"file\", path = \"...\", create = true } or { type = \"block\", path = \"/dev/...\" }")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<BackendConfig, E> {
+                match v {
+                    "memory" | "ram" => Ok(BackendConfig::Memory),
+                    "file" | "block" => Err(E::custom(format!(
+                        "backend \"{v}\" needs a path: write backend = {{ type = \"{v}\", path = \"...\" }}"
+                    ))),
+                    other => Err(E::custom(format!("unknown backend {other:?}: expected memory, file or block"))),
+                }
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<BackendConfig, A::Error> {
+                let t = BackendTable::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(match t {
+                    BackendTable::Memory => BackendConfig::Memory,
+                    BackendTable::File { path, create } => BackendConfig::File { path, create },
+                    BackendTable::Block { path } => BackendConfig::Block { path },
+                })
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Configuration of one logical unit.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct LunConfig {
+    /// Capacity. Required for memory; for file/block defaults to the file/device size.
+    #[serde(default)]
+    pub size: Option<ByteSize>,
+    /// Logical block size: 512 or 4096.
+    #[serde(default = "default_block_size")]
+    pub block_size: u32,
+    pub backend: BackendConfig,
+    #[serde(default)]
+    pub read_only: bool,
+    /// Report thin provisioning (UNMAP, WRITE SAME with UNMAP, GET LBA STATUS).
+    #[serde(default = "default_true")]
+    pub thin_provisioning: bool,
+    /// Unit serial number (VPD 0x80). Default: derived from target name + LUN number.
+    #[serde(default)]
+    pub serial: Option<String>,
+    /// NAA identifier (VPD 0x83), hex, 16 or 32 digits, optional "0x"/"naa." prefix.
+    /// Default: a locally assigned NAA derived from target name + LUN number.
+    #[serde(default, alias = "naa")]
+    pub wwn: Option<String>,
+    #[serde(default = "default_vendor")]
+    pub vendor: String,
+    #[serde(default = "default_product")]
+    pub product: String,
+    #[serde(default = "default_revision")]
+    pub revision: String,
+    /// Report removable medium (RMB): enables START STOP UNIT eject/load and
+    /// PREVENT ALLOW MEDIUM REMOVAL semantics.
+    #[serde(default)]
+    pub removable: bool,
+}
+
+fn default_block_size() -> u32 {
+    512
+}
+fn default_true() -> bool {
+    true
+}
+fn default_vendor() -> String {
+    "IRONSAN".into()
+}
+fn default_product() -> String {
+    "VIRTUAL-DISK".into()
+}
+fn default_revision() -> String {
+    "0001".into()
+}
+
+impl LunConfig {
+    /// A RAM LUN of `size` bytes with defaults for everything else.
+    pub fn memory(size: u64) -> Self {
+        LunConfig {
+            size: Some(ByteSize(size)),
+            block_size: 512,
+            backend: BackendConfig::Memory,
+            read_only: false,
+            thin_provisioning: true,
+            serial: None,
+            wwn: None,
+            vendor: default_vendor(),
+            product: default_product(),
+            revision: default_revision(),
+            removable: false,
+        }
+    }
+
+    /// Checks the fields that do not need the backend (sizes are checked at open).
+    pub fn validate(&self) -> Result<(), String> {
+        if self.block_size != 512 && self.block_size != 4096 {
+            return Err(format!(
+                "block_size must be 512 or 4096, not {}",
+                self.block_size
+            ));
+        }
+        if let Some(ByteSize(s)) = self.size {
+            if s == 0 || s % self.block_size as u64 != 0 {
+                return Err(format!(
+                    "size {s} must be a non-zero multiple of block_size {}",
+                    self.block_size
+                ));
+            }
+        }
+        if matches!(self.backend, BackendConfig::Memory) && self.size.is_none() {
+            return Err("a memory backend needs a size (e.g. size = \"1GiB\")".into());
+        }
+        for (name, v, max) in [
+            ("vendor", &self.vendor, 8),
+            ("product", &self.product, 16),
+            ("revision", &self.revision, 4),
+        ] {
+            if v.len() > max || !v.bytes().all(|b| (0x20..0x7F).contains(&b)) {
+                return Err(format!(
+                    "{name} {v:?} must be at most {max} printable ASCII characters"
+                ));
+            }
+        }
+        if let Some(s) = &self.serial {
+            if s.is_empty() || s.len() > 64 || !s.bytes().all(|b| (0x21..0x7F).contains(&b)) {
+                return Err(format!(
+                    "serial {s:?} must be 1..64 printable ASCII characters without spaces"
+                ));
+            }
+        }
+        if let Some(w) = &self.wwn {
+            parse_naa(w)?;
+        }
+        Ok(())
+    }
+}
+
+/// Parses an NAA designator given as hex ("0x5...", "naa.5...", 16 or 32 digits).
+pub fn parse_naa(text: &str) -> Result<Vec<u8>, String> {
+    let t = text.trim();
+    let hex = t
+        .strip_prefix("0x")
+        .or_else(|| t.strip_prefix("naa."))
+        .unwrap_or(t);
+    if !(hex.len() == 16 || hex.len() == 32) || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!(
+            "wwn {text:?} must be 16 or 32 hex digits (an NAA identifier)"
+        ));
+    }
+    let bytes: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap_or(0))
+        .collect();
+    let naa = bytes[0] >> 4;
+    let ok = match bytes.len() {
+        8 => matches!(naa, 2 | 3 | 5),
+        _ => naa == 6,
+    };
+    if !ok {
+        return Err(format!("wwn {text:?}: NAA type {naa} is not valid for {} bytes (use 2, 3, 5 for 8 bytes, 6 for 16)", bytes.len()));
+    }
+    Ok(bytes)
+}
+
+/// 64-bit FNV-1a: a stable (across runs and builds) hash for derived identifiers.
+pub(crate) fn stable_hash(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for &b in *p {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        h ^= 0xFF;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// Default NAA: type 3 (locally assigned), 60 bits from the stable hash.
+pub(crate) fn derived_naa(target: &str, lun: u64) -> Vec<u8> {
+    let h = stable_hash(&[b"ironsan-naa", target.as_bytes(), &lun.to_be_bytes()]);
+    let v = (3u64 << 60) | (h & 0x0FFF_FFFF_FFFF_FFFF);
+    v.to_be_bytes().to_vec()
+}
+
+/// Default serial: 16 hex digits from the stable hash.
+pub(crate) fn derived_serial(target: &str, lun: u64) -> String {
+    format!(
+        "{:016x}",
+        stable_hash(&[b"ironsan-serial", target.as_bytes(), &lun.to_be_bytes()])
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(ByteSize::parse("1GiB").unwrap().0, 1 << 30);
+        assert_eq!(ByteSize::parse("512MiB").unwrap().0, 512 << 20);
+        assert_eq!(ByteSize::parse("64k").unwrap().0, 65536);
+        assert_eq!(ByteSize::parse("1.5GiB").unwrap().0, 3 << 29);
+        assert_eq!(ByteSize::parse("10MB").unwrap().0, 10_000_000);
+        assert!(ByteSize::parse("12 parsecs")
+            .unwrap_err()
+            .contains("unknown unit"));
+        assert!(ByteSize::parse("GiB").is_err());
+    }
+
+    #[test]
+    fn toml_forms() {
+        let c: LunConfig = toml::from_str("size = \"64MiB\"\nbackend = \"memory\"").unwrap();
+        assert_eq!(c.size, Some(ByteSize(64 << 20)));
+        assert!(c.thin_provisioning);
+        assert_eq!(c.vendor, "IRONSAN");
+        let c: LunConfig =
+            toml::from_str("size = 1048576\nblock_size = 4096\nbackend = { type = \"file\", path = \"/tmp/x\", create = true }").unwrap();
+        assert_eq!(
+            c.backend,
+            BackendConfig::File {
+                path: "/tmp/x".into(),
+                create: true
+            }
+        );
+        assert_eq!(c.block_size, 4096);
+        let c: LunConfig =
+            toml::from_str("backend = { type = \"block\", path = \"/dev/loop0\" }").unwrap();
+        assert_eq!(
+            c.backend,
+            BackendConfig::Block {
+                path: "/dev/loop0".into()
+            }
+        );
+    }
+
+    #[test]
+    fn toml_errors_are_helpful() {
+        let e = toml::from_str::<LunConfig>("size = \"1 furlong\"\nbackend = \"memory\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown unit"), "{e}");
+        let e = toml::from_str::<LunConfig>("backend = \"file\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("needs a path"), "{e}");
+        let e = toml::from_str::<LunConfig>("backend = \"tape\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown backend"), "{e}");
+        let e = toml::from_str::<LunConfig>("backend = \"memory\"\nsise = 5")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sise"), "{e}");
+        let c: LunConfig =
+            toml::from_str("backend = \"memory\"\nblock_size = 1000\nsize = 1000").unwrap();
+        assert!(c.validate().unwrap_err().contains("512 or 4096"));
+    }
+
+    #[test]
+    fn derived_ids_are_stable_and_distinct() {
+        assert_eq!(derived_naa("iqn.a", 1), derived_naa("iqn.a", 1));
+        assert_ne!(derived_naa("iqn.a", 1), derived_naa("iqn.a", 2));
+        assert_eq!(derived_naa("iqn.a", 1)[0] >> 4, 3);
+        assert_eq!(derived_serial("iqn.a", 0), derived_serial("iqn.a", 0));
+        assert_eq!(
+            parse_naa("0x6001405abcdef0123456789abcdef012")
+                .unwrap()
+                .len(),
+            16
+        );
+        assert!(parse_naa("0x1234").is_err());
+    }
+}

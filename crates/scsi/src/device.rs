@@ -1,0 +1,357 @@
+//! The public face of the engine: a [`Device`] (all LUNs of one target), the
+//! [`Command`]/[`Response`] pair, I_T nexus bookkeeping and task management.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+
+use crate::config::{derived_naa, derived_serial, parse_naa, BackendConfig, LunConfig};
+use crate::lun::Lun;
+use crate::sense::{asc, Sense};
+use crate::status;
+
+/// Identity of an I_T nexus (for iSCSI: one session), allocated by the runtime.
+/// Reservations, unit attentions and PREVENT state are kept per nexus.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NexusId(pub u64);
+
+/// SAM task attribute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskAttr {
+    Untagged,
+    Simple,
+    Ordered,
+    HeadOfQueue,
+    Aca,
+}
+
+/// Residual of the transfer, comparing what the CDB asked for (SPDTL) with the
+/// transport's expected data transfer length (EDTL).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Residual {
+    None,
+    /// EDTL exceeded what was transferred by this many bytes.
+    Underflow(u32),
+    /// The command wanted this many bytes more than EDTL allowed.
+    Overflow(u32),
+}
+
+/// One SCSI command as the transport received it.
+#[derive(Debug, Clone)]
+pub struct Command {
+    pub nexus: NexusId,
+    pub lun: u64,
+    /// The CDB (6..260 bytes; a transport may pad a short CDB to 16 bytes).
+    pub cdb: Bytes,
+    pub attr: TaskAttr,
+    /// Transport task tag (iSCSI ITT), used by [`Device::abort_task`].
+    pub tag: u64,
+    /// Expected data transfer length from the transport.
+    pub expected_len: u32,
+    /// The transport will accept data-in (iSCSI R bit).
+    pub read: bool,
+    /// The initiator sent data-out (iSCSI W bit).
+    pub write: bool,
+    /// All data-out the initiator sent (length <= `expected_len`).
+    pub data_out: Bytes,
+}
+
+/// The outcome of a command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    pub status: u8,
+    /// Raw sense bytes (CHECK CONDITION only).
+    pub sense: Option<Bytes>,
+    /// Data-in, already truncated to `expected_len` (empty unless `Command::read`).
+    pub data_in: Bytes,
+    pub residual: Residual,
+    /// The task was aborted by task management: the transport must not send this.
+    pub aborted: bool,
+}
+
+impl Response {
+    pub(crate) fn aborted() -> Self {
+        Response {
+            status: status::TASK_ABORTED,
+            sense: None,
+            data_in: Bytes::new(),
+            residual: Residual::None,
+            aborted: true,
+        }
+    }
+}
+
+/// Target reset flavour (task management).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetKind {
+    Warm,
+    Cold,
+}
+
+/// Why a device could not be built.
+#[derive(Debug)]
+pub struct DeviceError(pub String);
+
+impl fmt::Display for DeviceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for DeviceError {}
+
+/// What the device knows about an I_T nexus.
+#[derive(Debug, Clone)]
+pub(crate) struct NexusInfo {
+    /// Initiator port name, e.g. "iqn.1994-05.com.example:host,i,0x23d000000001".
+    pub port: Arc<str>,
+    /// TransportID for PERSISTENT RESERVE IN READ FULL STATUS.
+    pub transport_id: Bytes,
+}
+
+/// A SCSI target device: the logical units of one target.
+pub struct Device {
+    target_name: String,
+    luns: BTreeMap<u64, Arc<Lun>>,
+    nexuses: Mutex<HashMap<NexusId, NexusInfo>>,
+}
+
+impl Device {
+    /// Builds the device, opening each LUN's backend. Identifiers not given in the
+    /// config (serial, NAA) are derived from `target_name` and the LUN number, so they
+    /// are stable across restarts.
+    pub fn new(target_name: &str, luns: Vec<(u64, LunConfig)>) -> Result<Device, DeviceError> {
+        let mut map = BTreeMap::new();
+        for (id, cfg) in luns {
+            if id >= 16384 {
+                return Err(DeviceError(format!(
+                    "LUN {id}: numbers must be below 16384"
+                )));
+            }
+            if map.contains_key(&id) {
+                return Err(DeviceError(format!("LUN {id} is configured twice")));
+            }
+            cfg.validate()
+                .map_err(|e| DeviceError(format!("LUN {id}: {e}")))?;
+            let backend = open_backend(&cfg).map_err(|e| DeviceError(format!("LUN {id}: {e}")))?;
+            let size = backend.size();
+            if size < cfg.block_size as u64 {
+                return Err(DeviceError(format!(
+                    "LUN {id}: backend of {size} bytes is smaller than one block"
+                )));
+            }
+            let naa = match &cfg.wwn {
+                Some(w) => parse_naa(w).map_err(|e| DeviceError(format!("LUN {id}: {e}")))?,
+                None => derived_naa(target_name, id),
+            };
+            let serial = cfg
+                .serial
+                .clone()
+                .unwrap_or_else(|| derived_serial(target_name, id));
+            map.insert(
+                id,
+                Arc::new(Lun::new(id, cfg, backend, naa, serial, target_name)),
+            );
+        }
+        Ok(Device {
+            target_name: target_name.to_string(),
+            luns: map,
+            nexuses: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The target name this device was built for.
+    pub fn target_name(&self) -> &str {
+        &self.target_name
+    }
+
+    /// Configured LUN numbers, ascending.
+    pub fn luns(&self) -> Vec<u64> {
+        self.luns.keys().copied().collect()
+    }
+
+    /// Capacity of a LUN as (number of blocks, block size).
+    pub fn capacity(&self, lun: u64) -> Option<(u64, u32)> {
+        self.luns.get(&lun).map(|l| (l.num_blocks(), l.block_size))
+    }
+
+    /// Registers a new I_T nexus. `initiator_port` names the initiator port (for iSCSI
+    /// "<initiator name>,i,0x<isid>"); `transport_id` is its SCSI TransportID (used in
+    /// PERSISTENT RESERVE IN READ FULL STATUS; may be empty).
+    pub fn nexus_added(&self, nexus: NexusId, initiator_port: &str, transport_id: Bytes) {
+        let info = NexusInfo {
+            port: Arc::from(initiator_port),
+            transport_id,
+        };
+        self.nexuses
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(nexus, info);
+    }
+
+    /// I_T nexus loss (session closed or dropped): releases RESERVE(6) reservations and
+    /// PREVENT state held through it, and drops its unit attentions. Persistent
+    /// reservation registrations survive (they belong to the initiator port).
+    pub fn nexus_removed(&self, nexus: NexusId) {
+        self.nexuses
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&nexus);
+        for lun in self.luns.values() {
+            lun.nexus_lost(nexus);
+        }
+    }
+
+    pub(crate) fn nexus_info(&self, nexus: NexusId) -> Option<NexusInfo> {
+        self.nexuses
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&nexus)
+            .cloned()
+    }
+
+    pub(crate) fn known_nexuses(&self) -> Vec<NexusId> {
+        self.nexuses
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .copied()
+            .collect()
+    }
+
+    pub(crate) fn known_nexus_ports(&self) -> Vec<(NexusId, Arc<str>)> {
+        self.nexuses
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(n, i)| (*n, i.port.clone()))
+            .collect()
+    }
+
+    /// Executes one command to completion.
+    pub async fn execute(&self, cmd: Command) -> Response {
+        let lun = match self.luns.get(&cmd.lun) {
+            Some(l) => l.clone(),
+            None => return self.no_such_lun(&cmd),
+        };
+        let info = self.nexus_info(cmd.nexus);
+        lun.execute(self, cmd, info).await
+    }
+
+    /// Commands to an unconfigured LUN: INQUIRY reports "no device", REPORT LUNS and
+    /// REQUEST SENSE work, everything else is LOGICAL UNIT NOT SUPPORTED.
+    fn no_such_lun(&self, cmd: &Command) -> Response {
+        let op = cmd.cdb.first().copied().unwrap_or(0xFF);
+        let data: Option<Bytes> = match op {
+            crate::cmds::op::REPORT_LUNS => {
+                Some(crate::cmds::report_luns(&self.luns(), &cmd.cdb).unwrap_or_default())
+            }
+            crate::cmds::op::INQUIRY if cmd.cdb.len() >= 6 && cmd.cdb[1] & 1 == 0 => {
+                let mut d = vec![0u8; 36];
+                d[0] = 0x7F; // peripheral qualifier 3: no device at this LUN
+                d[2] = 0x06;
+                d[3] = 0x02;
+                d[4] = 31;
+                let alloc = u16::from_be_bytes([cmd.cdb[3], cmd.cdb[4]]) as usize;
+                d.truncate(alloc);
+                Some(Bytes::from(d))
+            }
+            crate::cmds::op::REQUEST_SENSE => {
+                let s = Sense::illegal(asc::LUN_NOT_SUPPORTED).to_fixed();
+                let alloc = cmd.cdb.get(4).copied().unwrap_or(0) as usize;
+                Some(Bytes::copy_from_slice(&s[..alloc.min(18)]))
+            }
+            _ => None,
+        };
+        match data {
+            Some(d) => crate::lun::finish_data_in(cmd, d, status::GOOD),
+            None => crate::lun::finish_error(
+                cmd,
+                status::CHECK_CONDITION,
+                Some(Sense::illegal(asc::LUN_NOT_SUPPORTED).encode(false)),
+            ),
+        }
+    }
+
+    /// ABORT TASK: aborts the task `tag` of `nexus` if it is in the task set; returns
+    /// whether it was found. Returns once the task has left the task set.
+    pub async fn abort_task(&self, nexus: NexusId, tag: u64) -> bool {
+        let mut found = false;
+        for lun in self.luns.values() {
+            found |= lun
+                .tasks
+                .abort_where(|t| t.nexus == nexus && t.tag == tag)
+                .await
+                > 0;
+        }
+        found
+    }
+
+    /// ABORT TASK SET: every task of `nexus` on `lun`.
+    pub async fn abort_task_set(&self, nexus: NexusId, lun: u64) -> usize {
+        match self.luns.get(&lun) {
+            Some(l) => l.tasks.abort_where(|t| t.nexus == nexus).await,
+            None => 0,
+        }
+    }
+
+    /// CLEAR TASK SET: every task on `lun`, from any nexus.
+    pub async fn clear_task_set(&self, lun: u64) -> usize {
+        match self.luns.get(&lun) {
+            Some(l) => l.tasks.abort_where(|_| true).await,
+            None => 0,
+        }
+    }
+
+    /// LOGICAL UNIT RESET: aborts all tasks, releases RESERVE(6), clears PREVENT, and
+    /// raises a reset unit attention for every nexus. Returns false if no such LUN.
+    pub async fn lun_reset(&self, lun: u64) -> bool {
+        let Some(l) = self.luns.get(&lun) else {
+            return false;
+        };
+        l.tasks.abort_where(|_| true).await;
+        l.reset(&self.known_nexuses());
+        true
+    }
+
+    /// TARGET WARM/COLD RESET: a LUN reset of every LUN.
+    pub async fn target_reset(&self, _kind: ResetKind) {
+        let nexuses = self.known_nexuses();
+        for l in self.luns.values() {
+            l.tasks.abort_where(|_| true).await;
+            l.reset(&nexuses);
+        }
+    }
+
+    /// Changes a LUN's capacity (the backend must already hold `blocks` blocks); every
+    /// nexus gets CAPACITY DATA HAS CHANGED.
+    pub fn set_capacity(&self, lun: u64, blocks: u64) -> Result<(), DeviceError> {
+        let l = self
+            .luns
+            .get(&lun)
+            .ok_or_else(|| DeviceError(format!("no LUN {lun}")))?;
+        if blocks == 0 || blocks.saturating_mul(l.block_size as u64) > l.backend.size() {
+            return Err(DeviceError(format!(
+                "LUN {lun}: {blocks} blocks do not fit the backend"
+            )));
+        }
+        l.set_num_blocks(blocks, &self.known_nexuses());
+        Ok(())
+    }
+}
+
+fn open_backend(cfg: &LunConfig) -> Result<Arc<dyn storage::Backend>, String> {
+    let size = cfg.size.map(|s| s.0);
+    Ok(match &cfg.backend {
+        BackendConfig::Memory => Arc::new(storage::MemoryBackend::new(size.unwrap_or(0))),
+        BackendConfig::File { path, create } => Arc::new(
+            storage::FileBackend::open(path, size, *create, cfg.read_only)
+                .map_err(|e| e.to_string())?,
+        ),
+        BackendConfig::Block { path } => Arc::new(
+            storage::BlockBackend::open(path, size, cfg.read_only).map_err(|e| e.to_string())?,
+        ),
+    })
+}

@@ -1,0 +1,51 @@
+//! SCSI direct-access device emulation (SBC-3/SPC-4) for ironsan. One job: turn a CDB
+//! (plus its data-out buffer) into status, sense and data-in, for a set of logical units
+//! backed by `storage` backends. It knows nothing about iSCSI or any transport: the target
+//! runtime builds a [`Command`] per SCSI command and sends back the [`Response`].
+//!
+//! # How the runtime uses it
+//! ```ignore
+//! let device = scsi::Device::new("iqn.2024-01.org.example:t1", vec![(0, lun_config)])?;
+//! device.nexus_added(nexus, "iqn.initiator,i,0x23d000000001", transport_id);
+//! let rsp = device.execute(Command { nexus, lun: 0, cdb, .. }).await;
+//! if !rsp.aborted { /* send rsp.status, rsp.sense, rsp.data_in, rsp.residual */ }
+//! device.nexus_removed(nexus);
+//! ```
+//!
+//! * Concurrency: `execute` may be called concurrently for any number of commands;
+//!   SIMPLE tasks run in parallel, ORDERED tasks wait for older ones, HEAD OF QUEUE tasks
+//!   start at once. Reads of independent ranges never share a lock across an await.
+//! * Abort: task management calls ([`Device::abort_task`], [`Device::lun_reset`], ...)
+//!   mark matching in-flight tasks aborted and wait until they finish; an aborted task's
+//!   future resolves with `Response::aborted == true`, which the transport must not send.
+//!   Dropping an `execute` future is also safe (the task leaves the task set; a backend
+//!   write already handed to the kernel still completes).
+//! * Sense: returned raw, fixed (0x70) or descriptor (0x72) format per the D_SENSE bit of
+//!   the control mode page.
+
+pub(crate) mod cmds;
+pub mod config;
+mod device;
+mod lun;
+mod pr;
+pub mod sense;
+mod tasks;
+
+pub use cmds::{op, RwParams};
+pub use config::{BackendConfig, ByteSize, LunConfig};
+pub use device::{Command, Device, DeviceError, NexusId, ResetKind, Residual, Response, TaskAttr};
+pub use sense::Sense;
+
+/// SCSI status codes (SAM-5).
+pub mod status {
+    pub const GOOD: u8 = 0x00;
+    pub const CHECK_CONDITION: u8 = 0x02;
+    pub const CONDITION_MET: u8 = 0x04;
+    pub const BUSY: u8 = 0x08;
+    pub const RESERVATION_CONFLICT: u8 = 0x18;
+    pub const TASK_SET_FULL: u8 = 0x28;
+    pub const TASK_ABORTED: u8 = 0x40;
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,369 @@
+//! One logical unit: its backend, mode/reservation/unit-attention state, and the
+//! execution pipeline every command goes through (task admission, unit attention,
+//! reservation and readiness checks, dispatch, response assembly).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::Bytes;
+use storage::Backend;
+
+use crate::cmds::op;
+use crate::config::LunConfig;
+use crate::device::{Command, Device, NexusId, NexusInfo, Residual, Response};
+use crate::pr::PrState;
+use crate::sense::{asc, key, Sense};
+use crate::status;
+use crate::tasks::{RangeLock, TaskSet};
+
+/// How a command failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fail {
+    Check(Sense),
+    Status(u8),
+}
+
+impl From<Sense> for Fail {
+    fn from(s: Sense) -> Fail {
+        Fail::Check(s)
+    }
+}
+
+/// A successful command: its data-in (already cut to the allocation length) and status.
+pub(crate) struct Done {
+    pub data: Bytes,
+    pub status: u8,
+}
+
+impl Done {
+    pub fn none() -> Result<Done, Fail> {
+        Ok(Done {
+            data: Bytes::new(),
+            status: status::GOOD,
+        })
+    }
+    pub fn data(data: impl Into<Bytes>) -> Result<Done, Fail> {
+        Ok(Done {
+            data: data.into(),
+            status: status::GOOD,
+        })
+    }
+    /// Data built in a Vec, cut to the CDB's allocation length.
+    pub fn alloc(mut data: Vec<u8>, alloc_len: usize) -> Result<Done, Fail> {
+        data.truncate(alloc_len);
+        Ok(Done {
+            data: Bytes::from(data),
+            status: status::GOOD,
+        })
+    }
+}
+
+pub(crate) type CmdResult = Result<Done, Fail>;
+
+/// Result of an EXTENDED COPY kept for RECEIVE COPY RESULTS.
+#[allow(dead_code)] // read by RECEIVE COPY RESULTS
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CopyResult {
+    pub segments_processed: u16,
+    pub failed: bool,
+    pub transfer_count: u64,
+}
+
+/// Mutable LUN state, behind one short-held mutex (never held across an await).
+#[derive(Default)]
+pub(crate) struct LunState {
+    pub ua: HashMap<NexusId, VecDeque<(u8, u8)>>,
+    pub reserve6: Option<NexusId>,
+    pub pr: PrState,
+    pub prevent: HashSet<NexusId>,
+    pub ejected: bool,
+    pub sanitizing: bool,
+    pub copies: HashMap<(NexusId, u8), CopyResult>,
+}
+
+pub(crate) struct Lun {
+    pub id: u64,
+    pub cfg: LunConfig,
+    pub backend: Arc<dyn Backend>,
+    pub block_size: u32,
+    pub bs_shift: u32,
+    num_blocks: AtomicU64,
+    pub naa: Vec<u8>,
+    pub serial: String,
+    pub target_name: String,
+    pub thin: bool,
+    pub tasks: TaskSet,
+    pub ranges: RangeLock,
+    state: Mutex<LunState>,
+    /// False while nothing unusual is pending (no UA, reservation, eject, sanitize): lets
+    /// the READ/WRITE path skip the state lock.
+    needs_checks: AtomicBool,
+    pub d_sense: AtomicBool,
+    pub swp: AtomicBool,
+    pub wce: AtomicBool,
+}
+
+/// Commands that neither report nor clear a unit attention (SPC-4 5.14: INQUIRY,
+/// REPORT LUNS, REQUEST SENSE).
+fn ua_exempt(op: u8) -> bool {
+    matches!(op, op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE)
+}
+
+impl Lun {
+    pub fn new(
+        id: u64,
+        cfg: LunConfig,
+        backend: Arc<dyn Backend>,
+        naa: Vec<u8>,
+        serial: String,
+        target: &str,
+    ) -> Lun {
+        let block_size = cfg.block_size;
+        let num_blocks = backend.size() / block_size as u64;
+        let thin = cfg.thin_provisioning && backend.supports_punch() && !cfg.read_only;
+        Lun {
+            id,
+            block_size,
+            bs_shift: block_size.trailing_zeros(),
+            num_blocks: AtomicU64::new(num_blocks),
+            naa,
+            serial,
+            target_name: target.to_string(),
+            thin,
+            tasks: TaskSet::default(),
+            ranges: RangeLock::default(),
+            state: Mutex::new(LunState::default()),
+            needs_checks: AtomicBool::new(false),
+            d_sense: AtomicBool::new(false),
+            swp: AtomicBool::new(false),
+            wce: AtomicBool::new(true),
+            backend,
+            cfg,
+        }
+    }
+
+    pub fn num_blocks(&self) -> u64 {
+        self.num_blocks.load(Ordering::Acquire)
+    }
+
+    pub fn state(&self) -> MutexGuard<'_, LunState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Recomputes the fast-path flag; call after changing LunState.
+    pub fn refresh(&self, st: &LunState) {
+        let busy = st.ua.values().any(|q| !q.is_empty())
+            || st.reserve6.is_some()
+            || st.pr.reservation.is_some()
+            || st.ejected
+            || st.sanitizing;
+        self.needs_checks.store(busy, Ordering::Release);
+    }
+
+    /// Queues a unit attention for each nexus in `nexuses` (skipping `except`).
+    pub fn raise_ua(
+        &self,
+        st: &mut LunState,
+        nexuses: &[NexusId],
+        except: Option<NexusId>,
+        code: (u8, u8),
+    ) {
+        for &n in nexuses {
+            if Some(n) == except {
+                continue;
+            }
+            let q = st.ua.entry(n).or_default();
+            if !q.contains(&code) && q.len() < 16 {
+                q.push_back(code);
+            }
+        }
+    }
+
+    pub fn set_num_blocks(&self, blocks: u64, nexuses: &[NexusId]) {
+        self.num_blocks.store(blocks, Ordering::Release);
+        let mut st = self.state();
+        self.raise_ua(&mut st, nexuses, None, asc::CAPACITY_DATA_CHANGED);
+        self.refresh(&st);
+    }
+
+    pub fn nexus_lost(&self, nexus: NexusId) {
+        let mut st = self.state();
+        if st.reserve6 == Some(nexus) {
+            st.reserve6 = None;
+        }
+        st.prevent.remove(&nexus);
+        st.ua.remove(&nexus);
+        st.copies.retain(|(n, _), _| *n != nexus);
+        self.refresh(&st);
+    }
+
+    /// LU reset side effects (tasks are aborted by the caller).
+    pub fn reset(&self, nexuses: &[NexusId]) {
+        let mut st = self.state();
+        st.reserve6 = None;
+        st.prevent.clear();
+        st.ua.clear();
+        self.raise_ua(&mut st, nexuses, None, asc::POWER_ON_RESET);
+        self.refresh(&st);
+    }
+
+    pub fn sense_bytes(&self, s: &Sense) -> Bytes {
+        s.encode(self.d_sense.load(Ordering::Relaxed))
+    }
+
+    pub fn write_protected(&self) -> bool {
+        self.cfg.read_only || self.swp.load(Ordering::Relaxed)
+    }
+
+    /// The pipeline: task admission, pre-checks, dispatch, response assembly.
+    pub async fn execute(&self, dev: &Device, cmd: Command, info: Option<NexusInfo>) -> Response {
+        let Some(&opcode) = cmd.cdb.first() else {
+            let s = Sense::illegal(asc::INVALID_OPCODE);
+            return finish_error(&cmd, status::CHECK_CONDITION, Some(self.sense_bytes(&s)));
+        };
+        let guard = self.tasks.enter(cmd.nexus, cmd.tag, cmd.attr).await;
+        if guard.aborted() {
+            return Response::aborted();
+        }
+        let result = match self.pre_checks(opcode, &cmd, info.as_ref()) {
+            Some(fail) => Err(fail),
+            None => self.dispatch(dev, &cmd, info.as_ref(), &guard).await,
+        };
+        if guard.aborted() {
+            return Response::aborted();
+        }
+        drop(guard);
+        match result {
+            Ok(done) => match crate::cmds::data_out_len(&cmd.cdb, self.block_size) {
+                Some(out_len) if done.data.is_empty() => finish_out(&cmd, out_len, done.status),
+                _ => finish_data_in(&cmd, done.data, done.status),
+            },
+            Err(Fail::Check(s)) => {
+                let mut r = finish_error(&cmd, status::CHECK_CONDITION, Some(self.sense_bytes(&s)));
+                if let Some(out_len) = crate::cmds::data_out_len(&cmd.cdb, self.block_size) {
+                    r.residual = residual(out_len, cmd.expected_len as u64);
+                }
+                r
+            }
+            Err(Fail::Status(st)) => {
+                let mut r = finish_error(&cmd, st, None);
+                if let Some(out_len) = crate::cmds::data_out_len(&cmd.cdb, self.block_size) {
+                    r.residual = residual(out_len, cmd.expected_len as u64);
+                }
+                r
+            }
+        }
+    }
+
+    /// Unit attention, sanitize, reservation and medium checks. `None` = go ahead.
+    fn pre_checks(&self, opcode: u8, cmd: &Command, info: Option<&NexusInfo>) -> Option<Fail> {
+        if !self.needs_checks.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut st = self.state();
+        if !ua_exempt(opcode) {
+            if let Some(q) = st.ua.get_mut(&cmd.nexus) {
+                if let Some(code) = q.pop_front() {
+                    self.refresh(&st);
+                    return Some(Fail::Check(Sense::new(key::UNIT_ATTENTION, code)));
+                }
+            }
+        }
+        if st.sanitizing && !matches!(opcode, op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE) {
+            return Some(Fail::Check(Sense::new(
+                key::NOT_READY,
+                asc::NOT_READY_SANITIZE,
+            )));
+        }
+        if let Some(holder) = st.reserve6 {
+            if holder != cmd.nexus && !crate::cmds::allowed_under_reserve6(opcode) {
+                return Some(Fail::Status(status::RESERVATION_CONFLICT));
+            }
+        }
+        if st.pr.reservation.is_some() {
+            let port = info.map(|i| &*i.port).unwrap_or("");
+            if st.pr.conflicts(port, &cmd.cdb) {
+                return Some(Fail::Status(status::RESERVATION_CONFLICT));
+            }
+        }
+        if st.ejected && crate::cmds::needs_medium(opcode) {
+            return Some(Fail::Check(Sense::new(
+                key::NOT_READY,
+                asc::MEDIUM_NOT_PRESENT_TRAY_OPEN,
+            )));
+        }
+        None
+    }
+
+    /// Pops the pending unit attention for REQUEST SENSE.
+    pub fn take_ua(&self, nexus: NexusId) -> Option<(u8, u8)> {
+        let mut st = self.state();
+        let code = st.ua.get_mut(&nexus).and_then(|q| q.pop_front());
+        self.refresh(&st);
+        code
+    }
+}
+
+fn residual(wanted: u64, edtl: u64) -> Residual {
+    if wanted > edtl {
+        Residual::Overflow((wanted - edtl).min(u32::MAX as u64) as u32)
+    } else if wanted < edtl {
+        Residual::Underflow((edtl - wanted) as u32)
+    } else {
+        Residual::None
+    }
+}
+
+/// Response for a command that produced data-in (possibly none).
+pub(crate) fn finish_data_in(cmd: &Command, data: Bytes, st: u8) -> Response {
+    let edtl = cmd.expected_len as u64;
+    let wanted = data.len() as u64;
+    if !cmd.read {
+        // Data the transport cannot carry (no R bit): drop it, report it as overflow.
+        let residual = if wanted > 0 {
+            Residual::Overflow(wanted.min(u32::MAX as u64) as u32)
+        } else {
+            residual(0, edtl)
+        };
+        return Response {
+            status: st,
+            sense: None,
+            data_in: Bytes::new(),
+            residual,
+            aborted: false,
+        };
+    }
+    let mut data = data;
+    if wanted > edtl {
+        data.truncate(edtl as usize);
+    }
+    Response {
+        status: st,
+        sense: None,
+        data_in: data,
+        residual: residual(wanted, edtl),
+        aborted: false,
+    }
+}
+
+/// Response for a data-out command that wanted `out_len` bytes.
+fn finish_out(cmd: &Command, out_len: u64, st: u8) -> Response {
+    Response {
+        status: st,
+        sense: None,
+        data_in: Bytes::new(),
+        residual: residual(out_len, cmd.expected_len as u64),
+        aborted: false,
+    }
+}
+
+pub(crate) fn finish_error(_cmd: &Command, st: u8, sense: Option<Bytes>) -> Response {
+    Response {
+        status: st,
+        sense,
+        data_in: Bytes::new(),
+        residual: Residual::None,
+        aborted: false,
+    }
+}

@@ -1,0 +1,593 @@
+//! Engine tests without a network: CDB in, status/sense/data out.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::config::LunConfig;
+use crate::device::{Command, Device, NexusId, ResetKind, Residual, Response, TaskAttr};
+use crate::status;
+
+const BS: usize = 512;
+const BLOCKS: u64 = 2048;
+
+fn device() -> Arc<Device> {
+    let d = Device::new(
+        "iqn.2024-01.test:t",
+        vec![(0, LunConfig::memory(BLOCKS * BS as u64))],
+    )
+    .unwrap();
+    d.nexus_added(NexusId(1), "iqn.init-a,i,0x1", Bytes::new());
+    d.nexus_added(NexusId(2), "iqn.init-b,i,0x2", Bytes::new());
+    Arc::new(d)
+}
+
+fn cmd(nexus: u64, cdb: &[u8], data_out: &[u8], edtl: u32) -> Command {
+    Command {
+        nexus: NexusId(nexus),
+        lun: 0,
+        cdb: Bytes::copy_from_slice(cdb),
+        attr: TaskAttr::Simple,
+        tag: 1,
+        expected_len: edtl,
+        read: data_out.is_empty(),
+        write: !data_out.is_empty(),
+        data_out: Bytes::copy_from_slice(data_out),
+    }
+}
+
+fn run(d: &Device, c: Command) -> Response {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap()
+        .block_on(d.execute(c))
+}
+
+/// Sense decoded independently of the encoder: (key, asc, ascq, information, field pointer).
+#[derive(Debug, PartialEq, Eq)]
+struct Decoded {
+    key: u8,
+    asc: u8,
+    ascq: u8,
+    info: Option<u64>,
+    field: Option<(bool, u16)>,
+}
+
+fn decode(r: &Response) -> Decoded {
+    assert_eq!(
+        r.status,
+        status::CHECK_CONDITION,
+        "expected CHECK CONDITION, got {r:?}"
+    );
+    let s = r.sense.as_ref().expect("sense");
+    match s[0] & 0x7F {
+        0x70 | 0x71 => {
+            assert_eq!(s[7] as usize + 8, s.len());
+            let sksv = s[15] & 0x80 != 0;
+            Decoded {
+                key: s[2] & 0x0F,
+                asc: s[12],
+                ascq: s[13],
+                info: (s[0] & 0x80 != 0)
+                    .then(|| u32::from_be_bytes([s[3], s[4], s[5], s[6]]) as u64),
+                field: sksv.then(|| (s[15] & 0x40 != 0, u16::from_be_bytes([s[16], s[17]]))),
+            }
+        }
+        0x72 | 0x73 => {
+            let mut info = None;
+            let mut field = None;
+            let mut at = 8;
+            while at + 2 <= s.len() {
+                let (t, l) = (s[at], s[at + 1] as usize);
+                if t == 0 {
+                    info = Some(u64::from_be_bytes(s[at + 4..at + 12].try_into().unwrap()));
+                }
+                if t == 2 {
+                    field = Some((
+                        s[at + 4] & 0x40 != 0,
+                        u16::from_be_bytes([s[at + 5], s[at + 6]]),
+                    ));
+                }
+                at += 2 + l;
+            }
+            Decoded {
+                key: s[1] & 0x0F,
+                asc: s[2],
+                ascq: s[3],
+                info,
+                field,
+            }
+        }
+        other => panic!("unknown sense response code {other:#x}"),
+    }
+}
+
+fn read10(lba: u32, n: u16) -> [u8; 10] {
+    let mut c = [0u8; 10];
+    c[0] = 0x28;
+    c[2..6].copy_from_slice(&lba.to_be_bytes());
+    c[7..9].copy_from_slice(&n.to_be_bytes());
+    c
+}
+
+fn write10(lba: u32, n: u16) -> [u8; 10] {
+    let mut c = read10(lba, n);
+    c[0] = 0x2A;
+    c
+}
+
+fn read16(lba: u64, n: u32) -> [u8; 16] {
+    let mut c = [0u8; 16];
+    c[0] = 0x88;
+    c[2..10].copy_from_slice(&lba.to_be_bytes());
+    c[10..14].copy_from_slice(&n.to_be_bytes());
+    c
+}
+
+fn good(r: &Response) {
+    assert_eq!(r.status, status::GOOD, "expected GOOD, got {r:?}");
+}
+
+#[test]
+fn standard_inquiry_fields_and_truncation() {
+    let d = device();
+    let r = run(&d, cmd(1, &[0x12, 0, 0, 0, 255, 0], &[], 255));
+    good(&r);
+    let data = &r.data_in;
+    assert_eq!(data[0], 0x00);
+    assert_eq!(data[2], 0x06);
+    assert_eq!(data[3] & 0x0F, 2);
+    assert_eq!(data[4] as usize + 5, data.len());
+    assert_eq!(&data[8..16], b"IRONSAN ");
+    assert!(data[8..36].iter().all(|b| (0x20..0x7F).contains(b)));
+    assert_eq!(r.residual, Residual::Underflow(255 - data.len() as u32));
+    let r = run(&d, cmd(1, &[0x12, 0, 0, 0, 10, 0], &[], 10));
+    assert_eq!(r.data_in.len(), 10);
+    assert_eq!(r.residual, Residual::None);
+}
+
+#[test]
+fn inquiry_page_without_evpd_is_invalid_field_byte_2() {
+    let d = device();
+    let r = run(&d, cmd(1, &[0x12, 0, 0x80, 0, 255, 0], &[], 255));
+    assert_eq!(
+        decode(&r),
+        Decoded {
+            key: 5,
+            asc: 0x24,
+            ascq: 0,
+            info: None,
+            field: Some((true, 2))
+        }
+    );
+    let r = run(&d, cmd(1, &[0x12, 1, 0x42, 0, 255, 0], &[], 255));
+    assert_eq!((decode(&r).asc, decode(&r).field), (0x24, Some((true, 2))));
+}
+
+#[test]
+fn vpd_pages_sorted_and_identifiers_stable() {
+    let d = device();
+    let r = run(&d, cmd(1, &[0x12, 1, 0x00, 0, 255, 0], &[], 255));
+    let pages = &r.data_in[4..];
+    assert!(pages.windows(2).all(|w| w[0] < w[1]));
+    assert!(pages.contains(&0x83) && pages.contains(&0xB0) && pages.contains(&0xB2));
+    let r = run(&d, cmd(1, &[0x12, 1, 0x83, 0, 255, 0], &[], 255));
+    let id = &r.data_in[4..];
+    assert_eq!(id[1] & 0x0F, 3, "first designator is NAA");
+    assert_eq!((id[1] >> 4) & 3, 0, "LU association");
+    let d2 = device();
+    let r2 = run(&d2, cmd(1, &[0x12, 1, 0x83, 0, 255, 0], &[], 255));
+    assert_eq!(
+        r.data_in, r2.data_in,
+        "identifiers derive from target name + LUN"
+    );
+    let bl = run(&d, cmd(1, &[0x12, 1, 0xB0, 0, 255, 0], &[], 255)).data_in;
+    assert_eq!(u16::from_be_bytes([bl[2], bl[3]]), 0x3C);
+    assert!(
+        u32::from_be_bytes(bl[20..24].try_into().unwrap()) > 0,
+        "max unmap LBA count with LBPU"
+    );
+}
+
+#[test]
+fn read_capacity_10_and_16() {
+    let d = device();
+    let r = run(&d, cmd(1, &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[], 8));
+    assert_eq!(&r.data_in[..], &[0, 0, 0x07, 0xFF, 0, 0, 2, 0]);
+    let mut c = [0u8; 16];
+    c[0] = 0x9E;
+    c[1] = 0x10;
+    c[13] = 32;
+    let r = run(&d, cmd(1, &c, &[], 32));
+    assert_eq!(
+        u64::from_be_bytes(r.data_in[0..8].try_into().unwrap()),
+        BLOCKS - 1
+    );
+    assert_eq!(r.data_in[14] & 0xC0, 0xC0, "LBPME and LBPRZ");
+    c[13] = 8;
+    assert_eq!(run(&d, cmd(1, &c, &[], 8)).data_in.len(), 8);
+}
+
+#[test]
+fn write_read_roundtrip_and_lba_out_of_range() {
+    let d = device();
+    let data: Vec<u8> = (0..2 * BS).map(|i| (i * 7) as u8).collect();
+    good(&run(&d, cmd(1, &write10(100, 2), &data, 1024)));
+    let r = run(&d, cmd(1, &read10(100, 2), &[], 1024));
+    good(&r);
+    assert_eq!(&r.data_in[..], &data[..]);
+    for c in [read10(BLOCKS as u32 - 1, 2), read10(u32::MAX, 1)] {
+        let r = run(&d, cmd(1, &c, &[], 1024));
+        assert_eq!((decode(&r).key, decode(&r).asc), (5, 0x21));
+    }
+    for lba in [u64::MAX, 1 << 63, BLOCKS + 1] {
+        let r = run(&d, cmd(1, &read16(lba, 0), &[], 0));
+        assert_eq!(decode(&r).asc, 0x21, "LBA {lba:#x} with 0 blocks");
+    }
+    good(&run(&d, cmd(1, &read16(0, 0), &[], 0)));
+}
+
+#[test]
+fn invalid_opcode_and_protect_field() {
+    let d = device();
+    let r = run(&d, cmd(1, &[0xC7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[], 0));
+    assert_eq!(
+        (decode(&r).key, decode(&r).asc, decode(&r).ascq),
+        (5, 0x20, 0)
+    );
+    let mut c = read10(0, 1);
+    c[1] = 0x20; // RDPROTECT = 1
+    let r = run(&d, cmd(1, &c, &[], 512));
+    assert_eq!(
+        decode(&r),
+        Decoded {
+            key: 5,
+            asc: 0x24,
+            ascq: 0,
+            info: None,
+            field: Some((true, 1))
+        }
+    );
+}
+
+#[test]
+fn compare_and_write_matches_and_miscompares_with_offset() {
+    let d = device();
+    good(&run(&d, cmd(1, &write10(5, 1), &[0xAA; BS], 512)));
+    let mut c = [0u8; 16];
+    c[0] = 0x89;
+    c[9] = 5;
+    c[13] = 1;
+    let mut buf = vec![0xAA; BS];
+    buf.extend_from_slice(&[0xBB; BS]);
+    good(&run(&d, cmd(1, &c, &buf, 1024)));
+    assert_eq!(
+        &run(&d, cmd(1, &read10(5, 1), &[], 512)).data_in[..],
+        &[0xBB; BS][..]
+    );
+    let mut wrong = vec![0xBB; BS];
+    wrong[77] = 0;
+    wrong.extend_from_slice(&[0xCC; BS]);
+    let r = run(&d, cmd(1, &c, &wrong, 1024));
+    assert_eq!(
+        decode(&r),
+        Decoded {
+            key: 0x0E,
+            asc: 0x1D,
+            ascq: 0,
+            info: Some(77),
+            field: None
+        }
+    );
+    assert_eq!(
+        &run(&d, cmd(1, &read10(5, 1), &[], 512)).data_in[..],
+        &[0xBB; BS][..],
+        "no write after miscompare"
+    );
+    let r = run(&d, cmd(1, &c, &buf[..BS], 512));
+    assert_eq!(decode(&r).key, 5, "wrong data-out size");
+}
+
+#[test]
+fn reserve6_conflict_and_release_on_nexus_loss() {
+    let d = device();
+    good(&run(&d, cmd(1, &[0x16, 0, 0, 0, 0, 0], &[], 0)));
+    let r = run(&d, cmd(2, &read10(0, 1), &[], 512));
+    assert_eq!(r.status, status::RESERVATION_CONFLICT);
+    assert!(r.sense.is_none());
+    good(&run(&d, cmd(2, &[0x12, 0, 0, 0, 36, 0], &[], 36)));
+    good(&run(&d, cmd(2, &[0x17, 0, 0, 0, 0, 0], &[], 0))); // RELEASE by non-holder: no effect
+    assert_eq!(
+        run(&d, cmd(2, &read10(0, 1), &[], 512)).status,
+        status::RESERVATION_CONFLICT
+    );
+    d.nexus_removed(NexusId(1));
+    good(&run(&d, cmd(2, &read10(0, 1), &[], 512)));
+}
+
+#[test]
+fn unit_attention_after_lun_reset_reported_once() {
+    let d = device();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    assert!(rt.block_on(d.lun_reset(0)));
+    // INQUIRY neither reports nor consumes it.
+    good(&run(&d, cmd(1, &[0x12, 0, 0, 0, 36, 0], &[], 36)));
+    let r = run(&d, cmd(1, &[0, 0, 0, 0, 0, 0], &[], 0));
+    assert_eq!(
+        (decode(&r).key, decode(&r).asc, decode(&r).ascq),
+        (6, 0x29, 0x00)
+    );
+    good(&run(&d, cmd(1, &[0, 0, 0, 0, 0, 0], &[], 0)));
+    // The other nexus gets it through REQUEST SENSE.
+    let r = run(&d, cmd(2, &[0x03, 0, 0, 0, 18, 0], &[], 18));
+    good(&r);
+    assert_eq!(
+        (r.data_in[2] & 0x0F, r.data_in[12], r.data_in[13]),
+        (6, 0x29, 0x00)
+    );
+    good(&run(&d, cmd(2, &[0, 0, 0, 0, 0, 0], &[], 0)));
+    rt.block_on(d.target_reset(ResetKind::Warm));
+    assert_eq!(decode(&run(&d, cmd(2, &[0, 0, 0, 0, 0, 0], &[], 0))).key, 6);
+}
+
+#[test]
+fn unit_attention_after_capacity_change() {
+    let d = device();
+    d.set_capacity(0, 1024).unwrap();
+    let r = run(&d, cmd(1, &read10(0, 1), &[], 512));
+    assert_eq!(
+        (decode(&r).key, decode(&r).asc, decode(&r).ascq),
+        (6, 0x2A, 0x09)
+    );
+    let r = run(&d, cmd(1, &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[], 8));
+    assert_eq!(&r.data_in[..4], &1023u32.to_be_bytes());
+}
+
+#[test]
+fn d_sense_selects_descriptor_format() {
+    let d = device();
+    // MODE SENSE(6) control page, current values.
+    let r = run(&d, cmd(1, &[0x1A, 0x08, 0x0A, 0, 255, 0], &[], 255));
+    good(&r);
+    let mut page = r.data_in[4..].to_vec();
+    assert_eq!(page[0] & 0x3F, 0x0A);
+    page[2] |= 0x04;
+    let mut param = vec![0u8, 0, 0, 0];
+    param.extend_from_slice(&page);
+    good(&run(
+        &d,
+        cmd(
+            1,
+            &[0x15, 0x10, 0, 0, param.len() as u8, 0],
+            &param,
+            param.len() as u32,
+        ),
+    ));
+    let r = run(&d, cmd(1, &read16(u64::MAX, 1), &[], 512));
+    assert_eq!(r.sense.as_ref().unwrap()[0], 0x72);
+    assert_eq!(decode(&r).asc, 0x21);
+}
+
+#[test]
+fn residuals_follow_spdtl_vs_edtl() {
+    let d = device();
+    let r = run(&d, cmd(1, &read10(0, 1), &[], 0));
+    good(&r);
+    assert_eq!((r.data_in.len(), r.residual), (0, Residual::Overflow(512)));
+    let r = run(&d, cmd(1, &read10(0, 1), &[], 10000));
+    assert_eq!(
+        (r.data_in.len(), r.residual),
+        (512, Residual::Underflow(10000 - 512))
+    );
+    let r = run(&d, cmd(1, &read10(0, 1), &[], 200));
+    assert_eq!(
+        (r.data_in.len(), r.residual),
+        (200, Residual::Overflow(312))
+    );
+    // WRITE(10) of 2 blocks with only 700 bytes expected: 700 bytes written, rest untouched.
+    good(&run(&d, cmd(1, &write10(10, 2), &[b'a'; 1024], 1024)));
+    let r = run(&d, cmd(1, &write10(10, 2), &[b'b'; 700], 700));
+    good(&r);
+    assert_eq!(r.residual, Residual::Overflow(324));
+    let back = run(&d, cmd(1, &read10(10, 2), &[], 1024)).data_in;
+    assert!(back[..700].iter().all(|&b| b == b'b') && back[700..].iter().all(|&b| b == b'a'));
+    // WRITE(10) of 1 block with 10000 bytes expected: underflow.
+    let r = run(&d, cmd(1, &write10(10, 1), &[b'c'; 10000], 10000));
+    assert_eq!(r.residual, Residual::Underflow(10000 - 512));
+}
+
+#[test]
+fn read_only_lun_is_write_protected() {
+    let mut cfg = LunConfig::memory(1 << 20);
+    cfg.read_only = true;
+    let d = Device::new("iqn.t", vec![(3, cfg)]).unwrap();
+    let mut c = cmd(1, &write10(0, 1), &[0; BS], 512);
+    c.lun = 3;
+    let r = run(&d, c);
+    assert_eq!((decode(&r).key, decode(&r).asc), (7, 0x27));
+    let mut c = cmd(1, &[0x1A, 0, 0x3F, 0, 255, 0], &[], 255);
+    c.lun = 3;
+    assert_eq!(run(&d, c).data_in[2] & 0x80, 0x80, "WP bit");
+    let mut c = cmd(1, &[0, 0, 0, 0, 0, 0], &[], 0);
+    c.lun = 9;
+    assert_eq!(
+        (decode(&run(&d, c)).asc),
+        0x25,
+        "LOGICAL UNIT NOT SUPPORTED"
+    );
+}
+
+#[test]
+fn unmap_and_get_lba_status() {
+    let d = device();
+    good(&run(
+        &d,
+        cmd(1, &write10(0, 256), &[1u8; 256 * BS], 256 * BS as u32),
+    ));
+    let mut p = vec![0u8, 22, 0, 16, 0, 0, 0, 0];
+    p.extend_from_slice(&0u64.to_be_bytes());
+    p.extend_from_slice(&256u32.to_be_bytes());
+    p.extend_from_slice(&[0; 4]);
+    good(&run(
+        &d,
+        cmd(1, &[0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0], &p, 24),
+    ));
+    let back = run(&d, cmd(1, &read10(0, 256), &[], 256 * BS as u32)).data_in;
+    assert!(back.iter().all(|&b| b == 0), "LBPRZ");
+    let mut c = [0u8; 16];
+    c[0] = 0x9E;
+    c[1] = 0x12;
+    c[13] = 24;
+    let r = run(&d, cmd(1, &c, &[], 24));
+    good(&r);
+    assert_eq!(u64::from_be_bytes(r.data_in[8..16].try_into().unwrap()), 0);
+    assert_eq!(r.data_in[20] & 0x0F, 1, "deallocated");
+    c[2..10].copy_from_slice(&BLOCKS.to_be_bytes());
+    assert_eq!(decode(&run(&d, cmd(1, &c, &[], 24))).asc, 0x21);
+}
+
+#[test]
+fn persistent_reservation_across_nexuses() {
+    let d = device();
+    let prout = |sa: u8, t: u8, key: u64, sa_key: u64| {
+        let mut p = vec![0u8; 24];
+        p[0..8].copy_from_slice(&key.to_be_bytes());
+        p[8..16].copy_from_slice(&sa_key.to_be_bytes());
+        (vec![0x5F, sa, t, 0, 0, 0, 0, 0, 24, 0], p)
+    };
+    let (c, p) = prout(6, 0, 0, 0xA);
+    good(&run(&d, cmd(1, &c, &p, 24)));
+    let (c, p) = prout(1, 3, 0xA, 0); // EXCLUSIVE ACCESS
+    good(&run(&d, cmd(1, &c, &p, 24)));
+    assert_eq!(
+        run(&d, cmd(2, &read10(0, 1), &[], 512)).status,
+        status::RESERVATION_CONFLICT
+    );
+    good(&run(&d, cmd(2, &[0, 0, 0, 0, 0, 0], &[], 0)));
+    // READ KEYS from the other nexus.
+    let r = run(&d, cmd(2, &[0x5E, 0, 0, 0, 0, 0, 0, 0, 255, 0], &[], 255));
+    assert_eq!(&r.data_in[4..8], &8u32.to_be_bytes());
+    assert_eq!(&r.data_in[8..16], &0xAu64.to_be_bytes());
+    // Registrations survive I_T nexus loss.
+    d.nexus_removed(NexusId(1));
+    assert_eq!(
+        run(&d, cmd(2, &read10(0, 1), &[], 512)).status,
+        status::RESERVATION_CONFLICT
+    );
+    let r = run(&d, cmd(2, &[0x5E, 4, 0, 0, 0, 0, 0, 0, 255, 0], &[], 255));
+    assert_eq!(decode(&r).asc, 0x24);
+}
+
+#[test]
+fn swp_write_protects_and_verify_detects_mismatch() {
+    let d = device();
+    let r = run(&d, cmd(1, &[0x1A, 0x08, 0x0A, 0, 255, 0], &[], 255));
+    let mut page = r.data_in[4..].to_vec();
+    page[4] |= 0x08;
+    let mut param = vec![0u8, 0, 0, 0];
+    param.extend_from_slice(&page);
+    good(&run(
+        &d,
+        cmd(
+            1,
+            &[0x15, 0x10, 0, 0, param.len() as u8, 0],
+            &param,
+            param.len() as u32,
+        ),
+    ));
+    let r = run(&d, cmd(1, &write10(0, 1), &[0; BS], 512));
+    assert_eq!(
+        (decode(&r).key, decode(&r).asc, decode(&r).ascq),
+        (7, 0x27, 0x02)
+    );
+    page[4] &= !0x08;
+    param.truncate(4);
+    param.extend_from_slice(&page);
+    good(&run(
+        &d,
+        cmd(
+            1,
+            &[0x15, 0x10, 0, 0, param.len() as u8, 0],
+            &param,
+            param.len() as u32,
+        ),
+    ));
+    good(&run(&d, cmd(1, &write10(0, 1), &[9; BS], 512)));
+    let mut v = read10(0, 1);
+    v[0] = 0x2F;
+    v[1] = 0x02; // BYTCHK
+    good(&run(&d, cmd(1, &v, &[9; BS], 512)));
+    let mut other = [9u8; BS];
+    other[300] = 1;
+    let r = run(&d, cmd(1, &v, &other, 512));
+    assert_eq!(
+        (decode(&r).key, decode(&r).asc, decode(&r).info),
+        (0x0E, 0x1D, Some(300))
+    );
+}
+
+#[test]
+fn report_supported_opcodes_one_command_flags() {
+    let d = device();
+    let r = run(
+        &d,
+        cmd(
+            1,
+            &[0xA3, 0x0C, 0x01, 0x2A, 0, 0, 0, 0, 1, 0, 0, 0],
+            &[],
+            256,
+        ),
+    );
+    good(&r);
+    assert_eq!(r.data_in[1] & 0x07, 3);
+    assert_eq!(r.data_in[4], 0x2A);
+    assert_eq!(r.data_in[5] & 0x18, 0x18, "DPO/FUA usage bits");
+    // Reporting option 1 for a command with service actions is invalid.
+    let r = run(
+        &d,
+        cmd(
+            1,
+            &[0xA3, 0x0C, 0x01, 0x9E, 0, 0x10, 0, 0, 1, 0, 0, 0],
+            &[],
+            256,
+        ),
+    );
+    assert_eq!(decode(&r).asc, 0x24);
+}
+
+#[test]
+fn concurrent_caw_is_atomic() {
+    // Many COMPARE AND WRITEs racing to increment a counter block: exactly one of each
+    // pair (same expected value) can win, so the final value equals the number of wins.
+    let d = device();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    let wins = rt.block_on(async {
+        let mut handles = Vec::new();
+        for i in 0..40u8 {
+            let d = d.clone();
+            handles.push(tokio::spawn(async move {
+                let mut c = [0u8; 16];
+                c[0] = 0x89;
+                c[13] = 1;
+                let mut buf = vec![i / 2; BS];
+                buf.extend_from_slice(&vec![i / 2 + 1; BS]);
+                d.execute(cmd(1, &c, &buf, 1024)).await.status == status::GOOD
+            }));
+        }
+        let mut wins = 0;
+        for h in handles {
+            wins += h.await.unwrap() as u8;
+        }
+        wins
+    });
+    let back = run(&d, cmd(1, &read10(0, 1), &[], 512)).data_in;
+    assert!(back.iter().all(|&b| b == back[0]));
+    assert!((1..=20).contains(&wins));
+}

@@ -1,0 +1,248 @@
+//! Sparse-file backend: positional reads/writes (pread/pwrite) on tokio's blocking pool,
+//! FUA writes through a second O_DSYNC descriptor, flush by fdatasync, unmap by
+//! fallocate(PUNCH_HOLE), mapping status by SEEK_DATA/SEEK_HOLE.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use rustix::fs::{FallocateFlags, OFlags, SeekFrom};
+
+use crate::pool::{BlockingPool, DEFAULT_LIMIT};
+use crate::{check_range, Backend, MapRun};
+
+/// A device image stored in a (normally sparse) regular file.
+pub struct FileBackend {
+    path: PathBuf,
+    size: u64,
+    file: Arc<File>,
+    /// Same file opened with O_DSYNC: a write on it is durable when it returns (FUA).
+    dsync: Arc<File>,
+    pool: BlockingPool,
+    punch_works: bool,
+}
+
+impl FileBackend {
+    /// Opens (or with `create`, creates) the image at `path`.
+    ///
+    /// `size`: the device size; `None` means the file's current length. A file shorter
+    /// than `size` is extended sparsely; a longer one is used up to `size`.
+    pub fn open(path: &Path, size: Option<u64>, create: bool, read_only: bool) -> io::Result<Self> {
+        let ctx = |e: io::Error, what: &str| {
+            io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
+        };
+        let exists = path.exists();
+        if !exists && !create {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "backing file {} does not exist (set create = true to create it)",
+                    path.display()
+                ),
+            ));
+        }
+        if !exists && size.is_none() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("cannot create {} without a size", path.display()),
+            ));
+        }
+        let mut opts = OpenOptions::new();
+        opts.read(true)
+            .write(!read_only)
+            .create(create && !read_only);
+        let file = opts.open(path).map_err(|e| ctx(e, "cannot open"))?;
+        let current = file.metadata().map_err(|e| ctx(e, "cannot stat"))?.len();
+        let size = size.unwrap_or(current);
+        if current < size {
+            if read_only {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "{} is {current} bytes, smaller than the configured {size}",
+                        path.display()
+                    ),
+                ));
+            }
+            file.set_len(size).map_err(|e| ctx(e, "cannot extend"))?;
+        }
+        let mut dopts = OpenOptions::new();
+        dopts
+            .read(true)
+            .write(!read_only)
+            .custom_flags(OFlags::DSYNC.bits() as i32);
+        let dsync = dopts
+            .open(path)
+            .map_err(|e| ctx(e, "cannot open (O_DSYNC)"))?;
+        let punch_works = !read_only && probe_punch(&file, size);
+        Ok(FileBackend {
+            path: path.to_path_buf(),
+            size,
+            file: Arc::new(file),
+            dsync: Arc::new(dsync),
+            pool: BlockingPool::new(DEFAULT_LIMIT),
+            punch_works,
+        })
+    }
+
+    /// Path of the image file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Checks whether the filesystem supports hole punching, by punching the last byte of
+/// the image when that byte is zero (so no data can be lost). When it is not zero we
+/// assume support; a failing punch later falls back to writing zeroes.
+fn probe_punch(file: &File, size: u64) -> bool {
+    if size == 0 {
+        return false;
+    }
+    let mut last = [0u8; 1];
+    if file.read_exact_at(&mut last, size - 1).is_err() || last[0] != 0 {
+        return true;
+    }
+    rustix::fs::fallocate(
+        file,
+        FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
+        size - 1,
+        1,
+    )
+    .is_ok()
+}
+
+pub(crate) fn read_exact(file: &File, offset: u64, len: usize) -> io::Result<Bytes> {
+    let mut buf = BytesMut::zeroed(len);
+    let mut done = 0;
+    while done < len {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break, // past end of file: the rest stays zero
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(buf.freeze())
+}
+
+pub(crate) fn write_zeroes_by_writing(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    const STEP: u64 = 1 << 20;
+    let zeroes = vec![0u8; STEP.min(len) as usize];
+    let mut done = 0;
+    while done < len {
+        let n = STEP.min(len - done) as usize;
+        file.write_all_at(&zeroes[..n], offset + done)?;
+        done += n as u64;
+    }
+    Ok(())
+}
+
+/// SEEK_DATA/SEEK_HOLE based mapping status of `offset..offset+len`.
+pub(crate) fn seek_map_status(file: &File, offset: u64, len: u64) -> io::Result<MapRun> {
+    let end = offset + len;
+    let next_data = match rustix::fs::seek(file, SeekFrom::Data(offset)) {
+        Ok(pos) => pos,
+        Err(rustix::io::Errno::NXIO) => u64::MAX,
+        Err(rustix::io::Errno::INVAL) | Err(rustix::io::Errno::OPNOTSUPP) => {
+            return Ok(MapRun {
+                mapped: true,
+                len: len.max(1),
+            })
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if next_data > offset {
+        return Ok(MapRun {
+            mapped: false,
+            len: (next_data.min(end) - offset).max(1),
+        });
+    }
+    let next_hole = rustix::fs::seek(file, SeekFrom::Hole(offset)).unwrap_or(u64::MAX);
+    Ok(MapRun {
+        mapped: true,
+        len: (next_hole.min(end) - offset).max(1),
+    })
+}
+
+#[async_trait]
+impl Backend for FileBackend {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn kind(&self) -> &'static str {
+        "file"
+    }
+
+    fn supports_punch(&self) -> bool {
+        self.punch_works
+    }
+
+    async fn read_at(&self, offset: u64, len: usize) -> io::Result<Bytes> {
+        check_range(self.size, offset, len as u64)?;
+        let file = self.file.clone();
+        self.pool.run(move || read_exact(&file, offset, len)).await
+    }
+
+    async fn write_at(&self, offset: u64, data: Bytes, fua: bool) -> io::Result<()> {
+        check_range(self.size, offset, data.len() as u64)?;
+        let file = if fua {
+            self.dsync.clone()
+        } else {
+            self.file.clone()
+        };
+        self.pool
+            .run(move || file.write_all_at(&data, offset))
+            .await
+    }
+
+    async fn flush(&self) -> io::Result<()> {
+        let file = self.file.clone();
+        self.pool.run(move || file.sync_data()).await
+    }
+
+    async fn punch(&self, offset: u64, len: u64) -> io::Result<()> {
+        check_range(self.size, offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let file = self.file.clone();
+        let try_punch = self.punch_works;
+        self.pool
+            .run(move || {
+                if try_punch
+                    && rustix::fs::fallocate(
+                        &*file,
+                        FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
+                        offset,
+                        len,
+                    )
+                    .is_ok()
+                {
+                    return Ok(());
+                }
+                write_zeroes_by_writing(&file, offset, len)
+            })
+            .await
+    }
+
+    async fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        check_range(self.size, offset, len)?;
+        let file = self.file.clone();
+        self.pool
+            .run(move || write_zeroes_by_writing(&file, offset, len))
+            .await
+    }
+
+    async fn map_status(&self, offset: u64, len: u64) -> io::Result<MapRun> {
+        check_range(self.size, offset, len)?;
+        let file = self.file.clone();
+        self.pool
+            .run(move || seek_map_status(&file, offset, len))
+            .await
+    }
+}
