@@ -32,6 +32,11 @@ fn appends() -> Vec<(&'static str, Append)> {
     if hw::available() {
         v.push(("hw", hw::append));
         v.push(("hw-1stream", hw::append_1stream));
+        v.push(("hw-streams-1", hw::append_streams::<1>));
+        v.push(("hw-streams-2", hw::append_streams::<2>));
+        v.push(("hw-streams-3", hw::append_streams::<3>));
+        v.push(("hw-streams-6", hw::append_streams::<6>));
+        v.push(("hw-streams-8", hw::append_streams::<8>));
     }
     v
 }
@@ -48,6 +53,10 @@ fn copy_appends() -> Vec<(&'static str, CopyAppend)> {
     ];
     if hw::available() {
         v.push(("hw", hw::copy_append));
+        v.push(("hw-streams-1", hw::copy_append_streams::<1>));
+        v.push(("hw-streams-2", hw::copy_append_streams::<2>));
+        v.push(("hw-streams-3", hw::copy_append_streams::<3>));
+        v.push(("hw-streams-8", hw::copy_append_streams::<8>));
     }
     v
 }
@@ -124,15 +133,23 @@ fn empty_input_is_zero_and_identity() {
     assert_eq!(crc32c_combine(0xE306_9283, 0, 0), 0xE306_9283);
 }
 
-/// Lengths around every block boundary of the three-stream path (192-byte threshold, 24-byte
-/// rounds, 8 KiB per stream) and both sides of a multi-round buffer.
+/// Lengths around every block boundary of the multi-stream paths (N * 32-byte thresholds,
+/// 8N/16N-byte steps, 4 KiB per stream and round) and both sides of a multi-round buffer.
 #[test]
 fn all_implementations_agree_across_block_boundaries() {
     let data: Vec<u8> = (0..80_000u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
         .collect();
-    let mut lengths: Vec<usize> = (0..300).collect();
-    for base in [384, 768, 3 * 8192, 2 * 3 * 8192, 70_000] {
+    let mut lengths: Vec<usize> = (0..600).collect();
+    for base in [
+        768,
+        1024,
+        4 * 4096,
+        2 * 4 * 4096,
+        6 * 4096,
+        8 * 4096,
+        70_000,
+    ] {
         lengths.extend(base - 9..base + 9);
     }
     lengths.push(data.len());

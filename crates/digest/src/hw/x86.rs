@@ -1,24 +1,32 @@
-//! x86-64: SSE4.2 `crc32` in three streams, joined with PCLMULQDQ.
+//! x86-64: SSE4.2 `crc32` in several interleaved streams, joined with PCLMULQDQ.
 //!
-//! These are `unsafe fn`s only because of `#[target_feature]`: callers must have checked the
-//! features. All memory access goes through safe slices.
+//! One `crc32` has a latency of 3 cycles but a throughput of one (or, on recent cores, two) per
+//! cycle, so a buffer is cut into `N` equal blocks whose CRCs run as independent dependency
+//! chains; the registers are then joined by multiplying each by `x^(8 * bytes after it)`.
+//!
+//! These are `unsafe fn`s because of `#[target_feature]` (callers must have checked the CPU) and
+//! because the inner loops read and write through raw pointers whose bounds are argued at each
+//! use.
 
 use core::arch::x86_64::{
-    _mm_clmulepi64_si128, _mm_crc32_u64, _mm_crc32_u8, _mm_cvtsi128_si64, _mm_cvtsi32_si128,
+    __m128i, _mm_clmulepi64_si128, _mm_crc32_u64, _mm_crc32_u8, _mm_cvtsi128_si64,
+    _mm_cvtsi32_si128, _mm_loadu_si128, _mm_storeu_si128,
 };
 
 use crate::gf2::{multmodp, xpow};
 
-/// Largest block per stream, in bytes; longer buffers are done as several three-block rounds.
-const MAX_STREAM: usize = 8192;
-/// Below this length the combine step costs more than the parallelism saves.
-const MIN_3WAY: usize = 192;
+/// The most streams any caller may ask for.
+const MAX_STREAMS: usize = 8;
+/// Largest block per stream, in bytes; longer buffers are done as several rounds.
+const MAX_STREAM: usize = 4096;
+/// Smallest block per stream: below this the join costs more than the parallelism saves.
+const MIN_STREAM: usize = 32;
 
 /// `SHIFT_K[w] = x^(64*w - 33) mod P`. A carry-less product of a register with it, reduced by
 /// `crc32` of the 64-bit product (which multiplies by x^33), moves the register past `w` 8-byte
 /// words: `reg * x^(64*w)`.
-static SHIFT_K: [u32; 2 * MAX_STREAM / 8 + 1] = {
-    let mut k = [0u32; 2 * MAX_STREAM / 8 + 1];
+static SHIFT_K: [u32; (MAX_STREAMS - 1) * MAX_STREAM / 8 + 1] = {
+    let mut k = [0u32; (MAX_STREAMS - 1) * MAX_STREAM / 8 + 1];
     let x64 = xpow(64);
     k[1] = xpow(31);
     let mut w = 2;
@@ -37,15 +45,24 @@ unsafe fn shift_words(reg: u32, words: usize) -> u32 {
     _mm_crc32_u64(0, _mm_cvtsi128_si64(product) as u64) as u32
 }
 
-#[inline(always)]
-fn word(bytes: &[u8]) -> u64 {
-    u64::from_le_bytes(bytes.try_into().expect("8-byte chunk"))
+/// Joins `N` stream registers of `words` 8-byte words each; stream 0 carried the incoming
+/// register, the others started from zero.
+#[inline]
+#[target_feature(enable = "sse4.2,pclmulqdq")]
+unsafe fn join<const N: usize>(crc: &[u64; N], words: usize) -> u32 {
+    let mut reg = crc[N - 1] as u32;
+    for (s, &c) in crc[..N - 1].iter().enumerate() {
+        reg ^= shift_words(c as u32, (N - 1 - s) * words);
+    }
+    reg
 }
 
-/// Per-stream block length for `remaining` bytes: a multiple of 8, at most `MAX_STREAM`.
+/// Reads 8 bytes at `p` as the little-endian word `crc32` consumes.
+///
+/// Callers guarantee `p..p+8` lies inside one live slice.
 #[inline(always)]
-fn block_len(remaining: usize) -> usize {
-    (remaining / 24 * 8).min(MAX_STREAM)
+unsafe fn load_word(p: *const u8) -> u64 {
+    u64::from_le(p.cast::<u64>().read_unaligned())
 }
 
 /// One stream over the raw register.
@@ -54,7 +71,7 @@ pub(super) unsafe fn update_1way(reg: u32, data: &[u8]) -> u32 {
     let mut c = u64::from(reg);
     let mut words = data.chunks_exact(8);
     for w in &mut words {
-        c = _mm_crc32_u64(c, word(w));
+        c = _mm_crc32_u64(c, u64::from_le_bytes(w.try_into().expect("8-byte chunk")));
     }
     let mut r = c as u32;
     for &b in words.remainder() {
@@ -63,87 +80,82 @@ pub(super) unsafe fn update_1way(reg: u32, data: &[u8]) -> u32 {
     r
 }
 
-/// Three streams over the raw register.
+/// `N` streams over the raw register (`2 <= N <= MAX_STREAMS`).
 #[target_feature(enable = "sse4.2,pclmulqdq")]
-pub(super) unsafe fn update_3way(mut reg: u32, mut data: &[u8]) -> u32 {
-    while data.len() >= MIN_3WAY {
-        let len = block_len(data.len());
-        let (a, rest) = data.split_at(len);
-        let (b, rest) = rest.split_at(len);
-        let (c, rest) = rest.split_at(len);
-        let (mut ca, mut cb, mut cc) = (u64::from(reg), 0u64, 0u64);
-        for ((wa, wb), wc) in a
-            .chunks_exact(8)
-            .zip(b.chunks_exact(8))
-            .zip(c.chunks_exact(8))
-        {
-            ca = _mm_crc32_u64(ca, word(wa));
-            cb = _mm_crc32_u64(cb, word(wb));
-            cc = _mm_crc32_u64(cc, word(wc));
+pub(super) unsafe fn update_nway<const N: usize>(mut reg: u32, mut data: &[u8]) -> u32 {
+    assert!((2..=MAX_STREAMS).contains(&N));
+    while data.len() >= N * MIN_STREAM {
+        let len = (data.len() / (8 * N) * 8).min(MAX_STREAM);
+        let base = data.as_ptr();
+        let mut crc = [0u64; N];
+        crc[0] = u64::from(reg);
+        let mut i = 0;
+        while i < len {
+            for (s, c) in crc.iter_mut().enumerate() {
+                // SAFETY: i + 8 <= len and s < N, so the 8 bytes end at most at N*len <=
+                // data.len(): inside `data`.
+                *c = _mm_crc32_u64(*c, load_word(base.add(s * len + i)));
+            }
+            i += 8;
         }
-        // reg(a||b||c) = reg(a)*x^(8*2len) + reg0(b)*x^(8*len) + reg0(c)
-        let words = len / 8;
-        reg = shift_words(ca as u32, 2 * words) ^ shift_words(cb as u32, words) ^ cc as u32;
-        data = rest;
+        reg = join::<N>(&crc, len / 8);
+        data = &data[N * len..];
     }
     update_1way(reg, data)
 }
 
 /// One stream, copying each word to `dst` as it is read. `dst.len() == src.len()`.
 #[target_feature(enable = "sse4.2")]
-unsafe fn copy_update_1way(reg: u32, dst: &mut [u8], src: &[u8]) -> u32 {
+pub(super) unsafe fn copy_update_1way(reg: u32, dst: &mut [u8], src: &[u8]) -> u32 {
     let mut c = u64::from(reg);
     let mut src_words = src.chunks_exact(8);
     let mut dst_words = dst.chunks_exact_mut(8);
     for (d, s) in (&mut dst_words).zip(&mut src_words) {
-        let w = word(s);
+        let w = u64::from_le_bytes(s.try_into().expect("8-byte chunk"));
         d.copy_from_slice(&w.to_le_bytes());
         c = _mm_crc32_u64(c, w);
     }
     let tail = src_words.remainder();
-    dst_words.into_remainder().copy_from_slice(tail);
     let mut r = c as u32;
-    for &b in tail {
+    for (d, &b) in dst_words.into_remainder().iter_mut().zip(tail) {
+        *d = b;
         r = _mm_crc32_u8(r, b);
     }
     r
 }
 
-/// Three streams, copying each word to `dst` as it is read. `dst.len() == src.len()`.
+/// `N` streams, each copying 16 bytes with one vector load/store while its two words go through
+/// `crc32`. `dst.len() == src.len()`, `2 <= N <= MAX_STREAMS`.
 #[target_feature(enable = "sse4.2,pclmulqdq")]
-pub(super) unsafe fn copy_update_3way(mut reg: u32, mut dst: &mut [u8], mut src: &[u8]) -> u32 {
-    debug_assert_eq!(dst.len(), src.len());
-    while src.len() >= MIN_3WAY {
-        let len = block_len(src.len());
-        let (sa, rest) = src.split_at(len);
-        let (sb, rest) = rest.split_at(len);
-        let (sc, rest) = rest.split_at(len);
-        let (da, drest) = core::mem::take(&mut dst).split_at_mut(len);
-        let (db, drest) = drest.split_at_mut(len);
-        let (dc, drest) = drest.split_at_mut(len);
-        let (mut ca, mut cb, mut cc) = (u64::from(reg), 0u64, 0u64);
-        let streams = da
-            .chunks_exact_mut(8)
-            .zip(db.chunks_exact_mut(8))
-            .zip(dc.chunks_exact_mut(8))
-            .zip(
-                sa.chunks_exact(8)
-                    .zip(sb.chunks_exact(8))
-                    .zip(sc.chunks_exact(8)),
-            );
-        for (((xa, xb), xc), ((wa, wb), wc)) in streams {
-            let (va, vb, vc) = (word(wa), word(wb), word(wc));
-            xa.copy_from_slice(&va.to_le_bytes());
-            xb.copy_from_slice(&vb.to_le_bytes());
-            xc.copy_from_slice(&vc.to_le_bytes());
-            ca = _mm_crc32_u64(ca, va);
-            cb = _mm_crc32_u64(cb, vb);
-            cc = _mm_crc32_u64(cc, vc);
+pub(super) unsafe fn copy_update_nway<const N: usize>(
+    mut reg: u32,
+    mut dst: &mut [u8],
+    mut src: &[u8],
+) -> u32 {
+    assert_eq!(dst.len(), src.len());
+    assert!((2..=MAX_STREAMS).contains(&N));
+    while src.len() >= N * MIN_STREAM {
+        let len = (src.len() / (16 * N) * 16).min(MAX_STREAM);
+        let (from, to) = (src.as_ptr(), dst.as_mut_ptr());
+        let mut crc = [0u64; N];
+        crc[0] = u64::from(reg);
+        let mut i = 0;
+        while i < len {
+            for (s, c) in crc.iter_mut().enumerate() {
+                let at = s * len + i;
+                // SAFETY: i + 16 <= len and s < N, so bytes at..at+16 end at most at N*len <=
+                // src.len() == dst.len(): inside both slices, which do not overlap (one is
+                // borrowed shared, the other exclusively).
+                let v = _mm_loadu_si128(from.add(at).cast::<__m128i>());
+                _mm_storeu_si128(to.add(at).cast::<__m128i>(), v);
+                *c = _mm_crc32_u64(*c, load_word(from.add(at)));
+                *c = _mm_crc32_u64(*c, load_word(from.add(at + 8)));
+            }
+            i += 16;
         }
-        let words = len / 8;
-        reg = shift_words(ca as u32, 2 * words) ^ shift_words(cb as u32, words) ^ cc as u32;
-        src = rest;
-        dst = drest;
+        reg = join::<N>(&crc, len / 8);
+        src = &src[N * len..];
+        dst = &mut core::mem::take(&mut dst)[N * len..];
     }
     copy_update_1way(reg, dst, src)
 }

@@ -1,0 +1,19 @@
+//! `ironsan bench ...`: benchmarks. One variant per benchmark; each lives in its own module.
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub command: BenchCommand,
+}
+
+#[derive(clap::Subcommand)]
+pub enum BenchCommand {
+    /// CRC32C cost per byte: Sarwate, slicing-by-8, hardware, copy-then-CRC vs fused copy+CRC.
+    Crc(super::crc::CrcArgs),
+}
+
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    match args.command {
+        BenchCommand::Crc(args) => super::crc::run(args),
+    }
+}
