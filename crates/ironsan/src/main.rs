@@ -16,12 +16,15 @@ struct Cli {
 enum Command {
     /// Serve iSCSI targets (default: a 1 GiB RAM LUN on 127.0.0.1:3260).
     Target(cmd::target::TargetArgs),
+    /// Benchmarks (`ironsan bench crc`, ...).
+    Bench(cmd::bench::BenchArgs),
 }
 
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Target(args) => cmd::target::run(args),
+        Command::Bench(args) => cmd::bench::run(args),
     };
     if let Err(e) = result {
         eprintln!("ironsan: {e:#}");

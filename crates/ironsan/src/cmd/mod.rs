@@ -1,2 +1,4 @@
 //! One module per subcommand.
+pub mod bench;
+pub mod crc;
 pub mod target;
