@@ -6,7 +6,11 @@ use clap::{Parser, Subcommand};
 mod cmd;
 
 #[derive(Parser)]
-#[command(name = "ironsan", version, about = "User-space iSCSI/iSER target, initiator and SAN tools")]
+#[command(
+    name = "ironsan",
+    version,
+    about = "User-space iSCSI/iSER target, initiator and SAN tools"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -18,6 +22,8 @@ enum Command {
     Target(cmd::target::TargetArgs),
     /// Benchmarks (`ironsan bench crc`, ...).
     Bench(cmd::bench::BenchArgs),
+    /// RDMA tools over the software iWARP RNIC: rping-compatible ping, bandwidth test.
+    Rdma(cmd::rdma::RdmaArgs),
 }
 
 fn main() {
@@ -25,6 +31,7 @@ fn main() {
     let result = match cli.command {
         Command::Target(args) => cmd::target::run(args),
         Command::Bench(args) => cmd::bench::run(args),
+        Command::Rdma(args) => cmd::rdma::run(args),
     };
     if let Err(e) = result {
         eprintln!("ironsan: {e:#}");

@@ -24,6 +24,7 @@ mod cq;
 mod engine;
 mod mem;
 mod qp;
+pub mod tools;
 
 pub use cm::{Request, RnicListener, MAX_PRIVATE_DATA};
 pub use cq::{Channel, Cq};

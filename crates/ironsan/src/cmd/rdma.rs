@@ -1,0 +1,236 @@
+//! `ironsan rdma ping` (rping-compatible) and `ironsan rdma bw` (RDMA bandwidth/latency).
+
+use anyhow::{anyhow, bail, Result};
+use clap::{Args, Subcommand};
+use rdma::Provider;
+use rnic::tools::{bw, rping};
+use rnic::Rnic;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+#[derive(Args)]
+pub struct RdmaArgs {
+    #[command(subcommand)]
+    command: RdmaCommand,
+}
+
+#[derive(Subcommand)]
+enum RdmaCommand {
+    /// Ping over RDMA speaking rdma-core's rping protocol (Send of buffer descriptors, RDMA Read
+    /// and RDMA Write of the ping buffer, data verified).
+    Ping(PingArgs),
+    /// RDMA Write/Read/Send bandwidth and latency versus message size (two software RNICs over
+    /// loopback), with a plain TCP stream baseline measured in the same run.
+    Bw(BwArgs),
+}
+
+#[derive(Args)]
+struct PingArgs {
+    /// Server address to connect to (client mode).
+    addr: Option<SocketAddr>,
+    /// Run as server (like `rping -s`).
+    #[arg(long)]
+    server: bool,
+    /// Address to listen on in server mode.
+    #[arg(long, default_value = "0.0.0.0:7174")]
+    listen: SocketAddr,
+    /// Number of pings (client).
+    #[arg(long, default_value_t = 10)]
+    count: u32,
+    /// Ping data size in bytes (like `rping -S`).
+    #[arg(long, default_value_t = 64)]
+    size: usize,
+    /// Ask for MPA CRC (a Linux siw peer mirrors it).
+    #[arg(long)]
+    crc: bool,
+    /// Print the ping data (like `rping -v`).
+    #[arg(short, long)]
+    verbose: bool,
+    /// Seconds to wait for a connection or a completion.
+    #[arg(long, default_value_t = 30)]
+    timeout: u64,
+}
+
+#[derive(Args)]
+struct BwArgs {
+    /// Operations: write, read, send (comma-separated).
+    #[arg(long, default_value = "write,read,send", value_delimiter = ',')]
+    ops: Vec<String>,
+    /// Smallest message size.
+    #[arg(long, default_value = "4K")]
+    min_size: String,
+    /// Largest message size.
+    #[arg(long, default_value = "16M")]
+    max_size: String,
+    /// Bytes moved per point.
+    #[arg(long, default_value = "256M")]
+    bytes: String,
+    /// Messages in flight.
+    #[arg(long, default_value_t = 16)]
+    depth: usize,
+    /// Use MPA CRC.
+    #[arg(long)]
+    crc: bool,
+    /// Write the table as JSON to this file.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// Write a bandwidth-vs-size SVG plot to this file.
+    #[arg(long)]
+    svg: Option<std::path::PathBuf>,
+    /// Exit non-zero if RDMA Write at 1 MiB is below this fraction of the TCP baseline.
+    #[arg(long)]
+    min_ratio: Option<f64>,
+}
+
+pub fn run(args: RdmaArgs) -> Result<()> {
+    match args.command {
+        RdmaCommand::Ping(a) => ping(a),
+        RdmaCommand::Bw(a) => bandwidth(a),
+    }
+}
+
+fn ping(a: PingArgs) -> Result<()> {
+    let dev = Rnic::new().map_err(|e| anyhow!("{e}"))?;
+    let opt = rping::PingOptions {
+        count: a.count,
+        size: a.size,
+        crc: a.crc,
+        timeout: Duration::from_secs(a.timeout),
+        verbose: a.verbose,
+    };
+    let print = |l: String| println!("{l}");
+    if a.server {
+        let listener = dev
+            .listen(a.listen)
+            .map_err(|e| anyhow!("listen on {}: {e}", a.listen))?;
+        println!("rdma ping server listening on {}", a.listen);
+        let served = rping::server(&dev, &listener, &opt, print).map_err(|e| anyhow!("{e}"))?;
+        println!("rdma ping server: client disconnected after {served} pings");
+        return Ok(());
+    }
+    let addr = a
+        .addr
+        .ok_or_else(|| anyhow!("give a server ADDR:PORT, or --server"))?;
+    let r = rping::client(&dev, addr, &opt, print).map_err(|e| anyhow!("{e}"))?;
+    let n = r.rtt_us.len().max(1) as f64;
+    let avg = r.rtt_us.iter().sum::<f64>() / n;
+    let min = r.rtt_us.iter().cloned().fold(f64::INFINITY, f64::min);
+    let max = r.rtt_us.iter().cloned().fold(0.0, f64::max);
+    println!(
+        "rdma ping {addr}: {}/{} pings ok, MPA CRC {}, rtt min/avg/max {min:.0}/{avg:.0}/{max:.0} us",
+        r.rtt_us.len(),
+        r.iterations,
+        if r.crc { "on" } else { "off" }
+    );
+    Ok(())
+}
+
+fn size_arg(s: &str) -> Result<usize> {
+    Ok(report::parse_size(s).map_err(|e| anyhow!("bad size {s:?}: {e:?}"))? as usize)
+}
+
+fn bandwidth(a: BwArgs) -> Result<()> {
+    let ops = a
+        .ops
+        .iter()
+        .map(|o| match o.as_str() {
+            "write" => Ok(bw::Op::Write),
+            "read" => Ok(bw::Op::Read),
+            "send" => Ok(bw::Op::Send),
+            x => Err(anyhow!("unknown op {x:?} (write, read, send)")),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let (lo, hi) = (size_arg(&a.min_size)?.max(1), size_arg(&a.max_size)?);
+    let mut sizes = Vec::new();
+    let mut s = lo;
+    while s <= hi {
+        sizes.push(s);
+        s *= 2;
+    }
+    if sizes.is_empty() {
+        bail!("empty size range");
+    }
+    let bytes = size_arg(&a.bytes)?;
+    let opt = bw::BwOptions {
+        ops: ops.clone(),
+        sizes: sizes.clone(),
+        bytes_per_point: bytes,
+        min_iters: 8,
+        depth: a.depth,
+        crc: a.crc,
+    };
+    let tcp = bw::tcp_baseline(bytes.max(64 << 20), 1 << 20).map_err(|e| anyhow!("{e}"))?;
+    let points = bw::run_loopback(&opt).map_err(|e| anyhow!("{e}"))?;
+    let mut table = report::Table::new([
+        "op",
+        "size",
+        "messages",
+        "MiB/s",
+        "Gbit/s",
+        "avg latency us",
+        "vs TCP",
+    ]);
+    for p in &points {
+        table.push_row([
+            report::Cell::Text(p.op.name().into()),
+            report::Cell::Text(report::format_size(p.size as u64)),
+            report::Cell::Int(p.iters as i64),
+            report::Cell::float(p.mib_per_s, 1),
+            report::Cell::float(p.mib_per_s * 8.0 * 1.048576 / 1000.0, 2),
+            report::Cell::float(p.avg_latency_us, 1),
+            report::Cell::float(p.mib_per_s / tcp, 2),
+        ]);
+    }
+    println!("{table}");
+    println!("TCP baseline (two loopback sockets, 1 MiB writes, same run): {tcp:.1} MiB/s");
+    let w1m = points
+        .iter()
+        .find(|p| p.op == bw::Op::Write && p.size == 1 << 20);
+    if let Some(p) = w1m {
+        println!(
+            "RDMA Write 1 MiB: {:.1} MiB/s = {:.2}x TCP (MPA CRC {})",
+            p.mib_per_s,
+            p.mib_per_s / tcp,
+            if a.crc { "on" } else { "off" }
+        );
+    }
+    if let Some(path) = &a.json {
+        std::fs::write(path, table.to_json_string())?;
+    }
+    if let Some(path) = &a.svg {
+        let series = ops
+            .iter()
+            .map(|op| {
+                let pts = points
+                    .iter()
+                    .filter(|p| p.op == *op)
+                    .map(|p| (p.size as f64, p.mib_per_s))
+                    .collect();
+                report::Series::new(format!("RDMA {}", op.name()), pts)
+            })
+            .chain(std::iter::once(report::Series::new(
+                "TCP stream",
+                sizes.iter().map(|&s| (s as f64, tcp)).collect(),
+            )))
+            .collect();
+        let plot = report::LinePlot {
+            title: "ironsan rnic bandwidth (loopback)".into(),
+            x_label: "message size".into(),
+            y_label: "MiB/s".into(),
+            x_log2: true,
+            x_ticks: report::TickLabels::Bytes,
+            series,
+            ..Default::default()
+        };
+        std::fs::write(path, plot.to_svg())?;
+    }
+    if let (Some(min), Some(p)) = (a.min_ratio, w1m) {
+        if p.mib_per_s / tcp < min {
+            bail!(
+                "RDMA Write 1 MiB at {:.2}x TCP is below the required {min}x",
+                p.mib_per_s / tcp
+            );
+        }
+    }
+    Ok(())
+}
