@@ -1,0 +1,325 @@
+//! The pipeline from frames to PDUs: finds iSCSI (and iSER) connections among the TCP
+//! flows of a capture, reassembles both directions, frames the PDUs and numbers them.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::capture::{read_frames, tcp_segment, CaptureError, Frame, TcpSegment};
+use crate::iscsi::{record, Dir, FramedPdu, FramerStats, PduFramer, PduRecord};
+use crate::iser::IserDecoder;
+use crate::tcp::{Chunk, HalfStats, HalfStream, TcpEvent};
+
+/// What to look for.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// TCP ports iSCSI targets listen on.
+    pub ports: Vec<u16>,
+    /// Also take flows on other ports whose first bytes are a Login or an MPA request.
+    pub detect_by_content: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            ports: vec![3260],
+            detect_by_content: true,
+        }
+    }
+}
+
+/// A payload-carrying packet, for idle-time and throughput arithmetic.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct PacketMark {
+    pub ts_ns: u64,
+    pub dir: Dir,
+    pub payload: u32,
+    pub frame: u64,
+}
+
+/// One iSCSI or iSER connection.
+#[derive(Debug, Clone, Serialize)]
+pub struct Connection {
+    pub id: usize,
+    pub initiator: SocketAddr,
+    pub target: SocketAddr,
+    /// "tcp" or "iser".
+    pub transport: &'static str,
+    pub first_ts_ns: u64,
+    pub last_ts_ns: u64,
+    pub to_target: HalfStats,
+    pub to_initiator: HalfStats,
+    pub framing_to_target: FramerStats,
+    pub framing_to_initiator: FramerStats,
+    pub header_digest: Option<bool>,
+    pub data_digest: Option<bool>,
+    pub pdus: usize,
+    #[serde(skip)]
+    pub tcp_events: Vec<(Dir, TcpEvent)>,
+    #[serde(skip)]
+    pub packets: Vec<PacketMark>,
+}
+
+/// Everything found in one capture.
+#[derive(Debug, Clone, Serialize)]
+pub struct Analysis {
+    pub frames: u64,
+    pub tcp_segments: u64,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub connections: Vec<Connection>,
+    pub pdus: Vec<PduRecord>,
+}
+
+enum Decoder {
+    Iscsi(PduFramer),
+    Iser(Box<IserDecoder>),
+}
+
+struct Half {
+    stream: HalfStream,
+    decoder: Option<Decoder>,
+    saw_syn: bool,
+}
+
+struct ConnState {
+    conn: Connection,
+    halves: [Half; 2],
+    records: Vec<PduRecord>,
+}
+
+fn idx(d: Dir) -> usize {
+    match d {
+        Dir::ToTarget => 0,
+        Dir::ToInitiator => 1,
+    }
+}
+
+fn flow_key(a: SocketAddr, b: SocketAddr) -> (SocketAddr, SocketAddr) {
+    if a <= b {
+        (a, b)
+    } else {
+        (b, a)
+    }
+}
+
+const MPA_REQ_KEY: &[u8] = b"MPA ID Req Frame";
+
+/// Which end is the initiator, from the first segment of a flow; `None`: not iSCSI.
+fn orient(seg: &TcpSegment, opts: &Options) -> Option<(SocketAddr, SocketAddr)> {
+    let (s, d) = (seg.src, seg.dst);
+    if opts.ports.contains(&d.port()) {
+        return Some((s, d));
+    }
+    if opts.ports.contains(&s.port()) {
+        return Some((d, s));
+    }
+    if seg.syn && !seg.has_ack {
+        // Wait for content before deciding on a non-standard port.
+        return None;
+    }
+    if opts.detect_by_content && seg.payload.len() >= 48 {
+        let op = seg.payload[0];
+        if op == 0x43 && seg.payload[1] & 0x0c != 0x08 || seg.payload.starts_with(MPA_REQ_KEY) {
+            return Some((s, d));
+        }
+        if op == 0x23 {
+            return Some((d, s));
+        }
+    }
+    None
+}
+
+/// Reads and analyzes a capture file.
+pub fn analyze_file(path: &Path, opts: &Options) -> Result<Analysis, CaptureError> {
+    let frames = read_frames(path)?;
+    Ok(analyze_frames(&frames, opts))
+}
+
+/// Analyzes frames in capture order.
+pub fn analyze_frames(frames: &[Frame], opts: &Options) -> Analysis {
+    let mut conns: Vec<ConnState> = Vec::new();
+    let mut by_flow: HashMap<(SocketAddr, SocketAddr), usize> = HashMap::new();
+    // SYNs of flows on unknown ports, kept until content decides.
+    let mut pending_syn: HashMap<(SocketAddr, SocketAddr), Vec<TcpSegment>> = HashMap::new();
+    let mut rejected: HashSet<(SocketAddr, SocketAddr)> = HashSet::new();
+    let mut tcp_segments = 0;
+    for frame in frames {
+        let Some(seg) = tcp_segment(frame) else {
+            continue;
+        };
+        tcp_segments += 1;
+        let key = flow_key(seg.src, seg.dst);
+        // A new SYN on a known flow is a new connection reusing the ports.
+        if seg.syn && !seg.has_ack {
+            if let Some(i) = by_flow.remove(&key) {
+                finish(&mut conns[i]);
+            }
+            rejected.remove(&key);
+        }
+        let ci = match by_flow.get(&key) {
+            Some(&i) => i,
+            None => {
+                if rejected.contains(&key) {
+                    continue;
+                }
+                match orient(&seg, opts) {
+                    Some((ini, tgt)) => {
+                        let id = conns.len();
+                        conns.push(new_conn(id, ini, tgt, seg.ts_ns));
+                        by_flow.insert(key, id);
+                        for old in pending_syn.remove(&key).unwrap_or_default() {
+                            feed(&mut conns[id], &old);
+                        }
+                        id
+                    }
+                    None => {
+                        if seg.syn || seg.payload.is_empty() {
+                            pending_syn.entry(key).or_default().push(seg);
+                        } else {
+                            rejected.insert(key);
+                            pending_syn.remove(&key);
+                        }
+                        continue;
+                    }
+                }
+            }
+        };
+        feed(&mut conns[ci], &seg);
+    }
+    for c in conns.iter_mut() {
+        finish(c);
+    }
+    let start_ns = frames.iter().map(|f| f.ts_ns).min().unwrap_or(0);
+    let end_ns = frames.iter().map(|f| f.ts_ns).max().unwrap_or(0);
+    let mut pdus: Vec<PduRecord> = Vec::new();
+    let mut connections = Vec::new();
+    for mut c in conns {
+        c.conn.pdus = c.records.len();
+        pdus.append(&mut c.records);
+        connections.push(c.conn);
+    }
+    pdus.sort_by_key(|p| (p.ts_ns, p.frame, p.conn, p.stream_offset));
+    for (i, p) in pdus.iter_mut().enumerate() {
+        p.index = i;
+        p.time = p.ts_ns.saturating_sub(start_ns) as f64 / 1e9;
+    }
+    Analysis {
+        frames: frames.len() as u64,
+        tcp_segments,
+        start_ns,
+        end_ns,
+        connections,
+        pdus,
+    }
+}
+
+fn new_conn(id: usize, initiator: SocketAddr, target: SocketAddr, ts: u64) -> ConnState {
+    let half = || Half {
+        stream: HalfStream::default(),
+        decoder: None,
+        saw_syn: false,
+    };
+    ConnState {
+        conn: Connection {
+            id,
+            initiator,
+            target,
+            transport: "tcp",
+            first_ts_ns: ts,
+            last_ts_ns: ts,
+            to_target: HalfStats::default(),
+            to_initiator: HalfStats::default(),
+            framing_to_target: FramerStats::default(),
+            framing_to_initiator: FramerStats::default(),
+            header_digest: None,
+            data_digest: None,
+            pdus: 0,
+            tcp_events: Vec::new(),
+            packets: Vec::new(),
+        },
+        halves: [half(), half()],
+        records: Vec::new(),
+    }
+}
+
+fn feed(c: &mut ConnState, seg: &TcpSegment) {
+    let dir = if seg.src == c.conn.initiator {
+        Dir::ToTarget
+    } else {
+        Dir::ToInitiator
+    };
+    c.conn.last_ts_ns = c.conn.last_ts_ns.max(seg.ts_ns);
+    c.conn.first_ts_ns = c.conn.first_ts_ns.min(seg.ts_ns);
+    if !seg.payload.is_empty() {
+        c.conn.packets.push(PacketMark {
+            ts_ns: seg.ts_ns,
+            dir,
+            payload: seg.payload.len() as u32,
+            frame: seg.frame,
+        });
+    }
+    let h = &mut c.halves[idx(dir)];
+    h.saw_syn |= seg.syn;
+    let chunks = h
+        .stream
+        .push(seg.seq, seg.syn, &seg.payload, seg.ts_ns, seg.frame);
+    deliver(c, dir, chunks);
+}
+
+fn deliver(c: &mut ConnState, dir: Dir, chunks: Vec<Chunk>) {
+    for chunk in chunks {
+        let h = &mut c.halves[idx(dir)];
+        if h.decoder.is_none() {
+            let iser = chunk.offset == 0 && chunk.data.starts_with(b"MPA ID R");
+            h.decoder = Some(if iser {
+                c.conn.transport = "iser";
+                Decoder::Iser(Box::new(IserDecoder::new(dir)))
+            } else {
+                Decoder::Iscsi(PduFramer::new(h.saw_syn || chunk.offset == 0 && h.saw_syn))
+            });
+        }
+        let framed: Vec<FramedPdu> = match h.decoder.as_mut().expect("set above") {
+            Decoder::Iscsi(f) => f.push(&chunk),
+            Decoder::Iser(d) => d.push(&chunk),
+        };
+        let transport = c.conn.transport;
+        for p in framed {
+            let mut r = record(c.conn.id, dir, &p);
+            r.transport = transport;
+            c.records.push(r);
+        }
+    }
+}
+
+fn finish(c: &mut ConnState) {
+    for dir in [Dir::ToTarget, Dir::ToInitiator] {
+        let h = &mut c.halves[idx(dir)];
+        let chunks = h.stream.finish(c.conn.last_ts_ns, 0);
+        deliver(c, dir, chunks);
+    }
+    let [t, i] = &c.halves;
+    c.conn.to_target = t.stream.stats;
+    c.conn.to_initiator = i.stream.stats;
+    c.conn.tcp_events = t
+        .stream
+        .events
+        .iter()
+        .map(|e| (Dir::ToTarget, *e))
+        .chain(i.stream.events.iter().map(|e| (Dir::ToInitiator, *e)))
+        .collect();
+    c.conn.tcp_events.sort_by_key(|(_, e)| e.ts_ns);
+    for (dir, h) in [(Dir::ToTarget, t), (Dir::ToInitiator, i)] {
+        if let Some(Decoder::Iscsi(f)) = &h.decoder {
+            match dir {
+                Dir::ToTarget => c.conn.framing_to_target = f.stats,
+                Dir::ToInitiator => c.conn.framing_to_initiator = f.stats,
+            }
+            let (hd, dd) = f.digests();
+            c.conn.header_digest = c.conn.header_digest.or(hd);
+            c.conn.data_digest = c.conn.data_digest.or(dd);
+        }
+    }
+}

@@ -1,0 +1,264 @@
+//! iSER over iWARP, sans-IO: one direction of a TCP stream carrying MPA (start frame, then
+//! FPDUs), DDP and RDMAP, reassembled into RDMA Send messages; each Send holds a 28-byte
+//! iSER header and one iSCSI PDU, which becomes a [`FramedPdu`]. RDMA Writes, Read Requests
+//! and Read Responses are counted (they carry the SCSI data) but are not iSCSI PDUs.
+
+use std::collections::HashMap;
+
+use iscsi_wire::{decode_pdu, Digests, BHS_LEN, MAX_DATA_SEGMENT};
+use iwarp::ddp::{DdpHeader, Opcode as RdmapOpcode, QN_SEND};
+use serde::Serialize;
+
+use crate::iscsi::{DigestCheck, Dir, FramedPdu};
+use crate::tcp::Chunk;
+
+/// iSER header length (RFC 7145 layout, as Linux uses it).
+pub const ISER_HEADER_LEN: usize = 28;
+const MPA_HEADER_LEN: usize = 20;
+
+/// RDMA traffic that is not an iSCSI PDU.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct RdmaStats {
+    pub fpdus: u64,
+    pub rdma_writes: u64,
+    pub rdma_write_bytes: u64,
+    pub read_requests: u64,
+    pub read_responses: u64,
+    pub read_response_bytes: u64,
+    pub terminates: u64,
+    pub malformed: u64,
+}
+
+/// A Send message being reassembled from DDP segments.
+#[derive(Debug, Default)]
+struct Message {
+    data: Vec<u8>,
+    first_ts_ns: u64,
+    offset: u64,
+}
+
+#[derive(Debug)]
+pub struct IserDecoder {
+    dir: Dir,
+    buf: Vec<u8>,
+    used: usize,
+    buf_offset: u64,
+    start_frame_done: bool,
+    messages: HashMap<u32, Message>,
+    broken: bool,
+    pub stats: RdmaStats,
+}
+
+impl IserDecoder {
+    pub fn new(dir: Dir) -> IserDecoder {
+        IserDecoder {
+            dir,
+            buf: Vec::new(),
+            used: 0,
+            buf_offset: 0,
+            start_frame_done: false,
+            messages: HashMap::new(),
+            broken: false,
+            stats: RdmaStats::default(),
+        }
+    }
+
+    pub fn direction(&self) -> Dir {
+        self.dir
+    }
+
+    pub fn push(&mut self, chunk: &Chunk) -> Vec<FramedPdu> {
+        let mut out = Vec::new();
+        if self.broken
+            || chunk.gap_before > 0
+            || chunk.offset != self.buf_offset + self.buf.len() as u64
+        {
+            // FPDU boundaries cannot be found again without markers: stop decoding.
+            self.broken = true;
+            return out;
+        }
+        self.buf.extend_from_slice(&chunk.data);
+        if !self.start_frame_done {
+            let b = &self.buf[self.used..];
+            if b.len() < MPA_HEADER_LEN {
+                return out;
+            }
+            let total = MPA_HEADER_LEN + u16::from_be_bytes([b[18], b[19]]) as usize;
+            if b.len() < total {
+                return out;
+            }
+            self.used += total;
+            self.start_frame_done = true;
+        }
+        // Each round consumes one FPDU or returns.
+        loop {
+            let b = &self.buf[self.used..];
+            if b.len() < 2 {
+                break;
+            }
+            let ulpdu = u16::from_be_bytes([b[0], b[1]]) as usize;
+            let pad = iwarp::fpdu::pad_len(ulpdu);
+            let total = 2 + ulpdu + pad + 4;
+            if b.len() < total {
+                break;
+            }
+            let at = self.buf_offset + self.used as u64;
+            let ulp = b[2..2 + ulpdu].to_vec();
+            self.used += total;
+            self.stats.fpdus += 1;
+            if let Some(p) = self.segment(&ulp, at, chunk.ts_ns, chunk.frame) {
+                out.push(p);
+            }
+        }
+        if self.used > (1 << 20) {
+            self.buf.drain(..self.used);
+            self.buf_offset += self.used as u64;
+            self.used = 0;
+        }
+        out
+    }
+
+    fn segment(&mut self, ulp: &[u8], at: u64, ts_ns: u64, frame: u64) -> Option<FramedPdu> {
+        let Ok(h) = DdpHeader::decode(ulp) else {
+            self.stats.malformed += 1;
+            return None;
+        };
+        let payload = &ulp[h.len()..];
+        match h {
+            DdpHeader::Tagged(t) => {
+                if t.opcode == RdmapOpcode::RdmaWrite {
+                    self.stats.rdma_writes += u64::from(t.last);
+                    self.stats.rdma_write_bytes += payload.len() as u64;
+                } else {
+                    self.stats.read_responses += u64::from(t.last);
+                    self.stats.read_response_bytes += payload.len() as u64;
+                }
+                None
+            }
+            DdpHeader::Untagged(u) => {
+                if u.opcode == RdmapOpcode::ReadRequest {
+                    self.stats.read_requests += 1;
+                    return None;
+                }
+                if u.opcode == RdmapOpcode::Terminate {
+                    self.stats.terminates += 1;
+                    return None;
+                }
+                if u.qn != QN_SEND {
+                    return None;
+                }
+                let m = self.messages.entry(u.msn).or_insert_with(|| Message {
+                    first_ts_ns: ts_ns,
+                    offset: at,
+                    ..Message::default()
+                });
+                let mo = u.mo as usize;
+                if mo > (1 << 24) {
+                    self.stats.malformed += 1;
+                    return None;
+                }
+                if m.data.len() < mo + payload.len() {
+                    m.data.resize(mo + payload.len(), 0);
+                }
+                m.data[mo..mo + payload.len()].copy_from_slice(payload);
+                if !u.last {
+                    return None;
+                }
+                let m = self.messages.remove(&u.msn)?;
+                self.iscsi_in_send(m, ts_ns, frame)
+            }
+        }
+    }
+
+    fn iscsi_in_send(&mut self, m: Message, ts_ns: u64, frame: u64) -> Option<FramedPdu> {
+        // iSER opcode 1 (high nibble) = iSCSI control-type PDU; Hello/HelloReply carry none.
+        if m.data.len() < ISER_HEADER_LEN + BHS_LEN || m.data[0] >> 4 != 1 {
+            return None;
+        }
+        let pdu_bytes = &m.data[ISER_HEADER_LEN..];
+        // No digests on iSER; the data segment may or may not be padded in the Send.
+        let mut padded = pdu_bytes.to_vec();
+        padded.resize(pdu_bytes.len().next_multiple_of(4), 0);
+        let Ok(d) = decode_pdu(&padded, Digests::default(), MAX_DATA_SEGMENT) else {
+            self.stats.malformed += 1;
+            return None;
+        };
+        Some(FramedPdu {
+            offset: m.offset,
+            first_ts_ns: m.first_ts_ns,
+            ts_ns,
+            frame,
+            wire_len: m.data.len() as u64,
+            bhs: d.pdu.bhs,
+            ahs: d.pdu.ahs.to_vec(),
+            data: d.pdu.data.to_vec(),
+            header_digest: DigestCheck::Absent,
+            data_digest: DigestCheck::Absent,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use iscsi_wire::{encode_pdu, Bhs, NopOut, Pdu};
+    use iwarp::ddp::{TaggedHeader, UntaggedHeader};
+
+    fn fpdu(header: DdpHeader, payload: &[u8]) -> Vec<u8> {
+        iwarp::fpdu::encode(&header.to_bytes(), payload, true)
+    }
+
+    #[test]
+    fn send_split_over_two_segments_gives_one_pdu() {
+        let nop = Bhs::NopOut(NopOut {
+            immediate: true,
+            lun: 0,
+            itt: 9,
+            ttt: 0xffff_ffff,
+            cmd_sn: 1,
+            exp_stat_sn: 1,
+        });
+        let mut msg = vec![0x10u8];
+        msg.resize(ISER_HEADER_LEN, 0);
+        msg.extend(encode_pdu(&Pdu::new(nop, Bytes::new()), None, None));
+        let mut stream = b"MPA ID Req Frame".to_vec();
+        stream.extend_from_slice(&[0x40, 1, 0, 0]);
+        let send = |last, mo: usize, part: &[u8]| {
+            fpdu(
+                DdpHeader::Untagged(UntaggedHeader {
+                    last,
+                    opcode: RdmapOpcode::Send,
+                    inv_stag: 0,
+                    qn: 0,
+                    msn: 1,
+                    mo: mo as u32,
+                }),
+                part,
+            )
+        };
+        stream.extend(send(false, 0, &msg[..40]));
+        stream.extend(fpdu(
+            DdpHeader::Tagged(TaggedHeader {
+                last: true,
+                opcode: RdmapOpcode::RdmaWrite,
+                stag: 5,
+                to: 0,
+            }),
+            &[1, 2, 3],
+        ));
+        stream.extend(send(true, 40, &msg[40..]));
+        let mut d = IserDecoder::new(Dir::ToTarget);
+        let out = d.push(&Chunk {
+            offset: 0,
+            data: stream,
+            ts_ns: 1,
+            frame: 1,
+            gap_before: 0,
+        });
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].bhs.itt(), 9);
+        assert_eq!(d.stats.rdma_writes, 1);
+        assert_eq!(d.stats.rdma_write_bytes, 3);
+    }
+}

@@ -1,0 +1,20 @@
+//! The IP-SAN analysis system of ironsan: reads pcap/pcapng captures (any iSCSI
+//! implementation, and ironsan's own `--trace` files), reassembles TCP, decodes iSCSI and
+//! iSER/iWARP PDUs into readable lines and JSON, computes per-command and per-connection
+//! statistics (latency, idle time on the wire, retransmissions and losses), draws timelines,
+//! samples TCP_INFO of live sockets, and runs the long-delay experiment through its delay
+//! proxy with a minimal pseudo initiator. Protocol decoding is sans-IO; the proxy, the sampler
+//! and the experiment are the only parts that touch sockets.
+
+pub mod analysis;
+pub mod capture;
+pub mod cdb;
+pub mod iscsi;
+pub mod iser;
+pub mod listing;
+pub mod tcp;
+
+pub use analysis::{analyze_file, analyze_frames, Analysis, Connection, Options};
+pub use iscsi::{Dir, PduRecord};
+/// The pcapng writer runtimes use for `--trace` (re-exported from the `pcap-trace` crate).
+pub use pcap_trace as trace;
