@@ -169,12 +169,12 @@ pub struct Config {
 }
 
 impl Default for Config {
-    /// 512 B to 64 KiB in powers of two, every available method, 15 samples of 256 KiB.
+    /// 512 B to 64 KiB in powers of two, every available method, 30 samples of 256 KiB.
     fn default() -> Config {
         Config {
             sizes: (9..=16).map(|s| 1usize << s).collect(),
             methods: Method::all_available(),
-            samples: 15,
+            samples: 30,
             bytes_per_sample: 256 << 10,
         }
     }

@@ -149,9 +149,21 @@ impl Axis {
             .map(|t| (t - self.lo) / (self.hi - self.lo))
     }
 
-    /// Tick values in data units.
+    /// Tick values in data units. A log10 axis spanning at most three decades also gets ticks
+    /// at 2x and 5x each power of ten, so short ranges are still readable.
     fn ticks(&self) -> Vec<f64> {
         let count = ((self.hi - self.lo) / self.step).round() as i64;
+        if self.scale == Scale::Log10 && self.step == 1.0 && count <= 3 {
+            let mut ticks = Vec::new();
+            for decade in 0..=count {
+                let base = 10f64.powf(self.lo + decade as f64);
+                ticks.push(base);
+                if decade < count {
+                    ticks.extend([2.0 * base, 5.0 * base]);
+                }
+            }
+            return ticks;
+        }
         (0..=count.min(50))
             .map(|i| {
                 let t = self.lo + i as f64 * self.step;
@@ -632,6 +644,12 @@ mod tests {
     fn linear_axis_has_nice_ticks_covering_data() {
         let axis = Axis::fit(Scale::Linear, [0.3, 7.2].into_iter(), true);
         assert_eq!(axis.ticks(), vec![0.0, 2.0, 4.0, 6.0, 8.0]);
+        let axis = Axis::fit(Scale::Log10, [0.05, 6.0].into_iter(), false);
+        let ticks: Vec<String> = axis.ticks().iter().map(|&t| format_number(t)).collect();
+        assert_eq!(
+            ticks,
+            ["0.01", "0.02", "0.05", "0.1", "0.2", "0.5", "1", "2", "5", "10"]
+        );
         let axis = Axis::fit(Scale::Log2, [512.0, 65536.0].into_iter(), false);
         assert_eq!(axis.ticks().first(), Some(&512.0));
         assert_eq!(axis.ticks().last(), Some(&65536.0));

@@ -18,7 +18,7 @@ pub struct CrcArgs {
     #[arg(long, value_delimiter = ',', value_parser = parse_method)]
     pub methods: Vec<Method>,
     /// Timed samples per method and size; the best is reported.
-    #[arg(long, default_value_t = 15)]
+    #[arg(long, default_value_t = 30)]
     pub samples: usize,
     /// Bytes processed per sample (e.g. 256k).
     #[arg(long, default_value = "256k", value_parser = parse_size_arg)]
