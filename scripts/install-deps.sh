@@ -6,6 +6,9 @@ packages=(
   tgt            # tgtd: the comparison target
   tshark         # independent decoder for our wire bytes
   tcpdump
+  libibverbs-dev # the verbs provider links rdma-core (compile-only: no RDMA devices here)
+  librdmacm-dev
+  rdma-core
   iproute2
   python3
 )
