@@ -82,7 +82,9 @@ run_all() {
     read -r t r p f <<<"$line"
     total=$((total + t)); ran=$((ran + r)); passed=$((passed + p)); failed=$((failed + f))
     if ((f > 0)); then
-      grep -E '^Suite .*, Test .* had failures' "$out" | sed 's/^/    /' >>"$work/$name.failed" || echo "    $suite" >>"$work/$name.failed"
+      # CUnit verbose mode prints "  Test: NAME ...FAILED" (normal mode: "Suite S, Test T had failures").
+      { awk -v s="$suite" '/Test: .*\.\.\.FAILED/ {sub(/^ *Test: /, ""); sub(/ \.\.\.FAILED.*/, ""); print "    " s "." $0}
+                         /^Suite .*, Test .* had failures/ {print "    " $0}' "$out"; } >>"$work/$name.failed"
     fi
   done
   echo "$total $ran $passed $failed" >"$work/$name.counts"

@@ -14,6 +14,11 @@ pub(crate) const MAX_ATOMIC_BLOCKS: u32 = 128;
 /// Whether EXTENDED COPY is offered (3PC bit, supported opcodes).
 pub(crate) const XCOPY_SUPPORTED: bool = false;
 
+/// Whether SANITIZE is offered. The engine implements OVERWRITE/BLOCK ERASE/CRYPTO
+/// ERASE synchronously, but libiscsi's Sanitize suite expects a background sanitize
+/// that survives resets; until that exists the command reports INVALID OPERATION CODE.
+pub(crate) const SANITIZE_SUPPORTED: bool = false;
+
 /// Version descriptors: SAM-5, iSCSI, SPC-4, SBC-3.
 const VERSION_DESCRIPTORS: [u16; 4] = [0x00A0, 0x0960, 0x0460, 0x04C0];
 
@@ -214,6 +219,7 @@ impl Lun {
         match o.op {
             op::UNMAP => self.thin,
             op::EXTENDED_COPY | op::RECEIVE_COPY_RESULTS => XCOPY_SUPPORTED,
+            op::SANITIZE => SANITIZE_SUPPORTED,
             _ => true,
         }
     }
