@@ -12,7 +12,9 @@ pub mod cdb;
 pub mod iscsi;
 pub mod iser;
 pub mod listing;
+pub mod stats;
 pub mod tcp;
+pub mod timeline;
 
 pub use analysis::{analyze_file, analyze_frames, Analysis, Connection, Options};
 pub use iscsi::{Dir, PduRecord};

@@ -24,6 +24,8 @@ enum Command {
     Bench(cmd::bench::BenchArgs),
     /// RDMA tools over the software iWARP RNIC: rping-compatible ping, bandwidth test.
     Rdma(cmd::rdma::RdmaArgs),
+    /// Translate a capture into readable PDUs, per-command/connection statistics and a timeline.
+    Analyze(cmd::analyze::AnalyzeArgs),
 }
 
 fn main() {
@@ -32,6 +34,7 @@ fn main() {
         Command::Target(args) => cmd::target::run(args),
         Command::Bench(args) => cmd::bench::run(args),
         Command::Rdma(args) => cmd::rdma::run(args),
+        Command::Analyze(args) => cmd::analyze::run(args),
     };
     if let Err(e) = result {
         eprintln!("ironsan: {e:#}");

@@ -1,0 +1,110 @@
+//! `ironsan analyze`: translate a capture (pcap/pcapng, or an ironsan `--trace` file) into
+//! one line per iSCSI/iSER PDU, per-command and per-connection statistics, and a timeline.
+
+use std::path::PathBuf;
+
+use analyze::stats::{self, StatsOptions};
+use analyze::{listing, Options};
+use anyhow::Context;
+use clap::Args;
+
+#[derive(Args, Debug)]
+pub struct AnalyzeArgs {
+    /// Capture file: pcap or pcapng (tcpdump, tshark, or an ironsan --trace file).
+    pub capture: PathBuf,
+    /// TCP port(s) of iSCSI targets (flows on other ports are taken when they start with a
+    /// Login or an MPA request).
+    #[arg(long = "port", default_values_t = vec![3260u16])]
+    pub ports: Vec<u16>,
+    /// Print JSON (an object whose `pdus` array has one entry per PDU, plus `commands` and
+    /// `connections`) instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Print the PDU listing (text mode; on by default unless --commands or --summary).
+    #[arg(long)]
+    pub pdus: bool,
+    /// Print the per-command table.
+    #[arg(long)]
+    pub commands: bool,
+    /// Print the per-connection summary.
+    #[arg(long)]
+    pub summary: bool,
+    /// Print PDU counts per opcode.
+    #[arg(long)]
+    pub counts: bool,
+    /// Pauses between packets of at least this many microseconds count as idle.
+    #[arg(long, default_value_t = 1000)]
+    pub idle_gap_us: u64,
+    /// Link rate in Mbit/s, for utilization.
+    #[arg(long)]
+    pub link_mbit: Option<f64>,
+    /// Write the timeline as SVG to this file.
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+    /// Write the timeline as a self-contained HTML page (zoom, pan, hover details).
+    #[arg(long)]
+    pub html: Option<PathBuf>,
+}
+
+pub fn run(args: AnalyzeArgs) -> anyhow::Result<()> {
+    let opts = Options {
+        ports: args.ports.clone(),
+        detect_by_content: true,
+    };
+    let a = analyze::analyze_file(&args.capture, &opts)
+        .with_context(|| format!("reading {}", args.capture.display()))?;
+    let sopts = StatsOptions {
+        idle_gap_ns: args.idle_gap_us * 1000,
+        link_rate: args.link_mbit.map(|m| m * 1e6 / 8.0),
+    };
+    let cmds = stats::commands(&a, &sopts);
+    let conns = stats::connections(&a, &cmds, &sopts);
+    if let Some(path) = &args.svg {
+        let svg = analyze::timeline::svg(&a, &cmds, &sopts);
+        std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.html {
+        let html = analyze::timeline::html(&a, &cmds, &sopts);
+        std::fs::write(path, html).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if args.json {
+        let mut doc = listing::json(&a);
+        doc["commands"] = serde_json::to_value(&cmds)?;
+        doc["connection_stats"] = serde_json::to_value(&conns)?;
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
+    }
+    let listing_on = args.pdus || !(args.commands || args.summary || args.counts);
+    if listing_on {
+        print!("{}", listing::text(&a));
+    }
+    if args.counts {
+        for (op, (name, n)) in listing::opcode_counts(&a) {
+            println!("0x{op:02x} {name:<34} {n}");
+        }
+        println!("total {}", a.pdus.len());
+    }
+    if args.commands {
+        println!("{}", stats::commands_table(&cmds));
+    }
+    if args.summary || listing_on {
+        println!("{}", stats::connections_table(&conns));
+        for c in &a.connections {
+            for (dir, e) in &c.tcp_events {
+                if !matches!(e.kind, analyze::tcp::TcpEventKind::OutOfOrder) {
+                    println!(
+                        "c{} {} {:?} at {:.6} s frame {} stream offset {} len {}",
+                        c.id,
+                        dir.arrow(),
+                        e.kind,
+                        e.ts_ns.saturating_sub(a.start_ns) as f64 / 1e9,
+                        e.frame,
+                        e.offset,
+                        e.len
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
