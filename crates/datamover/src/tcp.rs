@@ -369,7 +369,7 @@ async fn next_pdu(
             let payload = &frame[data_start..data_start + data_len];
             let mut done = None;
             let mut more_r2ts = Vec::new();
-            let mut task_lun = d.lun;
+            let task_lun;
             {
                 let mut slots = shared.slots.lock().expect("slots lock");
                 let Some(slot) = slots.get_mut(&d.itt) else {

@@ -1,0 +1,295 @@
+//! The target's configuration: portals, targets, their LUNs (the `scsi` crate's
+//! `LunConfig`), ACLs and CHAP secrets, read from TOML. Errors name the file, the line
+//! and what to fix.
+
+use iscsi_login::chap::ChapCredentials;
+use iscsi_login::directory::{AuthRequirement, Portal, TargetDirectory};
+use iscsi_login::target::DigestPolicy;
+use scsi::LunConfig;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+
+/// The IQN of the embedded default target.
+pub const DEFAULT_IQN: &str = "iqn.2026-11.org.ironsan:default";
+/// The default portal.
+pub const DEFAULT_PORTAL: &str = "127.0.0.1:3260";
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Chap {
+    pub user: String,
+    pub secret: String,
+}
+
+impl Chap {
+    fn credentials(&self) -> ChapCredentials {
+        ChapCredentials::new(self.user.clone(), self.secret.as_bytes().to_vec())
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum DigestSetting {
+    Never,
+    #[default]
+    Allowed,
+    Required,
+}
+
+impl From<DigestSetting> for DigestPolicy {
+    fn from(d: DigestSetting) -> Self {
+        match d {
+            DigestSetting::Never => DigestPolicy::Never,
+            DigestSetting::Allowed => DigestPolicy::Allowed,
+            DigestSetting::Required => DigestPolicy::Required,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct DiscoveryConfig {
+    pub chap: Option<Chap>,
+    pub mutual_chap: Option<Chap>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetConfig {
+    pub name: String,
+    pub alias: Option<String>,
+    /// Initiator names allowed to log in; empty allows all.
+    #[serde(default)]
+    pub initiators: Vec<String>,
+    pub chap: Option<Chap>,
+    pub mutual_chap: Option<Chap>,
+    #[serde(default)]
+    pub header_digest: DigestSetting,
+    #[serde(default)]
+    pub data_digest: DigestSetting,
+    /// LUNs by number: `[target.lun.0]`.
+    #[serde(default)]
+    pub lun: BTreeMap<String, LunConfig>,
+}
+
+fn default_queue_depth() -> u32 {
+    128
+}
+fn default_nop_interval() -> u64 {
+    10
+}
+fn default_nop_timeout() -> u64 {
+    30
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub portals: Vec<String>,
+    /// Commands outstanding per session (CmdSN window).
+    #[serde(default = "default_queue_depth")]
+    pub queue_depth: u32,
+    /// Seconds of silence after which the target pings a connection with NOP-In (0: never).
+    #[serde(default = "default_nop_interval")]
+    pub nop_interval_secs: u64,
+    /// Seconds a ping may go unanswered before the connection is dropped.
+    #[serde(default = "default_nop_timeout")]
+    pub nop_timeout_secs: u64,
+    /// Largest MaxRecvDataSegmentLength the target declares.
+    pub max_recv_data_segment_length: Option<u32>,
+    #[serde(default)]
+    pub discovery: DiscoveryConfig,
+    #[serde(default, rename = "target")]
+    pub targets: Vec<TargetConfig>,
+}
+
+/// A configuration error, already phrased for the user.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+impl Config {
+    /// The embedded default: one 1 GiB RAM LUN under [`DEFAULT_IQN`].
+    pub fn embedded_default() -> Config {
+        let mut lun = BTreeMap::new();
+        lun.insert("0".to_string(), LunConfig::memory(1 << 30));
+        Config {
+            portals: vec![],
+            queue_depth: default_queue_depth(),
+            nop_interval_secs: default_nop_interval(),
+            nop_timeout_secs: default_nop_timeout(),
+            max_recv_data_segment_length: None,
+            discovery: DiscoveryConfig::default(),
+            targets: vec![TargetConfig {
+                name: DEFAULT_IQN.to_string(),
+                alias: Some("ironsan default RAM disk".to_string()),
+                initiators: vec![],
+                chap: None,
+                mutual_chap: None,
+                header_digest: DigestSetting::Allowed,
+                data_digest: DigestSetting::Allowed,
+                lun,
+            }],
+        }
+    }
+
+    /// Read and validate a TOML file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("{}: cannot read: {e}", path.display())))?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// Parse TOML text; `origin` names the file in messages.
+    pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| {
+            let line = e.span().map(|s| text[..s.start.min(text.len())].lines().count().max(1));
+            let msg = e.message().trim().to_string();
+            match line {
+                Some(l) => ConfigError(format!("{origin}:{l}: {msg}")),
+                None => ConfigError(format!("{origin}: {msg}")),
+            }
+        })?;
+        config.validate(text, origin)?;
+        Ok(config)
+    }
+
+    fn validate(&self, text: &str, origin: &str) -> Result<(), ConfigError> {
+        let line_of = |needle: &str| {
+            text.lines().position(|l| l.contains(needle)).map(|i| format!("{origin}:{}", i + 1)).unwrap_or_else(|| origin.to_string())
+        };
+        for p in &self.portals {
+            p.parse::<SocketAddr>()
+                .map_err(|_| ConfigError(format!("{}: portal {p:?} is not ADDR:PORT (e.g. \"127.0.0.1:3260\")", line_of(p))))?;
+        }
+        if !(1..=65535).contains(&self.queue_depth) {
+            return Err(ConfigError(format!("{}: queue_depth must be 1..65535", line_of("queue_depth"))));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for t in &self.targets {
+            if !(t.name.starts_with("iqn.") || t.name.starts_with("eui.") || t.name.starts_with("naa.")) {
+                return Err(ConfigError(format!(
+                    "{}: target name {:?} is not an iSCSI name: use iqn.YYYY-MM.reversed.domain:name",
+                    line_of(&t.name),
+                    t.name
+                )));
+            }
+            if !seen.insert(t.name.to_ascii_lowercase()) {
+                return Err(ConfigError(format!("{}: target {:?} is defined twice", line_of(&t.name), t.name)));
+            }
+            if t.mutual_chap.is_some() && t.chap.is_none() {
+                return Err(ConfigError(format!("{}: target {:?}: mutual_chap needs chap too", line_of(&t.name), t.name)));
+            }
+            for (k, lun) in &t.lun {
+                let n: u16 = k.parse().ok().filter(|n| *n < 16384).ok_or_else(|| {
+                    ConfigError(format!("{}: LUN \"{k}\" of target {:?} must be a number 0..16383", line_of(&format!("lun.{k}")), t.name))
+                })?;
+                lun.validate().map_err(|e| ConfigError(format!("{}: target {:?} LUN {n}: {e}", line_of(&format!("lun.{k}")), t.name)))?;
+            }
+        }
+        if self.discovery.mutual_chap.is_some() && self.discovery.chap.is_none() {
+            return Err(ConfigError(format!("{}: discovery mutual_chap needs chap too", line_of("mutual_chap"))));
+        }
+        Ok(())
+    }
+
+    /// LUN configs of a target as (number, config).
+    pub fn luns(t: &TargetConfig) -> Vec<(u64, LunConfig)> {
+        t.lun.iter().map(|(k, v)| (k.parse::<u64>().expect("validated"), v.clone())).collect()
+    }
+}
+
+fn auth(chap: &Option<Chap>, mutual: &Option<Chap>) -> AuthRequirement {
+    match chap {
+        None => AuthRequirement::None,
+        Some(c) => AuthRequirement::Chap { credentials: c.credentials(), mutual: mutual.as_ref().map(Chap::credentials) },
+    }
+}
+
+/// The login layer's view of the configured targets.
+pub struct Directory {
+    pub config: Config,
+    pub portals: Vec<Portal>,
+}
+
+impl Directory {
+    fn find(&self, name: &str) -> Option<&TargetConfig> {
+        self.config.targets.iter().find(|t| t.name.eq_ignore_ascii_case(name))
+    }
+}
+
+impl TargetDirectory for Directory {
+    fn target_exists(&self, target: &str) -> bool {
+        self.find(target).is_some()
+    }
+    fn initiator_allowed(&self, target: &str, initiator: &str) -> bool {
+        self.find(target).is_some_and(|t| t.initiators.is_empty() || t.initiators.iter().any(|i| i.eq_ignore_ascii_case(initiator)))
+    }
+    fn target_auth(&self, target: &str) -> AuthRequirement {
+        self.find(target).map(|t| auth(&t.chap, &t.mutual_chap)).unwrap_or_default()
+    }
+    fn discovery_auth(&self) -> AuthRequirement {
+        auth(&self.config.discovery.chap, &self.config.discovery.mutual_chap)
+    }
+    fn target_alias(&self, target: &str) -> Option<String> {
+        self.find(target).and_then(|t| t.alias.clone())
+    }
+    fn target_names(&self) -> Vec<String> {
+        self.config.targets.iter().map(|t| t.name.clone()).collect()
+    }
+    fn portals(&self, _target: &str) -> Vec<Portal> {
+        self.portals.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_full_config() {
+        let text = r#"
+portals = ["127.0.0.1:3261", "[::1]:3262"]
+queue_depth = 64
+
+[discovery]
+chap = { user = "disc", secret = "discsecret12" }
+
+[[target]]
+name = "iqn.2026-11.org.ironsan:t1"
+initiators = ["iqn.1994-05.com.redhat:x"]
+chap = { user = "u", secret = "secretsecret" }
+mutual_chap = { user = "t", secret = "targetsecret" }
+header_digest = "required"
+
+[target.lun.0]
+size = "64MiB"
+backend = "memory"
+
+[target.lun.3]
+size = "1MiB"
+backend = "memory"
+read_only = true
+"#;
+        let c = Config::parse(text, "t.toml").unwrap();
+        assert_eq!(c.portals.len(), 2);
+        assert_eq!(c.targets[0].header_digest, DigestSetting::Required);
+        assert_eq!(Config::luns(&c.targets[0]).iter().map(|l| l.0).collect::<Vec<_>>(), vec![0, 3]);
+    }
+
+    #[test]
+    fn errors_name_file_line_and_fix() {
+        let e = Config::parse("portals = [\"127.0.0.1:3260\"]\nqueue_depht = 3\n", "x.toml").unwrap_err().0;
+        assert!(e.starts_with("x.toml:2:"), "{e}");
+        assert!(e.contains("queue_depht"), "{e}");
+        let e = Config::parse("portals = [\"localhost\"]\n", "x.toml").unwrap_err().0;
+        assert!(e.starts_with("x.toml:1:") && e.contains("ADDR:PORT"), "{e}");
+        let e = Config::parse("[[target]]\nname = \"target1\"\n", "x.toml").unwrap_err().0;
+        assert!(e.starts_with("x.toml:2:") && e.contains("iqn."), "{e}");
+        let e = Config::parse("[[target]]\nname = \"iqn.2026-11.x:y\"\n[target.lun.zero]\nbackend = \"memory\"\nsize = \"1MiB\"\n", "x.toml").unwrap_err().0;
+        assert!(e.contains("x.toml:3:") && e.contains("must be a number"), "{e}");
+    }
+}

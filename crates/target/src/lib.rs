@@ -1,0 +1,458 @@
+//! The ironsan iSCSI target runtime. It listens on portals, runs each connection's login
+//! through the sans-IO `iscsi-login` state machine, keeps sessions (TSIH allocation,
+//! reinstatement, several connections per session), orders commands across a session's
+//! connections with the `iscsi-session` CmdSN window, runs them on the `scsi` engine, and
+//! moves data only through the `datamover` boundary. It also answers NOP, Text
+//! (SendTargets), Logout and task management, pings idle connections, and announces
+//! shutdown with an Async Message.
+
+pub mod config;
+mod session;
+
+pub use config::{Config, ConfigError, DEFAULT_IQN, DEFAULT_PORTAL};
+
+use bytes::Bytes;
+use datamover::tcp::{FfpConfig, TcpConnection, LOGIN_MAX_DATA};
+use datamover::{CmdSnState, Notice};
+
+use iscsi_login::directory::Portal;
+use iscsi_login::params::{SessionType, TransportKind};
+use iscsi_login::pdu::{LoginStatus, Stage as LStage};
+use iscsi_login::target::{LoginState, TargetLimits, TargetLogin, TargetLoginConfig};
+use iscsi_session::{CmdWindow, WriteLimits};
+use iscsi_wire::{AsyncMessage, Bhs, Digests, LoginResponse, Pdu, Stage};
+use session::{Conn, Session};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+const LOGIN_TIMEOUT: Duration = Duration::from_secs(15);
+/// Largest write the target buffers for one command.
+const MAX_WRITE_LEN: u32 = 64 << 20;
+
+/// A running target: configuration, SCSI devices and live sessions.
+pub struct Target {
+    directory: Arc<config::Directory>,
+    devices: HashMap<String, Arc<scsi::Device>>,
+    sessions: Mutex<HashMap<u16, Arc<Session>>>,
+    next_tsih: AtomicU16,
+    next_nexus: AtomicU64,
+    shutdown: watch::Sender<bool>,
+}
+
+/// Listeners bound for a target, ready to serve.
+pub struct Bound {
+    target: Arc<Target>,
+    listeners: Vec<TcpListener>,
+}
+
+impl Target {
+    /// Open every LUN's backend and bind every portal.
+    pub async fn bind(mut config: Config) -> Result<Bound, String> {
+        if config.portals.is_empty() {
+            config.portals.push(DEFAULT_PORTAL.to_string());
+        }
+        let mut devices = HashMap::new();
+        for t in &config.targets {
+            let device = scsi::Device::new(&t.name, Config::luns(t)).map_err(|e| format!("target {}: {e}", t.name))?;
+            devices.insert(t.name.to_ascii_lowercase(), Arc::new(device));
+        }
+        let mut listeners = Vec::new();
+        let mut portals = Vec::new();
+        for p in &config.portals {
+            let addr: SocketAddr = p.parse().map_err(|_| format!("portal {p:?} is not ADDR:PORT"))?;
+            let l = TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+            let bound = l.local_addr().map_err(|e| e.to_string())?;
+            portals.push(Portal { address: bound, tpgt: 1 });
+            listeners.push(l);
+        }
+        let (shutdown, _) = watch::channel(false);
+        let target = Arc::new(Target {
+            directory: Arc::new(config::Directory { config, portals }),
+            devices,
+            sessions: Mutex::new(HashMap::new()),
+            next_tsih: AtomicU16::new(1),
+            next_nexus: AtomicU64::new(1),
+            shutdown,
+        });
+        Ok(Bound { target, listeners })
+    }
+
+    fn config(&self) -> &Config {
+        &self.directory.config
+    }
+
+    /// Tell every session the target is going away (Async Message: logout requested),
+    /// give initiators a moment to log out, then close what is left.
+    pub async fn shutdown(&self, grace: Duration) {
+        let sessions: Vec<_> = self.sessions.lock().expect("sessions").values().cloned().collect();
+        for s in &sessions {
+            for c in s.connections() {
+                let msg = AsyncMessage { event: 1, param3: grace.as_secs().max(1) as u16, ..Default::default() };
+                let _ = c.dm.send_control(Pdu::new(Bhs::AsyncMessage(msg), Bytes::new())).await;
+            }
+        }
+        let deadline = tokio::time::Instant::now() + grace;
+        while tokio::time::Instant::now() < deadline && !self.sessions.lock().expect("sessions").is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let _ = self.shutdown.send(true);
+        for s in self.sessions.lock().expect("sessions").values() {
+            s.close_all();
+        }
+    }
+
+    /// Number of live sessions (for tests and status).
+    pub fn session_count(&self) -> usize {
+        self.sessions.lock().expect("sessions").len()
+    }
+
+    fn base_limits(&self) -> TargetLimits {
+        let mut l = TargetLimits { max_outstanding_r2t: 8, ..TargetLimits::default() };
+        if let Some(m) = self.config().max_recv_data_segment_length {
+            l.max_recv_data_segment_length = m.clamp(512, (1 << 24) - 1);
+        }
+        l
+    }
+
+    fn limits_for(&self, target_name: Option<&str>) -> TargetLimits {
+        let mut l = self.base_limits();
+        if let Some(t) = target_name.and_then(|n| self.config().targets.iter().find(|t| t.name.eq_ignore_ascii_case(n))) {
+            l.header_digest = t.header_digest.into();
+            l.data_digest = t.data_digest.into();
+        }
+        l
+    }
+}
+
+impl Bound {
+    /// The addresses actually bound (useful with port 0).
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.listeners.iter().filter_map(|l| l.local_addr().ok()).collect()
+    }
+
+    pub fn target(&self) -> Arc<Target> {
+        self.target.clone()
+    }
+
+    /// Accept connections until the target shuts down.
+    pub async fn serve(self) {
+        let mut tasks = Vec::new();
+        for l in self.listeners {
+            let target = self.target.clone();
+            tasks.push(tokio::spawn(async move {
+                let portal = Portal { address: l.local_addr().expect("bound"), tpgt: 1 };
+                let mut stop = target.shutdown.subscribe();
+                loop {
+                    tokio::select! {
+                        r = l.accept() => match r {
+                            Ok((stream, _)) => {
+                                let t = target.clone();
+                                tokio::spawn(async move { handle_connection(t, stream, portal).await });
+                            }
+                            Err(e) => {
+                                tracing::warn!("accept failed on {}: {e}", portal.address);
+                                tokio::time::sleep(Duration::from_millis(50)).await;
+                            }
+                        },
+                        _ = stop.changed() => break,
+                    }
+                }
+            }));
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+fn to_login_request(bhs: &iscsi_wire::LoginRequest, data: &Bytes) -> iscsi_login::pdu::LoginRequest {
+    iscsi_login::pdu::LoginRequest {
+        transit: bhs.transit,
+        cont: bhs.cont,
+        csg: stage_in(bhs.csg),
+        nsg: stage_in(bhs.nsg),
+        version_max: bhs.version_max,
+        version_min: bhs.version_min,
+        isid: bhs.isid,
+        tsih: bhs.tsih,
+        itt: bhs.itt,
+        cid: bhs.cid,
+        cmd_sn: bhs.cmd_sn,
+        exp_stat_sn: bhs.exp_stat_sn,
+        data: data.to_vec(),
+    }
+}
+
+fn stage_in(s: Stage) -> LStage {
+    match s {
+        Stage::Security => LStage::Security,
+        Stage::Operational => LStage::Operational,
+        Stage::FullFeature => LStage::FullFeature,
+    }
+}
+
+fn stage_out(s: LStage) -> Stage {
+    match s {
+        LStage::Security => Stage::Security,
+        LStage::Operational => Stage::Operational,
+        LStage::FullFeature => Stage::FullFeature,
+    }
+}
+
+fn login_response_pdu(r: &iscsi_login::pdu::LoginResponse, stat_sn: u32, exp_cmd_sn: u32, max_cmd_sn: u32) -> Pdu {
+    let bhs = Bhs::LoginResponse(LoginResponse {
+        transit: r.transit,
+        cont: r.cont,
+        csg: stage_out(r.csg),
+        nsg: stage_out(r.nsg),
+        version_max: r.version_max,
+        version_active: r.version_active,
+        isid: r.isid,
+        tsih: r.tsih,
+        itt: r.itt,
+        stat_sn,
+        exp_cmd_sn,
+        max_cmd_sn,
+        status_class: r.status_class,
+        status_detail: r.status_detail,
+    });
+    Pdu::new(bhs, Bytes::from(r.data.clone()))
+}
+
+fn system_entropy(buf: &mut [u8]) {
+    use rand::RngCore;
+    rand::thread_rng().fill_bytes(buf);
+}
+
+/// The iSCSI TransportID (SPC-4, protocol 5, format 01b) of an initiator port.
+fn transport_id(initiator_port: &str) -> Bytes {
+    let mut name = initiator_port.as_bytes().to_vec();
+    name.push(0);
+    while name.len() % 4 != 0 || name.len() < 20 {
+        name.push(0);
+    }
+    let mut id = vec![0x45, 0];
+    id.extend_from_slice(&(name.len() as u16).to_be_bytes());
+    id.extend_from_slice(&name);
+    Bytes::from(id)
+}
+
+struct LoggedIn {
+    session: Arc<Session>,
+    conn: Arc<Conn>,
+    notices: tokio::sync::mpsc::Receiver<Notice>,
+}
+
+async fn handle_connection(target: Arc<Target>, stream: TcpStream, portal: Portal) {
+    let conn = match TcpConnection::new(stream) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::debug!("connection setup failed: {e}");
+            return;
+        }
+    };
+    let peer = conn.peer();
+    match login(&target, conn, portal).await {
+        Ok(Some(logged_in)) => session::run_full_feature(target, logged_in.session, logged_in.conn, logged_in.notices).await,
+        Ok(None) => {}
+        Err(e) => tracing::warn!(%peer, "login failed: {e}"),
+    }
+}
+
+async fn recv(c: &mut TcpConnection) -> Result<datamover::InPdu, String> {
+    match tokio::time::timeout(LOGIN_TIMEOUT, c.recv_pdu(LOGIN_MAX_DATA)).await {
+        Err(_) => Err("timed out waiting for a Login Request".to_string()),
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err("peer closed during login".to_string()),
+        Ok(Err(e)) => Err(format!("bad PDU during login: {e}")),
+        Ok(Ok(p)) => Ok(p),
+    }
+}
+
+async fn login(target: &Arc<Target>, mut conn: TcpConnection, portal: Portal) -> Result<Option<LoggedIn>, String> {
+    let peer = conn.peer();
+    let mut pdu = recv(&mut conn).await?;
+    let Bhs::LoginRequest(first) = &pdu.pdu.bhs else {
+        return Err(format!("first PDU is a {}, not a Login Request", pdu.pdu.bhs.opcode().name()));
+    };
+    let depth = target.config().queue_depth;
+    let existing = if first.tsih != 0 {
+        let s = target.sessions.lock().expect("sessions").get(&first.tsih).cloned();
+        if s.is_none() {
+            let req = to_login_request(first, &pdu.pdu.data);
+            let rsp = iscsi_login::pdu::LoginResponse::failure(&req, LoginStatus::SESSION_DOES_NOT_EXIST);
+            let _ = conn.send_pdu(&login_response_pdu(&rsp, 0, first.cmd_sn, first.cmd_sn)).await;
+            return Err(format!("TSIH {} names no session", first.tsih));
+        }
+        s
+    } else {
+        None
+    };
+    let mut limits = target.base_limits();
+    if let Some(s) = &existing {
+        limits = target.limits_for(s.params.target_name.as_deref());
+    }
+    let mut tl = TargetLogin::new(TargetLoginConfig {
+        portal_group_tag: portal.tpgt,
+        existing_session: existing.as_ref().map(|s| s.params.clone()),
+        transport: TransportKind::Tcp,
+        limits,
+        directory: target.directory.clone(),
+    });
+    let mut stat_sn: u32 = rand::random::<u32>() & 0x00ff_ffff;
+    let mut digest_policy_set = existing.is_some();
+    loop {
+        let Bhs::LoginRequest(bhs) = &pdu.pdu.bhs else {
+            return Err(format!("{} during login", pdu.pdu.bhs.opcode().name()));
+        };
+        let req = to_login_request(bhs, &pdu.pdu.data);
+        if !digest_policy_set {
+            // Per-target digest policy: known once the first request names the target.
+            if let Ok(pairs) = iscsi_login::text::parse(&req.data) {
+                if let Some((_, name)) = pairs.iter().find(|(k, _)| k == "TargetName") {
+                    let mut cfg_limits = target.limits_for(Some(name));
+                    cfg_limits.max_outstanding_r2t = target.base_limits().max_outstanding_r2t;
+                    tl = TargetLogin::new(TargetLoginConfig {
+                        portal_group_tag: portal.tpgt,
+                        existing_session: None,
+                        transport: TransportKind::Tcp,
+                        limits: cfg_limits,
+                        directory: target.directory.clone(),
+                    });
+                }
+            }
+            digest_policy_set = true;
+        }
+        let (exp, max) = match &existing {
+            Some(s) => s.sn.load(),
+            None => (req.cmd_sn, req.cmd_sn.wrapping_add(depth - 1)),
+        };
+        let step = tl.on_request(&req, &mut system_entropy);
+        let mut rsp = step.response;
+        match step.state {
+            LoginState::Continue => {
+                conn.send_pdu(&login_response_pdu(&rsp, stat_sn, exp, max)).await.map_err(|e| e.to_string())?;
+            }
+            LoginState::Failed => {
+                let status = rsp.status();
+                let _ = conn.send_pdu(&login_response_pdu(&rsp, stat_sn, exp, max)).await;
+                tracing::warn!(%peer, "login rejected: {} (0x{:04x})", status.meaning(), status.code());
+                return Ok(None);
+            }
+            LoginState::Complete(outcome) => {
+                let cid = outcome.cid;
+                let (session, exp, max) = if outcome.leading {
+                    let s = create_session(target, &outcome, req.cmd_sn, depth);
+                    let (e, m) = s.sn.load();
+                    (s, e, m)
+                } else {
+                    let s = existing.clone().expect("non-leading login has a session");
+                    if s.connection_count_without(cid) >= s.params.max_connections as usize {
+                        let fail = iscsi_login::pdu::LoginResponse::failure(&req, LoginStatus::TOO_MANY_CONNECTIONS);
+                        let _ = conn.send_pdu(&login_response_pdu(&fail, stat_sn, exp, max)).await;
+                        return Err("too many connections in session".into());
+                    }
+                    (s, exp, max)
+                };
+                rsp.tsih = session.tsih;
+                conn.send_pdu(&login_response_pdu(&rsp, stat_sn, exp, max)).await.map_err(|e| e.to_string())?;
+                let cp = outcome.connection;
+                let sp = &session.params;
+                let ffp = FfpConfig {
+                    digests: Digests { header: cp.header_digest, data: cp.data_digest },
+                    max_recv_data_segment_length: cp.max_recv_data_segment_length,
+                    max_send_data_segment_length: cp.max_send_data_segment_length,
+                    max_burst_length: sp.max_burst_length,
+                    write_limits: WriteLimits {
+                        first_burst_length: sp.first_burst_length,
+                        max_burst_length: sp.max_burst_length,
+                        initial_r2t: sp.initial_r2t,
+                        immediate_data: sp.immediate_data,
+                        max_outstanding_r2t: sp.max_outstanding_r2t as u32,
+                        max_recv_data_segment_length: cp.max_recv_data_segment_length,
+                    },
+                    next_stat_sn: stat_sn.wrapping_add(1),
+                    max_write_len: MAX_WRITE_LEN,
+                };
+                let (dm, notices) = conn.into_full_feature(ffp, session.sn.clone());
+                let c = Arc::new(Conn::new(cid, peer, dm, cp.max_send_data_segment_length));
+                if let Some(old) = session.add_connection(c.clone()) {
+                    tracing::info!(%peer, cid, "connection reinstatement: closing the old connection");
+                    old.dm.close();
+                }
+                tracing::info!(
+                    %peer,
+                    tsih = session.tsih,
+                    cid,
+                    "login complete: {} session for {} ({})",
+                    outcome.session_type.as_str(),
+                    outcome.target_name.as_deref().unwrap_or("-"),
+                    outcome.initiator_name
+                );
+                return Ok(Some(LoggedIn { session, conn: c, notices }));
+            }
+        }
+        stat_sn = stat_sn.wrapping_add(1);
+        pdu = recv(&mut conn).await?;
+    }
+}
+
+fn create_session(target: &Arc<Target>, outcome: &iscsi_login::target::LoginOutcome, cmd_sn: u32, depth: u32) -> Arc<Session> {
+    let identity = outcome.identity();
+    // Session reinstatement: same initiator name, ISID and target closes the old session.
+    let old: Vec<Arc<Session>> = target
+        .sessions
+        .lock()
+        .expect("sessions")
+        .values()
+        .filter(|s| s.identity == identity)
+        .cloned()
+        .collect();
+    for s in old {
+        tracing::info!(tsih = s.tsih, "session reinstatement: closing the old session");
+        target.remove_session(&s);
+        s.close_all();
+    }
+    let device = outcome.target_name.as_ref().and_then(|n| target.devices.get(&n.to_ascii_lowercase()).cloned());
+    let nexus = scsi::NexusId(target.next_nexus.fetch_add(1, Ordering::Relaxed));
+    let isid_hex: String = outcome.isid.iter().map(|b| format!("{b:02x}")).collect();
+    let port = format!("{},i,0x{isid_hex}", outcome.initiator_name);
+    if let (Some(d), SessionType::Normal) = (&device, outcome.session_type) {
+        d.nexus_added(nexus, &port, transport_id(&port));
+    }
+    let mut sessions = target.sessions.lock().expect("sessions");
+    let tsih = loop {
+        let t = target.next_tsih.fetch_add(1, Ordering::Relaxed);
+        if t != 0 && !sessions.contains_key(&t) {
+            break t;
+        }
+    };
+    let session = Arc::new(Session {
+        tsih,
+        nexus,
+        identity,
+        params: outcome.session.clone(),
+        device,
+        window: Mutex::new(CmdWindow::new(cmd_sn, depth)),
+        sn: CmdSnState::new(cmd_sn, cmd_sn.wrapping_add(depth - 1)),
+        conns: Mutex::new(HashMap::new()),
+        tasks: Mutex::new(HashMap::new()),
+    });
+    sessions.insert(tsih, session.clone());
+    session
+}
+
+impl Target {
+    fn remove_session(&self, s: &Session) {
+        let removed = self.sessions.lock().expect("sessions").remove(&s.tsih);
+        if removed.is_some() {
+            if let Some(d) = &s.device {
+                d.nexus_removed(s.nexus);
+            }
+        }
+    }
+}

@@ -1,0 +1,524 @@
+//! Sessions and connections in full feature phase: command ordering across connections,
+//! SCSI execution, and the answers to NOP-Out, Text, Logout, SNACK and task management.
+
+use crate::Target;
+use bytes::{BufMut, Bytes, BytesMut};
+use datamover::{CmdSnState, CollapsedStatus, Datamover, DmError, InPdu, Notice, TaskRef, WriteHandle};
+use iscsi_login::params::{SessionParams, SessionType, TransportKind};
+use iscsi_login::target::SessionIdentity;
+use iscsi_login::textneg::{TextContext, TextResponder};
+use iscsi_session::{Admission, CmdWindow};
+use iscsi_wire::{
+    reject, tmf, Bhs, LogoutResponse, NopIn, Pdu, Reject, ScsiCommand, ScsiResponse, TaskMgmtResponse, TextResponse,
+    RESERVED_TAG,
+};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, Notify};
+
+/// Work that waits for its turn in CmdSN order.
+pub(crate) enum Work {
+    Command { conn: Arc<Conn>, cmd: ScsiCommand, ahs: Bytes, write: Option<WriteHandle> },
+    Control { conn: Arc<Conn>, pdu: InPdu },
+}
+
+pub(crate) struct TaskEntry {
+    cid: u16,
+    lun: u64,
+}
+
+pub(crate) struct Session {
+    pub tsih: u16,
+    pub nexus: scsi::NexusId,
+    pub identity: SessionIdentity,
+    pub params: SessionParams,
+    pub device: Option<Arc<scsi::Device>>,
+    pub window: Mutex<CmdWindow<Work>>,
+    pub sn: Arc<CmdSnState>,
+    pub conns: Mutex<HashMap<u16, Arc<Conn>>>,
+    pub tasks: Mutex<HashMap<u32, TaskEntry>>,
+}
+
+pub(crate) struct Conn {
+    pub cid: u16,
+    pub peer: SocketAddr,
+    pub dm: Arc<dyn Datamover>,
+    /// The initiator's MaxRecvDataSegmentLength (bounds NOP-In and Text data).
+    pub max_send: u32,
+    inflight: AtomicUsize,
+    idle: Notify,
+    ping_ttt: AtomicU32,
+    text: Mutex<Option<(u32, TextResponder)>>,
+}
+
+impl Conn {
+    pub fn new(cid: u16, peer: SocketAddr, dm: Arc<dyn Datamover>, max_send: u32) -> Conn {
+        Conn {
+            cid,
+            peer,
+            dm,
+            max_send,
+            inflight: AtomicUsize::new(0),
+            idle: Notify::new(),
+            ping_ttt: AtomicU32::new(RESERVED_TAG),
+            text: Mutex::new(None),
+        }
+    }
+
+    fn task_done(&self) {
+        if self.inflight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.idle.notify_waiters();
+        }
+    }
+
+    /// Wait (bounded) until this connection has no command in flight.
+    async fn drain(&self, limit: Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        while self.inflight.load(Ordering::Acquire) > 0 {
+            let notified = self.idle.notified();
+            if self.inflight.load(Ordering::Acquire) == 0 {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                break;
+            }
+        }
+    }
+
+    async fn send(&self, bhs: Bhs, data: Bytes) {
+        let _ = self.dm.send_control(Pdu::new(bhs, data)).await;
+    }
+
+    async fn reject(&self, reason: u8, raw: [u8; 48], why: &str) {
+        tracing::warn!(peer = %self.peer, "Reject (reason 0x{reason:02x}): {why}");
+        self.send(Bhs::Reject(Reject { reason, data_sn: 0, ..Default::default() }), Bytes::copy_from_slice(&raw)).await;
+    }
+}
+
+impl Session {
+    pub fn connections(&self) -> Vec<Arc<Conn>> {
+        self.conns.lock().expect("conns").values().cloned().collect()
+    }
+
+    pub fn connection_count_without(&self, cid: u16) -> usize {
+        self.conns.lock().expect("conns").keys().filter(|c| **c != cid).count()
+    }
+
+    /// Add a connection; returns the one it replaces (connection reinstatement).
+    pub fn add_connection(&self, c: Arc<Conn>) -> Option<Arc<Conn>> {
+        self.conns.lock().expect("conns").insert(c.cid, c)
+    }
+
+    pub fn close_all(&self) {
+        for c in self.connections() {
+            c.dm.close();
+        }
+    }
+
+    fn publish_window(&self, w: &mut CmdWindow<Work>) {
+        self.sn.store(w.exp_cmd_sn(), w.max_cmd_sn());
+    }
+
+    fn complete_one(&self) {
+        let mut w = self.window.lock().expect("window");
+        w.complete();
+        self.publish_window(&mut w);
+    }
+
+    /// Admit a non-immediate PDU into CmdSN order and run whatever became ready.
+    async fn admit(self: &Arc<Self>, target: &Arc<Target>, cmd_sn: u32, work: Work) {
+        let ready = {
+            let mut w = self.window.lock().expect("window");
+            match w.admit(cmd_sn, work) {
+                Admission::Queued => {}
+                Admission::OutOfWindow | Admission::Duplicate => {
+                    tracing::debug!(tsih = self.tsih, cmd_sn, exp = w.exp_cmd_sn(), "ignoring PDU with CmdSN outside the window");
+                    return;
+                }
+            }
+            let mut ready = Vec::new();
+            while let Some(x) = w.pop_ready() {
+                ready.push(x);
+            }
+            self.publish_window(&mut w);
+            ready
+        };
+        for work in ready {
+            self.dispatch(target, work, true).await;
+        }
+    }
+
+    async fn dispatch(self: &Arc<Self>, target: &Arc<Target>, work: Work, counted: bool) {
+        match work {
+            Work::Command { conn, cmd, ahs, write } => {
+                conn.inflight.fetch_add(1, Ordering::AcqRel);
+                self.tasks.lock().expect("tasks").insert(cmd.itt, TaskEntry { cid: conn.cid, lun: cmd.lun });
+                let s = self.clone();
+                tokio::spawn(async move { s.run_command(conn, cmd, ahs, write, counted).await });
+            }
+            Work::Control { conn, pdu } => {
+                self.control(target, &conn, pdu).await;
+                if counted {
+                    self.complete_one();
+                }
+            }
+        }
+    }
+
+    async fn run_command(self: Arc<Self>, conn: Arc<Conn>, cmd: ScsiCommand, ahs: Bytes, write: Option<WriteHandle>, counted: bool) {
+        let task = TaskRef { itt: cmd.itt, lun: cmd.lun };
+        let finish = |s: &Session| {
+            s.tasks.lock().expect("tasks").remove(&cmd.itt);
+            if counted {
+                s.complete_one();
+            }
+            conn.task_done();
+        };
+        let (data_out, r2ts) = match write {
+            Some(w) => match conn.dm.get_data(task, w).await {
+                Ok(x) => x,
+                Err(DmError::Aborted) | Err(DmError::Closed) => {
+                    finish(&self);
+                    return;
+                }
+            },
+            None => (Bytes::new(), 0),
+        };
+        let Some(device) = self.device.clone() else {
+            finish(&self);
+            return;
+        };
+        let cdb = match iscsi_wire::parse_ahs(&ahs) {
+            Ok(a) => iscsi_wire::full_cdb(&cmd, &a),
+            Err(_) => cmd.cdb.to_vec(),
+        };
+        let attr = match cmd.attr {
+            0 => scsi::TaskAttr::Untagged,
+            2 => scsi::TaskAttr::Ordered,
+            3 => scsi::TaskAttr::HeadOfQueue,
+            4 => scsi::TaskAttr::Aca,
+            _ => scsi::TaskAttr::Simple,
+        };
+        let rsp = device
+            .execute(scsi::Command {
+                nexus: self.nexus,
+                lun: iscsi_wire::lun_from_wire(cmd.lun) as u64,
+                cdb: Bytes::from(cdb),
+                attr,
+                tag: cmd.itt as u64,
+                expected_len: cmd.expected_data_len,
+                read: cmd.read,
+                write: cmd.write,
+                data_out,
+            })
+            .await;
+        // Free the window slot first so the response carries the larger MaxCmdSN.
+        self.tasks.lock().expect("tasks").remove(&cmd.itt);
+        if counted {
+            self.complete_one();
+        }
+        if !rsp.aborted {
+            send_scsi_response(&conn, task, rsp, r2ts).await;
+        }
+        conn.task_done();
+    }
+
+    async fn control(self: &Arc<Self>, target: &Arc<Target>, conn: &Arc<Conn>, pdu: InPdu) {
+        match &pdu.pdu.bhs {
+            Bhs::NopOut(n) => {
+                if n.itt == RESERVED_TAG {
+                    return; // a ping answer or an ExpStatSN update: no reply
+                }
+                let mut data = pdu.pdu.data.clone();
+                data.truncate(conn.max_send as usize);
+                let nop = NopIn { lun: n.lun, itt: n.itt, ttt: RESERVED_TAG, ..Default::default() };
+                conn.send(Bhs::NopIn(nop), data).await;
+            }
+            Bhs::TextRequest(t) => self.text(target, conn, t.clone(), &pdu).await,
+            Bhs::LogoutRequest(l) => {
+                let response = match l.reason {
+                    0 => 0,
+                    1 if self.conns.lock().expect("conns").contains_key(&l.cid) => 0,
+                    1 => 1,
+                    _ => 2, // connection recovery needs ERL 2
+                };
+                conn.drain(Duration::from_secs(10)).await;
+                let rsp = LogoutResponse {
+                    response,
+                    itt: l.itt,
+                    time2wait: self.params.default_time2wait,
+                    time2retain: self.params.default_time2retain,
+                    ..Default::default()
+                };
+                conn.send(Bhs::LogoutResponse(rsp), Bytes::new()).await;
+                match (l.reason, response) {
+                    (0, _) => {
+                        target.remove_session(self);
+                        self.close_all();
+                    }
+                    (1, 0) => {
+                        let other = self.conns.lock().expect("conns").get(&l.cid).cloned();
+                        if let Some(c) = other {
+                            c.dm.close();
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            Bhs::TaskMgmtRequest(t) => {
+                let response = self.task_management(target, t).await;
+                let rsp = TaskMgmtResponse { response, itt: t.itt, ..Default::default() };
+                conn.send(Bhs::TaskMgmtResponse(rsp), Bytes::new()).await;
+                if t.function == tmf::TARGET_COLD_RESET && response == tmf::RSP_COMPLETE {
+                    for s in target.sessions.lock().expect("sessions").values() {
+                        if s.device.as_ref().map(|d| d.target_name()) == self.device.as_ref().map(|d| d.target_name()) {
+                            s.close_all();
+                        }
+                    }
+                }
+            }
+            Bhs::SnackRequest(_) => conn.reject(reject::SNACK_REJECT, pdu.raw_bhs, "SNACK needs ErrorRecoveryLevel > 0").await,
+            Bhs::ScsiCommand(_) => conn.reject(reject::PROTOCOL_ERROR, pdu.raw_bhs, "SCSI command in a discovery session").await,
+            other => {
+                let why = format!("unexpected {} in full feature phase", other.opcode().name());
+                conn.reject(reject::PROTOCOL_ERROR, pdu.raw_bhs, &why).await
+            }
+        }
+    }
+
+    async fn text(self: &Arc<Self>, target: &Arc<Target>, conn: &Arc<Conn>, t: iscsi_wire::TextRequest, pdu: &InPdu) {
+        let piece = if t.ttt != RESERVED_TAG {
+            let mut state = conn.text.lock().expect("text");
+            match state.as_mut() {
+                Some((itt, r)) if *itt == t.itt => r.on_continue(t.ttt, &pdu.pdu.data).ok(),
+                _ => None,
+            }
+        } else {
+            let pairs = match iscsi_login::text::parse(&pdu.pdu.data) {
+                Ok(p) => p,
+                Err(e) => {
+                    conn.reject(reject::PROTOCOL_ERROR, pdu.raw_bhs, &format!("bad text data: {e}")).await;
+                    return;
+                }
+            };
+            let mut sp = self.params.clone();
+            let mut cp = iscsi_login::params::ConnectionParams { max_send_data_segment_length: conn.max_send, ..Default::default() };
+            let ctx = TextContext {
+                directory: target.directory.as_ref(),
+                transport: TransportKind::Tcp,
+                our_max_recv_data_segment_length: target.base_limits().max_recv_data_segment_length,
+            };
+            let reply = iscsi_login::textneg::negotiate_text(&pairs, &mut sp, &mut cp, &ctx);
+            let data = iscsi_login::text::encode(&reply);
+            let mut r = TextResponder::new(data, conn.max_send, t.itt ^ 0x5a5a_0000);
+            let first = r.first_piece();
+            *conn.text.lock().expect("text") = if first.final_ { None } else { Some((t.itt, r)) };
+            Some(first)
+        };
+        let Some(piece) = piece else {
+            conn.reject(reject::PROTOCOL_ERROR, pdu.raw_bhs, "Text Request continues no exchange").await;
+            return;
+        };
+        let rsp = TextResponse { final_: piece.final_, cont: piece.cont, lun: t.lun, itt: t.itt, ttt: piece.ttt, ..Default::default() };
+        conn.send(Bhs::TextResponse(rsp), Bytes::from(piece.data)).await;
+    }
+
+    /// Abort this session's tasks matching `pred` that wait for write data.
+    fn abort_waiting(&self, pred: impl Fn(u32, &TaskEntry) -> bool) {
+        let conns = self.conns.lock().expect("conns").clone();
+        for (itt, e) in self.tasks.lock().expect("tasks").iter() {
+            if pred(*itt, e) {
+                if let Some(c) = conns.get(&e.cid) {
+                    c.dm.abort_task(*itt);
+                }
+            }
+        }
+    }
+
+    async fn task_management(self: &Arc<Self>, target: &Arc<Target>, t: &iscsi_wire::TaskMgmtRequest) -> u8 {
+        let Some(device) = self.device.clone() else {
+            return tmf::RSP_NOT_SUPPORTED;
+        };
+        let lun = iscsi_wire::lun_from_wire(t.lun) as u64;
+        let lun_exists = device.luns().contains(&lun);
+        match t.function {
+            tmf::ABORT_TASK => {
+                let known = self.tasks.lock().expect("tasks").contains_key(&t.ref_task_tag);
+                if known {
+                    self.abort_waiting(|itt, _| itt == t.ref_task_tag);
+                    device.abort_task(self.nexus, t.ref_task_tag as u64).await;
+                    tmf::RSP_COMPLETE
+                } else if iscsi_wire::serial::sn_le(self.sn.load().0, t.ref_cmd_sn) {
+                    // Not arrived yet: it will be dropped when it comes, if ever.
+                    tmf::RSP_COMPLETE
+                } else {
+                    tmf::RSP_NO_TASK
+                }
+            }
+            tmf::ABORT_TASK_SET | tmf::CLEAR_TASK_SET | tmf::LOGICAL_UNIT_RESET if !lun_exists => tmf::RSP_NO_LUN,
+            tmf::ABORT_TASK_SET => {
+                self.abort_waiting(|_, e| iscsi_wire::lun_from_wire(e.lun) as u64 == lun);
+                device.abort_task_set(self.nexus, lun).await;
+                tmf::RSP_COMPLETE
+            }
+            tmf::CLEAR_TASK_SET => {
+                self.abort_waiting(|_, e| iscsi_wire::lun_from_wire(e.lun) as u64 == lun);
+                device.clear_task_set(lun).await;
+                tmf::RSP_COMPLETE
+            }
+            tmf::LOGICAL_UNIT_RESET => {
+                for s in target.sessions.lock().expect("sessions").values() {
+                    s.abort_waiting(|_, e| iscsi_wire::lun_from_wire(e.lun) as u64 == lun);
+                }
+                device.lun_reset(lun).await;
+                tmf::RSP_COMPLETE
+            }
+            tmf::TARGET_WARM_RESET | tmf::TARGET_COLD_RESET => {
+                for s in target.sessions.lock().expect("sessions").values() {
+                    s.abort_waiting(|_, _| true);
+                }
+                let kind = if t.function == tmf::TARGET_COLD_RESET { scsi::ResetKind::Cold } else { scsi::ResetKind::Warm };
+                device.target_reset(kind).await;
+                tmf::RSP_COMPLETE
+            }
+            tmf::TASK_REASSIGN => 4, // allegiance reassignment needs ERL 2
+            _ => tmf::RSP_NOT_SUPPORTED,
+        }
+    }
+}
+
+async fn send_scsi_response(conn: &Conn, task: TaskRef, rsp: scsi::Response, r2ts: u32) {
+    let (overflow, underflow, residual) = match rsp.residual {
+        scsi::Residual::None => (false, false, 0),
+        scsi::Residual::Underflow(n) => (false, true, n),
+        scsi::Residual::Overflow(n) => (true, false, n),
+    };
+    let collapsible = rsp.sense.is_none() && (rsp.status == scsi::status::GOOD || rsp.status == scsi::status::CONDITION_MET);
+    if !rsp.data_in.is_empty() && collapsible {
+        let st = CollapsedStatus { status: rsp.status, overflow, underflow, residual };
+        let _ = conn.dm.put_data(task, rsp.data_in, Some(st)).await;
+        return;
+    }
+    let mut data_pdus = r2ts;
+    if !rsp.data_in.is_empty() {
+        data_pdus += conn.dm.put_data(task, rsp.data_in, None).await.unwrap_or(0);
+    }
+    let data = match rsp.sense {
+        Some(sense) => {
+            let mut b = BytesMut::with_capacity(2 + sense.len());
+            b.put_u16(sense.len() as u16);
+            b.extend_from_slice(&sense);
+            b.freeze()
+        }
+        None => Bytes::new(),
+    };
+    let bhs = ScsiResponse {
+        overflow,
+        underflow,
+        response: 0,
+        status: rsp.status,
+        itt: task.itt,
+        exp_data_sn: data_pdus,
+        residual,
+        ..Default::default()
+    };
+    conn.send(Bhs::ScsiResponse(bhs), data).await;
+}
+
+/// Drive one connection in full feature phase until it closes.
+pub(crate) async fn run_full_feature(target: Arc<Target>, session: Arc<Session>, conn: Arc<Conn>, mut notices: mpsc::Receiver<Notice>) {
+    let cfg = target.config();
+    let ping_every = Duration::from_secs(cfg.nop_interval_secs);
+    let ping_timeout = Duration::from_secs(cfg.nop_timeout_secs.max(1));
+    let mut stop = target.shutdown.subscribe();
+    let mut ping_sent: Option<tokio::time::Instant> = None;
+    let mut next_ttt: u32 = 1;
+    let reason = loop {
+        let wait = match ping_sent {
+            Some(at) => at + ping_timeout,
+            None if ping_every.is_zero() => tokio::time::Instant::now() + Duration::from_secs(3600),
+            None => tokio::time::Instant::now() + ping_every,
+        };
+        let notice = tokio::select! {
+            n = notices.recv() => n,
+            _ = tokio::time::sleep_until(wait) => {
+                if ping_sent.is_some() {
+                    break "no answer to NOP-In ping".to_string();
+                }
+                if !ping_every.is_zero() {
+                    let ttt = next_ttt;
+                    next_ttt = next_ttt.wrapping_add(1).max(1);
+                    conn.ping_ttt.store(ttt, Ordering::Release);
+                    let nop = NopIn { itt: RESERVED_TAG, ttt, ..Default::default() };
+                    let send = conn.dm.send_control(Pdu::new(Bhs::NopIn(nop), Bytes::new()));
+                    if tokio::time::timeout(ping_timeout, send).await.is_err() {
+                        break "peer stopped reading".to_string();
+                    }
+                    ping_sent = Some(tokio::time::Instant::now());
+                }
+                continue;
+            }
+            _ = stop.changed() => break "target shutting down".to_string(),
+        };
+        // Any PDU shows the peer is alive.
+        ping_sent = None;
+        match notice {
+            None => break "connection closed".to_string(),
+            Some(Notice::Closed(why)) => break why,
+            Some(Notice::Command { pdu, write }) => {
+                let Bhs::ScsiCommand(cmd) = pdu.pdu.bhs else { unreachable!("datamover sends commands as Command") };
+                if session.params.session_type == SessionType::Discovery {
+                    conn.reject(reject::PROTOCOL_ERROR, pdu.raw_bhs, "SCSI command in a discovery session").await;
+                    continue;
+                }
+                let work = Work::Command { conn: conn.clone(), cmd: cmd.clone(), ahs: pdu.pdu.ahs.clone(), write };
+                if cmd.immediate {
+                    session.dispatch(&target, work, false).await;
+                } else {
+                    session.admit(&target, cmd.cmd_sn, work).await;
+                }
+            }
+            Some(Notice::Control(pdu)) => {
+                let (immediate, cmd_sn) = match &pdu.pdu.bhs {
+                    Bhs::NopOut(n) => {
+                        if n.itt == RESERVED_TAG {
+                            // Ping answers and ExpStatSN updates are immediate by rule.
+                            continue;
+                        }
+                        (n.immediate, n.cmd_sn)
+                    }
+                    Bhs::TextRequest(t) => (t.immediate, t.cmd_sn),
+                    Bhs::LogoutRequest(l) => (l.immediate, l.cmd_sn),
+                    Bhs::TaskMgmtRequest(t) => (t.immediate, t.cmd_sn),
+                    _ => (true, 0),
+                };
+                let is_logout = matches!(pdu.pdu.bhs, Bhs::LogoutRequest(_));
+                let work = Work::Control { conn: conn.clone(), pdu };
+                if immediate {
+                    session.dispatch(&target, work, false).await;
+                } else {
+                    session.admit(&target, cmd_sn, work).await;
+                }
+                if is_logout && session.params.session_type == SessionType::Discovery {
+                    // Nothing else can follow a discovery logout.
+                }
+            }
+        }
+    };
+    tracing::info!(peer = %conn.peer, tsih = session.tsih, cid = conn.cid, "connection ended: {reason}");
+    conn.dm.close();
+    session.abort_waiting(|_, e| e.cid == conn.cid);
+    let now_empty = {
+        let mut conns = session.conns.lock().expect("conns");
+        if conns.get(&conn.cid).is_some_and(|c| Arc::ptr_eq(c, &conn)) {
+            conns.remove(&conn.cid);
+        }
+        conns.is_empty()
+    };
+    if now_empty {
+        target.remove_session(&session);
+    }
+}
