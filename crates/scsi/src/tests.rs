@@ -591,3 +591,24 @@ fn concurrent_caw_is_atomic() {
     assert!(back.iter().all(|&b| b == back[0]));
     assert!((1..=20).contains(&wins));
 }
+
+#[test]
+fn execute_future_is_send_for_spawning() {
+    fn assert_send<T: Send>(_: &T) {}
+    let d = device();
+    {
+        let fut = d.execute(cmd(1, &read10(0, 1), &[], 512));
+        assert_send(&fut);
+    }
+    let r = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .build()
+        .unwrap()
+        .block_on(async move {
+            let d2 = d.clone();
+            tokio::spawn(async move { d2.execute(cmd(1, &read10(0, 1), &[], 512)).await })
+                .await
+                .unwrap()
+        });
+    good(&r);
+}
