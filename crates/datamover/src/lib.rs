@@ -22,6 +22,10 @@ pub enum DmError {
     Closed,
     #[error("task aborted")]
     Aborted,
+    /// The initiator's Data-Out broke the rules (DataSN, offset, length); the PDU was
+    /// Rejected and the command must end with CHECK CONDITION.
+    #[error("data-out protocol error: {0}")]
+    DataPhase(String),
 }
 
 /// The session's command window as the initiator should see it, shared by all of the
@@ -36,7 +40,10 @@ impl CmdSnState {
         s
     }
     pub fn store(&self, exp_cmd_sn: u32, max_cmd_sn: u32) {
-        self.0.store(((exp_cmd_sn as u64) << 32) | max_cmd_sn as u64, Ordering::Release);
+        self.0.store(
+            ((exp_cmd_sn as u64) << 32) | max_cmd_sn as u64,
+            Ordering::Release,
+        );
     }
     /// (ExpCmdSN, MaxCmdSN)
     pub fn load(&self) -> (u32, u32) {
@@ -80,7 +87,10 @@ pub struct WriteHandle {
 #[derive(Debug)]
 pub enum Notice {
     /// A SCSI Command (its data segment already moved into `write` when it has one).
-    Command { pdu: InPdu, write: Option<WriteHandle> },
+    Command {
+        pdu: InPdu,
+        write: Option<WriteHandle>,
+    },
     /// Any other PDU from the initiator.
     Control(InPdu),
     /// The connection ended (peer closed, I/O error, protocol or digest error).
@@ -94,7 +104,12 @@ pub trait Datamover: Send + Sync {
     async fn send_control(&self, pdu: Pdu) -> Result<(), DmError>;
     /// Deliver read data for `task`, optionally with collapsed status. Returns the
     /// number of data PDUs used (for ExpDataSN).
-    async fn put_data(&self, task: TaskRef, data: Bytes, status: Option<CollapsedStatus>) -> Result<u32, DmError>;
+    async fn put_data(
+        &self,
+        task: TaskRef,
+        data: Bytes,
+        status: Option<CollapsedStatus>,
+    ) -> Result<u32, DmError>;
     /// Collect all write data of a command (soliciting what was not sent unsolicited).
     /// Returns the data and the number of R2Ts used.
     async fn get_data(&self, task: TaskRef, write: WriteHandle) -> Result<(Bytes, u32), DmError>;

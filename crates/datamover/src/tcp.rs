@@ -67,7 +67,11 @@ impl TcpConnection {
     pub fn new(stream: TcpStream) -> io::Result<TcpConnection> {
         stream.set_nodelay(true)?;
         let peer = stream.peer_addr()?;
-        Ok(TcpConnection { stream, rbuf: BytesMut::with_capacity(READ_CHUNK), peer })
+        Ok(TcpConnection {
+            stream,
+            rbuf: BytesMut::with_capacity(READ_CHUNK),
+            peer,
+        })
     }
 
     pub fn peer(&self) -> SocketAddr {
@@ -89,7 +93,14 @@ impl TcpConnection {
         let _ = frame.split_to(BHS_LEN);
         let ahs = frame.split_to(layout.ahs_len).freeze();
         let data = frame.split_to(layout.data_len as usize).freeze();
-        Ok(InPdu { pdu: Pdu { bhs: decoded.bhs, ahs, data }, raw_bhs: head })
+        Ok(InPdu {
+            pdu: Pdu {
+                bhs: decoded.bhs,
+                ahs,
+                data,
+            },
+            raw_bhs: head,
+        })
     }
 
     /// Write one PDU without digests (login phase).
@@ -99,7 +110,11 @@ impl TcpConnection {
     }
 
     /// Enter full feature phase: spawn the reader and writer tasks.
-    pub fn into_full_feature(self, cfg: FfpConfig, sn: Arc<CmdSnState>) -> (Arc<TcpDatamover>, mpsc::Receiver<Notice>) {
+    pub fn into_full_feature(
+        self,
+        cfg: FfpConfig,
+        sn: Arc<CmdSnState>,
+    ) -> (Arc<TcpDatamover>, mpsc::Receiver<Notice>) {
         let (read, write) = self.stream.into_split();
         let (out_tx, out_rx) = mpsc::channel(OUT_QUEUE);
         let (notice_tx, notice_rx) = mpsc::channel(NOTICE_QUEUE);
@@ -112,7 +127,11 @@ impl TcpConnection {
             stop: stop_tx,
             peer: self.peer,
         });
-        let writer = Writer { cfg: cfg.clone(), sn, stat_sn: cfg.next_stat_sn };
+        let writer = Writer {
+            cfg: cfg.clone(),
+            sn,
+            stat_sn: cfg.next_stat_sn,
+        };
         tokio::spawn(writer.run(write, out_rx, stop_rx.clone()));
         tokio::spawn(reader(read, self.rbuf, shared.clone(), notice_tx, stop_rx));
         (Arc::new(TcpDatamover { shared }), notice_rx)
@@ -123,7 +142,11 @@ fn invalid(e: WireError) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, e.to_string())
 }
 
-async fn fill<R: AsyncReadExt + Unpin>(r: &mut R, buf: &mut BytesMut, need: usize) -> io::Result<()> {
+async fn fill<R: AsyncReadExt + Unpin>(
+    r: &mut R,
+    buf: &mut BytesMut,
+    need: usize,
+) -> io::Result<()> {
     while buf.len() < need {
         buf.reserve(READ_CHUNK.max(need - buf.len()));
         if r.read_buf(buf).await? == 0 {
@@ -134,6 +157,8 @@ async fn fill<R: AsyncReadExt + Unpin>(r: &mut R, buf: &mut BytesMut, need: usiz
 }
 
 struct WriteSlot {
+    /// Set when a Data-Out broke the rules: later Data-Outs are discarded.
+    failed: Option<String>,
     buf: BytesMut,
     xfer: WriteTransfer,
     lun: u64,
@@ -163,8 +188,15 @@ impl Shared {
 
 enum Out {
     Pdu(Pdu),
-    DataIn { task: TaskRef, data: Bytes, status: Option<CollapsedStatus> },
-    R2ts { task: TaskRef, r2ts: Vec<R2tRequest> },
+    DataIn {
+        task: TaskRef,
+        data: Bytes,
+        status: Option<CollapsedStatus>,
+    },
+    R2ts {
+        task: TaskRef,
+        r2ts: Vec<R2tRequest>,
+    },
     Close,
 }
 
@@ -189,9 +221,19 @@ impl Datamover for TcpDatamover {
         self.enqueue(Out::Pdu(pdu)).await
     }
 
-    async fn put_data(&self, task: TaskRef, data: Bytes, status: Option<CollapsedStatus>) -> Result<u32, DmError> {
+    async fn put_data(
+        &self,
+        task: TaskRef,
+        data: Bytes,
+        status: Option<CollapsedStatus>,
+    ) -> Result<u32, DmError> {
         let cfg = &self.shared.cfg;
-        let n = data_in_segments(data.len() as u32, cfg.max_send_data_segment_length, cfg.max_burst_length).count();
+        let n = data_in_segments(
+            data.len() as u32,
+            cfg.max_send_data_segment_length,
+            cfg.max_burst_length,
+        )
+        .count();
         self.enqueue(Out::DataIn { task, data, status }).await?;
         Ok(n as u32)
     }
@@ -202,6 +244,10 @@ impl Datamover for TcpDatamover {
             let Some(slot) = slots.get_mut(&write.itt) else {
                 return Err(DmError::Aborted);
             };
+            if let Some(why) = slot.failed.clone() {
+                slots.remove(&write.itt);
+                return Err(DmError::DataPhase(why));
+            }
             if slot.xfer.is_complete() {
                 let slot = slots.remove(&write.itt).expect("present");
                 return Ok((slot.buf.freeze(), slot.xfer.r2t_count()));
@@ -220,7 +266,10 @@ impl Datamover for TcpDatamover {
 
     fn abort_task(&self, itt: u32) {
         let slot = self.shared.slots.lock().expect("slots lock").remove(&itt);
-        if let Some(WriteSlot { waiter: Some(w), .. }) = slot {
+        if let Some(WriteSlot {
+            waiter: Some(w), ..
+        }) = slot
+        {
             let _ = w.send(Err(DmError::Aborted));
         }
     }
@@ -323,7 +372,9 @@ async fn next_pdu(
         let got = u32::from_le_bytes(rbuf[header_end - 4..header_end].try_into().expect("4"));
         let want = digest::crc32c(&rbuf[..header_end - 4]);
         if got != want {
-            return Err(ReadEnd::Error(format!("header digest error (got {got:08x}, computed {want:08x})")));
+            return Err(ReadEnd::Error(format!(
+                "header digest error (got {got:08x}, computed {want:08x})"
+            )));
         }
     }
     let total = layout.total_len();
@@ -357,7 +408,9 @@ async fn next_pdu(
             let pad_bytes = &frame[data_start + data_len..data_start + data_len + pad];
             let got = digest::crc32c_append(crc_of_data, pad_bytes);
             if got != want {
-                return Err(ReadEnd::Error(format!("data digest error (got {want:08x}, computed {got:08x})")));
+                return Err(ReadEnd::Error(format!(
+                    "data digest error (got {want:08x}, computed {got:08x})"
+                )));
             }
         }
         Ok(())
@@ -370,7 +423,8 @@ async fn next_pdu(
             let mut done = None;
             let mut more_r2ts = Vec::new();
             let task_lun;
-            {
+            let mut rejected = false;
+            'placed: {
                 let mut slots = shared.slots.lock().expect("slots lock");
                 let Some(slot) = slots.get_mut(&d.itt) else {
                     // Data for a task that was aborted or never existed: discard.
@@ -378,8 +432,30 @@ async fn next_pdu(
                     tracing::debug!(peer = %shared.peer, itt = d.itt, "discarding Data-Out for unknown task");
                     return Ok(true);
                 };
-                if let Err(e) = slot.xfer.on_data_out(d.ttt, d.data_sn, d.buffer_offset, data_len as u32, d.final_) {
-                    return Err(ReadEnd::Error(format!("Data-Out for ITT 0x{:08x}: {e}", d.itt)));
+                if slot.failed.is_some() {
+                    return Ok(true);
+                }
+                let slot_lun = slot.lun;
+                if let Err(e) = slot.xfer.on_data_out(
+                    d.ttt,
+                    d.data_sn,
+                    d.buffer_offset,
+                    data_len as u32,
+                    d.final_,
+                ) {
+                    // ERL 0 without dropping the session: Reject this PDU, fail the command.
+                    let why = format!("Data-Out for ITT 0x{:08x}: {e}", d.itt);
+                    tracing::warn!(peer = %shared.peer, "{why}");
+                    match slot.waiter.take() {
+                        Some(w) => {
+                            slots.remove(&d.itt);
+                            let _ = w.send(Err(DmError::DataPhase(why)));
+                        }
+                        None => slot.failed = Some(why),
+                    }
+                    rejected = true;
+                    task_lun = slot_lun;
+                    break 'placed;
                 }
                 task_lun = slot.lun;
                 let off = d.buffer_offset as usize;
@@ -401,9 +477,22 @@ async fn next_pdu(
                     }
                 }
             }
+            if rejected {
+                send_reject(shared, reject::PROTOCOL_ERROR, head).await;
+                return Ok(true);
+            }
             if !more_r2ts.is_empty() {
-                let task = TaskRef { itt: d.itt, lun: task_lun };
-                let _ = shared.out.send(Out::R2ts { task, r2ts: more_r2ts }).await;
+                let task = TaskRef {
+                    itt: d.itt,
+                    lun: task_lun,
+                };
+                let _ = shared
+                    .out
+                    .send(Out::R2ts {
+                        task,
+                        r2ts: more_r2ts,
+                    })
+                    .await;
             }
             if let Some(mut slot) = done {
                 if let Some(w) = slot.waiter.take() {
@@ -422,8 +511,13 @@ async fn next_pdu(
                     c.expected_data_len, cfg.max_write_len
                 )));
             }
-            let xfer = WriteTransfer::new(c.expected_data_len, data_len as u32, c.final_, cfg.write_limits)
-                .map_err(|e| ReadEnd::Error(format!("SCSI Command ITT 0x{:08x}: {e}", c.itt)))?;
+            let xfer = WriteTransfer::new(
+                c.expected_data_len,
+                data_len as u32,
+                c.final_,
+                cfg.write_limits,
+            )
+            .map_err(|e| ReadEnd::Error(format!("SCSI Command ITT 0x{:08x}: {e}", c.itt)))?;
             let mut buf = BytesMut::zeroed(c.expected_data_len as usize);
             let crc = if data_digest.is_some() {
                 digest::copy_with_crc32c(&mut buf[..data_len], payload)
@@ -436,13 +530,38 @@ async fn next_pdu(
             let itt = c.itt;
             let lun = c.lun;
             let expected_len = c.expected_data_len;
-            let slot = WriteSlot { buf, xfer, lun, solicited: false, waiter: None };
-            if shared.slots.lock().expect("slots lock").insert(itt, slot).is_some() {
-                return Err(ReadEnd::Error(format!("ITT 0x{itt:08x} reused while its write is in progress")));
+            let slot = WriteSlot {
+                failed: None,
+                buf,
+                xfer,
+                lun,
+                solicited: false,
+                waiter: None,
+            };
+            if shared
+                .slots
+                .lock()
+                .expect("slots lock")
+                .insert(itt, slot)
+                .is_some()
+            {
+                return Err(ReadEnd::Error(format!(
+                    "ITT 0x{itt:08x} reused while its write is in progress"
+                )));
             }
-            let pdu = InPdu { pdu: Pdu { bhs: Bhs::ScsiCommand(c), ahs, data: Bytes::new() }, raw_bhs: head };
+            let pdu = InPdu {
+                pdu: Pdu {
+                    bhs: Bhs::ScsiCommand(c),
+                    ahs,
+                    data: Bytes::new(),
+                },
+                raw_bhs: head,
+            };
             let write = Some(WriteHandle { itt, expected_len });
-            notices.send(Notice::Command { pdu, write }).await.map_err(|_| ReadEnd::Stopped)?;
+            notices
+                .send(Notice::Command { pdu, write })
+                .await
+                .map_err(|_| ReadEnd::Stopped)?;
             Ok(true)
         }
         bhs => {
@@ -456,8 +575,15 @@ async fn next_pdu(
             let _ = frame.split_to(layout.header_digest_len);
             let data = frame.split_to(data_len).freeze();
             let is_command = matches!(bhs, Bhs::ScsiCommand(_));
-            let pdu = InPdu { pdu: Pdu { bhs, ahs, data }, raw_bhs: head };
-            let notice = if is_command { Notice::Command { pdu, write: None } } else { Notice::Control(pdu) };
+            let pdu = InPdu {
+                pdu: Pdu { bhs, ahs, data },
+                raw_bhs: head,
+            };
+            let notice = if is_command {
+                Notice::Command { pdu, write: None }
+            } else {
+                Notice::Control(pdu)
+            };
             notices.send(notice).await.map_err(|_| ReadEnd::Stopped)?;
             Ok(true)
         }
@@ -465,7 +591,13 @@ async fn next_pdu(
 }
 
 async fn send_reject(shared: &Shared, reason: u8, head: [u8; BHS_LEN]) {
-    let pdu = Pdu::new(Bhs::Reject(Reject { reason, ..Default::default() }), Bytes::copy_from_slice(&head));
+    let pdu = Pdu::new(
+        Bhs::Reject(Reject {
+            reason,
+            ..Default::default()
+        }),
+        Bytes::copy_from_slice(&head),
+    );
     let _ = shared.out.send(Out::Pdu(pdu)).await;
 }
 
@@ -488,7 +620,12 @@ enum Part {
 static ZEROS: [u8; 4] = [0; 4];
 
 impl Writer {
-    async fn run(mut self, mut w: OwnedWriteHalf, mut rx: mpsc::Receiver<Out>, mut stop: watch::Receiver<bool>) {
+    async fn run(
+        mut self,
+        mut w: OwnedWriteHalf,
+        mut rx: mpsc::Receiver<Out>,
+        mut stop: watch::Receiver<bool>,
+    ) {
         let mut batch = Vec::with_capacity(64);
         let mut heads = Vec::with_capacity(64 * 56);
         let mut parts = Vec::with_capacity(256);
@@ -510,7 +647,9 @@ impl Writer {
             for m in batch.drain(..) {
                 match m {
                     Out::Pdu(p) => self.encode(p.bhs, &p.ahs, p.data, &mut heads, &mut parts),
-                    Out::DataIn { task, data, status } => self.encode_data_in(task, data, status, &mut heads, &mut parts),
+                    Out::DataIn { task, data, status } => {
+                        self.encode_data_in(task, data, status, &mut heads, &mut parts)
+                    }
                     Out::R2ts { task, r2ts } => {
                         for r in r2ts {
                             let bhs = Bhs::R2t(R2t {
@@ -554,7 +693,14 @@ impl Writer {
         }
     }
 
-    fn encode(&mut self, mut bhs: Bhs, ahs: &[u8], data: Bytes, heads: &mut Vec<u8>, parts: &mut Vec<Part>) {
+    fn encode(
+        &mut self,
+        mut bhs: Bhs,
+        ahs: &[u8],
+        data: Bytes,
+        heads: &mut Vec<u8>,
+        parts: &mut Vec<Part>,
+    ) {
         self.stamp(&mut bhs);
         let start = heads.len();
         heads.extend_from_slice(&bhs.encode(ahs.len(), data.len() as u32));
@@ -572,7 +718,11 @@ impl Writer {
             return;
         }
         let pad = iscsi_wire::padded_len(data.len() as u32) - data.len();
-        let digest = self.cfg.digests.data.then(|| crc_of(&[&data, &ZEROS[..pad]]).to_le_bytes());
+        let digest = self
+            .cfg
+            .digests
+            .data
+            .then(|| crc_of(&[&data, &ZEROS[..pad]]).to_le_bytes());
         parts.push(Part::Data(data));
         if pad > 0 {
             parts.push(Part::Pad(pad));
@@ -582,8 +732,19 @@ impl Writer {
         }
     }
 
-    fn encode_data_in(&mut self, task: TaskRef, data: Bytes, status: Option<CollapsedStatus>, heads: &mut Vec<u8>, parts: &mut Vec<Part>) {
-        let segs = data_in_segments(data.len() as u32, self.cfg.max_send_data_segment_length, self.cfg.max_burst_length);
+    fn encode_data_in(
+        &mut self,
+        task: TaskRef,
+        data: Bytes,
+        status: Option<CollapsedStatus>,
+        heads: &mut Vec<u8>,
+        parts: &mut Vec<Part>,
+    ) {
+        let segs = data_in_segments(
+            data.len() as u32,
+            self.cfg.max_send_data_segment_length,
+            self.cfg.max_burst_length,
+        );
         for s in segs {
             let mut d = DataIn {
                 final_: s.final_,

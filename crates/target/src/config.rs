@@ -146,7 +146,9 @@ impl Config {
     /// Parse TOML text; `origin` names the file in messages.
     pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
         let config: Config = toml::from_str(text).map_err(|e| {
-            let line = e.span().map(|s| text[..s.start.min(text.len())].lines().count().max(1));
+            let line = e
+                .span()
+                .map(|s| text[..s.start.min(text.len())].lines().count().max(1));
             let msg = e.message().trim().to_string();
             match line {
                 Some(l) => ConfigError(format!("{origin}:{l}: {msg}")),
@@ -159,18 +161,31 @@ impl Config {
 
     fn validate(&self, text: &str, origin: &str) -> Result<(), ConfigError> {
         let line_of = |needle: &str| {
-            text.lines().position(|l| l.contains(needle)).map(|i| format!("{origin}:{}", i + 1)).unwrap_or_else(|| origin.to_string())
+            text.lines()
+                .position(|l| l.contains(needle))
+                .map(|i| format!("{origin}:{}", i + 1))
+                .unwrap_or_else(|| origin.to_string())
         };
         for p in &self.portals {
-            p.parse::<SocketAddr>()
-                .map_err(|_| ConfigError(format!("{}: portal {p:?} is not ADDR:PORT (e.g. \"127.0.0.1:3260\")", line_of(p))))?;
+            p.parse::<SocketAddr>().map_err(|_| {
+                ConfigError(format!(
+                    "{}: portal {p:?} is not ADDR:PORT (e.g. \"127.0.0.1:3260\")",
+                    line_of(p)
+                ))
+            })?;
         }
         if !(1..=65535).contains(&self.queue_depth) {
-            return Err(ConfigError(format!("{}: queue_depth must be 1..65535", line_of("queue_depth"))));
+            return Err(ConfigError(format!(
+                "{}: queue_depth must be 1..65535",
+                line_of("queue_depth")
+            )));
         }
         let mut seen = std::collections::HashSet::new();
         for t in &self.targets {
-            if !(t.name.starts_with("iqn.") || t.name.starts_with("eui.") || t.name.starts_with("naa.")) {
+            if !(t.name.starts_with("iqn.")
+                || t.name.starts_with("eui.")
+                || t.name.starts_with("naa."))
+            {
                 return Err(ConfigError(format!(
                     "{}: target name {:?} is not an iSCSI name: use iqn.YYYY-MM.reversed.domain:name",
                     line_of(&t.name),
@@ -178,34 +193,61 @@ impl Config {
                 )));
             }
             if !seen.insert(t.name.to_ascii_lowercase()) {
-                return Err(ConfigError(format!("{}: target {:?} is defined twice", line_of(&t.name), t.name)));
+                return Err(ConfigError(format!(
+                    "{}: target {:?} is defined twice",
+                    line_of(&t.name),
+                    t.name
+                )));
             }
             if t.mutual_chap.is_some() && t.chap.is_none() {
-                return Err(ConfigError(format!("{}: target {:?}: mutual_chap needs chap too", line_of(&t.name), t.name)));
+                return Err(ConfigError(format!(
+                    "{}: target {:?}: mutual_chap needs chap too",
+                    line_of(&t.name),
+                    t.name
+                )));
             }
             for (k, lun) in &t.lun {
                 let n: u16 = k.parse().ok().filter(|n| *n < 16384).ok_or_else(|| {
-                    ConfigError(format!("{}: LUN \"{k}\" of target {:?} must be a number 0..16383", line_of(&format!("lun.{k}")), t.name))
+                    ConfigError(format!(
+                        "{}: LUN \"{k}\" of target {:?} must be a number 0..16383",
+                        line_of(&format!("lun.{k}")),
+                        t.name
+                    ))
                 })?;
-                lun.validate().map_err(|e| ConfigError(format!("{}: target {:?} LUN {n}: {e}", line_of(&format!("lun.{k}")), t.name)))?;
+                lun.validate().map_err(|e| {
+                    ConfigError(format!(
+                        "{}: target {:?} LUN {n}: {e}",
+                        line_of(&format!("lun.{k}")),
+                        t.name
+                    ))
+                })?;
             }
         }
         if self.discovery.mutual_chap.is_some() && self.discovery.chap.is_none() {
-            return Err(ConfigError(format!("{}: discovery mutual_chap needs chap too", line_of("mutual_chap"))));
+            return Err(ConfigError(format!(
+                "{}: discovery mutual_chap needs chap too",
+                line_of("mutual_chap")
+            )));
         }
         Ok(())
     }
 
     /// LUN configs of a target as (number, config).
     pub fn luns(t: &TargetConfig) -> Vec<(u64, LunConfig)> {
-        t.lun.iter().map(|(k, v)| (k.parse::<u64>().expect("validated"), v.clone())).collect()
+        t.lun
+            .iter()
+            .map(|(k, v)| (k.parse::<u64>().expect("validated"), v.clone()))
+            .collect()
     }
 }
 
 fn auth(chap: &Option<Chap>, mutual: &Option<Chap>) -> AuthRequirement {
     match chap {
         None => AuthRequirement::None,
-        Some(c) => AuthRequirement::Chap { credentials: c.credentials(), mutual: mutual.as_ref().map(Chap::credentials) },
+        Some(c) => AuthRequirement::Chap {
+            credentials: c.credentials(),
+            mutual: mutual.as_ref().map(Chap::credentials),
+        },
     }
 }
 
@@ -217,7 +259,10 @@ pub struct Directory {
 
 impl Directory {
     fn find(&self, name: &str) -> Option<&TargetConfig> {
-        self.config.targets.iter().find(|t| t.name.eq_ignore_ascii_case(name))
+        self.config
+            .targets
+            .iter()
+            .find(|t| t.name.eq_ignore_ascii_case(name))
     }
 }
 
@@ -226,13 +271,23 @@ impl TargetDirectory for Directory {
         self.find(target).is_some()
     }
     fn initiator_allowed(&self, target: &str, initiator: &str) -> bool {
-        self.find(target).is_some_and(|t| t.initiators.is_empty() || t.initiators.iter().any(|i| i.eq_ignore_ascii_case(initiator)))
+        self.find(target).is_some_and(|t| {
+            t.initiators.is_empty()
+                || t.initiators
+                    .iter()
+                    .any(|i| i.eq_ignore_ascii_case(initiator))
+        })
     }
     fn target_auth(&self, target: &str) -> AuthRequirement {
-        self.find(target).map(|t| auth(&t.chap, &t.mutual_chap)).unwrap_or_default()
+        self.find(target)
+            .map(|t| auth(&t.chap, &t.mutual_chap))
+            .unwrap_or_default()
     }
     fn discovery_auth(&self) -> AuthRequirement {
-        auth(&self.config.discovery.chap, &self.config.discovery.mutual_chap)
+        auth(
+            &self.config.discovery.chap,
+            &self.config.discovery.mutual_chap,
+        )
     }
     fn target_alias(&self, target: &str) -> Option<String> {
         self.find(target).and_then(|t| t.alias.clone())
@@ -277,19 +332,37 @@ read_only = true
         let c = Config::parse(text, "t.toml").unwrap();
         assert_eq!(c.portals.len(), 2);
         assert_eq!(c.targets[0].header_digest, DigestSetting::Required);
-        assert_eq!(Config::luns(&c.targets[0]).iter().map(|l| l.0).collect::<Vec<_>>(), vec![0, 3]);
+        assert_eq!(
+            Config::luns(&c.targets[0])
+                .iter()
+                .map(|l| l.0)
+                .collect::<Vec<_>>(),
+            vec![0, 3]
+        );
     }
 
     #[test]
     fn errors_name_file_line_and_fix() {
-        let e = Config::parse("portals = [\"127.0.0.1:3260\"]\nqueue_depht = 3\n", "x.toml").unwrap_err().0;
+        let e = Config::parse(
+            "portals = [\"127.0.0.1:3260\"]\nqueue_depht = 3\n",
+            "x.toml",
+        )
+        .unwrap_err()
+        .0;
         assert!(e.starts_with("x.toml:2:"), "{e}");
         assert!(e.contains("queue_depht"), "{e}");
-        let e = Config::parse("portals = [\"localhost\"]\n", "x.toml").unwrap_err().0;
+        let e = Config::parse("portals = [\"localhost\"]\n", "x.toml")
+            .unwrap_err()
+            .0;
         assert!(e.starts_with("x.toml:1:") && e.contains("ADDR:PORT"), "{e}");
-        let e = Config::parse("[[target]]\nname = \"target1\"\n", "x.toml").unwrap_err().0;
+        let e = Config::parse("[[target]]\nname = \"target1\"\n", "x.toml")
+            .unwrap_err()
+            .0;
         assert!(e.starts_with("x.toml:2:") && e.contains("iqn."), "{e}");
         let e = Config::parse("[[target]]\nname = \"iqn.2026-11.x:y\"\n[target.lun.zero]\nbackend = \"memory\"\nsize = \"1MiB\"\n", "x.toml").unwrap_err().0;
-        assert!(e.contains("x.toml:3:") && e.contains("must be a number"), "{e}");
+        assert!(
+            e.contains("x.toml:3:") && e.contains("must be a number"),
+            "{e}"
+        );
     }
 }

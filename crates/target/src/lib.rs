@@ -58,16 +58,24 @@ impl Target {
         }
         let mut devices = HashMap::new();
         for t in &config.targets {
-            let device = scsi::Device::new(&t.name, Config::luns(t)).map_err(|e| format!("target {}: {e}", t.name))?;
+            let device = scsi::Device::new(&t.name, Config::luns(t))
+                .map_err(|e| format!("target {}: {e}", t.name))?;
             devices.insert(t.name.to_ascii_lowercase(), Arc::new(device));
         }
         let mut listeners = Vec::new();
         let mut portals = Vec::new();
         for p in &config.portals {
-            let addr: SocketAddr = p.parse().map_err(|_| format!("portal {p:?} is not ADDR:PORT"))?;
-            let l = TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+            let addr: SocketAddr = p
+                .parse()
+                .map_err(|_| format!("portal {p:?} is not ADDR:PORT"))?;
+            let l = TcpListener::bind(addr)
+                .await
+                .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
             let bound = l.local_addr().map_err(|e| e.to_string())?;
-            portals.push(Portal { address: bound, tpgt: 1 });
+            portals.push(Portal {
+                address: bound,
+                tpgt: 1,
+            });
             listeners.push(l);
         }
         let (shutdown, _) = watch::channel(false);
@@ -89,15 +97,29 @@ impl Target {
     /// Tell every session the target is going away (Async Message: logout requested),
     /// give initiators a moment to log out, then close what is left.
     pub async fn shutdown(&self, grace: Duration) {
-        let sessions: Vec<_> = self.sessions.lock().expect("sessions").values().cloned().collect();
+        let sessions: Vec<_> = self
+            .sessions
+            .lock()
+            .expect("sessions")
+            .values()
+            .cloned()
+            .collect();
         for s in &sessions {
             for c in s.connections() {
-                let msg = AsyncMessage { event: 1, param3: grace.as_secs().max(1) as u16, ..Default::default() };
-                let _ = c.dm.send_control(Pdu::new(Bhs::AsyncMessage(msg), Bytes::new())).await;
+                let msg = AsyncMessage {
+                    event: 1,
+                    param3: grace.as_secs().max(1) as u16,
+                    ..Default::default()
+                };
+                let _ =
+                    c.dm.send_control(Pdu::new(Bhs::AsyncMessage(msg), Bytes::new()))
+                        .await;
             }
         }
         let deadline = tokio::time::Instant::now() + grace;
-        while tokio::time::Instant::now() < deadline && !self.sessions.lock().expect("sessions").is_empty() {
+        while tokio::time::Instant::now() < deadline
+            && !self.sessions.lock().expect("sessions").is_empty()
+        {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let _ = self.shutdown.send(true);
@@ -112,7 +134,10 @@ impl Target {
     }
 
     fn base_limits(&self) -> TargetLimits {
-        let mut l = TargetLimits { max_outstanding_r2t: 8, ..TargetLimits::default() };
+        let mut l = TargetLimits {
+            max_outstanding_r2t: 8,
+            ..TargetLimits::default()
+        };
         if let Some(m) = self.config().max_recv_data_segment_length {
             l.max_recv_data_segment_length = m.clamp(512, (1 << 24) - 1);
         }
@@ -121,7 +146,12 @@ impl Target {
 
     fn limits_for(&self, target_name: Option<&str>) -> TargetLimits {
         let mut l = self.base_limits();
-        if let Some(t) = target_name.and_then(|n| self.config().targets.iter().find(|t| t.name.eq_ignore_ascii_case(n))) {
+        if let Some(t) = target_name.and_then(|n| {
+            self.config()
+                .targets
+                .iter()
+                .find(|t| t.name.eq_ignore_ascii_case(n))
+        }) {
             l.header_digest = t.header_digest.into();
             l.data_digest = t.data_digest.into();
         }
@@ -132,7 +162,10 @@ impl Target {
 impl Bound {
     /// The addresses actually bound (useful with port 0).
     pub fn local_addrs(&self) -> Vec<SocketAddr> {
-        self.listeners.iter().filter_map(|l| l.local_addr().ok()).collect()
+        self.listeners
+            .iter()
+            .filter_map(|l| l.local_addr().ok())
+            .collect()
     }
 
     pub fn target(&self) -> Arc<Target> {
@@ -170,7 +203,10 @@ impl Bound {
     }
 }
 
-fn to_login_request(bhs: &iscsi_wire::LoginRequest, data: &Bytes) -> iscsi_login::pdu::LoginRequest {
+fn to_login_request(
+    bhs: &iscsi_wire::LoginRequest,
+    data: &Bytes,
+) -> iscsi_login::pdu::LoginRequest {
     iscsi_login::pdu::LoginRequest {
         transit: bhs.transit,
         cont: bhs.cont,
@@ -204,7 +240,12 @@ fn stage_out(s: LStage) -> Stage {
     }
 }
 
-fn login_response_pdu(r: &iscsi_login::pdu::LoginResponse, stat_sn: u32, exp_cmd_sn: u32, max_cmd_sn: u32) -> Pdu {
+fn login_response_pdu(
+    r: &iscsi_login::pdu::LoginResponse,
+    stat_sn: u32,
+    exp_cmd_sn: u32,
+    max_cmd_sn: u32,
+) -> Pdu {
     let bhs = Bhs::LoginResponse(LoginResponse {
         transit: r.transit,
         cont: r.cont,
@@ -258,7 +299,10 @@ async fn handle_connection(target: Arc<Target>, stream: TcpStream, portal: Porta
     };
     let peer = conn.peer();
     match login(&target, conn, portal).await {
-        Ok(Some(logged_in)) => session::run_full_feature(target, logged_in.session, logged_in.conn, logged_in.notices).await,
+        Ok(Some(logged_in)) => {
+            session::run_full_feature(target, logged_in.session, logged_in.conn, logged_in.notices)
+                .await
+        }
         Ok(None) => {}
         Err(e) => tracing::warn!(%peer, "login failed: {e}"),
     }
@@ -267,25 +311,42 @@ async fn handle_connection(target: Arc<Target>, stream: TcpStream, portal: Porta
 async fn recv(c: &mut TcpConnection) -> Result<datamover::InPdu, String> {
     match tokio::time::timeout(LOGIN_TIMEOUT, c.recv_pdu(LOGIN_MAX_DATA)).await {
         Err(_) => Err("timed out waiting for a Login Request".to_string()),
-        Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err("peer closed during login".to_string()),
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            Err("peer closed during login".to_string())
+        }
         Ok(Err(e)) => Err(format!("bad PDU during login: {e}")),
         Ok(Ok(p)) => Ok(p),
     }
 }
 
-async fn login(target: &Arc<Target>, mut conn: TcpConnection, portal: Portal) -> Result<Option<LoggedIn>, String> {
+async fn login(
+    target: &Arc<Target>,
+    mut conn: TcpConnection,
+    portal: Portal,
+) -> Result<Option<LoggedIn>, String> {
     let peer = conn.peer();
     let mut pdu = recv(&mut conn).await?;
     let Bhs::LoginRequest(first) = &pdu.pdu.bhs else {
-        return Err(format!("first PDU is a {}, not a Login Request", pdu.pdu.bhs.opcode().name()));
+        return Err(format!(
+            "first PDU is a {}, not a Login Request",
+            pdu.pdu.bhs.opcode().name()
+        ));
     };
     let depth = target.config().queue_depth;
     let existing = if first.tsih != 0 {
-        let s = target.sessions.lock().expect("sessions").get(&first.tsih).cloned();
+        let s = target
+            .sessions
+            .lock()
+            .expect("sessions")
+            .get(&first.tsih)
+            .cloned();
         if s.is_none() {
             let req = to_login_request(first, &pdu.pdu.data);
-            let rsp = iscsi_login::pdu::LoginResponse::failure(&req, LoginStatus::SESSION_DOES_NOT_EXIST);
-            let _ = conn.send_pdu(&login_response_pdu(&rsp, 0, first.cmd_sn, first.cmd_sn)).await;
+            let rsp =
+                iscsi_login::pdu::LoginResponse::failure(&req, LoginStatus::SESSION_DOES_NOT_EXIST);
+            let _ = conn
+                .send_pdu(&login_response_pdu(&rsp, 0, first.cmd_sn, first.cmd_sn))
+                .await;
             return Err(format!("TSIH {} names no session", first.tsih));
         }
         s
@@ -335,11 +396,15 @@ async fn login(target: &Arc<Target>, mut conn: TcpConnection, portal: Portal) ->
         let mut rsp = step.response;
         match step.state {
             LoginState::Continue => {
-                conn.send_pdu(&login_response_pdu(&rsp, stat_sn, exp, max)).await.map_err(|e| e.to_string())?;
+                conn.send_pdu(&login_response_pdu(&rsp, stat_sn, exp, max))
+                    .await
+                    .map_err(|e| e.to_string())?;
             }
             LoginState::Failed => {
                 let status = rsp.status();
-                let _ = conn.send_pdu(&login_response_pdu(&rsp, stat_sn, exp, max)).await;
+                let _ = conn
+                    .send_pdu(&login_response_pdu(&rsp, stat_sn, exp, max))
+                    .await;
                 tracing::warn!(%peer, "login rejected: {} (0x{:04x})", status.meaning(), status.code());
                 return Ok(None);
             }
@@ -352,18 +417,28 @@ async fn login(target: &Arc<Target>, mut conn: TcpConnection, portal: Portal) ->
                 } else {
                     let s = existing.clone().expect("non-leading login has a session");
                     if s.connection_count_without(cid) >= s.params.max_connections as usize {
-                        let fail = iscsi_login::pdu::LoginResponse::failure(&req, LoginStatus::TOO_MANY_CONNECTIONS);
-                        let _ = conn.send_pdu(&login_response_pdu(&fail, stat_sn, exp, max)).await;
+                        let fail = iscsi_login::pdu::LoginResponse::failure(
+                            &req,
+                            LoginStatus::TOO_MANY_CONNECTIONS,
+                        );
+                        let _ = conn
+                            .send_pdu(&login_response_pdu(&fail, stat_sn, exp, max))
+                            .await;
                         return Err("too many connections in session".into());
                     }
                     (s, exp, max)
                 };
                 rsp.tsih = session.tsih;
-                conn.send_pdu(&login_response_pdu(&rsp, stat_sn, exp, max)).await.map_err(|e| e.to_string())?;
+                conn.send_pdu(&login_response_pdu(&rsp, stat_sn, exp, max))
+                    .await
+                    .map_err(|e| e.to_string())?;
                 let cp = outcome.connection;
                 let sp = &session.params;
                 let ffp = FfpConfig {
-                    digests: Digests { header: cp.header_digest, data: cp.data_digest },
+                    digests: Digests {
+                        header: cp.header_digest,
+                        data: cp.data_digest,
+                    },
                     max_recv_data_segment_length: cp.max_recv_data_segment_length,
                     max_send_data_segment_length: cp.max_send_data_segment_length,
                     max_burst_length: sp.max_burst_length,
@@ -393,7 +468,11 @@ async fn login(target: &Arc<Target>, mut conn: TcpConnection, portal: Portal) ->
                     outcome.target_name.as_deref().unwrap_or("-"),
                     outcome.initiator_name
                 );
-                return Ok(Some(LoggedIn { session, conn: c, notices }));
+                return Ok(Some(LoggedIn {
+                    session,
+                    conn: c,
+                    notices,
+                }));
             }
         }
         stat_sn = stat_sn.wrapping_add(1);
@@ -401,7 +480,12 @@ async fn login(target: &Arc<Target>, mut conn: TcpConnection, portal: Portal) ->
     }
 }
 
-fn create_session(target: &Arc<Target>, outcome: &iscsi_login::target::LoginOutcome, cmd_sn: u32, depth: u32) -> Arc<Session> {
+fn create_session(
+    target: &Arc<Target>,
+    outcome: &iscsi_login::target::LoginOutcome,
+    cmd_sn: u32,
+    depth: u32,
+) -> Arc<Session> {
     let identity = outcome.identity();
     // Session reinstatement: same initiator name, ISID and target closes the old session.
     let old: Vec<Arc<Session>> = target
@@ -413,11 +497,17 @@ fn create_session(target: &Arc<Target>, outcome: &iscsi_login::target::LoginOutc
         .cloned()
         .collect();
     for s in old {
-        tracing::info!(tsih = s.tsih, "session reinstatement: closing the old session");
+        tracing::info!(
+            tsih = s.tsih,
+            "session reinstatement: closing the old session"
+        );
         target.remove_session(&s);
         s.close_all();
     }
-    let device = outcome.target_name.as_ref().and_then(|n| target.devices.get(&n.to_ascii_lowercase()).cloned());
+    let device = outcome
+        .target_name
+        .as_ref()
+        .and_then(|n| target.devices.get(&n.to_ascii_lowercase()).cloned());
     let nexus = scsi::NexusId(target.next_nexus.fetch_add(1, Ordering::Relaxed));
     let isid_hex: String = outcome.isid.iter().map(|b| format!("{b:02x}")).collect();
     let port = format!("{},i,0x{isid_hex}", outcome.initiator_name);

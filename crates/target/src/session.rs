@@ -3,14 +3,16 @@
 
 use crate::Target;
 use bytes::{BufMut, Bytes, BytesMut};
-use datamover::{CmdSnState, CollapsedStatus, Datamover, DmError, InPdu, Notice, TaskRef, WriteHandle};
+use datamover::{
+    CmdSnState, CollapsedStatus, Datamover, DmError, InPdu, Notice, TaskRef, WriteHandle,
+};
 use iscsi_login::params::{SessionParams, SessionType, TransportKind};
 use iscsi_login::target::SessionIdentity;
 use iscsi_login::textneg::{TextContext, TextResponder};
 use iscsi_session::{Admission, CmdWindow};
 use iscsi_wire::{
-    reject, tmf, Bhs, LogoutResponse, NopIn, Pdu, Reject, ScsiCommand, ScsiResponse, TaskMgmtResponse, TextResponse,
-    RESERVED_TAG,
+    reject, tmf, Bhs, LogoutResponse, NopIn, Pdu, Reject, ScsiCommand, ScsiResponse,
+    TaskMgmtResponse, TextResponse, RESERVED_TAG,
 };
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -21,8 +23,16 @@ use tokio::sync::{mpsc, Notify};
 
 /// Work that waits for its turn in CmdSN order.
 pub(crate) enum Work {
-    Command { conn: Arc<Conn>, cmd: ScsiCommand, ahs: Bytes, write: Option<WriteHandle> },
-    Control { conn: Arc<Conn>, pdu: InPdu },
+    Command {
+        conn: Arc<Conn>,
+        cmd: ScsiCommand,
+        ahs: Bytes,
+        write: Option<WriteHandle>,
+    },
+    Control {
+        conn: Arc<Conn>,
+        pdu: InPdu,
+    },
 }
 
 pub(crate) struct TaskEntry {
@@ -94,17 +104,35 @@ impl Conn {
 
     async fn reject(&self, reason: u8, raw: [u8; 48], why: &str) {
         tracing::warn!(peer = %self.peer, "Reject (reason 0x{reason:02x}): {why}");
-        self.send(Bhs::Reject(Reject { reason, data_sn: 0, ..Default::default() }), Bytes::copy_from_slice(&raw)).await;
+        self.send(
+            Bhs::Reject(Reject {
+                reason,
+                data_sn: 0,
+                ..Default::default()
+            }),
+            Bytes::copy_from_slice(&raw),
+        )
+        .await;
     }
 }
 
 impl Session {
     pub fn connections(&self) -> Vec<Arc<Conn>> {
-        self.conns.lock().expect("conns").values().cloned().collect()
+        self.conns
+            .lock()
+            .expect("conns")
+            .values()
+            .cloned()
+            .collect()
     }
 
     pub fn connection_count_without(&self, cid: u16) -> usize {
-        self.conns.lock().expect("conns").keys().filter(|c| **c != cid).count()
+        self.conns
+            .lock()
+            .expect("conns")
+            .keys()
+            .filter(|c| **c != cid)
+            .count()
     }
 
     /// Add a connection; returns the one it replaces (connection reinstatement).
@@ -135,7 +163,12 @@ impl Session {
             match w.admit(cmd_sn, work) {
                 Admission::Queued => {}
                 Admission::OutOfWindow | Admission::Duplicate => {
-                    tracing::debug!(tsih = self.tsih, cmd_sn, exp = w.exp_cmd_sn(), "ignoring PDU with CmdSN outside the window");
+                    tracing::debug!(
+                        tsih = self.tsih,
+                        cmd_sn,
+                        exp = w.exp_cmd_sn(),
+                        "ignoring PDU with CmdSN outside the window"
+                    );
                     return;
                 }
             }
@@ -153,9 +186,20 @@ impl Session {
 
     async fn dispatch(self: &Arc<Self>, target: &Arc<Target>, work: Work, counted: bool) {
         match work {
-            Work::Command { conn, cmd, ahs, write } => {
+            Work::Command {
+                conn,
+                cmd,
+                ahs,
+                write,
+            } => {
                 conn.inflight.fetch_add(1, Ordering::AcqRel);
-                self.tasks.lock().expect("tasks").insert(cmd.itt, TaskEntry { cid: conn.cid, lun: cmd.lun });
+                self.tasks.lock().expect("tasks").insert(
+                    cmd.itt,
+                    TaskEntry {
+                        cid: conn.cid,
+                        lun: cmd.lun,
+                    },
+                );
                 let s = self.clone();
                 tokio::spawn(async move { s.run_command(conn, cmd, ahs, write, counted).await });
             }
@@ -168,8 +212,18 @@ impl Session {
         }
     }
 
-    async fn run_command(self: Arc<Self>, conn: Arc<Conn>, cmd: ScsiCommand, ahs: Bytes, write: Option<WriteHandle>, counted: bool) {
-        let task = TaskRef { itt: cmd.itt, lun: cmd.lun };
+    async fn run_command(
+        self: Arc<Self>,
+        conn: Arc<Conn>,
+        cmd: ScsiCommand,
+        ahs: Bytes,
+        write: Option<WriteHandle>,
+        counted: bool,
+    ) {
+        let task = TaskRef {
+            itt: cmd.itt,
+            lun: cmd.lun,
+        };
         let finish = |s: &Session| {
             s.tasks.lock().expect("tasks").remove(&cmd.itt);
             if counted {
@@ -180,6 +234,28 @@ impl Session {
         let (data_out, r2ts) = match write {
             Some(w) => match conn.dm.get_data(task, w).await {
                 Ok(x) => x,
+                Err(DmError::DataPhase(_)) => {
+                    // ABORTED COMMAND / DATA PHASE ERROR (4B/00), fixed-format sense.
+                    let mut sense = [0u8; 18];
+                    sense[0] = 0x70;
+                    sense[2] = 0x0b;
+                    sense[7] = 10;
+                    sense[12] = 0x4b;
+                    let rsp = scsi::Response {
+                        status: scsi::status::CHECK_CONDITION,
+                        sense: Some(Bytes::copy_from_slice(&sense)),
+                        data_in: Bytes::new(),
+                        residual: scsi::Residual::None,
+                        aborted: false,
+                    };
+                    self.tasks.lock().expect("tasks").remove(&cmd.itt);
+                    if counted {
+                        self.complete_one();
+                    }
+                    send_scsi_response(&conn, task, rsp, 0).await;
+                    conn.task_done();
+                    return;
+                }
                 Err(DmError::Aborted) | Err(DmError::Closed) => {
                     finish(&self);
                     return;
@@ -234,7 +310,12 @@ impl Session {
                 }
                 let mut data = pdu.pdu.data.clone();
                 data.truncate(conn.max_send as usize);
-                let nop = NopIn { lun: n.lun, itt: n.itt, ttt: RESERVED_TAG, ..Default::default() };
+                let nop = NopIn {
+                    lun: n.lun,
+                    itt: n.itt,
+                    ttt: RESERVED_TAG,
+                    ..Default::default()
+                };
                 conn.send(Bhs::NopIn(nop), data).await;
             }
             Bhs::TextRequest(t) => self.text(target, conn, t.clone(), &pdu).await,
@@ -270,18 +351,38 @@ impl Session {
             }
             Bhs::TaskMgmtRequest(t) => {
                 let response = self.task_management(target, t).await;
-                let rsp = TaskMgmtResponse { response, itt: t.itt, ..Default::default() };
+                let rsp = TaskMgmtResponse {
+                    response,
+                    itt: t.itt,
+                    ..Default::default()
+                };
                 conn.send(Bhs::TaskMgmtResponse(rsp), Bytes::new()).await;
                 if t.function == tmf::TARGET_COLD_RESET && response == tmf::RSP_COMPLETE {
                     for s in target.sessions.lock().expect("sessions").values() {
-                        if s.device.as_ref().map(|d| d.target_name()) == self.device.as_ref().map(|d| d.target_name()) {
+                        if s.device.as_ref().map(|d| d.target_name())
+                            == self.device.as_ref().map(|d| d.target_name())
+                        {
                             s.close_all();
                         }
                     }
                 }
             }
-            Bhs::SnackRequest(_) => conn.reject(reject::SNACK_REJECT, pdu.raw_bhs, "SNACK needs ErrorRecoveryLevel > 0").await,
-            Bhs::ScsiCommand(_) => conn.reject(reject::PROTOCOL_ERROR, pdu.raw_bhs, "SCSI command in a discovery session").await,
+            Bhs::SnackRequest(_) => {
+                conn.reject(
+                    reject::SNACK_REJECT,
+                    pdu.raw_bhs,
+                    "SNACK needs ErrorRecoveryLevel > 0",
+                )
+                .await
+            }
+            Bhs::ScsiCommand(_) => {
+                conn.reject(
+                    reject::PROTOCOL_ERROR,
+                    pdu.raw_bhs,
+                    "SCSI command in a discovery session",
+                )
+                .await
+            }
             other => {
                 let why = format!("unexpected {} in full feature phase", other.opcode().name());
                 conn.reject(reject::PROTOCOL_ERROR, pdu.raw_bhs, &why).await
@@ -289,7 +390,13 @@ impl Session {
         }
     }
 
-    async fn text(self: &Arc<Self>, target: &Arc<Target>, conn: &Arc<Conn>, t: iscsi_wire::TextRequest, pdu: &InPdu) {
+    async fn text(
+        self: &Arc<Self>,
+        target: &Arc<Target>,
+        conn: &Arc<Conn>,
+        t: iscsi_wire::TextRequest,
+        pdu: &InPdu,
+    ) {
         let piece = if t.ttt != RESERVED_TAG {
             let mut state = conn.text.lock().expect("text");
             match state.as_mut() {
@@ -300,12 +407,20 @@ impl Session {
             let pairs = match iscsi_login::text::parse(&pdu.pdu.data) {
                 Ok(p) => p,
                 Err(e) => {
-                    conn.reject(reject::PROTOCOL_ERROR, pdu.raw_bhs, &format!("bad text data: {e}")).await;
+                    conn.reject(
+                        reject::PROTOCOL_ERROR,
+                        pdu.raw_bhs,
+                        &format!("bad text data: {e}"),
+                    )
+                    .await;
                     return;
                 }
             };
             let mut sp = self.params.clone();
-            let mut cp = iscsi_login::params::ConnectionParams { max_send_data_segment_length: conn.max_send, ..Default::default() };
+            let mut cp = iscsi_login::params::ConnectionParams {
+                max_send_data_segment_length: conn.max_send,
+                ..Default::default()
+            };
             let ctx = TextContext {
                 directory: target.directory.as_ref(),
                 transport: TransportKind::Tcp,
@@ -319,11 +434,24 @@ impl Session {
             Some(first)
         };
         let Some(piece) = piece else {
-            conn.reject(reject::PROTOCOL_ERROR, pdu.raw_bhs, "Text Request continues no exchange").await;
+            conn.reject(
+                reject::PROTOCOL_ERROR,
+                pdu.raw_bhs,
+                "Text Request continues no exchange",
+            )
+            .await;
             return;
         };
-        let rsp = TextResponse { final_: piece.final_, cont: piece.cont, lun: t.lun, itt: t.itt, ttt: piece.ttt, ..Default::default() };
-        conn.send(Bhs::TextResponse(rsp), Bytes::from(piece.data)).await;
+        let rsp = TextResponse {
+            final_: piece.final_,
+            cont: piece.cont,
+            lun: t.lun,
+            itt: t.itt,
+            ttt: piece.ttt,
+            ..Default::default()
+        };
+        conn.send(Bhs::TextResponse(rsp), Bytes::from(piece.data))
+            .await;
     }
 
     /// Abort this session's tasks matching `pred` that wait for write data.
@@ -338,7 +466,11 @@ impl Session {
         }
     }
 
-    async fn task_management(self: &Arc<Self>, target: &Arc<Target>, t: &iscsi_wire::TaskMgmtRequest) -> u8 {
+    async fn task_management(
+        self: &Arc<Self>,
+        target: &Arc<Target>,
+        t: &iscsi_wire::TaskMgmtRequest,
+    ) -> u8 {
         let Some(device) = self.device.clone() else {
             return tmf::RSP_NOT_SUPPORTED;
         };
@@ -346,7 +478,11 @@ impl Session {
         let lun_exists = device.luns().contains(&lun);
         match t.function {
             tmf::ABORT_TASK => {
-                let known = self.tasks.lock().expect("tasks").contains_key(&t.ref_task_tag);
+                let known = self
+                    .tasks
+                    .lock()
+                    .expect("tasks")
+                    .contains_key(&t.ref_task_tag);
                 if known {
                     self.abort_waiting(|itt, _| itt == t.ref_task_tag);
                     device.abort_task(self.nexus, t.ref_task_tag as u64).await;
@@ -358,7 +494,9 @@ impl Session {
                     tmf::RSP_NO_TASK
                 }
             }
-            tmf::ABORT_TASK_SET | tmf::CLEAR_TASK_SET | tmf::LOGICAL_UNIT_RESET if !lun_exists => tmf::RSP_NO_LUN,
+            tmf::ABORT_TASK_SET | tmf::CLEAR_TASK_SET | tmf::LOGICAL_UNIT_RESET if !lun_exists => {
+                tmf::RSP_NO_LUN
+            }
             tmf::ABORT_TASK_SET => {
                 self.abort_waiting(|_, e| iscsi_wire::lun_from_wire(e.lun) as u64 == lun);
                 device.abort_task_set(self.nexus, lun).await;
@@ -380,7 +518,11 @@ impl Session {
                 for s in target.sessions.lock().expect("sessions").values() {
                     s.abort_waiting(|_, _| true);
                 }
-                let kind = if t.function == tmf::TARGET_COLD_RESET { scsi::ResetKind::Cold } else { scsi::ResetKind::Warm };
+                let kind = if t.function == tmf::TARGET_COLD_RESET {
+                    scsi::ResetKind::Cold
+                } else {
+                    scsi::ResetKind::Warm
+                };
                 device.target_reset(kind).await;
                 tmf::RSP_COMPLETE
             }
@@ -396,9 +538,15 @@ async fn send_scsi_response(conn: &Conn, task: TaskRef, rsp: scsi::Response, r2t
         scsi::Residual::Underflow(n) => (false, true, n),
         scsi::Residual::Overflow(n) => (true, false, n),
     };
-    let collapsible = rsp.sense.is_none() && (rsp.status == scsi::status::GOOD || rsp.status == scsi::status::CONDITION_MET);
+    let collapsible = rsp.sense.is_none()
+        && (rsp.status == scsi::status::GOOD || rsp.status == scsi::status::CONDITION_MET);
     if !rsp.data_in.is_empty() && collapsible {
-        let st = CollapsedStatus { status: rsp.status, overflow, underflow, residual };
+        let st = CollapsedStatus {
+            status: rsp.status,
+            overflow,
+            underflow,
+            residual,
+        };
         let _ = conn.dm.put_data(task, rsp.data_in, Some(st)).await;
         return;
     }
@@ -429,7 +577,12 @@ async fn send_scsi_response(conn: &Conn, task: TaskRef, rsp: scsi::Response, r2t
 }
 
 /// Drive one connection in full feature phase until it closes.
-pub(crate) async fn run_full_feature(target: Arc<Target>, session: Arc<Session>, conn: Arc<Conn>, mut notices: mpsc::Receiver<Notice>) {
+pub(crate) async fn run_full_feature(
+    target: Arc<Target>,
+    session: Arc<Session>,
+    conn: Arc<Conn>,
+    mut notices: mpsc::Receiver<Notice>,
+) {
     let cfg = target.config();
     let ping_every = Duration::from_secs(cfg.nop_interval_secs);
     let ping_timeout = Duration::from_secs(cfg.nop_timeout_secs.max(1));
@@ -469,12 +622,24 @@ pub(crate) async fn run_full_feature(target: Arc<Target>, session: Arc<Session>,
             None => break "connection closed".to_string(),
             Some(Notice::Closed(why)) => break why,
             Some(Notice::Command { pdu, write }) => {
-                let Bhs::ScsiCommand(cmd) = pdu.pdu.bhs else { unreachable!("datamover sends commands as Command") };
+                let Bhs::ScsiCommand(cmd) = pdu.pdu.bhs else {
+                    unreachable!("datamover sends commands as Command")
+                };
                 if session.params.session_type == SessionType::Discovery {
-                    conn.reject(reject::PROTOCOL_ERROR, pdu.raw_bhs, "SCSI command in a discovery session").await;
+                    conn.reject(
+                        reject::PROTOCOL_ERROR,
+                        pdu.raw_bhs,
+                        "SCSI command in a discovery session",
+                    )
+                    .await;
                     continue;
                 }
-                let work = Work::Command { conn: conn.clone(), cmd: cmd.clone(), ahs: pdu.pdu.ahs.clone(), write };
+                let work = Work::Command {
+                    conn: conn.clone(),
+                    cmd: cmd.clone(),
+                    ahs: pdu.pdu.ahs.clone(),
+                    write,
+                };
                 if cmd.immediate {
                     session.dispatch(&target, work, false).await;
                 } else {
@@ -496,7 +661,10 @@ pub(crate) async fn run_full_feature(target: Arc<Target>, session: Arc<Session>,
                     _ => (true, 0),
                 };
                 let is_logout = matches!(pdu.pdu.bhs, Bhs::LogoutRequest(_));
-                let work = Work::Control { conn: conn.clone(), pdu };
+                let work = Work::Control {
+                    conn: conn.clone(),
+                    pdu,
+                };
                 if immediate {
                     session.dispatch(&target, work, false).await;
                 } else {
