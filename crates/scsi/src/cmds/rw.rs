@@ -15,7 +15,7 @@ pub(crate) const MAX_TRANSFER_BYTES: u64 = 16 << 20;
 pub(crate) const MAX_CAW_BLOCKS: u8 = 128;
 /// Largest WRITE SAME (blocks), UNMAP LBA count and UNMAP descriptor count.
 pub(crate) const MAX_WRITE_SAME_BLOCKS: u64 = 1 << 22;
-pub(crate) const MAX_UNMAP_BLOCKS: u32 = 1 << 22;
+pub(crate) const MAX_UNMAP_BLOCKS: u32 = 1 << 20;
 pub(crate) const MAX_UNMAP_DESCRIPTORS: u32 = 256;
 
 /// LBA, length and flags of a block command.
