@@ -274,7 +274,7 @@ fn system_entropy(buf: &mut [u8]) {
 fn transport_id(initiator_port: &str) -> Bytes {
     let mut name = initiator_port.as_bytes().to_vec();
     name.push(0);
-    while name.len() % 4 != 0 || name.len() < 20 {
+    while !name.len().is_multiple_of(4) || name.len() < 20 {
         name.push(0);
     }
     let mut id = vec![0x45, 0];

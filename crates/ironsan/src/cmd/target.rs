@@ -23,12 +23,16 @@ pub fn run(args: TargetArgs) -> anyhow::Result<()> {
     };
     if !args.portals.is_empty() {
         for p in &args.portals {
-            p.parse::<std::net::SocketAddr>()
-                .map_err(|_| anyhow::anyhow!("--portal {p:?} is not ADDR:PORT (e.g. 127.0.0.1:3260)"))?;
+            p.parse::<std::net::SocketAddr>().map_err(|_| {
+                anyhow::anyhow!("--portal {p:?} is not ADDR:PORT (e.g. 127.0.0.1:3260)")
+            })?;
         }
         config.portals = args.portals.clone();
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
     runtime.block_on(async move {
         let targets: Vec<String> = config.targets.iter().map(|t| t.name.clone()).collect();
         let bound = Target::bind(config).await.map_err(anyhow::Error::msg)?;
@@ -38,8 +42,16 @@ pub fn run(args: TargetArgs) -> anyhow::Result<()> {
             println!("ironsan: serving iSCSI on {a}");
         }
         if let (Some(a), Some(t)) = (addrs.first(), targets.first()) {
-            let host = if a.is_ipv6() { format!("[{}]", a.ip()) } else { a.ip().to_string() };
-            let hp = if a.port() == 3260 { host.clone() } else { format!("{host}:{}", a.port()) };
+            let host = if a.is_ipv6() {
+                format!("[{}]", a.ip())
+            } else {
+                a.ip().to_string()
+            };
+            let hp = if a.port() == 3260 {
+                host.clone()
+            } else {
+                format!("{host}:{}", a.port())
+            };
             println!("ironsan: targets: {}", targets.join(", "));
             println!("ironsan: try:");
             println!("    iscsi-ls -s iscsi://{hp}/");
@@ -66,6 +78,10 @@ async fn shutdown_signal() {
 }
 
 fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("IRONSAN_LOG").unwrap_or_else(|_| "info".into());
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("IRONSAN_LOG")
+        .unwrap_or_else(|_| "info".into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }
