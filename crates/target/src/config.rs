@@ -146,10 +146,19 @@ impl Config {
     /// Parse TOML text; `origin` names the file in messages.
     pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
         let config: Config = toml::from_str(text).map_err(|e| {
-            let line = e
-                .span()
-                .map(|s| text[..s.start.min(text.len())].lines().count().max(1));
             let msg = e.message().trim().to_string();
+            // serde reports an unknown field with the whole table as its span: find the key.
+            let unknown = msg
+                .strip_prefix("unknown field `")
+                .and_then(|r| r.split('`').next());
+            let line = match unknown
+                .and_then(|k| text.lines().position(|l| l.trim_start().starts_with(k)))
+            {
+                Some(i) => Some(i + 1),
+                None => e
+                    .span()
+                    .map(|s| text[..s.start.min(text.len())].lines().count().max(1)),
+            };
             match line {
                 Some(l) => ConfigError(format!("{origin}:{l}: {msg}")),
                 None => ConfigError(format!("{origin}: {msg}")),
