@@ -278,7 +278,7 @@ fn deliver(c: &mut ConnState, dir: Dir, chunks: Vec<Chunk>) {
                 c.conn.transport = "iser";
                 Decoder::Iser(Box::new(IserDecoder::new(dir)))
             } else {
-                Decoder::Iscsi(PduFramer::new(h.saw_syn || chunk.offset == 0 && h.saw_syn))
+                Decoder::Iscsi(PduFramer::new(h.saw_syn))
             });
         }
         let framed: Vec<FramedPdu> = match h.decoder.as_mut().expect("set above") {
