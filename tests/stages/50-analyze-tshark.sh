@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# ironsan analyze against tshark on captures of a foreign initiator (libiscsi's iscsi-perf
+# and iscsi-test-cu) talking to a foreign target (tgtd), all inside a private network
+# namespace: per-opcode PDU counts must equal what `tshark -Y iscsi` reports on the same file,
+# TCP retransmissions found must equal tshark's, and the timeline SVG must have one lane per
+# connection and direction and one mark per PDU.
+# Counting rule: tshark prints the opcodes of every iSCSI PDU completed in a frame as a
+# comma-separated list (its TCP reassembly attributes a PDU split over segments to the frame
+# holding its last byte), so the opcode lists are split on commas before counting.
+set -euo pipefail
+: "${IRONSAN:?set IRONSAN to the ironsan binary}"
+for tool in tgtd tgtadm tcpdump tshark iscsi-perf iscsi-test-cu python3 ip; do
+  command -v "$tool" >/dev/null || { echo "missing $tool (scripts/install-deps.sh)"; exit 1; }
+done
+ns=ironsan-an50-$$
+ctl=$((2000 + $$ % 5000))
+work=$(mktemp -d)
+tgtd_pid=""
+cleanup() {
+  [[ -n "$tgtd_pid" ]] && kill "$tgtd_pid" 2>/dev/null && wait "$tgtd_pid" 2>/dev/null
+  ip netns del "$ns" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+ip netns add "$ns"
+ip -n "$ns" link set lo up
+truncate -s 64M "$work/lun.img"
+ip netns exec "$ns" tgtd -f -C "$ctl" --iscsi portal=127.0.0.1:3260 >"$work/tgtd.log" 2>&1 &
+tgtd_pid=$!
+iqn=iqn.2024-01.org.ironsan:analyze50
+for _ in $(seq 50); do
+  tgtadm -C "$ctl" --lld iscsi --op new --mode target --tid 1 -T "$iqn" 2>/dev/null && break
+  sleep 0.1
+done
+tgtadm -C "$ctl" --lld iscsi --op new --mode logicalunit --tid 1 --lun 1 -b "$work/lun.img"
+tgtadm -C "$ctl" --lld iscsi --op bind --mode target --tid 1 -I ALL
+url="iscsi://127.0.0.1:3260/$iqn/1"
+
+capture() { # name, command...
+  local name=$1; shift
+  ip netns exec "$ns" tcpdump -i lo -s 0 -B 65536 -w "$work/$name.pcap" tcp port 3260 \
+    >"$work/$name.tcpdump.log" 2>&1 &
+  local td=$!
+  for _ in $(seq 50); do grep -qs "listening on" "$work/$name.tcpdump.log" && break; sleep 0.1; done
+  ip netns exec "$ns" "$@" >"$work/$name.log" 2>&1 || true
+  sleep 0.3
+  kill -INT "$td"; wait "$td" || true
+  if ! grep -q "^0 packets dropped by kernel" "$work/$name.tcpdump.log"; then
+    echo "note: tcpdump dropped packets for $name (both decoders read the same file)"
+  fi
+}
+
+capture perf timeout -s INT 1 iscsi-perf -m 4 -b 16 "$url"
+capture cu timeout 120 iscsi-test-cu -d \
+  -t "ALL.Inquiry,ALL.Read10,ALL.Write10,ALL.iSCSIcmdsn,ALL.iSCSIdatasn,ALL.iSCSIResiduals,ALL.iSCSITMF,ALL.TestUnitReady,ALL.ModeSense6" \
+  "$url"
+
+fail=0
+for name in perf cu; do
+  f="$work/$name.pcap"
+  tshark -r "$f" -d tcp.port==3260,iscsi -Y iscsi -T fields -e iscsi.opcode 2>/dev/null \
+    | tr ',' '\n' | grep -v '^$' | sort | uniq -c | awk '{printf "%s %s\n", $2, $1}' >"$work/$name.tshark"
+  "$IRONSAN" analyze --counts "$f" | awk '/^0x/ {printf "%s %s\n", $1, $NF}' | sort >"$work/$name.ours"
+  total=$(awk '{s+=$2} END {print s+0}' "$work/$name.ours")
+  if [[ "$total" -lt 100 ]]; then
+    echo "FAIL $name: only $total PDUs decoded"; fail=1
+  elif diff -u "$work/$name.tshark" "$work/$name.ours"; then
+    echo "ok $name: $total PDUs, per-opcode counts equal tshark's: $(tr '\n' ' ' <"$work/$name.ours")"
+  else
+    echo "FAIL $name: per-opcode counts differ from tshark (- tshark, + ironsan analyze)"; fail=1
+  fi
+  theirs=$(tshark -r "$f" -Y "tcp.analysis.retransmission || tcp.analysis.fast_retransmission" 2>/dev/null | wc -l)
+  ours=$("$IRONSAN" analyze --json "$f" | python3 -c 'import json,sys; d=json.load(sys.stdin); print(sum(c["retransmissions"] for c in d["connection_stats"]))')
+  if [[ "$theirs" != "$ours" ]]; then
+    echo "FAIL $name: tshark finds $theirs retransmissions, ironsan analyze $ours"; fail=1
+  else
+    echo "ok $name: $ours retransmissions, as tshark"
+  fi
+done
+
+# Timeline of the conformance run: well-formed SVG, lanes and marks as promised.
+"$IRONSAN" analyze --summary --svg "$work/cu.svg" --html "$work/cu.html" "$work/cu.pcap" >/dev/null
+python3 - "$work/cu.svg" "$work/cu.html" "$work/cu.ours" <<'PY' || fail=1
+import sys, xml.etree.ElementTree as ET
+svg, html, counts = sys.argv[1:4]
+ns = {"s": "http://www.w3.org/2000/svg"}
+root = ET.parse(svg).getroot()
+lanes = root.findall(".//s:g[@class='lane']", ns)
+marks = root.findall(".//s:rect[@class='pdu']", ns)
+total = sum(int(l.split()[1]) for l in open(counts))
+conns = {l.get("data-conn") for l in lanes}
+assert len(lanes) == 2 * len(conns), (len(lanes), len(conns))
+assert len(marks) == total, (len(marks), total)
+page = open(html).read()
+assert "<svg" in page and "<script>" in page and "http" not in page.split("<svg", 1)[0]
+print(f"ok timeline: {len(conns)} connections, {len(lanes)} lanes, {len(marks)} PDU marks")
+PY
+exit $fail
