@@ -6,7 +6,7 @@
 #   SCENARIO is a file name in scenarios/ without .sh; KIND picks the host-side peer (a target
 #   kind for kinit-*: ironsan | tgtd; an initiator kind for lio-tcp: ironsan | libiscsi).
 #   Without arguments, runs the default set below. All scenarios of one run share one boot.
-# Env: IRONSAN (path of the ironsan binary), KP_CAPTURE=1 (tcpdump the host target's port on lo
+# Env: IRONSAN (the ironsan binary, default target/release/ironsan), KP_CAPTURE=1 (tcpdump the host target's port on lo
 #   into target/kernel-peer/host/*.pcap), KP_MEM (guest MiB, default 2048).
 # Prints one line per scenario: "kernel-peer: NAME PASS|FAIL|NOT RUN (N s)"; exits 1 on any FAIL.
 set -euo pipefail
@@ -65,7 +65,7 @@ set -a
 # shellcheck source=/dev/null
 source "$SHARE/env"
 set +a
-export KP_CAPTURE=${KP_CAPTURE:-0} IRONSAN=${IRONSAN:-}
+export KP_CAPTURE=${KP_CAPTURE:-0} IRONSAN=${IRONSAN:-$REPO/target/release/ironsan}
 
 declare -A not_run=()
 plan=()
@@ -82,6 +82,13 @@ for req in "${requested[@]}"; do
   [[ $req == *@* ]] && kind=${req#*@}
   name=$file
   [[ $kind != - ]] && name=$file@$kind
+  # The same scenario asked for twice runs twice, as NAME#2, NAME#3...
+  base=$name
+  n=1
+  while printf '%s\n' "${plan[@]}" | grep -qxF -- "$name"; do
+    n=$((n + 1))
+    name=$base#$n
+  done
   # shellcheck disable=SC2016
   if ! why=$(bash -c 'source "$KP_DIR/lib/host.sh"; source "$1"; declare -F host_available >/dev/null || exit 0; host_available "$2"' _ "$KP_DIR/scenarios/$file.sh" "$kind"); then
     not_run[$name]=$why

@@ -1,6 +1,6 @@
 # Guest-side runner (started by /init, output on the serial console). Runs each scenario of
 # /mnt/host/plan ("NAME FILE KIND TIMEOUT" per line) in its own shell, bounded by TIMEOUT
-# seconds, with its log in /mnt/host/out/NAME.log, and appends "NAME STATUS SECONDS" to
+# seconds, with its log in /mnt/host/out/NAME.log (kernel messages in NAME.dmesg), and appends "NAME STATUS SECONDS" to
 # /mnt/host/out/results. Exit status 0 = PASS, 77 = NOT RUN, anything else = FAIL.
 echo "kernel-peer: guest up after $(cut -d' ' -f1 /proc/uptime) s, kernel $(uname -r)"
 mkdir -p /mnt/host/out /mnt/host/ctl
@@ -8,6 +8,7 @@ now() { cut -d' ' -f1 /proc/uptime; }
 while read -r name file kind limit; do
   case "$name" in '' | '#'*) continue ;; esac
   echo "kernel-peer: guest: $name ..."
+  dmesg -C
   t0=$(now)
   KP_SCENARIO=$name KP_FILE=$file KP_KIND=$kind timeout -k 5 "$limit" sh -c '
     . /mnt/host/guest/lib.sh
@@ -16,6 +17,7 @@ while read -r name file kind limit; do
   ' >"/mnt/host/out/$name.log" 2>&1
   rc=$?
   t1=$(now)
+  dmesg >"/mnt/host/out/$name.dmesg"
   case $rc in
     0) status=PASS ;;
     77) status=NOT_RUN ;;

@@ -64,8 +64,13 @@ target_start() {
   local kind=$1 variant=$2
   target_stop
   if [[ ${KP_CAPTURE:-0} == 1 ]]; then
-    spawn capture tcpdump -i lo -s 2048 -U -w "$KP_RUN/host/$variant-$kind.pcap" "tcp port $KP_HOST_PORT"
-    wait_for 5 test -s "$KP_RUN/host/$variant-$kind.pcap" || sleep 1
+    local pcap=$KP_RUN/host/$variant-$kind.pcap n=1
+    while [[ -e $pcap ]]; do
+      n=$((n + 1))
+      pcap=$KP_RUN/host/$variant-$kind-$n.pcap
+    done
+    spawn capture tcpdump -i lo -s "${KP_SNAPLEN:-2048}" -U -w "$pcap" "tcp port $KP_HOST_PORT"
+    wait_for 5 test -s "$pcap" || sleep 1
   fi
   case $kind in
     tgtd) tgtd_start "$variant" ;;
@@ -129,9 +134,40 @@ ironsan_target_available() {
     return 1
   fi
 }
+# ironsan_target_start VARIANT: a TOML config for the variant (RAM LUNs 0 and, for two-luns, 1;
+# CHAP secrets from the env file; digests "allowed", the default, so CRC32C is accepted when
+# offered), then `ironsan target --config`.
 ironsan_target_start() {
-  echo "ironsan target configuration for variant $1 is not written yet"
-  return 1
+  local variant=$1 iqn=$KP_IQN_PREFIX:$1 conf=$KP_RUN/host/ironsan-$1.toml
+  {
+    echo "portals = [\"127.0.0.1:$KP_HOST_PORT\"]"
+    echo
+    echo "[[target]]"
+    echo "name = \"$iqn\""
+    if [[ $variant == chap || $variant == mutual-chap ]]; then
+      echo "chap = { user = \"$KP_CHAP_USER\", secret = \"$KP_CHAP_SECRET\" }"
+    fi
+    if [[ $variant == mutual-chap ]]; then
+      echo "mutual_chap = { user = \"$KP_CHAP_TUSER\", secret = \"$KP_CHAP_TSECRET\" }"
+    fi
+    if [[ $variant == digests ]]; then
+      echo 'header_digest = "allowed"'
+      echo 'data_digest = "allowed"'
+    fi
+    printf '\n[target.lun.0]\nsize = "256MiB"\nbackend = "memory"\n'
+    if [[ $variant == two-luns ]]; then
+      printf '\n[target.lun.1]\nsize = "192MiB"\nbackend = "memory"\n'
+    fi
+  } >"$conf"
+  sed 's/^/  | /' "$conf"
+  export IRONSAN_LOG=${IRONSAN_LOG:-info}
+  spawn target "$IRONSAN" target --config "$conf"
+  wait_for 15 listening "$KP_HOST_PORT" || {
+    echo "ironsan target is not listening on 127.0.0.1:$KP_HOST_PORT:"
+    tail -20 "$KP_RUN/host/target.log"
+    return 1
+  }
+  echo "ironsan serving $iqn on 127.0.0.1:$KP_HOST_PORT"
 }
 
 # kind_available KIND: can a host target of KIND run here? (prints why not)
