@@ -6,7 +6,7 @@ Usage: attach-summary.py PCAP [PORT] [--until SECONDS]
 Reads a capture of one target port (e.g. target/kernel-peer/host/basic-tgtd.pcap from
 `KP_CAPTURE=1 tests/kernel-peer/run.sh kinit-basic@tgtd`), has tshark decode it as iSCSI, and
 prints: the keys of every Login/Text request and response, then each distinct SCSI command the
-initiator sent in the first SECONDS (default 5) after the first login — opcode, the CDB fields
+initiator sent in the first SECONDS (default 5) from the first SCSI command — opcode, the CDB fields
 that select what is asked (VPD page, mode page, service action, REPORT SUPPORTED OPERATION CODES
 options), allocation length, how often, and the status the target gave.
 """
@@ -77,12 +77,12 @@ def main():
                 if op in (0x03, 0x23):
                     stage = f" CSG={first(r, 'iscsi.login.csg')} NSG={first(r, 'iscsi.login.nsg')}"
                 print(f"  #{first(r, 'frame.number')} {name}{stage}: " + " ".join(keys))
-            if op == 0x23 and first(r, "iscsi.login.nsg") == "3":
-                t_login = t_login or float(first(r, "frame.time_relative"))
+            if op == 0x01 and t_login is None:
+                t_login = float(first(r, "frame.time_relative"))
     if t_login is None:
         t_login = 0.0
 
-    print(f"== SCSI commands in the first {until:g} s after the first full-feature login")
+    print(f"== SCSI commands in the first {until:g} s from the first one")
     cmds = OrderedDict()
     pending = {}
     for r in rows:

@@ -105,6 +105,7 @@ done
 # boot a stock kernel. Otherwise TCG. One vCPU by default: with two, multi-threaded TCG loses
 # network wake-ups here (host->guest reads stall for seconds until the initiator's 5 s NOP-Out,
 # 1-5 MB/s instead of ~60 MB/s), and it leaves a host core to the peers under test.
+# shellcheck disable=SC2054 # the commas belong to qemu's option syntax
 accel=(-accel tcg,thread=multi,tb-size=256 -cpu max)
 if [[ -e /dev/kvm ]] && [[ -d /sys/module/kvm_intel || -d /sys/module/kvm_amd ]]; then
   accel=(-enable-kvm -cpu host)
@@ -126,6 +127,7 @@ serve_host_calls() {
       (
         set +e
         source "$KP_DIR/lib/host.sh"
+        # shellcheck source=/dev/null
         source "$KP_DIR/scenarios/$file.sh"
         KP_KIND=$kind
         "host_$step" $args
@@ -165,10 +167,13 @@ t_end=$SECONDS
 # ------------------------------------------------------------------ report
 guest_total=0
 fails=0
+passes=0
+skipped=0
 echo "kernel-peer: guest build $((t_built - t_start)) s, boot $((t_end - t_boot)) s, logs in $KP_RUN"
 for name in "${plan[@]}"; do
   if [[ -n ${not_run[$name]+x} ]]; then
     echo "kernel-peer: $name NOT RUN (0 s): ${not_run[$name]}"
+    skipped=$((skipped + 1))
     continue
   fi
   line=$(awk -v n="$name" '$1==n' "$SHARE/out/results" 2>/dev/null | tail -1)
@@ -180,8 +185,14 @@ for name in "${plan[@]}"; do
   read -r _ status secs <<<"$line"
   guest_total=$((guest_total + secs))
   case $status in
-    PASS) echo "kernel-peer: $name PASS ($secs s)" ;;
-    NOT_RUN) echo "kernel-peer: $name NOT RUN ($secs s): $(sed -n 's/^NOT RUN: //p' "$SHARE/out/$name.log" | tail -1)" ;;
+    PASS)
+      echo "kernel-peer: $name PASS ($secs s)"
+      passes=$((passes + 1))
+      ;;
+    NOT_RUN)
+      echo "kernel-peer: $name NOT RUN ($secs s): $(sed -n 's/^NOT RUN: //p' "$SHARE/out/$name.log" | tail -1)"
+      skipped=$((skipped + 1))
+      ;;
     *)
       echo "kernel-peer: $name FAIL ($secs s), log $SHARE/out/$name.log:"
       grep -E '^(FAILED|TIMEOUT)' "$SHARE/out/$name.log" | sed 's/^/    /' || true
@@ -189,4 +200,5 @@ for name in "${plan[@]}"; do
       ;;
   esac
 done
+echo "kernel-peer: $passes passed, $fails failed, $skipped not run (guest time $guest_total s)"
 ((fails == 0))

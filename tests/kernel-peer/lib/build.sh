@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Builds (or finds in the cache) the test guest: a stock Debian bookworm kernel, siw.ko built out of
 # tree (Debian does not ship it), and a minimal rootfs packed with the needed modules as one
 # uncompressed cpio initramfs booted with rdinit=/init.
@@ -46,7 +47,7 @@ build_siw() {
   mkdir -p "$dir/src"
   (cd "$dir/src" && apt-get download -qq "linux-source-6.1=$ver") 2>&1 | grep -v unsandboxed || true
   local deb
-  deb=$(ls "$dir"/src/linux-source-6.1_*_all.deb 2>/dev/null | head -1)
+  deb=$(find "$dir/src" -maxdepth 1 -name 'linux-source-6.1_*_all.deb' | head -1)
   [[ -n $deb ]] || { log "download of linux-source-6.1=$ver failed"; return 1; }
   mkdir -p "$dir/src/siw"
   dpkg-deb --fsys-tarfile "$deb" | tar -xO ./usr/src/linux-source-6.1.tar.xz | xz -dc -T2 |

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Host-side helpers, sourced by run.sh and by every host_STEP call a scenario makes (each call
 # runs in its own subshell, so daemons are tracked through pid files, not shell variables).
 # Expects KP_RUN (the run directory) and the values of $KP_RUN/share/env.
@@ -193,11 +194,11 @@ host_target_stop() { target_stop; }
 initiator_available() {
   case $1 in
     libiscsi)
-      command -v iscsi-ls >/dev/null && command -v qemu-img >/dev/null &&
-        [[ -n $(find /usr/lib -name 'block-iscsi.so' -print -quit 2>/dev/null) ]] || {
+      if ! command -v iscsi-ls >/dev/null || ! command -v qemu-img >/dev/null ||
+        [[ -z $(find /usr/lib -name 'block-iscsi.so' -print -quit 2>/dev/null) ]]; then
         echo "libiscsi-bin or qemu-block-extra is not installed"
         return 1
-      }
+      fi
       ;;
     ironsan)
       if [[ -z ${IRONSAN:-} || ! -x ${IRONSAN:-} ]]; then
