@@ -18,7 +18,7 @@ export KP_RUN=${KP_RUN:-$REPO/target/kernel-peer}
 DEFAULT_SCENARIOS=(
   siw-rping
   kinit-basic@tgtd
-  kinit-basic kinit-chap kinit-mutual-chap kinit-digests kinit-two-luns kinit-fio
+  kinit-basic kinit-chap kinit-mutual-chap kinit-digests kinit-two-luns kinit-reconnect kinit-fio
   lio-tcp@libiscsi lio-tcp
 )
 # shellcheck source=lib/host.sh
