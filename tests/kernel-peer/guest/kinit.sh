@@ -47,6 +47,7 @@ kinit_disk_io() {
   read -r lun dev </tmp/lun-disks
   echo "LUN $lun -> /dev/$dev: $(cat /sys/block/$dev/size) sectors," \
     "$(cat /sys/block/$dev/device/vendor) $(cat /sys/block/$dev/device/model)"
+  check "$1: sd attach read the mode pages, no failed command" attach_clean "$dev"
   step "raw I/O on /dev/$dev"
   raw_pattern_io "$dev" 32 "$1"
   step "ext4 on /dev/$dev"

@@ -162,3 +162,12 @@ ext4_io() {
   fi
   umount /mnt/t 2>/dev/null
 }
+
+# attach_clean DEV: the sd driver's attach messages for DEV show the caching mode page was read
+# (a failed MODE SENSE makes it print "Assuming drive cache") and report no failed command.
+attach_clean() {
+  dmesg | grep -F "[$1]" >/tmp/attach.$1
+  sed 's/^/  /' /tmp/attach.$1
+  grep -q 'Write cache:' /tmp/attach.$1 &&
+    ! grep -q -i -E 'fail|assuming|sense key|unknown|invalid|error' /tmp/attach.$1
+}

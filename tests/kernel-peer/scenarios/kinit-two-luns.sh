@@ -19,6 +19,8 @@ guest_main() {
   sort -n /tmp/lun-disks >/tmp/lun-disks.sorted
   { read -r lun1 d1; read -r lun2 d2; } </tmp/lun-disks.sorted
   echo "LUN $lun1 -> /dev/$d1 ($(cat /sys/block/$d1/size) sectors), LUN $lun2 -> /dev/$d2 ($(cat /sys/block/$d2/size) sectors)"
+  check "sd attach of LUN $lun1 clean" attach_clean "$d1"
+  check "sd attach of LUN $lun2 clean" attach_clean "$d2"
   check "first LUN is 256 MiB" test "$(cat /sys/block/$d1/size)" -eq $((256 * 2048))
   check "second LUN is 192 MiB" test "$(cat /sys/block/$d2/size)" -eq $((192 * 2048))
   step "distinct patterns on both LUNs"
