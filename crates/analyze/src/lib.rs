@@ -9,11 +9,15 @@
 pub mod analysis;
 pub mod capture;
 pub mod cdb;
+pub mod experiment;
 pub mod iscsi;
 pub mod iser;
 pub mod listing;
+pub mod pinit;
+pub mod proxy;
 pub mod stats;
 pub mod tcp;
+pub mod tcpinfo;
 pub mod timeline;
 
 pub use analysis::{analyze_file, analyze_frames, Analysis, Connection, Options};

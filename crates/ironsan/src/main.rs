@@ -26,6 +26,10 @@ enum Command {
     Rdma(cmd::rdma::RdmaArgs),
     /// Translate a capture into readable PDUs, per-command/connection statistics and a timeline.
     Analyze(cmd::analyze::AnalyzeArgs),
+    /// Relay TCP through an emulated long link (delay, rate limit, one injected loss).
+    DelayProxy(cmd::delay::ProxyArgs),
+    /// Sweep delay and block size through the delay proxy and compare with the model.
+    DelayExperiment(cmd::delay::ExperimentArgs),
 }
 
 fn main() {
@@ -35,6 +39,8 @@ fn main() {
         Command::Bench(args) => cmd::bench::run(args),
         Command::Rdma(args) => cmd::rdma::run(args),
         Command::Analyze(args) => cmd::analyze::run(args),
+        Command::DelayProxy(args) => cmd::delay::run_proxy(args),
+        Command::DelayExperiment(args) => cmd::delay::run_experiment(args),
     };
     if let Err(e) = result {
         eprintln!("ironsan: {e:#}");

@@ -2,5 +2,6 @@
 pub mod analyze;
 pub mod bench;
 pub mod crc;
+pub mod delay;
 pub mod rdma;
 pub mod target;

@@ -1,0 +1,346 @@
+//! The delay proxy: a TCP relay that makes a loopback path look like a long link. Each
+//! direction is an emulated link with a one-way delay and an optional rate: bytes read at
+//! time t leave at `max(t, link free) + len/rate + delay`. Buffers are bounded (when the
+//! in-flight bytes of a direction reach the bound, the proxy stops reading and TCP flow
+//! control pushes back on the sender).
+//!
+//! Loss injection: a user-space relay cannot make the kernel lose a TCP segment, so
+//! `drop_segment` installs a one-shot netfilter rule (`iptables-legacy`, statistic match in
+//! nth mode on the exact 4-tuple of the relay's outgoing connection) that drops the Nth
+//! data-carrying segment of that direction; the kernel's TCP then really retransmits it. It
+//! needs root and is meant to run inside a private network namespace.
+
+use std::collections::VecDeque;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Which direction of the relayed connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// Client to upstream server.
+    Up,
+    /// Upstream server to client.
+    Down,
+}
+
+/// Drop one segment: the `nth` (1-based) data-carrying segment of `direction` on the first
+/// relayed connection.
+#[derive(Debug, Clone, Copy)]
+pub struct DropSegment {
+    pub direction: Direction,
+    pub nth: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    pub listen: SocketAddr,
+    pub upstream: SocketAddr,
+    /// One-way delay added in each direction.
+    pub delay: Duration,
+    /// Link rate in bytes per second (None: unlimited).
+    pub rate: Option<f64>,
+    /// Bytes in flight per direction before the proxy stops reading.
+    pub buffer: usize,
+    pub drop_segment: Option<DropSegment>,
+}
+
+impl ProxyConfig {
+    pub fn new(listen: SocketAddr, upstream: SocketAddr, delay: Duration) -> ProxyConfig {
+        ProxyConfig {
+            listen,
+            upstream,
+            delay,
+            rate: None,
+            buffer: 64 << 20,
+            drop_segment: None,
+        }
+    }
+}
+
+/// A running proxy; dropping it stops accepting (relayed connections end with their peers).
+pub struct DelayProxy {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+struct Queue {
+    items: VecDeque<(Instant, Vec<u8>)>,
+    bytes: usize,
+    /// The reader saw the end of its input.
+    closed: bool,
+    /// The writer could not deliver: the reader must stop and reset its input.
+    failed: bool,
+}
+
+struct Link {
+    q: Mutex<Queue>,
+    cv: Condvar,
+}
+
+const CHUNK: usize = 16 * 1024;
+
+impl DelayProxy {
+    pub fn start(cfg: ProxyConfig) -> io::Result<DelayProxy> {
+        let listener = TcpListener::bind(cfg.listen)?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("delay-proxy".into())
+            .spawn(move || {
+                let mut first = true;
+                while !flag.load(Ordering::Relaxed) {
+                    match listener.accept() {
+                        Ok((client, _)) => {
+                            let drop = if first { cfg.drop_segment } else { None };
+                            first = false;
+                            let cfg = cfg.clone();
+                            std::thread::spawn(move || {
+                                if let Err(e) = relay(client, &cfg, drop) {
+                                    eprintln!("delay-proxy: connection ended: {e}");
+                                }
+                            });
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            std::thread::sleep(Duration::from_millis(2));
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                    }
+                }
+            })?;
+        Ok(DelayProxy {
+            addr,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for DelayProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A netfilter rule that is deleted when dropped.
+struct LossRule {
+    spec: Vec<String>,
+}
+
+impl LossRule {
+    fn install(src: SocketAddr, dst: SocketAddr, nth: u32) -> io::Result<LossRule> {
+        let spec: Vec<String> = [
+            "OUTPUT",
+            "-p",
+            "tcp",
+            "-s",
+            &src.ip().to_string(),
+            "--sport",
+            &src.port().to_string(),
+            "-d",
+            &dst.ip().to_string(),
+            "--dport",
+            &dst.port().to_string(),
+            "-m",
+            "length",
+            "--length",
+            "80:65535",
+            "-m",
+            "statistic",
+            "--mode",
+            "nth",
+            "--every",
+            "2000000000",
+            "--packet",
+            &(nth.saturating_sub(1)).to_string(),
+            "-j",
+            "DROP",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let st = Command::new("iptables-legacy")
+            .arg("-I")
+            .args(&spec)
+            .status()?;
+        if !st.success() {
+            return Err(io::Error::other(
+                "iptables-legacy could not add the drop rule",
+            ));
+        }
+        Ok(LossRule { spec })
+    }
+}
+
+impl Drop for LossRule {
+    fn drop(&mut self) {
+        let _ = Command::new("iptables-legacy")
+            .arg("-D")
+            .args(&self.spec)
+            .status();
+    }
+}
+
+fn relay(client: TcpStream, cfg: &ProxyConfig, drop: Option<DropSegment>) -> io::Result<()> {
+    client.set_nonblocking(false)?;
+    let server = TcpStream::connect(cfg.upstream)?;
+    // The proxy is a link, not an endpoint: no Nagle delays of its own.
+    client.set_nodelay(true)?;
+    server.set_nodelay(true)?;
+    let _rule = match drop {
+        Some(d) => Some(match d.direction {
+            Direction::Up => LossRule::install(server.local_addr()?, cfg.upstream, d.nth)?,
+            Direction::Down => LossRule::install(client.local_addr()?, client.peer_addr()?, d.nth)?,
+        }),
+        None => None,
+    };
+    let up = pump(client.try_clone()?, server.try_clone()?, cfg);
+    let down = pump(server, client, cfg);
+    let _ = up.join();
+    let _ = down.join();
+    Ok(())
+}
+
+/// One direction: a reader thread stamping departure times and a writer thread delivering.
+fn pump(mut from: TcpStream, mut to: TcpStream, cfg: &ProxyConfig) -> JoinHandle<()> {
+    let link = Arc::new(Link {
+        q: Mutex::new(Queue {
+            items: VecDeque::new(),
+            bytes: 0,
+            closed: false,
+            failed: false,
+        }),
+        cv: Condvar::new(),
+    });
+    let (delay, rate, cap) = (cfg.delay, cfg.rate, cfg.buffer.max(CHUNK));
+    let wlink = link.clone();
+    let writer = std::thread::spawn(move || {
+        loop {
+            let item = {
+                let mut q = wlink.q.lock().unwrap_or_else(|p| p.into_inner());
+                loop {
+                    if let Some(it) = q.items.pop_front() {
+                        q.bytes -= it.1.len();
+                        wlink.cv.notify_all();
+                        break Some(it);
+                    }
+                    if q.closed {
+                        break None;
+                    }
+                    q = wlink.cv.wait(q).unwrap_or_else(|p| p.into_inner());
+                }
+            };
+            let Some((due, data)) = item else { break };
+            let now = Instant::now();
+            if due > now {
+                std::thread::sleep(due - now);
+            }
+            if to.write_all(&data).is_err() {
+                let mut q = wlink.q.lock().unwrap_or_else(|p| p.into_inner());
+                q.failed = true;
+                q.items.clear();
+                q.bytes = 0;
+                wlink.cv.notify_all();
+                break;
+            }
+        }
+        let _ = to.shutdown(Shutdown::Write);
+    });
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; CHUNK];
+        let mut link_free = Instant::now();
+        loop {
+            let n = match from.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let now = Instant::now();
+            let start = link_free.max(now);
+            let serial = rate.map_or(Duration::ZERO, |r| Duration::from_secs_f64(n as f64 / r));
+            link_free = start + serial;
+            let due = link_free + delay;
+            let mut q = link.q.lock().unwrap_or_else(|p| p.into_inner());
+            while q.bytes + n > cap && !q.items.is_empty() && !q.failed {
+                q = link.cv.wait(q).unwrap_or_else(|p| p.into_inner());
+            }
+            if q.failed {
+                // The far side is gone: reset this side too so its sender stops.
+                let _ = from.shutdown(Shutdown::Both);
+                break;
+            }
+            q.bytes += n;
+            q.items.push_back((due, buf[..n].to_vec()));
+            link.cv.notify_all();
+        }
+        let mut q = link.q.lock().unwrap_or_else(|p| p.into_inner());
+        q.closed = true;
+        link.cv.notify_all();
+        drop(q);
+        let _ = writer.join();
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn echo_server() -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            if let Ok((mut s, _)) = l.accept() {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = s.read(&mut buf) {
+                    if n == 0 || s.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        addr
+    }
+
+    #[test]
+    fn round_trip_takes_two_delays_and_bytes_survive() {
+        let upstream = echo_server();
+        let p = DelayProxy::start(ProxyConfig::new(
+            "127.0.0.1:0".parse().unwrap(),
+            upstream,
+            Duration::from_millis(20),
+        ))
+        .unwrap();
+        let mut c = TcpStream::connect(p.local_addr()).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        // First exchange measures the round trip.
+        let t = Instant::now();
+        c.write_all(b"ping").unwrap();
+        let mut b = [0u8; 4];
+        c.read_exact(&mut b).unwrap();
+        let rtt = t.elapsed();
+        assert_eq!(&b, b"ping");
+        assert!(rtt >= Duration::from_millis(40), "rtt {rtt:?}");
+        // A larger payload arrives intact and in order.
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        let mut w = c.try_clone().unwrap();
+        let d2 = data.clone();
+        let wt = std::thread::spawn(move || w.write_all(&d2).unwrap());
+        let mut got = vec![0u8; data.len()];
+        c.read_exact(&mut got).unwrap();
+        wt.join().unwrap();
+        assert_eq!(got, data);
+    }
+}

@@ -1,0 +1,162 @@
+//! `ironsan delay-proxy` (a loopback TCP relay adding one-way delay, a rate limit and
+//! optionally one lost segment) and `ironsan delay-experiment` (the long-delay sweep of
+//! sequential one-outstanding commands against the model B / (k·d + B/R)).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use analyze::experiment::{self, ExperimentConfig, Op};
+use analyze::proxy::{DelayProxy, Direction, DropSegment, ProxyConfig};
+use anyhow::{bail, Context};
+use clap::Args;
+
+#[derive(Args, Debug)]
+pub struct ProxyArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:3261")]
+    pub listen: SocketAddr,
+    /// Address to relay to.
+    #[arg(long, default_value = "127.0.0.1:3260")]
+    pub upstream: SocketAddr,
+    /// One-way delay added in each direction, milliseconds.
+    #[arg(long, default_value_t = 0.0)]
+    pub delay_ms: f64,
+    /// Link rate per direction in Mbit/s (default: unlimited).
+    #[arg(long)]
+    pub rate_mbit: Option<f64>,
+    /// Bytes in flight per direction before the proxy stops reading.
+    #[arg(long, default_value_t = 64 << 20)]
+    pub buffer: usize,
+    /// Drop the Nth data segment of the first connection (needs root and iptables-legacy;
+    /// run it in a private network namespace).
+    #[arg(long)]
+    pub drop_nth: Option<u32>,
+    /// Direction of the dropped segment: "down" (target to initiator) or "up".
+    #[arg(long, default_value = "down")]
+    pub drop_dir: String,
+    /// Exit after this many seconds (default: run until killed).
+    #[arg(long)]
+    pub duration_s: Option<f64>,
+}
+
+pub fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
+    let mut cfg = ProxyConfig::new(
+        args.listen,
+        args.upstream,
+        Duration::from_secs_f64(args.delay_ms / 1e3),
+    );
+    cfg.rate = args.rate_mbit.map(|m| m * 1e6 / 8.0);
+    cfg.buffer = args.buffer;
+    if let Some(nth) = args.drop_nth {
+        let direction = match args.drop_dir.as_str() {
+            "down" => Direction::Down,
+            "up" => Direction::Up,
+            other => bail!("--drop-dir must be up or down, not {other}"),
+        };
+        cfg.drop_segment = Some(DropSegment { direction, nth });
+    }
+    let proxy = DelayProxy::start(cfg).context("starting the delay proxy")?;
+    eprintln!(
+        "delay-proxy: {} -> {} delay {} ms",
+        proxy.local_addr(),
+        args.upstream,
+        args.delay_ms
+    );
+    let start = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_millis(100));
+        if args
+            .duration_s
+            .is_some_and(|d| start.elapsed().as_secs_f64() >= d)
+        {
+            return Ok(());
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct ExperimentArgs {
+    /// iSCSI target portal (the experiment puts its own proxy in front of it).
+    #[arg(long, default_value = "127.0.0.1:3260")]
+    pub target: SocketAddr,
+    /// Target IQN.
+    #[arg(long)]
+    pub target_name: String,
+    #[arg(long, default_value_t = 1)]
+    pub lun: u16,
+    /// One-way delays, ms.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![0.0, 1.0, 2.0, 4.0, 8.0, 16.0])]
+    pub delays_ms: Vec<f64>,
+    /// Block sizes.
+    #[arg(long, value_delimiter = ',', default_values_t = vec!["32k".to_string(), "128k".into(), "512k".into(), "1m".into(), "4m".into()])]
+    pub sizes: Vec<String>,
+    /// Operations: read, write.
+    #[arg(long, value_delimiter = ',', default_values_t = vec!["read".to_string(), "write".into()])]
+    pub ops: Vec<String>,
+    /// Link rate per direction, Mbit/s (0: unlimited).
+    #[arg(long, default_value_t = 100.0)]
+    pub rate_mbit: f64,
+    /// Measuring time per point, ms.
+    #[arg(long, default_value_t = 1000)]
+    pub duration_ms: u64,
+    #[arg(long, default_value_t = 3)]
+    pub min_commands: u32,
+    /// Write the throughput-vs-delay plot (SVG) here.
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+    /// Write the table as CSV here.
+    #[arg(long)]
+    pub csv: Option<PathBuf>,
+    /// Print JSON instead of the text table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run_experiment(args: ExperimentArgs) -> anyhow::Result<()> {
+    let block_sizes = args
+        .sizes
+        .iter()
+        .map(|s| report::parse_size(s).map(|v| v as u32))
+        .collect::<Result<Vec<_>, _>>()
+        .context("--sizes")?;
+    let ops = args
+        .ops
+        .iter()
+        .map(|o| match o.as_str() {
+            "read" => Ok(Op::Read),
+            "write" => Ok(Op::Write),
+            other => bail!("unknown op {other}"),
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let cfg = ExperimentConfig {
+        target: args.target,
+        target_name: args.target_name.clone(),
+        lun: args.lun,
+        delays_ms: args.delays_ms.clone(),
+        block_sizes,
+        ops,
+        rate: (args.rate_mbit > 0.0).then_some(args.rate_mbit * 1e6 / 8.0),
+        duration: Duration::from_millis(args.duration_ms),
+        min_commands: args.min_commands,
+    };
+    let points = experiment::run(&cfg, |p| {
+        eprintln!(
+            "{:?} delay {} ms block {}: {:.3} MB/s (model {:.3})",
+            p.op, p.delay_ms, p.block, p.measured_mbps, p.model_mbps
+        )
+    })?;
+    let table = experiment::table(&points);
+    if let Some(path) = &args.csv {
+        std::fs::write(path, table.to_csv())?;
+    }
+    if let Some(path) = &args.svg {
+        std::fs::write(path, experiment::plot(&points).to_svg())?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&points)?);
+    } else {
+        println!("{table}");
+    }
+    Ok(())
+}
