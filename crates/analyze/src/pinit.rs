@@ -136,6 +136,7 @@ impl PseudoInitiator {
             }
             if rsp.transit {
                 if rsp.nsg == Stage::FullFeature {
+                    s.clear_unit_attention()?;
                     return Ok(s);
                 }
                 stage = rsp.nsg;
@@ -249,6 +250,17 @@ impl PseudoInitiator {
             }
         }
         Err(bad("command did not complete"))
+    }
+
+    /// TEST UNIT READY until GOOD: a new session first gets the power-on unit attention.
+    fn clear_unit_attention(&mut self) -> io::Result<()> {
+        let mut buf = Vec::new();
+        for _ in 0..5 {
+            if self.command([0u8; 16], 0, &[], &mut buf)? == 0 {
+                return Ok(());
+            }
+        }
+        Err(bad("the logical unit does not become ready"))
     }
 
     /// READ CAPACITY(10): (number of blocks, block size).
