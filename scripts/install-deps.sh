@@ -6,6 +6,7 @@ packages=(
   tgt            # tgtd: the comparison target
   tshark         # independent decoder for our wire bytes
   tcpdump
+  iptables       # iptables-legacy: one-shot segment drop for the analyzer loss test
   libibverbs-dev # the verbs provider links rdma-core (compile-only: no RDMA devices here)
   librdmacm-dev
   rdma-core

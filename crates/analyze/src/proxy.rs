@@ -5,7 +5,7 @@
 //! control pushes back on the sender).
 //!
 //! Loss injection: a user-space relay cannot make the kernel lose a TCP segment, so
-//! `drop_segment` installs a one-shot netfilter rule (`iptables-legacy`, statistic match in
+//! `drop_segment` installs a one-shot netfilter rule (`iptables-legacy` INPUT chain, statistic match in
 //! nth mode on the exact 4-tuple of the relay's outgoing connection) that drops the Nth
 //! data-carrying segment of that direction; the kernel's TCP then really retransmits it. It
 //! needs root and is meant to run inside a private network namespace.
@@ -144,7 +144,9 @@ struct LossRule {
 impl LossRule {
     fn install(src: SocketAddr, dst: SocketAddr, nth: u32) -> io::Result<LossRule> {
         let spec: Vec<String> = [
-            "OUTPUT",
+            // INPUT: after the capture point of `tcpdump -i lo`, so the capture holds the
+            // original segment and its retransmission, as a capture at the sender would.
+            "INPUT",
             "-p",
             "tcp",
             "-s",

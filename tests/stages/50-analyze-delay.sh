@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The long-delay experiment and an injected loss, against tgtd in a private network namespace:
+# (1) `ironsan delay-experiment` at 100 Mbit/s: 32 KiB WRITEs (command, R2T, data, status:
+#     4 one-way trips) follow B/(4d+B/R) and 32 KiB READs (2 trips) follow B/(2d+B/R) within
+#     20%, and 4 MiB READs stay within 80% of the raw-socket baseline through the same proxy;
+# (2) a capture through `ironsan delay-proxy --drop-nth` shows the dropped segment's
+#     retransmission in the analyzer summary and on the timeline.
+set -euo pipefail
+: "${IRONSAN:?set IRONSAN to the ironsan binary}"
+for tool in tgtd tgtadm tcpdump iscsi-perf iptables-legacy python3 ip; do
+  command -v "$tool" >/dev/null || { echo "missing $tool (scripts/install-deps.sh)"; exit 1; }
+done
+ns=ironsan-an50d-$$
+ctl=$((2000 + ($$ + 7) % 5000))
+work=$(mktemp -d)
+tgtd_pid=""
+cleanup() {
+  [[ -n "$tgtd_pid" ]] && kill "$tgtd_pid" 2>/dev/null && wait "$tgtd_pid" 2>/dev/null
+  ip netns del "$ns" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+ip netns add "$ns"
+ip -n "$ns" link set lo up
+truncate -s 64M "$work/lun.img"
+ip netns exec "$ns" tgtd -f -C "$ctl" --iscsi portal=127.0.0.1:3260 >"$work/tgtd.log" 2>&1 &
+tgtd_pid=$!
+iqn=iqn.2024-01.org.ironsan:analyze50d
+for _ in $(seq 50); do
+  tgtadm -C "$ctl" --lld iscsi --op new --mode target --tid 1 -T "$iqn" 2>/dev/null && break
+  sleep 0.1
+done
+tgtadm -C "$ctl" --lld iscsi --op new --mode logicalunit --tid 1 --lun 1 -b "$work/lun.img"
+tgtadm -C "$ctl" --lld iscsi --op bind --mode target --tid 1 -I ALL
+
+fail=0
+timeout 300 ip netns exec "$ns" "$IRONSAN" delay-experiment --target-name "$iqn" \
+  --delays-ms 0,4,16 --sizes 32k,4m --ops read,write --rate-mbit 100 --duration-ms 600 \
+  --csv "$work/exp.csv" --svg "$work/exp.svg" 2>/dev/null
+python3 - "$work/exp.csv" <<'PY' || fail=1
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+bad = []
+for r in rows:
+    ratio, of_base = float(r["measured/model"]), float(r["of_baseline"])
+    if r["block"] == "32 KiB" and not 0.8 <= ratio <= 1.2:
+        bad.append(f'{r["op"]} 32 KiB at {r["delay_ms"]} ms: measured/model {ratio}')
+    if r["op"] == "read" and r["block"] == "4 MiB" and of_base < 0.8:
+        bad.append(f'read 4 MiB at {r["delay_ms"]} ms: {of_base} of the baseline')
+for b in bad:
+    print("FAIL", b)
+print(f"delay experiment: {len(rows)} points, {len(bad)} outside the bounds")
+sys.exit(1 if bad else 0)
+PY
+
+# Injected loss: drop the 20th data segment towards the initiator.
+ip netns exec "$ns" tcpdump -i lo -s 0 -B 65536 -w "$work/loss.pcap" tcp port 3262 >"$work/td.log" 2>&1 &
+td=$!
+for _ in $(seq 50); do grep -qs "listening on" "$work/td.log" && break; sleep 0.1; done
+ip netns exec "$ns" "$IRONSAN" delay-proxy --listen 127.0.0.1:3262 --upstream 127.0.0.1:3260 \
+  --delay-ms 2 --drop-nth 20 --drop-dir down --duration-s 4 2>/dev/null &
+px=$!
+sleep 0.5
+ip netns exec "$ns" timeout -s INT 2 iscsi-perf -m 1 -b 64 "iscsi://127.0.0.1:3262/$iqn/1" >/dev/null 2>&1 || true
+sleep 0.3
+kill -INT "$td"; wait "$td" || true
+wait "$px" || true
+"$IRONSAN" analyze --port 3262 --json --svg "$work/loss.svg" "$work/loss.pcap" >"$work/loss.json"
+python3 - "$work/loss.json" "$work/loss.svg" <<'PY' || fail=1
+import json, sys, xml.etree.ElementTree as ET
+d = json.load(open(sys.argv[1]))
+retrans = sum(c["retransmissions"] + c["lost_segments"] for c in d["connection_stats"])
+root = ET.parse(sys.argv[2]).getroot()
+events = root.findall(".//{http://www.w3.org/2000/svg}rect[@class='tcp-event']")
+if retrans < 1 or len(events) < 1:
+    print(f"FAIL injected loss not found: {retrans} retransmissions, {len(events)} timeline marks")
+    sys.exit(1)
+print(f"ok injected loss: {retrans} retransmission(s) in the summary, {len(events)} on the timeline")
+PY
+exit $fail
