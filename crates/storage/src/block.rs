@@ -11,9 +11,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use rustix::fs::{FallocateFlags, OFlags, SeekFrom};
+use rustix::fs::{OFlags, SeekFrom};
 
-use crate::file::{read_exact, write_zeroes_by_writing};
+use crate::file::{punch_or_write_zeroes, read_exact, write_zeroes_by_writing};
 use crate::pool::{BlockingPool, DEFAULT_LIMIT};
 use crate::{check_range, Backend, MapRun};
 
@@ -186,21 +186,9 @@ impl Backend for BlockBackend {
             return Ok(());
         }
         let file = self.buffered.clone();
+        // On a block device PUNCH_HOLE|KEEP_SIZE is a discard that reads back zero.
         self.pool
-            .run(move || {
-                // On a block device PUNCH_HOLE|KEEP_SIZE is a discard that reads back zero.
-                if rustix::fs::fallocate(
-                    &*file,
-                    FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
-                    offset,
-                    len,
-                )
-                .is_ok()
-                {
-                    return Ok(());
-                }
-                write_zeroes_by_writing(&file, offset, len)
-            })
+            .run(move || punch_or_write_zeroes(&file, offset, len, true))
             .await
     }
 

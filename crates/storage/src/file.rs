@@ -129,6 +129,28 @@ pub(crate) fn read_exact(file: &File, offset: u64, len: usize) -> io::Result<Byt
     Ok(buf.freeze())
 }
 
+/// Deallocate a range (PUNCH_HOLE, which reads back as zeroes on files and is a discard on
+/// block devices); where punching is not tried or fails, write zeroes instead.
+pub(crate) fn punch_or_write_zeroes(
+    file: &File,
+    offset: u64,
+    len: u64,
+    try_punch: bool,
+) -> io::Result<()> {
+    let punched = try_punch
+        && rustix::fs::fallocate(
+            file,
+            FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
+            offset,
+            len,
+        )
+        .is_ok();
+    if punched {
+        return Ok(());
+    }
+    write_zeroes_by_writing(file, offset, len)
+}
+
 pub(crate) fn write_zeroes_by_writing(file: &File, offset: u64, len: u64) -> io::Result<()> {
     const STEP: u64 = 1 << 20;
     let zeroes = vec![0u8; STEP.min(len) as usize];
@@ -213,20 +235,7 @@ impl Backend for FileBackend {
         let file = self.file.clone();
         let try_punch = self.punch_works;
         self.pool
-            .run(move || {
-                if try_punch
-                    && rustix::fs::fallocate(
-                        &*file,
-                        FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
-                        offset,
-                        len,
-                    )
-                    .is_ok()
-                {
-                    return Ok(());
-                }
-                write_zeroes_by_writing(&file, offset, len)
-            })
+            .run(move || punch_or_write_zeroes(&file, offset, len, try_punch))
             .await
     }
 
