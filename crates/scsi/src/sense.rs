@@ -50,6 +50,7 @@ pub mod asc {
     pub const MEDIUM_NOT_PRESENT_TRAY_OPEN: (u8, u8) = (0x3A, 0x02);
     pub const REPORTED_LUNS_CHANGED: (u8, u8) = (0x3F, 0x0E);
     pub const INTERNAL_TARGET_FAILURE: (u8, u8) = (0x44, 0x00);
+    pub const DATA_PHASE_ERROR: (u8, u8) = (0x4B, 0x00);
     pub const MEDIUM_REMOVAL_PREVENTED: (u8, u8) = (0x53, 0x02);
     pub const INSUFFICIENT_REGISTRATION_RESOURCES: (u8, u8) = (0x55, 0x04);
 }

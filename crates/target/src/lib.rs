@@ -353,41 +353,32 @@ async fn login(
     } else {
         None
     };
-    let mut limits = target.base_limits();
-    if let Some(s) = &existing {
-        limits = target.limits_for(s.params.target_name.as_deref());
-    }
+    // Per-target limits (digest policy): the target is the session's, or the one the
+    // first request names.
+    let named = match &existing {
+        Some(s) => s.params.target_name.clone(),
+        None => iscsi_login::text::parse(&pdu.pdu.data)
+            .ok()
+            .and_then(|pairs| {
+                pairs
+                    .into_iter()
+                    .find(|(k, _)| k == "TargetName")
+                    .map(|(_, v)| v)
+            }),
+    };
     let mut tl = TargetLogin::new(TargetLoginConfig {
         portal_group_tag: portal.tpgt,
         existing_session: existing.as_ref().map(|s| s.params.clone()),
         transport: TransportKind::Tcp,
-        limits,
+        limits: target.limits_for(named.as_deref()),
         directory: target.directory.clone(),
     });
     let mut stat_sn: u32 = rand::random::<u32>() & 0x00ff_ffff;
-    let mut digest_policy_set = existing.is_some();
     loop {
         let Bhs::LoginRequest(bhs) = &pdu.pdu.bhs else {
             return Err(format!("{} during login", pdu.pdu.bhs.opcode().name()));
         };
         let req = to_login_request(bhs, &pdu.pdu.data);
-        if !digest_policy_set {
-            // Per-target digest policy: known once the first request names the target.
-            if let Ok(pairs) = iscsi_login::text::parse(&req.data) {
-                if let Some((_, name)) = pairs.iter().find(|(k, _)| k == "TargetName") {
-                    let mut cfg_limits = target.limits_for(Some(name));
-                    cfg_limits.max_outstanding_r2t = target.base_limits().max_outstanding_r2t;
-                    tl = TargetLogin::new(TargetLoginConfig {
-                        portal_group_tag: portal.tpgt,
-                        existing_session: None,
-                        transport: TransportKind::Tcp,
-                        limits: cfg_limits,
-                        directory: target.directory.clone(),
-                    });
-                }
-            }
-            digest_policy_set = true;
-        }
         let (exp, max) = match &existing {
             Some(s) => s.sn.load(),
             None => (req.cmd_sn, req.cmd_sn.wrapping_add(depth - 1)),

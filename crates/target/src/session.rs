@@ -224,51 +224,52 @@ impl Session {
             itt: cmd.itt,
             lun: cmd.lun,
         };
-        let finish = |s: &Session| {
-            s.tasks.lock().expect("tasks").remove(&cmd.itt);
-            if counted {
-                s.complete_one();
-            }
-            conn.task_done();
-        };
+        let rsp = self.execute(&conn, task, &cmd, &ahs, write).await;
+        // Free the window slot first so the response carries the larger MaxCmdSN.
+        self.tasks.lock().expect("tasks").remove(&cmd.itt);
+        if counted {
+            self.complete_one();
+        }
+        if let Some((rsp, r2ts)) = rsp.filter(|(r, _)| !r.aborted) {
+            send_scsi_response(&conn, task, rsp, r2ts).await;
+        }
+        conn.task_done();
+    }
+
+    /// Collect the write data and run the command. `None`: nothing is to be sent (the task
+    /// was aborted or its connection is gone). The second value counts the R2Ts used.
+    async fn execute(
+        &self,
+        conn: &Conn,
+        task: TaskRef,
+        cmd: &ScsiCommand,
+        ahs: &Bytes,
+        write: Option<WriteHandle>,
+    ) -> Option<(scsi::Response, u32)> {
         let (data_out, r2ts) = match write {
             Some(w) => match conn.dm.get_data(task, w).await {
                 Ok(x) => x,
                 Err(DmError::DataPhase(_)) => {
-                    // ABORTED COMMAND / DATA PHASE ERROR (4B/00), fixed-format sense.
-                    let mut sense = [0u8; 18];
-                    sense[0] = 0x70;
-                    sense[2] = 0x0b;
-                    sense[7] = 10;
-                    sense[12] = 0x4b;
+                    let sense = scsi::Sense::new(
+                        scsi::sense::key::ABORTED_COMMAND,
+                        scsi::sense::asc::DATA_PHASE_ERROR,
+                    );
                     let rsp = scsi::Response {
                         status: scsi::status::CHECK_CONDITION,
-                        sense: Some(Bytes::copy_from_slice(&sense)),
+                        sense: Some(sense.encode(false)),
                         data_in: Bytes::new(),
                         residual: scsi::Residual::None,
                         aborted: false,
                     };
-                    self.tasks.lock().expect("tasks").remove(&cmd.itt);
-                    if counted {
-                        self.complete_one();
-                    }
-                    send_scsi_response(&conn, task, rsp, 0).await;
-                    conn.task_done();
-                    return;
+                    return Some((rsp, 0));
                 }
-                Err(DmError::Aborted) | Err(DmError::Closed) => {
-                    finish(&self);
-                    return;
-                }
+                Err(DmError::Aborted) | Err(DmError::Closed) => return None,
             },
             None => (Bytes::new(), 0),
         };
-        let Some(device) = self.device.clone() else {
-            finish(&self);
-            return;
-        };
-        let cdb = match iscsi_wire::parse_ahs(&ahs) {
-            Ok(a) => iscsi_wire::full_cdb(&cmd, &a),
+        let device = self.device.clone()?;
+        let cdb = match iscsi_wire::parse_ahs(ahs) {
+            Ok(a) => iscsi_wire::full_cdb(cmd, &a),
             Err(_) => cmd.cdb.to_vec(),
         };
         let attr = match cmd.attr {
@@ -291,15 +292,7 @@ impl Session {
                 data_out,
             })
             .await;
-        // Free the window slot first so the response carries the larger MaxCmdSN.
-        self.tasks.lock().expect("tasks").remove(&cmd.itt);
-        if counted {
-            self.complete_one();
-        }
-        if !rsp.aborted {
-            send_scsi_response(&conn, task, rsp, r2ts).await;
-        }
-        conn.task_done();
+        Some((rsp, r2ts))
     }
 
     async fn control(self: &Arc<Self>, target: &Arc<Target>, conn: &Arc<Conn>, pdu: InPdu) {
@@ -660,7 +653,6 @@ pub(crate) async fn run_full_feature(
                     Bhs::TaskMgmtRequest(t) => (t.immediate, t.cmd_sn),
                     _ => (true, 0),
                 };
-                let is_logout = matches!(pdu.pdu.bhs, Bhs::LogoutRequest(_));
                 let work = Work::Control {
                     conn: conn.clone(),
                     pdu,
@@ -669,9 +661,6 @@ pub(crate) async fn run_full_feature(
                     session.dispatch(&target, work, false).await;
                 } else {
                     session.admit(&target, cmd_sn, work).await;
-                }
-                if is_logout && session.params.session_type == SessionType::Discovery {
-                    // Nothing else can follow a discovery logout.
                 }
             }
         }
