@@ -198,7 +198,7 @@ def kv(d): return b"".join(k.encode() + b"=" + v.encode() + b"\0" for k, v in d.
 isid = bytes([0x80, 0, 0, 0, 0x12, 0x34])
 keys = kv({"InitiatorName": "iqn.2026-11.org.ironsan.test:durability", "TargetName": iqn,
            "SessionType": "Normal", "AuthMethod": "None"})
-bhs = bytearray(48); bhs[0] = 0x43; bhs[1] = 0x81 | (1 << 2)  # T, CSG=0, NSG=1
+bhs = bytearray(48); bhs[0] = 0x43; bhs[1] = 0x81  # T, CSG=0 (security), NSG=1 (operational)
 bhs[5:8] = len(keys).to_bytes(3, "big"); bhs[8:14] = isid; bhs[16:20] = (1).to_bytes(4, "big")
 pdu(bytes(bhs), keys)
 r, d = recv_pdu(); assert r[0] & 0x3f == 0x23 and r[36] == 0, ("login sec", r[36:38].hex(), d)
@@ -206,7 +206,7 @@ keys = kv({"HeaderDigest": "None", "DataDigest": "None", "ImmediateData": "No", 
            "MaxRecvDataSegmentLength": "65536", "MaxBurstLength": "262144", "FirstBurstLength": "65536",
            "MaxConnections": "1", "ErrorRecoveryLevel": "0", "DefaultTime2Wait": "0", "DefaultTime2Retain": "0",
            "MaxOutstandingR2T": "1", "DataPDUInOrder": "Yes", "DataSequenceInOrder": "Yes"})
-bhs = bytearray(48); bhs[0] = 0x43; bhs[1] = 0x80 | (1 << 2) | 3
+bhs = bytearray(48); bhs[0] = 0x43; bhs[1] = 0x80 | (1 << 2) | 3  # T, CSG=1, NSG=3 (full feature)
 bhs[5:8] = len(keys).to_bytes(3, "big"); bhs[8:14] = isid; bhs[16:20] = (1).to_bytes(4, "big")
 bhs[14:16] = r[14:16]  # TSIH
 pdu(bytes(bhs), keys)
@@ -214,7 +214,7 @@ r, d = recv_pdu(); assert r[0] & 0x3f == 0x23 and r[36] == 0 and r[1] & 0x80, ("
 params = dict(x.split("=", 1) for x in d.decode().split("\0") if "=" in x)
 mrdsl = int(params.get("MaxRecvDataSegmentLength", "8192"))
 statsn = int.from_bytes(r[24:28], "big")
-cmdsn, itt = 1, 100
+cmdsn, itt = int.from_bytes(r[28:32], "big"), 100  # the first command carries the ExpCmdSN the login response gave
 def scsi(cdb, data=b"", read_len=0):
     global cmdsn, itt, statsn
     itt += 1
