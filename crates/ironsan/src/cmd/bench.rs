@@ -10,10 +10,13 @@ pub struct BenchArgs {
 pub enum BenchCommand {
     /// CRC32C cost per byte: Sarwate, slicing-by-8, hardware, copy-then-CRC vs fused copy+CRC.
     Crc(super::crc::CrcArgs),
+    /// ironsan's target vs Debian's tgtd, both driven by libiscsi's iscsi-perf in one run.
+    VsTgt(super::bench_tgt::VsTgtArgs),
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.command {
         BenchCommand::Crc(args) => super::crc::run(args),
+        BenchCommand::VsTgt(args) => super::bench_tgt::run(args),
     }
 }
