@@ -82,9 +82,18 @@ run_all() {
     read -r t r p f <<<"$line"
     total=$((total + t)); ran=$((ran + r)); passed=$((passed + p)); failed=$((failed + f))
     if ((f > 0)); then
-      # CUnit verbose mode prints "  Test: NAME ...FAILED" (normal mode: "Suite S, Test T had failures").
-      { awk -v s="$suite" '/Test: .*\.\.\.FAILED/ {sub(/^ *Test: /, ""); sub(/ \.\.\.FAILED.*/, ""); print "    " s "." $0}
-                         /^Suite .*, Test .* had failures/ {print "    " $0}' "$out"; } >>"$work/$name.failed"
+      # CUnit prints "  Test: NAME ...passed", or "  Test: NAME ..." followed by the
+      # test's log lines ("[FAILED] why") and a line "FAILED" (or "...FAILED" when the
+      # test logged nothing). List suite.NAME and the test's first [FAILED] message.
+      awk -v s="$suite" '
+        function report() { if (name != "") print "    " s "." name (msg != "" ? ": " msg : "") }
+        /^  Test: / {
+          name = $0; sub(/^  Test: /, "", name); sub(/ \.\.\..*$/, "", name); msg = ""
+        }
+        /\[FAILED\]/ && msg == "" { msg = $0; sub(/^.*\[FAILED\] */, "", msg); msg = substr(msg, 1, 160) }
+        /^FAILED$/ || /\.\.\.FAILED$/ { report(); name = "" }
+        /\.\.\.passed$/ || /^passed$/ { name = "" }
+      ' "$out" >>"$work/$name.failed"
     fi
   done
   echo "$total $ran $passed $failed" >"$work/$name.counts"
