@@ -612,3 +612,128 @@ fn execute_future_is_send_for_spawning() {
         });
     good(&r);
 }
+
+fn caw(lba: u64, n: u8) -> [u8; 16] {
+    let mut c = [0u8; 16];
+    c[0] = 0x89;
+    c[2..10].copy_from_slice(&lba.to_be_bytes());
+    c[13] = n;
+    c
+}
+
+fn block_limits(d: &Device) -> Bytes {
+    let r = run(d, cmd(1, &[0x12, 0x01, 0xB0, 0, 0xFF, 0], &[], 255));
+    good(&r);
+    assert_eq!(r.data_in[1], 0xB0);
+    r.data_in
+}
+
+fn be32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes(b[at..at + 4].try_into().unwrap())
+}
+
+#[test]
+fn caw_length_beyond_limit_or_wrapped_to_zero_is_invalid_field_13() {
+    let d = device();
+    let max = block_limits(&d)[5];
+    assert!(max > 0);
+    // One block more than MAXIMUM COMPARE AND WRITE LENGTH.
+    let n = max + 1;
+    let data = vec![0u8; 2 * n as usize * BS];
+    let r = run(&d, cmd(1, &caw(0, n), &data, data.len() as u32));
+    assert_eq!(
+        decode(&r),
+        Decoded {
+            key: 5,
+            asc: 0x24,
+            ascq: 0,
+            info: None,
+            field: Some((true, 13))
+        }
+    );
+    // 256 blocks encoded in the 8-bit field read as 0, but the data-out says 256.
+    let data = vec![0u8; 2 * 256 * BS];
+    let r = run(&d, cmd(1, &caw(0, 0), &data, data.len() as u32));
+    assert_eq!(decode(&r).field, Some((true, 13)));
+    assert_eq!((decode(&r).key, decode(&r).asc), (5, 0x24));
+    // A real zero-length COMPARE AND WRITE (no data-out) is GOOD.
+    good(&run(&d, cmd(1, &caw(0, 0), &[], 0)));
+}
+
+fn write_atomic16(lba: u64, boundary: u16, n: u16) -> [u8; 16] {
+    let mut c = [0u8; 16];
+    c[0] = 0x9C;
+    c[2..10].copy_from_slice(&lba.to_be_bytes());
+    c[10..12].copy_from_slice(&boundary.to_be_bytes());
+    c[12..14].copy_from_slice(&n.to_be_bytes());
+    c
+}
+
+#[test]
+fn write_atomic16_within_advertised_limits_and_field_errors() {
+    let d = device();
+    let bl = block_limits(&d);
+    let max_xfer = be32_at(&bl, 8);
+    let max_atomic = be32_at(&bl, 44);
+    assert!(max_atomic >= 256, "atomic limit {max_atomic}");
+    assert!(max_atomic <= max_xfer);
+    assert_eq!(be32_at(&bl, 48), 1, "atomic alignment");
+    assert_eq!(be32_at(&bl, 52), 1, "atomic granularity");
+    assert_eq!(be32_at(&bl, 60), 0, "no atomic boundaries");
+    // 256 blocks at the end of the LUN, then read back.
+    let lba = BLOCKS - 256;
+    let data: Vec<u8> = (0..256 * BS).map(|i| (i / BS) as u8 ^ 0x5A).collect();
+    good(&run(
+        &d,
+        cmd(1, &write_atomic16(lba, 0, 256), &data, data.len() as u32),
+    ));
+    let back = run(&d, cmd(1, &read16(lba, 256), &[], data.len() as u32));
+    good(&back);
+    assert_eq!(&back.data_in[..], &data[..]);
+    // A non-zero ATOMIC BOUNDARY: byte 10 of the CDB.
+    let r = run(&d, cmd(1, &write_atomic16(0, 1, 1), &[0u8; BS], BS as u32));
+    assert_eq!(
+        decode(&r),
+        Decoded {
+            key: 5,
+            asc: 0x24,
+            ascq: 0,
+            info: None,
+            field: Some((true, 10))
+        }
+    );
+    // Beyond the LUN: LBA out of range.
+    let r = run(
+        &d,
+        cmd(
+            1,
+            &write_atomic16(BLOCKS - 1, 0, 2),
+            &[0u8; 2 * BS],
+            2 * BS as u32,
+        ),
+    );
+    assert_eq!((decode(&r).key, decode(&r).asc), (5, 0x21));
+}
+
+#[test]
+fn transfers_of_65536_blocks_fit_the_maximum_transfer_length() {
+    let blocks = 65536 + 16;
+    let d = Device::new(
+        "iqn.2024-01.test:t",
+        vec![(0, LunConfig::memory(blocks * BS as u64))],
+    )
+    .unwrap();
+    d.nexus_added(NexusId(1), "iqn.init-a,i,0x1", Bytes::new());
+    let max_xfer = be32_at(&block_limits(&d), 8);
+    assert!(max_xfer >= 65536, "max transfer {max_xfer}");
+    let data = vec![0xFFu8; 65536 * BS];
+    let mut w = read16(0, 65536);
+    w[0] = 0x8A;
+    good(&run(&d, cmd(1, &w, &data, data.len() as u32)));
+    let r = run(&d, cmd(1, &read16(0, 65536), &[], data.len() as u32));
+    good(&r);
+    assert!(r.data_in.iter().all(|&b| b == 0xFF));
+    // One block past the advertised maximum: INVALID FIELD IN CDB at the length (byte 10).
+    let r = run(&d, cmd(1, &read16(0, max_xfer + 1), &[], 0));
+    assert_eq!(decode(&r).field, Some((true, 10)));
+}

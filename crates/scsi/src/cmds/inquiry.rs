@@ -8,9 +8,6 @@ use super::{be16, be32, op};
 use crate::lun::{CmdResult, Done, Lun};
 use crate::sense::Sense;
 
-/// WRITE ATOMIC(16) limit (blocks), reported in the Block Limits VPD.
-pub(crate) const MAX_ATOMIC_BLOCKS: u32 = 128;
-
 /// Whether EXTENDED COPY is offered (3PC bit, supported opcodes).
 pub(crate) const XCOPY_SUPPORTED: bool = false;
 
@@ -125,9 +122,11 @@ impl Lun {
             b[24..28].copy_from_slice(&1u32.to_be_bytes()); // optimal unmap granularity
         }
         b[32..40].copy_from_slice(&MAX_WRITE_SAME_BLOCKS.to_be_bytes());
-        b[40..44].copy_from_slice(&MAX_ATOMIC_BLOCKS.to_be_bytes()); // maximum atomic transfer length
-        b[44..48].copy_from_slice(&1u32.to_be_bytes()); // atomic alignment
-        b[48..52].copy_from_slice(&1u32.to_be_bytes()); // atomic transfer length granularity
+        // WRITE ATOMIC(16): maximum atomic transfer length, atomic alignment 1, atomic
+        // transfer length granularity 1; bytes 56..64 (atomic boundaries) stay 0.
+        b[40..44].copy_from_slice(&self.max_atomic_blocks().to_be_bytes());
+        b[44..48].copy_from_slice(&1u32.to_be_bytes());
+        b[48..52].copy_from_slice(&1u32.to_be_bytes());
         b
     }
 

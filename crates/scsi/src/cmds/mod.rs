@@ -113,9 +113,8 @@ pub(crate) fn data_out_len(cdb: &[u8], block_size: u32) -> Option<u64> {
         }
         op::WRITE_10 | op::WRITE_VERIFY_10 => be16(cdb, 7) as u64 * bs,
         op::WRITE_12 | op::WRITE_VERIFY_12 => be32(cdb, 6) as u64 * bs,
-        op::WRITE_16 | op::WRITE_VERIFY_16 | op::ORWRITE_16 | op::WRITE_ATOMIC_16 => {
-            be32(cdb, 10) as u64 * bs
-        }
+        op::WRITE_16 | op::WRITE_VERIFY_16 | op::ORWRITE_16 => be32(cdb, 10) as u64 * bs,
+        op::WRITE_ATOMIC_16 => be16(cdb, 12) as u64 * bs,
         op::VERIFY_10 if get(cdb, 1) & 0x06 != 0 => be16(cdb, 7) as u64 * bs,
         op::VERIFY_12 if get(cdb, 1) & 0x06 != 0 => be32(cdb, 6) as u64 * bs,
         op::VERIFY_16 if get(cdb, 1) & 0x06 != 0 => be32(cdb, 10) as u64 * bs,

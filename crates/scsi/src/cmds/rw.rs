@@ -9,8 +9,10 @@ use crate::device::Command;
 use crate::lun::{CmdResult, Done, Fail, Lun};
 use crate::sense::{asc, key, Sense};
 
-/// Largest transfer (bytes) of one READ/WRITE; reported in the Block Limits VPD.
-pub(crate) const MAX_TRANSFER_BYTES: u64 = 16 << 20;
+/// Largest transfer (bytes) of one READ/WRITE; reported in the Block Limits VPD. 32 MiB
+/// is 65536 blocks of 512 bytes: initiators (libiscsi's WRITE SAME tests among them)
+/// move 65536 blocks in one command to exercise 4-byte transfer lengths.
+pub(crate) const MAX_TRANSFER_BYTES: u64 = 32 << 20;
 /// Largest COMPARE AND WRITE (blocks).
 pub(crate) const MAX_CAW_BLOCKS: u8 = 128;
 /// Largest WRITE SAME (blocks), UNMAP LBA count and UNMAP descriptor count.
@@ -51,6 +53,11 @@ impl RwParams {
             5 => RwParams {
                 lba: be32(cdb, 2) as u64,
                 blocks: be32(cdb, 6),
+                flags: get(cdb, 1),
+            },
+            _ if opcode == op::WRITE_ATOMIC_16 => RwParams {
+                lba: be64(cdb, 2),
+                blocks: be16(cdb, 12) as u32,
                 flags: get(cdb, 1),
             },
             _ => RwParams {
@@ -130,6 +137,9 @@ impl Lun {
     }
 
     fn len_field(opcode: u8) -> u16 {
+        if opcode == op::WRITE_ATOMIC_16 {
+            return 12;
+        }
         match opcode >> 5 {
             0 => 4,
             1 | 2 => 7,
@@ -146,39 +156,62 @@ impl Lun {
             return Done::none();
         }
         self.check_transfer_len(p.blocks, Self::len_field(cdb[0]))?;
+        // A shared range lock: reads run in parallel with each other and with plain
+        // writes, but never see half of an atomic write or COMPARE AND WRITE.
+        let _range = self.ranges.lock(p.lba, p.blocks as u64, false).await;
         Done::data(self.read_blocks(p.lba, p.blocks as u64).await?)
     }
 
     /// WRITE(6/10/12/16) and WRITE ATOMIC(16). Writes min(SPDTL, data received) bytes;
     /// a trailing partial block is merged with the medium under an exclusive range lock.
+    /// An atomic write holds an exclusive range lock for the whole transfer, so readers
+    /// and other writers of overlapping blocks see all of it or none of it.
     pub(crate) async fn write(&self, cmd: &Command, atomic: bool) -> CmdResult {
         let cdb: &[u8] = &cmd.cdb;
         let p = RwParams::parse(cdb);
         self.check_protect(cdb)?;
+        if atomic && be16(cdb, 10) != 0 {
+            // MAXIMUM ATOMIC BOUNDARY SIZE is 0 in the Block Limits VPD: no boundaries.
+            return Err(Sense::invalid_cdb_field(10, None).into());
+        }
         self.check_writable()?;
         self.check_range(p.lba, p.blocks as u64)?;
         if p.blocks == 0 {
             return Done::none();
         }
         self.check_transfer_len(p.blocks, Self::len_field(cdb[0]))?;
-        if atomic && p.blocks > super::inquiry::MAX_ATOMIC_BLOCKS {
-            return Err(Sense::invalid_cdb_field(10, None).into());
+        if atomic && p.blocks > self.max_atomic_blocks() {
+            return Err(Sense::invalid_cdb_field(12, None).into());
         }
         let want = (p.blocks as usize) << self.bs_shift;
         let data = cmd.data_out.slice(..want.min(cmd.data_out.len()));
-        self.write_data(p.lba, p.blocks as u64, data, p.fua())
+        self.write_data(p.lba, p.blocks as u64, data, p.fua(), atomic)
             .await?;
         Done::none()
     }
 
-    /// Writes `data` (at most `blocks` blocks) at `lba` under a range lock.
-    async fn write_data(&self, lba: u64, blocks: u64, data: Bytes, fua: bool) -> Result<(), Fail> {
+    /// Largest WRITE ATOMIC(16) in blocks: any transfer up to the maximum transfer
+    /// length (the range lock makes every such write atomic).
+    pub(crate) fn max_atomic_blocks(&self) -> u32 {
+        (MAX_TRANSFER_BYTES >> self.bs_shift) as u32
+    }
+
+    /// Writes `data` (at most `blocks` blocks) at `lba` under a range lock (exclusive
+    /// when `exclusive`, or when a partial last block needs a read-modify-write).
+    async fn write_data(
+        &self,
+        lba: u64,
+        blocks: u64,
+        data: Bytes,
+        fua: bool,
+        exclusive: bool,
+    ) -> Result<(), Fail> {
         if data.is_empty() {
             return Ok(());
         }
         let bs = self.block_size as usize;
         if data.len().is_multiple_of(bs) {
-            let _range = self.ranges.lock(lba, blocks, false).await;
+            let _range = self.ranges.lock(lba, blocks, exclusive).await;
             return self.write_bytes(self.offset(lba), data, fua).await;
         }
         // Partial last block: read-modify-write that block.
@@ -212,7 +245,8 @@ impl Lun {
         let want = (p.blocks as usize) << self.bs_shift;
         let data = cmd.data_out.slice(..want.min(cmd.data_out.len()));
         // Verification reads back from the medium: make the write durable first.
-        self.write_data(p.lba, p.blocks as u64, data, true).await?;
+        self.write_data(p.lba, p.blocks as u64, data, true, false)
+            .await?;
         Done::none()
     }
 
@@ -291,12 +325,15 @@ impl Lun {
             return Err(Sense::invalid_cdb_field(13, None).into());
         }
         self.check_range(lba, n as u64)?;
+        // The data-out must be exactly the compare and write halves. An 8-bit NUMBER OF
+        // LOGICAL BLOCKS of 0 with data-out is an initiator asking for 256 blocks (a
+        // length that wrapped): reject it rather than ignore the data.
+        let len = (n as usize) << self.bs_shift;
+        if cmd.data_out.len() != 2 * len || cmd.expected_len as usize != 2 * len {
+            return Err(Sense::invalid_cdb_field(13, None).into());
+        }
         if n == 0 {
             return Done::none();
-        }
-        let len = (n as usize) << self.bs_shift;
-        if cmd.data_out.len() != 2 * len {
-            return Err(Sense::invalid_cdb_field(13, None).into());
         }
         let _range = self.ranges.lock(lba, n as u64, true).await;
         let current = self.read_blocks(lba, n as u64).await?;
