@@ -18,6 +18,12 @@
 //!
 //! and only then sleep on the channel again. Polling before re-arming loses the wakeup for a
 //! completion that lands between the last poll and the re-arm.
+//!
+//! # Completion order
+//! Receives complete in the order the messages were sent. On a send queue, Sends and RDMA Writes
+//! complete in posting order; an RDMA Read completes when its last Read Response segment has been
+//! placed, which may be after Sends or Writes posted behind it (a ULP that must not send before
+//! its read data is in waits for the Read's completion, as iSER targets do).
 
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
