@@ -1,0 +1,1023 @@
+//! The sans-IO heart of an initiator session in full feature phase: ITT allocation, the
+//! CmdSN window (commands wait while CmdSN would pass MaxCmdSN), per-connection ExpStatSN,
+//! building SCSI Command PDUs with immediate data and unsolicited Data-Out up to
+//! FirstBurstLength, answering R2Ts with Data-Out bursts, assembling Data-In (with the data
+//! digest computed in the same pass as the copy), phase-collapsed status, residuals, sense,
+//! NOP-In answers, task management, logout and connection loss.
+//!
+//! It owns no socket and no clock: the driver feeds it received PDUs and drains
+//! [`SessionCore::actions`] (PDUs to send on a connection, requests to complete). Each request
+//! carries a caller token `T` (the driver uses a channel sender) returned on completion.
+
+use std::collections::{HashMap, VecDeque};
+
+use bytes::{Bytes, BytesMut};
+use iscsi_session::data_in_segments;
+use iscsi_wire::serial::{sn_gt, sn_le, sn_lt};
+use iscsi_wire::{
+    tmf, Ahs, Bhs, DataIn, DataOut, LogoutRequest, NopIn, NopOut, ScsiCommand, TaskMgmtRequest,
+    RESERVED_TAG,
+};
+
+/// Session-wide negotiated values the data path needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionLimits {
+    pub immediate_data: bool,
+    pub initial_r2t: bool,
+    pub first_burst_length: u32,
+    pub max_burst_length: u32,
+}
+
+impl Default for SessionLimits {
+    /// The RFC 7143 defaults.
+    fn default() -> Self {
+        SessionLimits {
+            immediate_data: true,
+            initial_r2t: true,
+            first_burst_length: 65_536,
+            max_burst_length: 262_144,
+        }
+    }
+}
+
+/// A SCSI command to run.
+#[derive(Debug, Clone)]
+pub struct CommandRequest {
+    pub lun: u16,
+    /// The CDB; bytes past 16 go in an Extended CDB AHS.
+    pub cdb: Vec<u8>,
+    /// Bytes of Data-In expected (0 for none).
+    pub read_len: u32,
+    /// Data to write (empty for none).
+    pub write: Bytes,
+    /// Task attribute (0 untagged, 1 simple, 2 ordered, 3 head of queue).
+    pub attr: u8,
+}
+
+impl CommandRequest {
+    /// A command without data.
+    pub fn none(lun: u16, cdb: Vec<u8>) -> Self {
+        CommandRequest {
+            lun,
+            cdb,
+            read_len: 0,
+            write: Bytes::new(),
+            attr: 1,
+        }
+    }
+    /// A command reading `len` bytes.
+    pub fn read(lun: u16, cdb: Vec<u8>, len: u32) -> Self {
+        CommandRequest {
+            read_len: len,
+            ..Self::none(lun, cdb)
+        }
+    }
+    /// A command writing `data`.
+    pub fn write(lun: u16, cdb: Vec<u8>, data: Bytes) -> Self {
+        CommandRequest {
+            write: data,
+            ..Self::none(lun, cdb)
+        }
+    }
+}
+
+/// Residual count reported with the status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Residual {
+    #[default]
+    None,
+    /// Fewer bytes were transferred than expected.
+    Underflow(u32),
+    /// The command wanted more bytes than expected.
+    Overflow(u32),
+}
+
+/// What a SCSI command came back with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandResult {
+    /// SCSI status (0 GOOD, 2 CHECK CONDITION, ...).
+    pub status: u8,
+    /// Data-In received (shortened by an underflow residual).
+    pub data: Bytes,
+    /// Sense bytes of a CHECK CONDITION (without the 2-byte length).
+    pub sense: Bytes,
+    pub residual: Residual,
+}
+
+/// Why a request did not complete with a response.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TaskError {
+    #[error("connection lost with the command in flight: {0}")]
+    ConnectionLost(String),
+    #[error("task aborted")]
+    Aborted,
+    #[error("the target answered with iSCSI response 0x{0:02x} (target failure)")]
+    Response(u8),
+    #[error("the target rejected the PDU (reason 0x{0:02x})")]
+    Rejected(u8),
+    #[error("the session is closed")]
+    SessionClosed,
+}
+
+/// Completion of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    Scsi(CommandResult),
+    /// Task management response code (0 function complete).
+    Tmf(u8),
+    /// Data of the NOP-In answering our ping.
+    Nop(Bytes),
+    /// Logout response code (0 success).
+    Logout(u8),
+}
+
+/// A PDU to send on a connection (digests and framing are the driver's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutPdu {
+    pub bhs: Bhs,
+    pub ahs: Bytes,
+    pub data: Bytes,
+}
+
+/// What the driver must do.
+#[derive(Debug)]
+pub enum Action<T> {
+    Send {
+        conn: usize,
+        pdu: OutPdu,
+    },
+    Complete {
+        token: T,
+        result: Result<Reply, TaskError>,
+    },
+    /// An Asynchronous Message (event code, e.g. 1 = the target asks for a logout).
+    Async {
+        conn: usize,
+        event: u8,
+    },
+}
+
+/// The target broke the protocol on a connection: the driver drops the connection.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("protocol error from the target: {0}")]
+pub struct ConnError(pub String);
+
+fn perr(m: impl Into<String>) -> ConnError {
+    ConnError(m.into())
+}
+
+#[derive(Debug)]
+struct ConnState {
+    alive: bool,
+    exp_stat_sn: u32,
+    max_send_seg: u32,
+    in_flight: usize,
+}
+
+#[derive(Debug)]
+enum Kind {
+    Scsi {
+        req: CommandRequest,
+        buf: BytesMut,
+        exp_data_sn: u32,
+        received: u32,
+    },
+    Tmf {
+        function: u8,
+        ref_itt: u32,
+        lun: u16,
+    },
+    Nop,
+    Logout,
+}
+
+#[derive(Debug)]
+struct Task<T> {
+    token: T,
+    conn: Option<usize>,
+    cmd_sn: u32,
+    kind: Kind,
+}
+
+/// The state of one session.
+#[derive(Debug)]
+pub struct SessionCore<T> {
+    limits: SessionLimits,
+    conns: Vec<ConnState>,
+    /// CmdSN of the next non-immediate command.
+    cmd_sn: u32,
+    exp_cmd_sn: u32,
+    max_cmd_sn: u32,
+    next_itt: u32,
+    tasks: HashMap<u32, Task<T>>,
+    /// SCSI commands waiting for the window (or for a connection).
+    queue: VecDeque<u32>,
+    rr: usize,
+    /// Filled by every call; the driver drains it.
+    pub actions: Vec<Action<T>>,
+}
+
+fn max_seg(v: u32) -> u32 {
+    v.clamp(512, iscsi_wire::MAX_DATA_SEGMENT)
+}
+
+impl<T> SessionCore<T> {
+    /// A session whose login ended with the given CmdSN state.
+    pub fn new(limits: SessionLimits, cmd_sn: u32, exp_cmd_sn: u32, max_cmd_sn: u32) -> Self {
+        SessionCore {
+            limits,
+            conns: Vec::new(),
+            cmd_sn,
+            exp_cmd_sn,
+            max_cmd_sn,
+            next_itt: 1,
+            tasks: HashMap::new(),
+            queue: VecDeque::new(),
+            rr: 0,
+            actions: Vec::new(),
+        }
+    }
+
+    /// Adds a connection in full feature phase; returns its index.
+    /// `exp_stat_sn` is the StatSN after the last Login Response; `max_send_seg` the
+    /// target's MaxRecvDataSegmentLength.
+    pub fn add_connection(&mut self, exp_stat_sn: u32, max_send_seg: u32) -> usize {
+        let c = ConnState {
+            alive: true,
+            exp_stat_sn,
+            max_send_seg: max_seg(max_send_seg),
+            in_flight: 0,
+        };
+        let idx = match self.conns.iter().position(|c| !c.alive) {
+            Some(i) => {
+                self.conns[i] = c;
+                i
+            }
+            None => {
+                self.conns.push(c);
+                self.conns.len() - 1
+            }
+        };
+        self.pump();
+        idx
+    }
+
+    /// Starts over after session reinstatement: a new session's CmdSN state and limits, no
+    /// connections. Queued commands stay queued.
+    pub fn reset_session(
+        &mut self,
+        limits: SessionLimits,
+        cmd_sn: u32,
+        exp_cmd_sn: u32,
+        max_cmd_sn: u32,
+    ) {
+        self.limits = limits;
+        self.cmd_sn = cmd_sn;
+        self.exp_cmd_sn = exp_cmd_sn;
+        self.max_cmd_sn = max_cmd_sn;
+        self.conns.clear();
+    }
+
+    /// CmdSN the next command (or a login on a new connection) uses.
+    pub fn cmd_sn(&self) -> u32 {
+        self.cmd_sn
+    }
+
+    /// (ExpCmdSN, MaxCmdSN) as last reported by the target.
+    pub fn window(&self) -> (u32, u32) {
+        (self.exp_cmd_sn, self.max_cmd_sn)
+    }
+
+    /// Commands the target will accept now (MaxCmdSN - ExpCmdSN + 1).
+    pub fn window_size(&self) -> u32 {
+        self.max_cmd_sn
+            .wrapping_sub(self.exp_cmd_sn)
+            .wrapping_add(1)
+    }
+
+    /// Requests not yet completed (sent or queued).
+    pub fn outstanding(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Commands waiting for window space or a connection.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Indexes of connections still up.
+    pub fn live_connections(&self) -> Vec<usize> {
+        (0..self.conns.len())
+            .filter(|&i| self.conns[i].alive)
+            .collect()
+    }
+
+    /// ExpStatSN of a connection.
+    pub fn exp_stat_sn(&self, conn: usize) -> u32 {
+        self.conns.get(conn).map_or(0, |c| c.exp_stat_sn)
+    }
+
+    fn alloc_itt(&mut self) -> u32 {
+        // At most tasks.len() + 1 candidates are in use or reserved: the loop ends.
+        loop {
+            let itt = self.next_itt;
+            self.next_itt = self.next_itt.wrapping_add(1);
+            if itt != RESERVED_TAG && !self.tasks.contains_key(&itt) {
+                return itt;
+            }
+        }
+    }
+
+    fn pick_conn(&mut self) -> Option<usize> {
+        let n = self.conns.len();
+        for k in 0..n {
+            let i = (self.rr + k) % n;
+            if self.conns[i].alive {
+                self.rr = (i + 1) % n;
+                return Some(i);
+            }
+        }
+        None
+    }
+
+    /// Queues a SCSI command; it goes out as soon as the window allows. Returns its ITT.
+    pub fn submit(&mut self, token: T, req: CommandRequest) -> u32 {
+        let itt = self.alloc_itt();
+        let buf = BytesMut::zeroed(req.read_len as usize);
+        self.tasks.insert(
+            itt,
+            Task {
+                token,
+                conn: None,
+                cmd_sn: 0,
+                kind: Kind::Scsi {
+                    req,
+                    buf,
+                    exp_data_sn: 0,
+                    received: 0,
+                },
+            },
+        );
+        self.queue.push_back(itt);
+        self.pump();
+        itt
+    }
+
+    /// Sends queued commands while the window is open.
+    fn pump(&mut self) {
+        while let Some(&itt) = self.queue.front() {
+            if !sn_le(self.cmd_sn, self.max_cmd_sn) {
+                return;
+            }
+            let Some(conn) = self.pick_conn() else {
+                return;
+            };
+            self.queue.pop_front();
+            let cmd_sn = self.cmd_sn;
+            self.cmd_sn = self.cmd_sn.wrapping_add(1);
+            let Some(task) = self.tasks.get_mut(&itt) else {
+                continue;
+            };
+            task.conn = Some(conn);
+            task.cmd_sn = cmd_sn;
+            let Kind::Scsi { req, .. } = &task.kind else {
+                continue;
+            };
+            let req = req.clone();
+            self.conns[conn].in_flight += 1;
+            self.send_command(conn, itt, cmd_sn, &req);
+        }
+    }
+
+    fn send_command(&mut self, conn: usize, itt: u32, cmd_sn: u32, req: &CommandRequest) {
+        let lim = self.limits;
+        let seg = self.conns[conn].max_send_seg;
+        let exp_stat_sn = self.conns[conn].exp_stat_sn;
+        let wlen = req.write.len() as u32;
+        let lun = iscsi_wire::lun_to_wire(req.lun);
+        let immediate = if lim.immediate_data && wlen > 0 {
+            wlen.min(lim.first_burst_length).min(seg)
+        } else {
+            0
+        };
+        let unsolicited_end = if !lim.initial_r2t && wlen > 0 {
+            wlen.min(lim.first_burst_length)
+        } else {
+            immediate
+        };
+        let mut cdb = [0u8; 16];
+        let n = req.cdb.len().min(16);
+        cdb[..n].copy_from_slice(&req.cdb[..n]);
+        let ahs = if req.cdb.len() > 16 {
+            Bytes::from(iscsi_wire::encode_ahs(&[Ahs::ExtendedCdb(
+                req.cdb[16..].to_vec(),
+            )]))
+        } else {
+            Bytes::new()
+        };
+        let bhs = Bhs::ScsiCommand(ScsiCommand {
+            immediate: false,
+            final_: unsolicited_end <= immediate,
+            read: req.read_len > 0,
+            write: wlen > 0,
+            attr: req.attr & 7,
+            lun,
+            itt,
+            expected_data_len: if wlen > 0 { wlen } else { req.read_len },
+            cmd_sn,
+            exp_stat_sn,
+            cdb,
+        });
+        self.actions.push(Action::Send {
+            conn,
+            pdu: OutPdu {
+                bhs,
+                ahs,
+                data: req.write.slice(..immediate as usize),
+            },
+        });
+        if unsolicited_end > immediate {
+            self.data_out_burst(
+                conn,
+                itt,
+                lun,
+                RESERVED_TAG,
+                &req.write,
+                immediate,
+                unsolicited_end,
+            );
+        }
+    }
+
+    /// Data-Out PDUs for bytes `from..to` of `data`, DataSN from 0, F on the last.
+    #[allow(clippy::too_many_arguments)]
+    fn data_out_burst(
+        &mut self,
+        conn: usize,
+        itt: u32,
+        lun: u64,
+        ttt: u32,
+        data: &Bytes,
+        from: u32,
+        to: u32,
+    ) {
+        let seg = self.conns[conn].max_send_seg;
+        let exp_stat_sn = self.conns[conn].exp_stat_sn;
+        for s in data_in_segments(to - from, seg, u32::MAX) {
+            let off = from + s.offset;
+            let bhs = Bhs::DataOut(DataOut {
+                final_: s.last,
+                lun,
+                itt,
+                ttt,
+                exp_stat_sn,
+                data_sn: s.data_sn,
+                buffer_offset: off,
+            });
+            self.actions.push(Action::Send {
+                conn,
+                pdu: OutPdu {
+                    bhs,
+                    ahs: Bytes::new(),
+                    data: data.slice(off as usize..(off + s.len) as usize),
+                },
+            });
+        }
+    }
+
+    fn send_immediate(
+        &mut self,
+        conn: usize,
+        token: T,
+        kind: Kind,
+        build: impl FnOnce(u32, u32, u32) -> Bhs,
+    ) -> u32 {
+        let itt = self.alloc_itt();
+        let bhs = build(itt, self.cmd_sn, self.conns[conn].exp_stat_sn);
+        self.tasks.insert(
+            itt,
+            Task {
+                token,
+                conn: Some(conn),
+                cmd_sn: self.cmd_sn,
+                kind,
+            },
+        );
+        self.actions.push(Action::Send {
+            conn,
+            pdu: OutPdu {
+                bhs,
+                ahs: Bytes::new(),
+                data: Bytes::new(),
+            },
+        });
+        itt
+    }
+
+    /// Pings the target on `conn` with a NOP-Out that asks for a NOP-In.
+    /// Returns `None` when the connection is down.
+    pub fn ping(&mut self, conn: usize, token: T) -> Result<u32, T> {
+        if !self.conns.get(conn).is_some_and(|c| c.alive) {
+            return Err(token);
+        }
+        Ok(
+            self.send_immediate(conn, token, Kind::Nop, |itt, cmd_sn, exp_stat_sn| {
+                Bhs::NopOut(NopOut {
+                    immediate: true,
+                    lun: 0,
+                    itt,
+                    ttt: RESERVED_TAG,
+                    cmd_sn,
+                    exp_stat_sn,
+                })
+            }),
+        )
+    }
+
+    /// ABORT TASK for the command `itt` (sent on the command's connection).
+    /// Gives the token back when there is no such command or no connection.
+    pub fn abort_task(&mut self, itt: u32, token: T) -> Result<u32, T> {
+        let Some(task) = self.tasks.get(&itt) else {
+            return Err(token);
+        };
+        let Kind::Scsi { req, .. } = &task.kind else {
+            return Err(token);
+        };
+        let lun = req.lun;
+        let ref_cmd_sn = task.cmd_sn;
+        let conn = match task.conn {
+            Some(c) => c,
+            None => {
+                // Not sent yet: drop it from the queue; nothing goes on the wire.
+                self.queue.retain(|&i| i != itt);
+                let t = self.tasks.remove(&itt).expect("present");
+                self.actions.push(Action::Complete {
+                    token: t.token,
+                    result: Err(TaskError::Aborted),
+                });
+                self.actions.push(Action::Complete {
+                    token,
+                    result: Ok(Reply::Tmf(tmf::RSP_COMPLETE)),
+                });
+                return Ok(itt);
+            }
+        };
+        Ok(self.send_tmf(conn, token, tmf::ABORT_TASK, lun, itt, ref_cmd_sn))
+    }
+
+    /// LOGICAL UNIT RESET of `lun`.
+    pub fn lun_reset(&mut self, lun: u16, token: T) -> Result<u32, T> {
+        let Some(conn) = self.pick_conn() else {
+            return Err(token);
+        };
+        Ok(self.send_tmf(conn, token, tmf::LOGICAL_UNIT_RESET, lun, RESERVED_TAG, 0))
+    }
+
+    fn send_tmf(
+        &mut self,
+        conn: usize,
+        token: T,
+        function: u8,
+        lun: u16,
+        ref_itt: u32,
+        ref_cmd_sn: u32,
+    ) -> u32 {
+        let kind = Kind::Tmf {
+            function,
+            ref_itt,
+            lun,
+        };
+        self.send_immediate(conn, token, kind, |itt, cmd_sn, exp_stat_sn| {
+            Bhs::TaskMgmtRequest(TaskMgmtRequest {
+                immediate: true,
+                function,
+                lun: iscsi_wire::lun_to_wire(lun),
+                itt,
+                ref_task_tag: ref_itt,
+                cmd_sn,
+                exp_stat_sn,
+                ref_cmd_sn: if ref_itt == RESERVED_TAG {
+                    cmd_sn
+                } else {
+                    ref_cmd_sn
+                },
+                exp_data_sn: 0,
+            })
+        })
+    }
+
+    /// Logout request closing the session, on the first live connection.
+    pub fn logout(&mut self, token: T) -> Result<u32, T> {
+        let Some(conn) = self.live_connections().first().copied() else {
+            return Err(token);
+        };
+        Ok(
+            self.send_immediate(conn, token, Kind::Logout, |itt, cmd_sn, exp_stat_sn| {
+                Bhs::LogoutRequest(LogoutRequest {
+                    immediate: true,
+                    reason: 0,
+                    itt,
+                    cid: 0,
+                    cmd_sn,
+                    exp_stat_sn,
+                })
+            }),
+        )
+    }
+
+    fn note_target_sns(&mut self, conn: usize, stat_sn: u32, advances: bool, exp: u32, max: u32) {
+        if advances {
+            let c = &mut self.conns[conn];
+            let next = stat_sn.wrapping_add(1);
+            if sn_gt(next, c.exp_stat_sn) {
+                c.exp_stat_sn = next;
+            }
+        }
+        // RFC 7143 §4.2.2.1: MaxCmdSN < ExpCmdSN - 1 means the values are to be ignored.
+        if sn_lt(max, exp.wrapping_sub(1)) {
+            return;
+        }
+        if sn_gt(exp, self.exp_cmd_sn) {
+            self.exp_cmd_sn = exp;
+        }
+        if sn_gt(max, self.max_cmd_sn) {
+            self.max_cmd_sn = max;
+        }
+    }
+
+    fn finish(&mut self, itt: u32, result: Result<Reply, TaskError>) {
+        if let Some(t) = self.tasks.remove(&itt) {
+            if let Some(c) = t.conn {
+                if matches!(t.kind, Kind::Scsi { .. }) {
+                    self.conns[c].in_flight = self.conns[c].in_flight.saturating_sub(1);
+                }
+            }
+            self.actions.push(Action::Complete {
+                token: t.token,
+                result,
+            });
+        }
+    }
+
+    fn scsi_task(&mut self, conn: usize, itt: u32, what: &str) -> Result<&mut Task<T>, ConnError> {
+        match self.tasks.get_mut(&itt) {
+            Some(t) if t.conn == Some(conn) && matches!(t.kind, Kind::Scsi { .. }) => Ok(t),
+            _ => Err(perr(format!("{what} for unknown ITT 0x{itt:08x}"))),
+        }
+    }
+
+    /// A Data-In PDU whose payload is still in the receive buffer. `digest` is the data
+    /// digest from the wire and the padding bytes, when DataDigest is on: the CRC is computed
+    /// while the payload is copied into the command's buffer.
+    pub fn on_data_in(
+        &mut self,
+        conn: usize,
+        d: &DataIn,
+        payload: &[u8],
+        digest: Option<(u32, &[u8])>,
+    ) -> Result<(), ConnError> {
+        self.check_conn(conn)?;
+        let check = |crc: u32| -> Result<(), ConnError> {
+            if let Some((want, pad)) = digest {
+                let got = digest::crc32c_append(crc, pad);
+                if got != want {
+                    return Err(perr(format!(
+                        "data digest error on Data-In (got {want:08x}, computed {got:08x})"
+                    )));
+                }
+            }
+            Ok(())
+        };
+        let Some(task) = self.tasks.get_mut(&d.itt) else {
+            // Data for a task we aborted: check it and drop it.
+            check(digest::crc32c(payload))?;
+            return Ok(());
+        };
+        if task.conn != Some(conn) {
+            return Err(perr(format!(
+                "Data-In for ITT 0x{:08x} on another connection",
+                d.itt
+            )));
+        }
+        let Kind::Scsi {
+            buf,
+            exp_data_sn,
+            received,
+            ..
+        } = &mut task.kind
+        else {
+            return Err(perr(format!("Data-In for non-SCSI ITT 0x{:08x}", d.itt)));
+        };
+        if d.data_sn != *exp_data_sn {
+            return Err(perr(format!(
+                "Data-In DataSN {} where {} was expected (ITT 0x{:08x})",
+                d.data_sn, exp_data_sn, d.itt
+            )));
+        }
+        let off = d.buffer_offset as usize;
+        let end = off.checked_add(payload.len()).filter(|&e| e <= buf.len());
+        let Some(end) = end else {
+            return Err(perr(format!(
+                "Data-In at offset {} length {} overruns the {}-byte read (ITT 0x{:08x})",
+                d.buffer_offset,
+                payload.len(),
+                buf.len(),
+                d.itt
+            )));
+        };
+        let dst = &mut buf[off..end];
+        let crc = if digest.is_some() {
+            digest::copy_with_crc32c(dst, payload)
+        } else {
+            dst.copy_from_slice(payload);
+            0
+        };
+        check(crc)?;
+        *exp_data_sn = exp_data_sn.wrapping_add(1);
+        *received = received.saturating_add(payload.len() as u32);
+        self.note_target_sns(
+            conn,
+            d.stat_sn,
+            d.status_present,
+            d.exp_cmd_sn,
+            d.max_cmd_sn,
+        );
+        if d.status_present {
+            if !d.final_ {
+                return Err(perr("Data-In with status but without the F bit"));
+            }
+            let residual = residual(d.underflow, d.overflow, d.residual);
+            self.complete_scsi(d.itt, d.status, Bytes::new(), residual);
+        }
+        self.pump();
+        Ok(())
+    }
+
+    fn complete_scsi(&mut self, itt: u32, status: u8, sense: Bytes, residual: Residual) {
+        let Some(task) = self.tasks.get_mut(&itt) else {
+            return;
+        };
+        let Kind::Scsi { buf, .. } = &mut task.kind else {
+            return;
+        };
+        let mut data = std::mem::take(buf).freeze();
+        if let Residual::Underflow(n) = residual {
+            data.truncate(data.len().saturating_sub(n as usize));
+        }
+        self.finish(
+            itt,
+            Ok(Reply::Scsi(CommandResult {
+                status,
+                data,
+                sense,
+                residual,
+            })),
+        );
+    }
+
+    fn check_conn(&self, conn: usize) -> Result<(), ConnError> {
+        match self.conns.get(conn) {
+            Some(c) if c.alive => Ok(()),
+            _ => Err(perr("PDU on a closed connection")),
+        }
+    }
+
+    /// Any PDU other than Data-In (its data digest already checked by the driver).
+    pub fn on_pdu(&mut self, conn: usize, bhs: Bhs, data: Bytes) -> Result<(), ConnError> {
+        self.check_conn(conn)?;
+        let advances = bhs.advances_stat_sn();
+        match bhs {
+            Bhs::ScsiResponse(r) => {
+                self.scsi_task(conn, r.itt, "SCSI Response")?;
+                self.note_target_sns(conn, r.stat_sn, advances, r.exp_cmd_sn, r.max_cmd_sn);
+                if r.response != 0 {
+                    self.finish(r.itt, Err(TaskError::Response(r.response)));
+                } else {
+                    let sense = if data.len() >= 2 {
+                        let n = u16::from_be_bytes([data[0], data[1]]) as usize;
+                        data.slice(2..(2 + n).min(data.len()))
+                    } else {
+                        Bytes::new()
+                    };
+                    let residual = residual(r.underflow, r.overflow, r.residual);
+                    self.complete_scsi(r.itt, r.status, sense, residual);
+                }
+            }
+            Bhs::R2t(r) => {
+                self.note_target_sns(conn, r.stat_sn, false, r.exp_cmd_sn, r.max_cmd_sn);
+                let task = self.scsi_task(conn, r.itt, "R2T")?;
+                let Kind::Scsi { req, .. } = &task.kind else {
+                    unreachable!("scsi_task checks the kind");
+                };
+                let data = req.write.clone();
+                let lun = iscsi_wire::lun_to_wire(req.lun);
+                let end = r.buffer_offset as u64 + r.desired_len as u64;
+                if r.desired_len == 0 || end > data.len() as u64 {
+                    return Err(perr(format!(
+                        "R2T for bytes {}..{end} of a {}-byte write",
+                        r.buffer_offset,
+                        data.len()
+                    )));
+                }
+                if r.desired_len > self.limits.max_burst_length {
+                    return Err(perr(format!(
+                        "R2T desired length {} exceeds MaxBurstLength {}",
+                        r.desired_len, self.limits.max_burst_length
+                    )));
+                }
+                self.data_out_burst(conn, r.itt, lun, r.ttt, &data, r.buffer_offset, end as u32);
+            }
+            Bhs::NopIn(n) => {
+                self.note_target_sns(conn, n.stat_sn, advances, n.exp_cmd_sn, n.max_cmd_sn);
+                if n.itt != RESERVED_TAG {
+                    match self.tasks.get(&n.itt) {
+                        Some(t) if matches!(t.kind, Kind::Nop) => {
+                            self.finish(n.itt, Ok(Reply::Nop(data)))
+                        }
+                        _ => return Err(perr(format!("NOP-In for unknown ITT 0x{:08x}", n.itt))),
+                    }
+                } else if n.ttt != RESERVED_TAG {
+                    self.answer_nop(conn, &n, data);
+                }
+            }
+            Bhs::TaskMgmtResponse(r) => {
+                self.note_target_sns(conn, r.stat_sn, advances, r.exp_cmd_sn, r.max_cmd_sn);
+                let Some(Task {
+                    kind:
+                        Kind::Tmf {
+                            function,
+                            ref_itt,
+                            lun,
+                        },
+                    ..
+                }) = self.tasks.get(&r.itt)
+                else {
+                    return Err(perr(format!(
+                        "TMF response for unknown ITT 0x{:08x}",
+                        r.itt
+                    )));
+                };
+                let (function, ref_itt, lun) = (*function, *ref_itt, *lun);
+                let done = r.response == tmf::RSP_COMPLETE || r.response == tmf::RSP_NO_TASK;
+                if done && function == tmf::ABORT_TASK {
+                    self.fail_task(ref_itt, TaskError::Aborted);
+                } else if r.response == tmf::RSP_COMPLETE && function == tmf::LOGICAL_UNIT_RESET {
+                    let hit: Vec<u32> = self
+                        .tasks
+                        .iter()
+                        .filter(|(_, t)| {
+                            matches!(&t.kind, Kind::Scsi { req, .. } if req.lun == lun)
+                                && t.conn.is_some()
+                        })
+                        .map(|(i, _)| *i)
+                        .collect();
+                    for i in hit {
+                        self.fail_task(i, TaskError::Aborted);
+                    }
+                }
+                self.finish(r.itt, Ok(Reply::Tmf(r.response)));
+            }
+            Bhs::LogoutResponse(r) => {
+                self.note_target_sns(conn, r.stat_sn, advances, r.exp_cmd_sn, r.max_cmd_sn);
+                match self.tasks.get(&r.itt) {
+                    Some(t) if matches!(t.kind, Kind::Logout) => {
+                        self.finish(r.itt, Ok(Reply::Logout(r.response)))
+                    }
+                    _ => {
+                        return Err(perr(format!(
+                            "Logout response for unknown ITT 0x{:08x}",
+                            r.itt
+                        )))
+                    }
+                }
+            }
+            Bhs::Reject(r) => {
+                self.note_target_sns(conn, r.stat_sn, advances, r.exp_cmd_sn, r.max_cmd_sn);
+                // The data segment holds the rejected PDU's header.
+                if data.len() >= 48 {
+                    let itt = u32::from_be_bytes([data[16], data[17], data[18], data[19]]);
+                    let op = data[0] & 0x3f;
+                    // A rejected Data-Out leaves its command to end with a response; a
+                    // rejected command or request will never get one.
+                    if op != 0x05 && self.tasks.contains_key(&itt) {
+                        self.fail_task(itt, TaskError::Rejected(r.reason));
+                    }
+                }
+            }
+            Bhs::AsyncMessage(a) => {
+                self.note_target_sns(conn, a.stat_sn, advances, a.exp_cmd_sn, a.max_cmd_sn);
+                self.actions.push(Action::Async {
+                    conn,
+                    event: a.event,
+                });
+            }
+            Bhs::DataIn(_) => return Err(perr("Data-In passed to on_pdu")),
+            Bhs::TextResponse(_) => return Err(perr("unexpected Text Response")),
+            other => {
+                return Err(perr(format!(
+                    "unexpected {} from the target",
+                    other.opcode().name()
+                )))
+            }
+        }
+        self.pump();
+        Ok(())
+    }
+
+    fn answer_nop(&mut self, conn: usize, n: &NopIn, data: Bytes) {
+        let bhs = Bhs::NopOut(NopOut {
+            immediate: true,
+            lun: n.lun,
+            itt: RESERVED_TAG,
+            ttt: n.ttt,
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: self.conns[conn].exp_stat_sn,
+        });
+        self.actions.push(Action::Send {
+            conn,
+            pdu: OutPdu {
+                bhs,
+                ahs: Bytes::new(),
+                data,
+            },
+        });
+    }
+
+    fn fail_task(&mut self, itt: u32, err: TaskError) {
+        if self.tasks.contains_key(&itt) {
+            self.queue.retain(|&i| i != itt);
+            self.finish(itt, Err(err));
+        }
+    }
+
+    /// A connection ended. With `retry`, its SCSI commands go back to the front of the
+    /// queue (in CmdSN order) to be sent again once a connection is up (after session
+    /// reinstatement); otherwise they fail with [`TaskError::ConnectionLost`]. Other
+    /// requests on it always fail. When no connection is left and `retry` is off, queued
+    /// commands fail too.
+    pub fn on_connection_lost(&mut self, conn: usize, reason: &str, retry: bool) {
+        let Some(c) = self.conns.get_mut(conn) else {
+            return;
+        };
+        c.alive = false;
+        c.in_flight = 0;
+        let mut lost: Vec<(u32, u32, bool)> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.conn == Some(conn))
+            .map(|(i, t)| (*i, t.cmd_sn, matches!(t.kind, Kind::Scsi { .. })))
+            .collect();
+        lost.sort_by(|a, b| {
+            if sn_lt(a.1, b.1) {
+                std::cmp::Ordering::Less
+            } else if a.1 == b.1 {
+                std::cmp::Ordering::Equal
+            } else {
+                std::cmp::Ordering::Greater
+            }
+        });
+        for (itt, _, scsi) in lost.iter().rev() {
+            if retry && *scsi {
+                let t = self.tasks.get_mut(itt).expect("present");
+                t.conn = None;
+                if let Kind::Scsi {
+                    exp_data_sn,
+                    received,
+                    ..
+                } = &mut t.kind
+                {
+                    *exp_data_sn = 0;
+                    *received = 0;
+                }
+                self.queue.push_front(*itt);
+            } else {
+                self.finish(*itt, Err(TaskError::ConnectionLost(reason.to_string())));
+            }
+        }
+        if !retry && self.live_connections().is_empty() {
+            self.fail_all(TaskError::ConnectionLost(reason.to_string()));
+        }
+    }
+
+    /// Fails every request (the session is gone).
+    pub fn fail_all(&mut self, err: TaskError) {
+        let all: Vec<u32> = self.tasks.keys().copied().collect();
+        self.queue.clear();
+        for itt in all {
+            self.finish(itt, Err(err.clone()));
+        }
+    }
+}
+
+fn residual(under: bool, over: bool, n: u32) -> Residual {
+    if under {
+        Residual::Underflow(n)
+    } else if over {
+        Residual::Overflow(n)
+    } else {
+        Residual::None
+    }
+}
+
+#[cfg(test)]
+mod tests;

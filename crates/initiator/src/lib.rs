@@ -1,0 +1,78 @@
+//! The ironsan iSCSI initiator: it issues exactly the SCSI commands it is asked for, as
+//! fast as the wire allows, and reports what happened. It parses libiscsi-style URLs
+//! ([`IscsiUrl`]), discovers targets (SendTargets), logs in with full negotiation, CHAP,
+//! mutual CHAP and CRC32C digests, and runs sessions of one or more connections with many
+//! commands outstanding (up to the target's CmdSN window), immediate, unsolicited and
+//! solicited write data, NOP keepalive, task management, logout and reconnection by
+//! session reinstatement. The protocol logic is the sans-IO [`core::SessionCore`]; a thin
+//! tokio driver ([`Session`]) moves its PDUs over TCP. SCSI helpers (INQUIRY, READ
+//! CAPACITY, READ/WRITE 10/16, SYNCHRONIZE CACHE, UNMAP, REPORT LUNS, raw CDBs) sit on top,
+//! and [`bench`] is the access generator behind `ironsan bench`.
+//!
+//! ```no_run
+//! use iscsi_initiator::{IscsiUrl, Session, SessionConfig};
+//!
+//! # async fn demo() -> Result<(), iscsi_initiator::Error> {
+//! let url = IscsiUrl::parse_lun("iscsi://127.0.0.1/iqn.2026-11.org.ironsan:default/0")?;
+//! let session = Session::connect(&url, SessionConfig::from_url(&url)).await?;
+//! let lun = session.default_lun();
+//! let cap = session.capacity(lun).await?;
+//! let data = vec![0xa5u8; 1 << 20];
+//! session.write(lun, 0, cap.block_size, data.clone().into()).await?;
+//! let back = session.read(lun, 0, (1 << 20) / cap.block_size, cap.block_size).await?;
+//! assert_eq!(&back[..], &data[..]);
+//! session.logout().await?;
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod bench;
+mod conn;
+pub mod core;
+pub mod scsi;
+mod session;
+pub mod url;
+
+pub use crate::core::{CommandRequest, CommandResult, Residual, TaskError};
+pub use iscsi_login::{ChapCredentials, DigestPreference, DiscoveredTarget, LoginError};
+pub use session::{discover, PendingCommand, Session, SessionConfig, DEFAULT_INITIATOR_NAME};
+pub use url::{parse_portal, IscsiUrl, UrlError};
+
+/// Everything that can go wrong, each with a one-line explanation.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Url(#[from] UrlError),
+    #[error("cannot connect to {addr}: {why}")]
+    Connect { addr: String, why: String },
+    /// The target refused the login (its status class/detail explained) or broke it.
+    #[error("{0}")]
+    Login(LoginError),
+    #[error("connection error: {0}")]
+    Io(String),
+    #[error("protocol error from the target: {0}")]
+    Protocol(String),
+    #[error("timeout: {0}")]
+    Timeout(String),
+    #[error("{0}")]
+    Task(TaskError),
+    /// A command ended with a status other than GOOD.
+    #[error("{what} failed: {}{}", scsi::status::name(*status), sense.map(|s| format!(", {s}")).unwrap_or_default())]
+    Scsi {
+        what: String,
+        status: u8,
+        sense: Option<scsi::Sense>,
+    },
+    /// A request that cannot be made (bad offset, size...).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl Error {
+    pub(crate) fn io(e: std::io::Error) -> Error {
+        Error::Io(e.to_string())
+    }
+    pub(crate) fn wire(e: iscsi_wire::WireError) -> Error {
+        Error::Protocol(e.to_string())
+    }
+}

@@ -1,0 +1,1018 @@
+//! The tokio driver around [`SessionCore`]: logs in one or more connections, runs a reader
+//! and a writer task per connection, keeps connections alive with NOP-Out pings, and on a
+//! connection loss either fails the commands in flight with a clear error or (with
+//! `reconnect`) reinstates the session with the same ISID and sends them again.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, Bytes, BytesMut};
+use iscsi_login::{
+    ChapAlgorithm, ChapCredentials, DesiredSession, DigestPreference, DiscoveredTarget,
+    InitiatorAuth, InitiatorLoginConfig, SessionParams,
+};
+use iscsi_wire::{Bhs, Digests, FrameLayout, BHS_LEN};
+use tokio::net::tcp::OwnedReadHalf;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::AbortHandle;
+
+use crate::conn::{self, LoginDone, WriterMsg, READ_CHUNK};
+use crate::core::{
+    Action, CommandRequest, CommandResult, Reply, SessionCore, SessionLimits, TaskError,
+};
+use crate::scsi::{self, status, Capacity, Inquiry, Sense};
+use crate::url::IscsiUrl;
+use crate::Error;
+
+/// The initiator name used unless the caller sets one.
+pub const DEFAULT_INITIATOR_NAME: &str = "iqn.2026-11.org.ironsan:initiator";
+
+/// How to log in and run a session.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    pub initiator_name: String,
+    /// CHAP credentials (from the URL's `user%password@`).
+    pub chap: Option<ChapCredentials>,
+    /// Mutual CHAP: what the target must prove (from the URL's `target_user`/`target_password`).
+    pub mutual_chap: Option<ChapCredentials>,
+    pub header_digest: DigestPreference,
+    pub data_digest: DigestPreference,
+    /// Connections to open (capped by the negotiated MaxConnections).
+    pub connections: u16,
+    /// Our MaxRecvDataSegmentLength (largest Data-In PDU we accept).
+    pub max_recv_data_segment_length: u32,
+    pub max_burst_length: u32,
+    pub first_burst_length: u32,
+    pub immediate_data: bool,
+    pub initial_r2t: bool,
+    pub max_outstanding_r2t: u16,
+    pub connect_timeout: Duration,
+    pub login_timeout: Duration,
+    /// Ping an idle connection this often (`None`: never).
+    pub nop_interval: Option<Duration>,
+    /// Drop a connection whose ping is not answered within this time.
+    pub nop_timeout: Duration,
+    /// Reinstate the session after a connection loss and resend the commands in flight.
+    pub reconnect: bool,
+    /// Login attempts when reconnecting.
+    pub reconnect_attempts: u32,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig {
+            initiator_name: DEFAULT_INITIATOR_NAME.to_string(),
+            chap: None,
+            mutual_chap: None,
+            header_digest: DigestPreference::None,
+            data_digest: DigestPreference::None,
+            connections: 1,
+            max_recv_data_segment_length: 262_144,
+            max_burst_length: 16_776_192,
+            first_burst_length: 262_144,
+            immediate_data: true,
+            initial_r2t: false,
+            max_outstanding_r2t: 8,
+            connect_timeout: Duration::from_secs(10),
+            login_timeout: Duration::from_secs(15),
+            nop_interval: Some(Duration::from_secs(10)),
+            nop_timeout: Duration::from_secs(30),
+            reconnect: false,
+            reconnect_attempts: 5,
+        }
+    }
+}
+
+impl SessionConfig {
+    /// Defaults with the URL's CHAP credentials and digest choices.
+    pub fn from_url(url: &IscsiUrl) -> SessionConfig {
+        let mut c = SessionConfig::default();
+        c.apply_url(url);
+        c
+    }
+
+    /// Takes the URL's CHAP credentials and digest choices (where it sets them).
+    pub fn apply_url(&mut self, url: &IscsiUrl) {
+        if let (Some(u), Some(p)) = (&url.user, &url.password) {
+            self.chap = Some(ChapCredentials::new(u.clone(), p.as_bytes().to_vec()));
+        }
+        if let (Some(u), Some(p)) = (&url.target_user, &url.target_password) {
+            self.mutual_chap = Some(ChapCredentials::new(u.clone(), p.as_bytes().to_vec()));
+        }
+        if let Some(d) = url.header_digest {
+            self.header_digest = d;
+        }
+        if let Some(d) = url.data_digest {
+            self.data_digest = d;
+        }
+    }
+
+    fn login_config(
+        &self,
+        target: Option<&str>,
+        isid: [u8; 6],
+        tsih: u16,
+        cid: u16,
+        cmd_sn: u32,
+    ) -> InitiatorLoginConfig {
+        let mut c =
+            InitiatorLoginConfig::new(self.initiator_name.clone(), target.map(str::to_string));
+        c.isid = isid;
+        c.tsih = tsih;
+        c.cid = cid;
+        c.cmd_sn = cmd_sn;
+        c.itt = u32::from(cid) + 0x1000;
+        c.auth = match &self.chap {
+            None => InitiatorAuth::None,
+            Some(cred) => InitiatorAuth::Chap {
+                credentials: cred.clone(),
+                mutual: self.mutual_chap.clone(),
+                algorithms: vec![
+                    ChapAlgorithm::Sha256,
+                    ChapAlgorithm::Sha1,
+                    ChapAlgorithm::Md5,
+                ],
+            },
+        };
+        c.header_digest = self.header_digest;
+        c.data_digest = self.data_digest;
+        c.max_recv_data_segment_length = self.max_recv_data_segment_length;
+        c.session = DesiredSession {
+            immediate_data: self.immediate_data,
+            initial_r2t: self.initial_r2t,
+            max_burst_length: self.max_burst_length,
+            first_burst_length: self.first_burst_length.min(self.max_burst_length),
+            max_connections: self.connections.max(1),
+            max_outstanding_r2t: self.max_outstanding_r2t.max(1),
+            default_time2wait: 2,
+            default_time2retain: 20,
+        };
+        c
+    }
+}
+
+type Waiter = oneshot::Sender<Result<Reply, TaskError>>;
+
+struct ConnHandle {
+    tx: mpsc::UnboundedSender<WriterMsg>,
+    reader: AbortHandle,
+    writer: AbortHandle,
+}
+
+impl ConnHandle {
+    fn kill(&self) {
+        self.reader.abort();
+        self.writer.abort();
+    }
+}
+
+struct State {
+    core: SessionCore<Waiter>,
+    conns: Vec<Option<ConnHandle>>,
+    /// Bumped at every (re)login so tasks of older connections stand down.
+    generation: u64,
+    reconnecting: bool,
+    /// Set when the session is gone for good.
+    failed: Option<String>,
+    params: SessionParams,
+    tsih: u16,
+}
+
+struct Inner {
+    state: Mutex<State>,
+    cfg: SessionConfig,
+    url: IscsiUrl,
+    isid: [u8; 6],
+    closing: AtomicBool,
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Delivers what the core asked for: PDUs to writers, completions to waiters.
+fn flush(st: &mut State) {
+    let State { core, conns, .. } = st;
+    for a in core.actions.drain(..) {
+        match a {
+            Action::Send { conn, pdu } => {
+                if let Some(Some(h)) = conns.get(conn) {
+                    let _ = h.tx.send(WriterMsg::Pdu(pdu));
+                }
+            }
+            Action::Complete { token, result } => {
+                let _ = token.send(result);
+            }
+            Action::Async { conn, event } => {
+                tracing::info!(conn, event, "asynchronous message from the target");
+            }
+        }
+    }
+}
+
+/// A command sent (or queued) whose completion has not been awaited yet.
+pub struct PendingCommand {
+    itt: u32,
+    rx: Result<oneshot::Receiver<Result<Reply, TaskError>>, Error>,
+}
+
+impl PendingCommand {
+    /// The command's Initiator Task Tag (for [`Session::abort_task`]).
+    pub fn itt(&self) -> u32 {
+        self.itt
+    }
+
+    /// Waits for the status.
+    pub async fn wait(self) -> Result<CommandResult, Error> {
+        let rx = self.rx?;
+        match rx.await {
+            Ok(Ok(Reply::Scsi(r))) => Ok(r),
+            Ok(Ok(other)) => Err(Error::Protocol(format!("unexpected reply {other:?}"))),
+            Ok(Err(e)) => Err(Error::Task(e)),
+            Err(_) => Err(Error::Task(TaskError::SessionClosed)),
+        }
+    }
+}
+
+/// A logged-in session to one target (one or more connections).
+pub struct Session {
+    inner: Arc<Inner>,
+}
+
+struct Established {
+    tsih: u16,
+    params: SessionParams,
+    limits: SessionLimits,
+    cmd_sn: u32,
+    exp_cmd_sn: u32,
+    max_cmd_sn: u32,
+    conns: Vec<(tokio::net::TcpStream, BytesMut, LoginDone)>,
+}
+
+/// Logs in the leading connection (TSIH 0: a new session, or a reinstatement of one with the
+/// same ISID) and then the other connections with the session's TSIH.
+async fn establish(
+    cfg: &SessionConfig,
+    url: &IscsiUrl,
+    isid: [u8; 6],
+) -> Result<Established, Error> {
+    let target = url
+        .target
+        .as_deref()
+        .ok_or_else(|| Error::Invalid(format!("{url} names no target")))?;
+    let addr = url.host_port();
+    let mut stream = conn::connect(&addr, cfg.connect_timeout).await?;
+    let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
+    let lead = conn::login(
+        &mut stream,
+        &mut rbuf,
+        cfg.login_config(Some(target), isid, 0, 0, 1),
+        cfg.login_timeout,
+    )
+    .await?;
+    let params = lead.session.clone();
+    let limits = SessionLimits {
+        immediate_data: params.immediate_data,
+        initial_r2t: params.initial_r2t,
+        first_burst_length: params.first_burst_length,
+        max_burst_length: params.max_burst_length,
+    };
+    let cmd_sn = lead.exp_cmd_sn;
+    let (exp_cmd_sn, max_cmd_sn, tsih) = (lead.exp_cmd_sn, lead.max_cmd_sn, lead.tsih);
+    let want = cfg.connections.max(1).min(params.max_connections.max(1));
+    let mut conns = vec![(stream, rbuf, lead)];
+    for cid in 1..want {
+        let mut s = conn::connect(&addr, cfg.connect_timeout).await?;
+        let mut b = BytesMut::with_capacity(READ_CHUNK);
+        let done = conn::login(
+            &mut s,
+            &mut b,
+            cfg.login_config(Some(target), isid, tsih, cid, cmd_sn),
+            cfg.login_timeout,
+        )
+        .await?;
+        conns.push((s, b, done));
+    }
+    Ok(Established {
+        tsih,
+        params,
+        limits,
+        cmd_sn,
+        exp_cmd_sn,
+        max_cmd_sn,
+        conns,
+    })
+}
+
+/// Puts the logged-in connections to work: reader and writer tasks, core connections.
+fn install(inner: &Arc<Inner>, st: &mut State, est: Established) {
+    st.generation += 1;
+    let generation = st.generation;
+    st.tsih = est.tsih;
+    st.params = est.params;
+    st.core
+        .reset_session(est.limits, est.cmd_sn, est.exp_cmd_sn, est.max_cmd_sn);
+    st.conns.clear();
+    for (stream, rbuf, done) in est.conns {
+        let digests = Digests {
+            header: done.connection.header_digest,
+            data: done.connection.data_digest,
+        };
+        let (rd, wr) = stream.into_split();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let idx = st.conns.len();
+        let writer = tokio::spawn(conn::writer(wr, rx, digests)).abort_handle();
+        let max_recv = done.connection.max_recv_data_segment_length.max(512);
+        let reader = tokio::spawn(reader(
+            inner.clone(),
+            idx,
+            generation,
+            rd,
+            rbuf,
+            digests,
+            max_recv,
+        ))
+        .abort_handle();
+        st.conns.push(Some(ConnHandle { tx, reader, writer }));
+        let got = st.core.add_connection(
+            done.exp_stat_sn,
+            done.connection.max_send_data_segment_length,
+        );
+        debug_assert_eq!(got, idx);
+    }
+    st.reconnecting = false;
+    flush(st);
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn reader(
+    inner: Arc<Inner>,
+    idx: usize,
+    generation: u64,
+    mut rd: OwnedReadHalf,
+    mut rbuf: BytesMut,
+    digests: Digests,
+    max_recv: u32,
+) {
+    let reason = loop {
+        if let Err(e) = next_frame(&mut rd, &mut rbuf, digests, max_recv).await {
+            break e;
+        }
+        let mut st = inner.lock();
+        if st.generation != generation {
+            return;
+        }
+        let mut failed = None;
+        // Everything complete in the buffer is handled under one lock.
+        for _ in 0..4096 {
+            match process_one(&mut st.core, idx, &mut rbuf, digests, max_recv) {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        flush(&mut st);
+        drop(st);
+        if let Some(e) = failed {
+            break e;
+        }
+    };
+    connection_lost(&inner, idx, generation, &reason);
+}
+
+/// Reads until the buffer holds at least one whole PDU.
+async fn next_frame(
+    rd: &mut OwnedReadHalf,
+    rbuf: &mut BytesMut,
+    digests: Digests,
+    max_recv: u32,
+) -> Result<(), String> {
+    let io = |e: std::io::Error| format!("connection lost: {e}");
+    conn::fill(rd, rbuf, BHS_LEN).await.map_err(io)?;
+    let head: &[u8; BHS_LEN] = rbuf[..BHS_LEN].try_into().expect("48 bytes");
+    let layout = FrameLayout::of(head, digests, max_recv)
+        .map_err(|e| format!("protocol error from the target: {e}"))?;
+    conn::fill(rd, rbuf, layout.total_len()).await.map_err(io)
+}
+
+/// Handles the PDU at the front of `rbuf` if it is complete. Ok(false): need more bytes.
+fn process_one(
+    core: &mut SessionCore<Waiter>,
+    conn: usize,
+    rbuf: &mut BytesMut,
+    digests: Digests,
+    max_recv: u32,
+) -> Result<bool, String> {
+    if rbuf.len() < BHS_LEN {
+        return Ok(false);
+    }
+    let head: [u8; BHS_LEN] = rbuf[..BHS_LEN].try_into().expect("48 bytes");
+    let layout = FrameLayout::of(&head, digests, max_recv)
+        .map_err(|e| format!("protocol error from the target: {e}"))?;
+    let total = layout.total_len();
+    if rbuf.len() < total {
+        return Ok(false);
+    }
+    let header_end = BHS_LEN + layout.header_rest_len();
+    if layout.header_digest_len > 0 {
+        let got = u32::from_le_bytes(rbuf[header_end - 4..header_end].try_into().expect("4"));
+        let want = digest::crc32c(&rbuf[..header_end - 4]);
+        if got != want {
+            return Err(format!(
+                "header digest error from the target (got {got:08x}, computed {want:08x})"
+            ));
+        }
+    }
+    let bhs = Bhs::decode(&head)
+        .map_err(|e| format!("protocol error from the target: {e}"))?
+        .bhs;
+    let data_end = header_end + layout.data_len as usize;
+    let padded_end = data_end + layout.pad_len;
+    let wire_digest = (layout.data_digest_len > 0)
+        .then(|| u32::from_le_bytes(rbuf[padded_end..padded_end + 4].try_into().expect("4")));
+    let result = match bhs {
+        Bhs::DataIn(d) => {
+            let digest = wire_digest.map(|w| (w, &rbuf[data_end..padded_end]));
+            core.on_data_in(conn, &d, &rbuf[header_end..data_end], digest)
+        }
+        other => {
+            if let Some(want) = wire_digest {
+                let got = digest::crc32c(&rbuf[header_end..padded_end]);
+                if got != want {
+                    return Err(format!(
+                        "data digest error from the target (got {want:08x}, computed {got:08x})"
+                    ));
+                }
+            }
+            let data = Bytes::copy_from_slice(&rbuf[header_end..data_end]);
+            core.on_pdu(conn, other, data)
+        }
+    };
+    rbuf.advance(total);
+    result.map(|_| true).map_err(|e| e.to_string())
+}
+
+/// A connection ended: without `reconnect` the session fails (every command in flight gets
+/// a `ConnectionLost` error); with it, every connection is closed, the commands are queued
+/// again, and a task logs in again with the same ISID (session reinstatement).
+fn connection_lost(inner: &Arc<Inner>, idx: usize, generation: u64, reason: &str) {
+    let mut st = inner.lock();
+    if st.generation != generation || st.conns.get(idx).is_none_or(|c| c.is_none()) {
+        return;
+    }
+    let closing = inner.closing.load(Ordering::Acquire);
+    let retry = inner.cfg.reconnect && !closing;
+    if !closing {
+        tracing::warn!(conn = idx, "{reason}");
+    }
+    for i in 0..st.conns.len() {
+        if let Some(h) = st.conns[i].take() {
+            if i != idx {
+                h.kill();
+            } else {
+                h.writer.abort();
+            }
+            st.core.on_connection_lost(i, reason, retry);
+        }
+    }
+    st.generation += 1;
+    if retry {
+        st.reconnecting = true;
+        let inner2 = inner.clone();
+        let reason = reason.to_string();
+        tokio::spawn(async move { reconnect(inner2, reason).await });
+    } else {
+        let why = if closing {
+            "the session was closed".to_string()
+        } else {
+            reason.to_string()
+        };
+        st.core.fail_all(TaskError::ConnectionLost(why.clone()));
+        st.failed = Some(why);
+    }
+    flush(&mut st);
+}
+
+async fn reconnect(inner: Arc<Inner>, reason: String) {
+    let wait = {
+        let st = inner.lock();
+        Duration::from_secs(u64::from(st.params.default_time2wait).clamp(1, 5))
+    };
+    let mut last = String::new();
+    for attempt in 0..inner.cfg.reconnect_attempts.max(1) {
+        tokio::time::sleep(if attempt == 0 {
+            Duration::from_millis(200)
+        } else {
+            wait
+        })
+        .await;
+        if inner.closing.load(Ordering::Acquire) {
+            break;
+        }
+        match establish(&inner.cfg, &inner.url, inner.isid).await {
+            Ok(est) => {
+                let mut st = inner.lock();
+                tracing::info!(attempt, "session reinstated after: {reason}");
+                install(&inner, &mut st, est);
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(attempt, "reconnect failed: {e}");
+                last = e.to_string();
+            }
+        }
+    }
+    let mut st = inner.lock();
+    let why = format!("{reason}; reconnecting failed: {last}");
+    st.core.fail_all(TaskError::ConnectionLost(why.clone()));
+    st.failed = Some(why);
+    st.reconnecting = false;
+    flush(&mut st);
+}
+
+async fn keepalive(inner: std::sync::Weak<Inner>, every: Duration, timeout: Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(inner) = inner.upgrade() else { return };
+        if inner.closing.load(Ordering::Acquire) {
+            return;
+        }
+        let (generation, pings) = {
+            let mut st = inner.lock();
+            let generation = st.generation;
+            let mut pings = Vec::new();
+            for c in st.core.live_connections() {
+                let (tx, rx) = oneshot::channel();
+                if st.core.ping(c, tx).is_ok() {
+                    pings.push((c, rx));
+                }
+            }
+            flush(&mut st);
+            (generation, pings)
+        };
+        for (c, rx) in pings {
+            if tokio::time::timeout(timeout, rx).await.is_err() {
+                connection_lost(
+                    &inner,
+                    c,
+                    generation,
+                    &format!("NOP-Out ping unanswered for {} s", timeout.as_secs()),
+                );
+            }
+        }
+    }
+}
+
+impl Session {
+    /// Logs in to the URL's target (it must name one) with `cfg`'s connections.
+    pub async fn connect(url: &IscsiUrl, cfg: SessionConfig) -> Result<Session, Error> {
+        let mut r = [0u8; 4];
+        rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut r);
+        let isid = [0x80, 0x00, r[0], r[1], r[2], r[3]];
+        let est = establish(&cfg, url, isid).await?;
+        let inner = Arc::new(Inner {
+            state: Mutex::new(State {
+                core: SessionCore::new(SessionLimits::default(), 0, 0, 0),
+                conns: Vec::new(),
+                generation: 0,
+                reconnecting: false,
+                failed: None,
+                params: est.params.clone(),
+                tsih: 0,
+            }),
+            cfg,
+            url: url.clone(),
+            isid,
+            closing: AtomicBool::new(false),
+        });
+        {
+            let mut st = inner.lock();
+            install(&inner, &mut st, est);
+        }
+        if let Some(every) = inner.cfg.nop_interval {
+            tokio::spawn(keepalive(
+                Arc::downgrade(&inner),
+                every,
+                inner.cfg.nop_timeout,
+            ));
+        }
+        Ok(Session { inner })
+    }
+
+    /// The URL this session logged in to.
+    pub fn url(&self) -> &IscsiUrl {
+        &self.inner.url
+    }
+
+    /// The URL's LUN (0 when it names none).
+    pub fn default_lun(&self) -> u16 {
+        self.inner.url.lun.unwrap_or(0)
+    }
+
+    /// The negotiated session parameters.
+    pub fn params(&self) -> SessionParams {
+        self.inner.lock().params.clone()
+    }
+
+    /// The target-assigned session handle.
+    pub fn tsih(&self) -> u16 {
+        self.inner.lock().tsih
+    }
+
+    /// Connections currently up.
+    pub fn connection_count(&self) -> usize {
+        self.inner.lock().core.live_connections().len()
+    }
+
+    /// Commands the target accepts right now (MaxCmdSN - ExpCmdSN + 1).
+    pub fn window(&self) -> u32 {
+        self.inner.lock().core.window_size()
+    }
+
+    /// Sends (or queues, while the CmdSN window is closed) a SCSI command.
+    pub fn submit(&self, req: CommandRequest) -> PendingCommand {
+        let (tx, rx) = oneshot::channel();
+        let mut st = self.inner.lock();
+        if let Some(why) = &st.failed {
+            return PendingCommand {
+                itt: 0,
+                rx: Err(Error::Task(TaskError::ConnectionLost(why.clone()))),
+            };
+        }
+        let itt = st.core.submit(tx, req);
+        flush(&mut st);
+        PendingCommand { itt, rx: Ok(rx) }
+    }
+
+    /// Runs a SCSI command and returns whatever status it ended with.
+    pub async fn execute(&self, req: CommandRequest) -> Result<CommandResult, Error> {
+        self.submit(req).wait().await
+    }
+
+    /// Runs a command that must end GOOD; a UNIT ATTENTION is retried (a new session's
+    /// first command usually gets the power-on one).
+    pub async fn run(&self, what: &str, req: CommandRequest) -> Result<CommandResult, Error> {
+        // Unit attentions queue up one per event; a few retries drain them.
+        for attempt in 0..6 {
+            let r = self.execute(req.clone()).await?;
+            if r.status == status::GOOD {
+                return Ok(r);
+            }
+            let sense = Sense::parse(&r.sense);
+            if r.status == status::CHECK_CONDITION
+                && sense.is_some_and(|s| s.key == 6)
+                && attempt < 5
+            {
+                continue;
+            }
+            return Err(Error::Scsi {
+                what: what.to_string(),
+                status: r.status,
+                sense,
+            });
+        }
+        unreachable!("the last attempt returns")
+    }
+
+    async fn immediate(
+        &self,
+        send: impl FnOnce(&mut SessionCore<Waiter>, Waiter) -> Result<u32, Waiter>,
+        timeout: Duration,
+    ) -> Result<Reply, Error> {
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut st = self.inner.lock();
+            if send(&mut st.core, tx).is_err() {
+                return Err(Error::Task(TaskError::SessionClosed));
+            }
+            flush(&mut st);
+        }
+        match tokio::time::timeout(timeout, rx).await {
+            Err(_) => Err(Error::Timeout(format!(
+                "no answer within {} s",
+                timeout.as_secs()
+            ))),
+            Ok(Err(_)) => Err(Error::Task(TaskError::SessionClosed)),
+            Ok(Ok(Err(e))) => Err(Error::Task(e)),
+            Ok(Ok(Ok(r))) => Ok(r),
+        }
+    }
+
+    /// ABORT TASK for a command from [`Session::submit`]; returns the TMF response code
+    /// (0 function complete, 1 task does not exist).
+    pub async fn abort_task(&self, itt: u32) -> Result<u8, Error> {
+        match self
+            .immediate(|c, t| c.abort_task(itt, t), Duration::from_secs(30))
+            .await?
+        {
+            Reply::Tmf(r) => Ok(r),
+            other => Err(Error::Protocol(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    /// LOGICAL UNIT RESET; returns the TMF response code.
+    pub async fn lun_reset(&self, lun: u16) -> Result<u8, Error> {
+        match self
+            .immediate(|c, t| c.lun_reset(lun, t), Duration::from_secs(30))
+            .await?
+        {
+            Reply::Tmf(r) => Ok(r),
+            other => Err(Error::Protocol(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    /// Pings the target on every connection; returns the slowest round trip.
+    pub async fn ping(&self) -> Result<Duration, Error> {
+        let conns = self.inner.lock().core.live_connections();
+        let start = Instant::now();
+        for c in conns {
+            self.immediate(|core, t| core.ping(c, t), self.inner.cfg.nop_timeout)
+                .await?;
+        }
+        Ok(start.elapsed())
+    }
+
+    /// Logs out (closing the session) and closes every connection.
+    pub async fn logout(self) -> Result<(), Error> {
+        self.inner.closing.store(true, Ordering::Release);
+        let r = self
+            .immediate(|c, t| c.logout(t), Duration::from_secs(10))
+            .await;
+        self.shutdown();
+        match r? {
+            Reply::Logout(0) => Ok(()),
+            Reply::Logout(code) => Err(Error::Protocol(format!(
+                "logout answered with response {code}"
+            ))),
+            other => Err(Error::Protocol(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    fn shutdown(&self) {
+        self.inner.closing.store(true, Ordering::Release);
+        let mut st = self.inner.lock();
+        st.generation += 1;
+        for h in st.conns.iter_mut().filter_map(Option::take) {
+            let _ = h.tx.send(WriterMsg::Close);
+            h.reader.abort();
+        }
+        st.core
+            .fail_all(TaskError::ConnectionLost("the session was closed".into()));
+        st.failed
+            .get_or_insert_with(|| "the session was closed".into());
+        flush(&mut st);
+    }
+
+    /// Kills every connection without logging out, as a network failure would (tests of
+    /// the reconnect path).
+    pub fn break_connections(&self) {
+        let targets: Vec<(usize, u64)> = {
+            let st = self.inner.lock();
+            let g = st.generation;
+            st.conns
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.is_some())
+                .map(|(i, _)| (i, g))
+                .collect()
+        };
+        if let Some(&(i, g)) = targets.first() {
+            {
+                let st = self.inner.lock();
+                if let Some(Some(h)) = st.conns.get(i) {
+                    h.kill();
+                }
+            }
+            connection_lost(&self.inner, i, g, "connection broken by the caller");
+        }
+    }
+
+    // ------------------------------------------------------------------ SCSI helpers
+
+    /// TEST UNIT READY.
+    pub async fn test_unit_ready(&self, lun: u16) -> Result<(), Error> {
+        self.run(
+            "TEST UNIT READY",
+            CommandRequest::none(lun, scsi::test_unit_ready()),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Standard INQUIRY data.
+    pub async fn inquiry(&self, lun: u16) -> Result<Inquiry, Error> {
+        let r = self
+            .run(
+                "INQUIRY",
+                CommandRequest::read(lun, scsi::inquiry(None, 255), 255),
+            )
+            .await?;
+        Inquiry::parse(&r.data)
+            .ok_or_else(|| Error::Protocol(format!("INQUIRY returned {} bytes", r.data.len())))
+    }
+
+    /// A VPD page, raw.
+    pub async fn inquiry_vpd(&self, lun: u16, page: u8) -> Result<Bytes, Error> {
+        let r = self
+            .run(
+                "INQUIRY (VPD)",
+                CommandRequest::read(lun, scsi::inquiry(Some(page), 4096), 4096),
+            )
+            .await?;
+        Ok(r.data)
+    }
+
+    /// READ CAPACITY(10).
+    pub async fn read_capacity10(&self, lun: u16) -> Result<Capacity, Error> {
+        let r = self
+            .run(
+                "READ CAPACITY(10)",
+                CommandRequest::read(lun, scsi::read_capacity10(), 8),
+            )
+            .await?;
+        Capacity::parse10(&r.data)
+            .ok_or_else(|| Error::Protocol("short READ CAPACITY(10) data".into()))
+    }
+
+    /// READ CAPACITY(16).
+    pub async fn read_capacity16(&self, lun: u16) -> Result<Capacity, Error> {
+        let r = self
+            .run(
+                "READ CAPACITY(16)",
+                CommandRequest::read(lun, scsi::read_capacity16(32), 32),
+            )
+            .await?;
+        Capacity::parse16(&r.data)
+            .ok_or_else(|| Error::Protocol("short READ CAPACITY(16) data".into()))
+    }
+
+    /// READ CAPACITY(16), or (10) when the target does not know (16).
+    pub async fn capacity(&self, lun: u16) -> Result<Capacity, Error> {
+        match self.read_capacity16(lun).await {
+            Ok(c) => Ok(c),
+            Err(Error::Scsi { .. }) => self.read_capacity10(lun).await,
+            Err(e) => Err(e),
+        }
+    }
+
+    /// REPORT LUNS.
+    pub async fn report_luns(&self) -> Result<Vec<u16>, Error> {
+        let r = self
+            .run(
+                "REPORT LUNS",
+                CommandRequest::read(0, scsi::report_luns(16384), 16384),
+            )
+            .await?;
+        scsi::parse_report_luns(&r.data)
+            .ok_or_else(|| Error::Protocol("short REPORT LUNS data".into()))
+    }
+
+    /// READ `blocks` blocks at `lba` (READ(10) or READ(16) as they need) as ONE command.
+    pub async fn read(
+        &self,
+        lun: u16,
+        lba: u64,
+        blocks: u32,
+        block_size: u32,
+    ) -> Result<Bytes, Error> {
+        let len = blocks as u64 * block_size as u64;
+        let len = u32::try_from(len).map_err(|_| {
+            Error::Invalid(format!(
+                "a read of {len} bytes is too large for one command"
+            ))
+        })?;
+        let cdb = scsi::read_write(false, lba, blocks, false);
+        let what = if cdb.len() == 10 {
+            "READ(10)"
+        } else {
+            "READ(16)"
+        };
+        Ok(self
+            .run(what, CommandRequest::read(lun, cdb, len))
+            .await?
+            .data)
+    }
+
+    /// WRITE `data` (a whole number of blocks) at `lba` as ONE command.
+    pub async fn write(
+        &self,
+        lun: u16,
+        lba: u64,
+        block_size: u32,
+        data: Bytes,
+    ) -> Result<(), Error> {
+        if block_size == 0 || data.len() % block_size as usize != 0 {
+            return Err(Error::Invalid(format!(
+                "{} bytes is not a whole number of {block_size}-byte blocks",
+                data.len()
+            )));
+        }
+        let blocks = u32::try_from(data.len() / block_size as usize)
+            .map_err(|_| Error::Invalid("write too large for one command".into()))?;
+        let cdb = scsi::read_write(true, lba, blocks, false);
+        let what = if cdb.len() == 10 {
+            "WRITE(10)"
+        } else {
+            "WRITE(16)"
+        };
+        self.run(what, CommandRequest::write(lun, cdb, data))
+            .await
+            .map(|_| ())
+    }
+
+    /// SYNCHRONIZE CACHE of the whole logical unit.
+    pub async fn synchronize_cache(&self, lun: u16) -> Result<(), Error> {
+        self.run(
+            "SYNCHRONIZE CACHE",
+            CommandRequest::none(lun, scsi::synchronize_cache(0, 0)),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// UNMAP the given (LBA, blocks) extents.
+    pub async fn unmap(&self, lun: u16, extents: &[(u64, u32)]) -> Result<(), Error> {
+        let (cdb, list) = scsi::unmap(extents);
+        self.run("UNMAP", CommandRequest::write(lun, cdb, Bytes::from(list)))
+            .await
+            .map(|_| ())
+    }
+
+    /// Any CDB, with optional data in or out; returns the status as it came.
+    pub async fn raw(
+        &self,
+        lun: u16,
+        cdb: &[u8],
+        read_len: u32,
+        write: Bytes,
+    ) -> Result<CommandResult, Error> {
+        if cdb.is_empty() || cdb.len() > 260 {
+            return Err(Error::Invalid(format!("a CDB of {} bytes", cdb.len())));
+        }
+        self.execute(CommandRequest {
+            lun,
+            cdb: cdb.to_vec(),
+            read_len,
+            write,
+            attr: 1,
+        })
+        .await
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// SendTargets discovery: logs in a discovery session at the URL's portal, asks for
+/// `SendTargets=All`, logs out.
+pub async fn discover(url: &IscsiUrl, cfg: &SessionConfig) -> Result<Vec<DiscoveredTarget>, Error> {
+    let addr = url.host_port();
+    let mut stream = conn::connect(&addr, cfg.connect_timeout).await?;
+    let mut rbuf = BytesMut::with_capacity(64 * 1024);
+    let mut r = [0u8; 4];
+    rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut r);
+    let isid = [0x80, 0x00, r[0], r[1], r[2], r[3]];
+    let mut lc = cfg.login_config(None, isid, 0, 0, 1);
+    // Digests are pointless for a few hundred bytes of text; keep what the caller asked.
+    lc.session.max_connections = 1;
+    let done = conn::login(&mut stream, &mut rbuf, lc, cfg.login_timeout).await?;
+    let digests = Digests {
+        header: done.connection.header_digest,
+        data: done.connection.data_digest,
+    };
+    let text = tokio::time::timeout(
+        cfg.login_timeout,
+        conn::text_exchange(
+            &mut stream,
+            &mut rbuf,
+            digests,
+            &done,
+            done.exp_cmd_sn,
+            b"SendTargets=All\0",
+        ),
+    )
+    .await
+    .map_err(|_| Error::Timeout("no SendTargets answer".into()))??;
+    let _ = tokio::time::timeout(
+        Duration::from_secs(5),
+        conn::logout_plain(
+            &mut stream,
+            &mut rbuf,
+            digests,
+            done.exp_cmd_sn,
+            done.exp_stat_sn.wrapping_add(1),
+        ),
+    )
+    .await;
+    iscsi_login::parse_send_targets(&text)
+        .map_err(|e| Error::Protocol(format!("bad SendTargets answer: {e:?}")))
+}
