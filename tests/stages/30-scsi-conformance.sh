@@ -61,13 +61,15 @@ if ((${#SUITES[@]} == 0)); then echo "FAIL: no suites match $SUITE_FILTER"; exit
 # run_all NAME URL: runs every suite, writes $work/NAME.log and $work/NAME.counts
 # ("total ran passed failed"), and $work/NAME.failed (failed test names).
 run_all() {
-  local name=$1 url=$2 log="$work/$1.log" total=0 ran=0 passed=0 failed=0 hung=0
+  local name=$1 url=$2 log="$work/$1.log" total=0 ran=0 passed=0 failed=0 hung=0 t0=$SECONDS
   : >"$log"
+  : >"$work/$name.times"
   : >"$work/$name.failed"
   for suite in "${SUITES[@]}"; do
-    local out="$work/$name.suite.txt"
+    local out="$work/$name.suite.txt" started=$SECONDS
     timeout -k 5 "$SUITE_TIMEOUT" iscsi-test-cu --dataloss --allow-sanitize -t "$suite" "$url" >"$out" 2>&1 || true
     cat "$out" >>"$log"
+    echo "$((SECONDS - started)) $suite" >>"$work/$name.times"
     local line
     line=$(awk '$1 == "tests" && NF >= 6 {print $2, $3, $4, $5}' "$out" | tail -1)
     if [[ -z "$line" ]]; then
@@ -97,7 +99,8 @@ run_all() {
     fi
   done
   echo "$total $ran $passed $failed" >"$work/$name.counts"
-  echo "  $name: tests total=$total ran=$ran passed=$passed failed=$failed (suites without summary: $hung)"
+  echo "  $name: tests total=$total ran=$ran passed=$passed failed=$failed (suites without summary: $hung) in $((SECONDS - t0)) s"
+  echo "    slowest suites (s): $(sort -rn "$work/$name.times" | head -5 | tr '\n' ' ')"
 }
 
 # ---------------------------------------------------------------- tgtd reference
