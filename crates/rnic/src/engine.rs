@@ -412,6 +412,11 @@ impl Conn {
                 }
                 WriteResult::Blocked => return,
                 WriteResult::Failed(e) => {
+                    // A peer that sent a Terminate closes right after it: read what it sent
+                    // first, so the QP reports the Terminate rather than the broken pipe.
+                    if !self.errored {
+                        let _ = self.receive();
+                    }
                     self.fail(None, Some(format!("send failed: {e}")));
                     self.finish();
                     return;
@@ -1014,7 +1019,10 @@ impl Conn {
         let dst = std::mem::replace(&mut self.dst, Dst::None);
         match self.segment_done(on_done, dst) {
             Ok(()) => Step::Progress(0),
-            Err(term) => Step::Fail(Some(term), "protocol error".into()),
+            Err(term) => {
+                let why = format!("sent Terminate: {}", term.code);
+                Step::Fail(Some(term), why)
+            }
         }
     }
 

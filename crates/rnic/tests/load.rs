@@ -193,10 +193,16 @@ fn run_qp(a: &Rnic, pda: &rnic::Pd, b: &Rnic, pdb: &rnic::Pd, ea: &End, eb: &End
         assert_eq!(wc.status, WcStatus::Success, "{:?}", ops.get(i));
         match ops.get(i) {
             Some(op) if op.kind == Kind::Read => {
-                assert_eq!((wc.opcode, wc.byte_len as usize), (WcOpcode::RdmaRead, op.size));
+                assert_eq!(
+                    (wc.opcode, wc.byte_len as usize),
+                    (WcOpcode::RdmaRead, op.size)
+                );
             }
             _ => {
-                assert!(last_non_read < Some(i), "completion {i} after {last_non_read:?}");
+                assert!(
+                    last_non_read < Some(i),
+                    "completion {i} after {last_non_read:?}"
+                );
                 last_non_read = Some(i);
             }
         }
@@ -208,7 +214,12 @@ fn run_qp(a: &Rnic, pda: &rnic::Pd, b: &Rnic, pdb: &rnic::Pd, ea: &End, eb: &End
             let wc = wait_wc(&eb.rcq, T);
             assert_eq!(
                 (wc.wr_id, wc.status, wc.byte_len as usize, wc.solicited),
-                (i as u64, WcStatus::Success, op.size, op.kind == Kind::SendSe),
+                (
+                    i as u64,
+                    WcStatus::Success,
+                    op.size,
+                    op.kind == Kind::SendSe
+                ),
                 "{op:?}"
             );
         }
@@ -230,7 +241,10 @@ fn run_qp(a: &Rnic, pda: &rnic::Pd, b: &Rnic, pdb: &rnic::Pd, ea: &End, eb: &End
             "payload mismatch: {op:?}"
         );
         assert!(
-            got[..at].iter().chain(&got[at + op.size..]).all(|&x| x == 0),
+            got[..at]
+                .iter()
+                .chain(&got[at + op.size..])
+                .all(|&x| x == 0),
             "bytes outside the target changed: {op:?}"
         );
     }
