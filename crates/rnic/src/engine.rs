@@ -1006,9 +1006,10 @@ impl Conn {
             let pad = need - fpdu::CRC_LEN;
             self.rx_crc.update(&self.ctl[..pad]);
             if self.ctl[pad..need] != self.rx_crc.wire_bytes() {
+                let code = TerminateCode::LLP_CRC;
                 return Step::Fail(
-                    Some(Terminate::plain(TerminateCode::LLP_CRC)),
-                    "MPA CRC error".into(),
+                    Some(Terminate::plain(code)),
+                    format!("MPA CRC error, sent Terminate: {code}"),
                 );
             }
         }
