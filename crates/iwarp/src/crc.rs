@@ -1,71 +1,44 @@
 //! CRC32C (Castagnoli) as MPA uses it: initial value all ones, reflected, final complement, sent
-//! little-endian in the FPDU's 4-byte CRC field (as Linux siw does).
-//!
-//! This is a small local table implementation kept private to the codec until the project's
-//! `digest` crate (hardware CRC, slicing-by-8) is available to depend on.
-
-const POLY_REFLECTED: u32 = 0x82F6_3B78;
-
-const TABLE: [u32; 256] = {
-    let mut t = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut c = i as u32;
-        let mut k = 0;
-        while k < 8 {
-            c = if c & 1 != 0 {
-                (c >> 1) ^ POLY_REFLECTED
-            } else {
-                c >> 1
-            };
-            k += 1;
-        }
-        t[i] = c;
-        i += 1;
-    }
-    t
-};
+//! little-endian in the FPDU's 4-byte CRC field (as Linux siw does). The arithmetic is the
+//! project's `digest` engine; this module only gives it the shape the FPDU code wants (chained
+//! updates, wire bytes) and the fused copy for the paths that copy payload anyway.
 
 /// Streaming CRC32C.
-#[derive(Clone, Copy, Debug)]
-pub struct Crc32c(u32);
-
-impl Default for Crc32c {
-    fn default() -> Self {
-        Self::new()
-    }
-}
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Crc32c(digest::Crc32c);
 
 impl Crc32c {
     pub fn new() -> Self {
-        Crc32c(!0)
+        Crc32c(digest::Crc32c::new())
     }
     pub fn update(&mut self, data: &[u8]) -> &mut Self {
-        let mut c = self.0;
-        for &b in data {
-            c = TABLE[((c ^ b as u32) & 0xff) as usize] ^ (c >> 8);
-        }
-        self.0 = c;
+        self.0.update(data);
         self
     }
-    /// The finished CRC value (complemented).
+    /// Copies `src` into `dst` (same length) and adds `src` to the CRC in the same pass.
+    pub fn update_copy(&mut self, dst: &mut [u8], src: &[u8]) -> &mut Self {
+        self.0.update_copy(dst, src);
+        self
+    }
+    /// The finished CRC value.
     pub fn finalize(&self) -> u32 {
-        !self.0
+        self.0.finalize()
     }
     /// The 4 bytes MPA puts on the wire for this CRC.
     pub fn wire_bytes(&self) -> [u8; 4] {
-        self.finalize().to_le_bytes()
+        digest::to_wire(self.finalize())
     }
 }
 
 /// One-shot CRC32C.
 pub fn crc32c(data: &[u8]) -> u32 {
-    Crc32c::new().update(data).finalize()
+    digest::crc32c(data)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn known_vectors() {
@@ -73,13 +46,24 @@ mod tests {
         assert_eq!(crc32c(&[0u8; 32]), 0x8A91_36AA);
         assert_eq!(crc32c(&[0xffu8; 32]), 0x62A8_AB43);
         assert_eq!(crc32c(b"123456789"), 0xE306_9283);
+        assert_eq!(
+            Crc32c::new().update(b"123456789").wire_bytes(),
+            [0x83, 0x92, 0x06, 0xE3]
+        );
     }
 
-    #[test]
-    fn streaming_equals_one_shot() {
-        let data: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
-        let mut c = Crc32c::new();
-        c.update(&data[..333]).update(&data[333..]);
-        assert_eq!(c.finalize(), crc32c(&data));
+    proptest! {
+        #[test]
+        fn streaming_and_fused_copy_equal_one_shot(
+            data in proptest::collection::vec(any::<u8>(), 0..3000),
+            cut in 0usize..3000,
+        ) {
+            let cut = cut.min(data.len());
+            let mut c = Crc32c::new();
+            let mut copy = vec![0u8; data.len() - cut];
+            c.update(&data[..cut]).update_copy(&mut copy, &data[cut..]);
+            prop_assert_eq!(c.finalize(), crc32c(&data));
+            prop_assert_eq!(&copy[..], &data[cut..]);
+        }
     }
 }

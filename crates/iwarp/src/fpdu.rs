@@ -65,16 +65,20 @@ pub fn encode(header: &[u8], payload: &[u8], crc: bool) -> Vec<u8> {
     let ulpdu = header.len() + payload.len();
     assert!(ulpdu <= MAX_ULPDU, "ULPDU too long for one FPDU");
     let layout = FpduLayout::new(ulpdu);
-    let mut out = Vec::with_capacity(layout.total());
-    out.extend_from_slice(&(ulpdu as u16).to_be_bytes());
-    out.extend_from_slice(header);
-    out.extend_from_slice(payload);
-    out.resize(LEN_FIELD + ulpdu + layout.pad, 0);
+    let mut out = vec![0u8; layout.total()];
+    out[..LEN_FIELD].copy_from_slice(&(ulpdu as u16).to_be_bytes());
+    let body = LEN_FIELD + header.len();
+    out[LEN_FIELD..body].copy_from_slice(header);
+    let end = LEN_FIELD + ulpdu + layout.pad;
     if crc {
-        let c = Crc32c::new().update(&out).finalize();
-        out.extend_from_slice(&c.to_le_bytes());
+        // The payload is copied anyway: its CRC comes with the copy, in one pass.
+        let mut c = Crc32c::new();
+        c.update(&out[..body]);
+        c.update_copy(&mut out[body..body + payload.len()], payload);
+        c.update(&[0u8; 3][..layout.pad]);
+        out[end..].copy_from_slice(&c.wire_bytes());
     } else {
-        out.extend_from_slice(&[0; 4]);
+        out[body..body + payload.len()].copy_from_slice(payload);
     }
     out
 }
