@@ -383,7 +383,12 @@ async fn reader(
             break e;
         }
     };
-    connection_lost(&inner, idx, generation, &reason);
+    connection_lost(
+        &inner,
+        idx,
+        generation,
+        &format!("connection {idx}: {reason}"),
+    );
 }
 
 /// Reads until the buffer holds at least one whole PDU.
@@ -467,10 +472,18 @@ fn connection_lost(inner: &Arc<Inner>, idx: usize, generation: u64, reason: &str
         return;
     }
     let closing = inner.closing.load(Ordering::Acquire);
-    let retry = inner.cfg.reconnect && !closing;
-    if !closing {
-        tracing::warn!(conn = idx, "{reason}");
+    if closing {
+        // Logging out: the target closes the other connections of the session while the
+        // Logout Response is on its way; only this connection's requests end here.
+        if let Some(h) = st.conns[idx].take() {
+            h.writer.abort();
+        }
+        st.core.on_connection_lost(idx, reason, false);
+        flush(&mut st);
+        return;
     }
+    let retry = inner.cfg.reconnect;
+    tracing::warn!(conn = idx, "{reason}");
     for i in 0..st.conns.len() {
         if let Some(h) = st.conns[i].take() {
             if i != idx {
@@ -488,13 +501,9 @@ fn connection_lost(inner: &Arc<Inner>, idx: usize, generation: u64, reason: &str
         let reason = reason.to_string();
         tokio::spawn(async move { reconnect(inner2, reason).await });
     } else {
-        let why = if closing {
-            "the session was closed".to_string()
-        } else {
-            reason.to_string()
-        };
-        st.core.fail_all(TaskError::ConnectionLost(why.clone()));
-        st.failed = Some(why);
+        st.core
+            .fail_all(TaskError::ConnectionLost(reason.to_string()));
+        st.failed = Some(reason.to_string());
     }
     flush(&mut st);
 }
