@@ -9,6 +9,7 @@ packages=(
   iptables       # iptables-legacy: one-shot segment drop for the analyzer loss test
   libibverbs-dev # the verbs provider links rdma-core (compile-only: no RDMA devices here)
   librdmacm-dev
+  gcc            # the verbs provider's C shim over libibverbs' inline functions (cc crate)
   rdma-core
   iproute2
   python3

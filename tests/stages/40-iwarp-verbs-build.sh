@@ -1,7 +1,27 @@
 #!/usr/bin/env bash
-# The rdma-core provider must compile and link with its feature on (it cannot run here: no RDMA
-# devices); its test checks that opening a device fails cleanly.
+# The rdma-core provider (crates/verbs, feature rdma-core) must compile, pass clippy and link
+# against libibverbs and librdmacm. It cannot run here (no RDMA devices): its tests check that
+# the provider type implements the rdma API and that opening a device fails cleanly.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-timeout 900 cargo test --release -p verbs --features rdma-core 2>&1 | tail -5
+fail() {
+  echo "40-iwarp-verbs-build: FAIL: $*" >&2
+  exit 1
+}
+timeout 900 cargo clippy -q --release -p verbs --features rdma-core --all-targets -- -D warnings ||
+  fail "clippy on the verbs provider"
+out=$(timeout 900 cargo test --release -p verbs --features rdma-core 2>&1) || {
+  echo "$out" | tail -20
+  fail "cargo test -p verbs --features rdma-core"
+}
+echo "$out" | grep -E '^test |test result' | head -5
+echo "$out" | grep -q 'test tests::verbs_implements_the_rdma_api ... ok' ||
+  fail "the provider test did not run"
+bin=$(timeout 900 cargo test --release -p verbs --features rdma-core --no-run 2>&1 |
+  sed -n 's/.*Executable unittests src\/lib.rs (\(.*\))$/\1/p' | head -1)
+[[ -x $bin ]] || fail "no test binary found"
+libs=$(ldd "$bin")
+grep -q 'libibverbs\.so' <<<"$libs" || fail "not linked against libibverbs"
+grep -q 'librdmacm\.so' <<<"$libs" || fail "not linked against librdmacm"
+echo "linked: $(grep -oE 'lib(ibverbs|rdmacm)\.so[.0-9]*' <<<"$libs" | sort -u | paste -sd' ' -)"
 echo "40-iwarp-verbs-build: OK"

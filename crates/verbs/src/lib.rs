@@ -1,45 +1,38 @@
-//! The second provider of the `rdma` API: real RDMA devices (iWARP, RoCE, InfiniBand, or the
-//! kernel's siw/rxe) through rdma-core's libibverbs and librdmacm. It is compiled only with the
-//! `rdma-core` cargo feature, so the default build needs no RDMA libraries.
+//! The second provider of the `rdma` API: real RDMA devices (iWARP RNICs, RoCE, InfiniBand, or the
+//! kernel's soft-iWARP `siw` and soft-RoCE `rxe`) through rdma-core's libibverbs and librdmacm.
+//! It is compiled only with the `rdma-core` cargo feature, so the default build needs no RDMA
+//! libraries.
 //!
-//! Status: this crate links rdma-core and enumerates devices; it cannot be run on the project's
-//! build machines (no RDMA devices and no kernel RDMA support there), so it is only compiled in CI
-//! (stage `40-iwarp-verbs-build`). The verbs data path (PD/MR/CQ/QP over `ibv_*`, connection
-//! management over `rdma_cm`) is not implemented yet; [`open`] reports `Unavailable`.
-
-use rdma::{Error, Result};
+//! With the feature, [`Verbs`] implements [`rdma::Provider`]: protection domains
+//! (`ibv_alloc_pd`), memory regions owning zeroed memory (`ibv_reg_mr`; local invalidation
+//! deregisters, re-validation registers again under new keys), completion channels
+//! (`ibv_comp_channel`, non-blocking fd) and completion queues (`ibv_poll_cq`,
+//! `ibv_req_notify_cq`), reliable connected queue pairs (`ibv_post_send` for Send, Send with SE,
+//! Send with Invalidate, RDMA Write and RDMA Read; `ibv_post_recv`) and connection management
+//! over `rdma_cm` (connect, listen, accept, reject with private data, disconnect). libibverbs'
+//! data-path calls are inline C functions, so a small C shim (`src/shim.c`, built by `cc`) wraps
+//! them; Rust sees only opaque pointers and flat structs.
+//!
+//! Differences from the software RNIC: MPA settings (CRC, revision, peer-to-peer RTR) belong to
+//! the device (siw: its module settings) and are not negotiable through verbs, so
+//! `ConnParams::{crc, mpa_revision, p2p, first_fpdu_delay}` are ignored and `ConnInfo::crc` is
+//! reported as false; a work completion does not tell whether a Send carried the Solicited Event
+//! flag, so `Wc::solicited` is always false.
+//!
+//! **Status: compiled, never run.** The project's build and test machines have no RDMA devices
+//! and no kernel RDMA support, so this provider is only built and linked in CI (stage
+//! `40-iwarp-verbs-build`, with `libibverbs-dev` and `librdmacm-dev`); its one test checks that
+//! opening a device fails cleanly when there is none. Running it needs a machine with an RDMA
+//! device (e.g. `rdma link add siw0 type siw netdev eth0`).
 
 #[cfg(feature = "rdma-core")]
-mod ffi {
-    use std::os::raw::{c_char, c_int};
+mod ffi;
+#[cfg(feature = "rdma-core")]
+mod provider;
+#[cfg(feature = "rdma-core")]
+pub use provider::{Channel, Cq, Mr, Pd, Qp, Request, Verbs, VerbsListener};
 
-    /// Opaque `struct ibv_device`.
-    #[repr(C)]
-    pub struct IbvDevice {
-        _private: [u8; 0],
-    }
-
-    #[link(name = "ibverbs")]
-    extern "C" {
-        pub fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut IbvDevice;
-        pub fn ibv_free_device_list(list: *mut *mut IbvDevice);
-        pub fn ibv_get_device_name(device: *mut IbvDevice) -> *const c_char;
-    }
-
-    /// Opaque `struct rdma_event_channel`.
-    #[repr(C)]
-    pub struct RdmaEventChannel {
-        _private: [u8; 0],
-    }
-
-    #[link(name = "rdmacm")]
-    extern "C" {
-        pub fn rdma_create_event_channel() -> *mut RdmaEventChannel;
-        pub fn rdma_destroy_event_channel(channel: *mut RdmaEventChannel);
-    }
-}
-
-/// Names of the RDMA devices rdma-core sees (empty without devices or without the feature).
+/// Names of the RDMA devices libibverbs sees (empty without devices or without the feature).
 pub fn device_names() -> Vec<String> {
     #[cfg(feature = "rdma-core")]
     {
@@ -54,8 +47,7 @@ pub fn device_names() -> Vec<String> {
             // SAFETY: i < n entries are valid device pointers; the name is a NUL-terminated string
             // owned by the device list.
             unsafe {
-                let dev = *list.add(i);
-                let name = ffi::ibv_get_device_name(dev);
+                let name = ffi::ibv_get_device_name(*list.add(i));
                 if !name.is_null() {
                     names.push(
                         std::ffi::CStr::from_ptr(name)
@@ -91,31 +83,41 @@ pub fn rdma_cm_available() -> bool {
     false
 }
 
-/// Opens the first RDMA device as a provider.
-pub fn open() -> Result<()> {
+/// Why the verbs provider cannot be used here, or `Ok` if a device is there to open with
+/// `Verbs::open` (feature `rdma-core`).
+pub fn availability() -> rdma::Result<()> {
     if !cfg!(feature = "rdma-core") {
-        return Err(Error::Unavailable(
+        return Err(rdma::Error::Unavailable(
             "built without the rdma-core feature".into(),
         ));
     }
-    let names = device_names();
-    if names.is_empty() {
-        return Err(Error::Unavailable("no RDMA devices".into()));
+    if device_names().is_empty() {
+        return Err(rdma::Error::Unavailable("no RDMA devices".into()));
     }
-    Err(Error::Unavailable(format!(
-        "found {names:?}, but the verbs provider's data path is not implemented yet"
-    )))
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
-    fn open_reports_unavailable_here() {
-        // No machine in this project's CI has RDMA devices; with or without the feature, opening
+    fn unavailable_here_fails_cleanly() {
+        // No machine in this project's CI has RDMA devices; with or without the feature, asking
         // must fail cleanly rather than crash.
-        let e = super::open().unwrap_err();
+        let e = super::availability().unwrap_err();
         assert!(matches!(e, rdma::Error::Unavailable(_)), "{e}");
         #[cfg(feature = "rdma-core")]
-        assert!(super::device_names().is_empty());
+        {
+            assert!(super::device_names().is_empty());
+            let e = super::Verbs::open().err().expect("no device to open");
+            assert!(matches!(e, rdma::Error::Unavailable(_)), "{e}");
+        }
+    }
+
+    /// The provider type satisfies the API the iSER layer is written against (compile-time).
+    #[cfg(feature = "rdma-core")]
+    #[test]
+    fn verbs_implements_the_rdma_api() {
+        fn is_provider<P: rdma::Provider>() {}
+        is_provider::<super::Verbs>();
     }
 }
