@@ -172,6 +172,11 @@ impl Device {
         self.luns.keys().copied().collect()
     }
 
+    /// The LUN whose NAA designator (VPD page 0x83) is `naa`, for EXTENDED COPY.
+    pub(crate) fn lun_by_naa(&self, naa: &[u8]) -> Option<Arc<Lun>> {
+        self.luns.values().find(|l| l.naa == naa).cloned()
+    }
+
     /// Capacity of a LUN as (number of blocks, block size).
     pub fn capacity(&self, lun: u64) -> Option<(u64, u32)> {
         self.luns.get(&lun).map(|l| (l.num_blocks(), l.block_size))

@@ -62,11 +62,11 @@ impl Done {
 pub(crate) type CmdResult = Result<Done, Fail>;
 
 /// Result of an EXTENDED COPY kept for RECEIVE COPY RESULTS.
-#[allow(dead_code)] // read by RECEIVE COPY RESULTS
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct CopyResult {
     pub segments_processed: u16,
     pub failed: bool,
+    /// Bytes written to copy destinations.
     pub transfer_count: u64,
 }
 

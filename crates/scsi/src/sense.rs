@@ -22,6 +22,7 @@ pub mod asc {
     pub const NOT_READY_SANITIZE: (u8, u8) = (0x04, 0x1B);
     pub const UNREACHABLE_COPY_TARGET: (u8, u8) = (0x08, 0x04);
     pub const WRITE_ERROR: (u8, u8) = (0x0C, 0x00);
+    pub const COPY_TARGET_NOT_REACHABLE: (u8, u8) = (0x0D, 0x02);
     pub const INVALID_FIELD_IN_IU: (u8, u8) = (0x0E, 0x03);
     pub const READ_ERROR: (u8, u8) = (0x11, 0x00);
     pub const PARAMETER_LIST_LENGTH_ERROR: (u8, u8) = (0x1A, 0x00);

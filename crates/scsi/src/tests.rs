@@ -737,3 +737,177 @@ fn transfers_of_65536_blocks_fit_the_maximum_transfer_length() {
     let r = run(&d, cmd(1, &read16(0, max_xfer + 1), &[], 0));
     assert_eq!(decode(&r).field, Some((true, 10)));
 }
+
+/// The LUN's NAA designator from its Device Identification VPD page, as an initiator
+/// builds an identification CSCD descriptor from it.
+fn naa_designator(d: &Device) -> Vec<u8> {
+    let r = run(d, cmd(1, &[0x12, 0x01, 0x83, 0, 0xFF, 0], &[], 255));
+    good(&r);
+    let page = &r.data_in[4..];
+    let mut at = 0;
+    while at + 4 <= page.len() {
+        let len = page[at + 3] as usize;
+        if page[at + 1] & 0x0F == 3 {
+            return page[at..at + 4 + len].to_vec();
+        }
+        at += 4 + len;
+    }
+    panic!("no NAA designator in VPD 0x83");
+}
+
+fn cscd_ident(designator: &[u8]) -> [u8; 32] {
+    let mut c = [0u8; 32];
+    c[0] = 0xE4;
+    c[4..4 + designator.len()].copy_from_slice(designator);
+    c[29..32].copy_from_slice(&(BS as u32).to_be_bytes()[1..]);
+    c
+}
+
+fn seg_b2b(src: u16, dst: u16, blocks: u16, src_lba: u64, dst_lba: u64) -> [u8; 28] {
+    let mut s = [0u8; 28];
+    s[0] = 0x02;
+    s[2..4].copy_from_slice(&24u16.to_be_bytes());
+    s[4..6].copy_from_slice(&src.to_be_bytes());
+    s[6..8].copy_from_slice(&dst.to_be_bytes());
+    s[10..12].copy_from_slice(&blocks.to_be_bytes());
+    s[12..20].copy_from_slice(&src_lba.to_be_bytes());
+    s[20..28].copy_from_slice(&dst_lba.to_be_bytes());
+    s
+}
+
+fn xcopy_params(list_id: u8, usage: u8, cscds: &[[u8; 32]], segs: &[&[u8]]) -> Vec<u8> {
+    let mut p = vec![0u8; 16];
+    p[0] = list_id;
+    p[1] = usage << 3;
+    let seg_len: usize = segs.iter().map(|s| s.len()).sum();
+    p[2..4].copy_from_slice(&((cscds.len() * 32) as u16).to_be_bytes());
+    p[8..12].copy_from_slice(&(seg_len as u32).to_be_bytes());
+    for c in cscds {
+        p.extend_from_slice(c);
+    }
+    for s in segs {
+        p.extend_from_slice(s);
+    }
+    p
+}
+
+fn xcopy(params: &[u8]) -> Command {
+    let mut c = [0u8; 16];
+    c[0] = 0x83;
+    c[10..14].copy_from_slice(&(params.len() as u32).to_be_bytes());
+    cmd(1, &c, params, params.len() as u32)
+}
+
+fn sense_code(r: &Response) -> (u8, u8, u8) {
+    let s = decode(r);
+    (s.key, s.asc, s.ascq)
+}
+
+#[test]
+fn extended_copy_block_to_block_and_copy_status() {
+    let d = device();
+    let inq = run(&d, cmd(1, &[0x12, 0, 0, 0, 96, 0], &[], 96));
+    assert_eq!(inq.data_in[5] & 0x08, 0x08, "3PC bit");
+    let data: Vec<u8> = (0..16 * BS).map(|i| (i % 251) as u8).collect();
+    good(&run(&d, cmd(1, &write10(10, 16), &data, data.len() as u32)));
+    let tgt = cscd_ident(&naa_designator(&d));
+    let seg = seg_b2b(0, 0, 16, 10, 1000);
+    good(&run(&d, xcopy(&xcopy_params(7, 0, &[tgt], &[&seg]))));
+    let r = run(&d, cmd(1, &read10(1000, 16), &[], data.len() as u32));
+    assert_eq!(&r.data_in[..], &data[..], "copied blocks read back");
+    // RECEIVE COPY RESULTS / COPY STATUS for list 7: completed, 1 segment, 8 KiB.
+    let rcr = |list: u8| {
+        let mut c = [0u8; 16];
+        c[0] = 0x84;
+        c[2] = list;
+        c[10..14].copy_from_slice(&1024u32.to_be_bytes());
+        cmd(1, &c, &[], 1024)
+    };
+    let r = run(&d, rcr(7));
+    good(&r);
+    assert_eq!(
+        &r.data_in[..],
+        &[0, 0, 0, 8, 0x01, 0, 1, 0x01, 0, 0, 0, 8][..]
+    );
+    // An unknown list identifier: INVALID FIELD IN CDB at byte 2.
+    let r = run(&d, rcr(9));
+    assert_eq!(decode(&r).field, Some((true, 2)));
+    assert_eq!(sense_code(&r), (5, 0x24, 0));
+    // OPERATING PARAMETERS: limits and the implemented descriptor types.
+    let mut c = [0u8; 16];
+    c[0] = 0x84;
+    c[1] = 0x03;
+    c[10..14].copy_from_slice(&1024u32.to_be_bytes());
+    let r = run(&d, cmd(1, &c, &[], 1024));
+    good(&r);
+    let op = &r.data_in;
+    assert_eq!(be32_at(op, 0) as usize, op.len() - 4);
+    assert_eq!(
+        u16::from_be_bytes([op[8], op[9]]),
+        8,
+        "max CSCD descriptors"
+    );
+    assert_eq!(
+        u16::from_be_bytes([op[10], op[11]]),
+        64,
+        "max segment descriptors"
+    );
+    assert_eq!(be32_at(op, 12), 4096, "max descriptor list length");
+    assert_eq!(&op[43..], &[2, 0x02, 0xE4][..]);
+}
+
+#[test]
+fn extended_copy_errors() {
+    let d = device();
+    let tgt = cscd_ident(&naa_designator(&d));
+    let seg = seg_b2b(0, 0, 8, 0, 100);
+    // Parameter list shorter than its header says.
+    let p = xcopy_params(1, 0, &[tgt], &[&seg]);
+    let r = run(&d, xcopy(&p[..p.len() - 1]));
+    assert_eq!(sense_code(&r), (5, 0x1A, 0));
+    // Nine CSCD descriptors (the limit is 8).
+    let r = run(&d, xcopy(&xcopy_params(1, 0, &[tgt; 9], &[&seg])));
+    assert_eq!(sense_code(&r), (5, 0x26, 0x06));
+    // 65 segment descriptors (the limit is 64).
+    let segs: Vec<&[u8]> = (0..65).map(|_| &seg[..]).collect();
+    let r = run(&d, xcopy(&xcopy_params(1, 0, &[tgt], &segs)));
+    assert_eq!(sense_code(&r), (5, 0x26, 0x08));
+    // A Fibre Channel N_Port_Name CSCD descriptor (0xE0).
+    let mut fc = tgt;
+    fc[0] = 0xE0;
+    let r = run(&d, xcopy(&xcopy_params(1, 0, &[fc], &[&seg])));
+    assert_eq!(sense_code(&r), (5, 0x26, 0x07));
+    // A stream-to-stream segment descriptor (0x03).
+    let mut strm = seg;
+    strm[0] = 0x03;
+    let r = run(&d, xcopy(&xcopy_params(1, 0, &[tgt], &[&strm])));
+    assert_eq!(sense_code(&r), (5, 0x26, 0x09));
+    // Destination index 1 with one CSCD descriptor: unreachable copy target.
+    let r = run(
+        &d,
+        xcopy(&xcopy_params(1, 0, &[tgt], &[&seg_b2b(0, 1, 8, 0, 100)])),
+    );
+    assert_eq!(sense_code(&r), (0x0A, 0x08, 0x04));
+    // Destination beyond the end of the LUN.
+    let r = run(
+        &d,
+        xcopy(&xcopy_params(
+            1,
+            0,
+            &[tgt],
+            &[&seg_b2b(0, 0, 8, 0, BLOCKS - 1)],
+        )),
+    );
+    assert_eq!(sense_code(&r), (0x0A, 0x0D, 0x02));
+    // A designator naming no LUN of this target.
+    let mut other = naa_designator(&d);
+    let last = other.len() - 1;
+    other[last] ^= 0xFF;
+    let r = run(
+        &d,
+        xcopy(&xcopy_params(1, 0, &[cscd_ident(&other)], &[&seg])),
+    );
+    assert_eq!(sense_code(&r), (0x0A, 0x0D, 0x02));
+    // A zero-length parameter list is a no-op.
+    good(&run(&d, xcopy(&[])));
+}

@@ -9,7 +9,7 @@ use crate::lun::{CmdResult, Done, Lun};
 use crate::sense::Sense;
 
 /// Whether EXTENDED COPY is offered (3PC bit, supported opcodes).
-pub(crate) const XCOPY_SUPPORTED: bool = false;
+pub(crate) const XCOPY_SUPPORTED: bool = true;
 
 /// Whether SANITIZE is offered. The engine implements OVERWRITE/BLOCK ERASE/CRYPTO
 /// ERASE synchronously, but libiscsi's Sanitize suite expects a background sanitize
