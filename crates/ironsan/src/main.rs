@@ -20,8 +20,18 @@ struct Cli {
 enum Command {
     /// Serve iSCSI targets (default: a 1 GiB RAM LUN on 127.0.0.1:3260).
     Target(cmd::target::TargetArgs),
-    /// Benchmarks (`ironsan bench crc`, ...).
+    /// Benchmarks: `ironsan bench iscsi://...` (access generator), `ironsan bench crc`.
     Bench(cmd::bench::BenchArgs),
+    /// List the targets a portal offers (SendTargets discovery).
+    Discover(cmd::initiator::DiscoverArgs),
+    /// List targets and their LUNs with sizes.
+    Ls(cmd::initiator::LsArgs),
+    /// INQUIRY, VPD pages and capacity of a LUN.
+    Inq(cmd::initiator::InqArgs),
+    /// Read bytes of a LUN to stdout (or --output).
+    Read(cmd::initiator::ReadArgs),
+    /// Write stdin (or --input) to a LUN.
+    Write(cmd::initiator::WriteArgs),
     /// RDMA tools over the software iWARP RNIC: rping-compatible ping, bandwidth test.
     Rdma(cmd::rdma::RdmaArgs),
     /// Translate a capture into readable PDUs, per-command/connection statistics and a timeline.
@@ -37,6 +47,11 @@ fn main() {
     let result = match cli.command {
         Command::Target(args) => cmd::target::run(args),
         Command::Bench(args) => cmd::bench::run(args),
+        Command::Discover(args) => cmd::initiator::discover(args),
+        Command::Ls(args) => cmd::initiator::ls(args),
+        Command::Inq(args) => cmd::initiator::inq(args),
+        Command::Read(args) => cmd::initiator::read(args),
+        Command::Write(args) => cmd::initiator::write(args),
         Command::Rdma(args) => cmd::rdma::run(args),
         Command::Analyze(args) => cmd::analyze::run(args),
         Command::DelayProxy(args) => cmd::delay::run_proxy(args),

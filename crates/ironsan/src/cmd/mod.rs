@@ -2,7 +2,9 @@
 pub mod analyze;
 pub mod bench;
 pub mod bench_tgt;
+pub mod blockbench;
 pub mod crc;
 pub mod delay;
+pub mod initiator;
 pub mod rdma;
 pub mod target;

@@ -1,0 +1,398 @@
+//! The initiator commands: `ironsan discover`, `ls`, `inq`, `read` and `write`. URLs are
+//! libiscsi's: `iscsi://[user[%password]@]host[:port]/target-iqn/lun`.
+
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use iscsi_initiator::{scsi, CommandRequest, IscsiUrl, Session, SessionConfig};
+
+/// Options shared by the commands that log in.
+#[derive(clap::Args, Clone)]
+pub struct LoginOpts {
+    /// Initiator name (IQN) to log in with.
+    #[arg(long, value_name = "IQN", default_value = iscsi_initiator::DEFAULT_INITIATOR_NAME)]
+    pub initiator_name: String,
+    /// Connections per session (capped by the target's MaxConnections).
+    #[arg(long, default_value_t = 1)]
+    pub connections: u16,
+    /// Header digest: none, crc32c, crc32c-none, none-crc32c (overrides the URL).
+    #[arg(long, value_name = "DIGEST")]
+    pub header_digest: Option<String>,
+    /// Data digest: none, crc32c, crc32c-none, none-crc32c (overrides the URL).
+    #[arg(long, value_name = "DIGEST")]
+    pub data_digest: Option<String>,
+}
+
+impl LoginOpts {
+    pub fn config(&self, url: &IscsiUrl) -> anyhow::Result<SessionConfig> {
+        let mut c = SessionConfig::from_url(url);
+        c.initiator_name = self.initiator_name.clone();
+        c.connections = self.connections.max(1);
+        // The URL parser knows the digest spellings: reuse it.
+        let digest = |v: &str| -> anyhow::Result<iscsi_initiator::DigestPreference> {
+            let u: IscsiUrl = format!("iscsi://h/?header_digest={v}").parse()?;
+            Ok(u.header_digest.expect("set"))
+        };
+        if let Some(d) = &self.header_digest {
+            c.header_digest = digest(d)?;
+        }
+        if let Some(d) = &self.data_digest {
+            c.data_digest = digest(d)?;
+        }
+        Ok(c)
+    }
+}
+
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the runtime")
+}
+
+fn size(s: &str) -> Result<u64, String> {
+    report::parse_size(s).map_err(|e| e.to_string())
+}
+
+#[derive(clap::Args)]
+pub struct DiscoverArgs {
+    /// HOST[:PORT] or iscsi://[user%password@]HOST[:PORT]
+    pub portal: String,
+    #[command(flatten)]
+    pub login: LoginOpts,
+}
+
+pub fn discover(args: DiscoverArgs) -> anyhow::Result<()> {
+    let url = IscsiUrl::from_portal_or_url(&args.portal)?;
+    let cfg = args.login.config(&url)?;
+    let targets = runtime()?.block_on(iscsi_initiator::discover(&url, &cfg))?;
+    for t in targets {
+        if t.addresses.is_empty() {
+            println!("{}", t.name);
+        }
+        for a in &t.addresses {
+            let host = if a.host.contains(':') {
+                format!("[{}]", a.host)
+            } else {
+                a.host.clone()
+            };
+            match a.tpgt {
+                Some(g) => println!("{} {host}:{},{g}", t.name, a.port),
+                None => println!("{} {host}:{}", t.name, a.port),
+            }
+        }
+    }
+    Ok(())
+}
+
+#[derive(clap::Args)]
+pub struct LsArgs {
+    /// iscsi://[user%password@]HOST[:PORT] (or HOST[:PORT])
+    pub url: String,
+    #[command(flatten)]
+    pub login: LoginOpts,
+}
+
+/// Discovery, then a login to each target at the same portal: LUNs with their sizes.
+pub fn ls(args: LsArgs) -> anyhow::Result<()> {
+    let url = IscsiUrl::from_portal_or_url(&args.url)?;
+    let cfg = args.login.config(&url)?;
+    runtime()?.block_on(async {
+        let targets = iscsi_initiator::discover(&url, &cfg).await?;
+        let mut failed = 0;
+        for t in &targets {
+            let addrs: Vec<String> = t
+                .addresses
+                .iter()
+                .map(|a| format!("{}:{}", a.host, a.port))
+                .collect();
+            println!("Target: {}  Portal: {}", t.name, addrs.join(" "));
+            let turl = url.with_target(&t.name, 0);
+            let s = match Session::connect(&turl, cfg.clone()).await {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("ironsan: {}: {e}", t.name);
+                    failed += 1;
+                    continue;
+                }
+            };
+            let luns = match s.report_luns().await {
+                Ok(l) => l,
+                Err(e) => {
+                    eprintln!("ironsan: {}: {e}", t.name);
+                    failed += 1;
+                    continue;
+                }
+            };
+            for lun in luns {
+                match s.capacity(lun).await {
+                    Ok(c) => println!(
+                        "  Lun: {lun}  Size: {} ({} bytes, {} blocks of {} bytes){}",
+                        report::format_size(c.bytes()),
+                        c.bytes(),
+                        c.blocks,
+                        c.block_size,
+                        if c.thin { ", thin" } else { "" }
+                    ),
+                    Err(e) => println!("  Lun: {lun}  ({e})"),
+                }
+            }
+            let _ = s.logout().await;
+        }
+        if failed > 0 {
+            bail!("{failed} of {} targets could not be listed", targets.len());
+        }
+        Ok(())
+    })
+}
+
+#[derive(clap::Args)]
+pub struct InqArgs {
+    /// iscsi://[user%password@]HOST[:PORT]/TARGET-IQN/LUN
+    pub url: String,
+    #[command(flatten)]
+    pub login: LoginOpts,
+}
+
+pub fn inq(args: InqArgs) -> anyhow::Result<()> {
+    let url = IscsiUrl::parse_lun(&args.url)?;
+    let cfg = args.login.config(&url)?;
+    runtime()?.block_on(async {
+        let s = Session::connect(&url, cfg).await?;
+        let lun = s.default_lun();
+        let i = s.inquiry(lun).await?;
+        println!("Vendor: {}", i.vendor);
+        println!("Product: {}", i.product);
+        println!("Revision: {}", i.revision);
+        println!(
+            "Device type: 0x{:02x} ({}), qualifier {}, version 0x{:02x}{}",
+            i.device_type,
+            i.device_type_name(),
+            i.peripheral_qualifier,
+            i.version,
+            if i.removable { ", removable" } else { "" }
+        );
+        if let Ok(p) = s.inquiry_vpd(lun, 0).await {
+            let pages = scsi::parse_vpd_page_list(&p);
+            let list: Vec<String> = pages.iter().map(|p| format!("0x{p:02x}")).collect();
+            println!("VPD pages: {}", list.join(" "));
+            if pages.contains(&0x80) {
+                if let Some(sn) = s
+                    .inquiry_vpd(lun, 0x80)
+                    .await
+                    .ok()
+                    .and_then(|b| scsi::parse_unit_serial(&b))
+                {
+                    println!("Unit serial number: {sn}");
+                }
+            }
+        }
+        let c = s.capacity(lun).await?;
+        println!(
+            "Capacity: {} ({} blocks of {} bytes)",
+            report::format_size(c.bytes()),
+            c.blocks,
+            c.block_size
+        );
+        let _ = s.logout().await;
+        Ok(())
+    })
+}
+
+/// Bytes per command for `read`/`write` and commands kept in flight.
+const CHUNK: u64 = 1 << 20;
+const IN_FLIGHT: usize = 8;
+
+#[derive(clap::Args)]
+pub struct ReadArgs {
+    /// iscsi://[user%password@]HOST[:PORT]/TARGET-IQN/LUN
+    pub url: String,
+    /// Byte offset (a multiple of the block size; 4k, 1MiB... accepted).
+    #[arg(long, default_value = "0", value_parser = size)]
+    pub offset: u64,
+    /// Bytes to read (a multiple of the block size; default: to the end of the LUN).
+    #[arg(long, value_parser = size)]
+    pub length: Option<u64>,
+    /// Write the data here instead of stdout.
+    #[arg(long, short)]
+    pub output: Option<PathBuf>,
+    #[command(flatten)]
+    pub login: LoginOpts,
+}
+
+fn check_aligned(what: &str, v: u64, bs: u32) -> anyhow::Result<()> {
+    if v % bs as u64 != 0 {
+        bail!("{what} {v} is not a multiple of the {bs}-byte block size");
+    }
+    Ok(())
+}
+
+pub fn read(args: ReadArgs) -> anyhow::Result<()> {
+    let url = IscsiUrl::parse_lun(&args.url)?;
+    let cfg = args.login.config(&url)?;
+    let mut out: Box<dyn Write> = match &args.output {
+        Some(p) => Box::new(std::io::BufWriter::new(
+            std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
+        )),
+        None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
+    };
+    runtime()?.block_on(async {
+        let s = Session::connect(&url, cfg).await?;
+        let lun = s.default_lun();
+        s.test_unit_ready(lun).await?;
+        let cap = s.capacity(lun).await?;
+        let bs = cap.block_size;
+        check_aligned("offset", args.offset, bs)?;
+        if args.offset > cap.bytes() {
+            bail!(
+                "offset {} is past the end of the {}-byte LUN",
+                args.offset,
+                cap.bytes()
+            );
+        }
+        let len = args.length.unwrap_or(cap.bytes() - args.offset);
+        check_aligned("length", len, bs)?;
+        if args.offset + len > cap.bytes() {
+            bail!(
+                "offset + length {} is past the end of the {}-byte LUN",
+                args.offset + len,
+                cap.bytes()
+            );
+        }
+        let mut pending = VecDeque::new();
+        let mut at = args.offset;
+        let end = args.offset + len;
+        // Bounded: each round submits or completes one chunk.
+        while at < end || !pending.is_empty() {
+            if at < end && pending.len() < IN_FLIGHT {
+                let n = (end - at).min(CHUNK);
+                let blocks = (n / bs as u64) as u32;
+                let cdb = scsi::read_write(false, at / bs as u64, blocks, false);
+                pending.push_back(s.submit(CommandRequest::read(lun, cdb, n as u32)));
+                at += n;
+                continue;
+            }
+            let p = pending.pop_front().expect("non-empty");
+            let r = p.wait().await?;
+            if r.status != scsi::status::GOOD {
+                bail!(
+                    "READ failed: {}{}",
+                    scsi::status::name(r.status),
+                    scsi::Sense::parse(&r.sense)
+                        .map(|s| format!(", {s}"))
+                        .unwrap_or_default()
+                );
+            }
+            out.write_all(&r.data).context("writing the output")?;
+        }
+        out.flush().context("writing the output")?;
+        let _ = s.logout().await;
+        Ok(())
+    })
+}
+
+#[derive(clap::Args)]
+pub struct WriteArgs {
+    /// iscsi://[user%password@]HOST[:PORT]/TARGET-IQN/LUN
+    pub url: String,
+    /// Byte offset (a multiple of the block size; 4k, 1MiB... accepted).
+    #[arg(long, default_value = "0", value_parser = size)]
+    pub offset: u64,
+    /// Read the data from here instead of stdin (its length must be a multiple of the
+    /// block size).
+    #[arg(long, short)]
+    pub input: Option<PathBuf>,
+    #[command(flatten)]
+    pub login: LoginOpts,
+}
+
+/// Fills `buf` from `r` as far as possible; the count read (short only at EOF).
+fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
+pub fn write(args: WriteArgs) -> anyhow::Result<()> {
+    let url = IscsiUrl::parse_lun(&args.url)?;
+    let cfg = args.login.config(&url)?;
+    let (mut input, known_len): (Box<dyn Read>, Option<u64>) = match &args.input {
+        Some(p) => {
+            let f = std::fs::File::open(p).with_context(|| format!("opening {}", p.display()))?;
+            let len = f.metadata().ok().filter(|m| m.is_file()).map(|m| m.len());
+            (Box::new(f), len)
+        }
+        None => (Box::new(std::io::stdin().lock()), None),
+    };
+    runtime()?.block_on(async {
+        let s = Session::connect(&url, cfg).await?;
+        let lun = s.default_lun();
+        s.test_unit_ready(lun).await?;
+        let cap = s.capacity(lun).await?;
+        let bs = cap.block_size;
+        check_aligned("offset", args.offset, bs)?;
+        if let Some(n) = known_len {
+            check_aligned("input length", n, bs)?;
+            if args.offset + n > cap.bytes() {
+                bail!(
+                    "offset + input length {} is past the end of the {}-byte LUN",
+                    args.offset + n,
+                    cap.bytes()
+                );
+            }
+        }
+        let mut pending = VecDeque::new();
+        let mut at = args.offset;
+        let mut eof = false;
+        while !eof || !pending.is_empty() {
+            if !eof && pending.len() < IN_FLIGHT {
+                let mut buf = vec![0u8; CHUNK as usize];
+                let n = read_full(&mut input, &mut buf).context("reading the input")?;
+                if n < buf.len() {
+                    eof = true;
+                }
+                if n == 0 {
+                    continue;
+                }
+                buf.truncate(n);
+                check_aligned("input length", at - args.offset + n as u64, bs)?;
+                if at + n as u64 > cap.bytes() {
+                    bail!(
+                        "the input runs past the end of the {}-byte LUN",
+                        cap.bytes()
+                    );
+                }
+                let blocks = (n / bs as usize) as u32;
+                let cdb = scsi::read_write(true, at / bs as u64, blocks, false);
+                pending.push_back(s.submit(CommandRequest::write(lun, cdb, Bytes::from(buf))));
+                at += n as u64;
+                continue;
+            }
+            let p = pending.pop_front().expect("non-empty");
+            let r = p.wait().await?;
+            if r.status != scsi::status::GOOD {
+                bail!(
+                    "WRITE failed: {}{}",
+                    scsi::status::name(r.status),
+                    scsi::Sense::parse(&r.sense)
+                        .map(|s| format!(", {s}"))
+                        .unwrap_or_default()
+                );
+            }
+        }
+        s.synchronize_cache(lun).await?;
+        let _ = s.logout().await;
+        Ok(())
+    })
+}
