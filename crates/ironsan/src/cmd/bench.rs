@@ -1,9 +1,13 @@
 //! `ironsan bench ...`: benchmarks. One variant per benchmark; each lives in its own module.
 
 #[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct BenchArgs {
     #[command(subcommand)]
-    pub command: BenchCommand,
+    pub command: Option<BenchCommand>,
+    /// Without a subcommand: the iSCSI access generator (`ironsan bench iscsi://...`).
+    #[command(flatten)]
+    pub iscsi: super::blockbench::BlockBenchArgs,
 }
 
 #[derive(clap::Subcommand)]
@@ -16,7 +20,8 @@ pub enum BenchCommand {
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.command {
-        BenchCommand::Crc(args) => super::crc::run(args),
-        BenchCommand::VsTgt(args) => super::bench_tgt::run(args),
+        Some(BenchCommand::Crc(args)) => super::crc::run(args),
+        Some(BenchCommand::VsTgt(args)) => super::bench_tgt::run(args),
+        None => super::blockbench::run(args.iscsi),
     }
 }
