@@ -1,8 +1,7 @@
 //! Per-LUN configuration, deserialized from the target's TOML config.
 //!
 //! ```toml
-//! [[target.lun]]            # (the enclosing table is the target crate's business)
-//! id = 0
+//! [target.lun.0]            # (the enclosing table is the target crate's business)
 //! size = "1GiB"             # or a byte count; optional for file/block (file/device size)
 //! block_size = 512          # 512 or 4096
 //! backend = "memory"        # or { type = "file", path = "/var/lib/ironsan/lun0.img", create = true }
@@ -15,6 +14,7 @@
 //! product = "VIRTUAL-DISK"
 //! revision = "0001"
 //! removable = false
+//! sanitize = false          # offer SANITIZE (wipes the whole LUN)
 //! ```
 
 use std::fmt;
@@ -186,6 +186,10 @@ pub struct LunConfig {
     /// PREVENT ALLOW MEDIUM REMOVAL semantics.
     #[serde(default)]
     pub removable: bool,
+    /// Offer SANITIZE (OVERWRITE; BLOCK ERASE and CRYPTO ERASE when thin provisioned).
+    /// Off by default: a sanitize wipes the whole LUN and blocks it while it runs.
+    #[serde(default)]
+    pub sanitize: bool,
 }
 
 fn default_block_size() -> u32 {
@@ -219,6 +223,7 @@ impl LunConfig {
             product: default_product(),
             revision: default_revision(),
             removable: false,
+            sanitize: false,
         }
     }
 

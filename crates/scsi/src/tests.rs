@@ -911,3 +911,91 @@ fn extended_copy_errors() {
     // A zero-length parameter list is a no-op.
     good(&run(&d, xcopy(&[])));
 }
+
+fn sanitize_device(sanitize: bool) -> Arc<Device> {
+    let mut cfg = LunConfig::memory(BLOCKS * BS as u64);
+    cfg.sanitize = sanitize;
+    let d = Device::new("iqn.2024-01.test:t", vec![(0, cfg)]).unwrap();
+    d.nexus_added(NexusId(1), "iqn.init-a,i,0x1", Bytes::new());
+    Arc::new(d)
+}
+
+fn sanitize_cdb(sa: u8, param_len: u16) -> [u8; 10] {
+    let mut c = [0u8; 10];
+    c[0] = 0x48;
+    c[1] = sa;
+    c[7..9].copy_from_slice(&param_len.to_be_bytes());
+    c
+}
+
+/// REPORT SUPPORTED OPERATION CODES, one command with service action: SUPPORT field.
+fn rsoc_support(d: &Device, opcode: u8, sa: u16) -> u8 {
+    let mut c = [0u8; 12];
+    c[0] = 0xA3;
+    c[1] = 0x0C;
+    c[2] = 0x02;
+    c[3] = opcode;
+    c[4..6].copy_from_slice(&sa.to_be_bytes());
+    c[6..10].copy_from_slice(&64u32.to_be_bytes());
+    let r = run(d, cmd(1, &c, &[], 64));
+    good(&r);
+    r.data_in[1] & 0x07
+}
+
+#[test]
+fn sanitize_is_offered_only_when_configured() {
+    let off = sanitize_device(false);
+    assert_eq!(rsoc_support(&off, 0x48, 0x01), 0x01, "not supported");
+    let r = run(&off, cmd(1, &sanitize_cdb(0x02, 0), &[], 0));
+    assert_eq!(sense_code(&r), (5, 0x20, 0));
+    let on = sanitize_device(true);
+    for sa in [0x01, 0x02, 0x03, 0x1F] {
+        assert_eq!(rsoc_support(&on, 0x48, sa), 0x03, "SA {sa:#x} supported");
+    }
+    // Block Device Characteristics: WABEREQ = WACEREQ = 01b.
+    let r = run(&on, cmd(1, &[0x12, 0x01, 0xB1, 0, 0xFF, 0], &[], 255));
+    assert_eq!(r.data_in[7] & 0xF0, 0x50);
+}
+
+#[test]
+fn sanitize_overwrite_block_erase_and_field_errors() {
+    let d = sanitize_device(true);
+    good(&run(&d, cmd(1, &write10(0, 1), &[0x11; BS], BS as u32)));
+    // OVERWRITE with a 4-byte pattern: every block holds the repeated pattern.
+    let mut p = vec![0x01, 0, 0, 4];
+    p.extend_from_slice(&[1, 2, 3, 4]);
+    good(&run(&d, cmd(1, &sanitize_cdb(0x01, 8), &p, 8)));
+    let r = run(&d, cmd(1, &read10(BLOCKS as u32 - 1, 1), &[], BS as u32));
+    assert!(r.data_in.chunks(4).all(|c| c == [1, 2, 3, 4]));
+    // OVERWRITE COUNT 0: invalid field in the parameter list, byte 0.
+    let mut bad = p.clone();
+    bad[0] = 0;
+    let r = run(&d, cmd(1, &sanitize_cdb(0x01, 8), &bad, 8));
+    assert_eq!(decode(&r).field, Some((false, 0)));
+    // BLOCK ERASE with a parameter list: INVALID FIELD IN CDB at byte 7.
+    let r = run(&d, cmd(1, &sanitize_cdb(0x02, 8), &[0; 8], 8));
+    assert_eq!(decode(&r).field, Some((true, 7)));
+    assert_eq!(sense_code(&r), (5, 0x24, 0));
+    // Reserved bit 6 of byte 1 and reserved bytes 2..7.
+    let r = run(&d, cmd(1, &sanitize_cdb(0x02 | 0x40, 0), &[], 0));
+    assert_eq!(decode(&r).field, Some((true, 1)));
+    let mut c = sanitize_cdb(0x02, 0);
+    c[4] = 4;
+    let r = run(&d, cmd(1, &c, &[], 0));
+    assert_eq!(decode(&r).field, Some((true, 4)));
+    // An unknown service action.
+    let r = run(&d, cmd(1, &sanitize_cdb(0x05, 0), &[], 0));
+    assert_eq!(sense_code(&r), (5, 0x24, 0));
+    // BLOCK ERASE deallocates everything: zeroes, and GET LBA STATUS says deallocated.
+    good(&run(&d, cmd(1, &sanitize_cdb(0x02, 0), &[], 0)));
+    let r = run(&d, cmd(1, &read10(0, 1), &[], BS as u32));
+    assert!(r.data_in.iter().all(|&b| b == 0));
+    let mut g = [0u8; 16];
+    g[0] = 0x9E;
+    g[1] = 0x12;
+    g[10..14].copy_from_slice(&64u32.to_be_bytes());
+    let r = run(&d, cmd(1, &g, &[], 64));
+    good(&r);
+    assert_eq!(r.data_in[8 + 12], 1, "deallocated");
+    assert_eq!(be32_at(&r.data_in, 8 + 8) as u64, BLOCKS);
+}

@@ -11,11 +11,6 @@ use crate::sense::Sense;
 /// Whether EXTENDED COPY is offered (3PC bit, supported opcodes).
 pub(crate) const XCOPY_SUPPORTED: bool = true;
 
-/// Whether SANITIZE is offered. The engine implements OVERWRITE/BLOCK ERASE/CRYPTO
-/// ERASE synchronously, but libiscsi's Sanitize suite expects a background sanitize
-/// that survives resets; until that exists the command reports INVALID OPERATION CODE.
-pub(crate) const SANITIZE_SUPPORTED: bool = false;
-
 /// Version descriptors: SAM-5, iSCSI, SPC-4, SBC-3.
 const VERSION_DESCRIPTORS: [u16; 4] = [0x00A0, 0x0960, 0x0460, 0x04C0];
 
@@ -52,6 +47,10 @@ impl Lun {
             0xB1 => {
                 let mut b = vec![0u8; 0x3C];
                 b[1] = 0x01; // medium rotation rate: non-rotating
+                if self.sanitize_erase_supported() {
+                    // WABEREQ = WACEREQ = 01b: reads after BLOCK/CRYPTO ERASE succeed.
+                    b[3] = 0x40 | 0x10;
+                }
                 b
             }
             0xB2 => self.logical_block_provisioning(),
@@ -214,11 +213,20 @@ impl Lun {
         }
     }
 
+    /// BLOCK ERASE and CRYPTO ERASE deallocate the whole LUN, so they need thin
+    /// provisioning (LBPME) besides the `sanitize` config key.
+    pub(crate) fn sanitize_erase_supported(&self) -> bool {
+        self.cfg.sanitize && self.thin
+    }
+
     fn op_supported(&self, o: &OpInfo) -> bool {
         match o.op {
             op::UNMAP => self.thin,
             op::EXTENDED_COPY | op::RECEIVE_COPY_RESULTS => XCOPY_SUPPORTED,
-            op::SANITIZE => SANITIZE_SUPPORTED,
+            op::SANITIZE => match o.sa {
+                Some(0x02) | Some(0x03) => self.sanitize_erase_supported(),
+                _ => self.cfg.sanitize,
+            },
             _ => true,
         }
     }

@@ -11,6 +11,27 @@ use crate::lun::{CmdResult, Done, Fail, Lun};
 use crate::sense::{asc, key, Sense};
 use crate::status;
 
+/// Marks the LUN as sanitizing (other commands get NOT READY, SANITIZE IN PROGRESS)
+/// for as long as it lives, including when the command future is dropped midway.
+struct SanitizeInProgress<'a>(&'a Lun);
+
+impl<'a> SanitizeInProgress<'a> {
+    fn start(lun: &'a Lun) -> Self {
+        let mut st = lun.state();
+        st.sanitizing = true;
+        lun.refresh(&st);
+        SanitizeInProgress(lun)
+    }
+}
+
+impl Drop for SanitizeInProgress<'_> {
+    fn drop(&mut self) {
+        let mut st = self.0.state();
+        st.sanitizing = false;
+        self.0.refresh(&st);
+    }
+}
+
 impl Lun {
     pub(crate) fn request_sense(&self, cmd: &Command) -> CmdResult {
         let cdb: &[u8] = &cmd.cdb;
@@ -168,6 +189,12 @@ impl Lun {
         let sa = cdb[1] & 0x1F;
         let ause = cdb[1] & 0x20 != 0;
         let param_len = be16(cdb, 7) as usize;
+        if cdb[1] & 0x40 != 0 {
+            return Err(Sense::invalid_cdb_field(1, Some(6)).into());
+        }
+        if let Some(i) = (2..7).find(|&i| cdb[i] != 0) {
+            return Err(Sense::invalid_cdb_field(i as u16, None).into());
+        }
         let pattern: Option<Bytes> = match sa {
             0x01 => {
                 if param_len < 5 || param_len > self.block_size as usize + 4 {
@@ -188,6 +215,9 @@ impl Lun {
                 Some(Bytes::copy_from_slice(&data[4..4 + plen]))
             }
             0x02 | 0x03 => {
+                if !self.sanitize_erase_supported() {
+                    return Err(Sense::invalid_cdb_field(1, Some(4)).into());
+                }
                 if param_len != 0 {
                     return Err(Sense::invalid_cdb_field(7, None).into());
                 }
@@ -210,11 +240,7 @@ impl Lun {
             };
             return Err(Sense::new(key::DATA_PROTECT, code).into());
         }
-        {
-            let mut st = self.state();
-            st.sanitizing = true;
-            self.refresh(&st);
-        }
+        let _sanitizing = SanitizeInProgress::start(self);
         let size = self.num_blocks() << self.bs_shift;
         let result = match pattern {
             None => {
@@ -252,11 +278,6 @@ impl Lun {
                 r
             }
         };
-        {
-            let mut st = self.state();
-            st.sanitizing = false;
-            self.refresh(&st);
-        }
         result.map_err(|_| Fail::Check(Sense::new(key::MEDIUM_ERROR, asc::WRITE_ERROR)))?;
         Done::none()
     }
