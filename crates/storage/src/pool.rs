@@ -13,13 +13,23 @@ pub const DEFAULT_LIMIT: usize = 32;
 #[derive(Clone)]
 pub(crate) struct BlockingPool {
     permits: Arc<Semaphore>,
+    #[cfg(test)]
+    limit: usize,
 }
 
 impl BlockingPool {
     pub(crate) fn new(limit: usize) -> Self {
         BlockingPool {
             permits: Arc::new(Semaphore::new(limit.max(1))),
+            #[cfg(test)]
+            limit: limit.max(1),
         }
+    }
+
+    /// Calls currently holding a permit (queued or running on a blocking thread).
+    #[cfg(test)]
+    pub(crate) fn permits_in_use(&self) -> usize {
+        self.limit - self.permits.available_permits()
     }
 
     /// Runs `f` on a blocking thread once a permit is free.

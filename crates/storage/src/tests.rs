@@ -154,3 +154,62 @@ proptest! {
         });
     }
 }
+
+/// A backend whose calls are stuck (all of its pool's permits held by blocked system
+/// calls) queues its own further calls but leaves another backend's pool running.
+#[test]
+fn stuck_pool_does_not_stall_another_pool() {
+    use crate::pool::BlockingPool;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let slow = BlockingPool::new(2);
+        let fast = BlockingPool::new(2);
+        let (release, gate) = mpsc::channel::<()>();
+        let gate = Arc::new(std::sync::Mutex::new(gate));
+        let mut stuck = Vec::new();
+        for _ in 0..2 {
+            let (slow, gate) = (slow.clone(), gate.clone());
+            stuck.push(tokio::spawn(async move {
+                slow.run(move || {
+                    // Bounded: gives up after 10 s if the test never releases it.
+                    let _ = gate.lock().unwrap().recv_timeout(Duration::from_secs(10));
+                    Ok(1u8)
+                })
+                .await
+            }));
+        }
+        // Let both stuck calls take their permits.
+        for _ in 0..100 {
+            if slow.permits_in_use() == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(slow.permits_in_use(), 2);
+        // A third call on the stuck pool waits for a permit ...
+        let queued = {
+            let slow = slow.clone();
+            tokio::spawn(async move { slow.run(|| Ok(3u8)).await })
+        };
+        // ... while the other pool completes its call.
+        let other = tokio::time::timeout(Duration::from_secs(10), fast.run(|| Ok(7u8)))
+            .await
+            .expect("other pool stalled")
+            .unwrap();
+        assert_eq!(other, 7);
+        assert!(!queued.is_finished(), "stuck pool ran beyond its limit");
+        release.send(()).unwrap();
+        release.send(()).unwrap();
+        for h in stuck {
+            assert_eq!(h.await.unwrap().unwrap(), 1);
+        }
+        assert_eq!(queued.await.unwrap().unwrap(), 3);
+    });
+}
