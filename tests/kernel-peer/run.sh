@@ -16,7 +16,7 @@ export KP_DIR
 export KP_CACHE=${KP_CACHE:-$REPO/target/kernel-peer-cache}
 export KP_RUN=${KP_RUN:-$REPO/target/kernel-peer}
 DEFAULT_SCENARIOS=(
-  siw-rping siw-ironsan@server siw-ironsan@client
+  siw-rping siw-ironsan@server siw-ironsan@client siw-ironsan@verbs
   kinit-basic@tgtd
   kinit-basic kinit-chap kinit-mutual-chap kinit-digests kinit-two-luns kinit-reconnect kinit-fio
   lio-tcp@libiscsi lio-tcp

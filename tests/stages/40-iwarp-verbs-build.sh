@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The rdma-core provider (crates/verbs, feature rdma-core) must compile, pass clippy and link
-# against libibverbs and librdmacm. It cannot run here (no RDMA devices): its tests check that
-# the provider type implements the rdma API and that opening a device fails cleanly.
+# against libibverbs and librdmacm. It cannot run on this machine (no RDMA devices): its tests
+# check that the provider type implements the rdma API and that opening a device fails cleanly.
+# The stage also builds the verbs-ping example that the kernel-peer scenario siw-ironsan@verbs
+# runs over Linux siw in the qemu guest (target/release/examples/verbs-ping).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 fail() {
@@ -23,5 +25,7 @@ bin=$(timeout 900 cargo test --release -p verbs --features rdma-core --no-run 2>
 libs=$(ldd "$bin")
 grep -q 'libibverbs\.so' <<<"$libs" || fail "not linked against libibverbs"
 grep -q 'librdmacm\.so' <<<"$libs" || fail "not linked against librdmacm"
+timeout 900 cargo build -q --release -p verbs --features rdma-core --example verbs-ping ||
+  fail "building the verbs-ping example"
 echo "linked: $(grep -oE 'lib(ibverbs|rdmacm)\.so[.0-9]*' <<<"$libs" | sort -u | paste -sd' ' -)"
 echo "40-iwarp-verbs-build: OK"

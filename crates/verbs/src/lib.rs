@@ -19,11 +19,13 @@
 //! reported as false; a work completion does not tell whether a Send carried the Solicited Event
 //! flag, so `Wc::solicited` is always false.
 //!
-//! **Status: compiled, never run.** The project's build and test machines have no RDMA devices
-//! and no kernel RDMA support, so this provider is only built and linked in CI (stage
-//! `40-iwarp-verbs-build`, with `libibverbs-dev` and `librdmacm-dev`); its one test checks that
-//! opening a device fails cleanly when there is none. Running it needs a machine with an RDMA
-//! device (e.g. `rdma link add siw0 type siw netdev eth0`).
+//! **Status.** The project's build and test machines have no RDMA devices and no kernel RDMA
+//! support, so this provider cannot run there: stage `40-iwarp-verbs-build` compiles, lints and
+//! links it (with `libibverbs-dev`, `librdmacm-dev`), and its unit test only checks that opening a
+//! device fails cleanly. It does run in the kernel-peer harness's qemu guest, over Linux siw:
+//! scenario `siw-ironsan@verbs` runs the `verbs-ping` example (the rping-compatible ping of
+//! `ironsan rdma ping` on this provider) as client and server against ironsan's software RNIC on
+//! the host and against rdma-core's own `rping` in the guest.
 
 #[cfg(feature = "rdma-core")]
 mod ffi;

@@ -31,6 +31,9 @@ fn last_os(what: &str) -> Error {
     Error::Io(std::io::Error::new(e.kind(), format!("{what}: {e}")))
 }
 
+/// rdma_resolve_addr/rdma_resolve_route timeout (rping's value).
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
+
 fn ms(d: Duration) -> c_int {
     d.as_millis().clamp(1, c_int::MAX as u128) as c_int
 }
@@ -384,6 +387,9 @@ struct Conn {
     ch: *mut rdma_event_channel,
     pending_recv: Vec<RecvWr>,
     failed: bool,
+    /// The connection was established once: a QP back in RESET/INIT (siw returns an orderly
+    /// closed QP to IDLE, reported as INIT) is then closed, not new.
+    established: bool,
 }
 
 /// A reliable connected queue pair (created on its rdma_cm id at connect/accept).
@@ -552,6 +558,7 @@ impl QueuePair for Qp {
         }
         // SAFETY: a live QP.
         match unsafe { is_qp_state(qp) } {
+            0 if c.established => QpState::Error,
             0 => QpState::Init,
             1 => QpState::Rts,
             2 => QpState::Closing,
@@ -634,8 +641,12 @@ impl QueuePair for Qp {
             Err(e)
         };
         let (fam, ip, port) = sock_parts(addr);
+        // The kernel retries an address resolution waiting for ARP at the end of this timeout
+        // when it misses the neighbour update (seen with siw under qemu), so keep it short, as
+        // rping does, and let the event wait below be the overall bound.
+        let resolve_ms = ms(params.timeout.min(RESOLVE_TIMEOUT));
         // SAFETY: live id; ip holds 16 bytes.
-        let rc = unsafe { is_resolve_addr(c.id, fam, ip.as_ptr(), port, ms(params.timeout)) };
+        let rc = unsafe { is_resolve_addr(c.id, fam, ip.as_ptr(), port, resolve_ms) };
         if rc < 0 {
             return fail(&mut c, errno_err(rc, "rdma_resolve_addr"));
         }
@@ -643,7 +654,7 @@ impl QueuePair for Qp {
             return fail(&mut c, e);
         }
         // SAFETY: live id with a resolved address.
-        if unsafe { rdma_resolve_route(c.id, ms(params.timeout)) } != 0 {
+        if unsafe { rdma_resolve_route(c.id, resolve_ms) } != 0 {
             return fail(&mut c, last_os("rdma_resolve_route"));
         }
         if let Err(e) = wait_event(c.ch, EV_ROUTE_RESOLVED, params.timeout) {
@@ -668,14 +679,18 @@ impl QueuePair for Qp {
             return fail(&mut c, errno_err(rc, "rdma_connect"));
         }
         match wait_event(c.ch, EV_ESTABLISHED, params.timeout) {
-            Ok(ev) => Ok(ConnInfo {
-                peer_private_data: ev.private_data[..ev.private_data_len as usize].to_vec(),
-                peer_addr: addr,
-                ird: ev.initiator_depth as u16,
-                ord: ev.responder_resources as u16,
-                // MPA CRC is the device's business (siw: module settings); verbs does not tell.
-                crc: false,
-            }),
+            Ok(ev) => {
+                c.established = true;
+                Ok(ConnInfo {
+                    peer_private_data: ev.private_data[..ev.private_data_len as usize].to_vec(),
+                    peer_addr: addr,
+                    ird: ev.initiator_depth as u16,
+                    ord: ev.responder_resources as u16,
+                    // MPA CRC is the device's business (siw: module settings); verbs does not
+                    // tell.
+                    crc: false,
+                })
+            }
             Err(e) => fail(&mut c, e),
         }
     }
@@ -818,6 +833,7 @@ impl ConnectRequest for Request {
             c.failed = true;
             return Err(e);
         }
+        c.established = true;
         Ok(ConnInfo {
             peer_private_data: self.private_data.clone(),
             peer_addr: self.peer,
@@ -928,6 +944,7 @@ impl Provider for Verbs {
                 ch: std::ptr::null_mut(),
                 pending_recv: Vec::new(),
                 failed: false,
+                established: false,
             }),
         })
     }

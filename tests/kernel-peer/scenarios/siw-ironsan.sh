@@ -6,6 +6,9 @@
 #           (10.0.2.2 in the guest);
 #   client: `ironsan rdma ping` on the host -> rping -s in the guest, through the slirp forward
 #           127.0.0.1:$KP_FWD_PORT -> 10.0.2.15:3260.
+#   verbs:  ironsan's second provider (crates/verbs over libibverbs/librdmacm, example
+#           verbs-ping) runs in the guest on siw0: as client and server of the host's software
+#           RNIC, and against rping -s / rping -c in the guest (CRC off: siw's choice).
 # Both sides' payloads are compared with the text rping generates, so a placement or CRC error
 # shows up as a mismatch, not only as an exit status.
 KP_DEFAULT_KIND=server
@@ -13,6 +16,7 @@ KP_TIMEOUT=90
 host_available() {
   case $1 in
     server | client) rdma_ping_available ;;
+    verbs) rdma_ping_available && verbs_ping_available ;;
     *)
       echo "unknown kind $1 (server | client)"
       return 1
@@ -22,6 +26,11 @@ host_available() {
 
 guest_main() {
   siw_up || bad "siw0 on eth0"
+  if [ "$KP_KIND" = verbs ]; then
+    verbs_main
+    finish
+    return
+  fi
   # MODE SIZE: rping's default 64-byte pings, then 16000-byte ones (each RDMA Read Response and
   # Write spans many MSS-sized FPDUs, siw's and ours).
   for pass in "off 64" "on 64" "on 16000"; do
@@ -62,22 +71,94 @@ rping_server_vs_host() {
   step "ironsan rdma ping 127.0.0.1:$KP_FWD_PORT --count 20 --size $size -v  ->  rping -s -a 10.0.2.15 -p 3260 (CRC $mode)"
   timeout 60 rping -s -a 10.0.2.15 -p 3260 -S "$size" -v -V >/tmp/rping-s.out 2>/tmp/rping-s.err &
   srv=$!
-  sleep 1
+  wait_listen 3260
   host_call client "$mode" "$size"
   check "host: ironsan rdma ping: 20 pings verified, MPA CRC $mode" test $? -eq 0
-  i=0
-  while kill -0 $srv 2>/dev/null && [ $i -lt 100 ]; do
-    sleep 0.1
-    i=$((i + 1))
-  done
-  kill $srv 2>/dev/null
-  wait $srv 2>/dev/null
+  wait_gone $srv
   echo "  rping -s: $(grep -c '^server ping data: ' /tmp/rping-s.out) lines of server ping data; stderr: $(tr '\n' ' ' </tmp/rping-s.err)"
   rping_expect 20 "$size" 'server ping data: ' >/tmp/expect
   check "rping -s read 20 payloads as sent (CRC $mode)" \
     sh -c "grep '^server ping data: ' /tmp/rping-s.out | cmp -s - /tmp/expect"
   check "rping -s ended on the client's disconnect, no error (CRC $mode)" \
     sh -c "grep -q 'DISCONNECT EVENT' /tmp/rping-s.err && ! grep -qi -E 'error|fail' /tmp/rping-s.out /tmp/rping-s.err"
+}
+
+# verbs_main: the verbs provider (verbs-ping) over siw0 against ironsan's software RNIC on the
+# host in both directions, then against rdma-core's rping in the guest in both directions.
+verbs_main() {
+  host_call verbs_stage
+  check "host: verbs-ping staged" test $? -eq 0
+  vp=/mnt/host/bin/verbs-ping
+  rping_expect 20 64 'ping data: ' >/tmp/expect-c
+  rping_expect 20 64 'server ping data: ' >/tmp/expect-s
+
+  step "verbs-ping (siw) -> ironsan rdma ping --server (software RNIC on the host)"
+  host_call server_start off
+  timeout 40 $vp 10.0.2.2:"$KP_HOST_PORT" --count 20 --size 64 -v >/tmp/vp.out 2>&1
+  rc=$?
+  head -3 /tmp/vp.out
+  tail -1 /tmp/vp.out
+  check "verbs-ping client exit status 0" test $rc -eq 0
+  check "verbs-ping client: 20 payloads as sent" sh -c "grep '^ping data: ' /tmp/vp.out | cmp -s - /tmp/expect-c"
+  host_call server_check off 64
+  check "host: ironsan server read 20 payloads from the verbs client" test $? -eq 0
+
+  step "ironsan rdma ping (software RNIC on the host) -> verbs-ping --server (siw)"
+  timeout 60 $vp --server 10.0.2.15:3260 -v >/tmp/vps.out 2>&1 &
+  srv=$!
+  wait_listen 3260
+  host_call client off 64
+  check "host: ironsan rdma ping: 20 pings verified by the verbs server" test $? -eq 0
+  wait_gone $srv
+  tail -1 /tmp/vps.out
+  check "verbs-ping server: 20 payloads read, orderly disconnect" \
+    sh -c "grep '^server ping data: ' /tmp/vps.out | cmp -s - /tmp/expect-s && grep -q 'client disconnected after 20 pings' /tmp/vps.out"
+
+  step "verbs-ping -> rping -s (both on siw0)"
+  timeout 60 rping -s -a 10.0.2.15 -p 7175 -S 64 -v >/tmp/rs.out 2>/tmp/rs.err &
+  srv=$!
+  wait_listen 7175
+  timeout 40 $vp 10.0.2.15:7175 --count 20 --size 64 -v >/tmp/vp2.out 2>&1
+  rc=$?
+  tail -1 /tmp/vp2.out
+  wait_gone $srv
+  check "verbs-ping client against rping -s: exit 0, 20 payloads" \
+    sh -c "test $rc -eq 0 && grep '^ping data: ' /tmp/vp2.out | cmp -s - /tmp/expect-c"
+  check "rping -s read 20 payloads from verbs-ping" sh -c "grep '^server ping data: ' /tmp/rs.out | cmp -s - /tmp/expect-s"
+
+  step "rping -c -> verbs-ping --server (both on siw0)"
+  timeout 60 $vp --server 10.0.2.15:7176 -v >/tmp/vps2.out 2>&1 &
+  srv=$!
+  wait_listen 7176
+  timeout 40 rping -c -a 10.0.2.15 -p 7176 -C 20 -S 64 -v -V >/tmp/rc.out 2>/tmp/rc.err
+  rc=$?
+  cat /tmp/rc.err
+  wait_gone $srv
+  tail -1 /tmp/vps2.out
+  check "rping -c against verbs-ping: exit 0, 20 payloads" \
+    sh -c "test $rc -eq 0 && grep '^ping data: ' /tmp/rc.out | cmp -s - /tmp/expect-c"
+  check "verbs-ping server read 20 payloads from rping -c" \
+    sh -c "grep '^server ping data: ' /tmp/vps2.out | cmp -s - /tmp/expect-s && grep -q 'client disconnected after 20 pings' /tmp/vps2.out"
+}
+
+# wait_listen PORT: waits up to 5 s for a TCP listener on PORT (siw listens on kernel sockets).
+wait_listen() {
+  i=0
+  while ! ss -ltnH "sport = :$1" | grep -q . && [ $i -lt 50 ]; do
+    sleep 0.1
+    i=$((i + 1))
+  done
+}
+
+# wait_gone PID: waits up to 10 s for PID to end, then kills it.
+wait_gone() {
+  i=0
+  while kill -0 "$1" 2>/dev/null && [ $i -lt 100 ]; do
+    sleep 0.1
+    i=$((i + 1))
+  done
+  kill "$1" 2>/dev/null
+  wait "$1" 2>/dev/null
 }
 
 # siw_up: siw loaded and siw0 on eth0 (another scenario of this boot may have done it already).
@@ -114,6 +195,21 @@ rdma_ping_available() {
 }
 
 # (Host functions are parsed by the guest's dash too: no bash-only syntax.)
+
+# The verbs provider's ping: $KP_VERBS_PING, else next to $IRONSAN (cargo build --release -p verbs
+# --features rdma-core --example verbs-ping puts it in target/release/examples/).
+verbs_ping_path() { echo "${KP_VERBS_PING:-$(dirname "${IRONSAN:-.}")/examples/verbs-ping}"; }
+verbs_ping_available() {
+  [ -x "$(verbs_ping_path)" ] || {
+    echo "no verbs-ping at $(verbs_ping_path) (cargo build --release -p verbs --features rdma-core --example verbs-ping)"
+    return 1
+  }
+}
+# verbs_stage: copies verbs-ping into the share (/mnt/host/bin in the guest).
+host_verbs_stage() {
+  mkdir -p "$KP_RUN/share/bin" && cp "$(verbs_ping_path)" "$KP_RUN/share/bin/verbs-ping" &&
+    echo "staged $(verbs_ping_path)"
+}
 
 # server_start MODE: one-shot ping server on 127.0.0.1:$KP_HOST_PORT, MPA CRC asked for if MODE=on.
 host_server_start() {
