@@ -10,13 +10,14 @@ filter="${1:-}"
 scripts/install-deps.sh
 
 export CARGO_TERM_COLOR=never
-echo "=== cargo fmt"
+step() { echo "=== $1 (at $((SECONDS / 60)) min $((SECONDS % 60)) s)"; }
+step "cargo fmt"
 cargo fmt --all -- --check
-echo "=== cargo clippy"
+step "cargo clippy"
 cargo clippy --workspace --all-targets --release -- -D warnings
-echo "=== cargo build"
+step "cargo build"
 cargo build --workspace --release --bins
-echo "=== cargo test"
+step "cargo test"
 cargo test --workspace --release
 
 export IRONSAN="$PWD/target/release/ironsan"
@@ -24,11 +25,18 @@ failed=()
 for stage in tests/stages/*.sh; do
   name=$(basename "$stage" .sh)
   [[ -n "$filter" && "$name" != *"$filter"* ]] && continue
-  echo "=== stage $name"
+  # Every stage is bounded: `timeout` signals the stage's whole process group (servers it
+  # started included), then SIGKILLs it 30 s later. A stage may raise its limit with a
+  # "# stage-timeout: SECONDS" line.
+  limit=$(sed -n 's/^# stage-timeout: *\([0-9]\+\).*/\1/p' "$stage" | head -1)
+  limit=${limit:-${STAGE_TIMEOUT:-600}}
+  step "stage $name (limit $limit s)"
   start=$SECONDS
-  if bash "$stage"; then
+  if timeout -k 30 "$limit" bash "$stage"; then
     echo "=== stage $name: PASS ($((SECONDS - start)) s)"
   else
+    rc=$?
+    ((rc == 124)) && echo "=== stage $name: TIMED OUT after $limit s"
     echo "=== stage $name: FAIL ($((SECONDS - start)) s)"
     failed+=("$name")
   fi
@@ -37,4 +45,4 @@ if ((${#failed[@]})); then
   echo "FAILED stages: ${failed[*]}"
   exit 1
 fi
-echo "all tests passed"
+echo "all tests passed ($((SECONDS / 60)) min $((SECONDS % 60)) s)"

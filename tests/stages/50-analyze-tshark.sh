@@ -17,7 +17,8 @@ ctl=$((2000 + $$ % 5000))
 work=$(mktemp -d)
 tgtd_pid=""
 cleanup() {
-  [[ -n "$tgtd_pid" ]] && kill "$tgtd_pid" 2>/dev/null && wait "$tgtd_pid" 2>/dev/null
+  # tgtd ignores SIGTERM: a plain kill + wait would hang here forever.
+  [[ -n "$tgtd_pid" ]] && kill -9 "$tgtd_pid" 2>/dev/null && wait "$tgtd_pid" 2>/dev/null
   ip netns del "$ns" 2>/dev/null || true
   rm -rf "$work"
 }
