@@ -96,4 +96,16 @@ print("sent", len(cases), "malformed connections")
 PY
 timeout 20 iscsi-inq "$url" | grep -q "DIRECT_ACCESS" || fail "target stopped answering after malformed input"
 kill -0 "${pids[0]}" || fail "target process died"
+
+echo "--- ironsan bench vs-tgt (one short round; the ratio bars are for the closing note, not CI)"
+timeout 120 "$IRONSAN" bench vs-tgt --seconds 1 --repeat 1 --json "$work/vs.json" --svg "$work/vs.svg" \
+  || fail "bench vs-tgt"
+python3 - "$work/vs.json" "$work/vs.svg" <<'PY' || fail "bench vs-tgt output"
+import json, sys, xml.etree.ElementTree as ET
+rows = json.load(open(sys.argv[1]))
+assert [r["workload"] for r in rows] == ["seq read 128 KiB QD32", "rand read 4 KiB QD32"], rows
+assert all(r["tgtd IOPS"] > 0 and r["ironsan IOPS"] > 0 for r in rows), rows
+ET.parse(sys.argv[2])
+print("bench vs-tgt: " + ", ".join(f'{r["workload"]} {r["ironsan/tgtd"]:.2f}x' for r in rows))
+PY
 echo "iSCSI target stage passed"

@@ -105,14 +105,13 @@ pub fn run(a: VsTgtArgs) -> Result<()> {
     std::fs::create_dir_all(&scratch.0)
         .with_context(|| format!("creating {}", scratch.0.display()))?;
 
-    let (tgt_port, ctl_port, ironsan_port) = (free_port()?, free_port()?, free_port()?);
+    let (tgt_port, ironsan_port) = (free_port()?, free_port()?);
+    // tgtd's control "port" names its management socket and must be small.
+    let ctl_port = 100 + tgt_port % 10_000;
     let _tgtd = start_tgtd(&scratch.0, tgt_port, ctl_port, lun_bytes)?;
     let _ironsan = start_ironsan(&scratch.0, ironsan_port, &a.backend, lun_bytes)?;
     let urls = [
-        (
-            "tgtd",
-            format!("iscsi://127.0.0.1:{tgt_port}/{TGT_IQN}/1"),
-        ),
+        ("tgtd", format!("iscsi://127.0.0.1:{tgt_port}/{TGT_IQN}/1")),
         (
             "ironsan",
             format!("iscsi://127.0.0.1:{ironsan_port}/{IRONSAN_IQN}/1"),
@@ -250,16 +249,23 @@ fn start_tgtd(dir: &Path, port: u16, ctl: u16, lun_bytes: u64) -> Result<Reaped>
     let child = Command::new(which("tgtd").unwrap())
         .args(["-f", "-C", &ctl.to_string(), "--iscsi"])
         .arg(format!("portal=127.0.0.1:{port}"))
+        .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("tgtd.log"))?)
         .spawn()
         .context("starting tgtd")?;
-    let guard = Reaped(child);
-    wait_port(port, "tgtd")?;
+    let mut guard = Reaped(child);
+    if let Err(e) = wait_port(port, "tgtd") {
+        let log = std::fs::read_to_string(dir.join("tgtd.log")).unwrap_or_default();
+        let status = guard.0.try_wait().ok().flatten();
+        bail!("{e} (exit {status:?}): {}", log.trim());
+    }
     let ctl = ctl.to_string();
     let img = img.to_string_lossy().into_owned();
     let steps: [&[&str]; 3] = [
-        &["--op", "new", "--mode", "target", "--tid", "1", "-T", TGT_IQN],
+        &[
+            "--op", "new", "--mode", "target", "--tid", "1", "-T", TGT_IQN,
+        ],
         &[
             "--op",
             "new",
@@ -272,7 +278,9 @@ fn start_tgtd(dir: &Path, port: u16, ctl: u16, lun_bytes: u64) -> Result<Reaped>
             "-b",
             &img,
         ],
-        &["--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL"],
+        &[
+            "--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL",
+        ],
     ];
     for step in steps {
         let st = Command::new(which("tgtadm").unwrap())
@@ -357,7 +365,8 @@ mod tests {
 
     #[test]
     fn iscsi_perf_final_average_is_parsed() {
-        let out = "will run for 3 seconds.\n\n00:00:02 - lba 1050284, iops current 59663 (233 MB/s), \
+        let out =
+            "will run for 3 seconds.\n\n00:00:02 - lba 1050284, iops current 59663 (233 MB/s), \
                    iops average 59663 (233 MB/s), in_flight 32, busy 0        \
                    iops average 58313 (227 MB/s)       \n\nfinished.\n";
         assert_eq!(parse_iscsi_perf(out), Some(58313.0));
