@@ -343,7 +343,8 @@ impl<T> SessionCore<T> {
     /// Queues a SCSI command; it goes out as soon as the window allows. Returns its ITT.
     pub fn submit(&mut self, token: T, req: CommandRequest) -> u32 {
         let itt = self.alloc_itt();
-        let buf = BytesMut::zeroed(req.read_len as usize);
+        // Filled as Data-In arrives (in order, normally): no zeroing of the buffer first.
+        let buf = BytesMut::with_capacity(req.read_len as usize);
         self.tasks.insert(
             itt,
             Task {
@@ -700,14 +701,15 @@ impl<T> SessionCore<T> {
             )));
         }
         let Kind::Scsi {
+            req,
             buf,
             exp_data_sn,
             received,
-            ..
         } = &mut task.kind
         else {
             return Err(perr(format!("Data-In for non-SCSI ITT 0x{:08x}", d.itt)));
         };
+        let read_len = req.read_len as usize;
         if d.data_sn != *exp_data_sn {
             return Err(perr(format!(
                 "Data-In DataSN {} where {} was expected (ITT 0x{:08x})",
@@ -715,22 +717,30 @@ impl<T> SessionCore<T> {
             )));
         }
         let off = d.buffer_offset as usize;
-        let end = off.checked_add(payload.len()).filter(|&e| e <= buf.len());
+        let end = off.checked_add(payload.len()).filter(|&e| e <= read_len);
         let Some(end) = end else {
             return Err(perr(format!(
                 "Data-In at offset {} length {} overruns the {}-byte read (ITT 0x{:08x})",
                 d.buffer_offset,
                 payload.len(),
-                buf.len(),
+                read_len,
                 d.itt
             )));
         };
-        let dst = &mut buf[off..end];
-        let crc = if digest.is_some() {
-            digest::copy_with_crc32c(dst, payload)
-        } else {
-            dst.copy_from_slice(payload);
+        let crc = if digest.is_none() && off == buf.len() {
+            buf.extend_from_slice(payload);
             0
+        } else {
+            if end > buf.len() {
+                buf.resize(end, 0);
+            }
+            let dst = &mut buf[off..end];
+            if digest.is_some() {
+                digest::copy_with_crc32c(dst, payload)
+            } else {
+                dst.copy_from_slice(payload);
+                0
+            }
         };
         check(crc)?;
         *exp_data_sn = exp_data_sn.wrapping_add(1);
@@ -757,9 +767,11 @@ impl<T> SessionCore<T> {
         let Some(task) = self.tasks.get_mut(&itt) else {
             return;
         };
-        let Kind::Scsi { buf, .. } = &mut task.kind else {
+        let Kind::Scsi { buf, req, .. } = &mut task.kind else {
             return;
         };
+        // Bytes the target never sent read as zeros.
+        buf.resize(req.read_len as usize, 0);
         let mut data = std::mem::take(buf).freeze();
         if let Residual::Underflow(n) = residual {
             data.truncate(data.len().saturating_sub(n as usize));

@@ -36,6 +36,9 @@ pub struct SessionConfig {
     pub chap: Option<ChapCredentials>,
     /// Mutual CHAP: what the target must prove (from the URL's `target_user`/`target_password`).
     pub mutual_chap: Option<ChapCredentials>,
+    /// CHAP_A offer in preference order. MD5 alone by default: tgtd refuses a login whose
+    /// CHAP_A list names algorithms it does not know.
+    pub chap_algorithms: Vec<ChapAlgorithm>,
     pub header_digest: DigestPreference,
     pub data_digest: DigestPreference,
     /// Connections to open (capped by the negotiated MaxConnections).
@@ -65,6 +68,7 @@ impl Default for SessionConfig {
             initiator_name: DEFAULT_INITIATOR_NAME.to_string(),
             chap: None,
             mutual_chap: None,
+            chap_algorithms: vec![ChapAlgorithm::Md5],
             header_digest: DigestPreference::None,
             data_digest: DigestPreference::None,
             connections: 1,
@@ -128,11 +132,7 @@ impl SessionConfig {
             Some(cred) => InitiatorAuth::Chap {
                 credentials: cred.clone(),
                 mutual: self.mutual_chap.clone(),
-                algorithms: vec![
-                    ChapAlgorithm::Sha256,
-                    ChapAlgorithm::Sha1,
-                    ChapAlgorithm::Md5,
-                ],
+                algorithms: self.chap_algorithms.clone(),
             },
         };
         c.header_digest = self.header_digest;

@@ -46,9 +46,11 @@ impl LoginOpts {
     }
 }
 
+/// One thread: the initiator's work per command is small, and keeping the reader, the
+/// writer and the submitters on one thread saves the cross-thread wake-ups that cost more
+/// than the work on a busy machine.
 pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the runtime")
