@@ -82,10 +82,11 @@ libiscsi_check() {
   return $((fails > 0))
 }
 
-# The ironsan initiator CLI: ironsan ls, write + read back of random data, a short
-# bench --verify. Its command-line shape is an assumption until the CLI lands.
+# The ironsan initiator CLI: ironsan ls, write + read back of random data (libiscsi-style URLs;
+# `read` without --length reads the whole LUN), then a short bench --verify.
 ironsan_initiator_check() {
   local iqn=$1 sha=$2 portal=127.0.0.1:$KP_FWD_PORT fails=0 d=$KP_RUN/host
+  local url="iscsi://$portal/$iqn/0"
   c() {
     local label=$1
     shift
@@ -94,13 +95,13 @@ ironsan_initiator_check() {
       fails=$((fails + 1))
     fi
   }
-  timeout 30 "$IRONSAN" ls "$portal" | tee "$d/lio-ls.out"
+  timeout 30 "$IRONSAN" ls "iscsi://$portal" | tee "$d/lio-ls.out"
   c "ironsan ls lists $iqn" grep -q "$iqn" "$d/lio-ls.out"
-  timeout 120 "$IRONSAN" read --portal "$portal" --target "$iqn" --lun 0 --output "$d/lio-read.img"
+  timeout 120 "$IRONSAN" read "$url" --output "$d/lio-read.img"
   c "read 64 MiB: the guest's random data" test "$(sha256sum <"$d/lio-read.img" | cut -d' ' -f1)" = "$sha"
   head -c 64M /dev/urandom >"$d/lio-write.img"
-  timeout 120 "$IRONSAN" write --portal "$portal" --target "$iqn" --lun 0 --input "$d/lio-write.img"
-  timeout 120 "$IRONSAN" read --portal "$portal" --target "$iqn" --lun 0 --output "$d/lio-back.img"
+  timeout 120 "$IRONSAN" write "$url" --input "$d/lio-write.img"
+  timeout 120 "$IRONSAN" read "$url" --output "$d/lio-back.img"
   c "write 64 MiB random + read back identical" cmp "$d/lio-write.img" "$d/lio-back.img"
   echo "WROTE_SHA256=$(sha256sum <"$d/lio-write.img" | cut -d' ' -f1)"
   rm -f "$d"/lio-*.img
@@ -114,6 +115,6 @@ host_initiator_bench() {
     echo "no verifying benchmark for $KP_KIND"
     return 0
   }
-  timeout 120 "$IRONSAN" bench --portal "127.0.0.1:$KP_FWD_PORT" --target "$1" --lun 0 \
-    --seconds 5 --verify
+  timeout 120 "$IRONSAN" bench "iscsi://127.0.0.1:$KP_FWD_PORT/$1/0" --rw write,read \
+    --pattern rand --size 64k --qd 16 --duration 5 --span 32m --verify
 }
