@@ -2,11 +2,11 @@
 //! perftest's ib_write_bw), measured between two RNIC instances over loopback TCP in one process,
 //! next to a plain TCP socket stream measured in the same run as the baseline.
 
-use super::next_wc;
-use crate::{Cq, Mr, Qp, Rnic};
+use super::EMPTY_WC;
+use crate::{Channel, Cq, Mr, Qp, Rnic};
 use rdma::{
-    Access, ConnParams, ConnectRequest, Listener, MemoryRegion, Provider, QpCaps, QueuePair,
-    RecvWr, SendOp, SendWr, WcStatus,
+    Access, CompletionChannel, CompletionQueue, ConnParams, ConnectRequest, Listener, MemoryRegion,
+    Provider, QpCaps, QueuePair, RecvWr, SendOp, SendWr, WcStatus,
 };
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
@@ -54,11 +54,15 @@ struct Side {
     qp: Qp,
     scq: Cq,
     rcq: Cq,
+    /// Both CQs report to it: the measuring thread sleeps on it instead of polling, leaving the
+    /// CPU to the progress threads (it matters on a loaded machine).
+    ch: Channel,
 }
 
 fn side(dev: &Rnic, pd: &crate::Pd) -> rdma::Result<Side> {
-    let scq = dev.create_cq(8192, None)?;
-    let rcq = dev.create_cq(8192, None)?;
+    let ch = dev.create_channel()?;
+    let scq = dev.create_cq(8192, Some(&ch))?;
+    let rcq = dev.create_cq(8192, Some(&ch))?;
     let qp = dev.create_qp(
         pd,
         &scq,
@@ -69,7 +73,7 @@ fn side(dev: &Rnic, pd: &crate::Pd) -> rdma::Result<Side> {
             max_sge: 4,
         },
     )?;
-    Ok(Side { qp, scq, rcq })
+    Ok(Side { qp, scq, rcq, ch })
 }
 
 type Res<T> = std::result::Result<T, String>;
@@ -133,8 +137,8 @@ pub fn run_loopback(opt: &BwOptions) -> Res<Vec<BwPoint>> {
             signaled: true,
         })
         .map_err(e)?;
-    wait_ok(&sb.rcq)?;
-    wait_ok(&sa.scq)?;
+    wait_ok(&sb.rcq, &sb.ch)?;
+    wait_ok(&sa.scq, &sa.ch)?;
 
     let mut points = Vec::new();
     for &op in &opt.ops {
@@ -148,8 +152,26 @@ pub fn run_loopback(opt: &BwOptions) -> Res<Vec<BwPoint>> {
     Ok(points)
 }
 
-fn wait_ok(cq: &Cq) -> Res<rdma::Wc> {
-    let wc = next_wc(cq, Duration::from_secs(30)).ok_or("timed out waiting for a completion")?;
+/// The next completion of `cq`, sleeping on the channel between checks: poll, re-arm, poll again
+/// (the re-arm-then-poll rule), then wait for the channel (bounded).
+fn wait_ok(cq: &Cq, ch: &Channel) -> Res<rdma::Wc> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut out = [EMPTY_WC];
+    let wc = loop {
+        if cq.poll(&mut out) == 1 {
+            break out[0];
+        }
+        cq.req_notify(false);
+        if cq.poll(&mut out) == 1 {
+            break out[0];
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err("timed out waiting for a completion".into());
+        }
+        ch.get_events(Some(left.min(Duration::from_millis(100))))
+            .map_err(|x| x.to_string())?;
+    };
     if wc.status != WcStatus::Success {
         return Err(format!(
             "{:?} completion failed: {:?}",
@@ -212,10 +234,10 @@ fn measure(
             post_times.push_back(Instant::now());
             posted += 1;
         }
-        wait_ok(&sa.scq)?;
+        wait_ok(&sa.scq, &sa.ch)?;
         if op == Op::Send {
             // The receiver's completion is the one that matters; then repost its buffer.
-            wait_ok(&sb.rcq)?;
+            wait_ok(&sb.rcq, &sb.ch)?;
             if recv_posted < iters {
                 let slot = recv_posted % slots;
                 sb.qp
