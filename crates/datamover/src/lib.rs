@@ -102,14 +102,21 @@ pub enum Notice {
 pub trait Datamover: Send + Sync {
     /// Send a control PDU (response, NOP-In, Text, Logout, Reject, Async, TMF response).
     async fn send_control(&self, pdu: Pdu) -> Result<(), DmError>;
-    /// Deliver read data for `task`, optionally with collapsed status. Returns the
+    /// Deliver read data for `task`, optionally with collapsed status. `crcs`, when the
+    /// producer computed them at [`Datamover::data_in_digest_segment`], are the data digests
+    /// of the PDUs to come (a transport that cuts differently ignores them). Returns the
     /// number of data PDUs used (for ExpDataSN).
     async fn put_data(
         &self,
         task: TaskRef,
         data: Bytes,
+        crcs: Option<digest::SegmentCrcs>,
         status: Option<CollapsedStatus>,
     ) -> Result<u32, DmError>;
+    /// The piece length at which read data should come with CRC32Cs for
+    /// [`Datamover::put_data`]: Some when this connection sends data digests and cuts
+    /// Data-In at a fixed length. Producers that copy the data compute them in that copy.
+    fn data_in_digest_segment(&self) -> Option<u32>;
     /// Collect all write data of a command (soliciting what was not sent unsolicited).
     /// Returns the data and the number of R2Ts used.
     async fn get_data(&self, task: TaskRef, write: WriteHandle) -> Result<(Bytes, u32), DmError>;

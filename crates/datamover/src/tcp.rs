@@ -191,6 +191,7 @@ enum Out {
     DataIn {
         task: TaskRef,
         data: Bytes,
+        crcs: Option<digest::SegmentCrcs>,
         status: Option<CollapsedStatus>,
     },
     R2ts {
@@ -225,6 +226,7 @@ impl Datamover for TcpDatamover {
         &self,
         task: TaskRef,
         data: Bytes,
+        crcs: Option<digest::SegmentCrcs>,
         status: Option<CollapsedStatus>,
     ) -> Result<u32, DmError> {
         let cfg = &self.shared.cfg;
@@ -234,8 +236,25 @@ impl Datamover for TcpDatamover {
             cfg.max_burst_length,
         )
         .count();
-        self.enqueue(Out::DataIn { task, data, status }).await?;
+        self.enqueue(Out::DataIn {
+            task,
+            data,
+            crcs,
+            status,
+        })
+        .await?;
         Ok(n as u32)
+    }
+
+    fn data_in_digest_segment(&self) -> Option<u32> {
+        let cfg = &self.shared.cfg;
+        // Data-In is cut at MaxSendDataSegmentLength within each MaxBurstLength burst: fixed
+        // pieces exactly when the burst is a whole number of segments.
+        (cfg.digests.data
+            && cfg
+                .max_burst_length
+                .is_multiple_of(cfg.max_send_data_segment_length))
+        .then_some(cfg.max_send_data_segment_length)
     }
 
     async fn get_data(&self, task: TaskRef, write: WriteHandle) -> Result<(Bytes, u32), DmError> {
@@ -647,9 +666,12 @@ impl Writer {
             for m in batch.drain(..) {
                 match m {
                     Out::Pdu(p) => self.encode(p.bhs, &p.ahs, p.data, &mut heads, &mut parts),
-                    Out::DataIn { task, data, status } => {
-                        self.encode_data_in(task, data, status, &mut heads, &mut parts)
-                    }
+                    Out::DataIn {
+                        task,
+                        data,
+                        crcs,
+                        status,
+                    } => self.encode_data_in(task, data, crcs, status, &mut heads, &mut parts),
                     Out::R2ts { task, r2ts } => {
                         for r in r2ts {
                             let bhs = Bhs::R2t(R2t {
@@ -695,9 +717,22 @@ impl Writer {
 
     fn encode(
         &mut self,
+        bhs: Bhs,
+        ahs: &[u8],
+        data: Bytes,
+        heads: &mut Vec<u8>,
+        parts: &mut Vec<Part>,
+    ) {
+        self.encode_with_crc(bhs, ahs, data, None, heads, parts)
+    }
+
+    /// `data_crc`: the CRC32C of `data` (without padding) when the producer already has it.
+    fn encode_with_crc(
+        &mut self,
         mut bhs: Bhs,
         ahs: &[u8],
         data: Bytes,
+        data_crc: Option<u32>,
         heads: &mut Vec<u8>,
         parts: &mut Vec<Part>,
     ) {
@@ -710,19 +745,21 @@ impl Writer {
             heads.extend_from_slice(&d.to_le_bytes());
         }
         parts.push(Part::Head(start..heads.len()));
-        self.push_data(data, parts);
+        self.push_data(data, data_crc, parts);
     }
 
-    fn push_data(&self, data: Bytes, parts: &mut Vec<Part>) {
+    fn push_data(&self, data: Bytes, data_crc: Option<u32>, parts: &mut Vec<Part>) {
         if data.is_empty() {
             return;
         }
         let pad = iscsi_wire::padded_len(data.len() as u32) - data.len();
-        let digest = self
-            .cfg
-            .digests
-            .data
-            .then(|| crc_of(&[&data, &ZEROS[..pad]]).to_le_bytes());
+        let digest = self.cfg.digests.data.then(|| {
+            match data_crc {
+                Some(crc) => digest::crc32c_append(crc, &ZEROS[..pad]),
+                None => crc_of(&[&data, &ZEROS[..pad]]),
+            }
+            .to_le_bytes()
+        });
         parts.push(Part::Data(data));
         if pad > 0 {
             parts.push(Part::Pad(pad));
@@ -736,6 +773,7 @@ impl Writer {
         &mut self,
         task: TaskRef,
         data: Bytes,
+        crcs: Option<digest::SegmentCrcs>,
         status: Option<CollapsedStatus>,
         heads: &mut Vec<u8>,
         parts: &mut Vec<Part>,
@@ -766,7 +804,8 @@ impl Writer {
                 }
             }
             let payload = data.slice(s.offset as usize..(s.offset + s.len) as usize);
-            self.encode(Bhs::DataIn(d), &[], payload, heads, parts);
+            let crc = crcs.as_ref().and_then(|c| c.get(s.offset, s.len));
+            self.encode_with_crc(Bhs::DataIn(d), &[], payload, crc, heads, parts);
         }
     }
 }

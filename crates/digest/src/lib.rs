@@ -1,7 +1,8 @@
 //! CRC32C (Castagnoli), the digest of iSCSI (HeaderDigest/DataDigest) and of iWARP's MPA, for
 //! all of ironsan: one-shot [`crc32c`], incremental [`Crc32c`], [`crc32c_combine`] of CRCs
 //! computed separately, and [`copy_with_crc32c`], which copies a buffer and computes its CRC in
-//! one pass for the send and receive paths that copy anyway. The fastest implementation the CPU
+//! one pass for the send and receive paths that copy anyway, and [`SegmentCrcs`] /
+//! [`SegmentedCopy`] for the per-PDU digests of a Data-In sequence computed during a copy. The fastest implementation the CPU
 //! supports is chosen once at run time: the CRC32C instruction in interleaved streams ([`hw`]),
 //! else Slicing-by-8 ([`slicing8`]); Sarwate's byte table ([`sarwate`]) is the reference. The
 //! [`bench`] module measures them all.
@@ -12,10 +13,13 @@
 
 use std::sync::OnceLock;
 
+pub use segments::{SegmentCrcs, SegmentedCopy};
+
 pub mod bench;
 mod gf2;
 pub mod hw;
 pub mod sarwate;
+mod segments;
 pub mod slicing8;
 
 /// One implementation, as the dispatcher installs it.

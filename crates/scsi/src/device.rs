@@ -56,6 +56,10 @@ pub struct Command {
     pub write: bool,
     /// All data-out the initiator sent (length <= `expected_len`).
     pub data_out: Bytes,
+    /// When set, READ data comes back with the CRC32C of every piece of this many bytes
+    /// ([`Response::data_in_crcs`]): the transport's per-PDU data digests, computed by the
+    /// backend while it copies the data instead of in a second pass.
+    pub data_in_digest_segment: Option<u32>,
 }
 
 /// The outcome of a command.
@@ -66,6 +70,9 @@ pub struct Response {
     pub sense: Option<Bytes>,
     /// Data-in, already truncated to `expected_len` (empty unless `Command::read`).
     pub data_in: Bytes,
+    /// CRCs of `data_in` cut at [`Command::data_in_digest_segment`], when asked for and
+    /// the data came straight from a medium read.
+    pub data_in_crcs: Option<digest::SegmentCrcs>,
     pub residual: Residual,
     /// The task was aborted by task management: the transport must not send this.
     pub aborted: bool,
@@ -77,6 +84,7 @@ impl Response {
             status: status::TASK_ABORTED,
             sense: None,
             data_in: Bytes::new(),
+            data_in_crcs: None,
             residual: Residual::None,
             aborted: true,
         }

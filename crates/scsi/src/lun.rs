@@ -33,6 +33,8 @@ impl From<Sense> for Fail {
 /// A successful command: its data-in (already cut to the allocation length) and status.
 pub(crate) struct Done {
     pub data: Bytes,
+    /// Per-segment CRCs of `data` (a medium read asked for them).
+    pub crcs: Option<digest::SegmentCrcs>,
     pub status: u8,
 }
 
@@ -40,12 +42,14 @@ impl Done {
     pub fn none() -> Result<Done, Fail> {
         Ok(Done {
             data: Bytes::new(),
+            crcs: None,
             status: status::GOOD,
         })
     }
     pub fn data(data: impl Into<Bytes>) -> Result<Done, Fail> {
         Ok(Done {
             data: data.into(),
+            crcs: None,
             status: status::GOOD,
         })
     }
@@ -54,6 +58,7 @@ impl Done {
         data.truncate(alloc_len);
         Ok(Done {
             data: Bytes::from(data),
+            crcs: None,
             status: status::GOOD,
         })
     }
@@ -237,7 +242,14 @@ impl Lun {
         match result {
             Ok(done) => match crate::cmds::data_out_len(&cmd.cdb, self.block_size) {
                 Some(out_len) if done.data.is_empty() => finish_out(&cmd, out_len, done.status),
-                _ => finish_data_in(&cmd, done.data, done.status),
+                _ => {
+                    let mut r = finish_data_in(&cmd, done.data.clone(), done.status);
+                    // CRCs describe the data as read; any cut makes them stale.
+                    if r.data_in.len() == done.data.len() {
+                        r.data_in_crcs = done.crcs;
+                    }
+                    r
+                }
             },
             Err(Fail::Check(s)) => {
                 let mut r = finish_error(&cmd, status::CHECK_CONDITION, Some(self.sense_bytes(&s)));
@@ -330,6 +342,7 @@ pub(crate) fn finish_data_in(cmd: &Command, data: Bytes, st: u8) -> Response {
             status: st,
             sense: None,
             data_in: Bytes::new(),
+            data_in_crcs: None,
             residual,
             aborted: false,
         };
@@ -342,6 +355,7 @@ pub(crate) fn finish_data_in(cmd: &Command, data: Bytes, st: u8) -> Response {
         status: st,
         sense: None,
         data_in: data,
+        data_in_crcs: None,
         residual: residual(wanted, edtl),
         aborted: false,
     }
@@ -353,6 +367,7 @@ fn finish_out(cmd: &Command, out_len: u64, st: u8) -> Response {
         status: st,
         sense: None,
         data_in: Bytes::new(),
+        data_in_crcs: None,
         residual: residual(out_len, cmd.expected_len as u64),
         aborted: false,
     }
@@ -363,6 +378,7 @@ pub(crate) fn finish_error(_cmd: &Command, st: u8, sense: Option<Bytes>) -> Resp
         status: st,
         sense,
         data_in: Bytes::new(),
+        data_in_crcs: None,
         residual: Residual::None,
         aborted: false,
     }

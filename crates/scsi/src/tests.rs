@@ -33,6 +33,7 @@ fn cmd(nexus: u64, cdb: &[u8], data_out: &[u8], edtl: u32) -> Command {
         read: data_out.is_empty(),
         write: !data_out.is_empty(),
         data_out: Bytes::copy_from_slice(data_out),
+        data_in_digest_segment: None,
     }
 }
 
@@ -998,4 +999,31 @@ fn sanitize_overwrite_block_erase_and_field_errors() {
     good(&r);
     assert_eq!(r.data_in[8 + 12], 1, "deallocated");
     assert_eq!(be32_at(&r.data_in, 8 + 8) as u64, BLOCKS);
+}
+
+/// A READ asked for per-segment CRCs gets them (computed while the RAM backend copies);
+/// a READ cut short by the expected length gets none (they would describe other bytes).
+#[test]
+fn read_returns_data_digest_crcs_when_asked() {
+    let d = device();
+    let data: Vec<u8> = (0..16 * BS).map(|i| (i * 7 + i / 512) as u8).collect();
+    good(&run(&d, cmd(1, &write10(40, 16), &data, data.len() as u32)));
+    let mut c = cmd(1, &read10(38, 20), &[], 20 * BS as u32);
+    c.data_in_digest_segment = Some(3000);
+    let r = run(&d, c);
+    good(&r);
+    let mut want = vec![0u8; 2 * BS];
+    want.extend_from_slice(&data);
+    want.extend_from_slice(&[0u8; 2 * BS]);
+    assert_eq!(&r.data_in[..], &want[..]);
+    assert_eq!(r.data_in_crcs, Some(digest::SegmentCrcs::of(&want, 3000)));
+
+    let mut c = cmd(1, &read10(40, 4), &[], 3 * BS as u32);
+    c.data_in_digest_segment = Some(3000);
+    let r = run(&d, c);
+    assert_eq!(r.data_in.len(), 3 * BS);
+    assert_eq!(r.data_in_crcs, None, "truncated data carries no CRCs");
+
+    let r = run(&d, cmd(1, &read10(40, 4), &[], 4 * BS as u32));
+    assert_eq!(r.data_in_crcs, None, "not asked for");
 }

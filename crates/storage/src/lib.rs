@@ -53,6 +53,21 @@ pub trait Backend: Send + Sync + 'static {
     /// Reads `len` bytes at `offset` into a fresh buffer. Never-written ranges read as zeroes.
     async fn read_at(&self, offset: u64, len: usize) -> io::Result<Bytes>;
 
+    /// [`Backend::read_at`], plus the CRC32C of every `seg_len`-byte piece of the data (the
+    /// data digests of the Data-In PDUs that will carry it). A backend that copies the data
+    /// in user space computes them in the same pass as that copy; the default reads, then
+    /// makes one CRC pass (the data came from the kernel: there was no copy to fuse with).
+    async fn read_at_with_crcs(
+        &self,
+        offset: u64,
+        len: usize,
+        seg_len: u32,
+    ) -> io::Result<(Bytes, digest::SegmentCrcs)> {
+        let data = self.read_at(offset, len).await?;
+        let crcs = digest::SegmentCrcs::of(&data, seg_len);
+        Ok((data, crcs))
+    }
+
     /// Writes `data` at `offset`. With `fua`, the data is on stable storage when this returns.
     async fn write_at(&self, offset: u64, data: Bytes, fua: bool) -> io::Result<()>;
 

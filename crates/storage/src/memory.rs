@@ -72,6 +72,26 @@ impl MemoryBackend {
         Ok(buf.freeze())
     }
 
+    /// `read_sync` with the per-segment CRCs computed while the chunks are copied out.
+    fn read_with_crcs_sync(
+        &self,
+        offset: u64,
+        len: usize,
+        seg_len: u32,
+    ) -> io::Result<(Bytes, digest::SegmentCrcs)> {
+        check_range(self.size, offset, len as u64)?;
+        let mut buf = BytesMut::zeroed(len);
+        let mut copier = digest::SegmentedCopy::new(seg_len);
+        self.for_each_piece(offset, len as u64, |index, in_chunk, at, n| {
+            let slot = self.chunks[index].read().unwrap_or_else(|e| e.into_inner());
+            match slot.as_ref() {
+                Some(chunk) => copier.copy(&mut buf[at..at + n], &chunk[in_chunk..in_chunk + n]),
+                None => copier.feed(&buf[at..at + n]),
+            }
+        });
+        Ok((buf.freeze(), copier.finish()))
+    }
+
     fn write_sync(&self, offset: u64, data: &[u8]) -> io::Result<()> {
         check_range(self.size, offset, data.len() as u64)?;
         self.for_each_piece(offset, data.len() as u64, |index, in_chunk, at, n| {
@@ -163,6 +183,15 @@ impl Backend for MemoryBackend {
 
     async fn read_at(&self, offset: u64, len: usize) -> io::Result<Bytes> {
         self.read_sync(offset, len)
+    }
+
+    async fn read_at_with_crcs(
+        &self,
+        offset: u64,
+        len: usize,
+        seg_len: u32,
+    ) -> io::Result<(Bytes, digest::SegmentCrcs)> {
+        self.read_with_crcs_sync(offset, len, seg_len)
     }
 
     async fn write_at(&self, offset: u64, data: Bytes, _fua: bool) -> io::Result<()> {

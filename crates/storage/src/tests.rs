@@ -144,8 +144,14 @@ proptest! {
                         model[off as usize..off as usize + len].fill(0);
                     }
                     _ => {
+                        let want = &model[off as usize..off as usize + len];
                         let got = b.read_at(off, len).await.unwrap();
-                        assert_eq!(&got[..], &model[off as usize..off as usize + len]);
+                        assert_eq!(&got[..], want);
+                        // The fused copy+CRC read: same bytes, CRCs equal to a separate pass.
+                        let seg = 1 + (val as u32) * 97;
+                        let (got, crcs) = b.read_at_with_crcs(off, len, seg).await.unwrap();
+                        assert_eq!(&got[..], want);
+                        assert_eq!(crcs, digest::SegmentCrcs::of(want, seg));
                     }
                 }
             }

@@ -258,6 +258,7 @@ impl Session {
                         status: scsi::status::CHECK_CONDITION,
                         sense: Some(sense.encode(false)),
                         data_in: Bytes::new(),
+                        data_in_crcs: None,
                         residual: scsi::Residual::None,
                         aborted: false,
                     };
@@ -290,6 +291,7 @@ impl Session {
                 read: cmd.read,
                 write: cmd.write,
                 data_out,
+                data_in_digest_segment: conn.dm.data_in_digest_segment(),
             })
             .await;
         Some((rsp, r2ts))
@@ -540,12 +542,19 @@ async fn send_scsi_response(conn: &Conn, task: TaskRef, rsp: scsi::Response, r2t
             underflow,
             residual,
         };
-        let _ = conn.dm.put_data(task, rsp.data_in, Some(st)).await;
+        let _ = conn
+            .dm
+            .put_data(task, rsp.data_in, rsp.data_in_crcs, Some(st))
+            .await;
         return;
     }
     let mut data_pdus = r2ts;
     if !rsp.data_in.is_empty() {
-        data_pdus += conn.dm.put_data(task, rsp.data_in, None).await.unwrap_or(0);
+        data_pdus += conn
+            .dm
+            .put_data(task, rsp.data_in, rsp.data_in_crcs, None)
+            .await
+            .unwrap_or(0);
     }
     let data = match rsp.sense {
         Some(sense) => {

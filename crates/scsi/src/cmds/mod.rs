@@ -202,7 +202,9 @@ impl Lun {
             return Err(Sense::invalid_cdb_field((min_cdb_len(opcode) - 1) as u16, Some(2)).into());
         }
         match opcode {
-            op::READ_6 | op::READ_10 | op::READ_12 | op::READ_16 => self.read(cdb).await,
+            op::READ_6 | op::READ_10 | op::READ_12 | op::READ_16 => {
+                self.read(cdb, cmd.data_in_digest_segment).await
+            }
             op::WRITE_6 | op::WRITE_10 | op::WRITE_12 | op::WRITE_16 => {
                 self.write(cmd, false).await
             }
@@ -230,6 +232,7 @@ impl Lun {
             },
             op::REPORT_LUNS => Ok(crate::lun::Done {
                 data: report_luns(&dev.luns(), cdb)?,
+                crcs: None,
                 status: 0,
             }),
             op::MAINTENANCE_IN => match cdb[1] & 0x1F {

@@ -148,7 +148,7 @@ impl Lun {
         }
     }
 
-    pub(crate) async fn read(&self, cdb: &[u8]) -> CmdResult {
+    pub(crate) async fn read(&self, cdb: &[u8], digest_segment: Option<u32>) -> CmdResult {
         let p = RwParams::parse(cdb);
         self.check_protect(cdb)?;
         self.check_range(p.lba, p.blocks as u64)?;
@@ -159,7 +159,28 @@ impl Lun {
         // A shared range lock: reads run in parallel with each other and with plain
         // writes, but never see half of an atomic write or COMPARE AND WRITE.
         let _range = self.ranges.lock(p.lba, p.blocks as u64, false).await;
-        Done::data(self.read_blocks(p.lba, p.blocks as u64).await?)
+        match digest_segment {
+            None => Done::data(self.read_blocks(p.lba, p.blocks as u64).await?),
+            Some(seg_len) => {
+                let (data, crcs) = self
+                    .backend
+                    .read_at_with_crcs(
+                        self.offset(p.lba),
+                        (p.blocks as usize) << self.bs_shift,
+                        seg_len,
+                    )
+                    .await
+                    .map_err(|e| {
+                        tracing::warn!(lun = self.id, lba = p.lba, "backend read failed: {e}");
+                        Fail::Check(Sense::new(key::MEDIUM_ERROR, asc::READ_ERROR))
+                    })?;
+                Ok(Done {
+                    data,
+                    crcs: Some(crcs),
+                    status: crate::status::GOOD,
+                })
+            }
+        }
     }
 
     /// WRITE(6/10/12/16) and WRITE ATOMIC(16). Writes min(SPDTL, data received) bytes;
