@@ -221,6 +221,7 @@ async fn one_op(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn worker(
     s: Arc<Session>,
     lun: u16,
@@ -308,7 +309,7 @@ async fn run_phase(
             w.size
         )));
     }
-    debug_assert!(w.size as u64 % bs == 0);
+    debug_assert!((w.size as u64).is_multiple_of(bs));
     let shared = Arc::new(Shared {
         next_chunk: AtomicU64::new(0),
         issued: AtomicU64::new(0),
@@ -397,7 +398,7 @@ pub async fn run(
     w: &Workload,
     progress: Arc<Progress>,
 ) -> Result<Summary, Error> {
-    if w.size == 0 || w.size % cap.block_size != 0 {
+    if w.size == 0 || !w.size.is_multiple_of(cap.block_size) {
         return Err(Error::Invalid(format!(
             "transfer size {} is not a multiple of the {}-byte block size",
             w.size, cap.block_size

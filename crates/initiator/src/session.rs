@@ -916,7 +916,7 @@ impl Session {
         block_size: u32,
         data: Bytes,
     ) -> Result<(), Error> {
-        if block_size == 0 || data.len() % block_size as usize != 0 {
+        if block_size == 0 || !data.len().is_multiple_of(block_size as usize) {
             return Err(Error::Invalid(format!(
                 "{} bytes is not a whole number of {block_size}-byte blocks",
                 data.len()

@@ -463,9 +463,15 @@ async fn bench_verifies_what_it_wrote() {
                 verify: true,
                 seed: 42,
             };
-            let r = bench::run(&[s.clone()], 0, cap, &w, Arc::new(Progress::default()))
-                .await
-                .unwrap();
+            let r = bench::run(
+                std::slice::from_ref(&s),
+                0,
+                cap,
+                &w,
+                Arc::new(Progress::default()),
+            )
+            .await
+            .unwrap();
             assert_eq!(r.ops, 200);
             assert!(r.verified_bytes > 0, "{rw:?}: nothing verified");
             assert!(r.lat_p50_us <= r.lat_p99_us && r.lat_p99_us <= r.lat_max_us);
@@ -485,9 +491,15 @@ async fn bench_verifies_what_it_wrote() {
             verify: false,
             seed: 42,
         };
-        let r = bench::run(&[s.clone()], 0, cap, &w, Arc::new(Progress::default()))
-            .await
-            .unwrap();
+        let r = bench::run(
+            std::slice::from_ref(&s),
+            0,
+            cap,
+            &w,
+            Arc::new(Progress::default()),
+        )
+        .await
+        .unwrap();
         assert_eq!(r.ops, 1);
     })
     .await

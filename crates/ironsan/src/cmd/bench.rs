@@ -7,7 +7,7 @@ pub struct BenchArgs {
     pub command: Option<BenchCommand>,
     /// Without a subcommand: the iSCSI access generator (`ironsan bench iscsi://...`).
     #[command(flatten)]
-    pub iscsi: super::blockbench::BlockBenchArgs,
+    pub iscsi: Box<super::blockbench::BlockBenchArgs>,
 }
 
 #[derive(clap::Subcommand)]
@@ -22,6 +22,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.command {
         Some(BenchCommand::Crc(args)) => super::crc::run(args),
         Some(BenchCommand::VsTgt(args)) => super::bench_tgt::run(args),
-        None => super::blockbench::run(args.iscsi),
+        None => super::blockbench::run(*args.iscsi),
     }
 }

@@ -227,7 +227,7 @@ pub struct ReadArgs {
 }
 
 fn check_aligned(what: &str, v: u64, bs: u32) -> anyhow::Result<()> {
-    if v % bs as u64 != 0 {
+    if !v.is_multiple_of(bs as u64) {
         bail!("{what} {v} is not a multiple of the {bs}-byte block size");
     }
     Ok(())
