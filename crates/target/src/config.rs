@@ -350,6 +350,21 @@ read_only = true
         );
     }
 
+    /// The example in README.md is a valid configuration.
+    #[test]
+    fn readme_example_parses() {
+        let readme = include_str!("../../../README.md");
+        let start = readme.find("```toml\n").expect("a toml block in README.md") + 8;
+        let len = readme[start..].find("```").expect("end of the toml block");
+        let c = Config::parse(&readme[start..start + len], "README.md").unwrap();
+        let luns = Config::luns(&c.targets[0]);
+        assert_eq!(luns.len(), 4);
+        let lun3 = &luns[3].1;
+        assert!(lun3.sanitize && lun3.serial.as_deref() == Some("DISK3-0001"));
+        // The derived identities must accept the example's WWN too.
+        scsi::Device::new(&c.targets[0].name, vec![(3, lun3.clone())]).unwrap();
+    }
+
     #[test]
     fn errors_name_file_line_and_fix() {
         let e = Config::parse(
