@@ -108,4 +108,40 @@ assert all(r["tgtd IOPS"] > 0 and r["ironsan IOPS"] > 0 for r in rows), rows
 ET.parse(sys.argv[2])
 print("bench vs-tgt: " + ", ".join(f'{r["workload"]} {r["ironsan/tgtd"]:.2f}x' for r in rows))
 PY
+echo "--- ironsan target --trace and --tcp-info: a PDU trace tshark decodes, TCP_INFO samples and plots"
+tport=$((port + 7))
+"$IRONSAN" target --portal "127.0.0.1:$tport" --trace "$work/trace.pcapng" --tcp-info "$work/tcpinfo" \
+  --tcp-info-interval-ms 20 > "$work/traced.log" 2>&1 &
+traced=$!
+pids+=("$traced")
+for _ in $(seq 50); do grep -q "serving iSCSI" "$work/traced.log" 2>/dev/null && break; sleep 0.1; done
+turl="iscsi://127.0.0.1:$tport/iqn.2026-11.org.ironsan:default/0"
+timeout 20 iscsi-perf -t 1 -b 64 -m 4 "$turl" > /dev/null 2>&1 || true
+timeout 20 iscsi-inq "$turl" | grep -q DIRECT_ACCESS || fail "traced target did not answer"
+kill -TERM "$traced"
+for _ in $(seq 50); do kill -0 "$traced" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$traced" 2>/dev/null && fail "traced target did not stop on SIGTERM"
+"$IRONSAN" analyze --port "$tport" --json "$work/trace.pcapng" > "$work/trace.json" || fail "analyze the trace"
+tshark -r "$work/trace.pcapng" -d "tcp.port==$tport,iscsi" -Y iscsi -T fields -e iscsi.opcode \
+  2>/dev/null | tr ',' '\n' | grep -v '^$' | sort | uniq -c > "$work/tshark-ops" || fail "tshark on the trace"
+python3 - "$work/trace.json" "$work/tshark-ops" "$work/tcpinfo" <<'PY' || fail "trace/TCP_INFO checks"
+import collections, csv, glob, json, sys, xml.etree.ElementTree as ET
+d = json.load(open(sys.argv[1]))
+ours = {int(k, 16): n for k, n in d["opcode_counts"].items()}
+theirs = {}
+for line in open(sys.argv[2]):
+    n, op = line.split()
+    theirs[int(op, 0)] = int(n)
+assert sum(ours.values()) > 100, ours
+assert set(theirs) == set(ours) and all(theirs[o] == ours[o] for o in ours), (ours, theirs)
+rows = []
+for f in glob.glob(sys.argv[3] + "/conn-*.csv"):
+    rows += list(csv.DictReader(open(f)))
+assert len(rows) >= 5 and max(int(r["cwnd"]) for r in rows) >= 10, rows[:3]
+assert max(int(r["bytes_acked"]) for r in rows) > 1 << 20
+for f in glob.glob(sys.argv[3] + "/conn-*.svg"):
+    ET.parse(f)
+print(f"trace: {sum(ours.values())} PDUs, per-opcode counts equal tshark's; TCP_INFO: {len(rows)} samples")
+PY
+
 echo "iSCSI target stage passed"

@@ -6,6 +6,9 @@
 //! CRC32C computed in the same pass. Send path: queued PDUs are stamped (StatSN,
 //! ExpCmdSN, MaxCmdSN), read data is cut into Data-In PDUs, and a batch goes out in one
 //! vectored write whose payload slices reference the backend's buffers (no copy).
+//! With a [`PduTrace`] attached ([`TcpConnection::trace`]), every byte read from and written
+//! to the socket is also recorded, in order, into a pcapng file that tshark and
+//! `ironsan analyze` decode.
 
 use crate::{CmdSnState, CollapsedStatus, Datamover, DmError, InPdu, Notice, TaskRef, WriteHandle};
 use async_trait::async_trait;
@@ -14,6 +17,7 @@ use iscsi_session::{data_in_segments, R2tRequest, WriteLimits, WriteTransfer};
 use iscsi_wire::{
     reject, Bhs, DataIn, Digests, FrameLayout, Pdu, R2t, Reject, WireError, BHS_LEN, RESERVED_TAG,
 };
+use pcap_trace::{PduTrace, Side, TraceConnection};
 use std::collections::HashMap;
 use std::io::{self, IoSlice};
 use std::net::SocketAddr;
@@ -37,6 +41,7 @@ pub struct TcpConnection {
     stream: TcpStream,
     rbuf: BytesMut,
     peer: SocketAddr,
+    trace: Option<Arc<TraceConnection>>,
 }
 
 /// Parameters of a connection in full feature phase.
@@ -71,7 +76,16 @@ impl TcpConnection {
             stream,
             rbuf: BytesMut::with_capacity(READ_CHUNK),
             peer,
+            trace: None,
         })
+    }
+
+    /// Records this connection's bytes, both ways, from now on into `trace` (`side`: whether
+    /// this end accepted or connected, for the synthetic handshake).
+    pub fn trace(&mut self, trace: &PduTrace, side: Side) -> io::Result<()> {
+        let local = self.stream.local_addr()?;
+        self.trace = Some(Arc::new(trace.connection(local, self.peer, side)));
+        Ok(())
     }
 
     pub fn peer(&self) -> SocketAddr {
@@ -84,10 +98,11 @@ impl TcpConnection {
 
     /// Read one PDU without digests (login phase). EOF before a PDU is `UnexpectedEof`.
     pub async fn recv_pdu(&mut self, max_data: u32) -> io::Result<InPdu> {
-        fill(&mut self.stream, &mut self.rbuf, BHS_LEN).await?;
+        let trace = self.trace.as_deref();
+        fill(&mut self.stream, &mut self.rbuf, BHS_LEN, trace).await?;
         let head: [u8; BHS_LEN] = self.rbuf[..BHS_LEN].try_into().expect("48 bytes");
         let layout = FrameLayout::of(&head, Digests::default(), max_data).map_err(invalid)?;
-        fill(&mut self.stream, &mut self.rbuf, layout.total_len()).await?;
+        fill(&mut self.stream, &mut self.rbuf, layout.total_len(), trace).await?;
         let decoded = Bhs::decode(&head).map_err(invalid)?;
         let mut frame = self.rbuf.split_to(layout.total_len());
         let _ = frame.split_to(BHS_LEN);
@@ -106,6 +121,9 @@ impl TcpConnection {
     /// Write one PDU without digests (login phase).
     pub async fn send_pdu(&mut self, pdu: &Pdu) -> io::Result<()> {
         let bytes = iscsi_wire::encode_pdu(pdu, None, None);
+        if let Some(t) = &self.trace {
+            t.sent(&bytes);
+        }
         self.stream.write_all(&bytes).await
     }
 
@@ -126,11 +144,13 @@ impl TcpConnection {
             cfg: cfg.clone(),
             stop: stop_tx,
             peer: self.peer,
+            trace: self.trace.clone(),
         });
         let writer = Writer {
             cfg: cfg.clone(),
             sn,
             stat_sn: cfg.next_stat_sn,
+            trace: self.trace,
         };
         tokio::spawn(writer.run(write, out_rx, stop_rx.clone()));
         tokio::spawn(reader(read, self.rbuf, shared.clone(), notice_tx, stop_rx));
@@ -146,11 +166,16 @@ async fn fill<R: AsyncReadExt + Unpin>(
     r: &mut R,
     buf: &mut BytesMut,
     need: usize,
+    trace: Option<&TraceConnection>,
 ) -> io::Result<()> {
     while buf.len() < need {
         buf.reserve(READ_CHUNK.max(need - buf.len()));
+        let before = buf.len();
         if r.read_buf(buf).await? == 0 {
             return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        if let Some(t) = trace {
+            t.received(&buf[before..]);
         }
     }
     Ok(())
@@ -173,6 +198,7 @@ struct Shared {
     cfg: FfpConfig,
     stop: watch::Sender<bool>,
     peer: SocketAddr,
+    trace: Option<Arc<TraceConnection>>,
 }
 
 impl Shared {
@@ -348,13 +374,19 @@ async fn fill_or_stop(
     buf: &mut BytesMut,
     need: usize,
     stop: &mut watch::Receiver<bool>,
+    trace: Option<&TraceConnection>,
 ) -> Result<bool, ReadEnd> {
     while buf.len() < need {
         buf.reserve(READ_CHUNK.max(need - buf.len()));
+        let before = buf.len();
         tokio::select! {
             n = r.read_buf(buf) => match n {
                 Ok(0) => return Err(ReadEnd::Eof),
-                Ok(_) => {}
+                Ok(_) => {
+                    if let Some(t) = trace {
+                        t.received(&buf[before..]);
+                    }
+                }
                 Err(e) => return Err(ReadEnd::Error(format!("read error: {e}"))),
             },
             _ = stop.changed() => return Ok(false),
@@ -372,7 +404,8 @@ async fn next_pdu(
     stop: &mut watch::Receiver<bool>,
 ) -> Result<bool, ReadEnd> {
     let cfg = &shared.cfg;
-    if !fill_or_stop(r, rbuf, BHS_LEN, stop).await? {
+    let trace = shared.trace.as_deref();
+    if !fill_or_stop(r, rbuf, BHS_LEN, stop, trace).await? {
         return Ok(false);
     }
     let head: [u8; BHS_LEN] = rbuf[..BHS_LEN].try_into().expect("48 bytes");
@@ -384,7 +417,7 @@ async fn next_pdu(
         }
     };
     let header_end = BHS_LEN + layout.header_rest_len();
-    if !fill_or_stop(r, rbuf, header_end, stop).await? {
+    if !fill_or_stop(r, rbuf, header_end, stop, trace).await? {
         return Ok(false);
     }
     if layout.header_digest_len > 0 {
@@ -397,7 +430,7 @@ async fn next_pdu(
         }
     }
     let total = layout.total_len();
-    if !fill_or_stop(r, rbuf, total, stop).await? {
+    if !fill_or_stop(r, rbuf, total, stop, trace).await? {
         return Ok(false);
     }
     let decoded = match Bhs::decode(&head) {
@@ -627,6 +660,7 @@ struct Writer {
     cfg: FfpConfig,
     sn: Arc<CmdSnState>,
     stat_sn: u32,
+    trace: Option<Arc<TraceConnection>>,
 }
 
 enum Part {
@@ -690,6 +724,11 @@ impl Writer {
                         close = true;
                         break;
                     }
+                }
+            }
+            if let Some(t) = &self.trace {
+                for p in &parts {
+                    t.sent(part_bytes(p, &heads));
                 }
             }
             let result = tokio::select! {
@@ -810,16 +849,20 @@ impl Writer {
     }
 }
 
+fn part_bytes<'a>(p: &'a Part, heads: &'a [u8]) -> &'a [u8] {
+    match p {
+        Part::Head(r) => &heads[r.clone()],
+        Part::Data(b) => b,
+        Part::Pad(n) => &ZEROS[..*n],
+        Part::Digest(d) => d,
+    }
+}
+
 async fn write_parts(w: &mut OwnedWriteHalf, heads: &[u8], parts: &[Part]) -> io::Result<()> {
     for chunk in parts.chunks(MAX_IOVECS) {
         let mut slices: Vec<IoSlice<'_>> = chunk
             .iter()
-            .map(|p| match p {
-                Part::Head(r) => IoSlice::new(&heads[r.clone()]),
-                Part::Data(b) => IoSlice::new(b),
-                Part::Pad(n) => IoSlice::new(&ZEROS[..*n]),
-                Part::Digest(d) => IoSlice::new(d),
-            })
+            .map(|p| IoSlice::new(part_bytes(p, heads)))
             .collect();
         let mut rest: &mut [IoSlice<'_>] = &mut slices;
         while !rest.is_empty() {

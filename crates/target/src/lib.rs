@@ -4,7 +4,9 @@
 //! connections with the `iscsi-session` CmdSN window, runs them on the `scsi` engine, and
 //! moves data only through the `datamover` boundary. It also answers NOP, Text
 //! (SendTargets), Logout and task management, pings idle connections, and announces
-//! shutdown with an Async Message.
+//! shutdown with an Async Message. For diagnosis, every connection's bytes can be recorded
+//! into a pcapng trace ([`Bound::trace_to`]) and an observer can watch each accepted socket
+//! (e.g. sample its TCP_INFO) for as long as the connection lives ([`Bound::observe_connections`]).
 
 pub mod config;
 mod session;
@@ -25,12 +27,16 @@ use session::{Conn, Session};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 const LOGIN_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Called with every accepted socket; what it returns is dropped when the connection ends.
+pub type ConnectionObserver =
+    Arc<dyn Fn(&TcpStream) -> Option<Box<dyn Send>> + Send + Sync + 'static>;
 /// Largest write the target buffers for one command.
 const MAX_WRITE_LEN: u32 = 64 << 20;
 
@@ -42,6 +48,8 @@ pub struct Target {
     next_tsih: AtomicU16,
     next_nexus: AtomicU64,
     shutdown: watch::Sender<bool>,
+    trace: OnceLock<pcap_trace::PduTrace>,
+    observer: OnceLock<ConnectionObserver>,
 }
 
 /// Listeners bound for a target, ready to serve.
@@ -86,6 +94,8 @@ impl Target {
             next_tsih: AtomicU16::new(1),
             next_nexus: AtomicU64::new(1),
             shutdown,
+            trace: OnceLock::new(),
+            observer: OnceLock::new(),
         });
         Ok(Bound { target, listeners })
     }
@@ -170,6 +180,17 @@ impl Bound {
 
     pub fn target(&self) -> Arc<Target> {
         self.target.clone()
+    }
+
+    /// Record every connection's bytes (login included) into `trace`. Set once, before
+    /// serving.
+    pub fn trace_to(&self, trace: pcap_trace::PduTrace) {
+        let _ = self.target.trace.set(trace);
+    }
+
+    /// Call `observer` with every accepted socket. Set once, before serving.
+    pub fn observe_connections(&self, observer: ConnectionObserver) {
+        let _ = self.target.observer.set(observer);
     }
 
     /// Accept connections until the target shuts down.
@@ -290,13 +311,19 @@ struct LoggedIn {
 }
 
 async fn handle_connection(target: Arc<Target>, stream: TcpStream, portal: Portal) {
-    let conn = match TcpConnection::new(stream) {
+    let _observed = target.observer.get().and_then(|observe| observe(&stream));
+    let mut conn = match TcpConnection::new(stream) {
         Ok(c) => c,
         Err(e) => {
             tracing::debug!("connection setup failed: {e}");
             return;
         }
     };
+    if let Some(trace) = target.trace.get() {
+        if let Err(e) = conn.trace(trace, pcap_trace::Side::Accepted) {
+            tracing::debug!("not tracing a connection: {e}");
+        }
+    }
     let peer = conn.peer();
     match login(&target, conn, portal).await {
         Ok(Some(logged_in)) => {

@@ -13,6 +13,18 @@ pub struct TargetArgs {
     /// TOML configuration file (portals, targets, LUNs, ACLs, CHAP).
     #[arg(long, value_name = "FILE")]
     pub config: Option<std::path::PathBuf>,
+    /// Record every connection's bytes (login included) into this pcapng file, for
+    /// `ironsan analyze` or tshark. No capture privileges needed.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<std::path::PathBuf>,
+    /// Sample each connection's TCP_INFO (cwnd, ssthresh, rtt, retransmits, delivery rate,
+    /// unacked) and write, when the connection ends, DIR/conn-N-PEER.csv and a cwnd and
+    /// throughput plot DIR/conn-N-PEER.svg.
+    #[arg(long, value_name = "DIR")]
+    pub tcp_info: Option<std::path::PathBuf>,
+    /// TCP_INFO sampling interval.
+    #[arg(long, value_name = "MS", default_value_t = 100)]
+    pub tcp_info_interval_ms: u64,
 }
 
 pub fn run(args: TargetArgs) -> anyhow::Result<()> {
@@ -36,6 +48,25 @@ pub fn run(args: TargetArgs) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let targets: Vec<String> = config.targets.iter().map(|t| t.name.clone()).collect();
         let bound = Target::bind(config).await.map_err(anyhow::Error::msg)?;
+        let trace = match &args.trace {
+            Some(path) => {
+                let t = pcap_trace::PduTrace::create(path).with_context(|| {
+                    format!("--trace {}: cannot create the file", path.display())
+                })?;
+                bound.trace_to(t.clone());
+                Some(t)
+            }
+            None => None,
+        };
+        if let Some(dir) = &args.tcp_info {
+            std::fs::create_dir_all(dir).with_context(|| {
+                format!("--tcp-info {}: cannot create the directory", dir.display())
+            })?;
+            bound.observe_connections(tcp_info_recorder(
+                dir.clone(),
+                Duration::from_millis(args.tcp_info_interval_ms.max(1)),
+            ));
+        }
         let addrs = bound.local_addrs();
         let target = bound.target();
         for a in &addrs {
@@ -64,6 +95,9 @@ pub fn run(args: TargetArgs) -> anyhow::Result<()> {
         println!("ironsan: shutting down (asking initiators to log out)");
         target.shutdown(Duration::from_secs(2)).await;
         let _ = tokio::time::timeout(Duration::from_secs(1), serving).await;
+        if let Some(t) = trace {
+            t.flush().context("writing the trace")?;
+        }
         Ok(())
     })
 }
@@ -75,6 +109,60 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
+}
+
+/// A connection observer that samples each accepted socket's TCP_INFO and, when the
+/// connection ends, writes the samples (CSV) and a cwnd + throughput plot (SVG).
+fn tcp_info_recorder(
+    dir: std::path::PathBuf,
+    interval: Duration,
+) -> iscsi_target::ConnectionObserver {
+    use std::os::fd::AsFd;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    struct Recording {
+        sampler: Option<analyze::tcpinfo::TcpInfoSampler>,
+        base: std::path::PathBuf,
+    }
+    impl Drop for Recording {
+        fn drop(&mut self) {
+            let Some(sampler) = self.sampler.take() else {
+                return;
+            };
+            let samples = sampler.stop();
+            let csv = analyze::tcpinfo::table(&samples).to_csv();
+            let mut plot = analyze::tcpinfo::cwnd_plot(&samples);
+            plot.series.push(report::Series::new(
+                "throughput MB/s",
+                analyze::tcpinfo::throughput(&samples),
+            ));
+            plot.title = format!("TCP_INFO of {}", self.base.display());
+            for (ext, body) in [("csv", csv), ("svg", plot.to_svg())] {
+                let path = self.base.with_extension(ext);
+                if let Err(e) = std::fs::write(&path, body) {
+                    tracing::warn!("cannot write {}: {e}", path.display());
+                }
+            }
+        }
+    }
+    let next = AtomicU64::new(1);
+    std::sync::Arc::new(move |stream: &tokio::net::TcpStream| {
+        let peer = stream
+            .peer_addr()
+            .ok()?
+            .to_string()
+            .replace([':', '[', ']'], "_");
+        let n = next.fetch_add(1, Ordering::Relaxed);
+        match analyze::tcpinfo::TcpInfoSampler::new(stream.as_fd(), interval) {
+            Ok(sampler) => Some(Box::new(Recording {
+                sampler: Some(sampler),
+                base: dir.join(format!("conn-{n}-{peer}")),
+            }) as Box<dyn Send>),
+            Err(e) => {
+                tracing::warn!("TCP_INFO sampling unavailable: {e}");
+                None
+            }
+        }
+    })
 }
 
 fn init_logging() {
