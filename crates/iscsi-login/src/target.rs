@@ -410,6 +410,17 @@ impl TargetLogin {
 
         let mut outcome = None;
         if transit && req.nsg == Stage::FullFeature {
+            // A digest the target requires but the initiator refused (or never offered, so it
+            // stays None) ends the login: the connection would otherwise run unprotected.
+            let limits = &self.config.limits;
+            if self.config.transport == TransportKind::Tcp
+                && ((limits.header_digest == DigestPolicy::Required
+                    && !self.connection.header_digest)
+                    || (limits.data_digest == DigestPolicy::Required
+                        && !self.connection.data_digest))
+            {
+                return Err(Fail(LoginStatus::INITIATOR_ERROR));
+            }
             self.finalize_params();
             outcome = Some(Box::new(self.outcome()));
         }

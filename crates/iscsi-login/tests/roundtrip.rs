@@ -150,7 +150,16 @@ proptest! {
         };
         let mut initiator = InitiatorLogin::new(cfg);
         let result = run(&mut initiator, &mut target, seed);
-        // A digest no side can agree on is answered Reject: both keep None.
+        // A digest the target requires and the initiator will not use fails the login
+        // (initiator error); any other digest no side can agree on is answered Reject and
+        // both keep None.
+        let refused = |pref: u8, policy: u8| {
+            digest_policy(policy) == DigestPolicy::Required && digest_pref(pref) == DigestPreference::None
+        };
+        if !iser && (refused(hd, thd) || refused(dd, tdd)) {
+            prop_assert!(!matches!(result, RunResult::Ok { .. }), "login with a required digest refused must fail");
+            return Ok(());
+        }
         let (s, c) = check_agreement(result);
         if !discovery {
             prop_assert_eq!(s.max_burst_length, mbl.min(t_mbl));

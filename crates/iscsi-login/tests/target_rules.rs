@@ -789,3 +789,34 @@ fn mutual_chap_answer_is_correct() {
     );
     assert_eq!(got, want);
 }
+
+/// A digest the target requires: offered (in any order) it is chosen; refused or never
+/// offered, the login ends with an initiator error instead of an unprotected connection.
+#[test]
+fn required_digest_refused_fails_the_login() {
+    let required = |offers: &[(&str, &str)]| {
+        let limits = TargetLimits {
+            header_digest: iscsi_login::DigestPolicy::Required,
+            ..TargetLimits::default()
+        };
+        let mut t = TargetLogin::new(target_config(
+            directory(AuthRequirement::None, AuthRequirement::None),
+            limits,
+            TransportKind::Tcp,
+        ));
+        let mut pairs: Vec<(&str, &str)> = NAMES.to_vec();
+        pairs.extend_from_slice(offers);
+        step(
+            &mut t,
+            &req(true, Stage::Operational, Stage::FullFeature, &pairs),
+        )
+    };
+    let s = required(&[("HeaderDigest", "None,CRC32C")]);
+    assert_eq!(value(&reply(&s), "HeaderDigest"), Some("CRC32C"));
+    assert!(matches!(s.state, LoginState::Complete(_)));
+    for offers in [&[("HeaderDigest", "None")][..], &[]] {
+        let s = required(offers);
+        assert_eq!(status(&s), LoginStatus::INITIATOR_ERROR, "{offers:?}");
+        assert!(matches!(s.state, LoginState::Failed));
+    }
+}
