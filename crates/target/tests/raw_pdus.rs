@@ -343,3 +343,108 @@ fn crc32c_reference_matches_the_rfc_vector() {
 }
 
 use tokio::io::AsyncWriteExt;
+
+/// What libiscsi's newer iSCSINop and iSCSISendTargets suites check (Debian's 1.19 does not
+/// ship them): NOP-Out pings echo their data, immediate or not; a NOP-Out with the reserved
+/// ITT gets no answer; SendTargets answers in normal and discovery sessions with every portal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nop_and_send_targets_follow_the_standard() {
+    let addr = start_target("").await;
+    let mut c = RawConn::connect(addr).await;
+    c.isid[5] = 13;
+    c.login(1, &plain_keys()).await;
+
+    // Immediate ping with a payload: echoed, TTT reserved.
+    let payload = pattern(1000, 3);
+    let r = c.ping(&payload).await;
+    assert_eq!(r.data, payload);
+    assert_eq!(r.field32(20), u32::MAX, "TTT of a NOP-In answering a ping");
+
+    // Non-immediate NOP-Out: consumes a CmdSN (ExpCmdSN moves past it).
+    let itt = c.itt();
+    let mut b = bhs(0x00, 0x80, 4, itt);
+    b[20..24].copy_from_slice(&u32::MAX.to_be_bytes());
+    b[24..28].copy_from_slice(&c.cmd_sn.to_be_bytes());
+    b[28..32].copy_from_slice(&c.exp_stat_sn.to_be_bytes());
+    let sent_sn = c.cmd_sn;
+    c.cmd_sn = c.cmd_sn.wrapping_add(1);
+    c.send(&b, b"abcd").await;
+    let r = c.recv().await;
+    assert_eq!((r.opcode(), r.itt()), (0x20, itt));
+    assert_eq!(r.data, b"abcd");
+    assert_eq!(
+        r.field32(28),
+        sent_sn.wrapping_add(1),
+        "ExpCmdSN past the NOP-Out"
+    );
+
+    // Reserved ITT: no answer; the next ping's answer is the next PDU.
+    let mut b = bhs(0x40, 0x80, 0, u32::MAX);
+    b[20..24].copy_from_slice(&u32::MAX.to_be_bytes());
+    b[24..28].copy_from_slice(&c.cmd_sn.to_be_bytes());
+    c.send(&b, &[]).await;
+    let itt_next = c.next_itt + 1;
+    let r = c.ping(b"x").await;
+    assert_eq!(r.itt(), itt_next);
+
+    // SendTargets in a normal session.
+    let text = |c: &mut RawConn, value: &str| {
+        let itt = c.itt();
+        let data = key_values(&[("SendTargets", value)]);
+        let mut b = bhs(0x04, 0x80, data.len(), itt);
+        b[20..24].copy_from_slice(&u32::MAX.to_be_bytes());
+        b[24..28].copy_from_slice(&c.cmd_sn.to_be_bytes());
+        b[28..32].copy_from_slice(&c.exp_stat_sn.to_be_bytes());
+        c.cmd_sn = c.cmd_sn.wrapping_add(1);
+        (b, data)
+    };
+    let portal = format!("{addr},1");
+    let (b, d) = text(&mut c, "All");
+    c.send(&b, &d).await;
+    let r = c.recv().await;
+    assert_eq!(r.opcode(), 0x24, "Text Response");
+    assert!(r.bhs[1] & 0x80 != 0, "final");
+    let s = String::from_utf8_lossy(&r.data).to_string();
+    assert!(s.contains(&format!("TargetName={IQN}\0")), "{s}");
+    assert!(s.contains(&format!("TargetAddress={portal}\0")), "{s}");
+    let (b, d) = text(&mut c, "iqn.2026-11.org.ironsan.test:nobody");
+    c.send(&b, &d).await;
+    let r = c.recv().await;
+    assert_eq!(r.opcode(), 0x24);
+    assert!(
+        !String::from_utf8_lossy(&r.data).contains("TargetName="),
+        "unknown name lists nothing"
+    );
+
+    // A discovery session: login without TargetName, SendTargets=All.
+    let mut d = RawConn::connect(addr).await;
+    d.isid[5] = 14;
+    let keys = key_values(&[
+        ("InitiatorName", INITIATOR),
+        ("SessionType", "Discovery"),
+        ("AuthMethod", "None"),
+    ]);
+    let r = d.login_request(0, 1, true, &keys).await;
+    assert_eq!(&r.bhs[36..38], &[0, 0]);
+    d.tsih = u16::from_be_bytes([r.bhs[14], r.bhs[15]]);
+    d.exp_stat_sn = r.field32(24).wrapping_add(1);
+    let r = d
+        .login_request(1, 3, true, &key_values(&[("HeaderDigest", "None")]))
+        .await;
+    assert_eq!(&r.bhs[36..38], &[0, 0], "discovery login");
+    d.exp_stat_sn = r.field32(24).wrapping_add(1);
+    d.cmd_sn = r.field32(28);
+    let (b, data) = text(&mut d, "All");
+    d.send(&b, &data).await;
+    let r = d.recv().await;
+    let s = String::from_utf8_lossy(&r.data).to_string();
+    assert!(
+        s.contains(&format!("TargetName={IQN}\0TargetAddress={portal}\0")),
+        "{s}"
+    );
+    // SCSI commands are refused in a discovery session (Reject, protocol error).
+    let b = d.scsi_bhs(&[0u8; 6], 0, 0, 0);
+    d.send(&b, &[]).await;
+    let r = d.recv().await;
+    assert_eq!((r.opcode(), r.bhs[2]), (0x3f, 0x04));
+}
