@@ -284,8 +284,12 @@ pub struct Inquiry {
     pub revision: String,
 }
 
+/// Text of an ASCII field without its padding: trailing spaces, and trailing NULs too (LIO
+/// counts a NUL terminator in the length of its unit serial number page).
 fn ascii(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).trim_end().to_string()
+    String::from_utf8_lossy(b)
+        .trim_end_matches(|c: char| c == '\0' || c.is_whitespace())
+        .to_string()
 }
 
 impl Inquiry {
@@ -356,6 +360,19 @@ pub fn parse_unit_serial(b: &[u8]) -> Option<String> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn unit_serial_without_padding() {
+        // LIO's page 0x80: the length counts a NUL after the serial number.
+        let mut lio = vec![0x00, 0x80, 0x00, 0x25];
+        lio.extend_from_slice(b"db7bc58a-2344-464d-ad4a-407fc79302aa\0");
+        assert_eq!(
+            parse_unit_serial(&lio).as_deref(),
+            Some("db7bc58a-2344-464d-ad4a-407fc79302aa")
+        );
+        let padded = [0x00, 0x80, 0x00, 0x06, b' ', b'S', b'N', b'1', b' ', b' '];
+        assert_eq!(parse_unit_serial(&padded).as_deref(), Some("SN1"));
+    }
 
     #[test]
     fn ten_or_sixteen() {
