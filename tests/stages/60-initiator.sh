@@ -7,6 +7,9 @@
 #     run, sequential 128 KiB reads QD 32 and random 4 KiB reads QD 32 (best of two 3-second
 #     runs each); fails below 0.9x (the goal is >= 1.0x; the margin absorbs noise on a shared
 #     machine);
+#   * --trace FILE: the pcapng the initiator writes of its own connections decodes with
+#     ironsan analyze and tshark into the same per-opcode PDU counts (bench with digests
+#     against ironsan, read with mutual CHAP against tgtd, inq);
 #   * a bench sweep's --plot SVG parses as XML and has the expected series.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,7 +23,7 @@ IQN_TGT=iqn.2026-11.org.ironsan.test:tgtd
 IQN_TGT_CHAP=iqn.2026-11.org.ironsan.test:tgtd-chap
 IQN=iqn.2026-11.org.ironsan.test
 
-for tool in tgtd tgtadm iscsi-perf timeout python3 cmp; do
+for tool in tgtd tgtadm iscsi-perf tshark timeout python3 cmp; do
   command -v "$tool" >/dev/null || { echo "FAIL: $tool not installed (scripts/install-deps.sh)"; exit 1; }
 done
 [[ -x $IRONSAN ]] || { echo "FAIL: no ironsan binary at $IRONSAN"; exit 1; }
@@ -146,6 +149,28 @@ check "unreachable portal" bash -c \
 check "bad URL" bash -c "! '$IRONSAN' inq iscsi://127.0.0.1/only-a-target 2>'$work/e' && grep -q 'bad iSCSI URL' '$work/e'"
 check "unaligned offset" bash -c \
   "! timeout 30 '$IRONSAN' read '$IR_URL' --offset 1000 --length 4k 2>'$work/e' >/dev/null && grep -q 'not a multiple of the 512-byte block size' '$work/e'"
+
+# ------------------------------------------------------------------------------ --trace
+# The initiator's own pcapng trace (no capture privileges): ironsan analyze's per-opcode counts
+# must equal tshark's on the same file (tshark splits its comma lists of PDUs per frame).
+echo "== --trace decoded by ironsan analyze and tshark"
+trace_counts_equal() { # FILE PORT
+  tshark -r "$1" -d "tcp.port==$2,iscsi" -Y iscsi -T fields -e iscsi.opcode 2>/dev/null |
+    tr ',' '\n' | grep -v '^$' | sort | uniq -c | awk '{printf "%s %s\n", $2, $1}' >"$1.tshark"
+  "$IRONSAN" analyze --counts --port "$2" "$1" | awk '/^0x/ {printf "%s %s\n", $1, $NF}' | sort >"$1.ours"
+  cat "$1.ours"
+  grep -q '^0x01 ' "$1.ours" && grep -q '^0x25 ' "$1.ours" && diff -u "$1.tshark" "$1.ours"
+}
+check "bench --trace (ironsan target, digests, reads and writes 4k..1m)" ir bench "$IR_URL" --rw read,write \
+  --size 4k..1m --qd 8 --count 40 --header-digest crc32c --data-digest crc32c --trace "$work/bench.pcapng"
+check "bench trace: per-opcode counts equal tshark's" trace_counts_equal "$work/bench.pcapng" "$IR_PORT"
+check "read --trace (tgtd, mutual CHAP)" bash -c \
+  "timeout 60 '$IRONSAN' read '$TGT_CHAP_URL' --length 2MiB --trace '$work/read.pcapng' >/dev/null"
+check "read trace: per-opcode counts equal tshark's" trace_counts_equal "$work/read.pcapng" "$TGT_PORT"
+check "inq --trace: login, INQUIRY and logout decoded" bash -c \
+  "timeout 30 '$IRONSAN' inq '$IR_URL' --trace '$work/inq.pcapng' >/dev/null &&
+   '$IRONSAN' analyze --port $IR_PORT '$work/inq.pcapng' | grep -q 'INQUIRY' &&
+   tshark -r '$work/inq.pcapng' -d tcp.port==$IR_PORT,iscsi -Y 'iscsi.opcode==0x06' 2>/dev/null | grep -q Logout"
 
 # ------------------------------------------------------------------------------ plot
 echo "== bench sweep plot"

@@ -1,8 +1,12 @@
 //! The TCP side of a connection: connecting, framing PDUs with digests, the login exchange
 //! driven by `iscsi_login::InitiatorLogin`, the SendTargets exchange of a discovery session,
-//! and the writer task that sends a connection's PDUs in vectored batches.
+//! the writer task that sends a connection's PDUs in vectored batches, and [`Traced`], the
+//! socket wrapper that copies every byte read or written into a pcapng trace.
 
 use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -10,8 +14,9 @@ use iscsi_login::{
     ConnectionParams, InitiatorLogin, InitiatorLoginConfig, InitiatorStep, SessionParams,
 };
 use iscsi_wire::{Bhs, Digests, FrameLayout, Pdu, BHS_LEN};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::OwnedWriteHalf;
+use pcap_trace::{PduTrace, Side, TraceConnection};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
@@ -22,8 +27,132 @@ pub(crate) const READ_CHUNK: usize = 512 * 1024;
 /// Login and text PDUs larger than this are refused.
 pub(crate) const LOGIN_MAX_DATA: u32 = 64 * 1024;
 
-/// Opens a TCP connection to `addr` (`host:port`), bounded by `timeout`.
-pub(crate) async fn connect(addr: &str, timeout: Duration) -> Result<TcpStream, Error> {
+/// A socket (or one half of it) whose traffic is also recorded in a pcapng trace: each
+/// successful read records the bytes it filled and each write the bytes the kernel took, in
+/// the order they crossed the socket. Without a trace it only forwards.
+pub(crate) struct Traced<S> {
+    inner: S,
+    trace: Option<Arc<TraceConnection>>,
+    /// Vectored writes are gathered here so one write makes one traced segment.
+    scratch: Vec<u8>,
+}
+
+/// A connected socket, traced or not.
+pub(crate) type Stream = Traced<TcpStream>;
+
+impl Traced<TcpStream> {
+    /// Wraps a connected socket; with `trace`, writes its handshake into the trace.
+    pub(crate) fn new(inner: TcpStream, trace: Option<&PduTrace>) -> Traced<TcpStream> {
+        let trace = trace.and_then(|t| {
+            let local = inner.local_addr().ok()?;
+            let peer = inner.peer_addr().ok()?;
+            Some(Arc::new(t.connection(local, peer, Side::Connected)))
+        });
+        Traced {
+            inner,
+            trace,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// The two halves, sharing the trace connection (closed in the trace when both drop).
+    pub(crate) fn into_split(self) -> (Traced<OwnedReadHalf>, Traced<OwnedWriteHalf>) {
+        let (r, w) = self.inner.into_split();
+        (
+            Traced {
+                inner: r,
+                trace: self.trace.clone(),
+                scratch: Vec::new(),
+            },
+            Traced {
+                inner: w,
+                trace: self.trace,
+                scratch: Vec::new(),
+            },
+        )
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Traced<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let me = self.get_mut();
+        let before = buf.filled().len();
+        let r = Pin::new(&mut me.inner).poll_read(cx, buf);
+        if let (Poll::Ready(Ok(())), Some(t)) = (&r, &me.trace) {
+            let got = &buf.filled()[before..];
+            if !got.is_empty() {
+                t.received(got);
+            }
+        }
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Traced<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let me = self.get_mut();
+        let r = Pin::new(&mut me.inner).poll_write(cx, buf);
+        if let (Poll::Ready(Ok(n)), Some(t)) = (&r, &me.trace) {
+            if *n > 0 {
+                t.sent(&buf[..*n]);
+            }
+        }
+        r
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let me = self.get_mut();
+        let r = Pin::new(&mut me.inner).poll_write_vectored(cx, bufs);
+        if let (Poll::Ready(Ok(n)), Some(t)) = (&r, &me.trace) {
+            let mut left = *n;
+            me.scratch.clear();
+            for b in bufs {
+                if left == 0 {
+                    break;
+                }
+                let take = left.min(b.len());
+                me.scratch.extend_from_slice(&b[..take]);
+                left -= take;
+            }
+            if !me.scratch.is_empty() {
+                t.sent(&me.scratch);
+            }
+        }
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+/// Opens a TCP connection to `addr` (`host:port`), bounded by `timeout`, traced into
+/// `trace` when given.
+pub(crate) async fn connect(
+    addr: &str,
+    timeout: Duration,
+    trace: Option<&PduTrace>,
+) -> Result<Stream, Error> {
     let s = tokio::time::timeout(timeout, TcpStream::connect(addr))
         .await
         .map_err(|_| Error::Connect {
@@ -35,7 +164,7 @@ pub(crate) async fn connect(addr: &str, timeout: Duration) -> Result<TcpStream, 
             why: e.to_string(),
         })?;
     let _ = s.set_nodelay(true);
-    Ok(s)
+    Ok(Traced::new(s, trace))
 }
 
 /// A received PDU.
@@ -143,7 +272,7 @@ fn from_wire_stage(s: iscsi_wire::Stage) -> iscsi_login::Stage {
 
 /// Runs the login phase on a fresh connection.
 pub(crate) async fn login(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     rbuf: &mut BytesMut,
     config: InitiatorLoginConfig,
     timeout: Duration,
@@ -159,7 +288,7 @@ pub(crate) async fn login(
 }
 
 async fn login_exchange(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     rbuf: &mut BytesMut,
     config: InitiatorLoginConfig,
 ) -> Result<LoginDone, Error> {
@@ -236,7 +365,7 @@ async fn login_exchange(
 
 /// One Text exchange (with continuation) on a logged-in discovery connection.
 pub(crate) async fn text_exchange(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     rbuf: &mut BytesMut,
     digests: Digests,
     done: &LoginDone,
@@ -284,7 +413,7 @@ pub(crate) async fn text_exchange(
 }
 
 async fn loop_skip_nop(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     rbuf: &mut BytesMut,
     digests: Digests,
     exp_stat_sn: &mut u32,
@@ -315,7 +444,7 @@ async fn loop_skip_nop(
 
 /// Sends a Logout (close session) and waits for the response.
 pub(crate) async fn logout_plain(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     rbuf: &mut BytesMut,
     digests: Digests,
     cmd_sn: u32,
@@ -364,7 +493,7 @@ const MAX_IOVECS: usize = 512;
 /// Sends queued PDUs: each wake-up takes everything queued (up to a batch), encodes the
 /// headers into one buffer, and writes headers and payload slices in one vectored write.
 pub(crate) async fn writer(
-    mut w: OwnedWriteHalf,
+    mut w: Traced<OwnedWriteHalf>,
     mut rx: mpsc::UnboundedReceiver<WriterMsg>,
     digests: Digests,
 ) -> io::Result<()> {
@@ -418,7 +547,11 @@ pub(crate) async fn writer(
     Ok(())
 }
 
-async fn write_parts(w: &mut OwnedWriteHalf, heads: &[u8], parts: &[Part]) -> io::Result<()> {
+async fn write_parts(
+    w: &mut Traced<OwnedWriteHalf>,
+    heads: &[u8],
+    parts: &[Part],
+) -> io::Result<()> {
     for chunk in parts.chunks(MAX_IOVECS) {
         let mut slices: Vec<IoSlice<'_>> = chunk
             .iter()

@@ -35,7 +35,9 @@ pub mod url;
 
 pub use crate::core::{CommandRequest, CommandResult, Residual, TaskError};
 pub use iscsi_login::{ChapCredentials, DigestPreference, DiscoveredTarget, LoginError};
-pub use session::{discover, PendingCommand, Session, SessionConfig, DEFAULT_INITIATOR_NAME};
+pub use session::{
+    discover, PendingCommand, Session, SessionConfig, TraceFile, DEFAULT_INITIATOR_NAME,
+};
 pub use url::{parse_portal, IscsiUrl, UrlError};
 
 /// Everything that can go wrong, each with a one-line explanation.

@@ -60,6 +60,31 @@ pub struct SessionConfig {
     pub reconnect: bool,
     /// Login attempts when reconnecting.
     pub reconnect_attempts: u32,
+    /// Record every byte of every connection (discovery, login, full feature phase) in
+    /// this pcapng trace.
+    pub trace: Option<TraceFile>,
+}
+
+/// A pcapng trace shared by the connections of one or more sessions (`--trace FILE`).
+#[derive(Clone)]
+pub struct TraceFile(pub pcap_trace::PduTrace);
+
+impl TraceFile {
+    /// Creates (truncates) `path`.
+    pub fn create(path: impl AsRef<std::path::Path>) -> std::io::Result<TraceFile> {
+        pcap_trace::PduTrace::create(path).map(TraceFile)
+    }
+
+    /// Writes buffered frames to the file.
+    pub fn flush(&self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+impl std::fmt::Debug for TraceFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TraceFile")
+    }
 }
 
 impl Default for SessionConfig {
@@ -84,6 +109,7 @@ impl Default for SessionConfig {
             nop_timeout: Duration::from_secs(30),
             reconnect: false,
             reconnect_attempts: 5,
+            trace: None,
         }
     }
 }
@@ -249,7 +275,7 @@ struct Established {
     cmd_sn: u32,
     exp_cmd_sn: u32,
     max_cmd_sn: u32,
-    conns: Vec<(tokio::net::TcpStream, BytesMut, LoginDone)>,
+    conns: Vec<(conn::Stream, BytesMut, LoginDone)>,
 }
 
 /// Logs in the leading connection (TSIH 0: a new session, or a reinstatement of one with the
@@ -264,7 +290,8 @@ async fn establish(
         .as_deref()
         .ok_or_else(|| Error::Invalid(format!("{url} names no target")))?;
     let addr = url.host_port();
-    let mut stream = conn::connect(&addr, cfg.connect_timeout).await?;
+    let mut stream =
+        conn::connect(&addr, cfg.connect_timeout, cfg.trace.as_ref().map(|t| &t.0)).await?;
     let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
     let lead = conn::login(
         &mut stream,
@@ -285,7 +312,8 @@ async fn establish(
     let want = cfg.connections.max(1).min(params.max_connections.max(1));
     let mut conns = vec![(stream, rbuf, lead)];
     for cid in 1..want {
-        let mut s = conn::connect(&addr, cfg.connect_timeout).await?;
+        let mut s =
+            conn::connect(&addr, cfg.connect_timeout, cfg.trace.as_ref().map(|t| &t.0)).await?;
         let mut b = BytesMut::with_capacity(READ_CHUNK);
         let done = conn::login(
             &mut s,
@@ -352,7 +380,7 @@ async fn reader(
     inner: Arc<Inner>,
     idx: usize,
     generation: u64,
-    mut rd: OwnedReadHalf,
+    mut rd: conn::Traced<OwnedReadHalf>,
     mut rbuf: BytesMut,
     digests: Digests,
     max_recv: u32,
@@ -393,7 +421,7 @@ async fn reader(
 
 /// Reads until the buffer holds at least one whole PDU.
 async fn next_frame(
-    rd: &mut OwnedReadHalf,
+    rd: &mut conn::Traced<OwnedReadHalf>,
     rbuf: &mut BytesMut,
     digests: Digests,
     max_recv: u32,
@@ -985,7 +1013,8 @@ impl Drop for Session {
 /// `SendTargets=All`, logs out.
 pub async fn discover(url: &IscsiUrl, cfg: &SessionConfig) -> Result<Vec<DiscoveredTarget>, Error> {
     let addr = url.host_port();
-    let mut stream = conn::connect(&addr, cfg.connect_timeout).await?;
+    let mut stream =
+        conn::connect(&addr, cfg.connect_timeout, cfg.trace.as_ref().map(|t| &t.0)).await?;
     let mut rbuf = BytesMut::with_capacity(64 * 1024);
     let mut r = [0u8; 4];
     rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut r);

@@ -330,6 +330,8 @@ pub fn run(a: BlockBenchArgs) -> anyhow::Result<()> {
             })?
         }
     };
+    drop(rt);
+    a.login.finish_trace()?;
     print!("{}", table(&rows));
     if a.verify {
         let v: u64 = rows.iter().map(|r| r.verified_bytes).sum();

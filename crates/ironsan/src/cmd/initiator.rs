@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
-use iscsi_initiator::{scsi, CommandRequest, IscsiUrl, Session, SessionConfig};
+use iscsi_initiator::{scsi, CommandRequest, IscsiUrl, Session, SessionConfig, TraceFile};
 
 /// Options shared by the commands that log in.
 #[derive(clap::Args, Clone)]
@@ -24,6 +24,13 @@ pub struct LoginOpts {
     /// Data digest: none, crc32c, crc32c-none, none-crc32c (overrides the URL).
     #[arg(long, value_name = "DIGEST")]
     pub data_digest: Option<String>,
+    /// Record every byte sent and received on every connection in this pcapng file
+    /// (read it with `ironsan analyze FILE` or tshark; no capture privileges needed).
+    #[arg(long, value_name = "FILE.pcapng")]
+    pub trace: Option<PathBuf>,
+    /// The open trace, created on first use so that every session of a run shares it.
+    #[arg(skip)]
+    trace_file: std::sync::OnceLock<TraceFile>,
 }
 
 impl LoginOpts {
@@ -42,8 +49,39 @@ impl LoginOpts {
         if let Some(d) = &self.data_digest {
             c.data_digest = digest(d)?;
         }
+        if let Some(p) = &self.trace {
+            if self.trace_file.get().is_none() {
+                let t = TraceFile::create(p)
+                    .with_context(|| format!("creating the trace {}", p.display()))?;
+                let _ = self.trace_file.set(t);
+            }
+            c.trace = self.trace_file.get().cloned();
+        }
         Ok(c)
     }
+
+    /// Writes the rest of the trace to its file. Call after the runtime is gone, so that
+    /// every connection's closing segments are in it.
+    pub fn finish_trace(&self) -> anyhow::Result<()> {
+        if let (Some(t), Some(p)) = (self.trace_file.get(), &self.trace) {
+            t.flush()
+                .with_context(|| format!("writing the trace {}", p.display()))?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs `f` on a fresh runtime, drops the runtime (ending every connection task), then
+/// flushes the trace of `login`.
+pub fn run_with<T>(
+    login: &LoginOpts,
+    f: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
+    let rt = runtime()?;
+    let r = rt.block_on(f);
+    drop(rt);
+    login.finish_trace()?;
+    r
 }
 
 /// One thread: the initiator's work per command is small, and keeping the reader, the
@@ -71,7 +109,9 @@ pub struct DiscoverArgs {
 pub fn discover(args: DiscoverArgs) -> anyhow::Result<()> {
     let url = IscsiUrl::from_portal_or_url(&args.portal)?;
     let cfg = args.login.config(&url)?;
-    let targets = runtime()?.block_on(iscsi_initiator::discover(&url, &cfg))?;
+    let targets = run_with(&args.login, async {
+        Ok(iscsi_initiator::discover(&url, &cfg).await?)
+    })?;
     for t in targets {
         if t.addresses.is_empty() {
             println!("{}", t.name);
@@ -103,7 +143,7 @@ pub struct LsArgs {
 pub fn ls(args: LsArgs) -> anyhow::Result<()> {
     let url = IscsiUrl::from_portal_or_url(&args.url)?;
     let cfg = args.login.config(&url)?;
-    runtime()?.block_on(async {
+    run_with(&args.login, async {
         let targets = iscsi_initiator::discover(&url, &cfg).await?;
         let mut failed = 0;
         for t in &targets {
@@ -163,7 +203,7 @@ pub struct InqArgs {
 pub fn inq(args: InqArgs) -> anyhow::Result<()> {
     let url = IscsiUrl::parse_lun(&args.url)?;
     let cfg = args.login.config(&url)?;
-    runtime()?.block_on(async {
+    run_with(&args.login, async {
         let s = Session::connect(&url, cfg).await?;
         let lun = s.default_lun();
         let i = s.inquiry(lun).await?;
@@ -242,7 +282,7 @@ pub fn read(args: ReadArgs) -> anyhow::Result<()> {
         )),
         None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
     };
-    runtime()?.block_on(async {
+    run_with(&args.login, async {
         let s = Session::connect(&url, cfg).await?;
         let lun = s.default_lun();
         s.test_unit_ready(lun).await?;
@@ -337,7 +377,7 @@ pub fn write(args: WriteArgs) -> anyhow::Result<()> {
         }
         None => (Box::new(std::io::stdin().lock()), None),
     };
-    runtime()?.block_on(async {
+    run_with(&args.login, async {
         let s = Session::connect(&url, cfg).await?;
         let lun = s.default_lun();
         s.test_unit_ready(lun).await?;
