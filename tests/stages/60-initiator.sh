@@ -10,6 +10,8 @@
 #   * --trace FILE: the pcapng the initiator writes of its own connections decodes with
 #     ironsan analyze and tshark into the same per-opcode PDU counts (bench with digests
 #     against ironsan, read with mutual CHAP against tgtd, inq);
+#   * bench --tcp-info: TCP_INFO samples of both connections of a session (CSV) that account
+#     for the bytes the bench read, and a cwnd + throughput SVG;
 #   * a bench sweep's --plot SVG parses as XML and has the expected series.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -171,6 +173,39 @@ check "inq --trace: login, INQUIRY and logout decoded" bash -c \
   "timeout 30 '$IRONSAN' inq '$IR_URL' --trace '$work/inq.pcapng' >/dev/null &&
    '$IRONSAN' analyze --port $IR_PORT '$work/inq.pcapng' | grep -q 'INQUIRY' &&
    tshark -r '$work/inq.pcapng' -d tcp.port==$IR_PORT,iscsi -Y 'iscsi.opcode==0x06' 2>/dev/null | grep -q Logout"
+
+# ------------------------------------------------------------------------------ TCP_INFO
+echo "== bench --tcp-info: TCP_INFO samples of every connection, cwnd and throughput plot"
+check "bench 1 MiB reads, 2 connections, --tcp-info every 50 ms" ir bench "$IR_URL" --rw read --size 1m \
+  --qd 8 --duration 1.5 --connections 2 --json "$work/ti.json" \
+  --tcp-info "$work/ti.csv" --tcp-info-interval-ms 50 --tcp-info-plot "$work/ti.svg"
+check "TCP_INFO CSV: plausible samples per connection; SVG has cwnd and throughput panels" \
+  python3 - "$work/ti.csv" "$work/ti.svg" "$work/ti.json" <<'PY'
+import csv, json, sys, xml.etree.ElementTree as ET
+rows = list(csv.DictReader(open(sys.argv[1])))
+bench = json.load(open(sys.argv[3]))
+conns = sorted({r["conn"] for r in rows})
+assert conns == ["s0c0", "s0c1"], conns
+received = 0
+for c in conns:
+    rs = [r for r in rows if r["conn"] == c]
+    assert len(rs) >= 10, f"{c}: only {len(rs)} samples in 1.5 s at 50 ms"
+    t = [float(r["t_s"]) for r in rs]
+    assert t == sorted(t) and t[-1] > 1.0, t
+    got = [int(r["bytes_received"]) for r in rs]
+    assert got == sorted(got), f"{c}: bytes_received goes down"
+    assert all(int(r["cwnd"]) >= 1 and 0 < int(r["rtt_us"]) < 10_000_000 for r in rs)
+    received += got[-1]
+# The Data-In the bench counted came through these sockets (plus headers).
+assert received >= bench["bytes"], (received, bench["bytes"])
+root = ET.parse(sys.argv[2]).getroot()
+panels = [p for p in root if p.tag.endswith("svg")]
+titles = [" ".join(t.text or "" for t in p.iter() if t.tag.endswith("title")) for p in panels]
+assert len(panels) == 2 and "congestion window" in titles[0] and "Throughput" in titles[1], titles
+for p in panels:
+    names = {g.get("data-series") for g in p.iter() if g.get("data-series")}
+    assert names == {"s0c0", "s0c1"}, names
+PY
 
 # ------------------------------------------------------------------------------ plot
 echo "== bench sweep plot"

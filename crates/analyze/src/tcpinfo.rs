@@ -133,15 +133,29 @@ impl TcpInfoSampler {
             .spawn(move || {
                 let start = Instant::now();
                 let mut out = Vec::new();
+                let mut ok = true;
                 while !flag.load(Ordering::Relaxed) && out.len() < MAX_SAMPLES {
                     match tcp_info(owned.as_fd_ref()) {
                         Ok(info) => out.push(TcpSample {
                             t: start.elapsed().as_secs_f64(),
                             info,
                         }),
-                        Err(_) => break,
+                        Err(_) => {
+                            ok = false;
+                            break;
+                        }
                     }
                     std::thread::sleep(interval);
+                }
+                // One last sample at the moment of the stop, so the series covers all of
+                // the traffic up to it (not only up to the last tick).
+                if ok && out.len() < MAX_SAMPLES {
+                    if let Ok(info) = tcp_info(owned.as_fd_ref()) {
+                        out.push(TcpSample {
+                            t: start.elapsed().as_secs_f64(),
+                            info,
+                        });
+                    }
                 }
                 out
             })?;
@@ -151,7 +165,7 @@ impl TcpInfoSampler {
         })
     }
 
-    /// Stops sampling and returns the samples.
+    /// Stops sampling (after one last sample taken now) and returns the samples.
     pub fn stop(mut self) -> Vec<TcpSample> {
         self.stop.store(true, Ordering::Relaxed);
         self.thread
@@ -196,38 +210,113 @@ pub fn throughput(samples: &[TcpSample]) -> Vec<(f64, f64)> {
         .collect()
 }
 
+const COLUMNS: [&str; 11] = [
+    "t_s",
+    "cwnd",
+    "ssthresh",
+    "rtt_us",
+    "rttvar_us",
+    "retransmits",
+    "total_retrans",
+    "unacked",
+    "delivery_rate_Bps",
+    "bytes_acked",
+    "bytes_received",
+];
+
+fn row(s: &TcpSample) -> [Cell; 11] {
+    let i = &s.info;
+    [
+        Cell::float(s.t, 4),
+        Cell::from(i.snd_cwnd),
+        Cell::from(i.snd_ssthresh),
+        Cell::from(i.rtt_us),
+        Cell::from(i.rttvar_us),
+        Cell::from(i.retransmits as u32),
+        Cell::from(i.total_retrans),
+        Cell::from(i.unacked),
+        Cell::from(i.delivery_rate),
+        Cell::from(i.bytes_acked),
+        Cell::from(i.bytes_received),
+    ]
+}
+
 /// The samples as a table (print it, or `to_csv` / `to_json`).
 pub fn table(samples: &[TcpSample]) -> Table {
-    let mut t = Table::new([
-        "t_s",
-        "cwnd",
-        "ssthresh",
-        "rtt_us",
-        "rttvar_us",
-        "retransmits",
-        "total_retrans",
-        "unacked",
-        "delivery_rate_Bps",
-        "bytes_acked",
-        "bytes_received",
-    ]);
+    let mut t = Table::new(COLUMNS);
     for s in samples {
-        let i = &s.info;
-        t.push_row([
-            Cell::float(s.t, 4),
-            Cell::from(i.snd_cwnd),
-            Cell::from(i.snd_ssthresh),
-            Cell::from(i.rtt_us),
-            Cell::from(i.rttvar_us),
-            Cell::from(i.retransmits as u32),
-            Cell::from(i.total_retrans),
-            Cell::from(i.unacked),
-            Cell::from(i.delivery_rate),
-            Cell::from(i.bytes_acked),
-            Cell::from(i.bytes_received),
-        ]);
+        t.push_row(row(s));
     }
     t
+}
+
+/// The samples of several sockets, each under a name: one table with a leading `conn` column.
+pub fn table_named(conns: &[(String, Vec<TcpSample>)]) -> Table {
+    let mut t = Table::new(std::iter::once("conn").chain(COLUMNS));
+    for (name, samples) in conns {
+        for s in samples {
+            t.push_row(std::iter::once(Cell::from(name.clone())).chain(row(s)));
+        }
+    }
+    t
+}
+
+/// Congestion window and throughput over time of several named sockets, one line per
+/// socket, as one SVG: the cwnd plot above the throughput plot.
+pub fn cwnd_throughput_svg(conns: &[(String, Vec<TcpSample>)]) -> String {
+    let cwnd = LinePlot {
+        title: "TCP congestion window (TCP_INFO)".into(),
+        x_label: "time (s)".into(),
+        y_label: "cwnd (segments)".into(),
+        series: conns
+            .iter()
+            .map(|(n, s)| {
+                Series::new(
+                    n.clone(),
+                    s.iter().map(|s| (s.t, s.info.snd_cwnd as f64)).collect(),
+                )
+            })
+            .collect(),
+        ..LinePlot::default()
+    };
+    let tput = LinePlot {
+        title: "Throughput (bytes acked or received between samples)".into(),
+        x_label: "time (s)".into(),
+        y_label: "MB/s".into(),
+        series: conns
+            .iter()
+            .map(|(n, s)| Series::new(n.clone(), throughput(s)))
+            .collect(),
+        ..LinePlot::default()
+    };
+    stack_svgs(&[cwnd.to_svg(), tput.to_svg()])
+}
+
+/// Puts whole SVG documents one below the other in one document (each keeps its own
+/// coordinates inside a nested `<svg>` placed by `y`).
+fn stack_svgs(parts: &[String]) -> String {
+    let size = |doc: &str, attr: &str| -> f64 {
+        let key = format!("{attr}=\"");
+        doc.find(&key)
+            .and_then(|i| {
+                let rest = &doc[i + key.len()..];
+                rest[..rest.find('"')?].parse().ok()
+            })
+            .unwrap_or(0.0)
+    };
+    let width = parts.iter().map(|p| size(p, "width")).fold(0.0, f64::max);
+    let mut y = 0.0;
+    let mut body = String::new();
+    for p in parts {
+        let start = p.find("<svg").unwrap_or(0);
+        let inner = &p[start..];
+        body.push_str(&inner.replacen("<svg", &format!("<svg y=\"{y}\""), 1));
+        body.push('\n');
+        y += size(p, "height");
+    }
+    format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{y}\" viewBox=\"0 0 {width} {y}\">\n{body}</svg>\n"
+    )
 }
 
 /// Congestion window (segments) over time.
@@ -311,6 +400,20 @@ mod tests {
         let csv = table(&samples).to_csv();
         assert_eq!(csv.lines().count(), samples.len() + 1);
         assert!(cwnd_plot(&samples).to_svg().contains("cwnd"));
+        let named = vec![("c0".to_string(), samples.clone())];
+        let csv = table_named(&named).to_csv();
+        assert!(csv.starts_with("conn,t_s,cwnd,"), "{csv}");
+        assert_eq!(csv.lines().count(), samples.len() + 1);
+        let svg = cwnd_throughput_svg(&named);
+        let doc = roxmltree::Document::parse(&svg).expect("the stacked SVG parses");
+        let panels = doc
+            .root_element()
+            .children()
+            .filter(|n| n.has_tag_name("svg"))
+            .map(|n| n.attribute("y").unwrap().parse::<f64>().unwrap())
+            .collect::<Vec<_>>();
+        assert_eq!(panels.len(), 2, "cwnd and throughput panels");
+        assert!(panels[1] > panels[0]);
     }
 
     #[test]

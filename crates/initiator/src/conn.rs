@@ -41,6 +41,11 @@ pub(crate) struct Traced<S> {
 pub(crate) type Stream = Traced<TcpStream>;
 
 impl Traced<TcpStream> {
+    /// The socket itself (for its descriptor: TCP_INFO sampling).
+    pub(crate) fn socket(&self) -> &TcpStream {
+        &self.inner
+    }
+
     /// Wraps a connected socket; with `trace`, writes its handshake into the trace.
     pub(crate) fn new(inner: TcpStream, trace: Option<&PduTrace>) -> Traced<TcpStream> {
         let trace = trace.and_then(|t| {

@@ -184,6 +184,8 @@ struct ConnHandle {
     tx: mpsc::UnboundedSender<WriterMsg>,
     reader: AbortHandle,
     writer: AbortHandle,
+    /// A duplicate of the socket's descriptor, lent out for TCP_INFO sampling.
+    socket: Option<std::os::fd::OwnedFd>,
 }
 
 impl ConnHandle {
@@ -349,6 +351,9 @@ fn install(inner: &Arc<Inner>, st: &mut State, est: Established) {
             header: done.connection.header_digest,
             data: done.connection.data_digest,
         };
+        let socket = std::os::fd::AsFd::as_fd(stream.socket())
+            .try_clone_to_owned()
+            .ok();
         let (rd, wr) = stream.into_split();
         let (tx, rx) = mpsc::unbounded_channel();
         let idx = st.conns.len();
@@ -364,7 +369,12 @@ fn install(inner: &Arc<Inner>, st: &mut State, est: Established) {
             max_recv,
         ))
         .abort_handle();
-        st.conns.push(Some(ConnHandle { tx, reader, writer }));
+        st.conns.push(Some(ConnHandle {
+            tx,
+            reader,
+            writer,
+            socket,
+        }));
         let got = st.core.add_connection(
             done.exp_stat_sn,
             done.connection.max_send_data_segment_length,
@@ -665,6 +675,17 @@ impl Session {
     /// Connections currently up.
     pub fn connection_count(&self) -> usize {
         self.inner.lock().core.live_connections().len()
+    }
+
+    /// Duplicates of the descriptors of the connections up now, in connection order (for
+    /// TCP_INFO sampling; each stays valid after the connection closes, reading as closed).
+    pub fn connection_sockets(&self) -> Vec<std::os::fd::OwnedFd> {
+        let st = self.inner.lock();
+        st.conns
+            .iter()
+            .flatten()
+            .filter_map(|h| h.socket.as_ref()?.try_clone().ok())
+            .collect()
     }
 
     /// Commands the target accepts right now (MaxCmdSN - ExpCmdSN + 1).

@@ -2,11 +2,13 @@
 //! bytes outstanding per session and reports throughput, IOPS and latency percentiles.
 
 use std::io::IsTerminal;
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use analyze::tcpinfo::{self, TcpInfoSampler, TcpSample};
 use anyhow::{bail, Context};
 use iscsi_initiator::bench::{self, Pattern, Progress, Rw, Step, Summary, Workload};
 use iscsi_initiator::{IscsiUrl, Session};
@@ -63,6 +65,16 @@ pub struct BlockBenchArgs {
     /// Run the steps of a script file instead (see below).
     #[arg(long, value_name = "FILE")]
     pub script: Option<PathBuf>,
+    /// Sample TCP_INFO (cwnd, ssthresh, rtt, retransmits, delivery rate, unacked...) of
+    /// every connection while the run goes on and write the samples here as CSV.
+    #[arg(long, value_name = "FILE.csv")]
+    pub tcp_info: Option<PathBuf>,
+    /// Milliseconds between TCP_INFO samples.
+    #[arg(long, value_name = "MS", default_value_t = 100)]
+    pub tcp_info_interval_ms: u64,
+    /// Plot cwnd and throughput over time from the TCP_INFO samples (SVG).
+    #[arg(long, value_name = "FILE.svg")]
+    pub tcp_info_plot: Option<PathBuf>,
     /// Seed of the random offsets and the verify pattern.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -281,7 +293,47 @@ async fn measure(sessions: &[Arc<Session>], w: &Workload) -> anyhow::Result<Summ
     Ok(r?)
 }
 
+/// One TCP_INFO sampler per connection of every session, named `s<session>c<connection>`.
+fn start_tcp_info(
+    a: &BlockBenchArgs,
+    sessions: &[Arc<Session>],
+) -> anyhow::Result<Vec<(String, TcpInfoSampler)>> {
+    if a.tcp_info.is_none() && a.tcp_info_plot.is_none() {
+        return Ok(Vec::new());
+    }
+    let every = Duration::from_millis(a.tcp_info_interval_ms.max(1));
+    let mut v = Vec::new();
+    for (si, s) in sessions.iter().enumerate() {
+        for (ci, fd) in s.connection_sockets().iter().enumerate() {
+            let sampler = TcpInfoSampler::new(fd.as_fd(), every).context("sampling TCP_INFO")?;
+            v.push((format!("s{si}c{ci}"), sampler));
+        }
+    }
+    Ok(v)
+}
+
+fn finish_tcp_info(
+    a: &BlockBenchArgs,
+    samplers: Vec<(String, TcpInfoSampler)>,
+) -> anyhow::Result<()> {
+    if samplers.is_empty() {
+        return Ok(());
+    }
+    let named: Vec<(String, Vec<TcpSample>)> =
+        samplers.into_iter().map(|(n, s)| (n, s.stop())).collect();
+    if let Some(p) = &a.tcp_info {
+        write_file(p, &tcpinfo::table_named(&named).to_csv())?;
+    }
+    if let Some(p) = &a.tcp_info_plot {
+        write_file(p, &tcpinfo::cwnd_throughput_svg(&named))?;
+    }
+    Ok(())
+}
+
 pub fn run(a: BlockBenchArgs) -> anyhow::Result<()> {
+    if a.script.is_some() && (a.tcp_info.is_some() || a.tcp_info_plot.is_some()) {
+        bail!("--tcp-info samples the connections of a URL run, not of a --script");
+    }
     let rt = super::initiator::runtime()?;
     let rows = match &a.script {
         Some(path) => {
@@ -306,6 +358,7 @@ pub fn run(a: BlockBenchArgs) -> anyhow::Result<()> {
             };
             rt.block_on(async {
                 let sessions = connect_all(&url, &a.login, a.sessions).await?;
+                let samplers = start_tcp_info(&a, &sessions)?;
                 let mut rows = Vec::new();
                 for &rw in &rws {
                     for &pattern in &pats {
@@ -325,6 +378,7 @@ pub fn run(a: BlockBenchArgs) -> anyhow::Result<()> {
                         }
                     }
                 }
+                finish_tcp_info(&a, samplers)?;
                 logout_all(sessions).await;
                 anyhow::Ok(rows)
             })?
