@@ -59,10 +59,13 @@ start_iscsid() {
   modprobe sd_mod
   modprobe sg
   modprobe iscsi_tcp
-  # Fail fast instead of open-iscsi's long default retry loops.
+  # Fail fast instead of open-iscsi's long default login retry loops. The replacement timeout
+  # (how long a session may stay in recovery before its disks go offline and every I/O fails
+  # with "rejecting I/O to offline device") stays well above a relogin's worst case in a TCG
+  # guest on a loaded host (tens of seconds), so slowness is not mistaken for a fault.
   sed -i -e 's/^node.session.initial_login_retry_max = .*/node.session.initial_login_retry_max = 2/' \
     -e 's/^node.conn\[0\].timeo.login_timeout = .*/node.conn[0].timeo.login_timeout = 10/' \
-    -e 's/^node.session.timeo.replacement_timeout = .*/node.session.timeo.replacement_timeout = 20/' \
+    -e 's/^node.session.timeo.replacement_timeout = .*/node.session.timeo.replacement_timeout = 60/' \
     /etc/iscsi/iscsid.conf
   if ! pgrep -x iscsid >/dev/null; then
     iscsid -f >/tmp/iscsid.log 2>&1 &
@@ -100,7 +103,7 @@ no_session() { ! iscsiadm -m session 2>/dev/null | grep -q " $1\$"; }
 session_disks() {
   want=${2:-1}
   i=0
-  while [ $i -lt 60 ]; do
+  while [ $i -lt 300 ]; do
     iscsiadm -m session -P3 2>/dev/null | awk -v t="$1" '
       /^Target:/ {cur=$2}
       /scsi[0-9]+ Channel [0-9]+ Id [0-9]+ Lun:/ {lun=$NF}
@@ -115,10 +118,31 @@ session_disks() {
       cat /tmp/disks
       return 0
     fi
-    sleep 1
+    sleep 0.2
     i=$((i + 1))
   done
   return 1
+}
+
+# slow_guest_timeouts DEV: SCSI timeouts for a TCG guest. The kernel's defaults (30 s per
+# command, 10 s for the error handler's TEST UNIT READY) assume real hardware; here the
+# initiator can queue tens of MiB of writes behind a link that moves a few MB/s when the host is
+# busy, so a command can wait longer than 30 s without any fault. A timeout starts the error
+# handler (ABORT TASK, LUN RESET, target reset, session reset, each followed by a TUR that
+# queues behind the same data) and, when all of them time out too, the disk is set offline.
+# Longer timeouts keep that for real faults (a target that never answers still fails the
+# scenario, by its own time limit).
+slow_guest_timeouts() {
+  echo 120 >"/sys/block/$1/device/timeout"
+  echo 60 >"/sys/block/$1/device/eh_timeout"
+  echo "  /dev/$1: command timeout $(cat "/sys/block/$1/device/timeout") s," \
+    "error handler $(cat "/sys/block/$1/device/eh_timeout") s"
+}
+
+# recovery_events: the kernel's messages about connection recovery and SCSI error handling
+# since the scenario began (none is expected outside kinit-reconnect).
+recovery_events() {
+  dmesg | grep -i -E 'conn(ection)?[0-9:]* error|ping timeout|session recovery|abort|reset|offline|timing out|timed out|eh_'
 }
 
 # raw_pattern_io DEV MIB LABEL: writes MIB MiB of random data with O_DIRECT, reads it back with

@@ -70,8 +70,9 @@ target_start() {
       n=$((n + 1))
       pcap=$KP_RUN/host/$variant-$kind-$n.pcap
     done
-    spawn capture tcpdump -i lo -s "${KP_SNAPLEN:-2048}" -U -w "$pcap" "tcp port $KP_HOST_PORT"
-    wait_for 5 test -s "$pcap" || sleep 1
+    rm -f "$KP_RUN/host/capture.log"
+    spawn capture tcpdump -i lo -s "${KP_SNAPLEN:-2048}" --immediate-mode -U -w "$pcap" "tcp port $KP_HOST_PORT"
+    wait_for 10 grep -q 'listening on' "$KP_RUN/host/capture.log" || echo "tcpdump is not listening yet"
   fi
   case $kind in
     tgtd) tgtd_start "$variant" ;;

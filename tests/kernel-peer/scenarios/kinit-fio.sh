@@ -13,6 +13,7 @@ guest_main() {
   kinit_login fio
   if session_disks "$IQN" >/tmp/lun-disks; then
     read -r lun dev </tmp/lun-disks
+    slow_guest_timeouts "$dev"
     step "fio on /dev/$dev (LUN $lun)"
     fio --name=kp-verify --filename=/dev/$dev --direct=1 --ioengine=libaio --iodepth=16 \
       --rw=randwrite --bssplit=4k/30:16k/20:64k/20:256k/15:1m/15 --blockalign=4k \

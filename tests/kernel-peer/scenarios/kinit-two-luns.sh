@@ -23,6 +23,8 @@ guest_main() {
   check "sd attach of LUN $lun2 clean" attach_clean "$d2"
   check "first LUN is 256 MiB" test "$(cat /sys/block/$d1/size)" -eq $((256 * 2048))
   check "second LUN is 192 MiB" test "$(cat /sys/block/$d2/size)" -eq $((192 * 2048))
+  slow_guest_timeouts "$d1"
+  slow_guest_timeouts "$d2"
   step "distinct patterns on both LUNs"
   raw_pattern_io "$d1" 32 "LUN $lun1"
   raw_pattern_io "$d2" 32 "LUN $lun2"
