@@ -18,7 +18,7 @@ work=$(mktemp -d)
 tgtd_pid=""
 cleanup() {
   # tgtd ignores SIGTERM: a plain kill + wait would hang here forever.
-  [[ -n "$tgtd_pid" ]] && kill -9 "$tgtd_pid" 2>/dev/null && wait "$tgtd_pid" 2>/dev/null
+  [[ -n "$tgtd_pid" ]] && kill -9 "$tgtd_pid" 2>/dev/null && { wait "$tgtd_pid" 2>/dev/null || true; }
   ip netns del "$ns" 2>/dev/null || true
   rm -rf "$work"
 }

@@ -3,7 +3,7 @@
 //! throughput = B / (k·d + B/R), where k is the number of one-way trips a command needs:
 //! 4 for a WRITE with InitialR2T=Yes and no immediate data (command, R2T, data, status:
 //! the model of the brief), 2 for a READ (command, data+status). The baseline is a raw TCP
-//! stream through the same proxy.
+//! stream through the same proxy. The commands come from the ironsan initiator library.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use report::{Cell, LinePlot, Series, Table, TickLabels};
 use serde::Serialize;
 
-use crate::pinit::PseudoInitiator;
+use bytes::Bytes;
+use iscsi_initiator::{IscsiUrl, Session, SessionConfig};
+
 use crate::proxy::{DelayProxy, ProxyConfig};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -112,7 +114,10 @@ pub fn baseline(delay: Duration, rate: Option<f64>, duration: Duration) -> io::R
 }
 
 /// Sequential commands of `block` bytes with one outstanding through the proxy, bytes/s
-/// and the number of commands measured.
+/// and the number of commands measured. The commands are the ironsan initiator's, on a
+/// session negotiated to keep the model's trip count: one connection, no digests,
+/// InitialR2T=Yes and ImmediateData=No (a WRITE waits for its R2T), MaxOutstandingR2T=1,
+/// and each command exactly `block` bytes (one READ or WRITE, never split).
 pub fn measure(
     cfg: &ExperimentConfig,
     op: Op,
@@ -122,35 +127,65 @@ pub fn measure(
     let mut pcfg = ProxyConfig::new("127.0.0.1:0".parse().expect("literal"), cfg.target, delay);
     pcfg.rate = cfg.rate;
     let proxy = DelayProxy::start(pcfg)?;
-    let mut s = PseudoInitiator::login(proxy.local_addr(), &cfg.target_name, cfg.lun)?;
-    let (blocks_total, bs) = s.read_capacity()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(measure_session(cfg, op, proxy.local_addr(), block))
+        .map_err(|e| io::Error::other(e.to_string()))
+}
+
+/// The session settings that keep the model's trips per command.
+pub fn session_config(url: &IscsiUrl) -> SessionConfig {
+    SessionConfig {
+        connections: 1,
+        immediate_data: false,
+        initial_r2t: true,
+        max_outstanding_r2t: 1,
+        max_recv_data_segment_length: 262_144,
+        max_burst_length: 16_776_192,
+        first_burst_length: 262_144,
+        nop_interval: None,
+        ..SessionConfig::from_url(url)
+    }
+}
+
+async fn measure_session(
+    cfg: &ExperimentConfig,
+    op: Op,
+    via: SocketAddr,
+    block: u32,
+) -> Result<(f64, u32), iscsi_initiator::Error> {
+    let url = IscsiUrl::parse_lun(&format!("iscsi://{via}/{}/{}", cfg.target_name, cfg.lun))?;
+    let s = Session::connect(&url, session_config(&url)).await?;
+    let lun = cfg.lun;
+    s.test_unit_ready(lun).await?;
+    let cap = s.capacity(lun).await?;
+    let bs = cap.block_size.max(1);
     let per = (block / bs).max(1);
-    let span = blocks_total.saturating_sub(per as u64).max(1);
-    let data = vec![0x5au8; (per * bs) as usize];
-    let mut buf = Vec::with_capacity(data.len());
-    let mut lba = 0u64;
-    let mut one = |s: &mut PseudoInitiator, lba: u64| -> io::Result<()> {
-        let st = match op {
-            Op::Read => s.read(lba, per, bs, &mut buf)?,
-            Op::Write => s.write(lba, bs, &data)?,
-        };
-        if st != 0 {
-            return Err(io::Error::other(format!(
-                "command failed with status 0x{st:02x}"
-            )));
+    let span = cap.blocks.saturating_sub(per as u64).max(1);
+    let data = Bytes::from(vec![0x5au8; (per * bs) as usize]);
+    let one = |lba: u64| {
+        let s = &s;
+        let data = data.clone();
+        async move {
+            match op {
+                Op::Read => s.read(lun, lba, per, bs).await.map(|_| ()),
+                Op::Write => s.write(lun, lba, bs, data).await,
+            }
         }
-        Ok(())
     };
-    one(&mut s, lba)?;
+    let mut lba = 0u64;
+    one(lba).await?;
     let start = Instant::now();
     let mut n = 0u32;
     // Bounded by time and count.
     while (start.elapsed() < cfg.duration || n < cfg.min_commands) && n < 1_000_000 {
         lba = (lba + per as u64) % span;
-        one(&mut s, lba)?;
+        one(lba).await?;
         n += 1;
     }
     let secs = start.elapsed().as_secs_f64();
+    let _ = s.logout().await;
     Ok((n as f64 * (per * bs) as f64 / secs, n))
 }
 

@@ -3,7 +3,7 @@
 //! iSER/iWARP PDUs into readable lines and JSON, computes per-command and per-connection
 //! statistics (latency, idle time on the wire, retransmissions and losses), draws timelines,
 //! samples TCP_INFO of live sockets, and runs the long-delay experiment through its delay
-//! proxy with a minimal pseudo initiator. Protocol decoding is sans-IO; the proxy, the sampler
+//! proxy with the ironsan initiator. Protocol decoding is sans-IO; the proxy, the sampler
 //! and the experiment are the only parts that touch sockets.
 
 pub mod analysis;
@@ -13,7 +13,6 @@ pub mod experiment;
 pub mod iscsi;
 pub mod iser;
 pub mod listing;
-pub mod pinit;
 pub mod proxy;
 pub mod stats;
 pub mod tcp;

@@ -77,14 +77,17 @@ pub fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
 
 #[derive(Args, Debug)]
 pub struct ExperimentArgs {
-    /// iSCSI target portal (the experiment puts its own proxy in front of it).
+    /// The iSCSI target: HOST:PORT (with --target-name), an iscsi://HOST[:PORT]/IQN/LUN URL,
+    /// or `ironsan` to start an ironsan target (a 256 MiB RAM LUN) for the run. The
+    /// experiment puts its own proxy in front of it.
     #[arg(long, default_value = "127.0.0.1:3260")]
-    pub target: SocketAddr,
-    /// Target IQN.
+    pub target: String,
+    /// Target IQN (with --target HOST:PORT).
     #[arg(long)]
-    pub target_name: String,
-    #[arg(long, default_value_t = 1)]
-    pub lun: u16,
+    pub target_name: Option<String>,
+    /// LUN (default: the URL's; 1 with HOST:PORT, tgtd's first LUN; 0 with ironsan).
+    #[arg(long)]
+    pub lun: Option<u16>,
     /// One-way delays, ms.
     #[arg(long, value_delimiter = ',', default_values_t = vec![0.0, 1.0, 2.0, 4.0, 8.0, 16.0])]
     pub delays_ms: Vec<f64>,
@@ -129,10 +132,11 @@ pub fn run_experiment(args: ExperimentArgs) -> anyhow::Result<()> {
             other => bail!("unknown op {other}"),
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
+    let (target, target_name, lun, _child) = resolve_target(&args)?;
     let cfg = ExperimentConfig {
-        target: args.target,
-        target_name: args.target_name.clone(),
-        lun: args.lun,
+        target,
+        target_name,
+        lun,
         delays_ms: args.delays_ms.clone(),
         block_sizes,
         ops,
@@ -159,4 +163,92 @@ pub fn run_experiment(args: ExperimentArgs) -> anyhow::Result<()> {
         println!("{table}");
     }
     Ok(())
+}
+
+/// An ironsan target run as a child process for the experiment; killed on drop.
+struct ChildTarget {
+    child: std::process::Child,
+    dir: PathBuf,
+}
+
+impl Drop for ChildTarget {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+const CHILD_IQN: &str = "iqn.2026-11.org.ironsan:delay-experiment";
+
+/// Starts `ironsan target` (this binary) on a free loopback port and waits until it listens.
+fn start_ironsan_target() -> anyhow::Result<(SocketAddr, ChildTarget)> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+    let dir = std::env::temp_dir().join(format!("ironsan-delay-{}-{port}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let config = dir.join("target.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "portals = [\"{addr}\"]\n[[target]]\nname = \"{CHILD_IQN}\"\n\
+             [target.lun.0]\nsize = \"256MiB\"\nbackend = \"memory\"\n"
+        ),
+    )?;
+    let child = std::process::Command::new(std::env::current_exe()?)
+        .arg("target")
+        .arg("--config")
+        .arg(&config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .context("starting ironsan target")?;
+    let mut guard = ChildTarget { child, dir };
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(20) {
+        if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            return Ok((addr, guard));
+        }
+        if let Some(status) = guard.child.try_wait()? {
+            bail!("ironsan target exited ({status}) before listening on {addr}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bail!("ironsan target did not listen on {addr} within 20 s")
+}
+
+/// The portal, IQN and LUN to measure, and the child target to keep alive meanwhile.
+fn resolve_target(
+    args: &ExperimentArgs,
+) -> anyhow::Result<(SocketAddr, String, u16, Option<ChildTarget>)> {
+    if args.target == "ironsan" {
+        let (addr, child) = start_ironsan_target()?;
+        return Ok((
+            addr,
+            CHILD_IQN.to_string(),
+            args.lun.unwrap_or(0),
+            Some(child),
+        ));
+    }
+    if args.target.starts_with("iscsi://") {
+        let url = iscsi_initiator::IscsiUrl::parse_lun(&args.target)?;
+        let addr = std::net::ToSocketAddrs::to_socket_addrs(&url.host_port())?
+            .next()
+            .with_context(|| format!("{} resolves to no address", url.host_port()))?;
+        let name = url.target.clone().context("the URL names no target")?;
+        return Ok((addr, name, args.lun.or(url.lun).unwrap_or(0), None));
+    }
+    let addr: SocketAddr = args.target.parse().with_context(|| {
+        format!(
+            "--target {}: expected HOST:PORT, a URL or ironsan",
+            args.target
+        )
+    })?;
+    let name = args
+        .target_name
+        .clone()
+        .context("--target HOST:PORT needs --target-name IQN")?;
+    Ok((addr, name, args.lun.unwrap_or(1), None))
 }
