@@ -121,6 +121,50 @@ pub fn fill_pattern(buf: &mut [u8], lba: u64, block_size: u32, seed: u64) {
     }
 }
 
+/// The pattern seed of the `generation`-th write of a chunk in a run of `seed`: each write
+/// of a block carries its own pattern, so a read can tell the latest write from an older
+/// one (or from a write that never landed).
+pub fn generation_seed(seed: u64, generation: u64) -> u64 {
+    seed ^ generation.wrapping_mul(0xd6e8_feb8_6659_fd93)
+}
+
+/// Per chunk of the verified region: the generation of the last completed write (0: not
+/// written in this run) shifted left by one, and a low bit set while a write is in flight.
+pub(crate) struct Generations(Vec<AtomicU64>);
+
+impl Generations {
+    fn new(chunks: u64) -> Generations {
+        Generations((0..chunks).map(|_| AtomicU64::new(0)).collect())
+    }
+    fn state(&self, chunk: u64) -> u64 {
+        self.0[chunk as usize].load(Ordering::Acquire)
+    }
+    /// Marks a write to `chunk` in flight; the generation it will write, or None if
+    /// another write to it is in flight.
+    fn claim(&self, chunk: u64) -> Option<u64> {
+        let c = &self.0[chunk as usize];
+        let cur = c.load(Ordering::Acquire);
+        if cur & 1 == 1 {
+            return None;
+        }
+        c.compare_exchange(cur, cur | 1, Ordering::AcqRel, Ordering::Acquire)
+            .ok()
+            .map(|_| (cur >> 1) + 1)
+    }
+    fn complete(&self, chunk: u64, generation: u64) {
+        self.0[chunk as usize].store(generation << 1, Ordering::Release);
+    }
+    fn release(&self, chunk: u64) {
+        self.0[chunk as usize].fetch_and(!1, Ordering::AcqRel);
+    }
+    fn written(&self) -> u64 {
+        self.0
+            .iter()
+            .filter(|c| c.load(Ordering::Acquire) >> 1 > 0)
+            .count() as u64
+    }
+}
+
 /// Compares `data` (read at `lba`) with the pattern; the first differing LBA on mismatch.
 pub fn check_pattern(data: &[u8], lba: u64, block_size: u32, seed: u64) -> Result<(), u64> {
     let mut want = vec![0u8; block_size as usize];
@@ -145,6 +189,8 @@ impl Rng {
 }
 
 struct Shared {
+    /// With `verify`: what each chunk should hold.
+    gens: Option<Arc<Generations>>,
     next_chunk: AtomicU64,
     issued: AtomicU64,
     stop: AtomicBool,
@@ -166,7 +212,9 @@ fn rw_error(what: &str, status: u8, sense: &[u8]) -> Error {
     }
 }
 
-/// Issues one command of the workload at `chunk`.
+/// Issues one command of the workload at `chunk` (with `generation`: writes that write's
+/// pattern, or checks a read against it).
+#[allow(clippy::too_many_arguments)]
 async fn one_op(
     s: &Session,
     lun: u16,
@@ -175,14 +223,15 @@ async fn one_op(
     chunk: u64,
     write: bool,
     template: &Bytes,
+    generation: Option<u64>,
 ) -> Result<u64, Error> {
     let bs = cap.block_size;
     let blocks = w.size / bs;
     let lba = chunk * blocks as u64;
     if write {
-        let data = if w.verify {
+        let data = if let Some(g) = generation {
             let mut v = vec![0u8; w.size as usize];
-            fill_pattern(&mut v, lba, bs, w.seed);
+            fill_pattern(&mut v, lba, bs, generation_seed(w.seed, g));
             Bytes::from(v)
         } else {
             template.clone()
@@ -209,10 +258,11 @@ async fn one_op(
         if r.status != status::GOOD {
             return Err(rw_error("READ", r.status, &r.sense));
         }
-        if w.verify {
-            check_pattern(&r.data, lba, bs, w.seed).map_err(|bad| {
+        if let Some(g) = generation {
+            check_pattern(&r.data, lba, bs, generation_seed(w.seed, g)).map_err(|bad| {
                 Error::Invalid(format!(
-                    "verify: data read at LBA {bad} differs from what was written"
+                    "verify: data read at LBA {bad} differs from what was written \
+                     there last (write #{g} of that block in this run)"
                 ))
             })?;
             return Ok(r.data.len() as u64);
@@ -259,8 +309,50 @@ async fn worker(
             Rw::Write => true,
             Rw::Mixed { read_pct } => rng.next() % 100 >= read_pct as u64,
         });
+        let mut chunk = chunk;
+        // With verify: a write claims its chunk (another chunk is drawn while the one drawn
+        // has a write in flight, so the last write is known); a read checks the generation
+        // the chunk had when it was sent, if no write touched the chunk meanwhile.
+        let mut generation = None;
+        let mut before = 0;
+        if let Some(g) = &shared.gens {
+            if write {
+                for _ in 0..64 {
+                    generation = g.claim(chunk);
+                    if generation.is_some() {
+                        break;
+                    }
+                    chunk = match w.pattern {
+                        Pattern::Seq => shared.next_chunk.fetch_add(1, Ordering::Relaxed) % chunks,
+                        Pattern::Rand => rng.next() % chunks,
+                    };
+                }
+                if generation.is_none() {
+                    // Every chunk drawn is being written (a region of few chunks): skip.
+                    tokio::task::yield_now().await;
+                    continue;
+                }
+            } else {
+                before = g.state(chunk);
+                generation = (before & 1 == 0 && before >> 1 > 0).then_some(before >> 1);
+            }
+        }
         let t0 = Instant::now();
-        match one_op(&s, lun, cap, &w, chunk, write, &template).await {
+        let r = one_op(&s, lun, cap, &w, chunk, write, &template, generation).await;
+        if let (Some(g), Some(n)) = (&shared.gens, generation) {
+            match (&r, write) {
+                (Ok(_), true) => g.complete(chunk, n),
+                (Err(_), true) => g.release(chunk),
+                // A write to the chunk began meanwhile: the data may be either.
+                (Err(Error::Invalid(_)), false) if g.state(chunk) != before => {
+                    out.lat_ns.push(t0.elapsed().as_nanos() as u64);
+                    out.reads += 1;
+                    continue;
+                }
+                _ => {}
+            }
+        }
+        match r {
             Ok(v) => out.verified += v,
             Err(e) => {
                 shared.stop.store(true, Ordering::Relaxed);
@@ -299,6 +391,7 @@ async fn run_phase(
     w: &Workload,
     progress: Arc<Progress>,
     force: Option<bool>,
+    gens: Option<Arc<Generations>>,
 ) -> Result<Summary, Error> {
     let bs = cap.block_size as u64;
     let span = w.span.unwrap_or(cap.bytes()).min(cap.bytes());
@@ -311,6 +404,7 @@ async fn run_phase(
     }
     debug_assert!((w.size as u64).is_multiple_of(bs));
     let shared = Arc::new(Shared {
+        gens,
         next_chunk: AtomicU64::new(0),
         issued: AtomicU64::new(0),
         stop: AtomicBool::new(false),
@@ -408,64 +502,58 @@ pub async fn run(
         return Err(Error::Invalid("give a duration or a count".into()));
     }
     if !w.verify {
-        return run_phase(sessions, lun, cap, w, progress, None).await;
+        return run_phase(sessions, lun, cap, w, progress, None, None).await;
     }
     let span = w.span.unwrap_or(cap.bytes()).min(cap.bytes());
     let chunks = span / w.size as u64;
+    if chunks > 1 << 26 {
+        return Err(Error::Invalid(format!(
+            "--verify tracks every chunk: {chunks} chunks is too many (give a smaller span)"
+        )));
+    }
+    let gens = Arc::new(Generations::new(chunks));
     let whole = Workload {
         pattern: Pattern::Seq,
         duration: None,
         count: Some(chunks),
         ..w.clone()
     };
+    let quiet = || Arc::new(Progress::default());
     if w.rw.reads() {
+        // Reads need something known to read: the whole region, generation 1.
         run_phase(
             sessions,
             lun,
             cap,
             &whole,
-            Arc::new(Progress::default()),
+            quiet(),
             Some(true),
+            Some(gens.clone()),
         )
         .await?;
     }
-    let mut measured = run_phase(sessions, lun, cap, w, progress, None).await?;
-    if !w.rw.reads() {
-        // Written chunks are not tracked: every block of the region is either the pattern
-        // or was never written in this run, so read back only what a sequential write
-        // pass covers, or prefill-then-check for random writes.
-        let covered = if w.pattern == Pattern::Seq {
-            measured.writes.min(chunks)
-        } else {
-            0
-        };
-        if covered < chunks && w.pattern == Pattern::Rand {
-            // Random writes may miss chunks: write the rest of the pattern so the whole
-            // region can be compared.
-            run_phase(
-                sessions,
-                lun,
-                cap,
-                &whole,
-                Arc::new(Progress::default()),
-                Some(true),
-            )
-            .await?;
-        }
-        let check = Workload {
-            count: Some(if covered > 0 { covered } else { chunks }),
-            ..whole.clone()
-        };
+    let mut measured = run_phase(sessions, lun, cap, w, progress, None, Some(gens.clone())).await?;
+    if w.rw != Rw::Read {
+        // Read every chunk back: each one written in this run must hold the pattern of its
+        // latest write (not only the last pass: a lost or misplaced write shows).
         let back = run_phase(
             sessions,
             lun,
             cap,
-            &check,
-            Arc::new(Progress::default()),
+            &whole,
+            quiet(),
             Some(false),
+            Some(gens.clone()),
         )
         .await?;
-        measured.verified_bytes = back.verified_bytes;
+        let written = gens.written() * w.size as u64;
+        if back.verified_bytes != written {
+            return Err(Error::Invalid(format!(
+                "verify: {} of the {} bytes written were read back and compared",
+                back.verified_bytes, written
+            )));
+        }
+        measured.verified_bytes += back.verified_bytes;
     }
     Ok(measured)
 }
@@ -568,6 +656,21 @@ mod tests {
         assert_eq!(check_pattern(&a, 10, 512, 8), Err(10));
         a[2 * 512 + 100] ^= 1;
         assert_eq!(check_pattern(&a, 10, 512, 7), Err(12));
+    }
+
+    #[test]
+    fn an_older_write_of_a_block_does_not_pass_for_the_latest() {
+        let mut first = vec![0u8; 1024];
+        fill_pattern(&mut first, 5, 512, generation_seed(7, 1));
+        assert_eq!(check_pattern(&first, 5, 512, generation_seed(7, 1)), Ok(()));
+        assert_eq!(check_pattern(&first, 5, 512, generation_seed(7, 2)), Err(5));
+        let g = Generations::new(4);
+        assert_eq!(g.claim(2), Some(1));
+        assert_eq!(g.claim(2), None, "one write in flight per chunk");
+        g.complete(2, 1);
+        assert_eq!((g.state(2), g.claim(2)), (2, Some(2)));
+        g.release(2);
+        assert_eq!((g.state(2), g.written()), (2, 1));
     }
 
     #[test]

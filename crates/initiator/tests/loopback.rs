@@ -476,6 +476,35 @@ async fn bench_verifies_what_it_wrote() {
             assert!(r.verified_bytes > 0, "{rw:?}: nothing verified");
             assert!(r.lat_p50_us <= r.lat_p99_us && r.lat_p99_us <= r.lat_max_us);
         }
+        // Random writes over a region of 16 chunks at QD 16: each chunk is written many
+        // times, sometimes with another write to it queued; every chunk written must read
+        // back as its latest write.
+        let w = Workload {
+            rw: Rw::Write,
+            pattern: Pattern::Rand,
+            size: 64 * 1024,
+            qd: 16,
+            duration: None,
+            count: Some(400),
+            span: Some(1 << 20),
+            verify: true,
+            seed: 43,
+        };
+        let r = bench::run(
+            std::slice::from_ref(&s),
+            0,
+            cap,
+            &w,
+            Arc::new(Progress::default()),
+        )
+        .await
+        .unwrap();
+        assert!(r.writes >= 300, "{} writes", r.writes);
+        assert_eq!(
+            r.verified_bytes,
+            1 << 20,
+            "all 16 chunks written and verified"
+        );
         // A block the bench did not write breaks verification.
         s.write(0, 3, 512, Bytes::from(vec![0u8; 512]))
             .await
