@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# stage-timeout: 900
 # Stage 30: SCSI conformance with libiscsi's iscsi-test-cu (Debian libiscsi-bin).
 #
 # Runs every iscsi-test-cu suite (all families: ALL, SCSI, iSCSI, LINUX = 615 tests)
