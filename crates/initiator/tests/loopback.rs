@@ -534,3 +534,106 @@ async fn bench_verifies_what_it_wrote() {
     .await
     .expect("in time");
 }
+
+/// A relay to `target` whose first connection is cut (both ways) once `cut_after` bytes
+/// have gone from the target to the initiator; later connections are relayed whole.
+async fn cutting_proxy(target: SocketAddr, cut_after: u64) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        for n in 0..64 {
+            let Ok((client, _)) = l.accept().await else {
+                return;
+            };
+            let server = TcpStream::connect(target).await.unwrap();
+            let (mut cr, mut cw) = client.into_split();
+            let (mut sr, mut sw) = server.into_split();
+            let up = tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut cr, &mut sw).await;
+            });
+            tokio::spawn(async move {
+                let mut sent = 0u64;
+                let mut chunk = vec![0u8; 65536];
+                loop {
+                    let k = match sr.read(&mut chunk).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(k) => k,
+                    };
+                    if n == 0 && sent + k as u64 >= cut_after {
+                        // Mid-transfer: drop both directions.
+                        up.abort();
+                        return;
+                    }
+                    if cw.write_all(&chunk[..k]).await.is_err() {
+                        break;
+                    }
+                    sent += k as u64;
+                }
+                up.abort();
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_in_flight_when_the_connection_drops_are_retried_or_failed() {
+    timeout(async {
+        let target = start_target().await;
+        // Known data first, straight to the target.
+        let u = url(target, "", "plain", 0);
+        let s = Session::connect(&u, SessionConfig::from_url(&u))
+            .await
+            .unwrap();
+        s.test_unit_ready(0).await.unwrap();
+        let data = random_bytes(8 << 20, 77);
+        s.write(0, 0, 512, data.clone()).await.unwrap();
+        s.logout().await.unwrap();
+
+        for reconnect in [true, false] {
+            // The cut comes 2.5 MiB into eight 1 MiB READs all in flight.
+            let proxy = cutting_proxy(target, 5 << 19).await;
+            let u = url(proxy, "", "plain", 0);
+            let cfg = SessionConfig {
+                reconnect,
+                ..SessionConfig::from_url(&u)
+            };
+            let s = Session::connect(&u, cfg).await.unwrap();
+            s.test_unit_ready(0).await.unwrap();
+            let pending: Vec<_> = (0..8u64)
+                .map(|i| {
+                    s.submit(iscsi_initiator::CommandRequest::read(
+                        0,
+                        iscsi_initiator::scsi::read_write(false, i * 2048, 2048, false),
+                        1 << 20,
+                    ))
+                })
+                .collect();
+            let mut ok = 0;
+            for (i, p) in pending.into_iter().enumerate() {
+                match p.wait().await {
+                    Ok(r) => {
+                        assert_eq!(r.status, 0, "command {i}");
+                        assert!(
+                            r.data[..] == data[i << 20..(i + 1) << 20],
+                            "command {i}: data of a retried READ differs"
+                        );
+                        ok += 1;
+                    }
+                    Err(e) => {
+                        assert!(!reconnect, "with reconnect command {i} failed: {e}");
+                        let e = e.to_string();
+                        assert!(e.contains("connection"), "a clear error: {e}");
+                    }
+                }
+            }
+            if reconnect {
+                assert_eq!(ok, 8, "every READ retried after the reinstatement");
+            } else {
+                assert!(ok < 8, "the cut came before all data was delivered");
+            }
+        }
+    })
+    .await
+    .expect("in time: no command silently dropped");
+}
