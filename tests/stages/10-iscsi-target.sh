@@ -101,6 +101,13 @@ PY
 timeout 20 iscsi-inq "$url" | grep -q "DIRECT_ACCESS" || fail "target stopped answering after malformed input"
 kill -0 "${pids[0]}" || fail "target process died"
 
+echo "--- output into a pipe closed early ends quietly (status 141, no panic)"
+set +o pipefail
+"$IRONSAN" bench crc --sizes 8k --samples 3 2> "$work/pipe.err" | true
+status=${PIPESTATUS[0]}
+set -o pipefail
+[[ $status == 141 ]] && ! grep -q panicked "$work/pipe.err" || fail "closed stdout: status $status, $(cat "$work/pipe.err")"
+
 echo "--- ironsan bench vs-tgt (one short round; the ratio bars are for the closing note, not CI)"
 timeout 120 "$IRONSAN" bench vs-tgt --seconds 1 --repeat 1 --json "$work/vs.json" --svg "$work/vs.svg" \
   || fail "bench vs-tgt"

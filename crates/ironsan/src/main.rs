@@ -48,7 +48,27 @@ enum Command {
     DelayExperiment(cmd::delay::ExperimentArgs),
 }
 
+/// `ironsan ... | head` closes stdout early. Rust ignores SIGPIPE (so sockets report EPIPE
+/// instead of killing the target), which makes `println!` panic on the closed pipe; end quietly
+/// with the status a SIGPIPE death would give instead.
+fn quiet_on_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let msg = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.contains("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default(info)
+    }));
+}
+
 fn main() {
+    quiet_on_closed_stdout();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Target(args) => cmd::target::run(args),
