@@ -345,21 +345,9 @@ impl RawConn {
     }
 }
 
-/// Bitwise CRC32C (Castagnoli, reflected), written here so the tests do not trust the
-/// project's own engine.
+/// CRC32C by the reference byte-table implementation, not the hardware path the target uses.
 pub fn crc32c(bytes: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &b in bytes {
-        crc ^= u32::from(b);
-        for _ in 0..8 {
-            crc = if crc & 1 != 0 {
-                (crc >> 1) ^ 0x82f6_3b78
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    !crc
+    digest::sarwate::append(0, bytes)
 }
 
 pub fn read10(lba: u32, blocks: u16) -> [u8; 10] {
