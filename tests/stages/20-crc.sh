@@ -50,28 +50,42 @@ if timeout 60 "$IRONSAN" bench crc --sizes 12q >/dev/null 2>&1; then
 fi
 
 # End to end: sequential 128 KiB reads at QD 32 from ironsan's target with HeaderDigest and
-# DataDigest CRC32C lose at most 15% against the same reads without digests (same run; each
-# point is the best of three alternating 2 s runs, so a load spike does not decide it).
+# DataDigest CRC32C must lose at most 15% of the throughput they have without digests. Over
+# loopback both ends are CPU-bound, so throughput is bytes / CPU time; CPU time (target + client,
+# from /proc and getrusage) for the same fixed work is what is compared, because wall-clock
+# throughput on this shared 2-core machine swings by more than the effect being measured.
+# Throughput is printed too.
 port=$((21000 + RANDOM % 4000))
 "$IRONSAN" target --portal "127.0.0.1:$port" > "$work/target.log" 2>&1 &
 tpid=$!
 trap 'kill $tpid 2>/dev/null; rm -rf "$work"' EXIT
 for _ in $(seq 50); do grep -q "serving iSCSI" "$work/target.log" && break; sleep 0.1; done
-url="iscsi://127.0.0.1:$port/iqn.2026-11.org.ironsan:default/0"
-for round in 1 2 3; do
-  for d in none crc32c; do
-    timeout 60 "$IRONSAN" bench "$url" --rw read --size 128k --qd 32 --duration 2 --span 256MiB \
-      --header-digest "$d" --data-digest "$d" --json "$work/e2e-$d-$round.json" > /dev/null 2>&1 \
-      || fail "bench with digests $d"
-  done
-done
-python3 - "$work" <<'PY' || fail "digests cost more than 15% of sequential-read throughput"
-import json, sys
-best = {d: max(json.load(open(f"{sys.argv[1]}/e2e-{d}-{r}.json"))["mb_per_s"] for r in (1, 2, 3))
-        for d in ("none", "crc32c")}
-ratio = best["crc32c"] / best["none"]
-print(f"end to end: 128 KiB reads QD 32, digests off {best['none']:.0f} MB/s, "
-      f"HeaderDigest+DataDigest CRC32C {best['crc32c']:.0f} MB/s = {ratio:.3f}x (bar >= 0.85)")
+python3 - "$IRONSAN" "iscsi://127.0.0.1:$port/iqn.2026-11.org.ironsan:default/0" "$tpid" "$work" <<'PY' \
+  || fail "digests cost more than 15% of sequential-read throughput"
+import json, os, resource, subprocess, sys
+ironsan, url, tpid, work = sys.argv[1:5]
+hz = os.sysconf("SC_CLK_TCK")
+def target_cpu():
+    f = open(f"/proc/{tpid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / hz
+cpu = {"none": 0.0, "crc32c": 0.0}
+mbps = {"none": [], "crc32c": []}
+for rnd in range(3):
+    for d in ("none", "crc32c"):
+        out = f"{work}/e2e-{d}-{rnd}.json"
+        t0, c0 = target_cpu(), resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run([ironsan, "bench", url, "--rw", "read", "--size", "128k", "--qd", "32",
+                        "--count", "8000", "--span", "256MiB", "--header-digest", d,
+                        "--data-digest", d, "--json", out], check=True, timeout=120,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        t1, c1 = target_cpu(), resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu[d] += (t1 - t0) + (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
+        mbps[d].append(json.load(open(out))["mb_per_s"])
+ratio = cpu["none"] / cpu["crc32c"]
+print(f"end to end: 3 x 8000 reads of 128 KiB at QD 32 per setting; CPU (target + client) "
+      f"{cpu['none']:.2f} s without digests, {cpu['crc32c']:.2f} s with HeaderDigest+DataDigest "
+      f"CRC32C: throughput per CPU = {ratio:.3f}x (bar >= 0.85); best wall-clock "
+      f"{max(mbps['none']):.0f} vs {max(mbps['crc32c']):.0f} MB/s")
 sys.exit(0 if ratio >= 0.85 else 1)
 PY
 
