@@ -1,11 +1,12 @@
-//! Sparse-file backend: positional reads/writes (pread/pwrite) on tokio's blocking pool,
-//! FUA writes through a second O_DSYNC descriptor, flush by fdatasync, unmap by
+//! Sparse-file backend: positional reads/writes (pread/pwrite) on tokio's blocking pool (a
+//! read whose data is all in the page cache is done in place first, with RWF_NOWAIT), FUA writes through a second O_DSYNC descriptor, flush by fdatasync, unmap by
 //! fallocate(PUNCH_HOLE), mapping status by SEEK_DATA/SEEK_HOLE.
 
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -24,7 +25,23 @@ pub struct FileBackend {
     dsync: Arc<File>,
     pool: BlockingPool,
     punch_works: bool,
+    /// How a read may skip the blocking pool (see [`InPlace`]); downgraded to `Never` when the
+    /// kernel refuses RWF_NOWAIT on this file system.
+    in_place: AtomicU8,
 }
+
+/// Reads done on the calling thread instead of the blocking pool.
+#[repr(u8)]
+enum InPlace {
+    /// Try preadv2(RWF_NOWAIT): done in place when the page cache holds the whole range.
+    NoWait = 0,
+    /// tmpfs: the file is memory (RWF_NOWAIT is not supported there), a read never waits.
+    Memory = 1,
+    Never = 2,
+}
+
+/// statfs f_type of tmpfs.
+const TMPFS_MAGIC: i64 = 0x0102_1994;
 
 impl FileBackend {
     /// Opens (or with `create`, creates) the image at `path`.
@@ -79,6 +96,14 @@ impl FileBackend {
             .open(path)
             .map_err(|e| ctx(e, "cannot open (O_DSYNC)"))?;
         let punch_works = !read_only && probe_punch(&file, size);
+        // f_type's integer type differs between architectures, hence the cast.
+        #[allow(clippy::unnecessary_cast)]
+        let on_tmpfs = rustix::fs::fstatfs(&file).is_ok_and(|s| s.f_type as i64 == TMPFS_MAGIC);
+        let in_place = if on_tmpfs {
+            InPlace::Memory
+        } else {
+            InPlace::NoWait
+        };
         Ok(FileBackend {
             path: path.to_path_buf(),
             size,
@@ -86,6 +111,7 @@ impl FileBackend {
             dsync: Arc::new(dsync),
             pool: BlockingPool::new(DEFAULT_LIMIT),
             punch_works,
+            in_place: AtomicU8::new(in_place as u8),
         })
     }
 
@@ -113,6 +139,29 @@ fn probe_punch(file: &File, size: u64) -> bool {
         1,
     )
     .is_ok()
+}
+
+/// The whole range if the page cache holds all of it (preadv2 with RWF_NOWAIT), else None;
+/// an error when this file system does not do RWF_NOWAIT.
+pub(crate) fn read_cached(file: &File, offset: u64, len: usize) -> io::Result<Option<Bytes>> {
+    let mut buf = BytesMut::zeroed(len);
+    let mut done = 0;
+    while done < len {
+        let mut iov = [io::IoSliceMut::new(&mut buf[done..])];
+        match rustix::io::preadv2(
+            file,
+            &mut iov,
+            offset + done as u64,
+            rustix::io::ReadWriteFlags::NOWAIT,
+        ) {
+            Ok(0) => break, // past end of file: the rest stays zero
+            Ok(n) => done += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(rustix::io::Errno::AGAIN) => return Ok(None), // not all in the page cache
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(Some(buf.freeze()))
 }
 
 pub(crate) fn read_exact(file: &File, offset: u64, len: usize) -> io::Result<Bytes> {
@@ -206,6 +255,17 @@ impl Backend for FileBackend {
 
     async fn read_at(&self, offset: u64, len: usize) -> io::Result<Bytes> {
         check_range(self.size, offset, len as u64)?;
+        // A page-cache hit costs a memcpy; handing it to a blocking thread costs more than
+        // that. RWF_NOWAIT never sleeps: a miss goes to the pool.
+        match self.in_place.load(Ordering::Relaxed) {
+            m if m == InPlace::Memory as u8 => return read_exact(&self.file, offset, len),
+            m if m == InPlace::NoWait as u8 => match read_cached(&self.file, offset, len) {
+                Ok(Some(data)) => return Ok(data),
+                Ok(None) => {}
+                Err(_) => self.in_place.store(InPlace::Never as u8, Ordering::Relaxed),
+            },
+            _ => {}
+        }
         let file = self.file.clone();
         self.pool.run(move || read_exact(&file, offset, len)).await
     }

@@ -219,3 +219,38 @@ fn stuck_pool_does_not_stall_another_pool() {
         assert_eq!(queued.await.unwrap().unwrap(), 3);
     });
 }
+
+/// A page-cache-hot range is read in place (RWF_NOWAIT) with the same bytes the blocking
+/// path reads, zeroes past the end of the file included.
+#[test]
+fn cached_read_in_place_matches_the_blocking_read() {
+    let dir = std::env::temp_dir().join(format!("ironsan-cached-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("img");
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 + 3) as u8).collect();
+    std::fs::write(&path, &data).unwrap();
+    let f = std::fs::File::open(&path).unwrap();
+    for (off, len) in [(0u64, 4096usize), (12_345, 100_000), (290_000, 20_000)] {
+        let hot = crate::file::read_cached(&f, off, len)
+            .expect("RWF_NOWAIT on the temp directory's file system")
+            .expect("just written: in the page cache");
+        let cold = crate::file::read_exact(&f, off, len).unwrap();
+        assert_eq!(hot, cold, "{off}+{len}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// On tmpfs (no RWF_NOWAIT; the file is memory) reads are done in place: the same script
+/// passes there.
+#[test]
+fn file_backend_on_tmpfs() {
+    let shm = std::path::Path::new("/dev/shm");
+    if !shm.is_dir() {
+        return; // no tmpfs mounted here: nothing to exercise
+    }
+    let path = shm.join(format!("ironsan-storage-{}.img", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let b = Arc::new(FileBackend::open(&path, Some(4 << 20), true, false).unwrap());
+    rt().block_on(script(b));
+    std::fs::remove_file(&path).unwrap();
+}
