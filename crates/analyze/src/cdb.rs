@@ -156,50 +156,6 @@ pub fn status_name(status: u8) -> String {
     }
 }
 
-/// Sense key name.
-pub fn sense_key_name(key: u8) -> &'static str {
-    match key & 0x0f {
-        0x0 => "NO SENSE",
-        0x1 => "RECOVERED ERROR",
-        0x2 => "NOT READY",
-        0x3 => "MEDIUM ERROR",
-        0x4 => "HARDWARE ERROR",
-        0x5 => "ILLEGAL REQUEST",
-        0x6 => "UNIT ATTENTION",
-        0x7 => "DATA PROTECT",
-        0x8 => "BLANK CHECK",
-        0x9 => "VENDOR SPECIFIC",
-        0xa => "COPY ABORTED",
-        0xb => "ABORTED COMMAND",
-        0xd => "VOLUME OVERFLOW",
-        0xe => "MISCOMPARE",
-        _ => "RESERVED",
-    }
-}
-
-fn asc_name(asc: u8, ascq: u8) -> Option<&'static str> {
-    Some(match (asc, ascq) {
-        (0x00, 0x00) => "no additional sense information",
-        (0x04, 0x00) => "logical unit not ready",
-        (0x1a, 0x00) => "parameter list length error",
-        (0x20, 0x00) => "invalid command operation code",
-        (0x21, 0x00) => "LBA out of range",
-        (0x24, 0x00) => "invalid field in CDB",
-        (0x25, 0x00) => "logical unit not supported",
-        (0x26, 0x00) => "invalid field in parameter list",
-        (0x27, 0x00) => "write protected",
-        (0x29, 0x00) => "power on, reset, or bus device reset occurred",
-        (0x29, 0x01) => "power on occurred",
-        (0x2a, 0x01) => "mode parameters changed",
-        (0x2a, 0x09) => "capacity data has changed",
-        (0x3a, 0x00) => "medium not present",
-        (0x3f, 0x0e) => "reported LUNs data has changed",
-        (0x1d, 0x00) => "miscompare during verify operation",
-        (0x55, 0x03) => "insufficient resources",
-        _ => return None,
-    })
-}
-
 /// Sense data (fixed 0x70/0x71 or descriptor 0x72/0x73 format) in one line.
 pub fn describe_sense(sense: &[u8]) -> String {
     let Some(&code) = sense.first() else {
@@ -218,13 +174,11 @@ pub fn describe_sense(sense: &[u8]) -> String {
         ),
         other => return format!("sense response code 0x{other:02x}"),
     };
-    let text = asc_name(asc, ascq)
-        .map(|t| format!(" ({t})"))
-        .unwrap_or_default();
-    format!(
-        "{} ASC/ASCQ 0x{asc:02x}/0x{ascq:02x}{text}",
-        sense_key_name(key)
-    )
+    // Names from the initiator's sense decoder; the fields are taken leniently above so that
+    // truncated sense from a capture still gets a line.
+    let s = iscsi_initiator::scsi::Sense { key, asc, ascq };
+    let text = s.asc_name().map(|t| format!(" ({t})")).unwrap_or_default();
+    format!("{} ASC/ASCQ 0x{asc:02x}/0x{ascq:02x}{text}", s.key_name())
 }
 
 #[cfg(test)]

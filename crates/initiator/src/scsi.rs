@@ -100,13 +100,16 @@ impl Sense {
             (0x27, _) => "write protected",
             (0x28, 0x00) => "not ready to ready change, medium may have changed",
             (0x29, 0x00) => "power on, reset, or bus device reset occurred",
+            (0x29, 0x01) => "power on occurred",
             (0x29, _) => "reset occurred",
+            (0x2a, 0x01) => "mode parameters changed",
             (0x2a, 0x09) => "capacity data has changed",
             (0x2a, _) => "parameters changed",
             (0x3a, _) => "medium not present",
             (0x3f, 0x0e) => "reported LUNs data has changed",
             (0x47, _) => "SCSI parity error",
             (0x4b, _) => "data phase error",
+            (0x55, 0x03) => "insufficient resources",
             _ => return None,
         })
     }
