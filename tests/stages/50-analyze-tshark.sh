@@ -12,29 +12,10 @@ set -euo pipefail
 for tool in tgtd tgtadm tcpdump tshark iscsi-perf iscsi-test-cu python3 ip; do
   command -v "$tool" >/dev/null || { echo "missing $tool (scripts/install-deps.sh)"; exit 1; }
 done
-ns=ironsan-an50-$$
-ctl=$((2000 + $$ % 5000))
-work=$(mktemp -d)
-tgtd_pid=""
-cleanup() {
-  # tgtd ignores SIGTERM: a plain kill + wait would hang here forever.
-  [[ -n "$tgtd_pid" ]] && kill -9 "$tgtd_pid" 2>/dev/null && { wait "$tgtd_pid" 2>/dev/null || true; }
-  ip netns del "$ns" 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-ip netns add "$ns"
-ip -n "$ns" link set lo up
-truncate -s 64M "$work/lun.img"
-ip netns exec "$ns" tgtd -f -C "$ctl" --iscsi portal=127.0.0.1:3260 >"$work/tgtd.log" 2>&1 &
-tgtd_pid=$!
+# shellcheck source=lib/tgtd-netns.sh
+source "$(dirname "$0")/lib/tgtd-netns.sh"
 iqn=iqn.2024-01.org.ironsan:analyze50
-for _ in $(seq 50); do
-  tgtadm -C "$ctl" --lld iscsi --op new --mode target --tid 1 -T "$iqn" 2>/dev/null && break
-  sleep 0.1
-done
-tgtadm -C "$ctl" --lld iscsi --op new --mode logicalunit --tid 1 --lun 1 -b "$work/lun.img"
-tgtadm -C "$ctl" --lld iscsi --op bind --mode target --tid 1 -I ALL
+tgtd_in_netns an50 "$iqn"
 url="iscsi://127.0.0.1:3260/$iqn/1"
 
 capture() { # name, command...
