@@ -118,10 +118,29 @@ impl Lun {
         self.backend
             .read_at(self.offset(lba), (blocks << self.bs_shift) as usize)
             .await
-            .map_err(|e| {
-                tracing::warn!(lun = self.id, lba, blocks, "backend read failed: {e}");
-                Fail::Check(Sense::new(key::MEDIUM_ERROR, asc::READ_ERROR))
-            })
+            .map_err(|e| self.read_failed(lba, blocks, e))
+    }
+
+    /// `read_blocks` plus the CRC32C of every `seg_len` piece (the transport's data digests).
+    async fn read_blocks_with_crcs(
+        &self,
+        lba: u64,
+        blocks: u64,
+        seg_len: u32,
+    ) -> Result<(Bytes, digest::SegmentCrcs), Fail> {
+        self.backend
+            .read_at_with_crcs(
+                self.offset(lba),
+                (blocks << self.bs_shift) as usize,
+                seg_len,
+            )
+            .await
+            .map_err(|e| self.read_failed(lba, blocks, e))
+    }
+
+    fn read_failed(&self, lba: u64, blocks: u64, e: std::io::Error) -> Fail {
+        tracing::warn!(lun = self.id, lba, blocks, "backend read failed: {e}");
+        Fail::Check(Sense::new(key::MEDIUM_ERROR, asc::READ_ERROR))
     }
 
     pub(crate) async fn write_bytes(
@@ -163,17 +182,8 @@ impl Lun {
             None => Done::data(self.read_blocks(p.lba, p.blocks as u64).await?),
             Some(seg_len) => {
                 let (data, crcs) = self
-                    .backend
-                    .read_at_with_crcs(
-                        self.offset(p.lba),
-                        (p.blocks as usize) << self.bs_shift,
-                        seg_len,
-                    )
-                    .await
-                    .map_err(|e| {
-                        tracing::warn!(lun = self.id, lba = p.lba, "backend read failed: {e}");
-                        Fail::Check(Sense::new(key::MEDIUM_ERROR, asc::READ_ERROR))
-                    })?;
+                    .read_blocks_with_crcs(p.lba, p.blocks as u64, seg_len)
+                    .await?;
                 Ok(Done {
                     data,
                     crcs: Some(crcs),
