@@ -169,16 +169,27 @@ async fn fill<R: AsyncReadExt + Unpin>(
     trace: Option<&TraceConnection>,
 ) -> io::Result<()> {
     while buf.len() < need {
-        buf.reserve(READ_CHUNK.max(need - buf.len()));
-        let before = buf.len();
-        if r.read_buf(buf).await? == 0 {
+        if read_more(r, buf, need, trace).await? == 0 {
             return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        if let Some(t) = trace {
-            t.received(&buf[before..]);
         }
     }
     Ok(())
+}
+
+/// One read towards `need` buffered bytes (in large chunks); what arrived is also traced.
+async fn read_more<R: AsyncReadExt + Unpin>(
+    r: &mut R,
+    buf: &mut BytesMut,
+    need: usize,
+    trace: Option<&TraceConnection>,
+) -> io::Result<usize> {
+    buf.reserve(READ_CHUNK.max(need - buf.len()));
+    let before = buf.len();
+    let n = r.read_buf(buf).await?;
+    if let Some(t) = trace {
+        t.received(&buf[before..]);
+    }
+    Ok(n)
 }
 
 struct WriteSlot {
@@ -377,16 +388,10 @@ async fn fill_or_stop(
     trace: Option<&TraceConnection>,
 ) -> Result<bool, ReadEnd> {
     while buf.len() < need {
-        buf.reserve(READ_CHUNK.max(need - buf.len()));
-        let before = buf.len();
         tokio::select! {
-            n = r.read_buf(buf) => match n {
+            n = read_more(r, buf, need, trace) => match n {
                 Ok(0) => return Err(ReadEnd::Eof),
-                Ok(_) => {
-                    if let Some(t) = trace {
-                        t.received(&buf[before..]);
-                    }
-                }
+                Ok(_) => {}
                 Err(e) => return Err(ReadEnd::Error(format!("read error: {e}"))),
             },
             _ = stop.changed() => return Ok(false),
