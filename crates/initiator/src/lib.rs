@@ -78,3 +78,18 @@ impl Error {
         Error::Protocol(e.to_string())
     }
 }
+
+impl CommandResult {
+    /// The result if its status is GOOD, else [`Error::Scsi`] naming `what` failed, with the
+    /// status and decoded sense.
+    pub fn good(self, what: &str) -> Result<CommandResult, Error> {
+        if self.status == scsi::status::GOOD {
+            return Ok(self);
+        }
+        Err(Error::Scsi {
+            what: what.to_string(),
+            status: self.status,
+            sense: scsi::Sense::parse(&self.sense),
+        })
+    }
+}

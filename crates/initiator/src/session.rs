@@ -719,21 +719,12 @@ impl Session {
         // Unit attentions queue up one per event; a few retries drain them.
         for attempt in 0..6 {
             let r = self.execute(req.clone()).await?;
-            if r.status == status::GOOD {
-                return Ok(r);
-            }
-            let sense = Sense::parse(&r.sense);
-            if r.status == status::CHECK_CONDITION
-                && sense.is_some_and(|s| s.key == 6)
-                && attempt < 5
-            {
+            let unit_attention = r.status == status::CHECK_CONDITION
+                && Sense::parse(&r.sense).is_some_and(|s| s.key == 6);
+            if unit_attention && attempt < 5 {
                 continue;
             }
-            return Err(Error::Scsi {
-                what: what.to_string(),
-                status: r.status,
-                sense,
-            });
+            return r.good(what);
         }
         unreachable!("the last attempt returns")
     }

@@ -319,16 +319,7 @@ pub fn read(args: ReadArgs) -> anyhow::Result<()> {
                 continue;
             }
             let p = pending.pop_front().expect("non-empty");
-            let r = p.wait().await?;
-            if r.status != scsi::status::GOOD {
-                bail!(
-                    "READ failed: {}{}",
-                    scsi::status::name(r.status),
-                    scsi::Sense::parse(&r.sense)
-                        .map(|s| format!(", {s}"))
-                        .unwrap_or_default()
-                );
-            }
+            let r = p.wait().await?.good("READ")?;
             out.write_all(&r.data).context("writing the output")?;
         }
         out.flush().context("writing the output")?;
@@ -422,16 +413,7 @@ pub fn write(args: WriteArgs) -> anyhow::Result<()> {
                 continue;
             }
             let p = pending.pop_front().expect("non-empty");
-            let r = p.wait().await?;
-            if r.status != scsi::status::GOOD {
-                bail!(
-                    "WRITE failed: {}{}",
-                    scsi::status::name(r.status),
-                    scsi::Sense::parse(&r.sense)
-                        .map(|s| format!(", {s}"))
-                        .unwrap_or_default()
-                );
-            }
+            p.wait().await?.good("WRITE")?;
         }
         s.synchronize_cache(lun).await?;
         let _ = s.logout().await;
