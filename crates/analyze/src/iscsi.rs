@@ -151,6 +151,35 @@ pub struct PduFramer {
 /// would stall the search until that many bytes arrive; real data PDUs are rarely larger).
 const RESYNC_MAX_DATA: u32 = 1 << 20;
 
+/// Whether a header found while searching for a PDU boundary could be real. Besides decoding,
+/// the opcodes whose Final bit RFC 7143 fixes at 1 must have it: a run of zero bytes (data
+/// after a capture gap) otherwise decodes as an endless chain of NOP-Outs.
+fn plausible_header(head: &[u8; BHS_LEN]) -> bool {
+    if head[0] & 0x80 != 0 {
+        return false;
+    }
+    let final_fixed = matches!(
+        Opcode::from_u8(head[0] & 0x3f),
+        Some(
+            Opcode::NopOut
+                | Opcode::NopIn
+                | Opcode::TaskMgmtRequest
+                | Opcode::TaskMgmtResponse
+                | Opcode::LogoutRequest
+                | Opcode::LogoutResponse
+                | Opcode::ScsiResponse
+                | Opcode::R2t
+                | Opcode::AsyncMessage
+                | Opcode::Reject
+                | Opcode::SnackRequest
+        )
+    );
+    if final_fixed && head[1] & 0x80 == 0 {
+        return false;
+    }
+    Bhs::decode(head).is_ok()
+}
+
 fn login_opcode(op: Opcode) -> bool {
     matches!(op, Opcode::LoginRequest | Opcode::LoginResponse)
 }
@@ -316,7 +345,7 @@ impl PduFramer {
     fn plausible_at(&self, at: usize) -> Option<bool> {
         let b = &self.buf[at..];
         let head: &[u8; BHS_LEN] = b.get(..BHS_LEN)?.try_into().ok()?;
-        if head[0] & 0x80 != 0 {
+        if !plausible_header(head) {
             return Some(false);
         }
         let Ok(d) = Bhs::decode(head) else {
@@ -342,7 +371,7 @@ impl PduFramer {
                     continue;
                 };
                 let nh: &[u8; BHS_LEN] = nb.try_into().ok()?;
-                if nh[0] & 0x80 == 0 && Bhs::decode(nh).is_ok() {
+                if plausible_header(nh) {
                     return Some(true);
                 }
             }
@@ -776,6 +805,22 @@ mod tests {
         assert_eq!(out.len(), 2);
         assert_eq!(out[0].offset as usize, second_at);
         assert_eq!(f.stats.skipped_bytes as usize, second_at - 20);
+    }
+
+    #[test]
+    fn zero_data_after_a_gap_is_not_taken_for_nop_outs() {
+        // A Data-In of zeros whose first bytes were lost, then a real PDU.
+        let mut zeros = data_in(1, 4096, false);
+        zeros[48..].fill(0);
+        let next_at = zeros.len();
+        let mut bytes = zeros;
+        bytes.extend(read10(2));
+        bytes.extend(read10(3));
+        let mut f = PduFramer::new(false);
+        let out = f.push(&chunk(100, &bytes[100..], 1));
+        let ops: Vec<u8> = out.iter().map(|p| p.bhs.opcode() as u8).collect();
+        assert_eq!(ops, [0x01, 0x01], "only the two commands after the zeros");
+        assert_eq!(out[0].offset as usize, next_at);
     }
 
     #[test]

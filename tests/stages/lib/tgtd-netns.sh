@@ -10,7 +10,8 @@ tgtd_in_netns() {
   ns=ironsan-$name-$$
   # tgtd's control "port" names its management socket: small, and distinct per stage run.
   local ctl=$((2000 + ($$ + ${#name}) % 5000))
-  work=$(mktemp -d)
+  # tmpfs when there is one: captures written there keep up with loopback rates.
+  work=$(mktemp -d -p /dev/shm 2>/dev/null || mktemp -d)
   tgtd_pid=""
   trap _tgtd_netns_cleanup EXIT
   ip netns add "$ns"
