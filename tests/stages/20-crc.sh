@@ -54,7 +54,10 @@ fi
 # loopback both ends are CPU-bound, so throughput is bytes / CPU time; CPU time (target + client,
 # from /proc and getrusage) for the same fixed work is what is compared, because wall-clock
 # throughput on this shared 2-core machine swings by more than the effect being measured.
-# Throughput is printed too.
+# The span is written first, so the reads carry real data (a never-written RAM LUN would read
+# zeros whose CRCs cost nothing). Five rounds alternate which setting goes first; the median
+# round of each setting is compared, so one disturbed run does not decide. Throughput is
+# printed too.
 port=$((21000 + RANDOM % 4000))
 "$IRONSAN" target --portal "127.0.0.1:$port" > "$work/target.log" 2>&1 &
 tpid=$!
@@ -62,32 +65,38 @@ trap 'kill $tpid 2>/dev/null; rm -rf "$work"' EXIT
 for _ in $(seq 50); do grep -q "serving iSCSI" "$work/target.log" && break; sleep 0.1; done
 python3 - "$IRONSAN" "iscsi://127.0.0.1:$port/iqn.2026-11.org.ironsan:default/0" "$tpid" "$work" <<'PY' \
   || fail "digests cost more than 25% of sequential-read CPU (regression guard)"
-import json, os, resource, subprocess, sys
+import json, os, resource, statistics, subprocess, sys
 ironsan, url, tpid, work = sys.argv[1:5]
 hz = os.sysconf("SC_CLK_TCK")
 def target_cpu():
     f = open(f"/proc/{tpid}/stat").read().rsplit(")", 1)[1].split()
     return (int(f[11]) + int(f[12])) / hz
-cpu = {"none": 0.0, "crc32c": 0.0}
+def bench(*args, out=None):
+    cmd = [ironsan, "bench", url, "--span", "256MiB", *args] + (["--json", out] if out else [])
+    subprocess.run(cmd, check=True, timeout=120, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+bench("--rw", "write", "--size", "1m", "--qd", "8", "--count", "256")
+cpu = {"none": [], "crc32c": []}
 mbps = {"none": [], "crc32c": []}
-for rnd in range(3):
-    for d in ("none", "crc32c"):
+for rnd in range(5):
+    for d in (("none", "crc32c") if rnd % 2 == 0 else ("crc32c", "none")):
         out = f"{work}/e2e-{d}-{rnd}.json"
         t0, c0 = target_cpu(), resource.getrusage(resource.RUSAGE_CHILDREN)
-        subprocess.run([ironsan, "bench", url, "--rw", "read", "--size", "128k", "--qd", "32",
-                        "--count", "8000", "--span", "256MiB", "--header-digest", d,
-                        "--data-digest", d, "--json", out], check=True, timeout=120,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        bench("--rw", "read", "--size", "128k", "--qd", "32", "--count", "8000",
+              "--header-digest", d, "--data-digest", d, out=out)
         t1, c1 = target_cpu(), resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu[d] += (t1 - t0) + (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
+        cpu[d].append((t1 - t0) + (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime))
         mbps[d].append(json.load(open(out))["mb_per_s"])
-ratio = cpu["none"] / cpu["crc32c"]
-print(f"end to end: 3 x 8000 reads of 128 KiB at QD 32 per setting; CPU (target + client) "
-      f"{cpu['none']:.2f} s without digests, {cpu['crc32c']:.2f} s with HeaderDigest+DataDigest "
+none, crc = statistics.median(cpu["none"]), statistics.median(cpu["crc32c"])
+ratio = none / crc
+print(f"end to end: 5 rounds of 8000 reads of 128 KiB at QD 32 per setting; median CPU "
+      f"(target + client) {none:.3f} s without digests, {crc:.3f} s with HeaderDigest+DataDigest "
       f"CRC32C: throughput per CPU = {ratio:.3f}x (issue bar >= 0.85); best wall-clock "
       f"{max(mbps['none']):.0f} vs {max(mbps['crc32c']):.0f} MB/s")
-# The issue's bar is 0.85; runs here measured 0.81-0.99, so it is reported, and the stage fails
-# only below 0.75, as a guard against a digest path gone slow (e.g. off the hardware CRC).
+print("  CPU s per round, none:  ", " ".join(f"{c:.3f}" for c in cpu["none"]))
+print("  CPU s per round, crc32c:", " ".join(f"{c:.3f}" for c in cpu["crc32c"]))
+# The stage fails only below 0.75, as a guard against a digest path gone slow (e.g. off the
+# hardware CRC); between that and the issue's 0.85 it says so.
 if ratio < 0.85:
     print(f"end to end: below the 0.85 bar ({ratio:.3f}x)")
 sys.exit(0 if ratio >= 0.75 else 1)

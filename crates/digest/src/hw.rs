@@ -15,6 +15,8 @@
 //! Every function here panics when [`available`] is false; [`crate::crc32c`] picks this path only
 //! when it is.
 
+use std::mem::MaybeUninit;
+
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -117,14 +119,14 @@ pub fn copy_append_streams<const N: usize>(crc: u32, dst: &mut [u8], src: &[u8])
     {
         if N == 1 {
             // SAFETY: `require` checked that the CPU has SSE4.2.
-            return !unsafe { x86::copy_update_1way(!crc, dst, src) };
+            return !unsafe { x86::copy_update_1way(!crc, as_uninit(dst), src) };
         }
         // SAFETY: `require` checked that the CPU has SSE4.2 and PCLMULQDQ; 2 <= N <= 8.
-        return !unsafe { x86::copy_update_nway::<N>(!crc, dst, src) };
+        return !unsafe { x86::copy_update_nway::<N>(!crc, as_uninit(dst), src) };
     }
     #[cfg(target_arch = "aarch64")]
     // SAFETY: `require` checked that the CPU has the CRC extension.
-    return !unsafe { arm::copy_update_1way(!crc, dst, src) };
+    return !unsafe { arm::copy_update_1way(!crc, as_uninit(dst), src) };
     #[allow(unreachable_code)]
     {
         unreachable!("require() panics on this architecture")
@@ -134,6 +136,13 @@ pub fn copy_append_streams<const N: usize>(crc: u32, dst: &mut [u8], src: &[u8])
 /// Copies `src` into `dst` and returns `append(crc, src)`, in one pass over the data.
 /// Panics if the lengths differ.
 pub fn copy_append(crc: u32, dst: &mut [u8], src: &[u8]) -> u32 {
+    copy_append_uninit(crc, as_uninit(dst), src)
+}
+
+/// Like [`copy_append`] into memory that need not be initialized (spare capacity of a
+/// buffer): every byte of `dst` is written, so a receive buffer needs no zeroing first.
+/// Panics if the lengths differ.
+pub fn copy_append_uninit(crc: u32, dst: &mut [MaybeUninit<u8>], src: &[u8]) -> u32 {
     assert_eq!(
         dst.len(),
         src.len(),
@@ -150,4 +159,12 @@ pub fn copy_append(crc: u32, dst: &mut [u8], src: &[u8]) -> u32 {
     {
         unreachable!("require() panics on this architecture")
     }
+}
+
+/// `dst` as possibly-uninitialized bytes, for the copy kernels.
+fn as_uninit(dst: &mut [u8]) -> &mut [MaybeUninit<u8>] {
+    // SAFETY: `MaybeUninit<u8>` has the layout of `u8`. The copy kernels, the only users of the
+    // result, store only initialized bytes (copied from `src`), so `dst` is still fully
+    // initialized when this borrow ends.
+    unsafe { &mut *(dst as *mut [u8] as *mut [MaybeUninit<u8>]) }
 }

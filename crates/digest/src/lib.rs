@@ -13,6 +13,8 @@
 
 use std::sync::OnceLock;
 
+use bytes::BytesMut;
+
 pub use segments::{SegmentCrcs, SegmentedCopy};
 
 pub mod bench;
@@ -77,6 +79,34 @@ pub fn copy_with_crc32c(dst: &mut [u8], src: &[u8]) -> u32 {
     (backend().copy_append)(0, dst, src)
 }
 
+/// Appends `src` to `buf` and returns the CRC32C of `src`, reading each byte once and without
+/// zeroing the new bytes first: the receive path's copy of a data segment into the command's
+/// buffer.
+pub fn extend_with_crc32c(buf: &mut BytesMut, src: &[u8]) -> u32 {
+    extend_append(0, buf, src)
+}
+
+/// [`extend_with_crc32c`] continuing from `crc`, the CRC32C of earlier bytes.
+fn extend_append(crc: u32, buf: &mut BytesMut, src: &[u8]) -> u32 {
+    if !hw::available() {
+        let start = buf.len();
+        buf.extend_from_slice(src);
+        return crc32c_append(crc, &buf[start..]);
+    }
+    buf.reserve(src.len());
+    let crc = hw::copy_append_uninit(crc, &mut buf.spare_capacity_mut()[..src.len()], src);
+    // SAFETY: `copy_append_uninit` wrote all `src.len()` bytes after the current length, and
+    // `reserve` made room for them.
+    unsafe { buf.set_len(buf.len() + src.len()) };
+    crc
+}
+
+/// The CRC32C of `previous || n zero bytes`, given `crc` = the CRC32C of `previous`, without
+/// touching memory: for never-written (thin) ranges that read as zeros.
+pub fn crc32c_append_zeros(crc: u32, n: u64) -> u32 {
+    !gf2::shift_bytes(!crc, n)
+}
+
 /// The CRC32C of `a || b` from `crc_a` = CRC32C(a), `crc_b` = CRC32C(b) and `len_b` = b.len(),
 /// without the bytes. Costs about a microsecond at most; for joining per-segment digests, not
 /// for a per-word inner loop.
@@ -137,6 +167,16 @@ impl Crc32c {
             "Crc32c::update_copy: dst and src lengths differ"
         );
         self.crc = (backend().copy_append)(self.crc, dst, src);
+    }
+
+    /// Appends `src` to `buf` (no zeroing first) and feeds the bytes, in one pass.
+    pub fn update_extend(&mut self, buf: &mut BytesMut, src: &[u8]) {
+        self.crc = extend_append(self.crc, buf, src);
+    }
+
+    /// Feeds `n` zero bytes, arithmetically.
+    pub fn update_zeros(&mut self, n: u64) {
+        self.crc = crc32c_append_zeros(self.crc, n);
     }
 
     /// The CRC32C of everything fed so far; the state stays usable.

@@ -1,7 +1,10 @@
 //! Per-segment CRCs of one buffer: the data digests of a Data-In sequence, where every PDU's
 //! data segment has its own CRC32C. A producer that copies the data anyway (a RAM backend
-//! gathering chunks) computes them during that copy with [`SegmentedCopy`]; the sender then
-//! only appends the padding.
+//! gathering chunks) computes them during that copy with [`SegmentedCopy`] (never-written
+//! ranges by arithmetic, without reading their zeros); the sender then only appends the
+//! padding.
+
+use bytes::BytesMut;
 
 use crate::Crc32c;
 
@@ -41,8 +44,8 @@ impl SegmentCrcs {
     }
 }
 
-/// Fills a destination buffer front to back from several sources, computing the CRC of each
-/// `seg_len` piece of the destination in the same pass as the copy.
+/// Appends to a destination buffer from several sources, front to back, computing the CRC of
+/// each `seg_len` piece of the destination in the same pass as the copy.
 #[derive(Debug)]
 pub struct SegmentedCopy {
     seg_len: usize,
@@ -65,29 +68,28 @@ impl SegmentedCopy {
         }
     }
 
-    /// Copies `src` into `dst` (the next `dst.len()` bytes of the destination) and feeds them.
-    ///
-    /// # Panics
-    /// If the lengths differ.
-    pub fn copy(&mut self, dst: &mut [u8], src: &[u8]) {
-        assert_eq!(dst.len(), src.len(), "SegmentedCopy::copy: lengths differ");
+    /// Appends `src` to `buf` (which holds the destination so far; no zeroing of the new
+    /// bytes) and feeds them, in one pass.
+    pub fn extend(&mut self, buf: &mut BytesMut, src: &[u8]) {
         let mut at = 0;
         while at < src.len() {
             let n = (self.seg_len - self.in_seg).min(src.len() - at);
-            self.crc.update_copy(&mut dst[at..at + n], &src[at..at + n]);
+            self.crc.update_extend(buf, &src[at..at + n]);
             self.advance(n);
             at += n;
         }
     }
 
-    /// Feeds bytes already in place (e.g. zeroes of a never-written range).
-    pub fn feed(&mut self, bytes: &[u8]) {
-        let mut at = 0;
-        while at < bytes.len() {
-            let n = (self.seg_len - self.in_seg).min(bytes.len() - at);
-            self.crc.update(&bytes[at..at + n]);
-            self.advance(n);
-            at += n;
+    /// Appends `n` zero bytes to `buf` (a never-written range) and feeds them; their CRC is
+    /// computed without reading them.
+    pub fn extend_zeros(&mut self, buf: &mut BytesMut, n: usize) {
+        buf.resize(buf.len() + n, 0);
+        let mut left = n;
+        while left > 0 {
+            let k = (self.seg_len - self.in_seg).min(left);
+            self.crc.update_zeros(k as u64);
+            self.advance(k);
+            left -= k;
         }
     }
 
@@ -127,22 +129,21 @@ mod tests {
             zero_every in 0usize..4,
         ) {
             let mut expect = data.clone();
-            let mut dst = vec![0xAAu8; data.len()];
+            let mut dst = BytesMut::new();
             let mut copier = SegmentedCopy::new(seg_len);
             let mut at = 0;
             for (i, c) in cuts.iter().chain(std::iter::once(&usize::MAX)).enumerate() {
                 let n = (*c).min(data.len() - at);
                 if zero_every > 0 && i % 4 == zero_every {
-                    dst[at..at + n].fill(0);
                     expect[at..at + n].fill(0);
-                    copier.feed(&dst[at..at + n]);
+                    copier.extend_zeros(&mut dst, n);
                 } else {
-                    copier.copy(&mut dst[at..at + n], &data[at..at + n]);
+                    copier.extend(&mut dst, &data[at..at + n]);
                 }
                 at += n;
                 if at == data.len() { break; }
             }
-            prop_assert_eq!(&dst, &expect);
+            prop_assert_eq!(&dst[..], &expect[..]);
             prop_assert_eq!(copier.finish(), SegmentCrcs::of(&expect, seg_len));
         }
     }

@@ -174,6 +174,66 @@ fn all_implementations_agree_across_block_boundaries() {
     }
 }
 
+/// The uninitialized-destination path (spare capacity, then `set_len`): every length around
+/// the kernels' block boundaries, appended after existing bytes, must leave exactly
+/// `prefix || src` in the buffer and return the CRC of `src`.
+#[test]
+fn extend_with_crc32c_appends_exactly_the_source() {
+    let data: Vec<u8> = (0..40_000u32)
+        .map(|i| (i.wrapping_mul(2_246_822_519) >> 11) as u8)
+        .collect();
+    let mut lengths: Vec<usize> = (0..300).collect();
+    for base in [1024, 4 * 4096, 32 * 1024] {
+        lengths.extend(base - 9..base + 9);
+    }
+    for len in lengths {
+        let src = &data[data.len() - len..];
+        for prefix in [0usize, 3, 4096] {
+            let mut buf = bytes::BytesMut::with_capacity(prefix);
+            buf.extend_from_slice(&data[..prefix]);
+            let crc = extend_with_crc32c(&mut buf, src);
+            assert_eq!(
+                crc,
+                sarwate::append(0, src),
+                "crc len {len} prefix {prefix}"
+            );
+            assert_eq!(buf.len(), prefix + len);
+            assert_eq!(&buf[..prefix], &data[..prefix], "prefix kept, len {len}");
+            assert_eq!(
+                &buf[prefix..],
+                src,
+                "bytes appended, len {len} prefix {prefix}"
+            );
+        }
+    }
+    if hw::available() {
+        let mut dst = vec![std::mem::MaybeUninit::new(0u8); 5000];
+        let crc = hw::copy_append_uninit(0, &mut dst, &data[..5000]);
+        assert_eq!(crc, sarwate::append(0, &data[..5000]));
+    }
+}
+
+#[test]
+fn zeros_appended_arithmetically_match_real_zeros() {
+    let zeros = vec![0u8; 70_000];
+    for prev in [0u32, 0xE306_9283, 0xFFFF_FFFF] {
+        for n in [0usize, 1, 7, 8, 4096, 65_536, 70_000] {
+            assert_eq!(
+                crc32c_append_zeros(prev, n as u64),
+                sarwate::append(prev, &zeros[..n]),
+                "prev {prev:08x} n {n}"
+            );
+        }
+    }
+    let mut buf = bytes::BytesMut::new();
+    let mut state = Crc32c::new();
+    state.update_extend(&mut buf, b"1234");
+    state.update_zeros(3);
+    state.update_extend(&mut buf, b"56789");
+    assert_eq!(state.finalize(), crc32c(b"1234\x00\x00\x0056789"));
+    assert_eq!(&buf[..], b"123456789");
+}
+
 #[test]
 #[should_panic(expected = "lengths differ")]
 fn copy_with_mismatched_lengths_panics() {

@@ -727,9 +727,14 @@ impl<T> SessionCore<T> {
                 d.itt
             )));
         };
-        let crc = if digest.is_none() && off == buf.len() {
-            buf.extend_from_slice(payload);
-            0
+        let crc = if off == buf.len() {
+            // In order (the normal case): append, never zero-filling first.
+            if digest.is_some() {
+                digest::extend_with_crc32c(buf, payload)
+            } else {
+                buf.extend_from_slice(payload);
+                0
+            }
         } else {
             if end > buf.len() {
                 buf.resize(end, 0);

@@ -62,17 +62,21 @@ impl MemoryBackend {
 
     fn read_sync(&self, offset: u64, len: usize) -> io::Result<Bytes> {
         check_range(self.size, offset, len as u64)?;
-        let mut buf = BytesMut::zeroed(len);
+        // Appended piece by piece (pieces come in order): no zero-fill of bytes then copied.
+        let mut buf = BytesMut::with_capacity(len);
         self.for_each_piece(offset, len as u64, |index, in_chunk, at, n| {
+            debug_assert_eq!(buf.len(), at);
             let slot = self.chunks[index].read().unwrap_or_else(|e| e.into_inner());
-            if let Some(chunk) = slot.as_ref() {
-                buf[at..at + n].copy_from_slice(&chunk[in_chunk..in_chunk + n]);
+            match slot.as_ref() {
+                Some(chunk) => buf.extend_from_slice(&chunk[in_chunk..in_chunk + n]),
+                None => buf.resize(at + n, 0),
             }
         });
         Ok(buf.freeze())
     }
 
-    /// `read_sync` with the per-segment CRCs computed while the chunks are copied out.
+    /// `read_sync` with the per-segment CRCs computed while the chunks are copied out (and,
+    /// for never-written chunks, computed without reading any zeros).
     fn read_with_crcs_sync(
         &self,
         offset: u64,
@@ -80,13 +84,14 @@ impl MemoryBackend {
         seg_len: u32,
     ) -> io::Result<(Bytes, digest::SegmentCrcs)> {
         check_range(self.size, offset, len as u64)?;
-        let mut buf = BytesMut::zeroed(len);
+        let mut buf = BytesMut::with_capacity(len);
         let mut copier = digest::SegmentedCopy::new(seg_len);
         self.for_each_piece(offset, len as u64, |index, in_chunk, at, n| {
+            debug_assert_eq!(buf.len(), at);
             let slot = self.chunks[index].read().unwrap_or_else(|e| e.into_inner());
             match slot.as_ref() {
-                Some(chunk) => copier.copy(&mut buf[at..at + n], &chunk[in_chunk..in_chunk + n]),
-                None => copier.feed(&buf[at..at + n]),
+                Some(chunk) => copier.extend(&mut buf, &chunk[in_chunk..in_chunk + n]),
+                None => copier.extend_zeros(&mut buf, n),
             }
         });
         Ok((buf.freeze(), copier.finish()))

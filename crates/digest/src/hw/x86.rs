@@ -10,8 +10,10 @@
 
 use core::arch::x86_64::{
     __m128i, _mm_clmulepi64_si128, _mm_crc32_u64, _mm_crc32_u8, _mm_cvtsi128_si64,
-    _mm_cvtsi32_si128, _mm_loadu_si128, _mm_storeu_si128,
+    _mm_cvtsi32_si128, _mm_loadu_si128, _mm_prefetch, _mm_storeu_si128, _MM_HINT_T0,
 };
+
+use core::mem::MaybeUninit;
 
 use crate::gf2::{multmodp, xpow};
 
@@ -65,6 +67,21 @@ unsafe fn load_word(p: *const u8) -> u64 {
     u64::from_le(p.cast::<u64>().read_unaligned())
 }
 
+/// How far ahead of each stream's reads its cache lines are prefetched, in bytes.
+const PREFETCH_AHEAD: usize = 1024;
+
+/// Asks for the cache line `PREFETCH_AHEAD` bytes past position `i` of every stream. Data
+/// coming from DRAM is otherwise fetched too late: the hardware prefetchers follow the `N`
+/// interleaved streams less eagerly than one `memcpy`, and the CRC stalls on memory.
+#[inline(always)]
+unsafe fn prefetch_streams<const N: usize>(base: *const u8, len: usize, i: usize) {
+    for s in 0..N {
+        // A prefetch never faults, and `wrapping_add` keeps the address computation defined
+        // when it points past the buffer (near its end).
+        _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(s * len + i + PREFETCH_AHEAD).cast());
+    }
+}
+
 /// One stream over the raw register.
 #[target_feature(enable = "sse4.2")]
 pub(super) unsafe fn update_1way(reg: u32, data: &[u8]) -> u32 {
@@ -91,6 +108,9 @@ pub(super) unsafe fn update_nway<const N: usize>(mut reg: u32, mut data: &[u8]) 
         crc[0] = u64::from(reg);
         let mut i = 0;
         while i < len {
+            if i % 64 == 0 {
+                prefetch_streams::<N>(base, len, i);
+            }
             for (s, c) in crc.iter_mut().enumerate() {
                 // SAFETY: i + 8 <= len and s < N, so the 8 bytes end at most at N*len <=
                 // data.len(): inside `data`.
@@ -104,43 +124,49 @@ pub(super) unsafe fn update_nway<const N: usize>(mut reg: u32, mut data: &[u8]) 
     update_1way(reg, data)
 }
 
-/// One stream, copying each word to `dst` as it is read. `dst.len() == src.len()`.
+/// One stream, copying each word to `dst` as it is read; every byte of `dst` is written, so
+/// it may start uninitialized. `dst.len() == src.len()`.
 #[target_feature(enable = "sse4.2")]
-pub(super) unsafe fn copy_update_1way(reg: u32, dst: &mut [u8], src: &[u8]) -> u32 {
+pub(super) unsafe fn copy_update_1way(reg: u32, dst: &mut [MaybeUninit<u8>], src: &[u8]) -> u32 {
     let mut c = u64::from(reg);
     let mut src_words = src.chunks_exact(8);
     let mut dst_words = dst.chunks_exact_mut(8);
     for (d, s) in (&mut dst_words).zip(&mut src_words) {
         let w = u64::from_le_bytes(s.try_into().expect("8-byte chunk"));
-        d.copy_from_slice(&w.to_le_bytes());
+        for (x, y) in d.iter_mut().zip(w.to_le_bytes()) {
+            x.write(y);
+        }
         c = _mm_crc32_u64(c, w);
     }
     let tail = src_words.remainder();
     let mut r = c as u32;
     for (d, &b) in dst_words.into_remainder().iter_mut().zip(tail) {
-        *d = b;
+        d.write(b);
         r = _mm_crc32_u8(r, b);
     }
     r
 }
 
 /// `N` streams, each copying 16 bytes with one vector load/store while its two words go through
-/// `crc32`. `dst.len() == src.len()`, `2 <= N <= MAX_STREAMS`.
+/// `crc32`; every byte of `dst` is written. `dst.len() == src.len()`, `2 <= N <= MAX_STREAMS`.
 #[target_feature(enable = "sse4.2,pclmulqdq")]
 pub(super) unsafe fn copy_update_nway<const N: usize>(
     mut reg: u32,
-    mut dst: &mut [u8],
+    mut dst: &mut [MaybeUninit<u8>],
     mut src: &[u8],
 ) -> u32 {
     assert_eq!(dst.len(), src.len());
     assert!((2..=MAX_STREAMS).contains(&N));
     while src.len() >= N * MIN_STREAM {
         let len = (src.len() / (16 * N) * 16).min(MAX_STREAM);
-        let (from, to) = (src.as_ptr(), dst.as_mut_ptr());
+        let (from, to) = (src.as_ptr(), dst.as_mut_ptr().cast::<u8>());
         let mut crc = [0u64; N];
         crc[0] = u64::from(reg);
         let mut i = 0;
         while i < len {
+            if i % 64 == 0 {
+                prefetch_streams::<N>(from, len, i);
+            }
             for (s, c) in crc.iter_mut().enumerate() {
                 let at = s * len + i;
                 // SAFETY: i + 16 <= len and s < N, so bytes at..at+16 end at most at N*len <=
