@@ -20,11 +20,11 @@ pub enum Method {
     Slicing8,
     /// The CRC32C instruction, one dependent stream.
     Hw1Stream,
-    /// The CRC32C instruction in [`hw::STREAMS`] interleaved streams (what [`crate::crc32c`]
-    /// uses).
+    /// The CRC32C instruction in [`hw::STREAMS`] interleaved streams joined by PCLMULQDQ.
+    HwStreams,
+    /// What [`crate::crc32c`] uses: [`hw::append`], i.e. AVX-512 VPCLMULQDQ folding for
+    /// buffers of [`hw::FOLD_MIN_LEN`] bytes and more where the CPU has it, else the streams.
     Hw,
-    /// Six streams: faster still on cores with two CRC units, measured for comparison.
-    Hw6Stream,
     /// `copy_from_slice` alone, for reference.
     Copy,
     /// `copy_from_slice`, then the CRC over the copy: two passes.
@@ -38,8 +38,8 @@ impl Method {
         Method::Sarwate,
         Method::Slicing8,
         Method::Hw1Stream,
+        Method::HwStreams,
         Method::Hw,
-        Method::Hw6Stream,
         Method::Copy,
         Method::CopyThenCrc,
         Method::FusedCopyCrc,
@@ -50,8 +50,8 @@ impl Method {
             Method::Sarwate => "sarwate",
             Method::Slicing8 => "slicing-by-8",
             Method::Hw1Stream => "hw-1stream",
+            Method::HwStreams => "hw-4stream",
             Method::Hw => "hw",
-            Method::Hw6Stream => "hw-6stream",
             Method::Copy => "copy",
             Method::CopyThenCrc => "copy-then-crc",
             Method::FusedCopyCrc => "fused-copy-crc",
@@ -65,7 +65,7 @@ impl Method {
     /// Whether this CPU can run it.
     pub fn available(self) -> bool {
         match self {
-            Method::Hw1Stream | Method::Hw | Method::Hw6Stream => hw::available(),
+            Method::Hw1Stream | Method::HwStreams | Method::Hw => hw::available(),
             _ => true,
         }
     }
@@ -83,8 +83,8 @@ impl Method {
             Method::Sarwate => sarwate::append(prev, src),
             Method::Slicing8 => slicing8::append(prev, src),
             Method::Hw1Stream => hw::append_1stream(prev, src),
+            Method::HwStreams => hw::append_streams::<{ hw::STREAMS }>(prev, src),
             Method::Hw => hw::append(prev, src),
-            Method::Hw6Stream => hw::append_streams::<6>(prev, src),
             Method::Copy => {
                 dst.copy_from_slice(src);
                 prev ^ u32::from(dst[dst.len() / 2])

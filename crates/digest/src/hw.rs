@@ -1,4 +1,5 @@
-//! The hardware path: the CPU's CRC32C instruction.
+//! The hardware path: the CPU's CRC32C instruction, and on x86-64 CPUs with AVX-512 and
+//! VPCLMULQDQ, carry-less-multiply folding for longer buffers.
 //!
 //! On x86-64 (SSE4.2 `crc32` + PCLMULQDQ) a buffer is cut into [`STREAMS`] equal blocks whose
 //! CRCs run as independent instruction streams, hiding the instruction's 3-cycle latency; the
@@ -8,9 +9,14 @@
 //! extension) one stream is used.
 //!
 //! Why four streams: three saturate a core with one `crc32` unit; recent cores have two, where
-//! six streams make the CRC alone faster still ([`append_streams`] with 6 measures it) but then
-//! the copy can no longer hide under the CRC. Four is the best point for the fused copy and
-//! costs nothing on one-unit cores.
+//! more streams make the CRC alone faster but then the copy can no longer hide under the CRC.
+//! Four is the best point for the fused copy and costs nothing on one-unit cores.
+//!
+//! From [`FOLD_MIN_LEN`] bytes on, where the CPU has AVX-512F and VPCLMULQDQ, [`append`] and
+//! [`copy_append`] fold 64 bytes per 512-bit register with carry-less multiplies instead
+//! (eight registers in flight), which is faster than the `crc32` streams (about 0.045 against
+//! 0.065 cycles/byte at 8 KiB on the machine this was written on), and the fused copy is one
+//! 64-byte store per load. [`append_streams`] keeps the `crc32` streams for comparison.
 //!
 //! Every function here panics when [`available`] is false; [`crate::crc32c`] picks this path only
 //! when it is.
@@ -18,13 +24,33 @@
 use std::mem::MaybeUninit;
 
 #[cfg(target_arch = "x86_64")]
+mod fold;
+#[cfg(target_arch = "x86_64")]
 mod x86;
 
 #[cfg(target_arch = "aarch64")]
 mod arm;
 
-/// Streams used by [`append`] and [`copy_append`] on x86-64.
+/// Streams used by [`append`] and [`copy_append`] on x86-64 (below [`FOLD_MIN_LEN`], or
+/// without folding).
 pub const STREAMS: usize = 4;
+
+/// Shortest buffer folded with VPCLMULQDQ (one step of eight 64-byte registers); shorter ones
+/// cost less with the `crc32` streams.
+pub const FOLD_MIN_LEN: usize = 512;
+
+/// Whether [`append`] and [`copy_append`] fold buffers of [`FOLD_MIN_LEN`] bytes or more (x86-64
+/// with AVX-512F and VPCLMULQDQ).
+pub fn folding_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        fold::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
 
 /// Whether this CPU can run the hardware path (checked at run time; std caches the answer).
 pub fn available() -> bool {
@@ -55,8 +81,14 @@ fn require() {
 pub fn append(crc: u32, data: &[u8]) -> u32 {
     require();
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `require` checked that the CPU has SSE4.2 and PCLMULQDQ.
-    return !unsafe { x86::update_nway::<STREAMS>(!crc, data) };
+    {
+        if data.len() >= FOLD_MIN_LEN && fold::available() {
+            // SAFETY: `fold::available` checked AVX-512F, VPCLMULQDQ, PCLMULQDQ and SSE4.2.
+            return !unsafe { fold::update(!crc, data) };
+        }
+        // SAFETY: `require` checked that the CPU has SSE4.2 and PCLMULQDQ.
+        return !unsafe { x86::update_nway::<STREAMS>(!crc, data) };
+    }
     #[cfg(target_arch = "aarch64")]
     // SAFETY: `require` checked that the CPU has the CRC extension.
     return !unsafe { arm::update_1way(!crc, data) };
@@ -150,8 +182,14 @@ pub fn copy_append_uninit(crc: u32, dst: &mut [MaybeUninit<u8>], src: &[u8]) -> 
     );
     require();
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `require` checked that the CPU has SSE4.2 and PCLMULQDQ.
-    return !unsafe { x86::copy_update_nway::<STREAMS>(!crc, dst, src) };
+    {
+        if src.len() >= FOLD_MIN_LEN && fold::available() {
+            // SAFETY: `fold::available` checked AVX-512F, VPCLMULQDQ, PCLMULQDQ and SSE4.2.
+            return !unsafe { fold::copy_update(!crc, dst, src) };
+        }
+        // SAFETY: `require` checked that the CPU has SSE4.2 and PCLMULQDQ.
+        return !unsafe { x86::copy_update_nway::<STREAMS>(!crc, dst, src) };
+    }
     #[cfg(target_arch = "aarch64")]
     // SAFETY: `require` checked that the CPU has the CRC extension.
     return !unsafe { arm::copy_update_1way(!crc, dst, src) };

@@ -14,7 +14,7 @@ pub struct CrcArgs {
     #[arg(long, value_delimiter = ',', value_parser = parse_size_arg)]
     pub sizes: Vec<usize>,
     /// Methods to measure, comma-separated (default: all this CPU can run): sarwate,
-    /// slicing-by-8, hw-1stream, hw, copy, copy-then-crc, fused-copy-crc.
+    /// slicing-by-8, hw-1stream, hw-4stream, hw, copy, copy-then-crc, fused-copy-crc.
     #[arg(long, value_delimiter = ',', value_parser = parse_method)]
     pub methods: Vec<Method>,
     /// Timed samples per method and size; the best is reported.
@@ -88,8 +88,17 @@ pub fn run(args: CrcArgs) -> anyhow::Result<()> {
 
     let mut text = String::new();
     text.push_str(&format!(
-        "CRC32C: digest::crc32c uses the {} path; clock: {}\n\n",
+        "CRC32C: digest::crc32c uses the {} path{}; clock: {}\n\n",
         digest::implementation_name(),
+        if digest::hw::folding_available() {
+            format!(
+                " (VPCLMULQDQ folding from {} B, crc32 in {} streams below)",
+                digest::hw::FOLD_MIN_LEN,
+                digest::hw::STREAMS
+            )
+        } else {
+            String::new()
+        },
         if clock.is_tsc {
             format!(
                 "TSC at {:.3} GHz (measured against the monotonic clock)",
@@ -214,6 +223,12 @@ fn ratio_summary(rows: &[Measurement], size: usize) -> Option<String> {
         out.push_str(&format!(
             "  slicing-by-8 / hw           = {:.2}x\n",
             s8 / hw
+        ));
+    }
+    if let (Some(h4), Some(hw)) = (get(Method::HwStreams), get(Method::Hw)) {
+        out.push_str(&format!(
+            "  hw-4stream / hw             = {:.2}x\n",
+            h4 / hw
         ));
     }
     if let (Some(h1), Some(hw)) = (get(Method::Hw1Stream), get(Method::Hw)) {
