@@ -55,16 +55,17 @@ fi
 # from /proc and getrusage) for the same fixed work is what is compared, because wall-clock
 # throughput on this shared 2-core machine swings by more than the effect being measured.
 # The span is written first, so the reads carry real data (a never-written RAM LUN would read
-# zeros whose CRCs cost nothing). Five rounds alternate which setting goes first; the median
-# round of each setting is compared, so one disturbed run does not decide. Throughput is
-# printed too.
+# zeros whose CRCs cost nothing). Seven rounds each run both settings, alternating which goes
+# first; the median of the per-round ratios must reach the issue's 0.85, so one disturbed run
+# does not decide, and a whole attempt that falls in a disturbed period is taken again (three
+# attempts). Wall-clock throughput is printed too.
 port=$((21000 + RANDOM % 4000))
 "$IRONSAN" target --portal "127.0.0.1:$port" > "$work/target.log" 2>&1 &
 tpid=$!
 trap 'kill $tpid 2>/dev/null; rm -rf "$work"' EXIT
 for _ in $(seq 50); do grep -q "serving iSCSI" "$work/target.log" && break; sleep 0.1; done
 python3 - "$IRONSAN" "iscsi://127.0.0.1:$port/iqn.2026-11.org.ironsan:default/0" "$tpid" "$work" <<'PY' \
-  || fail "digests cost more than 25% of sequential-read CPU (regression guard)"
+  || fail "digests cost more than 15% of sequential-read throughput per CPU in 3 attempts"
 import json, os, resource, statistics, subprocess, sys
 ironsan, url, tpid, work = sys.argv[1:5]
 hz = os.sysconf("SC_CLK_TCK")
@@ -75,31 +76,41 @@ def bench(*args, out=None):
     cmd = [ironsan, "bench", url, "--span", "256MiB", *args] + (["--json", out] if out else [])
     subprocess.run(cmd, check=True, timeout=120, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)
+def read_run(d, out=None):
+    bench("--rw", "read", "--size", "128k", "--qd", "32", "--count", "8000",
+          "--header-digest", d, "--data-digest", d, out=out)
 bench("--rw", "write", "--size", "1m", "--qd", "8", "--count", "256")
-cpu = {"none": [], "crc32c": []}
-mbps = {"none": [], "crc32c": []}
-for rnd in range(5):
-    for d in (("none", "crc32c") if rnd % 2 == 0 else ("crc32c", "none")):
-        out = f"{work}/e2e-{d}-{rnd}.json"
-        t0, c0 = target_cpu(), resource.getrusage(resource.RUSAGE_CHILDREN)
-        bench("--rw", "read", "--size", "128k", "--qd", "32", "--count", "8000",
-              "--header-digest", d, "--data-digest", d, out=out)
-        t1, c1 = target_cpu(), resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu[d].append((t1 - t0) + (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime))
-        mbps[d].append(json.load(open(out))["mb_per_s"])
-none, crc = statistics.median(cpu["none"]), statistics.median(cpu["crc32c"])
-ratio = none / crc
-print(f"end to end: 5 rounds of 8000 reads of 128 KiB at QD 32 per setting; median CPU "
-      f"(target + client) {none:.3f} s without digests, {crc:.3f} s with HeaderDigest+DataDigest "
-      f"CRC32C: throughput per CPU = {ratio:.3f}x (issue bar >= 0.85); best wall-clock "
-      f"{max(mbps['none']):.0f} vs {max(mbps['crc32c']):.0f} MB/s")
-print("  CPU s per round, none:  ", " ".join(f"{c:.3f}" for c in cpu["none"]))
-print("  CPU s per round, crc32c:", " ".join(f"{c:.3f}" for c in cpu["crc32c"]))
-# The stage fails only below 0.75, as a guard against a digest path gone slow (e.g. off the
-# hardware CRC); between that and the issue's 0.85 it says so.
-if ratio < 0.85:
-    print(f"end to end: below the 0.85 bar ({ratio:.3f}x)")
-sys.exit(0 if ratio >= 0.75 else 1)
+read_run("none")  # warm-up: the first reads after start-up pay one-time costs
+rounds = 7
+def attempt(n):
+    cpu = {"none": [], "crc32c": []}
+    mbps = {"none": [], "crc32c": []}
+    for rnd in range(rounds):
+        for d in (("none", "crc32c") if rnd % 2 == 0 else ("crc32c", "none")):
+            out = f"{work}/e2e-{d}-{n}-{rnd}.json"
+            t0, c0 = target_cpu(), resource.getrusage(resource.RUSAGE_CHILDREN)
+            read_run(d, out)
+            t1, c1 = target_cpu(), resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu[d].append((t1 - t0) + (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime))
+            mbps[d].append(json.load(open(out))["mb_per_s"])
+    # Each round runs both settings back to back, so a slow period of the shared machine
+    # mostly hits both runs of a round: per-round ratios are compared, their median decides.
+    ratios = [a / b for a, b in zip(cpu["none"], cpu["crc32c"])]
+    ratio = statistics.median(ratios)
+    wall = max(mbps["crc32c"]) / max(mbps["none"])
+    print(f"end to end (attempt {n}): {rounds} rounds of 8000 reads of 128 KiB at QD 32 with and "
+          f"without HeaderDigest+DataDigest CRC32C; throughput per CPU (target + client) with "
+          f"digests = {ratio:.3f}x of without (median of the rounds; issue bar >= 0.85); best "
+          f"wall-clock {max(mbps['crc32c']):.0f} vs {max(mbps['none']):.0f} MB/s = {wall:.3f}x")
+    print("  per-round ratios:", " ".join(f"{r:.3f}" for r in ratios))
+    print("  CPU s per round, none:  ", " ".join(f"{c:.3f}" for c in cpu["none"]))
+    print("  CPU s per round, crc32c:", " ".join(f"{c:.3f}" for c in cpu["crc32c"]))
+    return ratio
+# A whole attempt can fall in a disturbed period of the shared machine: up to three.
+for n in range(1, 4):
+    if attempt(n) >= 0.85:
+        sys.exit(0)
+sys.exit(1)
 PY
 
 for attempt in 1 2 3; do
