@@ -246,7 +246,11 @@ fn misaligned_buffers_fold_correctly() {
                 let src = &data[src_off..src_off + len];
                 let want = sarwate::append(0x1234_5678, src);
                 if hw::available() {
-                    assert_eq!(hw::append(0x1234_5678, src), want, "src+{src_off} len {len}");
+                    assert_eq!(
+                        hw::append(0x1234_5678, src),
+                        want,
+                        "src+{src_off} len {len}"
+                    );
                     let out = &mut dst[dst_off..dst_off + len];
                     assert_eq!(hw::copy_append(0x1234_5678, out, src), want);
                     assert_eq!(out, src, "copy src+{src_off} dst+{dst_off} len {len}");
