@@ -5,7 +5,7 @@
 //! what has been read so far can be replaced by `H*(x^(64+D) mod P) + L*(x^D mod P)`, a value of
 //! at most 96 bits, XORed onto the 128 bits `D` bits later: the remainder does not change. One
 //! 512-bit register holds four such pieces, so every 64 bytes cost two carry-less multiplies and
-//! one three-way XOR, and four registers in flight hide the multiply's latency. What is left at
+//! one three-way XOR, and eight registers in flight hide the multiply's latency. What is left at
 //! the end is one 128-bit piece, which two `crc32` instructions reduce to the 32-bit register.
 //!
 //! Bit order: the CRC is reflected, so in each 64-bit lane bit `i` is the coefficient of
@@ -37,7 +37,7 @@ const PF: usize = 1024;
 /// Bytes per main-loop step: one 64-byte block per accumulator.
 const STEP: usize = 64 * ACC;
 
-/// Shortest input of [`update`] and [`copy_update`]: one main-loop step.
+/// Shortest input of [`update`] and [`copy_update`] (at least one main-loop step).
 const MIN_LEN: usize = super::FOLD_MIN_LEN;
 const _: () = assert!(MIN_LEN >= STEP);
 
