@@ -55,7 +55,7 @@ fi
 # from /proc and getrusage) for the same fixed work is what is compared, because wall-clock
 # throughput on this shared 2-core machine swings by more than the effect being measured.
 # The span is written first, so the reads carry real data (a never-written RAM LUN would read
-# zeros whose CRCs cost nothing). Seven rounds each run both settings, alternating which goes
+# zeros whose CRCs cost nothing). 21 rounds each run both settings, alternating which goes
 # first; the median of the per-round ratios must reach the 0.85, so one disturbed run
 # does not decide, and a whole attempt that falls in a disturbed period is taken again (three
 # attempts). Wall-clock throughput is printed too.
@@ -81,7 +81,7 @@ def read_run(d, out=None):
           "--header-digest", d, "--data-digest", d, out=out)
 bench("--rw", "write", "--size", "1m", "--qd", "8", "--count", "256")
 read_run("none")  # warm-up: the first reads after start-up pay one-time costs
-rounds = 7
+rounds = 21
 def attempt(n):
     cpu = {"none": [], "crc32c": []}
     mbps = {"none": [], "crc32c": []}
