@@ -5,8 +5,8 @@
 use std::collections::VecDeque;
 
 use iscsi_wire::{
-    decode_pdu, full_cdb, lun_from_wire, parse_ahs, Bhs, Digests, FrameLayout, Opcode, BHS_LEN,
-    MAX_DATA_SEGMENT,
+    decode_pdu, full_cdb, lun_from_wire, parse_ahs, Bhs, DecodedBhs, Digests, FrameLayout, Opcode,
+    BHS_LEN, MAX_DATA_SEGMENT,
 };
 use serde::Serialize;
 
@@ -151,12 +151,12 @@ pub struct PduFramer {
 /// would stall the search until that many bytes arrive; real data PDUs are rarely larger).
 const RESYNC_MAX_DATA: u32 = 1 << 20;
 
-/// Whether a header found while searching for a PDU boundary could be real. Besides decoding,
-/// the opcodes whose Final bit RFC 7143 fixes at 1 must have it: a run of zero bytes (data
-/// after a capture gap) otherwise decodes as an endless chain of NOP-Outs.
-fn plausible_header(head: &[u8; BHS_LEN]) -> bool {
+/// A header found while searching for a PDU boundary, decoded, if it could be real. Besides
+/// decoding, the opcodes whose Final bit RFC 7143 fixes at 1 must have it: a run of zero bytes
+/// (data after a capture gap) otherwise decodes as an endless chain of NOP-Outs.
+fn plausible_header(head: &[u8; BHS_LEN]) -> Option<DecodedBhs> {
     if head[0] & 0x80 != 0 {
-        return false;
+        return None;
     }
     let final_fixed = matches!(
         Opcode::from_u8(head[0] & 0x3f),
@@ -175,9 +175,9 @@ fn plausible_header(head: &[u8; BHS_LEN]) -> bool {
         )
     );
     if final_fixed && head[1] & 0x80 == 0 {
-        return false;
+        return None;
     }
-    Bhs::decode(head).is_ok()
+    Bhs::decode(head).ok()
 }
 
 fn login_opcode(op: Opcode) -> bool {
@@ -345,10 +345,7 @@ impl PduFramer {
     fn plausible_at(&self, at: usize) -> Option<bool> {
         let b = &self.buf[at..];
         let head: &[u8; BHS_LEN] = b.get(..BHS_LEN)?.try_into().ok()?;
-        if !plausible_header(head) {
-            return Some(false);
-        }
-        let Ok(d) = Bhs::decode(head) else {
+        let Some(d) = plausible_header(head) else {
             return Some(false);
         };
         if d.data_len > RESYNC_MAX_DATA || d.ahs_len > 1024 {
@@ -371,7 +368,7 @@ impl PduFramer {
                     continue;
                 };
                 let nh: &[u8; BHS_LEN] = nb.try_into().ok()?;
-                if plausible_header(nh) {
+                if plausible_header(nh).is_some() {
                     return Some(true);
                 }
             }
