@@ -14,6 +14,8 @@ use iscsi_initiator::{discover, Error, IscsiUrl, Session, SessionConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+mod common;
+
 const CONFIG: &str = r#"
 portals = ["127.0.0.1:0"]
 queue_depth = 64
@@ -53,18 +55,7 @@ backend = "memory"
 "#;
 
 async fn start_target() -> SocketAddr {
-    // IRONSAN_LOG=debug shows both sides' logs when a test fails.
-    if let Ok(f) = std::env::var("IRONSAN_LOG") {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new(f))
-            .with_writer(std::io::stderr)
-            .try_init();
-    }
-    let config = iscsi_target::Config::parse(CONFIG, "test.toml").expect("config");
-    let bound = iscsi_target::Target::bind(config).await.expect("bind");
-    let addr = bound.local_addrs()[0];
-    tokio::spawn(bound.serve());
-    addr
+    common::start_target(CONFIG).await
 }
 
 fn url(addr: SocketAddr, creds: &str, target: &str, lun: u16) -> IscsiUrl {

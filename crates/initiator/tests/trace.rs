@@ -12,6 +12,8 @@ use analyze::{Dir, PduRecord};
 use bytes::Bytes;
 use iscsi_initiator::{scsi, IscsiUrl, Session, SessionConfig, TraceFile};
 
+mod common;
+
 const CONFIG: &str = r#"
 portals = ["127.0.0.1:0"]
 
@@ -31,11 +33,7 @@ backend = "memory"
 "#;
 
 async fn start_target() -> SocketAddr {
-    let config = iscsi_target::Config::parse(CONFIG, "test.toml").expect("config");
-    let bound = iscsi_target::Target::bind(config).await.expect("bind");
-    let addr = bound.local_addrs()[0];
-    tokio::spawn(bound.serve());
-    addr
+    common::start_target(CONFIG).await
 }
 
 /// Logs in, writes 1 MiB at LBA 0, reads 64 KiB back, logs out; the commands go out raw so
