@@ -33,8 +33,8 @@ use crate::gf2::xpow;
 const ACC: usize = 8;
 /// How far ahead of the loads cache lines are prefetched, in bytes: for data coming from L3 or
 /// DRAM (a RAM LUN's pages, a receive buffer already pushed out of L2), where the hardware
-/// prefetcher alone starts too late. Cold 128 KiB fused copies measured 1.33x memcpy's time
-/// with 1 KiB, 1.17-1.26x with 4-8 KiB.
+/// prefetcher alone starts too late. Cold 128 KiB fused copies, against memcpy in the same
+/// run: 1.33x with 1 KiB; 1.17x with 4 KiB; 0.94x, 1.22x and 1.26x with 8 KiB (noisy runs).
 const PF: usize = 4096;
 /// Bytes per main-loop step: one 64-byte block per accumulator.
 const STEP: usize = 64 * ACC;
