@@ -179,6 +179,9 @@ enum Kind {
     Scsi {
         req: CommandRequest,
         buf: BytesMut,
+        /// The whole read carried by one Data-In, kept as the receive buffer's own bytes (no
+        /// copy): the common case of a read no larger than the negotiated segment length.
+        whole: Option<Bytes>,
         exp_data_sn: u32,
         received: u32,
     },
@@ -343,8 +346,9 @@ impl<T> SessionCore<T> {
     /// Queues a SCSI command; it goes out as soon as the window allows. Returns its ITT.
     pub fn submit(&mut self, token: T, req: CommandRequest) -> u32 {
         let itt = self.alloc_itt();
-        // Filled as Data-In arrives (in order, normally): no zeroing of the buffer first.
-        let buf = BytesMut::with_capacity(req.read_len as usize);
+        // Filled as Data-In arrives (in order, normally): no zeroing of the buffer first, and
+        // no allocation until a read needs more than one Data-In.
+        let buf = BytesMut::new();
         self.tasks.insert(
             itt,
             Task {
@@ -354,6 +358,7 @@ impl<T> SessionCore<T> {
                 kind: Kind::Scsi {
                     req,
                     buf,
+                    whole: None,
                     exp_data_sn: 0,
                     received: 0,
                 },
@@ -669,12 +674,13 @@ impl<T> SessionCore<T> {
 
     /// A Data-In PDU whose payload is still in the receive buffer. `digest` is the data
     /// digest from the wire and the padding bytes, when DataDigest is on: the CRC is computed
-    /// while the payload is copied into the command's buffer.
+    /// while the payload is copied into the command's buffer. A payload that is the whole
+    /// read is kept as it is (a reference into the receive buffer), not copied.
     pub fn on_data_in(
         &mut self,
         conn: usize,
         d: &DataIn,
-        payload: &[u8],
+        payload: &Bytes,
         digest: Option<(u32, &[u8])>,
     ) -> Result<(), ConnError> {
         self.check_conn(conn)?;
@@ -703,6 +709,7 @@ impl<T> SessionCore<T> {
         let Kind::Scsi {
             req,
             buf,
+            whole,
             exp_data_sn,
             received,
         } = &mut task.kind
@@ -727,8 +734,19 @@ impl<T> SessionCore<T> {
                 d.itt
             )));
         };
-        let crc = if off == buf.len() {
+        if let Some(w) = whole.take() {
+            // More data after a whole-read Data-In (the target resent a range): assemble.
+            buf.extend_from_slice(&w);
+        }
+        let crc = if off == 0 && end == read_len && buf.is_empty() {
+            // The whole read in one Data-In: keep the receive buffer's bytes, no copy.
+            *whole = Some(payload.clone());
+            digest.map_or(0, |_| digest::crc32c(payload))
+        } else if off == buf.len() {
             // In order (the normal case): append, never zero-filling first.
+            if buf.capacity() == 0 {
+                buf.reserve(read_len);
+            }
             if digest.is_some() {
                 digest::extend_with_crc32c(buf, payload)
             } else {
@@ -772,12 +790,20 @@ impl<T> SessionCore<T> {
         let Some(task) = self.tasks.get_mut(&itt) else {
             return;
         };
-        let Kind::Scsi { buf, req, .. } = &mut task.kind else {
+        let Kind::Scsi {
+            buf, req, whole, ..
+        } = &mut task.kind
+        else {
             return;
         };
-        // Bytes the target never sent read as zeros.
-        buf.resize(req.read_len as usize, 0);
-        let mut data = std::mem::take(buf).freeze();
+        let mut data = match whole.take() {
+            Some(w) => w,
+            None => {
+                // Bytes the target never sent read as zeros.
+                buf.resize(req.read_len as usize, 0);
+                std::mem::take(buf).freeze()
+            }
+        };
         if let Residual::Underflow(n) = residual {
             data.truncate(data.len().saturating_sub(n as usize));
         }

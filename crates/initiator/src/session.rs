@@ -481,8 +481,15 @@ fn process_one(
         .then(|| u32::from_le_bytes(rbuf[padded_end..padded_end + 4].try_into().expect("4")));
     let result = match bhs {
         Bhs::DataIn(d) => {
-            let digest = wire_digest.map(|w| (w, &rbuf[data_end..padded_end]));
-            core.on_data_in(conn, &d, &rbuf[header_end..data_end], digest)
+            // The frame leaves the receive buffer as shared bytes, so a payload that is a whole
+            // read reaches the caller without a copy.
+            let frame = rbuf.split_to(total).freeze();
+            let payload = frame.slice(header_end..data_end);
+            let digest = wire_digest.map(|w| (w, &frame[data_end..padded_end]));
+            return core
+                .on_data_in(conn, &d, &payload, digest)
+                .map(|_| true)
+                .map_err(|e| e.to_string());
         }
         other => {
             if let Some(want) = wire_digest {

@@ -76,7 +76,8 @@ fn read_assembles_data_in_and_phase_collapsed_status() {
         buffer_offset: 0,
         ..Default::default()
     };
-    c.on_data_in(0, &d1, &payload[..6000], None).unwrap();
+    c.on_data_in(0, &d1, &Bytes::copy_from_slice(&payload[..6000]), None)
+        .unwrap();
     assert!(completions(&mut c).is_empty());
     let d2 = DataIn {
         itt,
@@ -89,7 +90,8 @@ fn read_assembles_data_in_and_phase_collapsed_status() {
         max_cmd_sn: 40,
         ..Default::default()
     };
-    c.on_data_in(0, &d2, &payload[6000..], None).unwrap();
+    c.on_data_in(0, &d2, &Bytes::copy_from_slice(&payload[6000..]), None)
+        .unwrap();
     let done = completions(&mut c);
     assert_eq!(done.len(), 1);
     let (tok, Ok(Reply::Scsi(r))) = &done[0] else {
@@ -108,7 +110,7 @@ fn data_digest_is_checked_during_the_copy() {
     let mut c = core(limits(true, false));
     let itt = c.submit(1, CommandRequest::read(0, vec![0x28; 10], 6));
     sends(&mut c);
-    let payload = b"abcdef";
+    let payload = &Bytes::from_static(b"abcdef");
     let pad = [0u8; 2];
     let good = digest::crc32c_append(digest::crc32c(payload), &pad);
     let d = DataIn {
@@ -354,7 +356,9 @@ fn malformed_target_pdus_are_errors() {
         buffer_offset: 500,
         ..Default::default()
     };
-    assert!(c.on_data_in(0, &d, &[0u8; 100], None).is_err());
+    assert!(c
+        .on_data_in(0, &d, &Bytes::from(vec![0u8; 100]), None)
+        .is_err());
     // Unknown ITT in a response.
     assert!(c.on_pdu(0, response(999, 1, 2), Bytes::new()).is_err());
     // R2T beyond the write.
@@ -391,10 +395,65 @@ proptest! {
             head[16..20].copy_from_slice(&(if chunk[0] & 1 == 0 { r } else { w }).to_be_bytes());
             let Ok(d) = iscsi_wire::Bhs::decode(&head) else { continue };
             let _ = match d.bhs {
-                Bhs::DataIn(di) => c.on_data_in(0, &di, &data, None),
+                Bhs::DataIn(di) => c.on_data_in(0, &di, &Bytes::from(data.clone()), None),
                 other => c.on_pdu(0, other, Bytes::from(data.clone())),
             };
             c.actions.clear();
         }
     }
+}
+
+/// A read carried whole by one Data-In is handed over as the very bytes received (no copy);
+/// more data for it afterwards (a resent range) still assembles correctly.
+#[test]
+fn a_whole_read_in_one_data_in_is_not_copied() {
+    let mut c = core(limits(true, false));
+    let itt = c.submit(1, CommandRequest::read(0, vec![0x28; 10], 4096));
+    sends(&mut c);
+    let payload = Bytes::from((0..4096u32).map(|i| (i * 3) as u8).collect::<Vec<_>>());
+    let d = DataIn {
+        itt,
+        final_: true,
+        status_present: true,
+        ..Default::default()
+    };
+    c.on_data_in(0, &d, &payload, None).unwrap();
+    let done = completions(&mut c);
+    let (_, Ok(Reply::Scsi(r))) = &done[0] else {
+        panic!("{done:?}")
+    };
+    assert_eq!(r.data, payload);
+    assert_eq!(
+        r.data.as_ptr(),
+        payload.as_ptr(),
+        "the received bytes themselves"
+    );
+
+    let itt = c.submit(2, CommandRequest::read(0, vec![0x28; 10], 4096));
+    sends(&mut c);
+    let d0 = DataIn {
+        itt,
+        ..Default::default()
+    };
+    c.on_data_in(0, &d0, &payload, None).unwrap();
+    let mut again = payload.to_vec();
+    again[..10].fill(0xEE);
+    let d1 = DataIn {
+        itt,
+        data_sn: 1,
+        final_: true,
+        status_present: true,
+        ..Default::default()
+    };
+    c.on_data_in(0, &d1, &Bytes::from(again[..10].to_vec()), None)
+        .unwrap();
+    let done = completions(&mut c);
+    let (_, Ok(Reply::Scsi(r))) = &done[0] else {
+        panic!("{done:?}")
+    };
+    assert_eq!(
+        &r.data[..],
+        &again[..],
+        "the later range overwrote the start"
+    );
 }
