@@ -1,19 +1,25 @@
-//! The Datamover boundary of RFC 5047: the iSCSI layer never touches a socket. It sends
-//! control PDUs with [`Datamover::send_control`], hands read data to
+//! The Datamover boundary of RFC 5047, as traits only: the iSCSI layers never touch a
+//! socket or a queue pair. A target listens on [`Portal`]s; each accepted connection is a
+//! [`LoginChannel`] (login PDUs in and out) that switches to full feature phase and yields
+//! that transport's [`Datamover`] and a stream of [`Notice`]s. In full feature phase the
+//! iSCSI layer sends control PDUs with [`Datamover::send_control`], hands read data to
 //! [`Datamover::put_data`], fetches write data with [`Datamover::get_data`], and receives
-//! [`Notice`]s (control PDUs, commands with their write-data handles, connection loss).
-//! The TCP implementation ([`tcp`]) turns these into Data-In, R2T and Data-Out PDUs with
-//! digests; the iSER implementation turns them into RDMA Writes, Reads and Sends.
-//! StatSN, ExpCmdSN and MaxCmdSN are stamped on each PDU as it is sent, so they are
-//! always in wire order.
-
-pub mod tcp;
+//! notices (control PDUs, commands with their write-data handles, connection loss).
+//! The TCP implementation (crate `datamover-tcp`) turns these into Data-In, R2T and
+//! Data-Out PDUs with digests; the iSER implementation turns them into RDMA Writes, Reads
+//! and Sends. StatSN, ExpCmdSN and MaxCmdSN are stamped on each PDU as it is sent, so they
+//! are always in wire order.
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use iscsi_wire::Pdu;
+pub use iscsi_login::params::TransportKind;
+use iscsi_session::WriteLimits;
+use iscsi_wire::{Digests, Pdu};
+use std::net::SocketAddr;
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use tokio::sync::mpsc;
 
 /// Why a datamover operation failed: the connection is gone or the task was aborted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -125,3 +131,69 @@ pub trait Datamover: Send + Sync {
     /// Close the connection after everything queued has been sent.
     fn close(&self);
 }
+
+/// What full feature phase needs to know of a connection's negotiated parameters.
+#[derive(Debug, Clone)]
+pub struct FfpConfig {
+    /// Header and data digests (iSCSI/TCP only; transports without digests ignore them).
+    pub digests: Digests,
+    /// Largest data segment we accept (our declared MaxRecvDataSegmentLength).
+    pub max_recv_data_segment_length: u32,
+    /// Largest data segment the peer accepts (its declared value).
+    pub max_send_data_segment_length: u32,
+    pub max_burst_length: u32,
+    pub write_limits: WriteLimits,
+    /// StatSN of the next status-bearing PDU.
+    pub next_stat_sn: u32,
+    /// Largest Expected Data Transfer Length of a write we buffer.
+    pub max_write_len: u32,
+}
+
+/// Why the login phase could not read the next PDU.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LoginRecvError {
+    #[error("peer closed during login")]
+    Closed,
+    #[error("bad PDU during login: {0}")]
+    Bad(String),
+}
+
+/// A connection in the login phase: login PDUs in and out (no digests), then the switch
+/// to full feature phase that yields this transport's datamover.
+#[async_trait]
+pub trait LoginChannel: Send {
+    /// The transport this connection runs over (login negotiation answers its keys).
+    fn kind(&self) -> TransportKind;
+    fn peer(&self) -> SocketAddr;
+    /// The connection's socket, where it has one (for TCP_INFO sampling).
+    fn socket(&self) -> Option<BorrowedFd<'_>>;
+    /// The next PDU from the initiator.
+    async fn recv(&mut self) -> Result<InPdu, LoginRecvError>;
+    /// Sends a login-phase PDU (a Login Response).
+    async fn send(&mut self, pdu: &Pdu) -> std::io::Result<()>;
+    /// Enters full feature phase with the negotiated parameters and the session's command
+    /// window (read when each PDU is stamped).
+    fn into_full_feature(
+        self: Box<Self>,
+        cfg: FfpConfig,
+        sn: Arc<CmdSnState>,
+    ) -> (Arc<dyn Datamover>, mpsc::Receiver<Notice>);
+}
+
+/// A listening endpoint of one transport kind.
+#[async_trait]
+pub trait Portal: Send + Sync {
+    fn kind(&self) -> TransportKind;
+    /// The address actually bound.
+    fn local_addr(&self) -> SocketAddr;
+    /// Waits for the next connection; with `trace`, its bytes are recorded from the start.
+    async fn accept(
+        &self,
+        trace: Option<&pcap_trace::PduTrace>,
+    ) -> std::io::Result<Box<dyn LoginChannel>>;
+}
+
+/// Called with every accepted connection's socket and peer; what it returns is dropped
+/// when the connection ends (e.g. a TCP_INFO sampler).
+pub type ConnectionObserver =
+    Arc<dyn Fn(BorrowedFd<'_>, SocketAddr) -> Option<Box<dyn Send>> + Send + Sync + 'static>;

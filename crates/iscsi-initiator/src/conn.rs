@@ -1,155 +1,22 @@
-//! The TCP side of a connection: connecting, framing PDUs with digests, the login exchange
+//! The login-phase exchanges of a connection, over `datamover-tcp`'s framing: the login
 //! driven by `iscsi_login::InitiatorLogin`, the SendTargets exchange of a discovery session,
-//! the writer task that sends a connection's PDUs in vectored batches, and [`Traced`], the
-//! socket wrapper that copies every byte read or written into a pcapng trace.
+//! and the plain logout that ends it.
 
-use std::io::{self, IoSlice};
-use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
+use datamover_tcp::frame::{FrameError, LOGIN_MAX_DATA};
+use datamover_tcp::initiator::TcpInitiatorConnection;
 use iscsi_login::{
     ConnectionParams, InitiatorLogin, InitiatorLoginConfig, InitiatorStep, SessionParams,
 };
-use iscsi_wire::{Bhs, Digests, FrameLayout, Pdu, BHS_LEN};
-use pcap_trace::{PduTrace, Side, TraceConnection};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
-use tokio::sync::mpsc;
+use iscsi_wire::{Bhs, Digests, Pdu};
+use pcap_trace::PduTrace;
 
-use crate::core::OutPdu;
 use crate::Error;
 
-pub(crate) const READ_CHUNK: usize = 512 * 1024;
-/// Login and text PDUs larger than this are refused.
-pub(crate) const LOGIN_MAX_DATA: u32 = 64 * 1024;
-
-/// A socket (or one half of it) whose traffic is also recorded in a pcapng trace: each
-/// successful read records the bytes it filled and each write the bytes the kernel took, in
-/// the order they crossed the socket. Without a trace it only forwards.
-pub(crate) struct Traced<S> {
-    inner: S,
-    trace: Option<Arc<TraceConnection>>,
-    /// Vectored writes are gathered here so one write makes one traced segment.
-    scratch: Vec<u8>,
-}
-
-/// A connected socket, traced or not.
-pub(crate) type Stream = Traced<TcpStream>;
-
-impl Traced<TcpStream> {
-    /// The socket itself (for its descriptor: TCP_INFO sampling).
-    pub(crate) fn socket(&self) -> &TcpStream {
-        &self.inner
-    }
-
-    /// Wraps a connected socket; with `trace`, writes its handshake into the trace.
-    pub(crate) fn new(inner: TcpStream, trace: Option<&PduTrace>) -> Traced<TcpStream> {
-        let trace = trace.and_then(|t| {
-            let local = inner.local_addr().ok()?;
-            let peer = inner.peer_addr().ok()?;
-            Some(Arc::new(t.connection(local, peer, Side::Connected)))
-        });
-        Traced {
-            inner,
-            trace,
-            scratch: Vec::new(),
-        }
-    }
-
-    /// The two halves, sharing the trace connection (closed in the trace when both drop).
-    pub(crate) fn into_split(self) -> (Traced<OwnedReadHalf>, Traced<OwnedWriteHalf>) {
-        let (r, w) = self.inner.into_split();
-        (
-            Traced {
-                inner: r,
-                trace: self.trace.clone(),
-                scratch: Vec::new(),
-            },
-            Traced {
-                inner: w,
-                trace: self.trace,
-                scratch: Vec::new(),
-            },
-        )
-    }
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Traced<S> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let me = self.get_mut();
-        let before = buf.filled().len();
-        let r = Pin::new(&mut me.inner).poll_read(cx, buf);
-        if let (Poll::Ready(Ok(())), Some(t)) = (&r, &me.trace) {
-            let got = &buf.filled()[before..];
-            if !got.is_empty() {
-                t.received(got);
-            }
-        }
-        r
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Traced<S> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let me = self.get_mut();
-        let r = Pin::new(&mut me.inner).poll_write(cx, buf);
-        if let (Poll::Ready(Ok(n)), Some(t)) = (&r, &me.trace) {
-            if *n > 0 {
-                t.sent(&buf[..*n]);
-            }
-        }
-        r
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let me = self.get_mut();
-        let r = Pin::new(&mut me.inner).poll_write_vectored(cx, bufs);
-        if let (Poll::Ready(Ok(n)), Some(t)) = (&r, &me.trace) {
-            let mut left = *n;
-            me.scratch.clear();
-            for b in bufs {
-                if left == 0 {
-                    break;
-                }
-                let take = left.min(b.len());
-                me.scratch.extend_from_slice(&b[..take]);
-                left -= take;
-            }
-            if !me.scratch.is_empty() {
-                t.sent(&me.scratch);
-            }
-        }
-        r
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
-}
+/// A connected socket before full feature phase.
+pub(crate) type Stream = TcpInitiatorConnection;
 
 /// Opens a TCP connection to `addr` (`host:port`), bounded by `timeout`, traced into
 /// `trace` when given.
@@ -158,93 +25,27 @@ pub(crate) async fn connect(
     timeout: Duration,
     trace: Option<&PduTrace>,
 ) -> Result<Stream, Error> {
-    let s = tokio::time::timeout(timeout, TcpStream::connect(addr))
+    TcpInitiatorConnection::connect(addr, timeout, trace)
         .await
-        .map_err(|_| Error::Connect {
+        .map_err(|why| Error::Connect {
             addr: addr.to_string(),
-            why: format!("no answer within {} s", timeout.as_secs()),
-        })?
-        .map_err(|e| Error::Connect {
-            addr: addr.to_string(),
-            why: e.to_string(),
-        })?;
-    let _ = s.set_nodelay(true);
-    Ok(Traced::new(s, trace))
+            why,
+        })
 }
 
-/// A received PDU.
-pub(crate) struct RawPdu {
-    pub bhs: Bhs,
-    pub data: Bytes,
-}
-
-/// Reads until `need` bytes are buffered.
-pub(crate) async fn fill<R: AsyncReadExt + Unpin>(
-    r: &mut R,
-    buf: &mut BytesMut,
-    need: usize,
-) -> io::Result<()> {
-    while buf.len() < need {
-        buf.reserve(READ_CHUNK.max(need - buf.len()));
-        if r.read_buf(buf).await? == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "the target closed the connection",
-            ));
-        }
-    }
-    Ok(())
+/// Sends one PDU.
+async fn send(stream: &mut Stream, pdu: &Pdu, digests: Digests) -> Result<(), Error> {
+    stream.send(pdu, digests).await.map_err(Error::io)
 }
 
 /// Reads one whole PDU, checking digests.
-pub(crate) async fn read_pdu<R: AsyncReadExt + Unpin>(
-    r: &mut R,
-    rbuf: &mut BytesMut,
-    digests: Digests,
-    max_data: u32,
-) -> Result<RawPdu, Error> {
-    fill(r, rbuf, BHS_LEN).await.map_err(Error::io)?;
-    let head: [u8; BHS_LEN] = rbuf[..BHS_LEN].try_into().expect("48 bytes");
-    let layout = FrameLayout::of(&head, digests, max_data).map_err(Error::wire)?;
-    fill(r, rbuf, layout.total_len()).await.map_err(Error::io)?;
-    let frame = rbuf.split_to(layout.total_len()).freeze();
-    let (bhs, data) = parse_frame(&frame, &layout)?;
-    Ok(RawPdu { bhs, data })
-}
-
-/// Checks the digests of a complete frame and returns its header and data segment.
-pub(crate) fn parse_frame(frame: &Bytes, layout: &FrameLayout) -> Result<(Bhs, Bytes), Error> {
-    let head: &[u8; BHS_LEN] = frame[..BHS_LEN].try_into().expect("48 bytes");
-    let header_end = BHS_LEN + layout.header_rest_len();
-    if layout.header_digest_len > 0 {
-        let got = u32::from_le_bytes(frame[header_end - 4..header_end].try_into().expect("4"));
-        let want = digest::crc32c(&frame[..header_end - 4]);
-        if got != want {
-            return Err(Error::Protocol(format!(
-                "header digest error (got {got:08x}, computed {want:08x})"
-            )));
-        }
+async fn read_pdu(stream: &mut Stream, digests: Digests) -> Result<Pdu, Error> {
+    match stream.recv(digests, LOGIN_MAX_DATA).await {
+        Ok(got) => Ok(got.pdu),
+        Err(FrameError::Eof) => Err(Error::Io("the target closed the connection".into())),
+        Err(FrameError::Io(e)) => Err(Error::io(e)),
+        Err(e) => Err(Error::Protocol(e.to_string())),
     }
-    let data_end = header_end + layout.data_len as usize;
-    if layout.data_digest_len > 0 {
-        let padded = header_end + layout.data_len as usize + layout.pad_len;
-        let got = u32::from_le_bytes(frame[padded..padded + 4].try_into().expect("4"));
-        let want = digest::crc32c(&frame[header_end..padded]);
-        if got != want {
-            return Err(Error::Protocol(format!(
-                "data digest error (got {got:08x}, computed {want:08x})"
-            )));
-        }
-    }
-    let bhs = Bhs::decode(head).map_err(Error::wire)?.bhs;
-    Ok((bhs, frame.slice(header_end..data_end)))
-}
-
-/// Encodes one PDU into bytes (login and discovery paths).
-pub(crate) fn encode(pdu: &Pdu, digests: Digests) -> Vec<u8> {
-    let h: Option<iscsi_wire::CrcFn> = digests.header.then_some(&digest::crc32c as _);
-    let d: Option<iscsi_wire::CrcFn> = digests.data.then_some(&digest::crc32c as _);
-    iscsi_wire::encode_pdu(pdu, h, d)
 }
 
 /// What a completed login yields.
@@ -278,11 +79,10 @@ fn from_wire_stage(s: iscsi_wire::Stage) -> iscsi_login::Stage {
 /// Runs the login phase on a fresh connection.
 pub(crate) async fn login(
     stream: &mut Stream,
-    rbuf: &mut BytesMut,
     config: InitiatorLoginConfig,
     timeout: Duration,
 ) -> Result<LoginDone, Error> {
-    tokio::time::timeout(timeout, login_exchange(stream, rbuf, config))
+    tokio::time::timeout(timeout, login_exchange(stream, config))
         .await
         .map_err(|_| {
             Error::Timeout(format!(
@@ -294,7 +94,6 @@ pub(crate) async fn login(
 
 async fn login_exchange(
     stream: &mut Stream,
-    rbuf: &mut BytesMut,
     config: InitiatorLoginConfig,
 ) -> Result<LoginDone, Error> {
     let mut sm = InitiatorLogin::new(config);
@@ -319,11 +118,8 @@ async fn login_exchange(
         });
         first = false;
         let pdu = Pdu::new(bhs, Bytes::from(std::mem::take(&mut req.data)));
-        stream
-            .write_all(&encode(&pdu, Digests::default()))
-            .await
-            .map_err(Error::io)?;
-        let resp = read_pdu(stream, rbuf, Digests::default(), LOGIN_MAX_DATA).await?;
+        send(stream, &pdu, Digests::default()).await?;
+        let resp = read_pdu(stream, Digests::default()).await?;
         let Bhs::LoginResponse(r) = resp.bhs else {
             return Err(Error::Protocol(format!(
                 "expected a Login Response, got {}",
@@ -371,7 +167,6 @@ async fn login_exchange(
 /// One Text exchange (with continuation) on a logged-in discovery connection.
 pub(crate) async fn text_exchange(
     stream: &mut Stream,
-    rbuf: &mut BytesMut,
     digests: Digests,
     done: &LoginDone,
     cmd_sn: u32,
@@ -393,11 +188,8 @@ pub(crate) async fn text_exchange(
             cmd_sn,
             exp_stat_sn,
         });
-        stream
-            .write_all(&encode(&Pdu::new(bhs, std::mem::take(&mut data)), digests))
-            .await
-            .map_err(Error::io)?;
-        let resp = loop_skip_nop(stream, rbuf, digests, &mut exp_stat_sn).await?;
+        send(stream, &Pdu::new(bhs, std::mem::take(&mut data)), digests).await?;
+        let resp = loop_skip_nop(stream, digests, &mut exp_stat_sn).await?;
         let Bhs::TextResponse(t) = resp.bhs else {
             return Err(Error::Protocol(format!(
                 "expected a Text Response, got {}",
@@ -419,12 +211,11 @@ pub(crate) async fn text_exchange(
 
 async fn loop_skip_nop(
     stream: &mut Stream,
-    rbuf: &mut BytesMut,
     digests: Digests,
     exp_stat_sn: &mut u32,
-) -> Result<RawPdu, Error> {
+) -> Result<Pdu, Error> {
     for _ in 0..64 {
-        let p = read_pdu(stream, rbuf, digests, LOGIN_MAX_DATA).await?;
+        let p = read_pdu(stream, digests).await?;
         match &p.bhs {
             Bhs::NopIn(n) if n.ttt != iscsi_wire::RESERVED_TAG => {
                 let reply = Bhs::NopOut(iscsi_wire::NopOut {
@@ -435,10 +226,7 @@ async fn loop_skip_nop(
                     cmd_sn: 0,
                     exp_stat_sn: *exp_stat_sn,
                 });
-                stream
-                    .write_all(&encode(&Pdu::new(reply, Bytes::new()), digests))
-                    .await
-                    .map_err(Error::io)?;
+                send(stream, &Pdu::new(reply, Bytes::new()), digests).await?;
             }
             Bhs::AsyncMessage(_) | Bhs::NopIn(_) => {}
             _ => return Ok(p),
@@ -450,7 +238,6 @@ async fn loop_skip_nop(
 /// Sends a Logout (close session) and waits for the response.
 pub(crate) async fn logout_plain(
     stream: &mut Stream,
-    rbuf: &mut BytesMut,
     digests: Digests,
     cmd_sn: u32,
     exp_stat_sn: u32,
@@ -463,12 +250,9 @@ pub(crate) async fn logout_plain(
         cmd_sn,
         exp_stat_sn,
     });
-    stream
-        .write_all(&encode(&Pdu::new(bhs, Bytes::new()), digests))
-        .await
-        .map_err(Error::io)?;
+    send(stream, &Pdu::new(bhs, Bytes::new()), digests).await?;
     let mut e = exp_stat_sn;
-    let p = loop_skip_nop(stream, rbuf, digests, &mut e).await?;
+    let p = loop_skip_nop(stream, digests, &mut e).await?;
     match p.bhs {
         Bhs::LogoutResponse(_) => Ok(()),
         other => Err(Error::Protocol(format!(
@@ -476,105 +260,4 @@ pub(crate) async fn logout_plain(
             other.opcode().name()
         ))),
     }
-}
-
-/// What the writer task is asked to do.
-pub(crate) enum WriterMsg {
-    Pdu(OutPdu),
-    Close,
-}
-
-enum Part {
-    Head(std::ops::Range<usize>),
-    Data(Bytes),
-    Pad(usize),
-    Digest([u8; 4]),
-}
-
-static ZEROS: [u8; 4] = [0; 4];
-const BATCH: usize = 128;
-const MAX_IOVECS: usize = 512;
-
-/// Sends queued PDUs: each wake-up takes everything queued (up to a batch), encodes the
-/// headers into one buffer, and writes headers and payload slices in one vectored write.
-pub(crate) async fn writer(
-    mut w: Traced<OwnedWriteHalf>,
-    mut rx: mpsc::UnboundedReceiver<WriterMsg>,
-    digests: Digests,
-) -> io::Result<()> {
-    let mut batch = Vec::with_capacity(BATCH);
-    let mut heads: Vec<u8> = Vec::with_capacity(BATCH * 56);
-    let mut parts: Vec<Part> = Vec::with_capacity(BATCH * 4);
-    loop {
-        if rx.recv_many(&mut batch, BATCH).await == 0 {
-            break;
-        }
-        heads.clear();
-        parts.clear();
-        let mut close = false;
-        for m in batch.drain(..) {
-            let p = match m {
-                WriterMsg::Pdu(p) => p,
-                WriterMsg::Close => {
-                    close = true;
-                    break;
-                }
-            };
-            let start = heads.len();
-            heads.extend_from_slice(&p.bhs.encode(p.ahs.len(), p.data.len() as u32));
-            heads.extend_from_slice(&p.ahs);
-            if digests.header {
-                let d = digest::crc32c(&heads[start..]);
-                heads.extend_from_slice(&d.to_le_bytes());
-            }
-            parts.push(Part::Head(start..heads.len()));
-            if !p.data.is_empty() {
-                let pad = iscsi_wire::padded_len(p.data.len() as u32) - p.data.len();
-                let dd = digests.data.then(|| {
-                    let c = digest::crc32c(&p.data);
-                    digest::crc32c_append(c, &ZEROS[..pad]).to_le_bytes()
-                });
-                parts.push(Part::Data(p.data));
-                if pad > 0 {
-                    parts.push(Part::Pad(pad));
-                }
-                if let Some(d) = dd {
-                    parts.push(Part::Digest(d));
-                }
-            }
-        }
-        write_parts(&mut w, &heads, &parts).await?;
-        if close {
-            break;
-        }
-    }
-    let _ = w.shutdown().await;
-    Ok(())
-}
-
-async fn write_parts(
-    w: &mut Traced<OwnedWriteHalf>,
-    heads: &[u8],
-    parts: &[Part],
-) -> io::Result<()> {
-    for chunk in parts.chunks(MAX_IOVECS) {
-        let mut slices: Vec<IoSlice<'_>> = chunk
-            .iter()
-            .map(|p| match p {
-                Part::Head(r) => IoSlice::new(&heads[r.clone()]),
-                Part::Data(b) => IoSlice::new(b),
-                Part::Pad(n) => IoSlice::new(&ZEROS[..*n]),
-                Part::Digest(d) => IoSlice::new(d),
-            })
-            .collect();
-        let mut rest: &mut [IoSlice<'_>] = &mut slices;
-        while !rest.is_empty() {
-            let n = w.write_vectored(rest).await?;
-            if n == 0 {
-                return Err(io::ErrorKind::WriteZero.into());
-            }
-            IoSlice::advance_slices(&mut rest, n);
-        }
-    }
-    Ok(())
 }

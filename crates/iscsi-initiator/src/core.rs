@@ -131,13 +131,8 @@ pub enum Reply {
     Logout(u8),
 }
 
-/// A PDU to send on a connection (digests and framing are the driver's).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OutPdu {
-    pub bhs: Bhs,
-    pub ahs: Bytes,
-    pub data: Bytes,
-}
+/// A PDU to send on a connection (digests and framing are the transport's).
+pub type OutPdu = iscsi_wire::Pdu;
 
 /// What the driver must do.
 #[derive(Debug)]

@@ -74,9 +74,6 @@ impl Error {
     pub(crate) fn io(e: std::io::Error) -> Error {
         Error::Io(e.to_string())
     }
-    pub(crate) fn wire(e: iscsi_wire::WireError) -> Error {
-        Error::Protocol(e.to_string())
-    }
 }
 
 impl CommandResult {

@@ -8,22 +8,25 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
+use datamover_tcp::frame::{complete_frame, FrameError, FrameReader};
+use datamover_tcp::trace::Traced;
 use iscsi_login::{
     ChapAlgorithm, ChapCredentials, DesiredSession, DigestPreference, DiscoveredTarget,
     InitiatorAuth, InitiatorLoginConfig, SessionParams,
 };
-use iscsi_wire::{Bhs, Digests, FrameLayout, BHS_LEN};
+use iscsi_wire::{Bhs, Digests};
 use tokio::net::tcp::OwnedReadHalf;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 
-use crate::conn::{self, LoginDone, WriterMsg, READ_CHUNK};
+use crate::conn::{self, LoginDone};
 use crate::core::{
     Action, CommandRequest, CommandResult, Reply, SessionCore, SessionLimits, TaskError,
 };
 use crate::scsi::{self, status, Capacity, Inquiry, Sense};
 use crate::url::IscsiUrl;
 use crate::Error;
+use datamover_tcp::initiator::WriterMsg;
 
 /// The initiator name used unless the caller sets one.
 pub const DEFAULT_INITIATOR_NAME: &str = "iqn.2026-11.org.ironsan:initiator";
@@ -277,7 +280,7 @@ struct Established {
     cmd_sn: u32,
     exp_cmd_sn: u32,
     max_cmd_sn: u32,
-    conns: Vec<(conn::Stream, BytesMut, LoginDone)>,
+    conns: Vec<(conn::Stream, LoginDone)>,
 }
 
 /// Logs in the leading connection (TSIH 0: a new session, or a reinstatement of one with the
@@ -294,10 +297,8 @@ async fn establish(
     let addr = url.host_port();
     let mut stream =
         conn::connect(&addr, cfg.connect_timeout, cfg.trace.as_ref().map(|t| &t.0)).await?;
-    let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
     let lead = conn::login(
         &mut stream,
-        &mut rbuf,
         cfg.login_config(Some(target), isid, 0, 0, 1),
         cfg.login_timeout,
     )
@@ -312,19 +313,17 @@ async fn establish(
     let cmd_sn = lead.exp_cmd_sn;
     let (exp_cmd_sn, max_cmd_sn, tsih) = (lead.exp_cmd_sn, lead.max_cmd_sn, lead.tsih);
     let want = cfg.connections.max(1).min(params.max_connections.max(1));
-    let mut conns = vec![(stream, rbuf, lead)];
+    let mut conns = vec![(stream, lead)];
     for cid in 1..want {
         let mut s =
             conn::connect(&addr, cfg.connect_timeout, cfg.trace.as_ref().map(|t| &t.0)).await?;
-        let mut b = BytesMut::with_capacity(READ_CHUNK);
         let done = conn::login(
             &mut s,
-            &mut b,
             cfg.login_config(Some(target), isid, tsih, cid, cmd_sn),
             cfg.login_timeout,
         )
         .await?;
-        conns.push((s, b, done));
+        conns.push((s, done));
     }
     Ok(Established {
         tsih,
@@ -346,7 +345,7 @@ fn install(inner: &Arc<Inner>, st: &mut State, est: Established) {
     st.core
         .reset_session(est.limits, est.cmd_sn, est.exp_cmd_sn, est.max_cmd_sn);
     st.conns.clear();
-    for (stream, rbuf, done) in est.conns {
+    for (stream, done) in est.conns {
         let digests = Digests {
             header: done.connection.header_digest,
             data: done.connection.data_digest,
@@ -357,14 +356,13 @@ fn install(inner: &Arc<Inner>, st: &mut State, est: Established) {
         let (rd, wr) = stream.into_split();
         let (tx, rx) = mpsc::unbounded_channel();
         let idx = st.conns.len();
-        let writer = tokio::spawn(conn::writer(wr, rx, digests)).abort_handle();
+        let writer = tokio::spawn(datamover_tcp::initiator::writer(wr, rx, digests)).abort_handle();
         let max_recv = done.connection.max_recv_data_segment_length.max(512);
         let reader = tokio::spawn(reader(
             inner.clone(),
             idx,
             generation,
             rd,
-            rbuf,
             digests,
             max_recv,
         ))
@@ -385,19 +383,21 @@ fn install(inner: &Arc<Inner>, st: &mut State, est: Established) {
     flush(st);
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn reader(
     inner: Arc<Inner>,
     idx: usize,
     generation: u64,
-    mut rd: conn::Traced<OwnedReadHalf>,
-    mut rbuf: BytesMut,
+    mut rd: FrameReader<Traced<OwnedReadHalf>>,
     digests: Digests,
     max_recv: u32,
 ) {
     let reason = loop {
-        if let Err(e) = next_frame(&mut rd, &mut rbuf, digests, max_recv).await {
-            break e;
+        if let Err(e) = rd.next_frame(digests, max_recv).await {
+            break match e {
+                FrameError::Eof => "connection lost: the target closed the connection".to_string(),
+                FrameError::Io(e) => format!("connection lost: {e}"),
+                e => format!("from the target: {e}"),
+            };
         }
         let mut st = inner.lock();
         if st.generation != generation {
@@ -406,7 +406,7 @@ async fn reader(
         let mut failed = None;
         // Everything complete in the buffer is handled under one lock.
         for _ in 0..4096 {
-            match process_one(&mut st.core, idx, &mut rbuf, digests, max_recv) {
+            match process_one(&mut st.core, idx, rd.buffered(), digests, max_recv) {
                 Ok(true) => {}
                 Ok(false) => break,
                 Err(e) => {
@@ -429,21 +429,6 @@ async fn reader(
     );
 }
 
-/// Reads until the buffer holds at least one whole PDU.
-async fn next_frame(
-    rd: &mut conn::Traced<OwnedReadHalf>,
-    rbuf: &mut BytesMut,
-    digests: Digests,
-    max_recv: u32,
-) -> Result<(), String> {
-    let io = |e: std::io::Error| format!("connection lost: {e}");
-    conn::fill(rd, rbuf, BHS_LEN).await.map_err(io)?;
-    let head: &[u8; BHS_LEN] = rbuf[..BHS_LEN].try_into().expect("48 bytes");
-    let layout = FrameLayout::of(head, digests, max_recv)
-        .map_err(|e| format!("protocol error from the target: {e}"))?;
-    conn::fill(rd, rbuf, layout.total_len()).await.map_err(io)
-}
-
 /// Handles the PDU at the front of `rbuf` if it is complete. Ok(false): need more bytes.
 fn process_one(
     core: &mut SessionCore<Waiter>,
@@ -452,59 +437,35 @@ fn process_one(
     digests: Digests,
     max_recv: u32,
 ) -> Result<bool, String> {
-    if rbuf.len() < BHS_LEN {
+    let Some(frame) =
+        complete_frame(rbuf, digests, max_recv).map_err(|e| format!("from the target: {e}"))?
+    else {
         return Ok(false);
-    }
-    let head: [u8; BHS_LEN] = rbuf[..BHS_LEN].try_into().expect("48 bytes");
-    let layout = FrameLayout::of(&head, digests, max_recv)
-        .map_err(|e| format!("protocol error from the target: {e}"))?;
-    let total = layout.total_len();
-    if rbuf.len() < total {
-        return Ok(false);
-    }
-    let header_end = BHS_LEN + layout.header_rest_len();
-    if layout.header_digest_len > 0 {
-        let got = u32::from_le_bytes(rbuf[header_end - 4..header_end].try_into().expect("4"));
-        let want = digest::crc32c(&rbuf[..header_end - 4]);
-        if got != want {
-            return Err(format!(
-                "header digest error from the target (got {got:08x}, computed {want:08x})"
-            ));
-        }
-    }
-    let bhs = Bhs::decode(&head)
+    };
+    let bhs = Bhs::decode(&frame.head)
         .map_err(|e| format!("protocol error from the target: {e}"))?
         .bhs;
-    let data_end = header_end + layout.data_len as usize;
-    let padded_end = data_end + layout.pad_len;
-    let wire_digest = (layout.data_digest_len > 0)
-        .then(|| u32::from_le_bytes(rbuf[padded_end..padded_end + 4].try_into().expect("4")));
     let result = match bhs {
         Bhs::DataIn(d) => {
             // The frame leaves the receive buffer as shared bytes, so a payload that is a whole
             // read reaches the caller without a copy.
-            let frame = rbuf.split_to(total).freeze();
-            let payload = frame.slice(header_end..data_end);
-            let digest = wire_digest.map(|w| (w, &frame[data_end..padded_end]));
+            let bytes = rbuf.split_to(frame.total_len()).freeze();
+            let payload = bytes.slice(frame.data_range());
+            let digest = frame.data_digest_parts(&bytes);
             return core
                 .on_data_in(conn, &d, &payload, digest)
                 .map(|_| true)
                 .map_err(|e| e.to_string());
         }
         other => {
-            if let Some(want) = wire_digest {
-                let got = digest::crc32c(&rbuf[header_end..padded_end]);
-                if got != want {
-                    return Err(format!(
-                        "data digest error from the target (got {want:08x}, computed {got:08x})"
-                    ));
-                }
-            }
-            let data = Bytes::copy_from_slice(&rbuf[header_end..data_end]);
+            frame
+                .verify_data_digest(rbuf)
+                .map_err(|e| format!("{e} from the target"))?;
+            let data = Bytes::copy_from_slice(&rbuf[frame.data_range()]);
             core.on_pdu(conn, other, data)
         }
     };
-    rbuf.advance(total);
+    rbuf.advance(frame.total_len());
     result.map(|_| true).map_err(|e| e.to_string())
 }
 
@@ -1034,14 +995,13 @@ pub async fn discover(url: &IscsiUrl, cfg: &SessionConfig) -> Result<Vec<Discove
     let addr = url.host_port();
     let mut stream =
         conn::connect(&addr, cfg.connect_timeout, cfg.trace.as_ref().map(|t| &t.0)).await?;
-    let mut rbuf = BytesMut::with_capacity(64 * 1024);
     let mut r = [0u8; 4];
     rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut r);
     let isid = [0x80, 0x00, r[0], r[1], r[2], r[3]];
     let mut lc = cfg.login_config(None, isid, 0, 0, 1);
     // Digests are pointless for a few hundred bytes of text; keep what the caller asked.
     lc.session.max_connections = 1;
-    let done = conn::login(&mut stream, &mut rbuf, lc, cfg.login_timeout).await?;
+    let done = conn::login(&mut stream, lc, cfg.login_timeout).await?;
     let digests = Digests {
         header: done.connection.header_digest,
         data: done.connection.data_digest,
@@ -1050,7 +1010,6 @@ pub async fn discover(url: &IscsiUrl, cfg: &SessionConfig) -> Result<Vec<Discove
         cfg.login_timeout,
         conn::text_exchange(
             &mut stream,
-            &mut rbuf,
             digests,
             &done,
             done.exp_cmd_sn,
@@ -1063,7 +1022,6 @@ pub async fn discover(url: &IscsiUrl, cfg: &SessionConfig) -> Result<Vec<Discove
         Duration::from_secs(5),
         conn::logout_plain(
             &mut stream,
-            &mut rbuf,
             digests,
             done.exp_cmd_sn,
             done.exp_stat_sn.wrapping_add(1),

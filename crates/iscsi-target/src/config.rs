@@ -4,6 +4,7 @@
 
 use iscsi_login::chap::ChapCredentials;
 use iscsi_login::directory::{AuthRequirement, Portal, TargetDirectory};
+use iscsi_login::params::TransportKind;
 use iscsi_login::target::DigestPolicy;
 use scsi::LunConfig;
 use serde::Deserialize;
@@ -106,6 +107,37 @@ pub struct Config {
     pub targets: Vec<TargetConfig>,
 }
 
+/// One configured portal: its transport and address. Written `ADDR:PORT` (iSCSI/TCP),
+/// `tcp://ADDR:PORT` or `iser://ADDR:PORT`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortalSpec {
+    pub kind: TransportKind,
+    pub address: SocketAddr,
+}
+
+impl PortalSpec {
+    /// Parses a portal as written in the configuration or on the command line; the error
+    /// says what to write instead.
+    pub fn parse(text: &str) -> Result<PortalSpec, String> {
+        let (kind, addr) = match text.split_once("://") {
+            None => (TransportKind::Tcp, text),
+            Some(("tcp", a)) => (TransportKind::Tcp, a),
+            Some(("iser", a)) => (TransportKind::Iser, a),
+            Some((scheme, _)) => {
+                return Err(format!(
+                    "portal {text:?}: unknown transport {scheme:?}; write ADDR:PORT, tcp://ADDR:PORT or iser://ADDR:PORT"
+                ))
+            }
+        };
+        let address = addr.parse::<SocketAddr>().map_err(|_| {
+            format!(
+                "portal {text:?} is not ADDR:PORT (e.g. \"127.0.0.1:3260\", \"iser://[::1]:3260\")"
+            )
+        })?;
+        Ok(PortalSpec { kind, address })
+    }
+}
+
 /// A configuration error, already phrased for the user.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -176,12 +208,7 @@ impl Config {
                 .unwrap_or_else(|| origin.to_string())
         };
         for p in &self.portals {
-            p.parse::<SocketAddr>().map_err(|_| {
-                ConfigError(format!(
-                    "{}: portal {p:?} is not ADDR:PORT (e.g. \"127.0.0.1:3260\")",
-                    line_of(p)
-                ))
-            })?;
+            PortalSpec::parse(p).map_err(|why| ConfigError(format!("{}: {why}", line_of(p))))?;
         }
         if !(1..=65535).contains(&self.queue_depth) {
             return Err(ConfigError(format!(
@@ -363,6 +390,23 @@ read_only = true
         assert!(lun3.sanitize && lun3.serial.as_deref() == Some("DISK3-0001"));
         // The derived identities must accept the example's WWN too.
         scsi::Device::new(&c.targets[0].name, vec![(3, lun3.clone())]).unwrap();
+    }
+
+    #[test]
+    fn portals_name_their_transport() {
+        let tcp = PortalSpec::parse("127.0.0.1:3260").unwrap();
+        assert_eq!(tcp.kind, TransportKind::Tcp);
+        assert_eq!(PortalSpec::parse("tcp://127.0.0.1:3260").unwrap(), tcp);
+        let iser = PortalSpec::parse("iser://[::1]:3260").unwrap();
+        assert_eq!(iser.kind, TransportKind::Iser);
+        assert_eq!(iser.address, "[::1]:3260".parse().unwrap());
+        let e = PortalSpec::parse("fc://127.0.0.1:3260").unwrap_err();
+        assert!(
+            e.contains("unknown transport \"fc\"") && e.contains("iser://"),
+            "{e}"
+        );
+        let e = Config::parse("portals = [\"iser://nowhere\"]\n", "p.toml").unwrap_err();
+        assert!(e.0.starts_with("p.toml:1: portal"), "{}", e.0);
     }
 
     #[test]

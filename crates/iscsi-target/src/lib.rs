@@ -2,23 +2,27 @@
 //! through the sans-IO `iscsi-login` state machine, keeps sessions (TSIH allocation,
 //! reinstatement, several connections per session), orders commands across a session's
 //! connections with the `iscsi-session` CmdSN window, runs them on the `scsi` engine, and
-//! moves data only through the `datamover` boundary. It also answers NOP, Text
-//! (SendTargets), Logout and task management, pings idle connections, and announces
-//! shutdown with an Async Message. For diagnosis, every connection's bytes can be recorded
-//! into a pcapng trace ([`Bound::trace_to`]) and an observer can watch each accepted socket
-//! (e.g. sample its TCP_INFO) for as long as the connection lives ([`Bound::observe_connections`]).
+//! moves data only through the `datamover` boundary: portals accept connections of their
+//! transport ([`datamover::Portal`]), login runs over a [`datamover::LoginChannel`] told its
+//! transport kind, and full feature phase drives the [`datamover::Datamover`] that channel
+//! yields — no socket type appears here; `datamover-tcp` provides the iSCSI/TCP portals.
+//! It also answers NOP, Text (SendTargets), Logout and task management, pings idle
+//! connections, and announces shutdown with an Async Message. For diagnosis, every
+//! connection's bytes can be recorded into a pcapng trace ([`Bound::trace_to`]) and an
+//! observer can watch each accepted socket (e.g. sample its TCP_INFO) for as long as the
+//! connection lives ([`Bound::observe_connections`]).
 
 pub mod config;
 mod session;
 
-pub use config::{Config, ConfigError, DEFAULT_IQN, DEFAULT_PORTAL};
+pub use config::{Config, ConfigError, PortalSpec, DEFAULT_IQN, DEFAULT_PORTAL};
+pub use datamover::ConnectionObserver;
 
 use bytes::Bytes;
-use datamover::tcp::{FfpConfig, TcpConnection, LOGIN_MAX_DATA};
-use datamover::{CmdSnState, Notice};
+use datamover::{CmdSnState, FfpConfig, LoginChannel, LoginRecvError, Notice};
 
 use iscsi_login::directory::Portal;
-use iscsi_login::params::{SessionType, TransportKind};
+use iscsi_login::params::SessionType;
 use iscsi_login::pdu::{LoginStatus, Stage as LStage};
 use iscsi_login::target::{LoginState, TargetLimits, TargetLogin, TargetLoginConfig};
 use iscsi_session::{CmdWindow, WriteLimits};
@@ -29,14 +33,9 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
-use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 const LOGIN_TIMEOUT: Duration = Duration::from_secs(15);
-
-/// Called with every accepted socket; what it returns is dropped when the connection ends.
-pub type ConnectionObserver =
-    Arc<dyn Fn(&TcpStream) -> Option<Box<dyn Send>> + Send + Sync + 'static>;
 /// Largest write the target buffers for one command.
 const MAX_WRITE_LEN: u32 = 64 << 20;
 
@@ -55,40 +54,60 @@ pub struct Target {
 /// Listeners bound for a target, ready to serve.
 pub struct Bound {
     target: Arc<Target>,
-    listeners: Vec<TcpListener>,
+    portals: Vec<Arc<dyn datamover::Portal>>,
 }
 
 impl Target {
-    /// Open every LUN's backend and bind every portal.
+    /// Open every LUN's backend and bind every portal of the configuration.
     pub async fn bind(mut config: Config) -> Result<Bound, String> {
         if config.portals.is_empty() {
             config.portals.push(DEFAULT_PORTAL.to_string());
         }
+        let mut portals: Vec<Arc<dyn datamover::Portal>> = Vec::new();
+        for p in &config.portals {
+            let spec = PortalSpec::parse(p)?;
+            match spec.kind {
+                datamover::TransportKind::Tcp => {
+                    let l = datamover_tcp::TcpPortal::bind(spec.address)
+                        .await
+                        .map_err(|e| format!("cannot listen on {}: {e}", spec.address))?;
+                    portals.push(Arc::new(l));
+                }
+                datamover::TransportKind::Iser => {
+                    return Err(format!(
+                        "portal {p:?}: iSER portals are not available in this build yet; use ADDR:PORT (iSCSI/TCP)"
+                    ))
+                }
+            }
+        }
+        Target::with_portals(config, portals)
+    }
+
+    /// Open every LUN's backend and serve on `portals` (of any transport), which replace
+    /// the configuration's.
+    pub fn with_portals(
+        config: Config,
+        portals: Vec<Arc<dyn datamover::Portal>>,
+    ) -> Result<Bound, String> {
         let mut devices = HashMap::new();
         for t in &config.targets {
             let device = scsi::Device::new(&t.name, Config::luns(t))
                 .map_err(|e| format!("target {}: {e}", t.name))?;
             devices.insert(t.name.to_ascii_lowercase(), Arc::new(device));
         }
-        let mut listeners = Vec::new();
-        let mut portals = Vec::new();
-        for p in &config.portals {
-            let addr: SocketAddr = p
-                .parse()
-                .map_err(|_| format!("portal {p:?} is not ADDR:PORT"))?;
-            let l = TcpListener::bind(addr)
-                .await
-                .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-            let bound = l.local_addr().map_err(|e| e.to_string())?;
-            portals.push(Portal {
-                address: bound,
+        let addresses = portals
+            .iter()
+            .map(|p| Portal {
+                address: p.local_addr(),
                 tpgt: 1,
-            });
-            listeners.push(l);
-        }
+            })
+            .collect();
         let (shutdown, _) = watch::channel(false);
         let target = Arc::new(Target {
-            directory: Arc::new(config::Directory { config, portals }),
+            directory: Arc::new(config::Directory {
+                config,
+                portals: addresses,
+            }),
             devices,
             sessions: Mutex::new(HashMap::new()),
             next_tsih: AtomicU16::new(1),
@@ -97,7 +116,7 @@ impl Target {
             trace: OnceLock::new(),
             observer: OnceLock::new(),
         });
-        Ok(Bound { target, listeners })
+        Ok(Bound { target, portals })
     }
 
     fn config(&self) -> &Config {
@@ -172,10 +191,7 @@ impl Target {
 impl Bound {
     /// The addresses actually bound (useful with port 0).
     pub fn local_addrs(&self) -> Vec<SocketAddr> {
-        self.listeners
-            .iter()
-            .filter_map(|l| l.local_addr().ok())
-            .collect()
+        self.portals.iter().map(|p| p.local_addr()).collect()
     }
 
     pub fn target(&self) -> Arc<Target> {
@@ -188,7 +204,7 @@ impl Bound {
         let _ = self.target.trace.set(trace);
     }
 
-    /// Call `observer` with every accepted socket. Set once, before serving.
+    /// Call `observer` with every accepted connection's socket. Set once, before serving.
     pub fn observe_connections(&self, observer: ConnectionObserver) {
         let _ = self.target.observer.set(observer);
     }
@@ -196,17 +212,17 @@ impl Bound {
     /// Accept connections until the target shuts down.
     pub async fn serve(self) {
         let mut tasks = Vec::new();
-        for l in self.listeners {
+        for l in self.portals {
             let target = self.target.clone();
             tasks.push(tokio::spawn(async move {
-                let portal = Portal { address: l.local_addr().expect("bound"), tpgt: 1 };
+                let portal = Portal { address: l.local_addr(), tpgt: 1 };
                 let mut stop = target.shutdown.subscribe();
                 loop {
                     tokio::select! {
-                        r = l.accept() => match r {
-                            Ok((stream, _)) => {
+                        r = l.accept(target.trace.get()) => match r {
+                            Ok(channel) => {
                                 let t = target.clone();
-                                tokio::spawn(async move { handle_connection(t, stream, portal).await });
+                                tokio::spawn(async move { handle_connection(t, channel, portal).await });
                             }
                             Err(e) => {
                                 tracing::warn!("accept failed on {}: {e}", portal.address);
@@ -310,21 +326,12 @@ struct LoggedIn {
     notices: tokio::sync::mpsc::Receiver<Notice>,
 }
 
-async fn handle_connection(target: Arc<Target>, stream: TcpStream, portal: Portal) {
-    let _observed = target.observer.get().and_then(|observe| observe(&stream));
-    let mut conn = match TcpConnection::new(stream) {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::debug!("connection setup failed: {e}");
-            return;
-        }
-    };
-    if let Some(trace) = target.trace.get() {
-        if let Err(e) = conn.trace(trace, pcap_trace::Side::Accepted) {
-            tracing::debug!("not tracing a connection: {e}");
-        }
-    }
+async fn handle_connection(target: Arc<Target>, conn: Box<dyn LoginChannel>, portal: Portal) {
     let peer = conn.peer();
+    let _observed = target
+        .observer
+        .get()
+        .and_then(|observe| observe(conn.socket()?, peer));
     match login(&target, conn, portal).await {
         Ok(Some(logged_in)) => {
             session::run_full_feature(target, logged_in.session, logged_in.conn, logged_in.notices)
@@ -335,24 +342,21 @@ async fn handle_connection(target: Arc<Target>, stream: TcpStream, portal: Porta
     }
 }
 
-async fn recv(c: &mut TcpConnection) -> Result<datamover::InPdu, String> {
-    match tokio::time::timeout(LOGIN_TIMEOUT, c.recv_pdu(LOGIN_MAX_DATA)).await {
+async fn recv(c: &mut dyn LoginChannel) -> Result<datamover::InPdu, String> {
+    match tokio::time::timeout(LOGIN_TIMEOUT, c.recv()).await {
         Err(_) => Err("timed out waiting for a Login Request".to_string()),
-        Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-            Err("peer closed during login".to_string())
-        }
-        Ok(Err(e)) => Err(format!("bad PDU during login: {e}")),
+        Ok(Err(e @ (LoginRecvError::Closed | LoginRecvError::Bad(_)))) => Err(e.to_string()),
         Ok(Ok(p)) => Ok(p),
     }
 }
 
 async fn login(
     target: &Arc<Target>,
-    mut conn: TcpConnection,
+    mut conn: Box<dyn LoginChannel>,
     portal: Portal,
 ) -> Result<Option<LoggedIn>, String> {
     let peer = conn.peer();
-    let mut pdu = recv(&mut conn).await?;
+    let mut pdu = recv(conn.as_mut()).await?;
     let Bhs::LoginRequest(first) = &pdu.pdu.bhs else {
         return Err(format!(
             "first PDU is a {}, not a Login Request",
@@ -372,7 +376,7 @@ async fn login(
             let rsp =
                 iscsi_login::pdu::LoginResponse::failure(&req, LoginStatus::SESSION_DOES_NOT_EXIST);
             let _ = conn
-                .send_pdu(&login_response_pdu(&rsp, 0, first.cmd_sn, first.cmd_sn))
+                .send(&login_response_pdu(&rsp, 0, first.cmd_sn, first.cmd_sn))
                 .await;
             return Err(format!("TSIH {} names no session", first.tsih));
         }
@@ -396,7 +400,7 @@ async fn login(
     let mut tl = TargetLogin::new(TargetLoginConfig {
         portal_group_tag: portal.tpgt,
         existing_session: existing.as_ref().map(|s| s.params.clone()),
-        transport: TransportKind::Tcp,
+        transport: conn.kind(),
         limits: target.limits_for(named.as_deref()),
         directory: target.directory.clone(),
     });
@@ -414,14 +418,14 @@ async fn login(
         let mut rsp = step.response;
         match step.state {
             LoginState::Continue => {
-                conn.send_pdu(&login_response_pdu(&rsp, stat_sn, exp, max))
+                conn.send(&login_response_pdu(&rsp, stat_sn, exp, max))
                     .await
                     .map_err(|e| e.to_string())?;
             }
             LoginState::Failed => {
                 let status = rsp.status();
                 let _ = conn
-                    .send_pdu(&login_response_pdu(&rsp, stat_sn, exp, max))
+                    .send(&login_response_pdu(&rsp, stat_sn, exp, max))
                     .await;
                 tracing::warn!(%peer, "login rejected: {} (0x{:04x})", status.meaning(), status.code());
                 return Ok(None);
@@ -440,14 +444,14 @@ async fn login(
                             LoginStatus::TOO_MANY_CONNECTIONS,
                         );
                         let _ = conn
-                            .send_pdu(&login_response_pdu(&fail, stat_sn, exp, max))
+                            .send(&login_response_pdu(&fail, stat_sn, exp, max))
                             .await;
                         return Err("too many connections in session".into());
                     }
                     (s, exp, max)
                 };
                 rsp.tsih = session.tsih;
-                conn.send_pdu(&login_response_pdu(&rsp, stat_sn, exp, max))
+                conn.send(&login_response_pdu(&rsp, stat_sn, exp, max))
                     .await
                     .map_err(|e| e.to_string())?;
                 let cp = outcome.connection;
@@ -471,8 +475,15 @@ async fn login(
                     next_stat_sn: stat_sn.wrapping_add(1),
                     max_write_len: MAX_WRITE_LEN,
                 };
+                let transport = conn.kind();
                 let (dm, notices) = conn.into_full_feature(ffp, session.sn.clone());
-                let c = Arc::new(Conn::new(cid, peer, dm, cp.max_send_data_segment_length));
+                let c = Arc::new(Conn::new(
+                    cid,
+                    peer,
+                    transport,
+                    dm,
+                    cp.max_send_data_segment_length,
+                ));
                 if let Some(old) = session.add_connection(c.clone()) {
                     tracing::info!(%peer, cid, "connection reinstatement: closing the old connection");
                     old.dm.close();
@@ -494,7 +505,7 @@ async fn login(
             }
         }
         stat_sn = stat_sn.wrapping_add(1);
-        pdu = recv(&mut conn).await?;
+        pdu = recv(conn.as_mut()).await?;
     }
 }
 

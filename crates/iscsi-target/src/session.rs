@@ -55,6 +55,8 @@ pub(crate) struct Session {
 pub(crate) struct Conn {
     pub cid: u16,
     pub peer: SocketAddr,
+    /// The transport this connection runs over (Text negotiation answers its keys).
+    pub transport: TransportKind,
     pub dm: Arc<dyn Datamover>,
     /// The initiator's MaxRecvDataSegmentLength (bounds NOP-In and Text data).
     pub max_send: u32,
@@ -65,10 +67,17 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    pub fn new(cid: u16, peer: SocketAddr, dm: Arc<dyn Datamover>, max_send: u32) -> Conn {
+    pub fn new(
+        cid: u16,
+        peer: SocketAddr,
+        transport: TransportKind,
+        dm: Arc<dyn Datamover>,
+        max_send: u32,
+    ) -> Conn {
         Conn {
             cid,
             peer,
+            transport,
             dm,
             max_send,
             inflight: AtomicUsize::new(0),
@@ -418,7 +427,7 @@ impl Session {
             };
             let ctx = TextContext {
                 directory: target.directory.as_ref(),
-                transport: TransportKind::Tcp,
+                transport: conn.transport,
                 our_max_recv_data_segment_length: target.base_limits().max_recv_data_segment_length,
             };
             let reply = iscsi_login::textneg::negotiate_text(&pairs, &mut sp, &mut cp, &ctx);

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 #[derive(clap::Args)]
 pub struct TargetArgs {
-    /// Portal to listen on (repeatable). Default 127.0.0.1:3260, or the config's portals.
+    /// Portal to listen on (repeatable): ADDR:PORT or tcp://ADDR:PORT for iSCSI/TCP.
+    /// Default 127.0.0.1:3260, or the config's portals.
     #[arg(long = "portal", value_name = "ADDR:PORT")]
     pub portals: Vec<String>,
     /// TOML configuration file (portals, targets, LUNs, ACLs, CHAP).
@@ -35,9 +36,7 @@ pub fn run(args: TargetArgs) -> anyhow::Result<()> {
     };
     if !args.portals.is_empty() {
         for p in &args.portals {
-            p.parse::<std::net::SocketAddr>().map_err(|_| {
-                anyhow::anyhow!("--portal {p:?} is not ADDR:PORT (e.g. 127.0.0.1:3260)")
-            })?;
+            iscsi_target::PortalSpec::parse(p).map_err(|why| anyhow::anyhow!("--portal: {why}"))?;
         }
         config.portals = args.portals.clone();
     }
@@ -117,7 +116,7 @@ fn tcp_info_recorder(
     dir: std::path::PathBuf,
     interval: Duration,
 ) -> iscsi_target::ConnectionObserver {
-    use std::os::fd::AsFd;
+    use std::os::fd::BorrowedFd;
     use std::sync::atomic::{AtomicU64, Ordering};
     struct Recording {
         sampler: Option<analyze::tcpinfo::TcpInfoSampler>,
@@ -145,14 +144,10 @@ fn tcp_info_recorder(
         }
     }
     let next = AtomicU64::new(1);
-    std::sync::Arc::new(move |stream: &tokio::net::TcpStream| {
-        let peer = stream
-            .peer_addr()
-            .ok()?
-            .to_string()
-            .replace([':', '[', ']'], "_");
+    std::sync::Arc::new(move |socket: BorrowedFd<'_>, peer: std::net::SocketAddr| {
+        let peer = peer.to_string().replace([':', '[', ']'], "_");
         let n = next.fetch_add(1, Ordering::Relaxed);
-        match analyze::tcpinfo::TcpInfoSampler::new(stream.as_fd(), interval) {
+        match analyze::tcpinfo::TcpInfoSampler::new(socket, interval) {
             Ok(sampler) => Some(Box::new(Recording {
                 sampler: Some(sampler),
                 base: dir.join(format!("conn-{n}-{peer}")),

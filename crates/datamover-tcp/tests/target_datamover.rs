@@ -3,8 +3,9 @@
 //! separate CRC pass), and what arrives as notices.
 
 use bytes::Bytes;
-use datamover::tcp::{FfpConfig, TcpConnection};
+use datamover::FfpConfig;
 use datamover::{CmdSnState, CollapsedStatus, Datamover, DmError, Notice, TaskRef, WriteHandle};
+use datamover_tcp::TcpConnection;
 use iscsi_session::WriteLimits;
 use iscsi_wire::{decode_pdu, Bhs, DataOut, Digests, NopIn, Pdu, ScsiCommand};
 use std::sync::Arc;
@@ -37,7 +38,7 @@ fn config(digests: Digests) -> FfpConfig {
 async fn pair(
     digests: Digests,
 ) -> (
-    Arc<datamover::tcp::TcpDatamover>,
+    Arc<datamover_tcp::TcpDatamover>,
     tokio::sync::mpsc::Receiver<Notice>,
     TcpStream,
 ) {
@@ -46,7 +47,7 @@ async fn pair(
         .await
         .unwrap();
     let (ours, _) = listener.accept().await.unwrap();
-    let conn = TcpConnection::new(ours).unwrap();
+    let conn = TcpConnection::new(ours, None).unwrap();
     let (dm, notices) = conn.into_full_feature(config(digests), CmdSnState::new(7, 20));
     (dm, notices, peer)
 }

@@ -1,0 +1,494 @@
+//! The one iSCSI/TCP PDU framer, used by both roles.
+//!
+//! Receive side: [`FrameReader`] reads a connection's bytes in large chunks and yields
+//! whole frames with the header digest checked ([`complete_frame`] does the same on bytes
+//! already buffered, so a reader can handle every buffered PDU under one lock); a
+//! [`Frame`] knows where its parts lie and checks the data digest against a CRC the caller
+//! computed (usually in the same pass as its copy of the payload).
+//! Send side: [`PduBatch`] encodes a batch of PDUs into one header buffer plus payload
+//! slices (header digest, padding, data digest — from a precomputed CRC when the producer
+//! has one) and writes it with vectored writes, so payloads are never copied in user space.
+
+use bytes::{Bytes, BytesMut};
+use iscsi_wire::{Bhs, Digests, FrameLayout, Pdu, WireError, BHS_LEN};
+use std::io::{self, IoSlice};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Login and text PDUs longer than this are refused (the RFC default
+/// MaxRecvDataSegmentLength is 8 KiB; continuation carries longer text).
+pub const LOGIN_MAX_DATA: u32 = 64 * 1024;
+/// Iovecs per vectored write (Linux's IOV_MAX is 1024).
+const MAX_IOVECS: usize = 512;
+static ZEROS: [u8; 4] = [0; 4];
+
+/// Why a frame could not be read.
+#[derive(Debug)]
+pub enum FrameError {
+    /// The peer closed the connection.
+    Eof,
+    Io(io::Error),
+    /// The header announces a frame we refuse (data segment over the limit). `head` is the
+    /// BHS as received, for a Reject.
+    Layout {
+        head: [u8; BHS_LEN],
+        err: WireError,
+    },
+    HeaderDigest {
+        got: u32,
+        computed: u32,
+    },
+    DataDigest(DataDigestError),
+    /// The header does not decode (unknown opcode, bad field).
+    Decode(WireError),
+}
+
+impl std::fmt::Display for FrameError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FrameError::Eof => f.write_str("peer closed the connection"),
+            FrameError::Io(e) => write!(f, "read error: {e}"),
+            FrameError::Layout { err, .. } => write!(f, "protocol error: {err}"),
+            FrameError::HeaderDigest { got, computed } => {
+                write!(
+                    f,
+                    "header digest error (got {got:08x}, computed {computed:08x})"
+                )
+            }
+            FrameError::DataDigest(e) => e.fmt(f),
+            FrameError::Decode(e) => write!(f, "protocol error: {e}"),
+        }
+    }
+}
+
+/// A data digest that does not match the payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataDigestError {
+    pub got: u32,
+    pub computed: u32,
+}
+
+impl std::fmt::Display for DataDigestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "data digest error (got {:08x}, computed {:08x})",
+            self.got, self.computed
+        )
+    }
+}
+
+/// Where the parts of one complete, header-checked frame lie in the receive buffer.
+#[derive(Debug, Clone, Copy)]
+pub struct Frame {
+    /// The 48 BHS bytes as received (a Reject echoes them).
+    pub head: [u8; BHS_LEN],
+    pub layout: FrameLayout,
+}
+
+impl Frame {
+    /// Bytes of the whole frame.
+    pub fn total_len(&self) -> usize {
+        self.layout.total_len()
+    }
+
+    /// The AHS within the frame.
+    pub fn ahs_range(&self) -> std::ops::Range<usize> {
+        BHS_LEN..BHS_LEN + self.layout.ahs_len
+    }
+
+    /// The data segment (without padding) within the frame.
+    pub fn data_range(&self) -> std::ops::Range<usize> {
+        let start = BHS_LEN + self.layout.header_rest_len();
+        start..start + self.layout.data_len as usize
+    }
+
+    /// Whether a data digest follows the payload.
+    pub fn has_data_digest(&self) -> bool {
+        self.layout.data_digest_len > 0
+    }
+
+    /// The data digest as received and the padding it also covers (`None` without one).
+    pub fn data_digest_parts<'a>(&self, frame: &'a [u8]) -> Option<(u32, &'a [u8])> {
+        if !self.has_data_digest() {
+            return None;
+        }
+        let data_end = self.data_range().end;
+        let padded = data_end + self.layout.pad_len;
+        let got = u32::from_le_bytes(frame[padded..padded + 4].try_into().expect("4 bytes"));
+        Some((got, &frame[data_end..padded]))
+    }
+
+    /// Checks the data digest given the CRC32C of the payload (`crc_of_data`, computed by
+    /// the caller, often fused with its copy); the padding is folded in here. Ok when the
+    /// frame carries no data digest.
+    pub fn check_data_digest(&self, frame: &[u8], crc_of_data: u32) -> Result<(), DataDigestError> {
+        let Some((got, pad)) = self.data_digest_parts(frame) else {
+            return Ok(());
+        };
+        let computed = digest::crc32c_append(crc_of_data, pad);
+        if got != computed {
+            return Err(DataDigestError { got, computed });
+        }
+        Ok(())
+    }
+
+    /// Checks the data digest, computing the payload's CRC32C here.
+    pub fn verify_data_digest(&self, frame: &[u8]) -> Result<(), DataDigestError> {
+        if !self.has_data_digest() {
+            return Ok(());
+        }
+        self.check_data_digest(frame, digest::crc32c(&frame[self.data_range()]))
+    }
+
+    /// The decoded PDU of a frame whose digests are checked (AHS and data shared with it).
+    pub fn pdu(&self, bhs: Bhs, frame: &Bytes) -> Pdu {
+        Pdu {
+            bhs,
+            ahs: frame.slice(self.ahs_range()),
+            data: frame.slice(self.data_range()),
+        }
+    }
+}
+
+/// The frame at the front of `buf` when it is complete (header digest checked), `None`
+/// while more bytes are needed.
+pub fn complete_frame(
+    buf: &[u8],
+    digests: Digests,
+    max_data: u32,
+) -> Result<Option<Frame>, FrameError> {
+    let Some(frame) = frame_header(buf, digests, max_data)? else {
+        return Ok(None);
+    };
+    Ok((buf.len() >= frame.total_len()).then_some(frame))
+}
+
+/// The layout of the frame at the front of `buf` once its header (BHS, AHS, header digest)
+/// is buffered, with the header digest checked.
+fn frame_header(buf: &[u8], digests: Digests, max_data: u32) -> Result<Option<Frame>, FrameError> {
+    if buf.len() < BHS_LEN {
+        return Ok(None);
+    }
+    let head: [u8; BHS_LEN] = buf[..BHS_LEN].try_into().expect("48 bytes");
+    let layout = FrameLayout::of(&head, digests, max_data)
+        .map_err(|err| FrameError::Layout { head, err })?;
+    let header_end = BHS_LEN + layout.header_rest_len();
+    if buf.len() < header_end {
+        return Ok(None);
+    }
+    if layout.header_digest_len > 0 {
+        let got = u32::from_le_bytes(buf[header_end - 4..header_end].try_into().expect("4"));
+        let computed = digest::crc32c(&buf[..header_end - 4]);
+        if got != computed {
+            return Err(FrameError::HeaderDigest { got, computed });
+        }
+    }
+    Ok(Some(Frame { head, layout }))
+}
+
+/// The receive side of a connection: a buffer filled by large reads.
+pub struct FrameReader<R> {
+    r: R,
+    buf: BytesMut,
+    chunk: usize,
+}
+
+impl<R: AsyncRead + Unpin> FrameReader<R> {
+    /// Reads `r` in pieces of at least `chunk` bytes.
+    pub fn new(r: R, chunk: usize) -> FrameReader<R> {
+        FrameReader {
+            r,
+            buf: BytesMut::with_capacity(chunk),
+            chunk,
+        }
+    }
+
+    /// The stream read from.
+    pub fn get_ref(&self) -> &R {
+        &self.r
+    }
+
+    /// The stream read from (e.g. to write to it during login).
+    pub fn get_mut(&mut self) -> &mut R {
+        &mut self.r
+    }
+
+    /// The bytes received and not yet taken.
+    pub fn buffered(&mut self) -> &mut BytesMut {
+        &mut self.buf
+    }
+
+    /// Gives the parts back (the reader, the bytes buffered).
+    pub fn into_parts(self) -> (R, BytesMut) {
+        (self.r, self.buf)
+    }
+
+    /// Rebuilds a reader over `r` with bytes already received.
+    pub fn from_parts(r: R, buf: BytesMut, chunk: usize) -> FrameReader<R> {
+        FrameReader { r, buf, chunk }
+    }
+
+    /// Reads once (towards `need` buffered bytes). Cancel-safe: what arrived stays buffered.
+    async fn read_more(&mut self, need: usize) -> Result<(), FrameError> {
+        self.buf
+            .reserve(self.chunk.max(need.saturating_sub(self.buf.len())));
+        match self.r.read_buf(&mut self.buf).await {
+            Ok(0) => Err(FrameError::Eof),
+            Ok(_) => Ok(()),
+            Err(e) => Err(FrameError::Io(e)),
+        }
+    }
+
+    /// Reads until a whole frame is buffered at the front; its header digest is checked.
+    /// Cancel-safe.
+    pub async fn next_frame(
+        &mut self,
+        digests: Digests,
+        max_data: u32,
+    ) -> Result<Frame, FrameError> {
+        loop {
+            match frame_header(&self.buf, digests, max_data)? {
+                Some(f) if self.buf.len() >= f.total_len() => return Ok(f),
+                Some(f) => {
+                    let need = f.total_len();
+                    self.read_more(need).await?
+                }
+                None => self.read_more(BHS_LEN).await?,
+            }
+        }
+    }
+
+    /// Takes the frame at the front of the buffer (after [`FrameReader::next_frame`]).
+    pub fn take(&mut self, frame: &Frame) -> BytesMut {
+        self.buf.split_to(frame.total_len())
+    }
+
+    /// Reads one whole PDU, both digests checked (login phase, discovery, tests).
+    pub async fn read_pdu(
+        &mut self,
+        digests: Digests,
+        max_data: u32,
+    ) -> Result<InFrame, FrameError> {
+        let frame = self.next_frame(digests, max_data).await?;
+        let bytes = self.take(&frame).freeze();
+        frame
+            .verify_data_digest(&bytes)
+            .map_err(FrameError::DataDigest)?;
+        let bhs = Bhs::decode(&frame.head).map_err(FrameError::Decode)?.bhs;
+        Ok(InFrame {
+            pdu: frame.pdu(bhs, &bytes),
+            raw_bhs: frame.head,
+        })
+    }
+}
+
+/// A received PDU with its BHS as it came (a Reject echoes it).
+#[derive(Debug, Clone)]
+pub struct InFrame {
+    pub pdu: Pdu,
+    pub raw_bhs: [u8; BHS_LEN],
+}
+
+/// Encodes one PDU into contiguous bytes (login, discovery and other slow paths).
+pub fn encode(pdu: &Pdu, digests: Digests) -> Vec<u8> {
+    let mut batch = PduBatch::default();
+    batch.push(&pdu.bhs, &pdu.ahs, pdu.data.clone(), digests, None);
+    let mut out = Vec::with_capacity(batch.len());
+    for p in &batch.parts {
+        out.extend_from_slice(batch.part_bytes(p));
+    }
+    out
+}
+
+enum Part {
+    Head(std::ops::Range<usize>),
+    Data(Bytes),
+    Pad(usize),
+    Digest([u8; 4]),
+}
+
+/// PDUs encoded for one vectored write: every header in one buffer, payloads by reference.
+#[derive(Default)]
+pub struct PduBatch {
+    heads: Vec<u8>,
+    parts: Vec<Part>,
+}
+
+impl PduBatch {
+    pub fn clear(&mut self) {
+        self.heads.clear();
+        self.parts.clear();
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.parts.is_empty()
+    }
+
+    /// Bytes the batch puts on the wire.
+    pub fn len(&self) -> usize {
+        self.parts.iter().map(|p| self.part_bytes(p).len()).sum()
+    }
+
+    /// Appends one PDU. `data_crc`: the CRC32C of `data` (without padding) when the producer
+    /// already computed it; otherwise the data digest is computed here.
+    pub fn push(
+        &mut self,
+        bhs: &Bhs,
+        ahs: &[u8],
+        data: Bytes,
+        digests: Digests,
+        data_crc: Option<u32>,
+    ) {
+        let start = self.heads.len();
+        self.heads
+            .extend_from_slice(&bhs.encode(ahs.len(), data.len() as u32));
+        self.heads.extend_from_slice(ahs);
+        if digests.header {
+            let d = digest::crc32c(&self.heads[start..]);
+            self.heads.extend_from_slice(&d.to_le_bytes());
+        }
+        self.parts.push(Part::Head(start..self.heads.len()));
+        if data.is_empty() {
+            return;
+        }
+        let pad = iscsi_wire::padded_len(data.len() as u32) - data.len();
+        let digest = digests.data.then(|| {
+            let crc = data_crc.unwrap_or_else(|| digest::crc32c(&data));
+            digest::crc32c_append(crc, &ZEROS[..pad]).to_le_bytes()
+        });
+        self.parts.push(Part::Data(data));
+        if pad > 0 {
+            self.parts.push(Part::Pad(pad));
+        }
+        if let Some(d) = digest {
+            self.parts.push(Part::Digest(d));
+        }
+    }
+
+    fn part_bytes<'a>(&'a self, p: &'a Part) -> &'a [u8] {
+        match p {
+            Part::Head(r) => &self.heads[r.clone()],
+            Part::Data(b) => b,
+            Part::Pad(n) => &ZEROS[..*n],
+            Part::Digest(d) => d,
+        }
+    }
+
+    /// Writes the whole batch (vectored, at most [`MAX_IOVECS`] slices per call).
+    pub async fn write_to<W: AsyncWrite + Unpin>(&self, w: &mut W) -> io::Result<()> {
+        for chunk in self.parts.chunks(MAX_IOVECS) {
+            let mut slices: Vec<IoSlice<'_>> = chunk
+                .iter()
+                .map(|p| IoSlice::new(self.part_bytes(p)))
+                .collect();
+            let mut rest: &mut [IoSlice<'_>] = &mut slices;
+            while !rest.is_empty() {
+                let n = w.write_vectored(rest).await?;
+                if n == 0 {
+                    return Err(io::ErrorKind::WriteZero.into());
+                }
+                IoSlice::advance_slices(&mut rest, n);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Writes one PDU (login phase and other slow paths).
+pub async fn write_pdu<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    pdu: &Pdu,
+    digests: Digests,
+) -> io::Result<()> {
+    w.write_all(&encode(pdu, digests)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iscsi_wire::{decode_pdu, NopOut};
+
+    fn nop(data: &'static [u8]) -> Pdu {
+        Pdu::new(
+            Bhs::NopOut(NopOut {
+                itt: 7,
+                ttt: iscsi_wire::RESERVED_TAG,
+                ..Default::default()
+            }),
+            Bytes::from_static(data),
+        )
+    }
+
+    #[test]
+    fn encode_matches_the_codec_and_frames_back() {
+        let d = Digests {
+            header: true,
+            data: true,
+        };
+        let pdu = nop(b"hello");
+        let h: iscsi_wire::CrcFn = &digest::crc32c;
+        let want = iscsi_wire::encode_pdu(&pdu, Some(h), Some(h));
+        let got = encode(&pdu, d);
+        assert_eq!(got, want);
+        let f = complete_frame(&got, d, 1024).unwrap().unwrap();
+        assert_eq!(f.total_len(), got.len());
+        assert_eq!(&got[f.data_range()], b"hello");
+        f.verify_data_digest(&got).unwrap();
+        assert_eq!(decode_pdu(&got, d, 1024).unwrap().pdu.data, pdu.data);
+        // Incomplete: no frame yet.
+        assert!(complete_frame(&got[..got.len() - 1], d, 1024)
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
+    fn corrupted_digests_are_reported() {
+        let d = Digests {
+            header: true,
+            data: true,
+        };
+        let mut bytes = encode(&nop(b"abcdefg"), d);
+        let f = complete_frame(&bytes, d, 1024).unwrap().unwrap();
+        let at = f.data_range().start;
+        bytes[at] ^= 1;
+        assert!(f.verify_data_digest(&bytes).is_err());
+        bytes[10] ^= 1;
+        assert!(matches!(
+            complete_frame(&bytes, d, 1024),
+            Err(FrameError::HeaderDigest { .. })
+        ));
+    }
+
+    #[test]
+    fn oversize_data_is_a_layout_error_with_the_header() {
+        let bytes = encode(&nop(&[0u8; 600]), Digests::default());
+        match complete_frame(&bytes, Digests::default(), 512) {
+            Err(FrameError::Layout { head, .. }) => assert_eq!(&head[..], &bytes[..48]),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn reader_and_batch_round_trip_over_a_pipe() {
+        let d = Digests {
+            header: true,
+            data: false,
+        };
+        let (a, b) = tokio::io::duplex(64);
+        let mut batch = PduBatch::default();
+        for data in [&b""[..], b"x", b"0123456789"] {
+            batch.push(&nop(b"").bhs, &[], Bytes::copy_from_slice(data), d, None);
+        }
+        let writer = tokio::spawn(async move {
+            let mut a = a;
+            batch.write_to(&mut a).await.unwrap();
+        });
+        let mut r = FrameReader::new(b, 16);
+        for want in [&b""[..], b"x", b"0123456789"] {
+            let p = r.read_pdu(d, 1024).await.unwrap();
+            assert_eq!(&p.pdu.data[..], want);
+        }
+        writer.await.unwrap();
+        assert!(matches!(r.next_frame(d, 1024).await, Err(FrameError::Eof)));
+    }
+}

@@ -1,0 +1,12 @@
+//! iSCSI over TCP, for both roles, behind the `datamover` traits: [`frame`] is the one PDU
+//! framer (BHS, AHS, padding, header and data digests, the CRC fused with the receive
+//! copy, vectored sends), [`trace`] the one tracing hook (every byte into a pcapng trace),
+//! [`target`] the target's portal, login channel and datamover (Data-In, R2T, Data-Out),
+//! [`initiator`] the initiator's connection (connect, login-phase PDUs, the writer task).
+
+pub mod frame;
+pub mod initiator;
+pub mod target;
+pub mod trace;
+
+pub use target::{TcpConnection, TcpDatamover, TcpPortal};
