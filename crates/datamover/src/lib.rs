@@ -10,6 +10,8 @@
 //! and Sends. StatSN, ExpCmdSN and MaxCmdSN are stamped on each PDU as it is sent, so they
 //! are always in wire order.
 
+pub mod login_pdu;
+
 use async_trait::async_trait;
 use bytes::Bytes;
 pub use iscsi_login::params::TransportKind;

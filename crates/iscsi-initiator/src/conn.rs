@@ -60,22 +60,6 @@ pub(crate) struct LoginDone {
     pub max_cmd_sn: u32,
 }
 
-fn to_wire_stage(s: iscsi_login::Stage) -> iscsi_wire::Stage {
-    match s {
-        iscsi_login::Stage::Security => iscsi_wire::Stage::Security,
-        iscsi_login::Stage::Operational => iscsi_wire::Stage::Operational,
-        iscsi_login::Stage::FullFeature => iscsi_wire::Stage::FullFeature,
-    }
-}
-
-fn from_wire_stage(s: iscsi_wire::Stage) -> iscsi_login::Stage {
-    match s {
-        iscsi_wire::Stage::Security => iscsi_login::Stage::Security,
-        iscsi_wire::Stage::Operational => iscsi_login::Stage::Operational,
-        iscsi_wire::Stage::FullFeature => iscsi_login::Stage::FullFeature,
-    }
-}
-
 /// Runs the login phase on a fresh connection.
 pub(crate) async fn login(
     stream: &mut Stream,
@@ -98,26 +82,9 @@ async fn login_exchange(
 ) -> Result<LoginDone, Error> {
     let mut sm = InitiatorLogin::new(config);
     let mut req = sm.first_request();
-    let mut exp_stat_sn = 0u32;
-    let mut first = true;
     // InitiatorLogin bounds the exchanges itself; this bound only guards the loop.
     for _ in 0..100 {
-        let bhs = Bhs::LoginRequest(iscsi_wire::LoginRequest {
-            transit: req.transit,
-            cont: req.cont,
-            csg: to_wire_stage(req.csg),
-            nsg: to_wire_stage(req.nsg),
-            version_max: req.version_max,
-            version_min: req.version_min,
-            isid: req.isid,
-            tsih: req.tsih,
-            itt: req.itt,
-            cid: req.cid,
-            cmd_sn: req.cmd_sn,
-            exp_stat_sn: if first { req.exp_stat_sn } else { exp_stat_sn },
-        });
-        first = false;
-        let pdu = Pdu::new(bhs, Bytes::from(std::mem::take(&mut req.data)));
+        let pdu = datamover::login_pdu::request_out(&req);
         send(stream, &pdu, Digests::default()).await?;
         let resp = read_pdu(stream, Digests::default()).await?;
         let Bhs::LoginResponse(r) = resp.bhs else {
@@ -126,24 +93,15 @@ async fn login_exchange(
                 resp.bhs.opcode().name()
             )));
         };
-        exp_stat_sn = r.stat_sn.wrapping_add(1);
-        let lr = iscsi_login::LoginResponse {
-            transit: r.transit,
-            cont: r.cont,
-            csg: from_wire_stage(r.csg),
-            nsg: from_wire_stage(r.nsg),
-            version_max: r.version_max,
-            version_active: r.version_active,
-            isid: r.isid,
-            tsih: r.tsih,
-            itt: r.itt,
-            status_class: r.status_class,
-            status_detail: r.status_detail,
-            data: resp.data.to_vec(),
-        };
+        let exp_stat_sn = r.stat_sn.wrapping_add(1);
+        let lr = datamover::login_pdu::response_in(&r, &resp.data);
         let mut rng = |b: &mut [u8]| rand::RngCore::fill_bytes(&mut rand::thread_rng(), b);
         match sm.on_response(&lr, &mut rng).map_err(Error::Login)? {
-            InitiatorStep::Send(next) => req = next,
+            InitiatorStep::Send(next) => {
+                req = next;
+                // The state machine does not see StatSN: the runtime acknowledges it.
+                req.exp_stat_sn = exp_stat_sn;
+            }
             InitiatorStep::Complete {
                 tsih,
                 session,

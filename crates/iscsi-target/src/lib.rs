@@ -23,10 +23,10 @@ use datamover::{CmdSnState, FfpConfig, LoginChannel, LoginRecvError, Notice};
 
 use iscsi_login::directory::Portal;
 use iscsi_login::params::SessionType;
-use iscsi_login::pdu::{LoginStatus, Stage as LStage};
+use iscsi_login::pdu::LoginStatus;
 use iscsi_login::target::{LoginState, TargetLimits, TargetLogin, TargetLoginConfig};
 use iscsi_session::{CmdWindow, WriteLimits};
-use iscsi_wire::{AsyncMessage, Bhs, Digests, LoginResponse, Pdu, Stage};
+use iscsi_wire::{AsyncMessage, Bhs, Digests, Pdu};
 use session::{Conn, Session};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -240,68 +240,6 @@ impl Bound {
     }
 }
 
-fn to_login_request(
-    bhs: &iscsi_wire::LoginRequest,
-    data: &Bytes,
-) -> iscsi_login::pdu::LoginRequest {
-    iscsi_login::pdu::LoginRequest {
-        transit: bhs.transit,
-        cont: bhs.cont,
-        csg: stage_in(bhs.csg),
-        nsg: stage_in(bhs.nsg),
-        version_max: bhs.version_max,
-        version_min: bhs.version_min,
-        isid: bhs.isid,
-        tsih: bhs.tsih,
-        itt: bhs.itt,
-        cid: bhs.cid,
-        cmd_sn: bhs.cmd_sn,
-        exp_stat_sn: bhs.exp_stat_sn,
-        data: data.to_vec(),
-    }
-}
-
-fn stage_in(s: Stage) -> LStage {
-    match s {
-        Stage::Security => LStage::Security,
-        Stage::Operational => LStage::Operational,
-        Stage::FullFeature => LStage::FullFeature,
-    }
-}
-
-fn stage_out(s: LStage) -> Stage {
-    match s {
-        LStage::Security => Stage::Security,
-        LStage::Operational => Stage::Operational,
-        LStage::FullFeature => Stage::FullFeature,
-    }
-}
-
-fn login_response_pdu(
-    r: &iscsi_login::pdu::LoginResponse,
-    stat_sn: u32,
-    exp_cmd_sn: u32,
-    max_cmd_sn: u32,
-) -> Pdu {
-    let bhs = Bhs::LoginResponse(LoginResponse {
-        transit: r.transit,
-        cont: r.cont,
-        csg: stage_out(r.csg),
-        nsg: stage_out(r.nsg),
-        version_max: r.version_max,
-        version_active: r.version_active,
-        isid: r.isid,
-        tsih: r.tsih,
-        itt: r.itt,
-        stat_sn,
-        exp_cmd_sn,
-        max_cmd_sn,
-        status_class: r.status_class,
-        status_detail: r.status_detail,
-    });
-    Pdu::new(bhs, Bytes::from(r.data.clone()))
-}
-
 fn system_entropy(buf: &mut [u8]) {
     use rand::RngCore;
     rand::thread_rng().fill_bytes(buf);
@@ -372,11 +310,16 @@ async fn login(
             .get(&first.tsih)
             .cloned();
         if s.is_none() {
-            let req = to_login_request(first, &pdu.pdu.data);
+            let req = datamover::login_pdu::request_in(first, &pdu.pdu.data);
             let rsp =
                 iscsi_login::pdu::LoginResponse::failure(&req, LoginStatus::SESSION_DOES_NOT_EXIST);
             let _ = conn
-                .send(&login_response_pdu(&rsp, 0, first.cmd_sn, first.cmd_sn))
+                .send(&datamover::login_pdu::response_out(
+                    &rsp,
+                    0,
+                    first.cmd_sn,
+                    first.cmd_sn,
+                ))
                 .await;
             return Err(format!("TSIH {} names no session", first.tsih));
         }
@@ -409,7 +352,7 @@ async fn login(
         let Bhs::LoginRequest(bhs) = &pdu.pdu.bhs else {
             return Err(format!("{} during login", pdu.pdu.bhs.opcode().name()));
         };
-        let req = to_login_request(bhs, &pdu.pdu.data);
+        let req = datamover::login_pdu::request_in(bhs, &pdu.pdu.data);
         let (exp, max) = match &existing {
             Some(s) => s.sn.load(),
             None => (req.cmd_sn, req.cmd_sn.wrapping_add(depth - 1)),
@@ -418,14 +361,14 @@ async fn login(
         let mut rsp = step.response;
         match step.state {
             LoginState::Continue => {
-                conn.send(&login_response_pdu(&rsp, stat_sn, exp, max))
+                conn.send(&datamover::login_pdu::response_out(&rsp, stat_sn, exp, max))
                     .await
                     .map_err(|e| e.to_string())?;
             }
             LoginState::Failed => {
                 let status = rsp.status();
                 let _ = conn
-                    .send(&login_response_pdu(&rsp, stat_sn, exp, max))
+                    .send(&datamover::login_pdu::response_out(&rsp, stat_sn, exp, max))
                     .await;
                 tracing::warn!(%peer, "login rejected: {} (0x{:04x})", status.meaning(), status.code());
                 return Ok(None);
@@ -444,14 +387,16 @@ async fn login(
                             LoginStatus::TOO_MANY_CONNECTIONS,
                         );
                         let _ = conn
-                            .send(&login_response_pdu(&fail, stat_sn, exp, max))
+                            .send(&datamover::login_pdu::response_out(
+                                &fail, stat_sn, exp, max,
+                            ))
                             .await;
                         return Err("too many connections in session".into());
                     }
                     (s, exp, max)
                 };
                 rsp.tsih = session.tsih;
-                conn.send(&login_response_pdu(&rsp, stat_sn, exp, max))
+                conn.send(&datamover::login_pdu::response_out(&rsp, stat_sn, exp, max))
                     .await
                     .map_err(|e| e.to_string())?;
                 let cp = outcome.connection;
