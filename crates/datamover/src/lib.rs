@@ -10,6 +10,7 @@
 //! and Sends. StatSN, ExpCmdSN and MaxCmdSN are stamped on each PDU as it is sent, so they
 //! are always in wire order.
 
+pub mod conformance;
 pub mod login_pdu;
 
 use async_trait::async_trait;

@@ -1,0 +1,273 @@
+//! The datamover conformance kit (`datamover::conformance`) run against the TCP datamover,
+//! without and with digests. The initiator end is a plain socket speaking PDUs encoded by
+//! the codec (digests from a separate reference CRC32C), answering R2Ts with Data-Out.
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use datamover::conformance::{KitEvent, KitInitiator, KitTransport};
+use datamover::{CmdSnState, Datamover, FfpConfig, Notice};
+use datamover_tcp::TcpConnection;
+use iscsi_session::WriteLimits;
+use iscsi_wire::{decode_pdu, Bhs, DataOut, Digests, Pdu, ScsiCommand, WireError, RESERVED_TAG};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+struct Tcp {
+    digests: Digests,
+}
+
+const PLAIN: Tcp = Tcp {
+    digests: Digests {
+        header: false,
+        data: false,
+    },
+};
+const DIGESTS: Tcp = Tcp {
+    digests: Digests {
+        header: true,
+        data: true,
+    },
+};
+
+fn reference_crc32c(bytes: &[u8]) -> u32 {
+    digest::sarwate::append(0, bytes)
+}
+
+#[async_trait]
+impl KitTransport for Tcp {
+    fn config(&self) -> FfpConfig {
+        FfpConfig {
+            digests: self.digests,
+            max_recv_data_segment_length: 8192,
+            max_send_data_segment_length: 4096,
+            max_burst_length: 16384,
+            write_limits: WriteLimits {
+                first_burst_length: 8192,
+                max_burst_length: 16384,
+                initial_r2t: false,
+                immediate_data: true,
+                max_outstanding_r2t: 2,
+                max_recv_data_segment_length: 8192,
+            },
+            next_stat_sn: 1,
+            max_write_len: 1 << 20,
+        }
+    }
+
+    async fn connect(
+        &self,
+    ) -> (
+        Arc<dyn Datamover>,
+        mpsc::Receiver<Notice>,
+        Box<dyn KitInitiator>,
+    ) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let peer = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (ours, _) = listener.accept().await.unwrap();
+        let conn = TcpConnection::new(ours, None).unwrap();
+        let (dm, notices) = conn.into_full_feature(self.config(), CmdSnState::new(1, 64));
+        let peer = TcpPeer {
+            stream: Some(peer),
+            digests: self.digests,
+            buf: Vec::new(),
+            writes: HashMap::new(),
+            pending: Vec::new(),
+            max_send: 8192,
+        };
+        (dm, notices, Box::new(peer))
+    }
+}
+
+struct TcpPeer {
+    stream: Option<TcpStream>,
+    digests: Digests,
+    buf: Vec<u8>,
+    /// Write data by ITT, for answering R2Ts.
+    writes: HashMap<u32, Bytes>,
+    /// Events decoded but not yet returned (a collapsed status follows its data).
+    pending: Vec<KitEvent>,
+    /// The target's MaxRecvDataSegmentLength.
+    max_send: u32,
+}
+
+impl TcpPeer {
+    async fn send(&mut self, pdu: Pdu) {
+        let crc: &dyn Fn(&[u8]) -> u32 = &reference_crc32c;
+        let bytes = iscsi_wire::encode_pdu(
+            &pdu,
+            self.digests.header.then_some(crc),
+            self.digests.data.then_some(crc),
+        );
+        if let Some(s) = self.stream.as_mut() {
+            let _ = s.write_all(&bytes).await;
+        }
+    }
+
+    /// Sends `data[offset..offset + len]` of `itt` as Data-Out PDUs of at most `max_send`.
+    async fn data_out(&mut self, itt: u32, ttt: u32, offset: u32, len: u32) {
+        let data = self.writes[&itt].clone();
+        let (mut sent, mut data_sn) = (0, 0);
+        while sent < len {
+            let n = (len - sent).min(self.max_send);
+            let at = (offset + sent) as usize;
+            let bhs = Bhs::DataOut(DataOut {
+                final_: sent + n == len,
+                itt,
+                ttt,
+                data_sn,
+                buffer_offset: offset + sent,
+                ..Default::default()
+            });
+            self.send(Pdu::new(bhs, data.slice(at..at + n as usize)))
+                .await;
+            sent += n;
+            data_sn += 1;
+        }
+    }
+
+    /// Decodes one PDU from the buffer (digests checked with the reference CRC).
+    fn decode_one(&mut self) -> Option<Pdu> {
+        match decode_pdu(&self.buf, self.digests, 1 << 24) {
+            Ok(d) => {
+                let wire = &self.buf[..d.consumed];
+                if let Some(h) = d.header_digest {
+                    assert_eq!(h, reference_crc32c(&wire[..48]), "header digest");
+                }
+                if let Some(dd) = d.data_digest {
+                    let end = d.consumed - 4;
+                    let start = end - d.pdu.data.len().next_multiple_of(4);
+                    assert_eq!(dd, reference_crc32c(&wire[start..end]), "data digest");
+                }
+                self.buf.drain(..d.consumed);
+                Some(d.pdu)
+            }
+            Err(WireError::Truncated { .. }) => None,
+            Err(e) => panic!("undecodable PDU from the datamover: {e}"),
+        }
+    }
+
+    /// Handles one PDU: R2Ts are answered here; everything else becomes events.
+    async fn on_pdu(&mut self, pdu: Pdu) {
+        match &pdu.bhs {
+            Bhs::R2t(r) => {
+                self.data_out(r.itt, r.ttt, r.buffer_offset, r.desired_len)
+                    .await
+            }
+            Bhs::DataIn(d) => {
+                self.pending.push(KitEvent::Data {
+                    itt: d.itt,
+                    offset: d.buffer_offset,
+                    data: pdu.data.clone(),
+                });
+                if d.status_present {
+                    self.pending.push(KitEvent::Status {
+                        itt: d.itt,
+                        status: d.status,
+                        underflow: d.underflow,
+                        residual: d.residual,
+                    });
+                }
+            }
+            Bhs::ScsiResponse(r) => self.pending.push(KitEvent::Status {
+                itt: r.itt,
+                status: r.status,
+                underflow: r.underflow,
+                residual: r.residual,
+            }),
+            _ => self.pending.push(KitEvent::Control(pdu)),
+        }
+    }
+
+    fn command(itt: u32, read: bool, len: u32, final_: bool) -> Bhs {
+        let mut cdb = [0u8; 16];
+        cdb[0] = if read { 0x28 } else { 0x2a };
+        Bhs::ScsiCommand(ScsiCommand {
+            immediate: false,
+            final_,
+            read,
+            write: !read,
+            attr: 1,
+            lun: 0,
+            itt,
+            expected_data_len: len,
+            cmd_sn: itt,
+            exp_stat_sn: 0,
+            cdb,
+        })
+    }
+}
+
+#[async_trait]
+impl KitInitiator for TcpPeer {
+    async fn send_read(&mut self, itt: u32, len: u32) {
+        self.send(Pdu::new(Self::command(itt, true, len, true), Bytes::new()))
+            .await
+    }
+
+    async fn send_write(&mut self, itt: u32, data: Bytes, immediate: u32, unsolicited: u32) {
+        let len = data.len() as u32;
+        self.writes.insert(itt, data.clone());
+        let cmd = Self::command(itt, false, len, unsolicited == 0);
+        self.send(Pdu::new(cmd, data.slice(..immediate as usize)))
+            .await;
+        if unsolicited > 0 {
+            self.data_out(itt, RESERVED_TAG, immediate, unsolicited)
+                .await;
+        }
+    }
+
+    async fn send_bad_data(&mut self, itt: u32) {
+        let len = self.writes.get(&itt).map_or(0, |d| d.len() as u32);
+        let bhs = Bhs::DataOut(DataOut {
+            final_: true,
+            itt,
+            ttt: RESERVED_TAG,
+            buffer_offset: len,
+            ..Default::default()
+        });
+        self.send(Pdu::new(bhs, Bytes::from(vec![0xee; 512]))).await
+    }
+
+    async fn next_event(&mut self, timeout: Duration) -> Option<KitEvent> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if !self.pending.is_empty() {
+                return Some(self.pending.remove(0));
+            }
+            if let Some(pdu) = self.decode_one() {
+                self.on_pdu(pdu).await;
+                continue;
+            }
+            let stream = self.stream.as_mut()?;
+            let mut chunk = vec![0u8; 256 * 1024];
+            match tokio::time::timeout_at(deadline, stream.read(&mut chunk)).await {
+                Err(_) => return None,
+                Ok(Ok(0)) | Ok(Err(_)) => {
+                    self.stream = None;
+                    return Some(KitEvent::Closed);
+                }
+                Ok(Ok(n)) => self.buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+
+    fn disconnect(&mut self) {
+        self.stream = None;
+    }
+}
+
+mod plain {
+    use super::*;
+    datamover::conformance_tests!(PLAIN);
+}
+
+mod with_digests {
+    use super::*;
+    datamover::conformance_tests!(DIGESTS);
+}
