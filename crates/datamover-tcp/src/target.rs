@@ -18,8 +18,7 @@ use datamover::{
 };
 use iscsi_session::{data_in_segments, R2tRequest, WriteTransfer};
 use iscsi_wire::{
-    reject, Bhs, DataIn, DataOut, Digests, Pdu, R2t, Reject, ScsiCommand, WireError, BHS_LEN,
-    RESERVED_TAG,
+    reject, Bhs, DataIn, DataOut, Digests, Pdu, R2t, ScsiCommand, WireError, BHS_LEN, RESERVED_TAG,
 };
 use pcap_trace::{PduTrace, Side};
 use std::collections::HashMap;
@@ -106,7 +105,7 @@ impl TcpConnection {
             peer: self.peer,
         });
         let writer = Writer {
-            stat_sn: cfg.next_stat_sn,
+            next_stat_sn: cfg.next_stat_sn,
             cfg,
             sn,
         };
@@ -162,7 +161,7 @@ impl LoginChannel for TcpConnection {
 
 struct WriteSlot {
     /// Set when a Data-Out broke the rules: later Data-Outs are discarded.
-    failed: Option<String>,
+    failed: Option<DmError>,
     buf: BytesMut,
     xfer: WriteTransfer,
     lun: u64,
@@ -267,9 +266,9 @@ impl Datamover for TcpDatamover {
             let Some(slot) = slots.get_mut(&write.itt) else {
                 return Err(DmError::Aborted);
             };
-            if let Some(why) = slot.failed.clone() {
+            if let Some(e) = slot.failed.take() {
                 slots.remove(&write.itt);
-                return Err(DmError::DataPhase(why));
+                return Err(e);
             }
             if slot.xfer.is_complete() {
                 let slot = slots.remove(&write.itt).expect("present");
@@ -363,8 +362,9 @@ async fn next_pdu(
         Ok(f) => f,
         Err(FrameError::Eof) => return Err(ReadEnd::Eof),
         Err(FrameError::Layout { head, err }) => {
-            send_reject(shared, reject::PROTOCOL_ERROR, head).await;
-            return Err(ReadEnd::Error(format!("protocol error: {err}")));
+            let why = format!("protocol error: {err}");
+            report_reject(notices, reject::PROTOCOL_ERROR, head, why.clone()).await;
+            return Err(ReadEnd::Error(why));
         }
         Err(e) => return Err(ReadEnd::Error(e.to_string())),
     };
@@ -376,8 +376,7 @@ async fn next_pdu(
                 WireError::UnknownOpcode(_) => reject::COMMAND_NOT_SUPPORTED,
                 _ => reject::PROTOCOL_ERROR,
             };
-            tracing::warn!(peer = %shared.peer, "rejecting PDU: {e}");
-            send_reject(shared, reason, frame.head).await;
+            report_reject(notices, reason, frame.head, e.to_string()).await;
             return Ok(true);
         }
     };
@@ -433,8 +432,7 @@ async fn on_data_out(
     let mut done = None;
     let mut more_r2ts = Vec::new();
     let task_lun;
-    let mut rejected = false;
-    'placed: {
+    {
         let mut slots = shared.slots.lock().expect("slots lock");
         let Some(slot) = slots.get_mut(&d.itt) else {
             // Data for a task that was aborted or never existed: discard.
@@ -452,18 +450,19 @@ async fn on_data_out(
             .xfer
             .on_data_out(d.ttt, d.data_sn, d.buffer_offset, data_len, d.final_)
         {
-            // ERL 0 without dropping the session: Reject this PDU, fail the command.
-            let why = format!("Data-Out for ITT 0x{:08x}: {e}", d.itt);
-            tracing::warn!(peer = %shared.peer, "{why}");
+            // ERL 0 without dropping the session: the command Rejects this PDU and fails.
+            let failed = DmError::DataPhase {
+                why: format!("Data-Out for ITT 0x{:08x}: {e}", d.itt),
+                raw_bhs: frame.head,
+            };
             match slot.waiter.take() {
                 Some(w) => {
                     slots.remove(&d.itt);
-                    let _ = w.send(Err(DmError::DataPhase(why)));
+                    let _ = w.send(Err(failed));
                 }
-                None => slot.failed = Some(why),
+                None => slot.failed = Some(failed),
             }
-            rejected = true;
-            break 'placed;
+            return Ok(true);
         }
         let off = d.buffer_offset as usize;
         place(frame, bytes, &mut slot.buf[off..off + data_len as usize])?;
@@ -475,10 +474,6 @@ async fn on_data_out(
                 done = slots.remove(&d.itt);
             }
         }
-    }
-    if rejected {
-        send_reject(shared, reject::PROTOCOL_ERROR, frame.head).await;
-        return Ok(true);
     }
     if !more_r2ts.is_empty() {
         let task = TaskRef {
@@ -560,15 +555,20 @@ async fn on_write_command(
     Ok(true)
 }
 
-async fn send_reject(shared: &Shared, reason: u8, head: [u8; BHS_LEN]) {
-    let pdu = Pdu::new(
-        Bhs::Reject(Reject {
+/// Reports a refused PDU; the iSCSI layer answers it with a Reject (it numbers status).
+async fn report_reject(
+    notices: &mpsc::Sender<Notice>,
+    reason: u8,
+    raw_bhs: [u8; BHS_LEN],
+    why: String,
+) {
+    let _ = notices
+        .send(Notice::Reject {
             reason,
-            ..Default::default()
-        }),
-        Bytes::copy_from_slice(&head),
-    );
-    let _ = shared.out.send(Out::Pdu(pdu)).await;
+            raw_bhs,
+            why,
+        })
+        .await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -577,7 +577,8 @@ async fn send_reject(shared: &Shared, reason: u8, head: [u8; BHS_LEN]) {
 struct Writer {
     cfg: FfpConfig,
     sn: Arc<CmdSnState>,
-    stat_sn: u32,
+    /// The StatSN after the last status written: what PDUs without status carry.
+    next_stat_sn: u32,
 }
 
 impl Writer {
@@ -643,8 +644,10 @@ impl Writer {
         let _ = w.shutdown().await;
     }
 
-    /// Stamps the PDU's StatSN/ExpCmdSN/MaxCmdSN (so they are in wire order) and encodes it.
-    /// `data_crc`: the CRC32C of `data` when the producer already computed it.
+    /// Stamps ExpCmdSN/MaxCmdSN (as of now, so they are in wire order) and, on a PDU
+    /// without status, the StatSN that follows the last status written; a status keeps the
+    /// StatSN the iSCSI layer gave it. Then encodes the PDU. `data_crc`: the CRC32C of
+    /// `data` when the producer already computed it.
     fn push(
         &mut self,
         mut bhs: Bhs,
@@ -654,10 +657,14 @@ impl Writer {
         batch: &mut PduBatch,
     ) {
         let (exp, max) = self.sn.load();
-        bhs.set_target_sns(self.stat_sn, exp, max);
-        if bhs.advances_stat_sn() {
-            self.stat_sn = self.stat_sn.wrapping_add(1);
-        }
+        let stat_sn = if bhs.advances_stat_sn() {
+            let assigned = bhs.target_stat_sn().unwrap_or(self.next_stat_sn);
+            self.next_stat_sn = assigned.wrapping_add(1);
+            assigned
+        } else {
+            self.next_stat_sn
+        };
+        bhs.set_target_sns(stat_sn, exp, max);
         batch.push(&bhs, ahs, data, self.cfg.digests, data_crc);
     }
 
@@ -686,6 +693,7 @@ impl Writer {
             };
             if s.last {
                 if let Some(st) = status {
+                    d.stat_sn = st.stat_sn;
                     d.final_ = true;
                     d.status_present = true;
                     d.status = st.status;

@@ -168,6 +168,7 @@ impl TcpPeer {
                 if d.status_present {
                     self.pending.push(KitEvent::Status {
                         itt: d.itt,
+                        stat_sn: d.stat_sn,
                         status: d.status,
                         underflow: d.underflow,
                         residual: d.residual,
@@ -176,6 +177,7 @@ impl TcpPeer {
             }
             Bhs::ScsiResponse(r) => self.pending.push(KitEvent::Status {
                 itt: r.itt,
+                stat_sn: r.stat_sn,
                 status: r.status,
                 underflow: r.underflow,
                 residual: r.residual,

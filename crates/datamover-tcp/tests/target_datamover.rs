@@ -142,6 +142,7 @@ async fn put_data_cuts_data_in_by_segment_and_burst_and_stamps_sequence_numbers(
         assert_eq!(seg, digests.data.then_some(4096));
         let crcs = precomputed.then(|| digest::SegmentCrcs::of(&data, 4096));
         let status = CollapsedStatus {
+            stat_sn: 100,
             status: 0,
             overflow: false,
             underflow: true,
@@ -153,16 +154,18 @@ async fn put_data_cuts_data_in_by_segment_and_burst_and_stamps_sequence_numbers(
             .unwrap();
         // 40001 bytes: 2 full bursts of 4 x 4096, then 7233 = 4096 + 3137.
         assert_eq!(n, 10);
-        dm.send_control(Pdu::new(
-            Bhs::NopIn(NopIn {
-                itt: 9,
+        // A status-bearing NOP-In numbered by the caller, then a ping (no status).
+        for (itt, stat_sn) in [(9, 101), (iscsi_wire::RESERVED_TAG, 0)] {
+            let nop = NopIn {
+                itt,
+                stat_sn,
                 ..Default::default()
-            }),
-            Bytes::new(),
-        ))
-        .await
-        .unwrap();
-        let pdus = read_pdus(&mut peer, digests, 11).await;
+            };
+            dm.send_control(Pdu::new(Bhs::NopIn(nop), Bytes::new()))
+                .await
+                .unwrap();
+        }
+        let pdus = read_pdus(&mut peer, digests, 12).await;
         let mut got = Vec::new();
         for (i, p) in pdus[..10].iter().enumerate() {
             let Bhs::DataIn(d) = &p.bhs else {
@@ -171,6 +174,8 @@ async fn put_data_cuts_data_in_by_segment_and_burst_and_stamps_sequence_numbers(
             assert_eq!(d.data_sn, i as u32);
             assert_eq!(d.buffer_offset as usize, got.len());
             assert_eq!((d.exp_cmd_sn, d.max_cmd_sn), (7, 20));
+            // Before the status: the next StatSN; the status: the one it was given.
+            assert_eq!(d.stat_sn, 100);
             // F ends each burst (every 4th PDU) and the sequence; status only in the last.
             assert_eq!(d.final_, i % 4 == 3 || i == 9, "F bit of PDU {i}");
             assert_eq!(d.status_present, i == 9);
@@ -187,9 +192,13 @@ async fn put_data_cuts_data_in_by_segment_and_burst_and_stamps_sequence_numbers(
         let Bhs::NopIn(nop) = &pdus[10].bhs else {
             panic!("NOP-In expected")
         };
+        assert_eq!(nop.stat_sn, 101, "the caller's StatSN");
+        let Bhs::NopIn(ping) = &pdus[11].bhs else {
+            panic!("NOP-In expected")
+        };
         assert_eq!(
-            nop.stat_sn, 101,
-            "StatSN advanced once, by the status-bearing Data-In"
+            ping.stat_sn, 102,
+            "a PDU without status carries the next StatSN"
         );
     }
 }

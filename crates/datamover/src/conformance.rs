@@ -1,8 +1,8 @@
 //! The conformance kit: one suite, written against the traits, that every target-side
 //! datamover must pass — read data before its status, write data gathered from immediate,
-//! unsolicited and solicited parts, aborts and connection loss freeing waiters, bad
-//! solicited-data answered with a Reject and a failed command while the connection goes
-//! on. A transport runs it by providing a [`KitTransport`]: a datamover under test joined
+//! unsolicited and solicited parts, aborts and connection loss freeing waiters, bad data
+//! reported for a Reject and failing only its command, status carrying the StatSN the
+//! iSCSI layer assigned. A transport runs it by providing a [`KitTransport`]: a datamover under test joined
 //! to a [`KitInitiator`], that transport's initiator end driven in iSCSI terms (a TCP peer
 //! speaks Data-In/R2T/Data-Out PDUs; an iSER peer registers buffers the target reads and
 //! writes). [`conformance_tests!`](crate::conformance_tests) expands to one test per case.
@@ -27,6 +27,7 @@ pub enum KitEvent {
     /// A task's status (collapsed into the last Data-In, or a SCSI Response).
     Status {
         itt: u32,
+        stat_sn: u32,
         status: u8,
         underflow: bool,
         residual: u32,
@@ -79,6 +80,7 @@ fn pattern(len: usize, seed: u32) -> Bytes {
 }
 
 const GOOD: CollapsedStatus = CollapsedStatus {
+    stat_sn: 0,
     status: 0,
     overflow: false,
     underflow: false,
@@ -115,8 +117,12 @@ async fn next_command(notices: &mut mpsc::Receiver<Notice>) -> (TaskRef, Option<
 }
 
 /// Collects events until every task in `want` has its status; checks that each task's data
-/// covers exactly its expected bytes and arrived entirely before its status.
-async fn expect_reads(peer: &mut dyn KitInitiator, want: &HashMap<u32, Bytes>) {
+/// covers exactly its expected bytes and arrived entirely before its status. Returns the
+/// StatSN of each status.
+async fn expect_reads(
+    peer: &mut dyn KitInitiator,
+    want: &HashMap<u32, Bytes>,
+) -> HashMap<u32, u32> {
     let mut got: HashMap<u32, Vec<u8>> = HashMap::new();
     let mut done = HashMap::new();
     while done.len() < want.len() {
@@ -138,9 +144,14 @@ async fn expect_reads(peer: &mut dyn KitInitiator, want: &HashMap<u32, Bytes>) {
                 );
                 buf.extend_from_slice(&data);
             }
-            KitEvent::Status { itt, status, .. } => {
+            KitEvent::Status {
+                itt,
+                status,
+                stat_sn,
+                ..
+            } => {
                 assert_eq!(status, 0, "ITT {itt:#x} status");
-                done.insert(itt, ());
+                done.insert(itt, stat_sn);
             }
             KitEvent::Control(p) => panic!("unexpected {:?} during reads", p.bhs.opcode()),
             KitEvent::Closed => panic!("connection closed during reads"),
@@ -150,10 +161,11 @@ async fn expect_reads(peer: &mut dyn KitInitiator, want: &HashMap<u32, Bytes>) {
         let buf = got.remove(itt).unwrap_or_default();
         assert!(buf == data[..], "ITT {itt:#x}: read data differs");
     }
+    done
 }
 
 /// Status collapsed into the data, and status in a separate response after the data: the
-/// initiator sees all of a task's data before its status.
+/// initiator sees all of a task's data before its status, numbered as the caller said.
 pub async fn read_data_arrives_before_its_status(t: &dyn KitTransport) {
     let (dm, mut notices, mut peer) = t.connect().await;
     let burst = t.config().max_burst_length as usize;
@@ -163,7 +175,11 @@ pub async fn read_data_arrives_before_its_status(t: &dyn KitTransport) {
     peer.send_read(2, separate.len() as u32).await;
     let (task1, _) = next_command(&mut notices).await;
     let (task2, _) = next_command(&mut notices).await;
-    dm.put_data(task1, collapsed.clone(), None, Some(GOOD))
+    let status = CollapsedStatus {
+        stat_sn: 700,
+        ..GOOD
+    };
+    dm.put_data(task1, collapsed.clone(), None, Some(status))
         .await
         .expect("put_data");
     dm.put_data(task2, separate.clone(), None, None)
@@ -171,13 +187,19 @@ pub async fn read_data_arrives_before_its_status(t: &dyn KitTransport) {
         .expect("put_data");
     let rsp = ScsiResponse {
         itt: task2.itt,
+        stat_sn: 701,
         ..Default::default()
     };
     dm.send_control(Pdu::new(Bhs::ScsiResponse(rsp), Bytes::new()))
         .await
         .expect("send_control");
     let want = HashMap::from([(1, collapsed), (2, separate)]);
-    expect_reads(peer.as_mut(), &want).await;
+    let numbers = expect_reads(peer.as_mut(), &want).await;
+    assert_eq!(
+        numbers,
+        HashMap::from([(1, 700), (2, 701)]),
+        "StatSN as assigned"
+    );
 }
 
 /// Many reads answered concurrently from separate tasks: each task's data still precedes
@@ -318,27 +340,37 @@ pub async fn connection_loss_frees_waiters(t: &dyn KitTransport) {
     );
 }
 
-/// Data the target did not ask for is refused with a Reject (echoing the offending
-/// header), the command's `get_data` fails with `DataPhase`, and the connection goes on.
+/// Data the target did not ask for fails its command's `get_data` with `DataPhase`,
+/// carrying the offending header as received (for the iSCSI layer's Reject, which must
+/// precede the command's status); the connection goes on.
 pub async fn bad_data_is_rejected_and_fails_only_its_command(t: &dyn KitTransport) {
     let (dm, mut notices, mut peer) = t.connect().await;
-    peer.send_write(40, pattern(8192, 40), 0, 0).await;
-    let (task, write) = next_command(&mut notices).await;
-    peer.send_bad_data(40).await;
-    match peer.next_event(WAIT).await {
-        Some(KitEvent::Control(p)) => {
-            let Bhs::Reject(r) = p.bhs else {
-                panic!("a Reject, not {:?}", p.bhs.opcode())
-            };
-            assert_eq!(r.reason, iscsi_wire::reject::PROTOCOL_ERROR);
-            assert_eq!(p.data.len(), 48, "the Reject carries the refused header");
+    // Refused before the command asks for its data, and while it waits for it.
+    for (itt, waiting) in [(40u32, false), (42, true)] {
+        peer.send_write(itt, pattern(8192, itt), 0, 0).await;
+        let (task, write) = next_command(&mut notices).await;
+        let dm2 = dm.clone();
+        let gather = async move { dm2.get_data(task, write.expect("handle")).await };
+        let r = if waiting {
+            let gather = tokio::spawn(gather);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            peer.send_bad_data(itt).await;
+            tokio::time::timeout(WAIT, gather)
+                .await
+                .map(|r| r.expect("task"))
+        } else {
+            peer.send_bad_data(itt).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::timeout(WAIT, gather).await
+        };
+        match r.expect("get_data ends") {
+            Err(DmError::DataPhase { raw_bhs, .. }) => {
+                let got = u32::from_be_bytes(raw_bhs[16..20].try_into().expect("4 bytes"));
+                assert_eq!(got, itt, "the refused header is the bad data's");
+            }
+            other => panic!("ITT {itt:#x}: expected DataPhase, got {other:?}"),
         }
-        other => panic!("expected a Reject, got {other:?}"),
     }
-    let r = tokio::time::timeout(WAIT, dm.get_data(task, write.expect("handle")))
-        .await
-        .expect("get_data ends");
-    assert!(matches!(r, Err(DmError::DataPhase(_))), "{r:?}");
     let data = pattern(3000, 41);
     peer.send_read(41, data.len() as u32).await;
     let (task, _) = next_command(&mut notices).await;

@@ -7,8 +7,11 @@
 //! notices (control PDUs, commands with their write-data handles, connection loss).
 //! The TCP implementation (crate `datamover-tcp`) turns these into Data-In, R2T and
 //! Data-Out PDUs with digests; the iSER implementation turns them into RDMA Writes, Reads
-//! and Sends. StatSN, ExpCmdSN and MaxCmdSN are stamped on each PDU as it is sent, so they
-//! are always in wire order.
+//! and Sends. StatSN is the iSCSI layer's: it numbers every status-bearing PDU (and the
+//! status collapsed into read data) as it queues it, so the transport only keeps them in
+//! order; PDUs without status carry the StatSN that follows the last status sent, and
+//! ExpCmdSN and MaxCmdSN are stamped on each PDU as it is sent. A PDU the transport must
+//! refuse is reported as [`Notice::Reject`], for the iSCSI layer to answer.
 
 pub mod conformance;
 pub mod login_pdu;
@@ -31,10 +34,11 @@ pub enum DmError {
     Closed,
     #[error("task aborted")]
     Aborted,
-    /// The initiator's Data-Out broke the rules (DataSN, offset, length); the PDU was
-    /// Rejected and the command must end with CHECK CONDITION.
-    #[error("data-out protocol error: {0}")]
-    DataPhase(String),
+    /// The initiator's write data broke the rules (DataSN, offset, length): the iSCSI layer
+    /// Rejects the offending PDU (`raw_bhs`, its header as received) and then ends the
+    /// command with CHECK CONDITION, in that order on the wire.
+    #[error("data-out protocol error: {why}")]
+    DataPhase { why: String, raw_bhs: [u8; 48] },
 }
 
 /// The session's command window as the initiator should see it, shared by all of the
@@ -72,6 +76,8 @@ pub struct TaskRef {
 /// Status sent in the last Data-In (phase collapse) instead of a SCSI Response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CollapsedStatus {
+    /// The StatSN the iSCSI layer assigned to this status.
+    pub stat_sn: u32,
     pub status: u8,
     pub overflow: bool,
     pub underflow: bool,
@@ -102,6 +108,14 @@ pub enum Notice {
     },
     /// Any other PDU from the initiator.
     Control(InPdu),
+    /// A PDU the transport refused (its header as received): the iSCSI layer answers with
+    /// a Reject of `reason`. (Refused write data of a command is reported to that command
+    /// instead, as [`DmError::DataPhase`], so the Reject precedes its status.)
+    Reject {
+        reason: u8,
+        raw_bhs: [u8; 48],
+        why: String,
+    },
     /// The connection ended (peer closed, I/O error, protocol or digest error).
     Closed(String),
 }
@@ -109,7 +123,8 @@ pub enum Notice {
 /// The operations the iSCSI layer uses to move data and control PDUs.
 #[async_trait]
 pub trait Datamover: Send + Sync {
-    /// Send a control PDU (response, NOP-In, Text, Logout, Reject, Async, TMF response).
+    /// Send a control PDU (response, NOP-In, Text, Logout, Reject, Async, TMF response);
+    /// a status-bearing one carries the StatSN the caller assigned.
     async fn send_control(&self, pdu: Pdu) -> Result<(), DmError>;
     /// Deliver read data for `task`, optionally with collapsed status. `crcs`, when the
     /// producer computed them at [`Datamover::data_in_digest_segment`], are the data digests

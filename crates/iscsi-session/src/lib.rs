@@ -1,13 +1,16 @@
 //! Sans-IO state of an iSCSI session in full feature phase (RFC 7143), shared by the
 //! target and the initiator: the CmdSN window that orders commands across a session's
 //! connections, the tracker that validates Data-Out PDUs and decides which R2Ts to send,
-//! and the segmentation of read data into Data-In PDUs and bursts. Pure state machines:
+//! the segmentation of read data into Data-In PDUs and bursts, and the target's StatSN
+//! numbering with retention of unacknowledged status. Pure state machines:
 //! the runtimes feed them header fields and act on what they return.
 
 pub mod read;
+pub mod status;
 pub mod window;
 pub mod write;
 
 pub use read::{data_in_segments, DataSegment};
+pub use status::StatusSeq;
 pub use window::{Admission, CmdWindow};
 pub use write::{R2tRequest, WriteError, WriteLimits, WriteTransfer};

@@ -26,7 +26,7 @@ use iscsi_login::params::SessionType;
 use iscsi_login::pdu::LoginStatus;
 use iscsi_login::target::{LoginState, TargetLimits, TargetLogin, TargetLoginConfig};
 use iscsi_session::{CmdWindow, WriteLimits};
-use iscsi_wire::{AsyncMessage, Bhs, Digests, Pdu};
+use iscsi_wire::{AsyncMessage, Bhs, Digests};
 use session::{Conn, Session};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -140,9 +140,7 @@ impl Target {
                     param3: grace.as_secs().max(1) as u16,
                     ..Default::default()
                 };
-                let _ =
-                    c.dm.send_control(Pdu::new(Bhs::AsyncMessage(msg), Bytes::new()))
-                        .await;
+                c.send_async(msg).await;
             }
         }
         let deadline = tokio::time::Instant::now() + grace;
@@ -428,6 +426,7 @@ async fn login(
                     transport,
                     dm,
                     cp.max_send_data_segment_length,
+                    stat_sn.wrapping_add(1),
                 ));
                 if let Some(old) = session.add_connection(c.clone()) {
                     tracing::info!(%peer, cid, "connection reinstatement: closing the old connection");

@@ -9,7 +9,7 @@ use datamover::{
 use iscsi_login::params::{SessionParams, SessionType, TransportKind};
 use iscsi_login::target::SessionIdentity;
 use iscsi_login::textneg::{TextContext, TextResponder};
-use iscsi_session::{Admission, CmdWindow};
+use iscsi_session::{Admission, CmdWindow, StatusSeq};
 use iscsi_wire::{
     reject, tmf, Bhs, LogoutResponse, NopIn, Pdu, Reject, ScsiCommand, ScsiResponse,
     TaskMgmtResponse, TextResponse, RESERVED_TAG,
@@ -64,6 +64,10 @@ pub(crate) struct Conn {
     idle: Notify,
     ping_ttt: AtomicU32,
     text: Mutex<Option<(u32, TextResponder)>>,
+    /// StatSN numbering and the status not yet acknowledged (kept for status SNACK).
+    status: Mutex<StatusSeq<Pdu>>,
+    /// Held while a status is numbered and queued, so StatSNs reach the wire in order.
+    send_order: tokio::sync::Mutex<()>,
 }
 
 impl Conn {
@@ -73,6 +77,7 @@ impl Conn {
         transport: TransportKind,
         dm: Arc<dyn Datamover>,
         max_send: u32,
+        next_stat_sn: u32,
     ) -> Conn {
         Conn {
             cid,
@@ -84,7 +89,52 @@ impl Conn {
             idle: Notify::new(),
             ping_ttt: AtomicU32::new(RESERVED_TAG),
             text: Mutex::new(None),
+            status: Mutex::new(StatusSeq::new(next_stat_sn)),
+            send_order: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// Takes the next StatSN for `status` (a PDU as it would be resent) and keeps it until
+    /// the initiator acknowledges it. Call with `send_order` held.
+    fn number(&self, mut status: Pdu) -> u32 {
+        let mut seq = self.status.lock().expect("status");
+        let sn = seq.next();
+        status.bhs.set_target_sns(sn, 0, 0);
+        seq.assign(status)
+    }
+
+    /// The initiator's ExpStatSN (on every PDU it sends): acknowledged status is forgotten.
+    fn acknowledge(&self, bhs: &Bhs) {
+        if let Some(exp) = bhs.initiator_exp_stat_sn() {
+            self.status.lock().expect("status").acknowledge(exp);
+        }
+    }
+
+    /// Sends a control PDU; a status-bearing one is numbered here (StatSN) and queued in
+    /// that order.
+    async fn send_pdu(&self, mut pdu: Pdu) -> Result<(), DmError> {
+        if !pdu.bhs.advances_stat_sn() {
+            return self.dm.send_control(pdu).await;
+        }
+        let _order = self.send_order.lock().await;
+        let sn = self.number(pdu.clone());
+        pdu.bhs.set_target_sns(sn, 0, 0);
+        self.dm.send_control(pdu).await
+    }
+
+    /// Delivers read data with its status collapsed into it, numbering the status.
+    async fn put_data_with_status(
+        &self,
+        task: TaskRef,
+        data: Bytes,
+        crcs: Option<digest::SegmentCrcs>,
+        status: CollapsedStatus,
+        retained: ScsiResponse,
+    ) -> Result<u32, DmError> {
+        let _order = self.send_order.lock().await;
+        let stat_sn = self.number(Pdu::new(Bhs::ScsiResponse(retained), Bytes::new()));
+        let status = CollapsedStatus { stat_sn, ..status };
+        self.dm.put_data(task, data, crcs, Some(status)).await
     }
 
     fn task_done(&self) {
@@ -108,7 +158,12 @@ impl Conn {
     }
 
     async fn send(&self, bhs: Bhs, data: Bytes) {
-        let _ = self.dm.send_control(Pdu::new(bhs, data)).await;
+        let _ = self.send_pdu(Pdu::new(bhs, data)).await;
+    }
+
+    /// Sends an Asynchronous Message (numbered like any status).
+    pub async fn send_async(&self, msg: iscsi_wire::AsyncMessage) {
+        self.send(Bhs::AsyncMessage(msg), Bytes::new()).await
     }
 
     async fn reject(&self, reason: u8, raw: [u8; 48], why: &str) {
@@ -258,7 +313,9 @@ impl Session {
         let (data_out, r2ts) = match write {
             Some(w) => match conn.dm.get_data(task, w).await {
                 Ok(x) => x,
-                Err(DmError::DataPhase(_)) => {
+                Err(DmError::DataPhase { why, raw_bhs }) => {
+                    // The Reject goes out before the command's status.
+                    conn.reject(reject::PROTOCOL_ERROR, raw_bhs, &why).await;
                     let sense = scsi::Sense::new(
                         scsi::sense::key::ABORTED_COMMAND,
                         scsi::sense::asc::DATA_PHASE_ERROR,
@@ -546,14 +603,22 @@ async fn send_scsi_response(conn: &Conn, task: TaskRef, rsp: scsi::Response, r2t
         && (rsp.status == scsi::status::GOOD || rsp.status == scsi::status::CONDITION_MET);
     if !rsp.data_in.is_empty() && collapsible {
         let st = CollapsedStatus {
+            stat_sn: 0,
             status: rsp.status,
             overflow,
             underflow,
             residual,
         };
+        let retained = ScsiResponse {
+            overflow,
+            underflow,
+            status: rsp.status,
+            itt: task.itt,
+            residual,
+            ..Default::default()
+        };
         let _ = conn
-            .dm
-            .put_data(task, rsp.data_in, rsp.data_in_crcs, Some(st))
+            .put_data_with_status(task, rsp.data_in, rsp.data_in_crcs, st, retained)
             .await;
         return;
     }
@@ -617,7 +682,7 @@ pub(crate) async fn run_full_feature(
                     next_ttt = next_ttt.wrapping_add(1).max(1);
                     conn.ping_ttt.store(ttt, Ordering::Release);
                     let nop = NopIn { itt: RESERVED_TAG, ttt, ..Default::default() };
-                    let send = conn.dm.send_control(Pdu::new(Bhs::NopIn(nop), Bytes::new()));
+                    let send = conn.send_pdu(Pdu::new(Bhs::NopIn(nop), Bytes::new()));
                     if tokio::time::timeout(ping_timeout, send).await.is_err() {
                         break "peer stopped reading".to_string();
                     }
@@ -632,7 +697,13 @@ pub(crate) async fn run_full_feature(
         match notice {
             None => break "connection closed".to_string(),
             Some(Notice::Closed(why)) => break why,
+            Some(Notice::Reject {
+                reason,
+                raw_bhs,
+                why,
+            }) => conn.reject(reason, raw_bhs, &why).await,
             Some(Notice::Command { pdu, write }) => {
+                conn.acknowledge(&pdu.pdu.bhs);
                 let Bhs::ScsiCommand(cmd) = pdu.pdu.bhs else {
                     unreachable!("datamover sends commands as Command")
                 };
@@ -658,6 +729,7 @@ pub(crate) async fn run_full_feature(
                 }
             }
             Some(Notice::Control(pdu)) => {
+                conn.acknowledge(&pdu.pdu.bhs);
                 let (immediate, cmd_sn) = match &pdu.pdu.bhs {
                     Bhs::NopOut(n) => {
                         if n.itt == RESERVED_TAG {

@@ -1,0 +1,111 @@
+//! The target's status numbering for one connection (RFC 7143 §4.2.2.2): every
+//! status-bearing PDU (SCSI Response, Data-In with status, TMF/Text/Logout responses, Reject,
+//! Async Message, a NOP-In answering a NOP-Out) takes the next StatSN; the initiator
+//! acknowledges with ExpStatSN, and until then the target keeps each status so that a later
+//! error recovery level can resend it (status SNACK). The runtime assigns the number and
+//! queues the PDU to its transport under one ordering lock, so StatSNs reach the wire in order.
+
+use iscsi_wire::serial::sn_lt;
+use std::collections::VecDeque;
+
+/// Status kept for retransmission at most (older entries are dropped first: at ERL 0
+/// nothing asks for them, and an initiator that never acknowledges must not grow memory).
+pub const RETAINED_MAX: usize = 1024;
+
+/// StatSN assignment and retention of unacknowledged status for one connection. `T` is
+/// what the runtime keeps to resend a status (a PDU).
+#[derive(Debug)]
+pub struct StatusSeq<T> {
+    next: u32,
+    retained: VecDeque<(u32, T)>,
+}
+
+impl<T> StatusSeq<T> {
+    /// Numbering that continues after login: `next` is the StatSN of the first status in
+    /// full feature phase.
+    pub fn new(next: u32) -> Self {
+        StatusSeq {
+            next,
+            retained: VecDeque::new(),
+        }
+    }
+
+    /// The StatSN the next status takes (also what non-status PDUs carry).
+    pub fn next(&self) -> u32 {
+        self.next
+    }
+
+    /// Takes the next StatSN for a status and keeps `status` until it is acknowledged.
+    pub fn assign(&mut self, status: T) -> u32 {
+        let sn = self.next;
+        self.next = self.next.wrapping_add(1);
+        if self.retained.len() == RETAINED_MAX {
+            self.retained.pop_front();
+        }
+        self.retained.push_back((sn, status));
+        sn
+    }
+
+    /// The initiator's ExpStatSN: every status numbered below it was received. A value
+    /// beyond what was sent is ignored (the initiator is wrong, not us).
+    pub fn acknowledge(&mut self, exp_stat_sn: u32) {
+        if sn_lt(self.next, exp_stat_sn) {
+            return;
+        }
+        while self
+            .retained
+            .front()
+            .is_some_and(|(sn, _)| sn_lt(*sn, exp_stat_sn))
+        {
+            self.retained.pop_front();
+        }
+    }
+
+    /// The retained status numbered `stat_sn`, if still kept (for a status SNACK).
+    pub fn retained(&self, stat_sn: u32) -> Option<&T> {
+        self.retained
+            .iter()
+            .find(|(sn, _)| *sn == stat_sn)
+            .map(|(_, t)| t)
+    }
+
+    /// Statuses sent and not yet acknowledged.
+    pub fn unacknowledged(&self) -> usize {
+        self.retained.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_in_order_and_forgets_what_is_acknowledged() {
+        let mut s = StatusSeq::new(u32::MAX - 1);
+        let a = s.assign("a");
+        let b = s.assign("b");
+        let c = s.assign("c");
+        assert_eq!((a, b, c), (u32::MAX - 1, u32::MAX, 0), "serial wrap");
+        assert_eq!(s.next(), 1);
+        s.acknowledge(u32::MAX);
+        assert_eq!(s.unacknowledged(), 2);
+        assert_eq!(s.retained(u32::MAX), Some(&"b"));
+        assert_eq!(s.retained(u32::MAX - 1), None);
+        // An acknowledgement past what was sent is ignored.
+        s.acknowledge(5);
+        assert_eq!(s.unacknowledged(), 2);
+        s.acknowledge(1);
+        assert_eq!(s.unacknowledged(), 0);
+    }
+
+    #[test]
+    fn retention_is_bounded() {
+        let mut s = StatusSeq::new(0);
+        for i in 0..RETAINED_MAX as u32 + 10 {
+            s.assign(i);
+        }
+        assert_eq!(s.unacknowledged(), RETAINED_MAX);
+        assert_eq!(s.retained(9), None);
+        assert_eq!(s.retained(10), Some(&10));
+    }
+}
