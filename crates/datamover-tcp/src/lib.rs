@@ -2,8 +2,11 @@
 //! framer (BHS, AHS, padding, header and data digests, the CRC fused with the receive
 //! copy, vectored sends), [`trace`] the one tracing hook (every byte into a pcapng trace),
 //! [`target`] the target's portal, login channel and datamover (Data-In, R2T, Data-Out),
-//! [`initiator`] the initiator's connection (connect, login-phase PDUs, the writer task).
+//! [`initiator`] the initiator's connection (connect, login-phase PDUs, the writer task),
+//! [`digest_buf`] the read buffers the target lends so data digests ride on the backend's
+//! copy.
 
+pub mod digest_buf;
 pub mod frame;
 pub mod initiator;
 pub mod target;

@@ -103,12 +103,10 @@ impl TcpConnection {
             cfg: cfg.clone(),
             stop: stop_tx,
             peer: self.peer,
+            digest_buffers: crate::digest_buf::DigestBuffers::for_connection(&cfg)
+                .map(|b| Arc::new(b) as Arc<dyn storage::ReadBufSource>),
         });
-        let writer = Writer {
-            next_stat_sn: cfg.next_stat_sn,
-            cfg,
-            sn,
-        };
+        let writer = Writer { cfg, sn };
         tokio::spawn(writer.run(write, out_rx, stop_rx.clone()));
         let reader = FrameReader::from_parts(read, buffered, READ_CHUNK);
         tokio::spawn(run_reader(reader, shared.clone(), notice_tx, stop_rx));
@@ -176,6 +174,8 @@ struct Shared {
     cfg: FfpConfig,
     stop: watch::Sender<bool>,
     peer: SocketAddr,
+    /// Lent for read data when this connection sends data digests at a fixed cut.
+    digest_buffers: Option<Arc<dyn storage::ReadBufSource>>,
 }
 
 impl Shared {
@@ -194,7 +194,7 @@ enum Out {
     DataIn {
         task: TaskRef,
         data: Bytes,
-        crcs: Option<digest::SegmentCrcs>,
+        crcs: Option<Arc<digest::SegmentCrcs>>,
         status: Option<CollapsedStatus>,
     },
     R2ts {
@@ -229,9 +229,11 @@ impl Datamover for TcpDatamover {
         &self,
         task: TaskRef,
         data: Bytes,
-        crcs: Option<digest::SegmentCrcs>,
+        note: Option<storage::BufNote>,
         status: Option<CollapsedStatus>,
     ) -> Result<u32, DmError> {
+        // CRCs noted by one of our digest buffers, at our cut (others are not ours).
+        let crcs = note.and_then(|n| n.0.downcast::<digest::SegmentCrcs>().ok());
         let cfg = &self.shared.cfg;
         let n = data_in_segments(
             data.len() as u32,
@@ -249,15 +251,8 @@ impl Datamover for TcpDatamover {
         Ok(n as u32)
     }
 
-    fn data_in_digest_segment(&self) -> Option<u32> {
-        let cfg = &self.shared.cfg;
-        // Data-In is cut at MaxSendDataSegmentLength within each MaxBurstLength burst: fixed
-        // pieces exactly when the burst is a whole number of segments.
-        (cfg.digests.data
-            && cfg
-                .max_burst_length
-                .is_multiple_of(cfg.max_send_data_segment_length))
-        .then_some(cfg.max_send_data_segment_length)
+    fn read_buffers(&self) -> Option<Arc<dyn storage::ReadBufSource>> {
+        self.shared.digest_buffers.clone()
     }
 
     async fn get_data(&self, task: TaskRef, write: WriteHandle) -> Result<(Bytes, u32), DmError> {
@@ -577,8 +572,6 @@ async fn report_reject(
 struct Writer {
     cfg: FfpConfig,
     sn: Arc<CmdSnState>,
-    /// The StatSN after the last status written: what PDUs without status carry.
-    next_stat_sn: u32,
 }
 
 impl Writer {
@@ -644,10 +637,11 @@ impl Writer {
         let _ = w.shutdown().await;
     }
 
-    /// Stamps ExpCmdSN/MaxCmdSN (as of now, so they are in wire order) and, on a PDU
-    /// without status, the StatSN that follows the last status written; a status keeps the
-    /// StatSN the iSCSI layer gave it. Then encodes the PDU. `data_crc`: the CRC32C of
-    /// `data` when the producer already computed it.
+    /// Stamps the PDU as it goes on the wire, so every number is in wire order: a status
+    /// takes the next StatSN from the connection's numbering (which keeps it, as the PDU to
+    /// resend, until acknowledged), a PDU without status carries the next StatSN, and both
+    /// carry ExpCmdSN/MaxCmdSN as of now. Then encodes it. `data_crc`: the CRC32C of `data`
+    /// when the producer already computed it.
     fn push(
         &mut self,
         mut bhs: Bhs,
@@ -657,14 +651,13 @@ impl Writer {
         batch: &mut PduBatch,
     ) {
         let (exp, max) = self.sn.load();
-        let stat_sn = if bhs.advances_stat_sn() {
-            let assigned = bhs.target_stat_sn().unwrap_or(self.next_stat_sn);
-            self.next_stat_sn = assigned.wrapping_add(1);
-            assigned
-        } else {
-            self.next_stat_sn
-        };
-        bhs.set_target_sns(stat_sn, exp, max);
+        {
+            let mut status = self.cfg.status.lock().expect("status numbering");
+            bhs.set_target_sns(status.next(), exp, max);
+            if bhs.advances_stat_sn() {
+                status.assign(status_to_keep(&bhs, &data));
+            }
+        }
         batch.push(&bhs, ahs, data, self.cfg.digests, data_crc);
     }
 
@@ -672,7 +665,7 @@ impl Writer {
         &mut self,
         task: TaskRef,
         data: Bytes,
-        crcs: Option<digest::SegmentCrcs>,
+        crcs: Option<Arc<digest::SegmentCrcs>>,
         status: Option<CollapsedStatus>,
         batch: &mut PduBatch,
     ) {
@@ -693,7 +686,6 @@ impl Writer {
             };
             if s.last {
                 if let Some(st) = status {
-                    d.stat_sn = st.stat_sn;
                     d.final_ = true;
                     d.status_present = true;
                     d.status = st.status;
@@ -706,5 +698,27 @@ impl Writer {
             let crc = crcs.as_ref().and_then(|c| c.get(s.offset, s.len));
             self.push(Bhs::DataIn(d), &[], payload, crc, batch);
         }
+    }
+}
+
+/// What is kept of a status for resending: the PDU itself, or for status collapsed into
+/// Data-In, the SCSI Response that says the same.
+fn status_to_keep(bhs: &Bhs, data: &Bytes) -> Pdu {
+    match bhs {
+        Bhs::DataIn(d) => Pdu::new(
+            Bhs::ScsiResponse(iscsi_wire::ScsiResponse {
+                overflow: d.overflow,
+                underflow: d.underflow,
+                status: d.status,
+                itt: d.itt,
+                stat_sn: d.stat_sn,
+                exp_cmd_sn: d.exp_cmd_sn,
+                max_cmd_sn: d.max_cmd_sn,
+                residual: d.residual,
+                ..Default::default()
+            }),
+            Bytes::new(),
+        ),
+        other => Pdu::new(other.clone(), data.clone()),
     }
 }

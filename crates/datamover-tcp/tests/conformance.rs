@@ -53,7 +53,7 @@ impl KitTransport for Tcp {
                 max_outstanding_r2t: 2,
                 max_recv_data_segment_length: 8192,
             },
-            next_stat_sn: 1,
+            status: datamover::status_numbering(1),
             max_write_len: 1 << 20,
         }
     }

@@ -29,7 +29,7 @@ fn config(digests: Digests) -> FfpConfig {
             max_outstanding_r2t: 2,
             max_recv_data_segment_length: 8192,
         },
-        next_stat_sn: 100,
+        status: datamover::status_numbering(100),
         max_write_len: 1 << 20,
     }
 }
@@ -41,6 +41,7 @@ async fn pair(
     Arc<datamover_tcp::TcpDatamover>,
     tokio::sync::mpsc::Receiver<Notice>,
     TcpStream,
+    datamover::StatusNumbering,
 ) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let peer = TcpStream::connect(listener.local_addr().unwrap())
@@ -48,8 +49,10 @@ async fn pair(
         .unwrap();
     let (ours, _) = listener.accept().await.unwrap();
     let conn = TcpConnection::new(ours, None).unwrap();
-    let (dm, notices) = conn.into_full_feature(config(digests), CmdSnState::new(7, 20));
-    (dm, notices, peer)
+    let cfg = config(digests);
+    let status = cfg.status.clone();
+    let (dm, notices) = conn.into_full_feature(cfg, CmdSnState::new(7, 20));
+    (dm, notices, peer, status)
 }
 
 /// Reads PDUs from the peer socket until `n` are decoded; checks every digest present.
@@ -130,35 +133,43 @@ async fn put_data_cuts_data_in_by_segment_and_burst_and_stamps_sequence_numbers(
             true,
         ),
     ] {
-        let (dm, _notices, mut peer) = pair(digests).await;
+        let (dm, _notices, mut peer, numbering) = pair(digests).await;
         let data: Bytes = (0..40_001u32)
             .map(|i| (i * 13) as u8)
             .collect::<Vec<_>>()
             .into();
         let task = TaskRef { itt: 0x42, lun: 0 };
-        // With data digests the datamover asks for CRCs at its own cut: 4096-byte segments
-        // (bursts of 16384 are whole segments).
-        let seg = dm.data_in_digest_segment();
-        assert_eq!(seg, digests.data.then_some(4096));
-        let crcs = precomputed.then(|| digest::SegmentCrcs::of(&data, 4096));
+        // With data digests the datamover lends read buffers that note the CRCs at its own
+        // cut (4096-byte segments: bursts of 16384 are whole segments), filled here as a RAM
+        // backend would; the digests on the wire are then checked independently.
+        let lender = dm.read_buffers();
+        assert_eq!(lender.is_some(), digests.data);
+        let (data, note) = match (&lender, precomputed) {
+            (Some(l), true) => {
+                let mut buf = l.lend(data.len());
+                buf.put(&data[..10_000]);
+                buf.put(&data[10_000..]);
+                buf.finish()
+            }
+            _ => (data, None),
+        };
+        assert_eq!(note.is_some(), precomputed);
         let status = CollapsedStatus {
-            stat_sn: 100,
             status: 0,
             overflow: false,
             underflow: true,
             residual: 7,
         };
         let n = dm
-            .put_data(task, data.clone(), crcs, Some(status))
+            .put_data(task, data.clone(), note, Some(status))
             .await
             .unwrap();
         // 40001 bytes: 2 full bursts of 4 x 4096, then 7233 = 4096 + 3137.
         assert_eq!(n, 10);
-        // A status-bearing NOP-In numbered by the caller, then a ping (no status).
-        for (itt, stat_sn) in [(9, 101), (iscsi_wire::RESERVED_TAG, 0)] {
+        // A status-bearing NOP-In, then a ping (no status).
+        for itt in [9, iscsi_wire::RESERVED_TAG] {
             let nop = NopIn {
                 itt,
-                stat_sn,
                 ..Default::default()
             };
             dm.send_control(Pdu::new(Bhs::NopIn(nop), Bytes::new()))
@@ -192,7 +203,22 @@ async fn put_data_cuts_data_in_by_segment_and_burst_and_stamps_sequence_numbers(
         let Bhs::NopIn(nop) = &pdus[10].bhs else {
             panic!("NOP-In expected")
         };
-        assert_eq!(nop.stat_sn, 101, "the caller's StatSN");
+        assert_eq!(nop.stat_sn, 101, "the next status's StatSN");
+        // Both statuses are kept (the Data-In's as the SCSI Response it stands for) until
+        // the initiator's ExpStatSN passes them.
+        {
+            let mut seq = numbering.lock().unwrap();
+            assert_eq!(seq.unacknowledged(), 2);
+            let kept = seq.retained(100).expect("the collapsed status");
+            let Bhs::ScsiResponse(r) = &kept.bhs else {
+                panic!("kept as a SCSI Response")
+            };
+            assert_eq!((r.itt, r.underflow, r.residual), (0x42, true, 7));
+            seq.acknowledge(101);
+            assert_eq!(seq.unacknowledged(), 1);
+            seq.acknowledge(102);
+            assert_eq!(seq.unacknowledged(), 0);
+        }
         let Bhs::NopIn(ping) = &pdus[11].bhs else {
             panic!("NOP-In expected")
         };
@@ -209,7 +235,7 @@ async fn get_data_gathers_immediate_data_and_solicits_the_rest_with_r2ts() {
         header: true,
         data: true,
     };
-    let (dm, mut notices, mut peer) = pair(digests).await;
+    let (dm, mut notices, mut peer, _) = pair(digests).await;
     let payload: Vec<u8> = (0..30_000u32).map(|i| (i * 7 + 1) as u8).collect();
     let imm = &payload[..8192];
     let cmd = Pdu::new(

@@ -1,9 +1,9 @@
 //! The conformance kit: one suite, written against the traits, that every target-side
 //! datamover must pass — read data before its status, write data gathered from immediate,
 //! unsolicited and solicited parts, aborts and connection loss freeing waiters, bad data
-//! reported for a Reject and failing only its command, status carrying the StatSN the
-//! iSCSI layer assigned. A transport runs it by providing a [`KitTransport`]: a datamover under test joined
-//! to a [`KitInitiator`], that transport's initiator end driven in iSCSI terms (a TCP peer
+//! reported for a Reject and failing only its command, statuses numbered in wire order,
+//! read data produced into the buffers the datamover lends. A transport runs it by
+//! providing a [`KitTransport`]: a datamover under test joined to a [`KitInitiator`], that transport's initiator end driven in iSCSI terms (a TCP peer
 //! speaks Data-In/R2T/Data-Out PDUs; an iSER peer registers buffers the target reads and
 //! writes). [`conformance_tests!`](crate::conformance_tests) expands to one test per case.
 
@@ -80,7 +80,6 @@ fn pattern(len: usize, seed: u32) -> Bytes {
 }
 
 const GOOD: CollapsedStatus = CollapsedStatus {
-    stat_sn: 0,
     status: 0,
     overflow: false,
     underflow: false,
@@ -165,7 +164,7 @@ async fn expect_reads(
 }
 
 /// Status collapsed into the data, and status in a separate response after the data: the
-/// initiator sees all of a task's data before its status, numbered as the caller said.
+/// initiator sees all of a task's data before its status, the statuses numbered in order.
 pub async fn read_data_arrives_before_its_status(t: &dyn KitTransport) {
     let (dm, mut notices, mut peer) = t.connect().await;
     let burst = t.config().max_burst_length as usize;
@@ -175,11 +174,7 @@ pub async fn read_data_arrives_before_its_status(t: &dyn KitTransport) {
     peer.send_read(2, separate.len() as u32).await;
     let (task1, _) = next_command(&mut notices).await;
     let (task2, _) = next_command(&mut notices).await;
-    let status = CollapsedStatus {
-        stat_sn: 700,
-        ..GOOD
-    };
-    dm.put_data(task1, collapsed.clone(), None, Some(status))
+    dm.put_data(task1, collapsed.clone(), None, Some(GOOD))
         .await
         .expect("put_data");
     dm.put_data(task2, separate.clone(), None, None)
@@ -187,7 +182,6 @@ pub async fn read_data_arrives_before_its_status(t: &dyn KitTransport) {
         .expect("put_data");
     let rsp = ScsiResponse {
         itt: task2.itt,
-        stat_sn: 701,
         ..Default::default()
     };
     dm.send_control(Pdu::new(Bhs::ScsiResponse(rsp), Bytes::new()))
@@ -196,10 +190,51 @@ pub async fn read_data_arrives_before_its_status(t: &dyn KitTransport) {
     let want = HashMap::from([(1, collapsed), (2, separate)]);
     let numbers = expect_reads(peer.as_mut(), &want).await;
     assert_eq!(
-        numbers,
-        HashMap::from([(1, 700), (2, 701)]),
-        "StatSN as assigned"
+        numbers[&2],
+        numbers[&1].wrapping_add(1),
+        "consecutive StatSNs in wire order"
     );
+}
+
+/// Read data produced into buffers the datamover lends (filled the way backends fill them:
+/// copied pieces, zero runs, bytes taken over whole) reaches the initiator intact, with the
+/// buffer's note; a datamover that lends none passes trivially.
+pub async fn lent_read_buffers_carry_the_data(t: &dyn KitTransport) {
+    let (dm, mut notices, mut peer) = t.connect().await;
+    let Some(lender) = dm.read_buffers() else {
+        return;
+    };
+    let data = pattern(3 * t.config().max_burst_length as usize + 555, 60);
+    let mut want = HashMap::new();
+    for (itt, how) in [(60u32, 0), (61, 1), (62, 2)] {
+        let mut buf = lender.lend(data.len());
+        match how {
+            0 => {
+                buf.put(&data[..7000]);
+                buf.put_zeros(5000);
+                buf.put(&data[12_000..]);
+            }
+            1 => buf.put_bytes(data.clone()),
+            _ => {
+                buf.put_bytes(data.slice(..100));
+                buf.put(&data[100..]);
+            }
+        }
+        assert_eq!(buf.len(), data.len());
+        let (filled, note) = buf.finish();
+        let mut expected = data.to_vec();
+        if how == 0 {
+            expected[7000..12_000].fill(0);
+        }
+        assert!(filled[..] == expected[..], "the buffer holds what was put");
+        peer.send_read(itt, filled.len() as u32).await;
+        let (task, _) = next_command(&mut notices).await;
+        dm.put_data(task, filled, note, Some(GOOD))
+            .await
+            .expect("put_data");
+        want.insert(itt, Bytes::from(expected));
+    }
+    expect_reads(peer.as_mut(), &want).await;
 }
 
 /// Many reads answered concurrently from separate tasks: each task's data still precedes
@@ -402,6 +437,10 @@ macro_rules! conformance_tests {
         #[tokio::test]
         async fn read_data_arrives_before_its_status() {
             $crate::conformance::read_data_arrives_before_its_status(&$make).await
+        }
+        #[tokio::test]
+        async fn lent_read_buffers_carry_the_data() {
+            $crate::conformance::lent_read_buffers_carry_the_data(&$make).await
         }
         #[tokio::test]
         async fn concurrent_reads_keep_each_status_after_its_data() {

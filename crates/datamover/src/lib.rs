@@ -7,11 +7,12 @@
 //! notices (control PDUs, commands with their write-data handles, connection loss).
 //! The TCP implementation (crate `datamover-tcp`) turns these into Data-In, R2T and
 //! Data-Out PDUs with digests; the iSER implementation turns them into RDMA Writes, Reads
-//! and Sends. StatSN is the iSCSI layer's: it numbers every status-bearing PDU (and the
-//! status collapsed into read data) as it queues it, so the transport only keeps them in
-//! order; PDUs without status carry the StatSN that follows the last status sent, and
-//! ExpCmdSN and MaxCmdSN are stamped on each PDU as it is sent. A PDU the transport must
-//! refuse is reported as [`Notice::Reject`], for the iSCSI layer to answer.
+//! and Sends. StatSN numbering is iSCSI-layer state ([`StatusNumbering`]: the next StatSN
+//! and the status kept until ExpStatSN acknowledges it) that the iSCSI layer hands to the
+//! datamover, which takes each status's number as it puts it on the wire — wire order
+//! without a lock around sending; PDUs without status carry the next StatSN, and ExpCmdSN
+//! and MaxCmdSN are stamped as each PDU is sent. A PDU the transport must refuse is
+//! reported as [`Notice::Reject`], for the iSCSI layer to answer.
 
 pub mod conformance;
 pub mod login_pdu;
@@ -73,11 +74,20 @@ pub struct TaskRef {
     pub lun: u64,
 }
 
+/// A connection's StatSN numbering (`iscsi_session::StatusSeq`, keeping each status as a
+/// PDU for resending), owned by the iSCSI layer and shared with the connection's datamover:
+/// the datamover numbers each status-bearing PDU as it sends it; the iSCSI layer
+/// acknowledges with the initiator's ExpStatSN.
+pub type StatusNumbering = Arc<std::sync::Mutex<iscsi_session::StatusSeq<Pdu>>>;
+
+/// Numbering that starts at `next` (the StatSN after the last Login Response).
+pub fn status_numbering(next: u32) -> StatusNumbering {
+    Arc::new(std::sync::Mutex::new(iscsi_session::StatusSeq::new(next)))
+}
+
 /// Status sent in the last Data-In (phase collapse) instead of a SCSI Response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CollapsedStatus {
-    /// The StatSN the iSCSI layer assigned to this status.
-    pub stat_sn: u32,
     pub status: u8,
     pub overflow: bool,
     pub underflow: bool,
@@ -124,23 +134,23 @@ pub enum Notice {
 #[async_trait]
 pub trait Datamover: Send + Sync {
     /// Send a control PDU (response, NOP-In, Text, Logout, Reject, Async, TMF response);
-    /// a status-bearing one carries the StatSN the caller assigned.
+    /// a status-bearing one is numbered from the connection's [`StatusNumbering`] as sent.
     async fn send_control(&self, pdu: Pdu) -> Result<(), DmError>;
-    /// Deliver read data for `task`, optionally with collapsed status. `crcs`, when the
-    /// producer computed them at [`Datamover::data_in_digest_segment`], are the data digests
-    /// of the PDUs to come (a transport that cuts differently ignores them). Returns the
-    /// number of data PDUs used (for ExpDataSN).
+    /// Deliver read data for `task`, optionally with collapsed status. `note` is what a
+    /// buffer this datamover lent ([`Datamover::read_buffers`]) noted while it was filled
+    /// (the transport's own business; others' notes are ignored). Returns the number of
+    /// data PDUs used (for ExpDataSN).
     async fn put_data(
         &self,
         task: TaskRef,
         data: Bytes,
-        crcs: Option<digest::SegmentCrcs>,
+        note: Option<storage::BufNote>,
         status: Option<CollapsedStatus>,
     ) -> Result<u32, DmError>;
-    /// The piece length at which read data should come with CRC32Cs for
-    /// [`Datamover::put_data`]: Some when this connection sends data digests and cuts
-    /// Data-In at a fixed length. Producers that copy the data compute them in that copy.
-    fn data_in_digest_segment(&self) -> Option<u32>;
+    /// The buffers this connection lends for read data, when it has a use for them (the
+    /// TCP datamover with data digests computes them in the backend's copy; an RDMA one
+    /// lends registered memory); `None`: plain buffers will do.
+    fn read_buffers(&self) -> Option<Arc<dyn storage::ReadBufSource>>;
     /// Collect all write data of a command (soliciting what was not sent unsolicited).
     /// Returns the data and the number of R2Ts used.
     async fn get_data(&self, task: TaskRef, write: WriteHandle) -> Result<(Bytes, u32), DmError>;
@@ -161,8 +171,8 @@ pub struct FfpConfig {
     pub max_send_data_segment_length: u32,
     pub max_burst_length: u32,
     pub write_limits: WriteLimits,
-    /// StatSN of the next status-bearing PDU.
-    pub next_stat_sn: u32,
+    /// The connection's StatSN numbering (the iSCSI layer's), taken from as status is sent.
+    pub status: StatusNumbering,
     /// Largest Expected Data Transfer Length of a write we buffer.
     pub max_write_len: u32,
 }

@@ -283,6 +283,16 @@ struct Established {
     conns: Vec<(conn::Stream, LoginDone)>,
 }
 
+/// The transport the URL names, if this build can use it.
+fn check_transport(url: &IscsiUrl) -> Result<(), Error> {
+    match url.transport {
+        iscsi_login::TransportKind::Tcp => Ok(()),
+        iscsi_login::TransportKind::Iser => Err(Error::Invalid(format!(
+            "{url}: iSER (iser://) is not available in this build yet; use iscsi:// for iSCSI over TCP"
+        ))),
+    }
+}
+
 /// Logs in the leading connection (TSIH 0: a new session, or a reinstatement of one with the
 /// same ISID) and then the other connections with the session's TSIH.
 async fn establish(
@@ -290,6 +300,7 @@ async fn establish(
     url: &IscsiUrl,
     isid: [u8; 6],
 ) -> Result<Established, Error> {
+    check_transport(url)?;
     let target = url
         .target
         .as_deref()
@@ -992,6 +1003,8 @@ impl Drop for Session {
 /// SendTargets discovery: logs in a discovery session at the URL's portal, asks for
 /// `SendTargets=All`, logs out.
 pub async fn discover(url: &IscsiUrl, cfg: &SessionConfig) -> Result<Vec<DiscoveredTarget>, Error> {
+    // Discovery runs over TCP whatever the URL's transport (as Linux does it): an iser://
+    // portal is asked on the same address.
     let addr = url.host_port();
     let mut stream =
         conn::connect(&addr, cfg.connect_timeout, cfg.trace.as_ref().map(|t| &t.0)).await?;

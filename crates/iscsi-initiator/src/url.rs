@@ -4,6 +4,7 @@
 //! ```text
 //! iscsi://[user[%password]@]host[:port]/target-iqn/lun     a logical unit
 //! iscsi://[user[%password]@]host[:port][/]                 a portal (discovery)
+//! iser://...                                                the same over iSER (RDMA)
 //! ```
 //!
 //! IPv6 hosts go in brackets. Optional query arguments (`?a=b&c=d`): `target_user` and
@@ -12,7 +13,7 @@
 
 use std::fmt;
 
-use iscsi_login::DigestPreference;
+use iscsi_login::{DigestPreference, TransportKind};
 
 /// The well-known iSCSI port.
 pub const DEFAULT_PORT: u16 = 3260;
@@ -35,6 +36,9 @@ pub struct IscsiUrl {
     pub lun: Option<u16>,
     pub header_digest: Option<DigestPreference>,
     pub data_digest: Option<DigestPreference>,
+    /// The transport the scheme names: `iscsi://` is iSCSI over TCP, `iser://` iSCSI over
+    /// RDMA (libiscsi's convention).
+    pub transport: TransportKind,
 }
 
 /// A malformed URL or portal, with a one-line explanation.
@@ -128,7 +132,7 @@ impl IscsiUrl {
 
     /// A portal URL from `HOST[:PORT]` or an `iscsi://` URL.
     pub fn from_portal_or_url(s: &str) -> Result<IscsiUrl, UrlError> {
-        if s.starts_with("iscsi://") {
+        if s.starts_with("iscsi://") || s.starts_with("iser://") {
             return s.parse();
         }
         let (host, port) = parse_portal(s)?;
@@ -148,6 +152,7 @@ impl IscsiUrl {
             lun: None,
             header_digest: None,
             data_digest: None,
+            transport: TransportKind::Tcp,
         }
     }
 
@@ -174,9 +179,16 @@ impl std::str::FromStr for IscsiUrl {
     type Err = UrlError;
 
     fn from_str(s: &str) -> Result<IscsiUrl, UrlError> {
-        let rest = s
-            .strip_prefix("iscsi://")
-            .ok_or_else(|| err(s, format!("must start with iscsi:// ({FORM})")))?;
+        let (transport, rest) = match (s.strip_prefix("iscsi://"), s.strip_prefix("iser://")) {
+            (Some(rest), _) => (TransportKind::Tcp, rest),
+            (_, Some(rest)) => (TransportKind::Iser, rest),
+            _ => {
+                return Err(err(
+                    s,
+                    format!("must start with iscsi:// or iser:// ({FORM})"),
+                ))
+            }
+        };
         let (rest, query) = match rest.split_once('?') {
             Some((r, q)) => (r, Some(q)),
             None => (rest, None),
@@ -227,6 +239,7 @@ impl std::str::FromStr for IscsiUrl {
             password,
             target,
             lun,
+            transport,
             ..IscsiUrl::portal(host, port)
         };
         for arg in query.unwrap_or("").split('&').filter(|a| !a.is_empty()) {
@@ -260,7 +273,10 @@ impl std::str::FromStr for IscsiUrl {
 impl fmt::Display for IscsiUrl {
     /// The URL with passwords masked (safe for logs and tables).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "iscsi://")?;
+        match self.transport {
+            TransportKind::Tcp => write!(f, "iscsi://")?,
+            TransportKind::Iser => write!(f, "iser://")?,
+        }
         if let Some(u) = &self.user {
             write!(f, "{u}%***@")?;
         }
@@ -282,6 +298,26 @@ impl fmt::Debug for IscsiUrl {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn the_scheme_names_the_transport() {
+        let u: IscsiUrl = "iser://10.0.0.2/iqn.2026-11.org.x:disk/1".parse().unwrap();
+        assert_eq!(u.transport, TransportKind::Iser);
+        assert_eq!(
+            u.to_string(),
+            "iser://10.0.0.2:3260/iqn.2026-11.org.x:disk/1"
+        );
+        let t: IscsiUrl = "iscsi://10.0.0.2/iqn.2026-11.org.x:disk/1".parse().unwrap();
+        assert_eq!(t.transport, TransportKind::Tcp);
+        assert_eq!(
+            IscsiUrl::from_portal_or_url("iser://h/").unwrap().transport,
+            TransportKind::Iser
+        );
+        assert_eq!(
+            IscsiUrl::from_portal_or_url("h:3261").unwrap().transport,
+            TransportKind::Tcp
+        );
+    }
 
     #[test]
     fn full_url() {

@@ -417,6 +417,19 @@ async fn errors_users_see() {
             .to_string();
         assert!(e.contains("not found") && e.contains("0x0203"), "{e}");
 
+        // iser:// is reserved for iSER: a clear one-line refusal, no connection attempt.
+        let iser = url(addr, "", "plain", 0)
+            .to_string()
+            .replace("iscsi://", "iser://");
+        let u = IscsiUrl::parse_lun(&iser).unwrap();
+        let e = Session::connect(&u, SessionConfig::default())
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("iSER") && e.contains("use iscsi://"), "{e}");
+        assert!(!e.contains('\n'), "one line: {e}");
+
         for bad in ["iscsi://host", "http://x/y/0", "iscsi://h/iqn.x:y/zz"] {
             let e = IscsiUrl::parse_lun(bad).unwrap_err().to_string();
             assert!(e.starts_with("bad iSCSI URL"), "{e}");

@@ -399,6 +399,7 @@ async fn login(
                     .map_err(|e| e.to_string())?;
                 let cp = outcome.connection;
                 let sp = &session.params;
+                let status = datamover::status_numbering(stat_sn.wrapping_add(1));
                 let ffp = FfpConfig {
                     digests: Digests {
                         header: cp.header_digest,
@@ -415,7 +416,7 @@ async fn login(
                         max_outstanding_r2t: sp.max_outstanding_r2t as u32,
                         max_recv_data_segment_length: cp.max_recv_data_segment_length,
                     },
-                    next_stat_sn: stat_sn.wrapping_add(1),
+                    status: status.clone(),
                     max_write_len: MAX_WRITE_LEN,
                 };
                 let transport = conn.kind();
@@ -426,7 +427,7 @@ async fn login(
                     transport,
                     dm,
                     cp.max_send_data_segment_length,
-                    stat_sn.wrapping_add(1),
+                    status,
                 ));
                 if let Some(old) = session.add_connection(c.clone()) {
                     tracing::info!(%peer, cid, "connection reinstatement: closing the old connection");

@@ -4,12 +4,13 @@
 use crate::Target;
 use bytes::{BufMut, Bytes, BytesMut};
 use datamover::{
-    CmdSnState, CollapsedStatus, Datamover, DmError, InPdu, Notice, TaskRef, WriteHandle,
+    CmdSnState, CollapsedStatus, Datamover, DmError, InPdu, Notice, StatusNumbering, TaskRef,
+    WriteHandle,
 };
 use iscsi_login::params::{SessionParams, SessionType, TransportKind};
 use iscsi_login::target::SessionIdentity;
 use iscsi_login::textneg::{TextContext, TextResponder};
-use iscsi_session::{Admission, CmdWindow, StatusSeq};
+use iscsi_session::{Admission, CmdWindow};
 use iscsi_wire::{
     reject, tmf, Bhs, LogoutResponse, NopIn, Pdu, Reject, ScsiCommand, ScsiResponse,
     TaskMgmtResponse, TextResponse, RESERVED_TAG,
@@ -64,10 +65,9 @@ pub(crate) struct Conn {
     idle: Notify,
     ping_ttt: AtomicU32,
     text: Mutex<Option<(u32, TextResponder)>>,
-    /// StatSN numbering and the status not yet acknowledged (kept for status SNACK).
-    status: Mutex<StatusSeq<Pdu>>,
-    /// Held while a status is numbered and queued, so StatSNs reach the wire in order.
-    send_order: tokio::sync::Mutex<()>,
+    /// StatSN numbering and the status not yet acknowledged (kept for status SNACK):
+    /// ours, shared with the datamover, which numbers each status as it sends it.
+    status: StatusNumbering,
 }
 
 impl Conn {
@@ -77,7 +77,7 @@ impl Conn {
         transport: TransportKind,
         dm: Arc<dyn Datamover>,
         max_send: u32,
-        next_stat_sn: u32,
+        status: StatusNumbering,
     ) -> Conn {
         Conn {
             cid,
@@ -89,18 +89,8 @@ impl Conn {
             idle: Notify::new(),
             ping_ttt: AtomicU32::new(RESERVED_TAG),
             text: Mutex::new(None),
-            status: Mutex::new(StatusSeq::new(next_stat_sn)),
-            send_order: tokio::sync::Mutex::new(()),
+            status,
         }
-    }
-
-    /// Takes the next StatSN for `status` (a PDU as it would be resent) and keeps it until
-    /// the initiator acknowledges it. Call with `send_order` held.
-    fn number(&self, mut status: Pdu) -> u32 {
-        let mut seq = self.status.lock().expect("status");
-        let sn = seq.next();
-        status.bhs.set_target_sns(sn, 0, 0);
-        seq.assign(status)
     }
 
     /// The initiator's ExpStatSN (on every PDU it sends): acknowledged status is forgotten.
@@ -108,33 +98,6 @@ impl Conn {
         if let Some(exp) = bhs.initiator_exp_stat_sn() {
             self.status.lock().expect("status").acknowledge(exp);
         }
-    }
-
-    /// Sends a control PDU; a status-bearing one is numbered here (StatSN) and queued in
-    /// that order.
-    async fn send_pdu(&self, mut pdu: Pdu) -> Result<(), DmError> {
-        if !pdu.bhs.advances_stat_sn() {
-            return self.dm.send_control(pdu).await;
-        }
-        let _order = self.send_order.lock().await;
-        let sn = self.number(pdu.clone());
-        pdu.bhs.set_target_sns(sn, 0, 0);
-        self.dm.send_control(pdu).await
-    }
-
-    /// Delivers read data with its status collapsed into it, numbering the status.
-    async fn put_data_with_status(
-        &self,
-        task: TaskRef,
-        data: Bytes,
-        crcs: Option<digest::SegmentCrcs>,
-        status: CollapsedStatus,
-        retained: ScsiResponse,
-    ) -> Result<u32, DmError> {
-        let _order = self.send_order.lock().await;
-        let stat_sn = self.number(Pdu::new(Bhs::ScsiResponse(retained), Bytes::new()));
-        let status = CollapsedStatus { stat_sn, ..status };
-        self.dm.put_data(task, data, crcs, Some(status)).await
     }
 
     fn task_done(&self) {
@@ -158,7 +121,7 @@ impl Conn {
     }
 
     async fn send(&self, bhs: Bhs, data: Bytes) {
-        let _ = self.send_pdu(Pdu::new(bhs, data)).await;
+        let _ = self.dm.send_control(Pdu::new(bhs, data)).await;
     }
 
     /// Sends an Asynchronous Message (numbered like any status).
@@ -324,7 +287,7 @@ impl Session {
                         status: scsi::status::CHECK_CONDITION,
                         sense: Some(sense.encode(false)),
                         data_in: Bytes::new(),
-                        data_in_crcs: None,
+                        data_in_note: None,
                         residual: scsi::Residual::None,
                         aborted: false,
                     };
@@ -357,7 +320,7 @@ impl Session {
                 read: cmd.read,
                 write: cmd.write,
                 data_out,
-                data_in_digest_segment: conn.dm.data_in_digest_segment(),
+                read_buffers: conn.dm.read_buffers(),
             })
             .await;
         Some((rsp, r2ts))
@@ -603,22 +566,14 @@ async fn send_scsi_response(conn: &Conn, task: TaskRef, rsp: scsi::Response, r2t
         && (rsp.status == scsi::status::GOOD || rsp.status == scsi::status::CONDITION_MET);
     if !rsp.data_in.is_empty() && collapsible {
         let st = CollapsedStatus {
-            stat_sn: 0,
             status: rsp.status,
             overflow,
             underflow,
             residual,
-        };
-        let retained = ScsiResponse {
-            overflow,
-            underflow,
-            status: rsp.status,
-            itt: task.itt,
-            residual,
-            ..Default::default()
         };
         let _ = conn
-            .put_data_with_status(task, rsp.data_in, rsp.data_in_crcs, st, retained)
+            .dm
+            .put_data(task, rsp.data_in, rsp.data_in_note, Some(st))
             .await;
         return;
     }
@@ -626,7 +581,7 @@ async fn send_scsi_response(conn: &Conn, task: TaskRef, rsp: scsi::Response, r2t
     if !rsp.data_in.is_empty() {
         data_pdus += conn
             .dm
-            .put_data(task, rsp.data_in, rsp.data_in_crcs, None)
+            .put_data(task, rsp.data_in, rsp.data_in_note, None)
             .await
             .unwrap_or(0);
     }
@@ -682,7 +637,7 @@ pub(crate) async fn run_full_feature(
                     next_ttt = next_ttt.wrapping_add(1).max(1);
                     conn.ping_ttt.store(ttt, Ordering::Release);
                     let nop = NopIn { itt: RESERVED_TAG, ttt, ..Default::default() };
-                    let send = conn.send_pdu(Pdu::new(Bhs::NopIn(nop), Bytes::new()));
+                    let send = conn.dm.send_control(Pdu::new(Bhs::NopIn(nop), Bytes::new()));
                     if tokio::time::timeout(ping_timeout, send).await.is_err() {
                         break "peer stopped reading".to_string();
                     }

@@ -56,10 +56,9 @@ pub struct Command {
     pub write: bool,
     /// All data-out the initiator sent (length <= `expected_len`).
     pub data_out: Bytes,
-    /// When set, READ data comes back with the CRC32C of every piece of this many bytes
-    /// ([`Response::data_in_crcs`]): the transport's per-PDU data digests, computed by the
-    /// backend while it copies the data instead of in a second pass.
-    pub data_in_digest_segment: Option<u32>,
+    /// Where READ data is produced, when the transport lends buffers: the backend reads
+    /// into one, and what the buffer noted comes back in [`Response::data_in_note`].
+    pub read_buffers: Option<std::sync::Arc<dyn storage::ReadBufSource>>,
 }
 
 /// The outcome of a command.
@@ -70,9 +69,9 @@ pub struct Response {
     pub sense: Option<Bytes>,
     /// Data-in, already truncated to `expected_len` (empty unless `Command::read`).
     pub data_in: Bytes,
-    /// CRCs of `data_in` cut at [`Command::data_in_digest_segment`], when asked for and
-    /// the data came straight from a medium read.
-    pub data_in_crcs: Option<digest::SegmentCrcs>,
+    /// What the lent read buffer noted (see [`Command::read_buffers`]), when `data_in`
+    /// is exactly what was read into it (no cut made the note stale).
+    pub data_in_note: Option<storage::BufNote>,
     pub residual: Residual,
     /// The task was aborted by task management: the transport must not send this.
     pub aborted: bool,
@@ -84,7 +83,7 @@ impl Response {
             status: status::TASK_ABORTED,
             sense: None,
             data_in: Bytes::new(),
-            data_in_crcs: None,
+            data_in_note: None,
             residual: Residual::None,
             aborted: true,
         }

@@ -33,8 +33,8 @@ impl From<Sense> for Fail {
 /// A successful command: its data-in (already cut to the allocation length) and status.
 pub(crate) struct Done {
     pub data: Bytes,
-    /// Per-segment CRCs of `data` (a medium read asked for them).
-    pub crcs: Option<digest::SegmentCrcs>,
+    /// What a lent read buffer noted while the medium read filled it.
+    pub note: Option<storage::BufNote>,
     pub status: u8,
 }
 
@@ -42,14 +42,14 @@ impl Done {
     pub fn none() -> Result<Done, Fail> {
         Ok(Done {
             data: Bytes::new(),
-            crcs: None,
+            note: None,
             status: status::GOOD,
         })
     }
     pub fn data(data: impl Into<Bytes>) -> Result<Done, Fail> {
         Ok(Done {
             data: data.into(),
-            crcs: None,
+            note: None,
             status: status::GOOD,
         })
     }
@@ -58,7 +58,7 @@ impl Done {
         data.truncate(alloc_len);
         Ok(Done {
             data: Bytes::from(data),
-            crcs: None,
+            note: None,
             status: status::GOOD,
         })
     }
@@ -244,9 +244,9 @@ impl Lun {
                 Some(out_len) if done.data.is_empty() => finish_out(&cmd, out_len, done.status),
                 _ => {
                     let mut r = finish_data_in(&cmd, done.data.clone(), done.status);
-                    // CRCs describe the data as read; any cut makes them stale.
+                    // The note describes the data as read; any cut makes it stale.
                     if r.data_in.len() == done.data.len() {
-                        r.data_in_crcs = done.crcs;
+                        r.data_in_note = done.note;
                     }
                     r
                 }
@@ -342,7 +342,7 @@ pub(crate) fn finish_data_in(cmd: &Command, data: Bytes, st: u8) -> Response {
             status: st,
             sense: None,
             data_in: Bytes::new(),
-            data_in_crcs: None,
+            data_in_note: None,
             residual,
             aborted: false,
         };
@@ -355,7 +355,7 @@ pub(crate) fn finish_data_in(cmd: &Command, data: Bytes, st: u8) -> Response {
         status: st,
         sense: None,
         data_in: data,
-        data_in_crcs: None,
+        data_in_note: None,
         residual: residual(wanted, edtl),
         aborted: false,
     }
@@ -367,7 +367,7 @@ fn finish_out(cmd: &Command, out_len: u64, st: u8) -> Response {
         status: st,
         sense: None,
         data_in: Bytes::new(),
-        data_in_crcs: None,
+        data_in_note: None,
         residual: residual(out_len, cmd.expected_len as u64),
         aborted: false,
     }
@@ -378,7 +378,7 @@ pub(crate) fn finish_error(_cmd: &Command, st: u8, sense: Option<Bytes>) -> Resp
         status: st,
         sense,
         data_in: Bytes::new(),
-        data_in_crcs: None,
+        data_in_note: None,
         residual: Residual::None,
         aborted: false,
     }

@@ -33,7 +33,7 @@ fn cmd(nexus: u64, cdb: &[u8], data_out: &[u8], edtl: u32) -> Command {
         read: data_out.is_empty(),
         write: !data_out.is_empty(),
         data_out: Bytes::copy_from_slice(data_out),
-        data_in_digest_segment: None,
+        read_buffers: None,
     }
 }
 
@@ -1001,29 +1001,76 @@ fn sanitize_overwrite_block_erase_and_field_errors() {
     assert_eq!(be32_at(&r.data_in, 8 + 8) as u64, BLOCKS);
 }
 
-/// A READ asked for per-segment CRCs gets them (computed while the RAM backend copies);
-/// a READ cut short by the expected length gets none (they would describe other bytes).
+/// A lender that counts what the backend put into its buffers, and notes it.
+#[derive(Debug)]
+struct CountingLender;
+
+#[derive(Default)]
+struct CountingBuf {
+    data: Vec<u8>,
+    copied: usize,
+    zeros: usize,
+}
+
+impl storage::ReadBufSource for CountingLender {
+    fn lend(&self, len: usize) -> Box<dyn storage::ReadBuf> {
+        Box::new(CountingBuf {
+            data: Vec::with_capacity(len),
+            ..Default::default()
+        })
+    }
+}
+
+impl storage::ReadBuf for CountingBuf {
+    fn put(&mut self, src: &[u8]) {
+        self.copied += src.len();
+        self.data.extend_from_slice(src);
+    }
+    fn put_zeros(&mut self, n: usize) {
+        self.zeros += n;
+        self.data.resize(self.data.len() + n, 0);
+    }
+    fn put_bytes(&mut self, data: Bytes) {
+        self.put(&data)
+    }
+    fn len(&self) -> usize {
+        self.data.len()
+    }
+    fn finish(self: Box<Self>) -> (Bytes, Option<storage::BufNote>) {
+        let note = storage::BufNote(std::sync::Arc::new((self.copied, self.zeros)));
+        (Bytes::from(self.data), Some(note))
+    }
+}
+
+/// A READ with a lent buffer is read into it (the RAM backend copies written blocks and
+/// zero-fills the rest straight into the buffer) and its note comes back; a READ cut short
+/// by the expected length gets none (it would describe other bytes), nor one without a lender.
 #[test]
-fn read_returns_data_digest_crcs_when_asked() {
+fn read_fills_the_transports_buffer_when_one_is_lent() {
     let d = device();
     let data: Vec<u8> = (0..16 * BS).map(|i| (i * 7 + i / 512) as u8).collect();
     good(&run(&d, cmd(1, &write10(40, 16), &data, data.len() as u32)));
+    let lender: std::sync::Arc<dyn storage::ReadBufSource> = std::sync::Arc::new(CountingLender);
     let mut c = cmd(1, &read10(38, 20), &[], 20 * BS as u32);
-    c.data_in_digest_segment = Some(3000);
+    c.read_buffers = Some(lender.clone());
     let r = run(&d, c);
     good(&r);
     let mut want = vec![0u8; 2 * BS];
     want.extend_from_slice(&data);
     want.extend_from_slice(&[0u8; 2 * BS]);
     assert_eq!(&r.data_in[..], &want[..]);
-    assert_eq!(r.data_in_crcs, Some(digest::SegmentCrcs::of(&want, 3000)));
+    let note = r.data_in_note.expect("the lent buffer's note");
+    let counts = note.0.downcast_ref::<(usize, usize)>().expect("ours");
+    // Chunks never written are zero-filled without a copy; written ones are copied once.
+    assert_eq!(counts.0 + counts.1, 20 * BS);
+    assert!(counts.0 >= 16 * BS, "{counts:?}");
 
     let mut c = cmd(1, &read10(40, 4), &[], 3 * BS as u32);
-    c.data_in_digest_segment = Some(3000);
+    c.read_buffers = Some(lender);
     let r = run(&d, c);
     assert_eq!(r.data_in.len(), 3 * BS);
-    assert_eq!(r.data_in_crcs, None, "truncated data carries no CRCs");
+    assert_eq!(r.data_in_note, None, "truncated data carries no note");
 
     let r = run(&d, cmd(1, &read10(40, 4), &[], 4 * BS as u32));
-    assert_eq!(r.data_in_crcs, None, "not asked for");
+    assert_eq!(r.data_in_note, None, "no buffer lent");
 }

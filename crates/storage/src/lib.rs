@@ -18,10 +18,111 @@ use std::io;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use std::any::Any;
+use std::sync::Arc;
 
 pub use block::BlockBackend;
 pub use file::FileBackend;
 pub use memory::MemoryBackend;
+
+/// Memory a read is produced into, lent by whoever consumes the data (a transport's buffer,
+/// later registered RDMA memory). Bytes are appended in order. A buffer may do its own work
+/// in the same pass as the backend's copy; storage and the SCSI engine never know what.
+pub trait ReadBuf: Send + 'static {
+    /// Appends bytes the backend copies out of its own memory.
+    fn put(&mut self, src: &[u8]);
+    /// Appends `n` zero bytes (a never-written range).
+    fn put_zeros(&mut self, n: usize);
+    /// Appends bytes the backend already holds (the kernel copied them); a buffer that can
+    /// take them over without a copy does.
+    fn put_bytes(&mut self, data: Bytes);
+    /// Bytes appended so far.
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The data, and what the buffer noted while it was filled, for its lender.
+    fn finish(self: Box<Self>) -> (Bytes, Option<BufNote>);
+}
+
+/// What a lent [`ReadBuf`] noted while it was filled (for the iSCSI/TCP datamover: the data
+/// digests of its Data-In PDUs), opaque to everyone but the lender, who downcasts it.
+#[derive(Clone)]
+pub struct BufNote(pub Arc<dyn Any + Send + Sync>);
+
+impl std::fmt::Debug for BufNote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BufNote")
+    }
+}
+
+impl PartialEq for BufNote {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for BufNote {}
+
+/// Lends read buffers: a consumer (a transport) hands one to the SCSI engine per command,
+/// which passes it to the backend.
+pub trait ReadBufSource: Send + Sync + std::fmt::Debug {
+    /// A buffer for a read of `len` bytes.
+    fn lend(&self, len: usize) -> Box<dyn ReadBuf>;
+}
+
+/// A plain [`ReadBuf`] (no lender's work): the bytes, appended.
+#[derive(Debug, Default)]
+pub struct PlainReadBuf {
+    buf: bytes::BytesMut,
+    whole: Option<Bytes>,
+}
+
+impl PlainReadBuf {
+    pub fn with_capacity(len: usize) -> PlainReadBuf {
+        PlainReadBuf {
+            buf: bytes::BytesMut::with_capacity(len),
+            whole: None,
+        }
+    }
+
+    fn materialize(&mut self) {
+        if let Some(w) = self.whole.take() {
+            self.buf.extend_from_slice(&w);
+        }
+    }
+}
+
+impl ReadBuf for PlainReadBuf {
+    fn put(&mut self, src: &[u8]) {
+        self.materialize();
+        self.buf.extend_from_slice(src);
+    }
+    fn put_zeros(&mut self, n: usize) {
+        self.materialize();
+        self.buf.resize(self.buf.len() + n, 0);
+    }
+    fn put_bytes(&mut self, data: Bytes) {
+        if self.buf.is_empty() && self.whole.is_none() {
+            self.whole = Some(data);
+        } else {
+            self.put(&data);
+        }
+    }
+    fn len(&self) -> usize {
+        self.buf.len() + self.whole.as_ref().map_or(0, Bytes::len)
+    }
+    fn finish(self: Box<Self>) -> (Bytes, Option<BufNote>) {
+        match self.whole {
+            Some(w) if self.buf.is_empty() => (w, None),
+            _ => {
+                let mut me = *self;
+                me.materialize();
+                (me.buf.freeze(), None)
+            }
+        }
+    }
+}
 
 /// Provisioning state of a run of bytes, as reported by [`Backend::map_status`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,19 +154,24 @@ pub trait Backend: Send + Sync + 'static {
     /// Reads `len` bytes at `offset` into a fresh buffer. Never-written ranges read as zeroes.
     async fn read_at(&self, offset: u64, len: usize) -> io::Result<Bytes>;
 
-    /// [`Backend::read_at`], plus the CRC32C of every `seg_len`-byte piece of the data (the
-    /// data digests of the Data-In PDUs that will carry it). A backend that copies the data
-    /// in user space computes them in the same pass as that copy; the default reads, then
-    /// makes one CRC pass (the data came from the kernel: there was no copy to fuse with).
-    async fn read_at_with_crcs(
+    /// Reads `len` bytes at `offset` into memory its consumer lends (`buf`), appended in
+    /// order, and gives the buffer back. A backend that copies the data in user space copies
+    /// it into `buf` (whose own work, such as a transport's CRCs, rides on that copy); the
+    /// default hands over the buffer [`Backend::read_at`] filled (the kernel's copy).
+    async fn read_into(
         &self,
         offset: u64,
         len: usize,
-        seg_len: u32,
-    ) -> io::Result<(Bytes, digest::SegmentCrcs)> {
-        let data = self.read_at(offset, len).await?;
-        let crcs = digest::SegmentCrcs::of(&data, seg_len);
-        Ok((data, crcs))
+        mut buf: Box<dyn ReadBuf>,
+    ) -> io::Result<Box<dyn ReadBuf>> {
+        buf.put_bytes(self.read_at(offset, len).await?);
+        Ok(buf)
+    }
+
+    /// Writes `data` at `offset`: the caller's (or its transport's) buffer, consumed where
+    /// it is. With `fua`, the data is on stable storage when this returns.
+    async fn write_from(&self, offset: u64, data: Bytes, fua: bool) -> io::Result<()> {
+        self.write_at(offset, data, fua).await
     }
 
     /// Writes `data` at `offset`. With `fua`, the data is on stable storage when this returns.

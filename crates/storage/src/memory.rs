@@ -8,7 +8,7 @@ use std::sync::RwLock;
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 
-use crate::{check_range, Backend, MapRun};
+use crate::{check_range, Backend, MapRun, ReadBuf};
 
 /// Smallest chunk: small enough that a 4 KiB random write allocates little.
 const MIN_CHUNK: u64 = 64 * 1024;
@@ -75,26 +75,18 @@ impl MemoryBackend {
         Ok(buf.freeze())
     }
 
-    /// `read_sync` with the per-segment CRCs computed while the chunks are copied out (and,
-    /// for never-written chunks, computed without reading any zeros).
-    fn read_with_crcs_sync(
-        &self,
-        offset: u64,
-        len: usize,
-        seg_len: u32,
-    ) -> io::Result<(Bytes, digest::SegmentCrcs)> {
+    /// `read_sync` into a lent buffer: each piece is copied (or, never written, zeroed)
+    /// straight into it, so the lender's work rides on this one copy.
+    fn read_into_sync(&self, offset: u64, len: usize, buf: &mut dyn ReadBuf) -> io::Result<()> {
         check_range(self.size, offset, len as u64)?;
-        let mut buf = BytesMut::with_capacity(len);
-        let mut copier = digest::SegmentedCopy::new(seg_len);
-        self.for_each_piece(offset, len as u64, |index, in_chunk, at, n| {
-            debug_assert_eq!(buf.len(), at);
+        self.for_each_piece(offset, len as u64, |index, in_chunk, _, n| {
             let slot = self.chunks[index].read().unwrap_or_else(|e| e.into_inner());
             match slot.as_ref() {
-                Some(chunk) => copier.extend(&mut buf, &chunk[in_chunk..in_chunk + n]),
-                None => copier.extend_zeros(&mut buf, n),
+                Some(chunk) => buf.put(&chunk[in_chunk..in_chunk + n]),
+                None => buf.put_zeros(n),
             }
         });
-        Ok((buf.freeze(), copier.finish()))
+        Ok(())
     }
 
     fn write_sync(&self, offset: u64, data: &[u8]) -> io::Result<()> {
@@ -190,13 +182,14 @@ impl Backend for MemoryBackend {
         self.read_sync(offset, len)
     }
 
-    async fn read_at_with_crcs(
+    async fn read_into(
         &self,
         offset: u64,
         len: usize,
-        seg_len: u32,
-    ) -> io::Result<(Bytes, digest::SegmentCrcs)> {
-        self.read_with_crcs_sync(offset, len, seg_len)
+        mut buf: Box<dyn ReadBuf>,
+    ) -> io::Result<Box<dyn ReadBuf>> {
+        self.read_into_sync(offset, len, buf.as_mut())?;
+        Ok(buf)
     }
 
     async fn write_at(&self, offset: u64, data: Bytes, _fua: bool) -> io::Result<()> {

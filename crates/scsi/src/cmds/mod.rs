@@ -203,7 +203,7 @@ impl Lun {
         }
         match opcode {
             op::READ_6 | op::READ_10 | op::READ_12 | op::READ_16 => {
-                self.read(cdb, cmd.data_in_digest_segment).await
+                self.read(cdb, cmd.read_buffers.as_deref()).await
             }
             op::WRITE_6 | op::WRITE_10 | op::WRITE_12 | op::WRITE_16 => {
                 self.write(cmd, false).await
@@ -232,7 +232,7 @@ impl Lun {
             },
             op::REPORT_LUNS => Ok(crate::lun::Done {
                 data: report_luns(&dev.luns(), cdb)?,
-                crcs: None,
+                note: None,
                 status: 0,
             }),
             op::MAINTENANCE_IN => match cdb[1] & 0x1F {

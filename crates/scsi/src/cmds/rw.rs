@@ -121,21 +121,20 @@ impl Lun {
             .map_err(|e| self.read_failed(lba, blocks, e))
     }
 
-    /// `read_blocks` plus the CRC32C of every `seg_len` piece (the transport's data digests).
-    async fn read_blocks_with_crcs(
+    /// `read_blocks` into a buffer the transport lent: the data and what the buffer noted.
+    async fn read_blocks_into(
         &self,
         lba: u64,
         blocks: u64,
-        seg_len: u32,
-    ) -> Result<(Bytes, digest::SegmentCrcs), Fail> {
-        self.backend
-            .read_at_with_crcs(
-                self.offset(lba),
-                (blocks << self.bs_shift) as usize,
-                seg_len,
-            )
+        lender: &dyn storage::ReadBufSource,
+    ) -> Result<(Bytes, Option<storage::BufNote>), Fail> {
+        let len = (blocks << self.bs_shift) as usize;
+        let filled = self
+            .backend
+            .read_into(self.offset(lba), len, lender.lend(len))
             .await
-            .map_err(|e| self.read_failed(lba, blocks, e))
+            .map_err(|e| self.read_failed(lba, blocks, e))?;
+        Ok(filled.finish())
     }
 
     fn read_failed(&self, lba: u64, blocks: u64, e: std::io::Error) -> Fail {
@@ -149,10 +148,13 @@ impl Lun {
         data: Bytes,
         fua: bool,
     ) -> Result<(), Fail> {
-        self.backend.write_at(offset, data, fua).await.map_err(|e| {
-            tracing::warn!(lun = self.id, offset, "backend write failed: {e}");
-            Fail::Check(Sense::new(key::MEDIUM_ERROR, asc::WRITE_ERROR))
-        })
+        self.backend
+            .write_from(offset, data, fua)
+            .await
+            .map_err(|e| {
+                tracing::warn!(lun = self.id, offset, "backend write failed: {e}");
+                Fail::Check(Sense::new(key::MEDIUM_ERROR, asc::WRITE_ERROR))
+            })
     }
 
     fn len_field(opcode: u8) -> u16 {
@@ -167,7 +169,11 @@ impl Lun {
         }
     }
 
-    pub(crate) async fn read(&self, cdb: &[u8], digest_segment: Option<u32>) -> CmdResult {
+    pub(crate) async fn read(
+        &self,
+        cdb: &[u8],
+        lender: Option<&dyn storage::ReadBufSource>,
+    ) -> CmdResult {
         let p = RwParams::parse(cdb);
         self.check_protect(cdb)?;
         self.check_range(p.lba, p.blocks as u64)?;
@@ -178,15 +184,15 @@ impl Lun {
         // A shared range lock: reads run in parallel with each other and with plain
         // writes, but never see half of an atomic write or COMPARE AND WRITE.
         let _range = self.ranges.lock(p.lba, p.blocks as u64, false).await;
-        match digest_segment {
+        match lender {
             None => Done::data(self.read_blocks(p.lba, p.blocks as u64).await?),
-            Some(seg_len) => {
-                let (data, crcs) = self
-                    .read_blocks_with_crcs(p.lba, p.blocks as u64, seg_len)
+            Some(lender) => {
+                let (data, note) = self
+                    .read_blocks_into(p.lba, p.blocks as u64, lender)
                     .await?;
                 Ok(Done {
                     data,
-                    crcs: Some(crcs),
+                    note,
                     status: crate::status::GOOD,
                 })
             }
