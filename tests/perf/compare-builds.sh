@@ -5,6 +5,8 @@
 #              rand 4 KiB reads, QD 32
 #   file:      4 KiB random writes, QD 32, to each build's target with a file LUN (on
 #              /dev/shm), driven by the BEFORE build's `ironsan bench` (the same driver both ways)
+#   digests:   seq 128 KiB reads with header and data digests from each build's target (RAM
+#              LUN), driven the same way (iscsi-perf has no data digests)
 #   initiator: each build's `ironsan bench` against one target (the BEFORE build's), seq
 #              128 KiB and rand 4 KiB reads, QD 32, as a ratio to iscsi-perf on that target in
 #              the same round
@@ -70,6 +72,7 @@ for ((r = 1; r <= rounds; r++)); do
     record "target seq 128 KiB read" "$b" "$(perf_iops -m 32 -b 256 -t "$secs" "$ram")"
     record "target rand 4 KiB read" "$b" "$(perf_iops -m 32 -b 8 -r -t "$secs" "$ram")"
     record "file rand 4 KiB write" "$b" "$(bench_iops "$before" "$file" --rw write --pattern rand --size 4k)"
+    record "target seq 128 KiB read, digests" "$b" "$(bench_iops "$before" "$ram" --rw read --pattern seq --size 128k --header-digest crc32c --data-digest crc32c)"
     stop_target
   done
   # Initiators against one target (the BEFORE build's), each as a ratio to iscsi-perf.

@@ -8,13 +8,15 @@ use datamover::conformance::{KitEvent, KitInitiator, KitTransport};
 use datamover::{CmdSnState, Datamover, FfpConfig, Notice};
 use datamover_tcp::TcpConnection;
 use iscsi_session::WriteLimits;
-use iscsi_wire::{decode_pdu, Bhs, DataOut, Digests, Pdu, ScsiCommand, WireError, RESERVED_TAG};
+use iscsi_wire::{Bhs, DataOut, Digests, Pdu, ScsiCommand, RESERVED_TAG};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
+
+mod common;
 
 struct Tcp {
     digests: Digests,
@@ -32,10 +34,6 @@ const DIGESTS: Tcp = Tcp {
         data: true,
     },
 };
-
-fn reference_crc32c(bytes: &[u8]) -> u32 {
-    digest::sarwate::append(0, bytes)
-}
 
 #[async_trait]
 impl KitTransport for Tcp {
@@ -98,7 +96,7 @@ struct TcpPeer {
 
 impl TcpPeer {
     async fn send(&mut self, pdu: Pdu) {
-        let crc: &dyn Fn(&[u8]) -> u32 = &reference_crc32c;
+        let crc: &dyn Fn(&[u8]) -> u32 = &common::reference_crc32c;
         let bytes = iscsi_wire::encode_pdu(
             &pdu,
             self.digests.header.then_some(crc),
@@ -133,23 +131,9 @@ impl TcpPeer {
 
     /// Decodes one PDU from the buffer (digests checked with the reference CRC).
     fn decode_one(&mut self) -> Option<Pdu> {
-        match decode_pdu(&self.buf, self.digests, 1 << 24) {
-            Ok(d) => {
-                let wire = &self.buf[..d.consumed];
-                if let Some(h) = d.header_digest {
-                    assert_eq!(h, reference_crc32c(&wire[..48]), "header digest");
-                }
-                if let Some(dd) = d.data_digest {
-                    let end = d.consumed - 4;
-                    let start = end - d.pdu.data.len().next_multiple_of(4);
-                    assert_eq!(dd, reference_crc32c(&wire[start..end]), "data digest");
-                }
-                self.buf.drain(..d.consumed);
-                Some(d.pdu)
-            }
-            Err(WireError::Truncated { .. }) => None,
-            Err(e) => panic!("undecodable PDU from the datamover: {e}"),
-        }
+        let (pdu, used) = common::decode_checked(&self.buf, self.digests)?;
+        self.buf.drain(..used);
+        Some(pdu)
     }
 
     /// Handles one PDU: R2Ts are answered here; everything else becomes events.

@@ -7,11 +7,13 @@ use datamover::FfpConfig;
 use datamover::{CmdSnState, CollapsedStatus, Datamover, DmError, Notice, TaskRef, WriteHandle};
 use datamover_tcp::TcpConnection;
 use iscsi_session::WriteLimits;
-use iscsi_wire::{decode_pdu, Bhs, DataOut, Digests, NopIn, Pdu, ScsiCommand};
+use iscsi_wire::{Bhs, DataOut, Digests, NopIn, Pdu, ScsiCommand};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+mod common;
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -61,21 +63,12 @@ async fn read_pdus(peer: &mut TcpStream, digests: Digests, n: usize) -> Vec<Pdu>
     let mut out = Vec::new();
     let deadline = tokio::time::Instant::now() + WAIT;
     while out.len() < n {
-        match decode_pdu(&buf, digests, 1 << 20) {
-            Ok(d) => {
-                let wire = &buf[..d.consumed];
-                if let Some(h) = d.header_digest {
-                    assert_eq!(h, reference_crc32c(&wire[..48]), "header digest");
-                }
-                if let Some(dd) = d.data_digest {
-                    let end = d.consumed - 4;
-                    let start = end - d.pdu.data.len().next_multiple_of(4);
-                    assert_eq!(dd, reference_crc32c(&wire[start..end]), "data digest");
-                }
-                buf.drain(..d.consumed);
-                out.push(d.pdu);
+        match common::decode_checked(&buf, digests) {
+            Some((pdu, used)) => {
+                buf.drain(..used);
+                out.push(pdu);
             }
-            Err(iscsi_wire::WireError::Truncated { .. }) => {
+            None => {
                 let mut chunk = vec![0u8; 65536];
                 let got = tokio::time::timeout_at(deadline, peer.read(&mut chunk))
                     .await
@@ -84,7 +77,6 @@ async fn read_pdus(peer: &mut TcpStream, digests: Digests, n: usize) -> Vec<Pdu>
                 assert!(got > 0, "datamover closed early");
                 buf.extend_from_slice(&chunk[..got]);
             }
-            Err(e) => panic!("undecodable PDU: {e}"),
         }
     }
     out
@@ -107,11 +99,6 @@ fn write_command(itt: u32, len: u32, cmd_sn: u32) -> Bhs {
         exp_stat_sn: 0,
         cdb,
     })
-}
-
-/// The reference byte-table CRC32C, not the hardware path the datamover uses.
-fn reference_crc32c(bytes: &[u8]) -> u32 {
-    digest::sarwate::append(0, bytes)
 }
 
 #[tokio::test]
@@ -242,7 +229,7 @@ async fn get_data_gathers_immediate_data_and_solicits_the_rest_with_r2ts() {
         write_command(5, payload.len() as u32, 7),
         Bytes::copy_from_slice(imm),
     );
-    let crc = |b: &[u8]| reference_crc32c(b);
+    let crc = |b: &[u8]| common::reference_crc32c(b);
     peer.write_all(&iscsi_wire::encode_pdu(&cmd, Some(&crc), Some(&crc)))
         .await
         .unwrap();
@@ -332,7 +319,7 @@ async fn get_data_gathers_immediate_data_and_solicits_the_rest_with_r2ts() {
         }),
         Bytes::from(vec![1u8; 512]),
     );
-    let bad = |b: &[u8]| reference_crc32c(b) ^ 1;
+    let bad = |b: &[u8]| common::reference_crc32c(b) ^ 1;
     peer.write_all(&iscsi_wire::encode_pdu(&out, Some(&crc), Some(&bad)))
         .await
         .unwrap();
