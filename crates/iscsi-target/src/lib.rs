@@ -300,44 +300,8 @@ async fn login(
         ));
     };
     let depth = target.config().queue_depth;
-    let existing = if first.tsih != 0 {
-        let s = target
-            .sessions
-            .lock()
-            .expect("sessions")
-            .get(&first.tsih)
-            .cloned();
-        if s.is_none() {
-            let req = datamover::login_pdu::request_in(first, &pdu.pdu.data);
-            let rsp =
-                iscsi_login::pdu::LoginResponse::failure(&req, LoginStatus::SESSION_DOES_NOT_EXIST);
-            let _ = conn
-                .send(&datamover::login_pdu::response_out(
-                    &rsp,
-                    0,
-                    first.cmd_sn,
-                    first.cmd_sn,
-                ))
-                .await;
-            return Err(format!("TSIH {} names no session", first.tsih));
-        }
-        s
-    } else {
-        None
-    };
-    // Per-target limits (digest policy): the target is the session's, or the one the
-    // first request names.
-    let named = match &existing {
-        Some(s) => s.params.target_name.clone(),
-        None => iscsi_login::text::parse(&pdu.pdu.data)
-            .ok()
-            .and_then(|pairs| {
-                pairs
-                    .into_iter()
-                    .find(|(k, _)| k == "TargetName")
-                    .map(|(_, v)| v)
-            }),
-    };
+    let existing = existing_session(target, conn.as_mut(), first, &pdu.pdu.data).await?;
+    let named = named_target(existing.as_deref(), &pdu.pdu.data);
     let mut tl = TargetLogin::new(TargetLoginConfig {
         portal_group_tag: portal.tpgt,
         existing_session: existing.as_ref().map(|s| s.params.clone()),
@@ -357,100 +321,155 @@ async fn login(
         };
         let step = tl.on_request(&req, &mut system_entropy);
         let mut rsp = step.response;
+        let respond = |rsp: &iscsi_login::pdu::LoginResponse, exp: u32, max: u32| {
+            datamover::login_pdu::response_out(rsp, stat_sn, exp, max)
+        };
         match step.state {
             LoginState::Continue => {
-                conn.send(&datamover::login_pdu::response_out(&rsp, stat_sn, exp, max))
+                conn.send(&respond(&rsp, exp, max))
                     .await
                     .map_err(|e| e.to_string())?;
             }
             LoginState::Failed => {
                 let status = rsp.status();
-                let _ = conn
-                    .send(&datamover::login_pdu::response_out(&rsp, stat_sn, exp, max))
-                    .await;
+                let _ = conn.send(&respond(&rsp, exp, max)).await;
                 tracing::warn!(%peer, "login rejected: {} (0x{:04x})", status.meaning(), status.code());
                 return Ok(None);
             }
             LoginState::Complete(outcome) => {
-                let cid = outcome.cid;
-                let (session, exp, max) = if outcome.leading {
-                    let s = create_session(target, &outcome, req.cmd_sn, depth);
-                    let (e, m) = s.sn.load();
-                    (s, e, m)
+                let session = if outcome.leading {
+                    create_session(target, &outcome, req.cmd_sn, depth)
                 } else {
                     let s = existing.clone().expect("non-leading login has a session");
-                    if s.connection_count_without(cid) >= s.params.max_connections as usize {
+                    if s.connection_count_without(outcome.cid) >= s.params.max_connections as usize
+                    {
                         let fail = iscsi_login::pdu::LoginResponse::failure(
                             &req,
                             LoginStatus::TOO_MANY_CONNECTIONS,
                         );
-                        let _ = conn
-                            .send(&datamover::login_pdu::response_out(
-                                &fail, stat_sn, exp, max,
-                            ))
-                            .await;
+                        let _ = conn.send(&respond(&fail, exp, max)).await;
                         return Err("too many connections in session".into());
                     }
-                    (s, exp, max)
+                    s
                 };
+                let (exp, max) = session.sn.load();
                 rsp.tsih = session.tsih;
-                conn.send(&datamover::login_pdu::response_out(&rsp, stat_sn, exp, max))
+                conn.send(&respond(&rsp, exp, max))
                     .await
                     .map_err(|e| e.to_string())?;
-                let cp = outcome.connection;
-                let sp = &session.params;
-                let status = datamover::status_numbering(stat_sn.wrapping_add(1));
-                let ffp = FfpConfig {
-                    digests: Digests {
-                        header: cp.header_digest,
-                        data: cp.data_digest,
-                    },
-                    max_recv_data_segment_length: cp.max_recv_data_segment_length,
-                    max_send_data_segment_length: cp.max_send_data_segment_length,
-                    max_burst_length: sp.max_burst_length,
-                    write_limits: WriteLimits {
-                        first_burst_length: sp.first_burst_length,
-                        max_burst_length: sp.max_burst_length,
-                        initial_r2t: sp.initial_r2t,
-                        immediate_data: sp.immediate_data,
-                        max_outstanding_r2t: sp.max_outstanding_r2t as u32,
-                        max_recv_data_segment_length: cp.max_recv_data_segment_length,
-                    },
-                    status: status.clone(),
-                    max_write_len: MAX_WRITE_LEN,
-                };
-                let transport = conn.kind();
-                let (dm, notices) = conn.into_full_feature(ffp, session.sn.clone());
-                let c = Arc::new(Conn::new(
-                    cid,
-                    peer,
-                    transport,
-                    dm,
-                    cp.max_send_data_segment_length,
-                    status,
-                ));
-                if let Some(old) = session.add_connection(c.clone()) {
-                    tracing::info!(%peer, cid, "connection reinstatement: closing the old connection");
-                    old.dm.close();
-                }
-                tracing::info!(
-                    %peer,
-                    tsih = session.tsih,
-                    cid,
-                    "login complete: {} session for {} ({})",
-                    outcome.session_type.as_str(),
-                    outcome.target_name.as_deref().unwrap_or("-"),
-                    outcome.initiator_name
-                );
-                return Ok(Some(LoggedIn {
+                return Ok(Some(enter_full_feature(
                     session,
-                    conn: c,
-                    notices,
-                }));
+                    conn,
+                    &outcome,
+                    stat_sn.wrapping_add(1),
+                )));
             }
         }
         stat_sn = stat_sn.wrapping_add(1);
         pdu = recv(conn.as_mut()).await?;
+    }
+}
+
+/// The session a login with a non-zero TSIH joins; when none has that TSIH, the initiator
+/// is told so (session does not exist) and the login ends.
+async fn existing_session(
+    target: &Target,
+    conn: &mut dyn LoginChannel,
+    first: &iscsi_wire::LoginRequest,
+    data: &[u8],
+) -> Result<Option<Arc<Session>>, String> {
+    if first.tsih == 0 {
+        return Ok(None);
+    }
+    let found = target
+        .sessions
+        .lock()
+        .expect("sessions")
+        .get(&first.tsih)
+        .cloned();
+    if found.is_none() {
+        let req = datamover::login_pdu::request_in(first, data);
+        let rsp =
+            iscsi_login::pdu::LoginResponse::failure(&req, LoginStatus::SESSION_DOES_NOT_EXIST);
+        let pdu = datamover::login_pdu::response_out(&rsp, 0, first.cmd_sn, first.cmd_sn);
+        let _ = conn.send(&pdu).await;
+        return Err(format!("TSIH {} names no session", first.tsih));
+    }
+    Ok(found)
+}
+
+/// The target whose limits (digest policy) apply: the session's, or the one the first
+/// request names.
+fn named_target(existing: Option<&Session>, first_data: &[u8]) -> Option<String> {
+    match existing {
+        Some(s) => s.params.target_name.clone(),
+        None => iscsi_login::text::parse(first_data)
+            .ok()?
+            .into_iter()
+            .find(|(k, _)| k == "TargetName")
+            .map(|(_, v)| v),
+    }
+}
+
+/// Switches a logged-in connection to full feature phase with what was negotiated and adds
+/// it to its session (replacing a connection with the same CID: connection reinstatement).
+fn enter_full_feature(
+    session: Arc<Session>,
+    conn: Box<dyn LoginChannel>,
+    outcome: &iscsi_login::target::LoginOutcome,
+    next_stat_sn: u32,
+) -> LoggedIn {
+    let peer = conn.peer();
+    let cp = &outcome.connection;
+    let sp = &session.params;
+    let status = datamover::status_numbering(next_stat_sn);
+    let ffp = FfpConfig {
+        digests: Digests {
+            header: cp.header_digest,
+            data: cp.data_digest,
+        },
+        max_recv_data_segment_length: cp.max_recv_data_segment_length,
+        max_send_data_segment_length: cp.max_send_data_segment_length,
+        max_burst_length: sp.max_burst_length,
+        write_limits: WriteLimits {
+            first_burst_length: sp.first_burst_length,
+            max_burst_length: sp.max_burst_length,
+            initial_r2t: sp.initial_r2t,
+            immediate_data: sp.immediate_data,
+            max_outstanding_r2t: sp.max_outstanding_r2t as u32,
+            max_recv_data_segment_length: cp.max_recv_data_segment_length,
+        },
+        status: status.clone(),
+        max_write_len: MAX_WRITE_LEN,
+    };
+    let transport = conn.kind();
+    let (dm, notices) = conn.into_full_feature(ffp, session.sn.clone());
+    let cid = outcome.cid;
+    let c = Arc::new(Conn::new(
+        cid,
+        peer,
+        transport,
+        dm,
+        cp.max_send_data_segment_length,
+        status,
+    ));
+    if let Some(old) = session.add_connection(c.clone()) {
+        tracing::info!(%peer, cid, "connection reinstatement: closing the old connection");
+        old.dm.close();
+    }
+    tracing::info!(
+        %peer,
+        tsih = session.tsih,
+        cid,
+        "login complete: {} session for {} ({})",
+        outcome.session_type.as_str(),
+        outcome.target_name.as_deref().unwrap_or("-"),
+        outcome.initiator_name
+    );
+    LoggedIn {
+        session,
+        conn: c,
+        notices,
     }
 }
 

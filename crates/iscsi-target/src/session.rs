@@ -649,50 +649,57 @@ pub(crate) async fn run_full_feature(
         };
         // Any PDU shows the peer is alive.
         ping_sent = None;
+        let Some(notice) = notice else {
+            break "connection closed".to_string();
+        };
+        if let Some(why) = session.on_notice(&target, &conn, notice).await {
+            break why;
+        }
+    };
+    session.connection_ended(&target, &conn, &reason);
+}
+
+impl Session {
+    /// Handles one notice from a connection's datamover; `Some(reason)` when the connection
+    /// has ended.
+    async fn on_notice(
+        self: &Arc<Self>,
+        target: &Arc<Target>,
+        conn: &Arc<Conn>,
+        notice: Notice,
+    ) -> Option<String> {
         match notice {
-            None => break "connection closed".to_string(),
-            Some(Notice::Closed(why)) => break why,
-            Some(Notice::Reject {
+            Notice::Closed(why) => return Some(why),
+            Notice::Reject {
                 reason,
                 raw_bhs,
                 why,
-            }) => conn.reject(reason, raw_bhs, &why).await,
-            Some(Notice::Command { pdu, write }) => {
+            } => conn.reject(reason, raw_bhs, &why).await,
+            Notice::Command { pdu, write } => {
                 conn.acknowledge(&pdu.pdu.bhs);
                 let Bhs::ScsiCommand(cmd) = pdu.pdu.bhs else {
                     unreachable!("datamover sends commands as Command")
                 };
-                if session.params.session_type == SessionType::Discovery {
-                    conn.reject(
-                        reject::PROTOCOL_ERROR,
-                        pdu.raw_bhs,
-                        "SCSI command in a discovery session",
-                    )
-                    .await;
-                    continue;
+                if self.params.session_type == SessionType::Discovery {
+                    let why = "SCSI command in a discovery session";
+                    conn.reject(reject::PROTOCOL_ERROR, pdu.raw_bhs, why).await;
+                    return None;
                 }
+                let (immediate, cmd_sn) = (cmd.immediate, cmd.cmd_sn);
                 let work = Work::Command {
                     conn: conn.clone(),
-                    cmd: cmd.clone(),
-                    ahs: pdu.pdu.ahs.clone(),
+                    cmd,
+                    ahs: pdu.pdu.ahs,
                     write,
                 };
-                if cmd.immediate {
-                    session.dispatch(&target, work, false).await;
-                } else {
-                    session.admit(&target, cmd.cmd_sn, work).await;
-                }
+                self.order(target, immediate, cmd_sn, work).await;
             }
-            Some(Notice::Control(pdu)) => {
+            Notice::Control(pdu) => {
                 conn.acknowledge(&pdu.pdu.bhs);
                 let (immediate, cmd_sn) = match &pdu.pdu.bhs {
-                    Bhs::NopOut(n) => {
-                        if n.itt == RESERVED_TAG {
-                            // Ping answers and ExpStatSN updates are immediate by rule.
-                            continue;
-                        }
-                        (n.immediate, n.cmd_sn)
-                    }
+                    // Ping answers and ExpStatSN updates are immediate by rule, no reply.
+                    Bhs::NopOut(n) if n.itt == RESERVED_TAG => return None,
+                    Bhs::NopOut(n) => (n.immediate, n.cmd_sn),
                     Bhs::TextRequest(t) => (t.immediate, t.cmd_sn),
                     Bhs::LogoutRequest(l) => (l.immediate, l.cmd_sn),
                     Bhs::TaskMgmtRequest(t) => (t.immediate, t.cmd_sn),
@@ -702,25 +709,42 @@ pub(crate) async fn run_full_feature(
                     conn: conn.clone(),
                     pdu,
                 };
-                if immediate {
-                    session.dispatch(&target, work, false).await;
-                } else {
-                    session.admit(&target, cmd_sn, work).await;
-                }
+                self.order(target, immediate, cmd_sn, work).await;
             }
         }
-    };
-    tracing::info!(peer = %conn.peer, tsih = session.tsih, cid = conn.cid, "connection ended: {reason}");
-    conn.dm.close();
-    session.abort_waiting(|_, e| e.cid == conn.cid);
-    let now_empty = {
-        let mut conns = session.conns.lock().expect("conns");
-        if conns.get(&conn.cid).is_some_and(|c| Arc::ptr_eq(c, &conn)) {
-            conns.remove(&conn.cid);
+        None
+    }
+
+    /// Immediate work runs now; the rest waits for its turn in CmdSN order.
+    async fn order(
+        self: &Arc<Self>,
+        target: &Arc<Target>,
+        immediate: bool,
+        cmd_sn: u32,
+        work: Work,
+    ) {
+        if immediate {
+            self.dispatch(target, work, false).await;
+        } else {
+            self.admit(target, cmd_sn, work).await;
         }
-        conns.is_empty()
-    };
-    if now_empty {
-        target.remove_session(&session);
+    }
+
+    /// A connection ended: its datamover closes, its tasks waiting for data are aborted, and
+    /// a session left without connections goes.
+    fn connection_ended(&self, target: &Target, conn: &Arc<Conn>, reason: &str) {
+        tracing::info!(peer = %conn.peer, tsih = self.tsih, cid = conn.cid, "connection ended: {reason}");
+        conn.dm.close();
+        self.abort_waiting(|_, e| e.cid == conn.cid);
+        let now_empty = {
+            let mut conns = self.conns.lock().expect("conns");
+            if conns.get(&conn.cid).is_some_and(|c| Arc::ptr_eq(c, conn)) {
+                conns.remove(&conn.cid);
+            }
+            conns.is_empty()
+        };
+        if now_empty {
+            target.remove_session(self);
+        }
     }
 }

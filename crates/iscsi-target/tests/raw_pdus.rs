@@ -448,3 +448,32 @@ async fn nop_and_send_targets_follow_the_standard() {
     let r = d.recv().await;
     assert_eq!((r.opcode(), r.bhs[2]), (0x3f, 0x04));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_beyond_max_connections_is_refused_and_the_session_goes_on() {
+    let addr = start_target("").await;
+    let mut a = RawConn::connect(addr).await;
+    a.isid[5] = 11;
+    let mut keys = plain_keys();
+    keys.retain(|(k, _)| *k != "MaxConnections");
+    keys.push(("MaxConnections", "1"));
+    let got = a.login(1, &keys).await;
+    assert_eq!(got.get("MaxConnections").map(String::as_str), Some("1"));
+
+    // A second connection (another CID) into a session of at most one: 0x0206.
+    let mut b = RawConn::connect(addr).await;
+    b.isid = a.isid;
+    b.tsih = a.tsih;
+    b.cid = 2;
+    b.cmd_sn = a.cmd_sn;
+    let r = b
+        .login_request(
+            1,
+            3,
+            true,
+            &key_values(&[("InitiatorName", INITIATOR), ("TargetName", IQN)]),
+        )
+        .await;
+    assert_eq!(&r.bhs[36..38], &[0x02, 0x06], "too many connections");
+    roundtrip(&mut a, 0, 8, 9).await;
+}
