@@ -289,6 +289,15 @@ pub struct InFrame {
     pub raw_bhs: [u8; BHS_LEN],
 }
 
+/// A framing error as the login phase reports it.
+pub fn login_recv_error(e: FrameError) -> datamover::LoginRecvError {
+    match e {
+        FrameError::Eof => datamover::LoginRecvError::Closed,
+        FrameError::Io(e) => datamover::LoginRecvError::Io(e.to_string()),
+        e => datamover::LoginRecvError::Bad(e.to_string()),
+    }
+}
+
 /// Encodes one PDU into contiguous bytes (login, discovery and other slow paths).
 pub fn encode(pdu: &Pdu, digests: Digests) -> Vec<u8> {
     let mut batch = PduBatch::default();

@@ -3,8 +3,10 @@
 //! [`FrameReader`] for the reader task and the [`writer`] task that sends queued PDUs in
 //! vectored batches.
 
-use crate::frame::{self, FrameError, FrameReader, InFrame, PduBatch};
+use crate::frame::{self, FrameReader, PduBatch};
 use crate::trace::Traced;
+use async_trait::async_trait;
+use datamover::{InPdu, InitiatorChannel, LoginRecvError, TransportKind};
 use iscsi_wire::{Digests, Pdu};
 use pcap_trace::{PduTrace, Side};
 use std::io;
@@ -47,21 +49,32 @@ impl TcpInitiatorConnection {
         self.reader.get_ref().socket()
     }
 
-    /// Sends one PDU.
-    pub async fn send(&mut self, pdu: &Pdu, digests: Digests) -> io::Result<()> {
-        frame::write_pdu(self.reader.get_mut(), pdu, digests).await
-    }
-
-    /// Receives one PDU, digests checked; the error says what was wrong.
-    pub async fn recv(&mut self, digests: Digests, max_data: u32) -> Result<InFrame, FrameError> {
-        self.reader.read_pdu(digests, max_data).await
-    }
-
     /// Full feature phase: the reader (with what was received already) and the write half.
     pub fn into_split(self) -> (FrameReader<Traced<OwnedReadHalf>>, Traced<OwnedWriteHalf>) {
         let (stream, buffered) = self.reader.into_parts();
         let (r, w) = stream.into_split();
         (FrameReader::from_parts(r, buffered, READ_CHUNK), w)
+    }
+}
+
+#[async_trait]
+impl InitiatorChannel for TcpInitiatorConnection {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Tcp
+    }
+
+    async fn send(&mut self, pdu: &Pdu, digests: Digests) -> io::Result<()> {
+        frame::write_pdu(self.reader.get_mut(), pdu, digests).await
+    }
+
+    async fn recv(&mut self, digests: Digests, max_data: u32) -> Result<InPdu, LoginRecvError> {
+        match self.reader.read_pdu(digests, max_data).await {
+            Ok(p) => Ok(InPdu {
+                pdu: p.pdu,
+                raw_bhs: p.raw_bhs,
+            }),
+            Err(e) => Err(frame::login_recv_error(e)),
+        }
     }
 }
 

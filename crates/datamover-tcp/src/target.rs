@@ -138,8 +138,7 @@ impl LoginChannel for TcpConnection {
                 pdu: p.pdu,
                 raw_bhs: p.raw_bhs,
             }),
-            Err(FrameError::Eof) => Err(LoginRecvError::Closed),
-            Err(e) => Err(LoginRecvError::Bad(e.to_string())),
+            Err(e) => Err(crate::frame::login_recv_error(e)),
         }
     }
 

@@ -1,5 +1,6 @@
 //! The Datamover boundary of RFC 5047, as traits only: the iSCSI layers never touch a
-//! socket or a queue pair. A target listens on [`Portal`]s; each accepted connection is a
+//! socket or a queue pair. An initiator logs in over an [`InitiatorChannel`]. A target
+//! listens on [`Portal`]s; each accepted connection is a
 //! [`LoginChannel`] (login PDUs in and out) that switches to full feature phase and yields
 //! that transport's [`Datamover`] and a stream of [`Notice`]s. In full feature phase the
 //! iSCSI layer sends control PDUs with [`Datamover::send_control`], hands read data to
@@ -182,8 +183,21 @@ pub struct FfpConfig {
 pub enum LoginRecvError {
     #[error("peer closed during login")]
     Closed,
+    #[error("connection error: {0}")]
+    Io(String),
     #[error("bad PDU during login: {0}")]
     Bad(String),
+}
+
+/// The initiator's end of a connection before full feature phase: PDUs one at a time
+/// (login, and a discovery session's text exchange and logout). `digests` are what the
+/// login negotiated (transports without digests ignore them).
+#[async_trait]
+pub trait InitiatorChannel: Send {
+    /// The transport this connection runs over (login offers its keys).
+    fn kind(&self) -> TransportKind;
+    async fn send(&mut self, pdu: &Pdu, digests: Digests) -> std::io::Result<()>;
+    async fn recv(&mut self, digests: Digests, max_data: u32) -> Result<InPdu, LoginRecvError>;
 }
 
 /// A connection in the login phase: login PDUs in and out (no digests), then the switch

@@ -1,11 +1,13 @@
-//! The login-phase exchanges of a connection, over `datamover-tcp`'s framing: the login
-//! driven by `iscsi_login::InitiatorLogin`, the SendTargets exchange of a discovery session,
-//! and the plain logout that ends it.
+//! The login-phase exchanges of a connection, over any transport's
+//! `datamover::InitiatorChannel` (TCP: `datamover_tcp`'s connection): the login driven by
+//! `iscsi_login::InitiatorLogin` (offering the keys of the channel's transport), the
+//! SendTargets exchange of a discovery session, and the plain logout that ends it.
 
 use std::time::Duration;
 
 use bytes::Bytes;
-use datamover_tcp::frame::{FrameError, LOGIN_MAX_DATA};
+use datamover::{InitiatorChannel, LoginRecvError};
+use datamover_tcp::frame::LOGIN_MAX_DATA;
 use datamover_tcp::initiator::TcpInitiatorConnection;
 use iscsi_login::{
     ConnectionParams, InitiatorLogin, InitiatorLoginConfig, InitiatorStep, SessionParams,
@@ -17,6 +19,8 @@ use crate::Error;
 
 /// A connected socket before full feature phase.
 pub(crate) type Stream = TcpInitiatorConnection;
+/// Any transport's connection before full feature phase: what login and discovery use.
+type Channel = dyn InitiatorChannel;
 
 /// Opens a TCP connection to `addr` (`host:port`), bounded by `timeout`, traced into
 /// `trace` when given.
@@ -34,17 +38,17 @@ pub(crate) async fn connect(
 }
 
 /// Sends one PDU.
-async fn send(stream: &mut Stream, pdu: &Pdu, digests: Digests) -> Result<(), Error> {
+async fn send(stream: &mut Channel, pdu: &Pdu, digests: Digests) -> Result<(), Error> {
     stream.send(pdu, digests).await.map_err(Error::io)
 }
 
 /// Reads one whole PDU, checking digests.
-async fn read_pdu(stream: &mut Stream, digests: Digests) -> Result<Pdu, Error> {
+async fn read_pdu(stream: &mut Channel, digests: Digests) -> Result<Pdu, Error> {
     match stream.recv(digests, LOGIN_MAX_DATA).await {
         Ok(got) => Ok(got.pdu),
-        Err(FrameError::Eof) => Err(Error::Io("the target closed the connection".into())),
-        Err(FrameError::Io(e)) => Err(Error::io(e)),
-        Err(e) => Err(Error::Protocol(e.to_string())),
+        Err(LoginRecvError::Closed) => Err(Error::Io("the target closed the connection".into())),
+        Err(LoginRecvError::Io(e)) => Err(Error::Io(e)),
+        Err(LoginRecvError::Bad(e)) => Err(Error::Protocol(e)),
     }
 }
 
@@ -62,7 +66,7 @@ pub(crate) struct LoginDone {
 
 /// Runs the login phase on a fresh connection.
 pub(crate) async fn login(
-    stream: &mut Stream,
+    stream: &mut Channel,
     config: InitiatorLoginConfig,
     timeout: Duration,
 ) -> Result<LoginDone, Error> {
@@ -77,9 +81,11 @@ pub(crate) async fn login(
 }
 
 async fn login_exchange(
-    stream: &mut Stream,
+    stream: &mut Channel,
     config: InitiatorLoginConfig,
 ) -> Result<LoginDone, Error> {
+    let mut config = config;
+    config.transport = stream.kind();
     let mut sm = InitiatorLogin::new(config);
     let mut req = sm.first_request();
     // InitiatorLogin bounds the exchanges itself; this bound only guards the loop.
@@ -124,7 +130,7 @@ async fn login_exchange(
 
 /// One Text exchange (with continuation) on a logged-in discovery connection.
 pub(crate) async fn text_exchange(
-    stream: &mut Stream,
+    stream: &mut Channel,
     digests: Digests,
     done: &LoginDone,
     cmd_sn: u32,
@@ -168,7 +174,7 @@ pub(crate) async fn text_exchange(
 }
 
 async fn loop_skip_nop(
-    stream: &mut Stream,
+    stream: &mut Channel,
     digests: Digests,
     exp_stat_sn: &mut u32,
 ) -> Result<Pdu, Error> {
@@ -195,7 +201,7 @@ async fn loop_skip_nop(
 
 /// Sends a Logout (close session) and waits for the response.
 pub(crate) async fn logout_plain(
-    stream: &mut Stream,
+    stream: &mut Channel,
     digests: Digests,
     cmd_sn: u32,
     exp_stat_sn: u32,

@@ -19,7 +19,7 @@ pub use config::{Config, ConfigError, PortalSpec, DEFAULT_IQN, DEFAULT_PORTAL};
 pub use datamover::ConnectionObserver;
 
 use bytes::Bytes;
-use datamover::{CmdSnState, FfpConfig, LoginChannel, LoginRecvError, Notice};
+use datamover::{CmdSnState, FfpConfig, LoginChannel, Notice};
 
 use iscsi_login::directory::Portal;
 use iscsi_login::params::SessionType;
@@ -281,7 +281,7 @@ async fn handle_connection(target: Arc<Target>, conn: Box<dyn LoginChannel>, por
 async fn recv(c: &mut dyn LoginChannel) -> Result<datamover::InPdu, String> {
     match tokio::time::timeout(LOGIN_TIMEOUT, c.recv()).await {
         Err(_) => Err("timed out waiting for a Login Request".to_string()),
-        Ok(Err(e @ (LoginRecvError::Closed | LoginRecvError::Bad(_)))) => Err(e.to_string()),
+        Ok(Err(e)) => Err(e.to_string()),
         Ok(Ok(p)) => Ok(p),
     }
 }
