@@ -7,7 +7,6 @@ use bytes::Bytes;
 use datamover::conformance::{KitEvent, KitInitiator, KitTransport};
 use datamover::{CmdSnState, Datamover, FfpConfig, Notice};
 use datamover_tcp::TcpConnection;
-use iscsi_session::WriteLimits;
 use iscsi_wire::{Bhs, DataOut, Digests, Pdu, ScsiCommand, RESERVED_TAG};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -38,22 +37,7 @@ const DIGESTS: Tcp = Tcp {
 #[async_trait]
 impl KitTransport for Tcp {
     fn config(&self) -> FfpConfig {
-        FfpConfig {
-            digests: self.digests,
-            max_recv_data_segment_length: 8192,
-            max_send_data_segment_length: 4096,
-            max_burst_length: 16384,
-            write_limits: WriteLimits {
-                first_burst_length: 8192,
-                max_burst_length: 16384,
-                initial_r2t: false,
-                immediate_data: true,
-                max_outstanding_r2t: 2,
-                max_recv_data_segment_length: 8192,
-            },
-            status: datamover::status_numbering(1),
-            max_write_len: 1 << 20,
-        }
+        common::config(self.digests, false, 1)
     }
 
     async fn connect(

@@ -6,7 +6,6 @@ use bytes::Bytes;
 use datamover::FfpConfig;
 use datamover::{CmdSnState, CollapsedStatus, Datamover, DmError, Notice, TaskRef, WriteHandle};
 use datamover_tcp::TcpConnection;
-use iscsi_session::WriteLimits;
 use iscsi_wire::{Bhs, DataOut, Digests, NopIn, Pdu, ScsiCommand};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,22 +17,7 @@ mod common;
 const WAIT: Duration = Duration::from_secs(10);
 
 fn config(digests: Digests) -> FfpConfig {
-    FfpConfig {
-        digests,
-        max_recv_data_segment_length: 8192,
-        max_send_data_segment_length: 4096,
-        max_burst_length: 16384,
-        write_limits: WriteLimits {
-            first_burst_length: 8192,
-            max_burst_length: 16384,
-            initial_r2t: true,
-            immediate_data: true,
-            max_outstanding_r2t: 2,
-            max_recv_data_segment_length: 8192,
-        },
-        status: datamover::status_numbering(100),
-        max_write_len: 1 << 20,
-    }
+    common::config(digests, true, 100)
 }
 
 /// The datamover on one end, a raw peer socket on the other.
