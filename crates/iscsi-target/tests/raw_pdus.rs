@@ -59,25 +59,12 @@ async fn second_connection_joins_the_session_and_shares_the_cmdsn_order() {
     assert_eq!(got.get("MaxConnections").map(String::as_str), Some("4"));
 
     // Connection 2: same ISID, the session's TSIH, its own CID.
-    let mut b = RawConn::connect(addr).await;
-    b.isid = a.isid;
-    b.tsih = a.tsih;
-    b.cid = 2;
-    b.cmd_sn = a.cmd_sn;
-    let r = b
-        .login_request(
-            1,
-            3,
-            true,
-            &key_values(&[
-                ("InitiatorName", INITIATOR),
-                ("TargetName", IQN),
-                ("MaxRecvDataSegmentLength", "65536"),
-                ("HeaderDigest", "None"),
-                ("DataDigest", "None"),
-            ]),
-        )
-        .await;
+    let keys = [
+        ("MaxRecvDataSegmentLength", "65536"),
+        ("HeaderDigest", "None"),
+        ("DataDigest", "None"),
+    ];
+    let (mut b, r) = join_session(addr, &a, 2, &keys).await;
     assert_eq!(&r.bhs[36..38], &[0, 0], "second connection login status");
     assert_eq!(
         u16::from_be_bytes([r.bhs[14], r.bhs[15]]),
@@ -461,19 +448,26 @@ async fn a_connection_beyond_max_connections_is_refused_and_the_session_goes_on(
     assert_eq!(got.get("MaxConnections").map(String::as_str), Some("1"));
 
     // A second connection (another CID) into a session of at most one: 0x0206.
+    let (_, r) = join_session(addr, &a, 2, &[]).await;
+    assert_eq!(&r.bhs[36..38], &[0x02, 0x06], "too many connections");
+    roundtrip(&mut a, 0, 8, 9).await;
+}
+
+/// Logs a new connection with `cid` into `a`'s session (same ISID, its TSIH) straight to full
+/// feature phase, offering `keys` beyond the names; returns it and the Login Response.
+async fn join_session(
+    addr: std::net::SocketAddr,
+    a: &RawConn,
+    cid: u16,
+    keys: &[(&str, &str)],
+) -> (RawConn, Rx) {
     let mut b = RawConn::connect(addr).await;
     b.isid = a.isid;
     b.tsih = a.tsih;
-    b.cid = 2;
+    b.cid = cid;
     b.cmd_sn = a.cmd_sn;
-    let r = b
-        .login_request(
-            1,
-            3,
-            true,
-            &key_values(&[("InitiatorName", INITIATOR), ("TargetName", IQN)]),
-        )
-        .await;
-    assert_eq!(&r.bhs[36..38], &[0x02, 0x06], "too many connections");
-    roundtrip(&mut a, 0, 8, 9).await;
+    let mut all = vec![("InitiatorName", INITIATOR), ("TargetName", IQN)];
+    all.extend_from_slice(keys);
+    let r = b.login_request(1, 3, true, &key_values(&all)).await;
+    (b, r)
 }
