@@ -10,6 +10,7 @@
 //! has one) and writes it with vectored writes, so payloads are never copied in user space.
 
 use bytes::{Bytes, BytesMut};
+use datamover::{InPdu, LoginRecvError};
 use iscsi_wire::{Bhs, Digests, FrameLayout, Pdu, WireError, BHS_LEN};
 use std::io::{self, IoSlice};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -264,49 +265,27 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     }
 
     /// Reads one whole PDU, both digests checked (login phase, discovery, tests).
-    pub async fn read_pdu(
-        &mut self,
-        digests: Digests,
-        max_data: u32,
-    ) -> Result<InFrame, FrameError> {
+    pub async fn read_pdu(&mut self, digests: Digests, max_data: u32) -> Result<InPdu, FrameError> {
         let frame = self.next_frame(digests, max_data).await?;
         let bytes = self.take(&frame).freeze();
         frame
             .verify_data_digest(&bytes)
             .map_err(FrameError::DataDigest)?;
         let bhs = Bhs::decode(&frame.head).map_err(FrameError::Decode)?.bhs;
-        Ok(InFrame {
+        Ok(InPdu {
             pdu: frame.pdu(bhs, &bytes),
             raw_bhs: frame.head,
         })
     }
 }
 
-/// A received PDU with its BHS as it came (a Reject echoes it).
-#[derive(Debug, Clone)]
-pub struct InFrame {
-    pub pdu: Pdu,
-    pub raw_bhs: [u8; BHS_LEN],
-}
-
 /// A framing error as the login phase reports it.
-pub fn login_recv_error(e: FrameError) -> datamover::LoginRecvError {
+pub fn login_recv_error(e: FrameError) -> LoginRecvError {
     match e {
-        FrameError::Eof => datamover::LoginRecvError::Closed,
-        FrameError::Io(e) => datamover::LoginRecvError::Io(e.to_string()),
-        e => datamover::LoginRecvError::Bad(e.to_string()),
+        FrameError::Eof => LoginRecvError::Closed,
+        FrameError::Io(e) => LoginRecvError::Io(e.to_string()),
+        e => LoginRecvError::Bad(e.to_string()),
     }
-}
-
-/// Encodes one PDU into contiguous bytes (login, discovery and other slow paths).
-pub fn encode(pdu: &Pdu, digests: Digests) -> Vec<u8> {
-    let mut batch = PduBatch::default();
-    batch.push(&pdu.bhs, &pdu.ahs, pdu.data.clone(), digests, None);
-    let mut out = Vec::with_capacity(batch.len());
-    for p in &batch.parts {
-        out.extend_from_slice(batch.part_bytes(p));
-    }
-    out
 }
 
 enum Part {
@@ -327,15 +306,6 @@ impl PduBatch {
     pub fn clear(&mut self) {
         self.heads.clear();
         self.parts.clear();
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.parts.is_empty()
-    }
-
-    /// Bytes the batch puts on the wire.
-    pub fn len(&self) -> usize {
-        self.parts.iter().map(|p| self.part_bytes(p).len()).sum()
     }
 
     /// Appends one PDU. `data_crc`: the CRC32C of `data` (without padding) when the producer
@@ -409,7 +379,9 @@ pub async fn write_pdu<W: AsyncWrite + Unpin>(
     pdu: &Pdu,
     digests: Digests,
 ) -> io::Result<()> {
-    w.write_all(&encode(pdu, digests)).await
+    let mut batch = PduBatch::default();
+    batch.push(&pdu.bhs, &pdu.ahs, pdu.data.clone(), digests, None);
+    batch.write_to(w).await
 }
 
 #[cfg(test)]
@@ -428,17 +400,30 @@ mod tests {
         )
     }
 
-    #[test]
-    fn encode_matches_the_codec_and_frames_back() {
+    /// The codec's own encoding (digests by the CRC engine's plain entry point).
+    fn codec(pdu: &Pdu, d: Digests) -> Vec<u8> {
+        let crc: iscsi_wire::CrcFn = &digest::crc32c;
+        iscsi_wire::encode_pdu(pdu, d.header.then_some(crc), d.data.then_some(crc))
+    }
+
+    #[tokio::test]
+    async fn batches_write_what_the_codec_encodes_and_frame_back() {
         let d = Digests {
             header: true,
             data: true,
         };
         let pdu = nop(b"hello");
-        let h: iscsi_wire::CrcFn = &digest::crc32c;
-        let want = iscsi_wire::encode_pdu(&pdu, Some(h), Some(h));
-        let got = encode(&pdu, d);
+        let want = codec(&pdu, d);
+        let mut got = Vec::new();
+        write_pdu(&mut got, &pdu, d).await.unwrap();
         assert_eq!(got, want);
+        // A producer's precomputed CRC gives the same digest.
+        let mut batch = PduBatch::default();
+        let crc = digest::crc32c(b"hello");
+        batch.push(&pdu.bhs, &[], pdu.data.clone(), d, Some(crc));
+        let mut again = Vec::new();
+        batch.write_to(&mut again).await.unwrap();
+        assert_eq!(again, want);
         let f = complete_frame(&got, d, 1024).unwrap().unwrap();
         assert_eq!(f.total_len(), got.len());
         assert_eq!(&got[f.data_range()], b"hello");
@@ -456,7 +441,7 @@ mod tests {
             header: true,
             data: true,
         };
-        let mut bytes = encode(&nop(b"abcdefg"), d);
+        let mut bytes = codec(&nop(b"abcdefg"), d);
         let f = complete_frame(&bytes, d, 1024).unwrap().unwrap();
         let at = f.data_range().start;
         bytes[at] ^= 1;
@@ -470,7 +455,7 @@ mod tests {
 
     #[test]
     fn oversize_data_is_a_layout_error_with_the_header() {
-        let bytes = encode(&nop(&[0u8; 600]), Digests::default());
+        let bytes = codec(&nop(&[0u8; 600]), Digests::default());
         match complete_frame(&bytes, Digests::default(), 512) {
             Err(FrameError::Layout { head, .. }) => assert_eq!(&head[..], &bytes[..48]),
             other => panic!("{other:?}"),

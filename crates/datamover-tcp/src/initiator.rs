@@ -3,7 +3,8 @@
 //! [`FrameReader`] for the reader task and the [`writer`] task that sends queued PDUs in
 //! vectored batches.
 
-use crate::frame::{self, FrameReader, PduBatch};
+use crate::frame::{FrameReader, PduBatch};
+use crate::socket::PduSocket;
 use crate::trace::Traced;
 use async_trait::async_trait;
 use datamover::{InPdu, InitiatorChannel, LoginRecvError, TransportKind};
@@ -23,7 +24,7 @@ const WRITE_BATCH: usize = 128;
 
 /// A connected socket before full feature phase.
 pub struct TcpInitiatorConnection {
-    reader: FrameReader<Traced<TcpStream>>,
+    socket: PduSocket,
 }
 
 impl TcpInitiatorConnection {
@@ -40,20 +41,18 @@ impl TcpInitiatorConnection {
             .map_err(|e| e.to_string())?;
         let _ = s.set_nodelay(true);
         Ok(TcpInitiatorConnection {
-            reader: FrameReader::new(Traced::new(s, trace, Side::Connected), READ_CHUNK),
+            socket: PduSocket::new(s, trace, Side::Connected, READ_CHUNK),
         })
     }
 
     /// The socket (for its descriptor: TCP_INFO sampling).
     pub fn socket(&self) -> &TcpStream {
-        self.reader.get_ref().socket()
+        self.socket.socket()
     }
 
     /// Full feature phase: the reader (with what was received already) and the write half.
     pub fn into_split(self) -> (FrameReader<Traced<OwnedReadHalf>>, Traced<OwnedWriteHalf>) {
-        let (stream, buffered) = self.reader.into_parts();
-        let (r, w) = stream.into_split();
-        (FrameReader::from_parts(r, buffered, READ_CHUNK), w)
+        self.socket.into_split()
     }
 }
 
@@ -64,17 +63,11 @@ impl InitiatorChannel for TcpInitiatorConnection {
     }
 
     async fn send(&mut self, pdu: &Pdu, digests: Digests) -> io::Result<()> {
-        frame::write_pdu(self.reader.get_mut(), pdu, digests).await
+        self.socket.send(pdu, digests).await
     }
 
     async fn recv(&mut self, digests: Digests, max_data: u32) -> Result<InPdu, LoginRecvError> {
-        match self.reader.read_pdu(digests, max_data).await {
-            Ok(p) => Ok(InPdu {
-                pdu: p.pdu,
-                raw_bhs: p.raw_bhs,
-            }),
-            Err(e) => Err(frame::login_recv_error(e)),
-        }
+        self.socket.recv(digests, max_data).await
     }
 }
 

@@ -9,6 +9,7 @@
 pub mod digest_buf;
 pub mod frame;
 pub mod initiator;
+mod socket;
 pub mod target;
 pub mod trace;
 

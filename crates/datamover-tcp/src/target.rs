@@ -9,6 +9,7 @@
 //! the backend's buffers (no copy). With a trace, the socket is wrapped in [`Traced`].
 
 use crate::frame::{Frame, FrameError, FrameReader, PduBatch, LOGIN_MAX_DATA};
+use crate::socket::PduSocket;
 use crate::trace::Traced;
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
@@ -69,7 +70,7 @@ impl Portal for TcpPortal {
 
 /// An accepted connection before full feature phase: plain PDU exchange for login.
 pub struct TcpConnection {
-    reader: FrameReader<Traced<TcpStream>>,
+    socket: PduSocket,
     peer: SocketAddr,
 }
 
@@ -78,9 +79,8 @@ impl TcpConnection {
     pub fn new(stream: TcpStream, trace: Option<&PduTrace>) -> io::Result<TcpConnection> {
         stream.set_nodelay(true)?;
         let peer = stream.peer_addr()?;
-        let stream = Traced::new(stream, trace, Side::Accepted);
         Ok(TcpConnection {
-            reader: FrameReader::new(stream, READ_CHUNK),
+            socket: PduSocket::new(stream, trace, Side::Accepted, READ_CHUNK),
             peer,
         })
     }
@@ -91,8 +91,7 @@ impl TcpConnection {
         cfg: FfpConfig,
         sn: Arc<CmdSnState>,
     ) -> (Arc<TcpDatamover>, mpsc::Receiver<Notice>) {
-        let (stream, buffered) = self.reader.into_parts();
-        let (read, write) = stream.into_split();
+        let (reader, write) = self.socket.into_split();
         let (out_tx, out_rx) = mpsc::channel(OUT_QUEUE);
         let (notice_tx, notice_rx) = mpsc::channel(NOTICE_QUEUE);
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -108,7 +107,6 @@ impl TcpConnection {
         });
         let writer = Writer { cfg, sn };
         tokio::spawn(writer.run(write, out_rx, stop_rx.clone()));
-        let reader = FrameReader::from_parts(read, buffered, READ_CHUNK);
         tokio::spawn(run_reader(reader, shared.clone(), notice_tx, stop_rx));
         (Arc::new(TcpDatamover { shared }), notice_rx)
     }
@@ -125,25 +123,15 @@ impl LoginChannel for TcpConnection {
     }
 
     fn socket(&self) -> Option<BorrowedFd<'_>> {
-        Some(self.reader.get_ref().socket().as_fd())
+        Some(self.socket.socket().as_fd())
     }
 
     async fn recv(&mut self) -> Result<InPdu, LoginRecvError> {
-        match self
-            .reader
-            .read_pdu(Digests::default(), LOGIN_MAX_DATA)
-            .await
-        {
-            Ok(p) => Ok(InPdu {
-                pdu: p.pdu,
-                raw_bhs: p.raw_bhs,
-            }),
-            Err(e) => Err(crate::frame::login_recv_error(e)),
-        }
+        self.socket.recv(Digests::default(), LOGIN_MAX_DATA).await
     }
 
     async fn send(&mut self, pdu: &Pdu) -> io::Result<()> {
-        crate::frame::write_pdu(self.reader.get_mut(), pdu, Digests::default()).await
+        self.socket.send(pdu, Digests::default()).await
     }
 
     fn into_full_feature(

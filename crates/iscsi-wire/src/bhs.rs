@@ -884,23 +884,6 @@ impl Bhs {
         })
     }
 
-    /// The StatSN field of a target→initiator PDU (`None` for other PDUs).
-    pub fn target_stat_sn(&self) -> Option<u32> {
-        Some(match self {
-            Bhs::NopIn(p) => p.stat_sn,
-            Bhs::ScsiResponse(p) => p.stat_sn,
-            Bhs::TaskMgmtResponse(p) => p.stat_sn,
-            Bhs::LoginResponse(p) => p.stat_sn,
-            Bhs::TextResponse(p) => p.stat_sn,
-            Bhs::DataIn(p) => p.stat_sn,
-            Bhs::LogoutResponse(p) => p.stat_sn,
-            Bhs::R2t(p) => p.stat_sn,
-            Bhs::AsyncMessage(p) => p.stat_sn,
-            Bhs::Reject(p) => p.stat_sn,
-            _ => return None,
-        })
-    }
-
     /// Whether sending this target→initiator PDU consumes a StatSN (it carries status).
     /// R2T, Data-In without status and target-initiated NOP-In carry the next StatSN
     /// without advancing it.

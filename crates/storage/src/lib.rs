@@ -71,59 +71,6 @@ pub trait ReadBufSource: Send + Sync + std::fmt::Debug {
     fn lend(&self, len: usize) -> Box<dyn ReadBuf>;
 }
 
-/// A plain [`ReadBuf`] (no lender's work): the bytes, appended.
-#[derive(Debug, Default)]
-pub struct PlainReadBuf {
-    buf: bytes::BytesMut,
-    whole: Option<Bytes>,
-}
-
-impl PlainReadBuf {
-    pub fn with_capacity(len: usize) -> PlainReadBuf {
-        PlainReadBuf {
-            buf: bytes::BytesMut::with_capacity(len),
-            whole: None,
-        }
-    }
-
-    fn materialize(&mut self) {
-        if let Some(w) = self.whole.take() {
-            self.buf.extend_from_slice(&w);
-        }
-    }
-}
-
-impl ReadBuf for PlainReadBuf {
-    fn put(&mut self, src: &[u8]) {
-        self.materialize();
-        self.buf.extend_from_slice(src);
-    }
-    fn put_zeros(&mut self, n: usize) {
-        self.materialize();
-        self.buf.resize(self.buf.len() + n, 0);
-    }
-    fn put_bytes(&mut self, data: Bytes) {
-        if self.buf.is_empty() && self.whole.is_none() {
-            self.whole = Some(data);
-        } else {
-            self.put(&data);
-        }
-    }
-    fn len(&self) -> usize {
-        self.buf.len() + self.whole.as_ref().map_or(0, Bytes::len)
-    }
-    fn finish(self: Box<Self>) -> (Bytes, Option<BufNote>) {
-        match self.whole {
-            Some(w) if self.buf.is_empty() => (w, None),
-            _ => {
-                let mut me = *self;
-                me.materialize();
-                (me.buf.freeze(), None)
-            }
-        }
-    }
-}
-
 /// Provisioning state of a run of bytes, as reported by [`Backend::map_status`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MapRun {
@@ -168,13 +115,8 @@ pub trait Backend: Send + Sync + 'static {
         Ok(buf)
     }
 
-    /// Writes `data` at `offset`: the caller's (or its transport's) buffer, consumed where
-    /// it is. With `fua`, the data is on stable storage when this returns.
-    async fn write_from(&self, offset: u64, data: Bytes, fua: bool) -> io::Result<()> {
-        self.write_at(offset, data, fua).await
-    }
-
-    /// Writes `data` at `offset`. With `fua`, the data is on stable storage when this returns.
+    /// Writes `data` at `offset`, consumed where it is (the caller's or its transport's
+    /// buffer). With `fua`, the data is on stable storage when this returns.
     async fn write_at(&self, offset: u64, data: Bytes, fua: bool) -> io::Result<()>;
 
     /// Makes every completed write durable (fdatasync for file/block backends).

@@ -148,7 +148,7 @@ proptest! {
                         let got = b.read_at(off, len).await.unwrap();
                         assert_eq!(&got[..], want);
                         // Into a lent buffer: the same bytes, put in order.
-                        let lent = Box::new(crate::PlainReadBuf::with_capacity(len));
+                        let lent = Box::new(VecReadBuf(Vec::with_capacity(len)));
                         let filled = b.read_into(off, len, lent).await.unwrap();
                         assert_eq!(filled.len(), len);
                         let (got, note) = filled.finish();
@@ -255,4 +255,25 @@ fn file_backend_on_tmpfs() {
     let b = Arc::new(FileBackend::open(&path, Some(4 << 20), true, false).unwrap());
     rt().block_on(script(b));
     std::fs::remove_file(&path).unwrap();
+}
+
+/// The simplest lent buffer: the bytes, appended.
+struct VecReadBuf(Vec<u8>);
+
+impl crate::ReadBuf for VecReadBuf {
+    fn put(&mut self, src: &[u8]) {
+        self.0.extend_from_slice(src);
+    }
+    fn put_zeros(&mut self, n: usize) {
+        self.0.resize(self.0.len() + n, 0);
+    }
+    fn put_bytes(&mut self, data: Bytes) {
+        self.put(&data);
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn finish(self: Box<Self>) -> (Bytes, Option<crate::BufNote>) {
+        (Bytes::from(self.0), None)
+    }
 }

@@ -148,13 +148,10 @@ impl Lun {
         data: Bytes,
         fua: bool,
     ) -> Result<(), Fail> {
-        self.backend
-            .write_from(offset, data, fua)
-            .await
-            .map_err(|e| {
-                tracing::warn!(lun = self.id, offset, "backend write failed: {e}");
-                Fail::Check(Sense::new(key::MEDIUM_ERROR, asc::WRITE_ERROR))
-            })
+        self.backend.write_at(offset, data, fua).await.map_err(|e| {
+            tracing::warn!(lun = self.id, offset, "backend write failed: {e}");
+            Fail::Check(Sense::new(key::MEDIUM_ERROR, asc::WRITE_ERROR))
+        })
     }
 
     fn len_field(opcode: u8) -> u16 {
