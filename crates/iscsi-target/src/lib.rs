@@ -340,23 +340,22 @@ async fn login(
                 let session = if outcome.leading {
                     create_session(target, &outcome, req.cmd_sn, depth)
                 } else {
-                    let s = existing.clone().expect("non-leading login has a session");
-                    if s.connection_count_without(outcome.cid) >= s.params.max_connections as usize
-                    {
-                        let fail = iscsi_login::pdu::LoginResponse::failure(
-                            &req,
-                            LoginStatus::TOO_MANY_CONNECTIONS,
-                        );
-                        let _ = conn.send(&respond(&fail, exp, max)).await;
-                        return Err("too many connections in session".into());
-                    }
-                    s
+                    existing.clone().expect("non-leading login has a session")
                 };
+                if !session.reserve_connection(outcome.cid) {
+                    let fail = iscsi_login::pdu::LoginResponse::failure(
+                        &req,
+                        LoginStatus::TOO_MANY_CONNECTIONS,
+                    );
+                    let _ = conn.send(&respond(&fail, exp, max)).await;
+                    return Err("too many connections in session".into());
+                }
                 let (exp, max) = session.sn.load();
                 rsp.tsih = session.tsih;
-                conn.send(&respond(&rsp, exp, max))
-                    .await
-                    .map_err(|e| e.to_string())?;
+                if let Err(e) = conn.send(&respond(&rsp, exp, max)).await {
+                    session.release_connection(outcome.cid);
+                    return Err(e.to_string());
+                }
                 return Ok(Some(enter_full_feature(
                     session,
                     conn,
@@ -523,6 +522,7 @@ fn create_session(
         window: Mutex::new(CmdWindow::new(cmd_sn, depth)),
         sn: CmdSnState::new(cmd_sn, cmd_sn.wrapping_add(depth - 1)),
         conns: Mutex::new(HashMap::new()),
+        joining: Mutex::new(Default::default()),
         tasks: Mutex::new(HashMap::new()),
     });
     sessions.insert(tsih, session.clone());

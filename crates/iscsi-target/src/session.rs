@@ -15,7 +15,7 @@ use iscsi_wire::{
     reject, tmf, Bhs, LogoutResponse, NopIn, Pdu, Reject, ScsiCommand, ScsiResponse,
     TaskMgmtResponse, TextResponse, RESERVED_TAG,
 };
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -50,6 +50,8 @@ pub(crate) struct Session {
     pub window: Mutex<CmdWindow<Work>>,
     pub sn: Arc<CmdSnState>,
     pub conns: Mutex<HashMap<u16, Arc<Conn>>>,
+    /// CIDs whose login succeeded and whose Login Response is on its way (not in `conns` yet).
+    pub joining: Mutex<HashSet<u16>>,
     pub tasks: Mutex<HashMap<u32, TaskEntry>>,
 }
 
@@ -153,18 +155,32 @@ impl Session {
             .collect()
     }
 
-    pub fn connection_count_without(&self, cid: u16) -> usize {
-        self.conns
-            .lock()
-            .expect("conns")
-            .keys()
-            .filter(|c| **c != cid)
-            .count()
+    /// Counts connection `cid` in the session from the moment its login succeeds, before its
+    /// Login Response is sent: false when that would pass MaxConnections (other connections,
+    /// joined or still joining; the same CID replaces its old connection). A connection
+    /// logging in right after another must see it even before it runs full feature phase.
+    pub fn reserve_connection(&self, cid: u16) -> bool {
+        let conns = self.conns.lock().expect("conns");
+        let mut joining = self.joining.lock().expect("joining");
+        let others = conns.keys().filter(|c| **c != cid).count()
+            + joining.iter().filter(|c| **c != cid).count();
+        if others >= self.params.max_connections as usize {
+            return false;
+        }
+        joining.insert(cid);
+        true
     }
 
-    /// Add a connection; returns the one it replaces (connection reinstatement).
+    /// A reserved connection that never came (its Login Response could not be sent).
+    pub fn release_connection(&self, cid: u16) {
+        self.joining.lock().expect("joining").remove(&cid);
+    }
+
+    /// Add a reserved connection; returns the one it replaces (connection reinstatement).
     pub fn add_connection(&self, c: Arc<Conn>) -> Option<Arc<Conn>> {
-        self.conns.lock().expect("conns").insert(c.cid, c)
+        let mut conns = self.conns.lock().expect("conns");
+        self.joining.lock().expect("joining").remove(&c.cid);
+        conns.insert(c.cid, c)
     }
 
     pub fn close_all(&self) {

@@ -439,18 +439,26 @@ async fn nop_and_send_targets_follow_the_standard() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_beyond_max_connections_is_refused_and_the_session_goes_on() {
     let addr = start_target("").await;
-    let mut a = RawConn::connect(addr).await;
-    a.isid[5] = 11;
     let mut keys = plain_keys();
     keys.retain(|(k, _)| *k != "MaxConnections");
     keys.push(("MaxConnections", "1"));
-    let got = a.login(1, &keys).await;
-    assert_eq!(got.get("MaxConnections").map(String::as_str), Some("1"));
+    // Many sessions, each joined the moment its login completes: the check must count the
+    // leading connection even before it has entered full feature phase.
+    for i in 0..40u8 {
+        let mut a = RawConn::connect(addr).await;
+        a.isid[5] = 100 + i;
+        let got = a.login(1, &keys).await;
+        assert_eq!(got.get("MaxConnections").map(String::as_str), Some("1"));
 
-    // A second connection (another CID) into a session of at most one: 0x0206.
-    let (_, r) = join_session(addr, &a, 2, &[]).await;
-    assert_eq!(&r.bhs[36..38], &[0x02, 0x06], "too many connections");
-    roundtrip(&mut a, 0, 8, 9).await;
+        // A second connection (another CID) into a session of at most one: 0x0206.
+        let (_, r) = join_session(addr, &a, 2, &[]).await;
+        assert_eq!(
+            &r.bhs[36..38],
+            &[0x02, 0x06],
+            "too many connections (session {i})"
+        );
+        roundtrip(&mut a, 0, 8, 9).await;
+    }
 }
 
 /// Logs a new connection with `cid` into `a`'s session (same ISID, its TSIH) straight to full
