@@ -15,9 +15,6 @@ use iscsi_wire::{Bhs, Digests, FrameLayout, Pdu, WireError, BHS_LEN};
 use std::io::{self, IoSlice};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-/// Login and text PDUs longer than this are refused (the RFC default
-/// MaxRecvDataSegmentLength is 8 KiB; continuation carries longer text).
-pub const LOGIN_MAX_DATA: u32 = 64 * 1024;
 /// Iovecs per vectored write (Linux's IOV_MAX is 1024).
 const MAX_IOVECS: usize = 512;
 static ZEROS: [u8; 4] = [0; 4];

@@ -8,11 +8,12 @@
 //! PDUs, and a [`PduBatch`] goes out in one vectored write whose payload slices reference
 //! the backend's buffers (no copy). With a trace, the socket is wrapped in [`Traced`].
 
-use crate::frame::{Frame, FrameError, FrameReader, PduBatch, LOGIN_MAX_DATA};
+use crate::frame::{Frame, FrameError, FrameReader, PduBatch};
 use crate::socket::PduSocket;
 use crate::trace::Traced;
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
+use datamover::login_pdu::LOGIN_MAX_DATA;
 use datamover::{
     CmdSnState, CollapsedStatus, Datamover, DmError, FfpConfig, InPdu, LoginChannel,
     LoginRecvError, Notice, Portal, TaskRef, TransportKind, WriteHandle,

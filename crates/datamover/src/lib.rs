@@ -1,5 +1,7 @@
 //! The Datamover boundary of RFC 5047, as traits only: the iSCSI layers never touch a
-//! socket or a queue pair. An initiator logs in over an [`InitiatorChannel`]. A target
+//! socket or a queue pair. An initiator logs in over an [`InitiatorChannel`] and then
+//! runs its commands through that connection's [`InitiatorDatamover`] (module
+//! [`initiator`]). A target
 //! listens on [`Portal`]s; each accepted connection is a
 //! [`LoginChannel`] (login PDUs in and out) that switches to full feature phase and yields
 //! that transport's [`Datamover`] and a stream of [`Notice`]s. In full feature phase the
@@ -16,7 +18,12 @@
 //! reported as [`Notice::Reject`], for the iSCSI layer to answer.
 
 pub mod conformance;
+pub mod initiator;
 pub mod login_pdu;
+
+pub use initiator::{
+    CommandOut, InitiatorDatamover, InitiatorFfpConfig, InitiatorNotice, NoticeSink,
+};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -190,14 +197,23 @@ pub enum LoginRecvError {
 }
 
 /// The initiator's end of a connection before full feature phase: PDUs one at a time
-/// (login, and a discovery session's text exchange and logout). `digests` are what the
-/// login negotiated (transports without digests ignore them).
+/// (login, and a discovery session's text exchange and logout), then the switch to full
+/// feature phase that yields this transport's [`InitiatorDatamover`]. `digests` are what
+/// the login negotiated (transports without digests ignore them).
 #[async_trait]
 pub trait InitiatorChannel: Send {
     /// The transport this connection runs over (login offers its keys).
     fn kind(&self) -> TransportKind;
+    /// The connection's socket, where it has one (for TCP_INFO sampling).
+    fn socket(&self) -> Option<BorrowedFd<'_>>;
     async fn send(&mut self, pdu: &Pdu, digests: Digests) -> std::io::Result<()>;
     async fn recv(&mut self, digests: Digests, max_data: u32) -> Result<InPdu, LoginRecvError>;
+    /// Enters full feature phase: from now on what arrives goes to `sink`.
+    fn into_full_feature(
+        self: Box<Self>,
+        cfg: InitiatorFfpConfig,
+        sink: NoticeSink,
+    ) -> Arc<dyn InitiatorDatamover>;
 }
 
 /// A connection in the login phase: login PDUs in and out (no digests), then the switch

@@ -5,6 +5,10 @@ use bytes::Bytes;
 use iscsi_login::pdu::{LoginRequest, LoginResponse, Stage as LoginStage};
 use iscsi_wire::{Bhs, Pdu, Stage};
 
+/// Login and text PDUs longer than this are refused (the RFC default
+/// MaxRecvDataSegmentLength is 8 KiB; continuation carries longer text).
+pub const LOGIN_MAX_DATA: u32 = 64 * 1024;
+
 fn stage_in(s: Stage) -> LoginStage {
     match s {
         Stage::Security => LoginStage::Security,

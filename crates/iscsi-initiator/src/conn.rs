@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use datamover::login_pdu::LOGIN_MAX_DATA;
 use datamover::{InitiatorChannel, LoginRecvError};
-use datamover_tcp::frame::LOGIN_MAX_DATA;
 use datamover_tcp::initiator::TcpInitiatorConnection;
 use iscsi_login::{
     ConnectionParams, InitiatorLogin, InitiatorLoginConfig, InitiatorStep, SessionParams,
@@ -17,24 +17,23 @@ use pcap_trace::PduTrace;
 
 use crate::Error;
 
-/// A connected socket before full feature phase.
-pub(crate) type Stream = TcpInitiatorConnection;
 /// Any transport's connection before full feature phase: what login and discovery use.
 type Channel = dyn InitiatorChannel;
 
-/// Opens a TCP connection to `addr` (`host:port`), bounded by `timeout`, traced into
-/// `trace` when given.
+/// Opens an iSCSI/TCP connection to `addr` (`host:port`), bounded by `timeout`, traced
+/// into `trace` when given.
 pub(crate) async fn connect(
     addr: &str,
     timeout: Duration,
     trace: Option<&PduTrace>,
-) -> Result<Stream, Error> {
-    TcpInitiatorConnection::connect(addr, timeout, trace)
-        .await
-        .map_err(|why| Error::Connect {
+) -> Result<Box<Channel>, Error> {
+    match TcpInitiatorConnection::connect(addr, timeout, trace).await {
+        Ok(c) => Ok(Box::new(c)),
+        Err(why) => Err(Error::Connect {
             addr: addr.to_string(),
             why,
-        })
+        }),
+    }
 }
 
 /// Sends one PDU.

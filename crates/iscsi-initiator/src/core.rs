@@ -1,22 +1,23 @@
 //! The sans-IO heart of an initiator session in full feature phase: ITT allocation, the
 //! CmdSN window (commands wait while CmdSN would pass MaxCmdSN), per-connection ExpStatSN,
 //! building SCSI Command PDUs with immediate data and unsolicited Data-Out up to
-//! FirstBurstLength, answering R2Ts with Data-Out bursts, assembling Data-In (with the data
-//! digest computed in the same pass as the copy), phase-collapsed status, residuals, sense,
-//! NOP-In answers, task management, logout and connection loss.
+//! FirstBurstLength, status (phase-collapsed or not), residuals, sense, NOP-In answers,
+//! task management, logout and connection loss.
 //!
-//! It owns no socket and no clock: the driver feeds it received PDUs and drains
-//! [`SessionCore::actions`] (PDUs to send on a connection, requests to complete). Each request
-//! carries a caller token `T` (the driver uses a channel sender) returned on completion.
+//! It owns no socket, no clock and no data phase: solicited data and read data are each
+//! connection's datamover's (`datamover::InitiatorDatamover`). The driver feeds it that
+//! datamover's notices and drains [`SessionCore::actions`] (commands and PDUs to send on a
+//! connection, data-phase state to drop, requests to complete). Each request carries a
+//! caller token `T` (the driver uses a channel sender) returned on completion.
 
 use std::collections::{HashMap, VecDeque};
 
-use bytes::{Bytes, BytesMut};
-use iscsi_session::data_in_segments;
+use bytes::Bytes;
+use datamover::{CommandOut, InitiatorNotice};
+use iscsi_session::DataOutSequence;
 use iscsi_wire::serial::{sn_gt, sn_le, sn_lt};
 use iscsi_wire::{
-    tmf, Ahs, Bhs, DataIn, DataOut, LogoutRequest, NopIn, NopOut, ScsiCommand, TaskMgmtRequest,
-    RESERVED_TAG,
+    tmf, Ahs, Bhs, LogoutRequest, NopIn, NopOut, ScsiCommand, TaskMgmtRequest, RESERVED_TAG,
 };
 
 /// Session-wide negotiated values the data path needs.
@@ -137,19 +138,18 @@ pub type OutPdu = iscsi_wire::Pdu;
 /// What the driver must do.
 #[derive(Debug)]
 pub enum Action<T> {
-    Send {
-        conn: usize,
-        pdu: OutPdu,
-    },
+    /// A SCSI Command for the connection's datamover, which runs its data phases.
+    Command { conn: usize, cmd: CommandOut },
+    /// Any other PDU.
+    Send { conn: usize, pdu: OutPdu },
+    /// The command was aborted or rejected: the datamover drops its data-phase state.
+    Forget { conn: usize, itt: u32 },
     Complete {
         token: T,
         result: Result<Reply, TaskError>,
     },
     /// An Asynchronous Message (event code, e.g. 1 = the target asks for a logout).
-    Async {
-        conn: usize,
-        event: u8,
-    },
+    Async { conn: usize, event: u8 },
 }
 
 /// The target broke the protocol on a connection: the driver drops the connection.
@@ -173,12 +173,6 @@ struct ConnState {
 enum Kind {
     Scsi {
         req: CommandRequest,
-        buf: BytesMut,
-        /// The whole read carried by one Data-In, kept as the receive buffer's own bytes (no
-        /// copy): the common case of a read no larger than the negotiated segment length.
-        whole: Option<Bytes>,
-        exp_data_sn: u32,
-        received: u32,
     },
     Tmf {
         function: u8,
@@ -341,22 +335,13 @@ impl<T> SessionCore<T> {
     /// Queues a SCSI command; it goes out as soon as the window allows. Returns its ITT.
     pub fn submit(&mut self, token: T, req: CommandRequest) -> u32 {
         let itt = self.alloc_itt();
-        // Filled as Data-In arrives (in order, normally): no zeroing of the buffer first, and
-        // no allocation until a read needs more than one Data-In.
-        let buf = BytesMut::new();
         self.tasks.insert(
             itt,
             Task {
                 token,
                 conn: None,
                 cmd_sn: 0,
-                kind: Kind::Scsi {
-                    req,
-                    buf,
-                    whole: None,
-                    exp_data_sn: 0,
-                    received: 0,
-                },
+                kind: Kind::Scsi { req },
             },
         );
         self.queue.push_back(itt);
@@ -429,60 +414,26 @@ impl<T> SessionCore<T> {
             exp_stat_sn,
             cdb,
         });
-        self.actions.push(Action::Send {
-            conn,
+        let cmd = CommandOut {
             pdu: OutPdu {
                 bhs,
                 ahs,
                 data: req.write.slice(..immediate as usize),
             },
-        });
-        if unsolicited_end > immediate {
-            self.data_out_burst(
-                conn,
-                itt,
-                lun,
-                RESERVED_TAG,
-                &req.write,
-                immediate,
-                unsolicited_end,
-            );
-        }
-    }
-
-    /// Data-Out PDUs for bytes `from..to` of `data`, DataSN from 0, F on the last.
-    #[allow(clippy::too_many_arguments)]
-    fn data_out_burst(
-        &mut self,
-        conn: usize,
-        itt: u32,
-        lun: u64,
-        ttt: u32,
-        data: &Bytes,
-        from: u32,
-        to: u32,
-    ) {
-        let seg = self.conns[conn].max_send_seg;
-        let exp_stat_sn = self.conns[conn].exp_stat_sn;
-        for s in data_in_segments(to - from, seg, u32::MAX) {
-            let off = from + s.offset;
-            let bhs = Bhs::DataOut(DataOut {
-                final_: s.last,
-                lun,
-                itt,
-                ttt,
-                exp_stat_sn,
-                data_sn: s.data_sn,
-                buffer_offset: off,
-            });
-            self.actions.push(Action::Send {
-                conn,
-                pdu: OutPdu {
-                    bhs,
-                    ahs: Bytes::new(),
-                    data: data.slice(off as usize..(off + s.len) as usize),
-                },
-            });
+            write: req.write.clone(),
+            solicited_from: unsolicited_end,
+            read_len: req.read_len,
+        };
+        self.actions.push(Action::Command { conn, cmd });
+        let unsolicited = DataOutSequence {
+            itt,
+            lun,
+            ttt: RESERVED_TAG,
+            exp_stat_sn,
+            max_segment: seg,
+        };
+        for pdu in unsolicited.pdus(&req.write, immediate, unsolicited_end) {
+            self.actions.push(Action::Send { conn, pdu });
         }
     }
 
@@ -667,138 +618,78 @@ impl<T> SessionCore<T> {
         }
     }
 
-    /// A Data-In PDU whose payload is still in the receive buffer. `digest` is the data
-    /// digest from the wire and the padding bytes, when DataDigest is on: the CRC is computed
-    /// while the payload is copied into the command's buffer. A payload that is the whole
-    /// read is kept as it is (a reference into the receive buffer), not copied.
-    pub fn on_data_in(
+    /// A notice from connection `conn`'s datamover. An error ends the connection: the
+    /// target broke the protocol, or the notice says the connection is gone.
+    pub fn on_notice(&mut self, conn: usize, notice: InitiatorNotice) -> Result<(), ConnError> {
+        match notice {
+            InitiatorNotice::Status { pdu, read } => self.on_status(conn, pdu.bhs, pdu.data, read),
+            InitiatorNotice::Control(pdu) => self.on_pdu(conn, pdu.bhs, pdu.data),
+            InitiatorNotice::Window {
+                exp_cmd_sn,
+                max_cmd_sn,
+            } => {
+                self.check_conn(conn)?;
+                let stat_sn = self.conns[conn].exp_stat_sn;
+                self.note_target_sns(conn, stat_sn, false, exp_cmd_sn, max_cmd_sn);
+                self.pump();
+                Ok(())
+            }
+            InitiatorNotice::Closed(why) => Err(ConnError(why)),
+        }
+    }
+
+    /// The status ending a SCSI command (a SCSI Response with `data` its sense segment, or
+    /// a Data-In with status), with its read data as the datamover placed it.
+    pub fn on_status(
         &mut self,
         conn: usize,
-        d: &DataIn,
-        payload: &Bytes,
-        digest: Option<(u32, &[u8])>,
+        bhs: Bhs,
+        data: Bytes,
+        read: Bytes,
     ) -> Result<(), ConnError> {
         self.check_conn(conn)?;
-        let check = |crc: u32| -> Result<(), ConnError> {
-            if let Some((want, pad)) = digest {
-                let got = digest::crc32c_append(crc, pad);
-                if got != want {
-                    return Err(perr(format!(
-                        "data digest error on Data-In (got {want:08x}, computed {got:08x})"
-                    )));
+        match bhs {
+            Bhs::ScsiResponse(r) => {
+                self.scsi_task(conn, r.itt, "SCSI Response")?;
+                self.note_target_sns(conn, r.stat_sn, true, r.exp_cmd_sn, r.max_cmd_sn);
+                if r.response != 0 {
+                    self.finish(r.itt, Err(TaskError::Response(r.response)));
+                } else {
+                    let sense = if data.len() >= 2 {
+                        let n = u16::from_be_bytes([data[0], data[1]]) as usize;
+                        data.slice(2..(2 + n).min(data.len()))
+                    } else {
+                        Bytes::new()
+                    };
+                    let residual = residual(r.underflow, r.overflow, r.residual);
+                    self.complete_scsi(r.itt, r.status, sense, residual, read);
                 }
             }
-            Ok(())
-        };
-        let Some(task) = self.tasks.get_mut(&d.itt) else {
-            // Data for a task we aborted: check it and drop it.
-            check(digest::crc32c(payload))?;
-            return Ok(());
-        };
-        if task.conn != Some(conn) {
-            return Err(perr(format!(
-                "Data-In for ITT 0x{:08x} on another connection",
-                d.itt
-            )));
-        }
-        let Kind::Scsi {
-            req,
-            buf,
-            whole,
-            exp_data_sn,
-            received,
-        } = &mut task.kind
-        else {
-            return Err(perr(format!("Data-In for non-SCSI ITT 0x{:08x}", d.itt)));
-        };
-        let read_len = req.read_len as usize;
-        if d.data_sn != *exp_data_sn {
-            return Err(perr(format!(
-                "Data-In DataSN {} where {} was expected (ITT 0x{:08x})",
-                d.data_sn, exp_data_sn, d.itt
-            )));
-        }
-        let off = d.buffer_offset as usize;
-        let end = off.checked_add(payload.len()).filter(|&e| e <= read_len);
-        let Some(end) = end else {
-            return Err(perr(format!(
-                "Data-In at offset {} length {} overruns the {}-byte read (ITT 0x{:08x})",
-                d.buffer_offset,
-                payload.len(),
-                read_len,
-                d.itt
-            )));
-        };
-        if let Some(w) = whole.take() {
-            // More data after a whole-read Data-In (the target resent a range): assemble.
-            buf.extend_from_slice(&w);
-        }
-        let crc = if off == 0 && end == read_len && buf.is_empty() {
-            // The whole read in one Data-In: keep the receive buffer's bytes, no copy.
-            *whole = Some(payload.clone());
-            digest.map_or(0, |_| digest::crc32c(payload))
-        } else if off == buf.len() {
-            // In order (the normal case): append, never zero-filling first.
-            if buf.capacity() == 0 {
-                buf.reserve(read_len);
+            Bhs::DataIn(d) if d.status_present => {
+                self.scsi_task(conn, d.itt, "Data-In with status")?;
+                self.note_target_sns(conn, d.stat_sn, true, d.exp_cmd_sn, d.max_cmd_sn);
+                let residual = residual(d.underflow, d.overflow, d.residual);
+                self.complete_scsi(d.itt, d.status, Bytes::new(), residual, read);
             }
-            if digest.is_some() {
-                digest::extend_with_crc32c(buf, payload)
-            } else {
-                buf.extend_from_slice(payload);
-                0
+            other => {
+                return Err(perr(format!(
+                    "{} passed as a status",
+                    other.opcode().name()
+                )))
             }
-        } else {
-            if end > buf.len() {
-                buf.resize(end, 0);
-            }
-            let dst = &mut buf[off..end];
-            if digest.is_some() {
-                digest::copy_with_crc32c(dst, payload)
-            } else {
-                dst.copy_from_slice(payload);
-                0
-            }
-        };
-        check(crc)?;
-        *exp_data_sn = exp_data_sn.wrapping_add(1);
-        *received = received.saturating_add(payload.len() as u32);
-        self.note_target_sns(
-            conn,
-            d.stat_sn,
-            d.status_present,
-            d.exp_cmd_sn,
-            d.max_cmd_sn,
-        );
-        if d.status_present {
-            if !d.final_ {
-                return Err(perr("Data-In with status but without the F bit"));
-            }
-            let residual = residual(d.underflow, d.overflow, d.residual);
-            self.complete_scsi(d.itt, d.status, Bytes::new(), residual);
         }
         self.pump();
         Ok(())
     }
 
-    fn complete_scsi(&mut self, itt: u32, status: u8, sense: Bytes, residual: Residual) {
-        let Some(task) = self.tasks.get_mut(&itt) else {
-            return;
-        };
-        let Kind::Scsi {
-            buf, req, whole, ..
-        } = &mut task.kind
-        else {
-            return;
-        };
-        let mut data = match whole.take() {
-            Some(w) => w,
-            None => {
-                // Bytes the target never sent read as zeros.
-                buf.resize(req.read_len as usize, 0);
-                std::mem::take(buf).freeze()
-            }
-        };
+    fn complete_scsi(
+        &mut self,
+        itt: u32,
+        status: u8,
+        sense: Bytes,
+        residual: Residual,
+        mut data: Bytes,
+    ) {
         if let Residual::Underflow(n) = residual {
             data.truncate(data.len().saturating_sub(n as usize));
         }
@@ -820,51 +711,12 @@ impl<T> SessionCore<T> {
         }
     }
 
-    /// Any PDU other than Data-In (its data digest already checked by the driver).
+    /// Any PDU that neither ends a SCSI command nor belongs to its data phases (its
+    /// digests already checked by the datamover).
     pub fn on_pdu(&mut self, conn: usize, bhs: Bhs, data: Bytes) -> Result<(), ConnError> {
         self.check_conn(conn)?;
         let advances = bhs.advances_stat_sn();
         match bhs {
-            Bhs::ScsiResponse(r) => {
-                self.scsi_task(conn, r.itt, "SCSI Response")?;
-                self.note_target_sns(conn, r.stat_sn, advances, r.exp_cmd_sn, r.max_cmd_sn);
-                if r.response != 0 {
-                    self.finish(r.itt, Err(TaskError::Response(r.response)));
-                } else {
-                    let sense = if data.len() >= 2 {
-                        let n = u16::from_be_bytes([data[0], data[1]]) as usize;
-                        data.slice(2..(2 + n).min(data.len()))
-                    } else {
-                        Bytes::new()
-                    };
-                    let residual = residual(r.underflow, r.overflow, r.residual);
-                    self.complete_scsi(r.itt, r.status, sense, residual);
-                }
-            }
-            Bhs::R2t(r) => {
-                self.note_target_sns(conn, r.stat_sn, false, r.exp_cmd_sn, r.max_cmd_sn);
-                let task = self.scsi_task(conn, r.itt, "R2T")?;
-                let Kind::Scsi { req, .. } = &task.kind else {
-                    unreachable!("scsi_task checks the kind");
-                };
-                let data = req.write.clone();
-                let lun = iscsi_wire::lun_to_wire(req.lun);
-                let end = r.buffer_offset as u64 + r.desired_len as u64;
-                if r.desired_len == 0 || end > data.len() as u64 {
-                    return Err(perr(format!(
-                        "R2T for bytes {}..{end} of a {}-byte write",
-                        r.buffer_offset,
-                        data.len()
-                    )));
-                }
-                if r.desired_len > self.limits.max_burst_length {
-                    return Err(perr(format!(
-                        "R2T desired length {} exceeds MaxBurstLength {}",
-                        r.desired_len, self.limits.max_burst_length
-                    )));
-                }
-                self.data_out_burst(conn, r.itt, lun, r.ttt, &data, r.buffer_offset, end as u32);
-            }
             Bhs::NopIn(n) => {
                 self.note_target_sns(conn, n.stat_sn, advances, n.exp_cmd_sn, n.max_cmd_sn);
                 if n.itt != RESERVED_TAG {
@@ -949,7 +801,12 @@ impl<T> SessionCore<T> {
                     event: a.event,
                 });
             }
-            Bhs::DataIn(_) => return Err(perr("Data-In passed to on_pdu")),
+            Bhs::ScsiResponse(_) | Bhs::DataIn(_) | Bhs::R2t(_) => {
+                return Err(perr(format!(
+                    "{} passed as a control PDU",
+                    bhs.opcode().name()
+                )))
+            }
             Bhs::TextResponse(_) => return Err(perr("unexpected Text Response")),
             other => {
                 return Err(perr(format!(
@@ -982,10 +839,14 @@ impl<T> SessionCore<T> {
     }
 
     fn fail_task(&mut self, itt: u32, err: TaskError) {
-        if self.tasks.contains_key(&itt) {
-            self.queue.retain(|&i| i != itt);
-            self.finish(itt, Err(err));
+        let Some(task) = self.tasks.get(&itt) else {
+            return;
+        };
+        if let (Some(conn), Kind::Scsi { .. }) = (task.conn, &task.kind) {
+            self.actions.push(Action::Forget { conn, itt });
         }
+        self.queue.retain(|&i| i != itt);
+        self.finish(itt, Err(err));
     }
 
     /// A connection ended. With `retry`, its SCSI commands go back to the front of the
@@ -1016,17 +877,7 @@ impl<T> SessionCore<T> {
         });
         for (itt, _, scsi) in lost.iter().rev() {
             if retry && *scsi {
-                let t = self.tasks.get_mut(itt).expect("present");
-                t.conn = None;
-                if let Kind::Scsi {
-                    exp_data_sn,
-                    received,
-                    ..
-                } = &mut t.kind
-                {
-                    *exp_data_sn = 0;
-                    *received = 0;
-                }
+                self.tasks.get_mut(itt).expect("present").conn = None;
                 self.queue.push_front(*itt);
             } else {
                 self.finish(*itt, Err(TaskError::ConnectionLost(reason.to_string())));

@@ -1,23 +1,21 @@
-//! The tokio driver around [`SessionCore`]: logs in one or more connections, runs a reader
-//! and a writer task per connection, keeps connections alive with NOP-Out pings, and on a
-//! connection loss either fails the commands in flight with a clear error or (with
-//! `reconnect`) reinstates the session with the same ISID and sends them again.
+//! The tokio driver around [`SessionCore`]: logs in one or more connections, hands each to
+//! full feature phase as its transport's `datamover::InitiatorDatamover` (whose notices it
+//! feeds to the core), keeps connections alive with NOP-Out pings, and on a connection loss
+//! either fails the commands in flight with a clear error or (with `reconnect`) reinstates
+//! the session with the same ISID and sends them again.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, Bytes, BytesMut};
-use datamover_tcp::frame::{complete_frame, FrameError, FrameReader};
-use datamover_tcp::trace::Traced;
+use bytes::Bytes;
+use datamover::{InitiatorChannel, InitiatorDatamover, InitiatorFfpConfig, InitiatorNotice};
 use iscsi_login::{
     ChapAlgorithm, ChapCredentials, DesiredSession, DigestPreference, DiscoveredTarget,
     InitiatorAuth, InitiatorLoginConfig, SessionParams,
 };
-use iscsi_wire::{Bhs, Digests};
-use tokio::net::tcp::OwnedReadHalf;
-use tokio::sync::{mpsc, oneshot};
-use tokio::task::AbortHandle;
+use iscsi_wire::Digests;
+use tokio::sync::oneshot;
 
 use crate::conn::{self, LoginDone};
 use crate::core::{
@@ -26,7 +24,6 @@ use crate::core::{
 use crate::scsi::{self, status, Capacity, Inquiry, Sense};
 use crate::url::IscsiUrl;
 use crate::Error;
-use datamover_tcp::initiator::WriterMsg;
 
 /// The initiator name used unless the caller sets one.
 pub const DEFAULT_INITIATOR_NAME: &str = "iqn.2026-11.org.ironsan:initiator";
@@ -184,18 +181,9 @@ impl SessionConfig {
 type Waiter = oneshot::Sender<Result<Reply, TaskError>>;
 
 struct ConnHandle {
-    tx: mpsc::UnboundedSender<WriterMsg>,
-    reader: AbortHandle,
-    writer: AbortHandle,
+    dm: Arc<dyn InitiatorDatamover>,
     /// A duplicate of the socket's descriptor, lent out for TCP_INFO sampling.
     socket: Option<std::os::fd::OwnedFd>,
-}
-
-impl ConnHandle {
-    fn kill(&self) {
-        self.reader.abort();
-        self.writer.abort();
-    }
 }
 
 struct State {
@@ -224,14 +212,25 @@ impl Inner {
     }
 }
 
-/// Delivers what the core asked for: PDUs to writers, completions to waiters.
+/// Delivers what the core asked for: commands and PDUs to datamovers, completions to
+/// waiters.
 fn flush(st: &mut State) {
     let State { core, conns, .. } = st;
     for a in core.actions.drain(..) {
         match a {
+            Action::Command { conn, cmd } => {
+                if let Some(Some(h)) = conns.get(conn) {
+                    h.dm.send_command(cmd);
+                }
+            }
             Action::Send { conn, pdu } => {
                 if let Some(Some(h)) = conns.get(conn) {
-                    let _ = h.tx.send(WriterMsg::Pdu(pdu));
+                    h.dm.send_control(pdu);
+                }
+            }
+            Action::Forget { conn, itt } => {
+                if let Some(Some(h)) = conns.get(conn) {
+                    h.dm.forget(itt);
                 }
             }
             Action::Complete { token, result } => {
@@ -280,7 +279,7 @@ struct Established {
     cmd_sn: u32,
     exp_cmd_sn: u32,
     max_cmd_sn: u32,
-    conns: Vec<(conn::Stream, LoginDone)>,
+    conns: Vec<(Box<dyn InitiatorChannel>, LoginDone)>,
 }
 
 /// The transport the URL names, if this build can use it.
@@ -309,7 +308,7 @@ async fn establish(
     let mut stream =
         conn::connect(&addr, cfg.connect_timeout, cfg.trace.as_ref().map(|t| &t.0)).await?;
     let lead = conn::login(
-        &mut stream,
+        &mut *stream,
         cfg.login_config(Some(target), isid, 0, 0, 1),
         cfg.login_timeout,
     )
@@ -324,12 +323,12 @@ async fn establish(
     let cmd_sn = lead.exp_cmd_sn;
     let (exp_cmd_sn, max_cmd_sn, tsih) = (lead.exp_cmd_sn, lead.max_cmd_sn, lead.tsih);
     let want = cfg.connections.max(1).min(params.max_connections.max(1));
-    let mut conns = vec![(stream, lead)];
+    let mut conns: Vec<(Box<dyn InitiatorChannel>, LoginDone)> = vec![(stream, lead)];
     for cid in 1..want {
         let mut s =
             conn::connect(&addr, cfg.connect_timeout, cfg.trace.as_ref().map(|t| &t.0)).await?;
         let done = conn::login(
-            &mut s,
+            &mut *s,
             cfg.login_config(Some(target), isid, tsih, cid, cmd_sn),
             cfg.login_timeout,
         )
@@ -347,7 +346,8 @@ async fn establish(
     })
 }
 
-/// Puts the logged-in connections to work: reader and writer tasks, core connections.
+/// Puts the logged-in connections to work: each enters full feature phase as its
+/// transport's datamover, its notices fed to the core.
 fn install(inner: &Arc<Inner>, st: &mut State, est: Established) {
     st.generation += 1;
     let generation = st.generation;
@@ -356,34 +356,27 @@ fn install(inner: &Arc<Inner>, st: &mut State, est: Established) {
     st.core
         .reset_session(est.limits, est.cmd_sn, est.exp_cmd_sn, est.max_cmd_sn);
     st.conns.clear();
-    for (stream, done) in est.conns {
-        let digests = Digests {
-            header: done.connection.header_digest,
-            data: done.connection.data_digest,
+    for (channel, done) in est.conns {
+        let cfg = InitiatorFfpConfig {
+            digests: Digests {
+                header: done.connection.header_digest,
+                data: done.connection.data_digest,
+            },
+            max_recv_data_segment_length: done.connection.max_recv_data_segment_length,
+            max_send_data_segment_length: done.connection.max_send_data_segment_length,
+            max_burst_length: est.limits.max_burst_length,
+            exp_stat_sn: done.exp_stat_sn,
         };
-        let socket = std::os::fd::AsFd::as_fd(stream.socket())
-            .try_clone_to_owned()
-            .ok();
-        let (rd, wr) = stream.into_split();
-        let (tx, rx) = mpsc::unbounded_channel();
+        let socket = channel.socket().and_then(|fd| fd.try_clone_to_owned().ok());
         let idx = st.conns.len();
-        let writer = tokio::spawn(datamover_tcp::initiator::writer(wr, rx, digests)).abort_handle();
-        let max_recv = done.connection.max_recv_data_segment_length.max(512);
-        let reader = tokio::spawn(reader(
-            inner.clone(),
-            idx,
-            generation,
-            rd,
-            digests,
-            max_recv,
-        ))
-        .abort_handle();
-        st.conns.push(Some(ConnHandle {
-            tx,
-            reader,
-            writer,
-            socket,
-        }));
+        let weak = Arc::downgrade(inner);
+        let sink: datamover::NoticeSink = Arc::new(move |notices: &mut Vec<InitiatorNotice>| {
+            if let Some(inner) = weak.upgrade() {
+                on_notices(&inner, idx, generation, notices);
+            }
+        });
+        let dm = channel.into_full_feature(cfg, sink);
+        st.conns.push(Some(ConnHandle { dm, socket }));
         let got = st.core.add_connection(
             done.exp_stat_sn,
             done.connection.max_send_data_segment_length,
@@ -394,90 +387,30 @@ fn install(inner: &Arc<Inner>, st: &mut State, est: Established) {
     flush(st);
 }
 
-async fn reader(
-    inner: Arc<Inner>,
-    idx: usize,
-    generation: u64,
-    mut rd: FrameReader<Traced<OwnedReadHalf>>,
-    digests: Digests,
-    max_recv: u32,
-) {
-    let reason = loop {
-        if let Err(e) = rd.next_frame(digests, max_recv).await {
-            break match e {
-                FrameError::Eof => "connection lost: the target closed the connection".to_string(),
-                FrameError::Io(e) => format!("connection lost: {e}"),
-                e => format!("from the target: {e}"),
-            };
+/// A batch of notices from connection `idx`'s datamover: all handled under one lock; the
+/// first error (a protocol error, or the connection's end) ends the connection.
+fn on_notices(inner: &Arc<Inner>, idx: usize, generation: u64, notices: &mut Vec<InitiatorNotice>) {
+    let mut st = inner.lock();
+    if st.generation != generation {
+        notices.clear();
+        return;
+    }
+    let mut failed = None;
+    for n in notices.drain(..) {
+        if failed.is_none() {
+            failed = st.core.on_notice(idx, n).err();
         }
-        let mut st = inner.lock();
-        if st.generation != generation {
-            return;
-        }
-        let mut failed = None;
-        // Everything complete in the buffer is handled under one lock.
-        for _ in 0..4096 {
-            match process_one(&mut st.core, idx, rd.buffered(), digests, max_recv) {
-                Ok(true) => {}
-                Ok(false) => break,
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
-            }
-        }
-        flush(&mut st);
-        drop(st);
-        if let Some(e) = failed {
-            break e;
-        }
-    };
-    connection_lost(
-        &inner,
-        idx,
-        generation,
-        &format!("connection {idx}: {reason}"),
-    );
-}
-
-/// Handles the PDU at the front of `rbuf` if it is complete. Ok(false): need more bytes.
-fn process_one(
-    core: &mut SessionCore<Waiter>,
-    conn: usize,
-    rbuf: &mut BytesMut,
-    digests: Digests,
-    max_recv: u32,
-) -> Result<bool, String> {
-    let Some(frame) =
-        complete_frame(rbuf, digests, max_recv).map_err(|e| format!("from the target: {e}"))?
-    else {
-        return Ok(false);
-    };
-    let bhs = Bhs::decode(&frame.head)
-        .map_err(|e| format!("protocol error from the target: {e}"))?
-        .bhs;
-    let result = match bhs {
-        Bhs::DataIn(d) => {
-            // The frame leaves the receive buffer as shared bytes, so a payload that is a whole
-            // read reaches the caller without a copy.
-            let bytes = rbuf.split_to(frame.total_len()).freeze();
-            let payload = bytes.slice(frame.data_range());
-            let digest = frame.data_digest_parts(&bytes);
-            return core
-                .on_data_in(conn, &d, &payload, digest)
-                .map(|_| true)
-                .map_err(|e| e.to_string());
-        }
-        other => {
-            frame
-                .verify_data_digest(rbuf)
-                .map_err(|e| format!("{e} from the target"))?;
-            let data = Bytes::copy_from_slice(&rbuf[frame.data_range()]);
-            core.on_pdu(conn, other, data)
-        }
-    };
-    rbuf.advance(frame.total_len());
-    result.map(|_| true).map_err(|e| e.to_string())
+    }
+    flush(&mut st);
+    drop(st);
+    if let Some(e) = failed {
+        connection_lost(
+            inner,
+            idx,
+            generation,
+            &format!("connection {idx}: {}", e.0),
+        );
+    }
 }
 
 /// A connection ended: without `reconnect` the session fails (every command in flight gets
@@ -493,7 +426,7 @@ fn connection_lost(inner: &Arc<Inner>, idx: usize, generation: u64, reason: &str
         // Logging out: the target closes the other connections of the session while the
         // Logout Response is on its way; only this connection's requests end here.
         if let Some(h) = st.conns[idx].take() {
-            h.writer.abort();
+            h.dm.abort();
         }
         st.core.on_connection_lost(idx, reason, false);
         flush(&mut st);
@@ -503,11 +436,7 @@ fn connection_lost(inner: &Arc<Inner>, idx: usize, generation: u64, reason: &str
     tracing::warn!(conn = idx, "{reason}");
     for i in 0..st.conns.len() {
         if let Some(h) = st.conns[i].take() {
-            if i != idx {
-                h.kill();
-            } else {
-                h.writer.abort();
-            }
+            h.dm.abort();
             st.core.on_connection_lost(i, reason, retry);
         }
     }
@@ -787,8 +716,7 @@ impl Session {
         let mut st = self.inner.lock();
         st.generation += 1;
         for h in st.conns.iter_mut().filter_map(Option::take) {
-            let _ = h.tx.send(WriterMsg::Close);
-            h.reader.abort();
+            h.dm.close();
         }
         st.core
             .fail_all(TaskError::ConnectionLost("the session was closed".into()));
@@ -814,7 +742,7 @@ impl Session {
             {
                 let st = self.inner.lock();
                 if let Some(Some(h)) = st.conns.get(i) {
-                    h.kill();
+                    h.dm.abort();
                 }
             }
             connection_lost(&self.inner, i, g, "connection broken by the caller");
@@ -1014,7 +942,7 @@ pub async fn discover(url: &IscsiUrl, cfg: &SessionConfig) -> Result<Vec<Discove
     let mut lc = cfg.login_config(None, isid, 0, 0, 1);
     // Digests are pointless for a few hundred bytes of text; keep what the caller asked.
     lc.session.max_connections = 1;
-    let done = conn::login(&mut stream, lc, cfg.login_timeout).await?;
+    let done = conn::login(&mut *stream, lc, cfg.login_timeout).await?;
     let digests = Digests {
         header: done.connection.header_digest,
         data: done.connection.data_digest,
@@ -1022,7 +950,7 @@ pub async fn discover(url: &IscsiUrl, cfg: &SessionConfig) -> Result<Vec<Discove
     let text = tokio::time::timeout(
         cfg.login_timeout,
         conn::text_exchange(
-            &mut stream,
+            &mut *stream,
             digests,
             &done,
             done.exp_cmd_sn,
@@ -1034,7 +962,7 @@ pub async fn discover(url: &IscsiUrl, cfg: &SessionConfig) -> Result<Vec<Discove
     let _ = tokio::time::timeout(
         Duration::from_secs(5),
         conn::logout_plain(
-            &mut stream,
+            &mut *stream,
             digests,
             done.exp_cmd_sn,
             done.exp_stat_sn.wrapping_add(1),

@@ -1,6 +1,9 @@
 //! What the TCP datamover's tests share: the initiator end's view of the wire, with every
 //! digest checked by an independent CRC32C.
 
+// Each test file uses a part of this module.
+#![allow(dead_code)]
+
 use datamover::FfpConfig;
 use iscsi_session::WriteLimits;
 use iscsi_wire::{decode_pdu, Digests, Pdu, WireError};

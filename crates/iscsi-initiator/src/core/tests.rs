@@ -1,5 +1,5 @@
 use super::*;
-use iscsi_wire::{R2t, ScsiResponse};
+use iscsi_wire::{DataIn, Pdu, ScsiResponse};
 use proptest::prelude::*;
 
 type Core = SessionCore<u32>;
@@ -25,6 +25,7 @@ fn sends(c: &mut Core) -> Vec<(usize, OutPdu)> {
     for a in c.actions.drain(..) {
         match a {
             Action::Send { conn, pdu } => out.push((conn, pdu)),
+            Action::Command { conn, cmd } => out.push((conn, cmd.pdu)),
             other => rest.push(other),
         }
     }
@@ -45,6 +46,39 @@ fn completions(c: &mut Core) -> Vec<(u32, Result<Reply, TaskError>)> {
     out
 }
 
+/// The commands sent, as their datamover gets them.
+fn commands(c: &mut Core) -> Vec<CommandOut> {
+    let mut out = Vec::new();
+    let mut rest = Vec::new();
+    for a in c.actions.drain(..) {
+        match a {
+            Action::Command { cmd, .. } => out.push(cmd),
+            other => rest.push(other),
+        }
+    }
+    c.actions = rest;
+    out
+}
+
+fn status(bhs: Bhs, sense: Vec<u8>, read: Bytes) -> InitiatorNotice {
+    InitiatorNotice::Status {
+        pdu: Pdu {
+            bhs,
+            ahs: Bytes::new(),
+            data: Bytes::from(sense),
+        },
+        read,
+    }
+}
+
+fn control(bhs: Bhs) -> InitiatorNotice {
+    InitiatorNotice::Control(Pdu {
+        bhs,
+        ahs: Bytes::new(),
+        data: Bytes::new(),
+    })
+}
+
 fn response(itt: u32, stat_sn: u32, max: u32) -> Bhs {
     Bhs::ScsiResponse(ScsiResponse {
         itt,
@@ -56,12 +90,12 @@ fn response(itt: u32, stat_sn: u32, max: u32) -> Bhs {
 }
 
 #[test]
-fn read_assembles_data_in_and_phase_collapsed_status() {
+fn a_read_completes_with_the_data_its_datamover_placed() {
     let mut c = core(limits(true, false));
     let itt = c.submit(7, CommandRequest::read(0, vec![0x28; 10], 10000));
-    let s = sends(&mut c);
-    assert_eq!(s.len(), 1);
-    let Bhs::ScsiCommand(cmd) = &s[0].1.bhs else {
+    let cmds = commands(&mut c);
+    assert_eq!(cmds.len(), 1);
+    let Bhs::ScsiCommand(cmd) = &cmds[0].pdu.bhs else {
         panic!()
     };
     assert!(cmd.read && !cmd.write && cmd.final_);
@@ -69,69 +103,47 @@ fn read_assembles_data_in_and_phase_collapsed_status() {
         (cmd.cmd_sn, cmd.exp_stat_sn, cmd.expected_data_len),
         (1, 5, 10000)
     );
-    let payload: Vec<u8> = (0..10000u32).map(|i| i as u8).collect();
-    let d1 = DataIn {
-        itt,
-        data_sn: 0,
-        buffer_offset: 0,
-        ..Default::default()
-    };
-    c.on_data_in(0, &d1, &Bytes::copy_from_slice(&payload[..6000]), None)
-        .unwrap();
-    assert!(completions(&mut c).is_empty());
-    let d2 = DataIn {
+    assert_eq!((cmds[0].read_len, cmds[0].write.len()), (10000, 0));
+    // A Data-In the datamover consumed opened the window.
+    c.on_notice(
+        0,
+        InitiatorNotice::Window {
+            exp_cmd_sn: 2,
+            max_cmd_sn: 35,
+        },
+    )
+    .unwrap();
+    assert_eq!(c.window(), (2, 35));
+    let payload = Bytes::from((0..10000u32).map(|i| i as u8).collect::<Vec<_>>());
+    let last = DataIn {
         itt,
         data_sn: 1,
         buffer_offset: 6000,
         final_: true,
         status_present: true,
+        underflow: true,
+        residual: 1000,
         stat_sn: 5,
         exp_cmd_sn: 2,
         max_cmd_sn: 40,
         ..Default::default()
     };
-    c.on_data_in(0, &d2, &Bytes::copy_from_slice(&payload[6000..]), None)
+    c.on_notice(0, status(Bhs::DataIn(last), vec![], payload.clone()))
         .unwrap();
     let done = completions(&mut c);
-    assert_eq!(done.len(), 1);
-    let (tok, Ok(Reply::Scsi(r))) = &done[0] else {
+    let [(7, Ok(Reply::Scsi(r)))] = &done[..] else {
         panic!("{done:?}")
     };
-    assert_eq!(*tok, 7);
     assert_eq!(r.status, 0);
-    assert_eq!(&r.data[..], &payload[..]);
+    assert_eq!(r.residual, Residual::Underflow(1000));
+    assert_eq!(r.data, payload.slice(..9000), "shortened by the residual");
     assert_eq!(c.exp_stat_sn(0), 6);
     assert_eq!(c.window(), (2, 40));
     assert_eq!(c.outstanding(), 0);
 }
 
 #[test]
-fn data_digest_is_checked_during_the_copy() {
-    let mut c = core(limits(true, false));
-    let itt = c.submit(1, CommandRequest::read(0, vec![0x28; 10], 6));
-    sends(&mut c);
-    let payload = &Bytes::from_static(b"abcdef");
-    let pad = [0u8; 2];
-    let good = digest::crc32c_append(digest::crc32c(payload), &pad);
-    let d = DataIn {
-        itt,
-        ..Default::default()
-    };
-    let e = c
-        .on_data_in(0, &d, payload, Some((good ^ 1, &pad)))
-        .unwrap_err();
-    assert!(e.0.contains("data digest"), "{e}");
-    let mut c = core(limits(true, false));
-    let itt = c.submit(1, CommandRequest::read(0, vec![0x28; 10], 6));
-    let d = DataIn {
-        itt,
-        ..Default::default()
-    };
-    c.on_data_in(0, &d, payload, Some((good, &pad))).unwrap();
-}
-
-#[test]
-fn write_sends_immediate_then_unsolicited_then_answers_r2t() {
+fn write_sends_immediate_then_unsolicited_data() {
     let mut c = core(limits(true, false));
     let data = Bytes::from((0..40000u32).map(|i| (i % 251) as u8).collect::<Vec<_>>());
     let itt = c.submit(1, CommandRequest::write(0, vec![0x2a; 10], data.clone()));
@@ -150,32 +162,22 @@ fn write_sends_immediate_then_unsolicited_then_answers_r2t() {
         })
         .collect();
     assert_eq!(outs, vec![(RESERVED_TAG, 0, 8192, 8192, true)]);
-    // The target asks for the rest.
-    let r2t = Bhs::R2t(R2t {
-        itt,
-        ttt: 77,
-        buffer_offset: 16384,
-        desired_len: 23616,
-        exp_cmd_sn: 2,
-        max_cmd_sn: 32,
-        ..Default::default()
-    });
-    c.on_pdu(0, r2t, Bytes::new()).unwrap();
-    let s = sends(&mut c);
-    let mut at = 16384usize;
-    for (i, (_, p)) in s.iter().enumerate() {
-        let Bhs::DataOut(d) = &p.bhs else { panic!() };
-        assert_eq!(
-            (d.ttt, d.data_sn, d.buffer_offset as usize),
-            (77, i as u32, at)
-        );
-        assert_eq!(&p.data[..], &data[at..at + p.data.len()]);
-        at += p.data.len();
-        assert_eq!(d.final_, i == s.len() - 1);
-    }
-    assert_eq!(at, 40000);
-    c.on_pdu(0, response(itt, 5, 33), Bytes::new()).unwrap();
+    c.on_notice(0, status(response(itt, 5, 33), vec![], Bytes::new()))
+        .unwrap();
     assert!(matches!(&completions(&mut c)[..], [(1, Ok(Reply::Scsi(r)))] if r.status == 0));
+}
+
+#[test]
+fn the_datamover_gets_the_whole_write_and_where_solicited_data_begins() {
+    let mut c = core(limits(true, false));
+    let data = Bytes::from(vec![7u8; 40000]);
+    c.submit(1, CommandRequest::write(0, vec![0x2a; 10], data.clone()));
+    let cmds = commands(&mut c);
+    assert_eq!(cmds[0].write, data);
+    assert_eq!((cmds[0].solicited_from, cmds[0].read_len), (16384, 0));
+    let mut c = core(limits(false, true));
+    c.submit(1, CommandRequest::write(0, vec![0x2a; 10], data));
+    assert_eq!(commands(&mut c)[0].solicited_from, 0);
 }
 
 #[test]
@@ -202,7 +204,8 @@ fn window_holds_commands_until_max_cmd_sn_moves() {
     c.submit(3, CommandRequest::none(0, vec![0; 6]));
     assert_eq!(sends(&mut c).len(), 2);
     assert_eq!(c.queued(), 1);
-    c.on_pdu(0, response(a, 1, 3), Bytes::new()).unwrap();
+    c.on_notice(0, status(response(a, 1, 3), vec![], Bytes::new()))
+        .unwrap();
     let s = sends(&mut c);
     assert_eq!(s.len(), 1);
     let Bhs::ScsiCommand(cmd) = &s[0].1.bhs else {
@@ -247,7 +250,8 @@ fn check_condition_carries_sense_and_residual() {
         max_cmd_sn: 33,
         ..Default::default()
     });
-    c.on_pdu(0, r, Bytes::from(sense)).unwrap();
+    c.on_notice(0, status(r, sense, Bytes::from(vec![0u8; 512])))
+        .unwrap();
     let done = completions(&mut c);
     let [(_, Ok(Reply::Scsi(r)))] = &done[..] else {
         panic!()
@@ -310,7 +314,11 @@ fn abort_task_fails_the_command() {
         exp_cmd_sn: 2,
         max_cmd_sn: 33,
     });
-    c.on_pdu(0, rsp, Bytes::new()).unwrap();
+    c.on_notice(0, control(rsp)).unwrap();
+    assert!(
+        matches!(&c.actions[..], [Action::Forget { conn: 0, itt: i }, ..] if *i == itt),
+        "the datamover drops the aborted command's data phases"
+    );
     let done = completions(&mut c);
     assert!(done
         .iter()
@@ -349,35 +357,19 @@ fn connection_loss_fails_or_requeues() {
 #[test]
 fn malformed_target_pdus_are_errors() {
     let mut c = core(limits(true, false));
-    let itt = c.submit(1, CommandRequest::read(0, vec![0x28; 10], 512));
-    // Overrun.
-    let d = DataIn {
-        itt,
-        buffer_offset: 500,
-        ..Default::default()
-    };
-    assert!(c
-        .on_data_in(0, &d, &Bytes::from(vec![0u8; 100]), None)
-        .is_err());
+    c.submit(1, CommandRequest::read(0, vec![0x28; 10], 512));
     // Unknown ITT in a response.
-    assert!(c.on_pdu(0, response(999, 1, 2), Bytes::new()).is_err());
-    // R2T beyond the write.
-    let w = c.submit(
-        2,
-        CommandRequest::write(0, vec![0x2a; 10], Bytes::from(vec![0u8; 512])),
-    );
-    let r2t = Bhs::R2t(R2t {
-        itt: w,
-        ttt: 1,
-        buffer_offset: 0,
-        desired_len: 4096,
-        ..Default::default()
-    });
-    assert!(c.on_pdu(0, r2t, Bytes::new()).is_err());
+    let e = c.on_notice(0, status(response(999, 1, 2), vec![], Bytes::new()));
+    assert!(e.unwrap_err().0.contains("unknown ITT"));
     // A request opcode from the target.
     assert!(c
-        .on_pdu(0, Bhs::NopOut(NopOut::default()), Bytes::new())
+        .on_notice(0, control(Bhs::NopOut(NopOut::default())))
         .is_err());
+    // A datamover's PDU passed up as control.
+    assert!(c.on_notice(0, control(response(1, 1, 2))).is_err());
+    // The connection's end is an error for the driver to act on.
+    let e = c.on_notice(0, InitiatorNotice::Closed("reset".into()));
+    assert_eq!(e.unwrap_err().0, "reset");
 }
 
 proptest! {
@@ -394,66 +386,14 @@ proptest! {
             head[..32].copy_from_slice(&chunk);
             head[16..20].copy_from_slice(&(if chunk[0] & 1 == 0 { r } else { w }).to_be_bytes());
             let Ok(d) = iscsi_wire::Bhs::decode(&head) else { continue };
-            let _ = match d.bhs {
-                Bhs::DataIn(di) => c.on_data_in(0, &di, &Bytes::from(data.clone()), None),
-                other => c.on_pdu(0, other, Bytes::from(data.clone())),
+            let pdu = Pdu { bhs: d.bhs, ahs: Bytes::new(), data: Bytes::from(data.clone()) };
+            let notice = if chunk[1] & 1 == 0 {
+                InitiatorNotice::Control(pdu)
+            } else {
+                InitiatorNotice::Status { pdu, read: Bytes::from(data.clone()) }
             };
+            let _ = c.on_notice(0, notice);
             c.actions.clear();
         }
     }
-}
-
-/// A read carried whole by one Data-In is handed over as the very bytes received (no copy);
-/// more data for it afterwards (a resent range) still assembles correctly.
-#[test]
-fn a_whole_read_in_one_data_in_is_not_copied() {
-    let mut c = core(limits(true, false));
-    let itt = c.submit(1, CommandRequest::read(0, vec![0x28; 10], 4096));
-    sends(&mut c);
-    let payload = Bytes::from((0..4096u32).map(|i| (i * 3) as u8).collect::<Vec<_>>());
-    let d = DataIn {
-        itt,
-        final_: true,
-        status_present: true,
-        ..Default::default()
-    };
-    c.on_data_in(0, &d, &payload, None).unwrap();
-    let done = completions(&mut c);
-    let (_, Ok(Reply::Scsi(r))) = &done[0] else {
-        panic!("{done:?}")
-    };
-    assert_eq!(r.data, payload);
-    assert_eq!(
-        r.data.as_ptr(),
-        payload.as_ptr(),
-        "the received bytes themselves"
-    );
-
-    let itt = c.submit(2, CommandRequest::read(0, vec![0x28; 10], 4096));
-    sends(&mut c);
-    let d0 = DataIn {
-        itt,
-        ..Default::default()
-    };
-    c.on_data_in(0, &d0, &payload, None).unwrap();
-    let mut again = payload.to_vec();
-    again[..10].fill(0xEE);
-    let d1 = DataIn {
-        itt,
-        data_sn: 1,
-        final_: true,
-        status_present: true,
-        ..Default::default()
-    };
-    c.on_data_in(0, &d1, &Bytes::from(again[..10].to_vec()), None)
-        .unwrap();
-    let done = completions(&mut c);
-    let (_, Ok(Reply::Scsi(r))) = &done[0] else {
-        panic!("{done:?}")
-    };
-    assert_eq!(
-        &r.data[..],
-        &again[..],
-        "the later range overwrote the start"
-    );
 }

@@ -1,11 +1,13 @@
-//! The conformance kit: one suite, written against the traits, that every target-side
-//! datamover must pass — read data before its status, write data gathered from immediate,
+//! The conformance kit: suites written against the traits. This module's is the one every
+//! target-side datamover must pass (module [`initiator`] has the initiator side's) — read data before its status, write data gathered from immediate,
 //! unsolicited and solicited parts, aborts and connection loss freeing waiters, bad data
 //! reported for a Reject and failing only its command, statuses numbered in wire order,
 //! read data produced into the buffers the datamover lends. A transport runs it by
 //! providing a [`KitTransport`]: a datamover under test joined to a [`KitInitiator`], that transport's initiator end driven in iSCSI terms (a TCP peer
 //! speaks Data-In/R2T/Data-Out PDUs; an iSER peer registers buffers the target reads and
 //! writes). [`conformance_tests!`](crate::conformance_tests) expands to one test per case.
+
+pub mod initiator;
 
 use crate::{CollapsedStatus, Datamover, DmError, FfpConfig, Notice, TaskRef, WriteHandle};
 use async_trait::async_trait;

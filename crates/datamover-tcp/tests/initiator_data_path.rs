@@ -1,0 +1,346 @@
+//! The initiator's TCP data path (`datamover_tcp::initiator::DataPath`), sans IO: target
+//! PDUs encoded by the codec (digests from the reference CRC32C) go in as bytes; Data-Out,
+//! notices and errors come out.
+
+use bytes::{Bytes, BytesMut};
+use datamover::{CommandOut, InitiatorFfpConfig, InitiatorNotice};
+use datamover_tcp::initiator::DataPath;
+use iscsi_wire::{encode_pdu, Bhs, DataIn, Digests, NopIn, Pdu, R2t, ScsiCommand, ScsiResponse};
+use proptest::prelude::*;
+
+mod common;
+
+const PLAIN: Digests = Digests {
+    header: false,
+    data: false,
+};
+const DIGESTS: Digests = Digests {
+    header: true,
+    data: true,
+};
+
+fn path(digests: Digests) -> DataPath {
+    DataPath::new(InitiatorFfpConfig {
+        digests,
+        max_recv_data_segment_length: 8192,
+        max_send_data_segment_length: 4096,
+        max_burst_length: 65536,
+        exp_stat_sn: 5,
+    })
+}
+
+fn command(p: &mut DataPath, itt: u32, read_len: u32, write: Bytes, solicited_from: u32) {
+    let bhs = Bhs::ScsiCommand(ScsiCommand {
+        immediate: false,
+        final_: true,
+        read: read_len > 0,
+        write: !write.is_empty(),
+        attr: 1,
+        lun: 0x0001_0000_0000_0000,
+        itt,
+        expected_data_len: read_len.max(write.len() as u32),
+        cmd_sn: 1,
+        exp_stat_sn: 5,
+        cdb: [0; 16],
+    });
+    p.command(&CommandOut {
+        pdu: Pdu {
+            bhs,
+            ahs: Bytes::new(),
+            data: Bytes::new(),
+        },
+        write,
+        solicited_from,
+        read_len,
+    });
+}
+
+fn wire(bhs: Bhs, data: &[u8], digests: Digests) -> Vec<u8> {
+    let crc = common::reference_crc32c;
+    let pdu = Pdu {
+        bhs,
+        ahs: Bytes::new(),
+        data: Bytes::copy_from_slice(data),
+    };
+    let h: Option<iscsi_wire::CrcFn> = digests.header.then_some(&crc);
+    let d: Option<iscsi_wire::CrcFn> = digests.data.then_some(&crc);
+    encode_pdu(&pdu, h, d)
+}
+
+/// Feeds `bytes` and handles every complete PDU: (Data-Out sent, notices, first error).
+fn feed(p: &mut DataPath, bytes: &[u8]) -> (Vec<Pdu>, Vec<InitiatorNotice>, Option<String>) {
+    let mut buf = BytesMut::from(bytes);
+    let (mut out, mut notices) = (Vec::new(), Vec::new());
+    for _ in 0..1000 {
+        match p.receive(&mut buf, &mut out, &mut notices) {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(e) => return (out, notices, Some(e)),
+        }
+    }
+    notices.extend(p.take_window());
+    (out, notices, None)
+}
+
+fn data_in(itt: u32, data_sn: u32, offset: u32, status: bool) -> DataIn {
+    DataIn {
+        itt,
+        data_sn,
+        buffer_offset: offset,
+        final_: status,
+        status_present: status,
+        stat_sn: 5,
+        exp_cmd_sn: 2,
+        max_cmd_sn: 40,
+        ..Default::default()
+    }
+}
+
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len as u32).map(|i| (i % 251) as u8).collect()
+}
+
+#[test]
+fn read_data_is_assembled_and_arrives_with_the_collapsed_status() {
+    for digests in [PLAIN, DIGESTS] {
+        let mut p = path(digests);
+        command(&mut p, 7, 10000, Bytes::new(), 0);
+        let payload = pattern(10000);
+        let mut bytes = wire(
+            Bhs::DataIn(data_in(7, 0, 0, false)),
+            &payload[..6000],
+            digests,
+        );
+        let (_, notices, err) = feed(&mut p, &bytes);
+        assert!(err.is_none());
+        assert!(
+            matches!(
+                &notices[..],
+                [InitiatorNotice::Window {
+                    exp_cmd_sn: 2,
+                    max_cmd_sn: 40
+                }]
+            ),
+            "{notices:?}"
+        );
+        bytes = wire(
+            Bhs::DataIn(data_in(7, 1, 6000, true)),
+            &payload[6000..],
+            digests,
+        );
+        let (_, notices, err) = feed(&mut p, &bytes);
+        assert!(err.is_none());
+        let [InitiatorNotice::Status { pdu, read }] = &notices[..] else {
+            panic!("{notices:?}")
+        };
+        assert!(matches!(&pdu.bhs, Bhs::DataIn(d) if d.status_present && d.itt == 7));
+        assert_eq!(&read[..], &payload[..]);
+        assert_eq!(p.in_flight(), 0);
+    }
+}
+
+#[test]
+fn a_data_digest_error_ends_the_connection() {
+    let mut p = path(DIGESTS);
+    command(&mut p, 1, 6, Bytes::new(), 0);
+    let mut bytes = wire(Bhs::DataIn(data_in(1, 0, 0, true)), b"abcdef", DIGESTS);
+    let n = bytes.len();
+    bytes[n - 1] ^= 1;
+    let (_, notices, err) = feed(&mut p, &bytes);
+    assert!(notices.is_empty());
+    assert!(err.unwrap().contains("data digest"));
+    // The same bytes unharmed are accepted.
+    let mut p = path(DIGESTS);
+    command(&mut p, 1, 6, Bytes::new(), 0);
+    let bytes = wire(Bhs::DataIn(data_in(1, 0, 0, true)), b"abcdef", DIGESTS);
+    let (_, notices, err) = feed(&mut p, &bytes);
+    assert!(err.is_none());
+    assert!(
+        matches!(&notices[..], [InitiatorNotice::Status { read, .. }] if &read[..] == b"abcdef")
+    );
+}
+
+#[test]
+fn an_r2t_is_answered_with_a_data_out_sequence() {
+    let mut p = path(PLAIN);
+    let data = Bytes::from(pattern(40000));
+    command(&mut p, 3, 0, data.clone(), 16384);
+    let r2t = Bhs::R2t(R2t {
+        itt: 3,
+        ttt: 77,
+        buffer_offset: 16384,
+        desired_len: 23616,
+        stat_sn: 5,
+        exp_cmd_sn: 2,
+        max_cmd_sn: 32,
+        ..Default::default()
+    });
+    let (out, notices, err) = feed(&mut p, &wire(r2t, &[], PLAIN));
+    assert!(err.is_none());
+    assert!(matches!(
+        &notices[..],
+        [InitiatorNotice::Window { max_cmd_sn: 32, .. }]
+    ));
+    let mut at = 16384usize;
+    for (i, pdu) in out.iter().enumerate() {
+        let Bhs::DataOut(d) = &pdu.bhs else { panic!() };
+        assert_eq!(
+            (
+                d.ttt,
+                d.data_sn,
+                d.buffer_offset as usize,
+                d.lun,
+                d.exp_stat_sn
+            ),
+            (77, i as u32, at, 0x0001_0000_0000_0000, 5)
+        );
+        assert!(pdu.data.len() <= 4096);
+        assert_eq!(&pdu.data[..], &data[at..at + pdu.data.len()]);
+        at += pdu.data.len();
+        assert_eq!(d.final_, i == out.len() - 1);
+    }
+    assert_eq!(at, 40000);
+    // The status ends the task; its StatSN moves the Data-Out's ExpStatSN on.
+    let rsp = Bhs::ScsiResponse(ScsiResponse {
+        itt: 3,
+        stat_sn: 5,
+        ..Default::default()
+    });
+    let (_, notices, _) = feed(&mut p, &wire(rsp, &[], PLAIN));
+    assert!(matches!(&notices[..], [InitiatorNotice::Status { read, .. }] if read.is_empty()));
+    assert_eq!(p.in_flight(), 0);
+}
+
+#[test]
+fn protocol_errors_from_the_target_end_the_connection() {
+    let cases: Vec<(&str, Bhs, Vec<u8>)> = vec![
+        (
+            "overruns",
+            Bhs::DataIn(data_in(1, 0, 500, false)),
+            vec![0; 100],
+        ),
+        ("DataSN", Bhs::DataIn(data_in(1, 3, 0, false)), vec![0; 4]),
+        (
+            "of a 512-byte write",
+            Bhs::R2t(R2t {
+                itt: 2,
+                desired_len: 4096,
+                ..Default::default()
+            }),
+            vec![],
+        ),
+        (
+            "exceeds MaxBurstLength",
+            Bhs::R2t(R2t {
+                itt: 3,
+                desired_len: 65536 + 512,
+                ..Default::default()
+            }),
+            vec![],
+        ),
+        (
+            "unknown ITT",
+            Bhs::R2t(R2t {
+                itt: 99,
+                desired_len: 512,
+                ..Default::default()
+            }),
+            vec![],
+        ),
+        (
+            "without the F bit",
+            Bhs::DataIn(DataIn {
+                final_: false,
+                ..data_in(1, 0, 0, true)
+            }),
+            vec![0; 4],
+        ),
+    ];
+    for (why, bhs, data) in cases {
+        let mut p = path(PLAIN);
+        command(&mut p, 1, 512, Bytes::new(), 0);
+        command(&mut p, 2, 0, Bytes::from(vec![0u8; 512]), 0);
+        command(&mut p, 3, 0, Bytes::from(vec![0u8; 200_000]), 0);
+        let (_, _, err) = feed(&mut p, &wire(bhs, &data, PLAIN));
+        let err = err.unwrap_or_else(|| panic!("no error for {why}"));
+        assert!(err.contains(why), "{err} (wanted {why})");
+    }
+}
+
+#[test]
+fn data_for_a_forgotten_task_is_dropped_and_other_pdus_pass_up() {
+    let mut p = path(PLAIN);
+    command(&mut p, 1, 512, Bytes::new(), 0);
+    p.forget(1);
+    let mut bytes = wire(Bhs::DataIn(data_in(1, 0, 0, false)), &[9; 512], PLAIN);
+    let nop = Bhs::NopIn(NopIn {
+        itt: 0xffff_ffff,
+        ttt: 4,
+        stat_sn: 5,
+        ..Default::default()
+    });
+    bytes.extend(wire(nop, b"ping", PLAIN));
+    let (out, notices, err) = feed(&mut p, &bytes);
+    assert!(err.is_none() && out.is_empty());
+    assert!(
+        matches!(&notices[..], [InitiatorNotice::Control(pdu), InitiatorNotice::Window { .. }] if &pdu.data[..] == b"ping"),
+        "{notices:?}"
+    );
+}
+
+/// A read carried whole by one Data-In is handed over as the very bytes received (no copy);
+/// more data for it afterwards (a resent range) still assembles correctly.
+#[test]
+fn a_whole_read_in_one_data_in_is_not_copied() {
+    let mut p = path(PLAIN);
+    command(&mut p, 1, 4096, Bytes::new(), 0);
+    let payload = pattern(4096);
+    let mut buf = BytesMut::from(&wire(Bhs::DataIn(data_in(1, 0, 0, true)), &payload, PLAIN)[..]);
+    let payload_at = buf.as_ptr() as usize + 48;
+    let (mut out, mut notices) = (Vec::new(), Vec::new());
+    assert!(p.receive(&mut buf, &mut out, &mut notices).unwrap());
+    let [InitiatorNotice::Status { read, .. }] = &notices[..] else {
+        panic!("{notices:?}")
+    };
+    assert_eq!(&read[..], &payload[..]);
+    assert_eq!(
+        read.as_ptr() as usize,
+        payload_at,
+        "the received bytes themselves"
+    );
+
+    command(&mut p, 2, 4096, Bytes::new(), 0);
+    let mut again = payload.clone();
+    again[..10].fill(0xEE);
+    let mut bytes = wire(Bhs::DataIn(data_in(2, 0, 0, false)), &payload, PLAIN);
+    bytes.extend(wire(
+        Bhs::DataIn(data_in(2, 1, 0, true)),
+        &again[..10],
+        PLAIN,
+    ));
+    let (_, notices, err) = feed(&mut p, &bytes);
+    assert!(err.is_none());
+    let [InitiatorNotice::Status { read, .. }, ..] = &notices[..] else {
+        panic!("{notices:?}")
+    };
+    assert_eq!(&read[..], &again[..], "the later range overwrote the start");
+}
+
+proptest! {
+    #[test]
+    fn random_target_bytes_never_panic(
+        raw in proptest::collection::vec(proptest::array::uniform32(any::<u8>()), 1..20),
+        data in proptest::collection::vec(any::<u8>(), 0..600),
+    ) {
+        let mut p = path(PLAIN);
+        command(&mut p, 1, 4096, Bytes::new(), 0);
+        command(&mut p, 2, 0, Bytes::from(vec![1u8; 70000]), 8192);
+        for chunk in raw {
+            let mut head = [0u8; 48];
+            head[..32].copy_from_slice(&chunk);
+            head[16..20].copy_from_slice(&(1 + u32::from(chunk[0] & 1)).to_be_bytes());
+            let Ok(d) = Bhs::decode(&head) else { continue };
+            let _ = feed(&mut p, &wire(d.bhs, &data, PLAIN));
+        }
+    }
+}

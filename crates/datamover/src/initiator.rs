@@ -1,0 +1,82 @@
+//! The initiator's side of the seam. The session core builds every PDU it sends (SCSI
+//! Commands with their immediate data, unsolicited Data-Out, NOP-Out, task management,
+//! logout) and hands them to a connection's [`InitiatorDatamover`]; a SCSI Command goes as
+//! a [`CommandOut`], together with the data it writes and the length it reads, so the
+//! transport can move the rest: TCP answers R2Ts with Data-Out and places Data-In; iSER
+//! advertises the buffers for the target's RDMA Reads and Writes. What arrives comes back as
+//! [`InitiatorNotice`]s through a [`NoticeSink`]: a command's status with its read data
+//! already placed, every other PDU from the target, the command window carried by PDUs the
+//! transport consumed, and the connection's end.
+
+use bytes::Bytes;
+use iscsi_wire::{Digests, Pdu};
+use std::sync::Arc;
+
+/// A SCSI Command to send, with what its data phases need.
+#[derive(Debug, Clone)]
+pub struct CommandOut {
+    /// The SCSI Command PDU (Extended CDB AHS, immediate data), numbered by the core.
+    pub pdu: Pdu,
+    /// All the data the command writes (empty for none). The transport moves bytes
+    /// `solicited_from..` when the target asks for them.
+    pub write: Bytes,
+    /// Where solicited write data begins (what precedes it went immediate or unsolicited).
+    pub solicited_from: u32,
+    /// Bytes of read data the command expects (0 for none).
+    pub read_len: u32,
+}
+
+/// What a connection's datamover tells the session core.
+#[derive(Debug)]
+pub enum InitiatorNotice {
+    /// A PDU that ends a SCSI command (a SCSI Response, or a Data-In carrying status), with
+    /// the command's read data as placed: `read_len` bytes, where bytes the target never sent
+    /// read as zeros (the core shortens it by an underflow residual); empty for a command
+    /// that reads nothing or that the transport no longer knows.
+    Status { pdu: Pdu, read: Bytes },
+    /// Any other PDU from the target (NOP-In, responses to task management, logout and
+    /// text, Reject, Asynchronous Message).
+    Control(Pdu),
+    /// ExpCmdSN and MaxCmdSN from PDUs the transport consumed itself (Data-In without
+    /// status, R2T): the command window may have opened.
+    Window { exp_cmd_sn: u32, max_cmd_sn: u32 },
+    /// The connection ended (the target closed it, an I/O error, or a protocol or digest
+    /// error from the target); no notice follows.
+    Closed(String),
+}
+
+/// Where a connection's notices go: called from the transport's receiving task with a batch
+/// (drained by the callee), never while the transport holds a lock of its own.
+pub type NoticeSink = Arc<dyn Fn(&mut Vec<InitiatorNotice>) + Send + Sync>;
+
+/// What full feature phase needs of a connection's negotiated parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct InitiatorFfpConfig {
+    /// Header and data digests (iSCSI/TCP only; transports without digests ignore them).
+    pub digests: Digests,
+    /// Largest data segment we accept (our declared MaxRecvDataSegmentLength).
+    pub max_recv_data_segment_length: u32,
+    /// Largest data segment the target accepts (its declared value).
+    pub max_send_data_segment_length: u32,
+    /// The session's MaxBurstLength: no solicitation may ask for more.
+    pub max_burst_length: u32,
+    /// The StatSN expected next (after the last Login Response).
+    pub exp_stat_sn: u32,
+}
+
+/// The operations the initiator's session core uses on one connection in full feature
+/// phase. None blocks: each queues for the transport's sending side.
+pub trait InitiatorDatamover: Send + Sync {
+    /// Sends a SCSI Command and takes charge of its data phases until its status arrives
+    /// (reported as [`InitiatorNotice::Status`]).
+    fn send_command(&self, cmd: CommandOut);
+    /// Sends any other PDU (Data-Out of unsolicited data, NOP-Out, task management, logout).
+    fn send_control(&self, pdu: Pdu);
+    /// Drops a command's data-phase state (it was aborted or rejected): data the target
+    /// still sends for it is discarded.
+    fn forget(&self, itt: u32);
+    /// Closes the connection once everything queued has been sent.
+    fn close(&self);
+    /// Drops the connection now, sending nothing more and reporting nothing more.
+    fn abort(&self);
+}
