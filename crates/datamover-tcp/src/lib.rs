@@ -2,7 +2,8 @@
 //! framer (BHS, AHS, padding, header and data digests, the CRC fused with the receive
 //! copy, vectored sends), [`trace`] the one tracing hook (every byte into a pcapng trace),
 //! [`target`] the target's portal, login channel and datamover (Data-In, R2T, Data-Out),
-//! [`initiator`] the initiator's connection (connect, login-phase PDUs, the writer task),
+//! [`initiator`] the initiator's connection and datamover (login-phase PDUs, then Data-In
+//! placed and R2Ts answered by a sans-IO data path),
 //! [`digest_buf`] the read buffers the target lends so data digests ride on the backend's
 //! copy.
 

@@ -5,7 +5,9 @@
 //! commands outstanding (up to the target's CmdSN window), immediate, unsolicited and
 //! solicited write data, NOP keepalive, task management, logout and reconnection by
 //! session reinstatement. The protocol logic is the sans-IO [`core::SessionCore`]; a thin
-//! tokio driver ([`Session`]) moves its PDUs over TCP. SCSI helpers (INQUIRY, READ
+//! tokio driver ([`Session`]) hands its commands and PDUs to each connection's
+//! `datamover::InitiatorDatamover` (iSCSI/TCP today), which runs the data phases and reports
+//! statuses with their read data placed. SCSI helpers (INQUIRY, READ
 //! CAPACITY, READ/WRITE 10/16, SYNCHRONIZE CACHE, UNMAP, REPORT LUNS, raw CDBs) sit on top,
 //! and [`bench`] is the access generator behind `ironsan bench`.
 //!
