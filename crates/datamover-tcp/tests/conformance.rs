@@ -4,49 +4,28 @@
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use datamover::conformance::{KitEvent, KitInitiator, KitTransport};
-use datamover::{CmdSnState, Datamover, FfpConfig, Notice};
+use datamover::conformance::{KitConnection, KitEvent, KitInitiator, KitTransport};
+use datamover::{CmdSnState, FfpConfig};
 use datamover_tcp::TcpConnection;
-use iscsi_wire::{Bhs, DataOut, Digests, Pdu, ScsiCommand, RESERVED_TAG};
+use iscsi_wire::{Bhs, DataOut, Pdu, ScsiCommand, RESERVED_TAG};
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
 
 mod common;
 
-struct Tcp {
-    digests: Digests,
-}
+use common::Tcp;
 
-const PLAIN: Tcp = Tcp {
-    digests: Digests {
-        header: false,
-        data: false,
-    },
-};
-const DIGESTS: Tcp = Tcp {
-    digests: Digests {
-        header: true,
-        data: true,
-    },
-};
+const PLAIN: Tcp = Tcp(common::PLAIN);
+const DIGESTS: Tcp = Tcp(common::DIGESTS);
 
 #[async_trait]
 impl KitTransport for Tcp {
     fn config(&self) -> FfpConfig {
-        common::config(self.digests, false, 1)
+        common::config(self.0, false, 1)
     }
 
-    async fn connect(
-        &self,
-    ) -> (
-        Arc<dyn Datamover>,
-        mpsc::Receiver<Notice>,
-        Box<dyn KitInitiator>,
-    ) {
+    async fn connect(&self) -> KitConnection {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let peer = TcpStream::connect(listener.local_addr().unwrap())
             .await
@@ -55,9 +34,7 @@ impl KitTransport for Tcp {
         let conn = TcpConnection::new(ours, None).unwrap();
         let (dm, notices) = conn.into_full_feature(self.config(), CmdSnState::new(1, 64));
         let peer = TcpPeer {
-            stream: Some(peer),
-            digests: self.digests,
-            buf: Vec::new(),
+            socket: common::PeerSocket::new(peer, self.0),
             writes: HashMap::new(),
             pending: Vec::new(),
             max_send: 8192,
@@ -67,9 +44,7 @@ impl KitTransport for Tcp {
 }
 
 struct TcpPeer {
-    stream: Option<TcpStream>,
-    digests: Digests,
-    buf: Vec<u8>,
+    socket: common::PeerSocket,
     /// Write data by ITT, for answering R2Ts.
     writes: HashMap<u32, Bytes>,
     /// Events decoded but not yet returned (a collapsed status follows its data).
@@ -80,15 +55,7 @@ struct TcpPeer {
 
 impl TcpPeer {
     async fn send(&mut self, pdu: Pdu) {
-        let crc: &dyn Fn(&[u8]) -> u32 = &common::reference_crc32c;
-        let bytes = iscsi_wire::encode_pdu(
-            &pdu,
-            self.digests.header.then_some(crc),
-            self.digests.data.then_some(crc),
-        );
-        if let Some(s) = self.stream.as_mut() {
-            let _ = s.write_all(&bytes).await;
-        }
+        self.socket.send(&pdu).await
     }
 
     /// Sends `data[offset..offset + len]` of `itt` as Data-Out PDUs of at most `max_send`.
@@ -111,13 +78,6 @@ impl TcpPeer {
             sent += n;
             data_sn += 1;
         }
-    }
-
-    /// Decodes one PDU from the buffer (digests checked with the reference CRC).
-    fn decode_one(&mut self) -> Option<Pdu> {
-        let (pdu, used) = common::decode_checked(&self.buf, self.digests)?;
-        self.buf.drain(..used);
-        Some(pdu)
     }
 
     /// Handles one PDU: R2Ts are answered here; everything else becomes events.
@@ -210,25 +170,16 @@ impl KitInitiator for TcpPeer {
             if !self.pending.is_empty() {
                 return Some(self.pending.remove(0));
             }
-            if let Some(pdu) = self.decode_one() {
-                self.on_pdu(pdu).await;
-                continue;
-            }
-            let stream = self.stream.as_mut()?;
-            let mut chunk = vec![0u8; 256 * 1024];
-            match tokio::time::timeout_at(deadline, stream.read(&mut chunk)).await {
-                Err(_) => return None,
-                Ok(Ok(0)) | Ok(Err(_)) => {
-                    self.stream = None;
-                    return Some(KitEvent::Closed);
-                }
-                Ok(Ok(n)) => self.buf.extend_from_slice(&chunk[..n]),
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self.socket.recv(left).await? {
+                Some(pdu) => self.on_pdu(pdu).await,
+                None => return Some(KitEvent::Closed),
             }
         }
     }
 
     fn disconnect(&mut self) {
-        self.stream = None;
+        self.socket.disconnect()
     }
 }
 

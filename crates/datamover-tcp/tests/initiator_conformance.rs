@@ -8,37 +8,24 @@ use bytes::Bytes;
 use datamover::conformance::initiator::{InitiatorKitTransport, KitArrival, KitTarget};
 use datamover::{InitiatorChannel, InitiatorDatamover, InitiatorFfpConfig, NoticeSink};
 use datamover_tcp::initiator::TcpInitiatorConnection;
-use iscsi_wire::{Bhs, DataIn, Digests, Pdu, R2t};
+use iscsi_wire::{Bhs, DataIn, Pdu, R2t};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 mod common;
 
-struct Tcp {
-    digests: Digests,
-}
+use common::Tcp;
 
-const PLAIN: Tcp = Tcp {
-    digests: Digests {
-        header: false,
-        data: false,
-    },
-};
-const DIGESTS: Tcp = Tcp {
-    digests: Digests {
-        header: true,
-        data: true,
-    },
-};
+const PLAIN: Tcp = Tcp(common::PLAIN);
+const DIGESTS: Tcp = Tcp(common::DIGESTS);
 
 #[async_trait]
 impl InitiatorKitTransport for Tcp {
     fn config(&self) -> InitiatorFfpConfig {
         InitiatorFfpConfig {
-            digests: self.digests,
+            digests: self.0,
             max_recv_data_segment_length: 8192,
             max_send_data_segment_length: 4096,
             max_burst_length: 32768,
@@ -55,9 +42,7 @@ impl InitiatorKitTransport for Tcp {
         );
         let dm = Box::new(ours.unwrap()).into_full_feature(self.config(), sink);
         let target = TcpTarget {
-            stream: Some(peer.unwrap().0),
-            digests: self.digests,
-            buf: Vec::new(),
+            socket: common::PeerSocket::new(peer.unwrap().0, self.0),
             pending: VecDeque::new(),
             data_sn: HashMap::new(),
             next_ttt: 1,
@@ -68,9 +53,7 @@ impl InitiatorKitTransport for Tcp {
 }
 
 struct TcpTarget {
-    stream: Option<TcpStream>,
-    digests: Digests,
-    buf: Vec<u8>,
+    socket: common::PeerSocket,
     /// PDUs received while waiting for Data-Out.
     pending: VecDeque<Pdu>,
     /// The next Data-In DataSN of each task.
@@ -80,38 +63,15 @@ struct TcpTarget {
     max_send: u32,
 }
 
-impl TcpTarget {
-    /// The next PDU from the initiator, `None` at its end or after `timeout`.
-    async fn read_pdu(&mut self, timeout: Duration) -> Option<Result<Pdu, ()>> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            if let Some((pdu, used)) = common::decode_checked(&self.buf, self.digests) {
-                self.buf.drain(..used);
-                return Some(Ok(pdu));
-            }
-            let stream = self.stream.as_mut()?;
-            let mut chunk = vec![0u8; 256 * 1024];
-            match tokio::time::timeout_at(deadline, stream.read(&mut chunk)).await {
-                Err(_) => return None,
-                Ok(Ok(0)) | Ok(Err(_)) => {
-                    self.stream = None;
-                    return Some(Err(()));
-                }
-                Ok(Ok(n)) => self.buf.extend_from_slice(&chunk[..n]),
-            }
-        }
-    }
-}
-
 #[async_trait]
 impl KitTarget for TcpTarget {
     async fn next(&mut self, timeout: Duration) -> Option<KitArrival> {
         if let Some(p) = self.pending.pop_front() {
             return Some(KitArrival::Pdu(p));
         }
-        match self.read_pdu(timeout).await? {
-            Ok(p) => Some(KitArrival::Pdu(p)),
-            Err(()) => Some(KitArrival::Closed),
+        match self.socket.recv(timeout).await? {
+            Some(p) => Some(KitArrival::Pdu(p)),
+            None => Some(KitArrival::Closed),
         }
     }
 
@@ -150,8 +110,8 @@ impl KitTarget for TcpTarget {
         let mut got = Vec::new();
         let mut data_sn = 0;
         loop {
-            let pdu = match self.read_pdu(datamover::conformance::WAIT).await {
-                Some(Ok(p)) => p,
+            let pdu = match self.socket.recv(datamover::conformance::WAIT).await {
+                Some(Some(p)) => p,
                 other => panic!("Data-Out for TTT {ttt} did not come: {other:?}"),
             };
             let Bhs::DataOut(d) = &pdu.bhs else {
@@ -174,19 +134,11 @@ impl KitTarget for TcpTarget {
     }
 
     async fn send(&mut self, pdu: Pdu) {
-        let crc: &dyn Fn(&[u8]) -> u32 = &common::reference_crc32c;
-        let bytes = iscsi_wire::encode_pdu(
-            &pdu,
-            self.digests.header.then_some(crc),
-            self.digests.data.then_some(crc),
-        );
-        if let Some(s) = self.stream.as_mut() {
-            let _ = s.write_all(&bytes).await;
-        }
+        self.socket.send(&pdu).await
     }
 
     fn disconnect(&mut self) {
-        self.stream = None;
+        self.socket.disconnect()
     }
 }
 

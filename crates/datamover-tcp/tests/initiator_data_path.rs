@@ -3,21 +3,14 @@
 //! notices and errors come out.
 
 use bytes::{Bytes, BytesMut};
-use datamover::{CommandOut, InitiatorFfpConfig, InitiatorNotice};
+use datamover::{InitiatorFfpConfig, InitiatorNotice};
 use datamover_tcp::initiator::DataPath;
-use iscsi_wire::{encode_pdu, Bhs, DataIn, Digests, NopIn, Pdu, R2t, ScsiCommand, ScsiResponse};
+use iscsi_wire::{Bhs, DataIn, Digests, NopIn, Pdu, R2t, ScsiResponse};
 use proptest::prelude::*;
 
 mod common;
 
-const PLAIN: Digests = Digests {
-    header: false,
-    data: false,
-};
-const DIGESTS: Digests = Digests {
-    header: true,
-    data: true,
-};
+use common::{DIGESTS, PLAIN};
 
 fn path(digests: Digests) -> DataPath {
     DataPath::new(InitiatorFfpConfig {
@@ -30,41 +23,15 @@ fn path(digests: Digests) -> DataPath {
 }
 
 fn command(p: &mut DataPath, itt: u32, read_len: u32, write: Bytes, solicited_from: u32) {
-    let bhs = Bhs::ScsiCommand(ScsiCommand {
-        immediate: false,
-        final_: true,
-        read: read_len > 0,
-        write: !write.is_empty(),
-        attr: 1,
-        lun: 0x0001_0000_0000_0000,
-        itt,
-        expected_data_len: read_len.max(write.len() as u32),
-        cmd_sn: 1,
-        exp_stat_sn: 5,
-        cdb: [0; 16],
-    });
-    p.command(&CommandOut {
-        pdu: Pdu {
-            bhs,
-            ahs: Bytes::new(),
-            data: Bytes::new(),
-        },
-        write,
-        solicited_from,
-        read_len,
-    });
+    let mut cmd = datamover::conformance::initiator::command(itt, read_len, write, solicited_from);
+    if let Bhs::ScsiCommand(c) = &mut cmd.pdu.bhs {
+        c.lun = 0x0001_0000_0000_0000;
+    }
+    p.command(&cmd);
 }
 
 fn wire(bhs: Bhs, data: &[u8], digests: Digests) -> Vec<u8> {
-    let crc = common::reference_crc32c;
-    let pdu = Pdu {
-        bhs,
-        ahs: Bytes::new(),
-        data: Bytes::copy_from_slice(data),
-    };
-    let h: Option<iscsi_wire::CrcFn> = digests.header.then_some(&crc);
-    let d: Option<iscsi_wire::CrcFn> = digests.data.then_some(&crc);
-    encode_pdu(&pdu, h, d)
+    common::encode(&Pdu::new(bhs, Bytes::copy_from_slice(data)), digests)
 }
 
 /// Feeds `bytes` and handles every complete PDU: (Data-Out sent, notices, first error).

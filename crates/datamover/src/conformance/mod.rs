@@ -59,19 +59,20 @@ pub trait KitInitiator: Send {
     fn disconnect(&mut self);
 }
 
+/// A datamover under test, its notices, and the initiator end it is connected to.
+pub type KitConnection = (
+    Arc<dyn Datamover>,
+    mpsc::Receiver<Notice>,
+    Box<dyn KitInitiator>,
+);
+
 /// A transport under test: makes connected pairs.
 #[async_trait]
 pub trait KitTransport: Sync {
     /// The parameters the datamover was set up with (the suite sizes transfers by them).
     fn config(&self) -> FfpConfig;
     /// A datamover (with its notices) connected to an initiator end.
-    async fn connect(
-        &self,
-    ) -> (
-        Arc<dyn Datamover>,
-        mpsc::Receiver<Notice>,
-        Box<dyn KitInitiator>,
-    );
+    async fn connect(&self) -> KitConnection;
 }
 
 fn pattern(len: usize, seed: u32) -> Bytes {
