@@ -5,7 +5,8 @@
 
 use std::collections::HashMap;
 
-use iscsi_wire::{decode_pdu, Digests, BHS_LEN, MAX_DATA_SEGMENT};
+use iscsi_wire::MAX_DATA_SEGMENT;
+use iser::IserError;
 use iwarp::ddp::{DdpHeader, Opcode as RdmapOpcode, QN_SEND};
 use serde::Serialize;
 
@@ -13,7 +14,7 @@ use crate::iscsi::{DigestCheck, Dir, FramedPdu};
 use crate::tcp::Chunk;
 
 /// iSER header length (RFC 7145 layout, as Linux uses it).
-pub const ISER_HEADER_LEN: usize = 28;
+pub use iser::ISER_HEADER_LEN;
 const MPA_HEADER_LEN: usize = 20;
 
 /// RDMA traffic that is not an iSCSI PDU.
@@ -171,27 +172,25 @@ impl IserDecoder {
     }
 
     fn iscsi_in_send(&mut self, m: Message, ts_ns: u64, frame: u64) -> Option<FramedPdu> {
-        // iSER opcode 1 (high nibble) = iSCSI control-type PDU; Hello/HelloReply carry none.
-        if m.data.len() < ISER_HEADER_LEN + BHS_LEN || m.data[0] >> 4 != 1 {
-            return None;
-        }
-        let pdu_bytes = &m.data[ISER_HEADER_LEN..];
-        // No digests on iSER; the data segment may or may not be padded in the Send.
-        let mut padded = pdu_bytes.to_vec();
-        padded.resize(pdu_bytes.len().next_multiple_of(4), 0);
-        let Ok(d) = decode_pdu(&padded, Digests::default(), MAX_DATA_SEGMENT) else {
-            self.stats.malformed += 1;
-            return None;
+        let wire_len = m.data.len() as u64;
+        let send = match iser::parse_send(&bytes::Bytes::from(m.data), MAX_DATA_SEGMENT) {
+            Ok(send) => send,
+            // Hello/HelloReply (or a header of no known opcode) carry no iSCSI PDU.
+            Err(IserError::Hello | IserError::BadFlags(_)) => return None,
+            Err(_) => {
+                self.stats.malformed += 1;
+                return None;
+            }
         };
         Some(FramedPdu {
             offset: m.offset,
             first_ts_ns: m.first_ts_ns,
             ts_ns,
             frame,
-            wire_len: m.data.len() as u64,
-            bhs: d.pdu.bhs,
-            ahs: d.pdu.ahs.to_vec(),
-            data: d.pdu.data.to_vec(),
+            wire_len,
+            bhs: send.pdu.bhs,
+            ahs: send.pdu.ahs.to_vec(),
+            data: send.pdu.data.to_vec(),
             header_digest: DigestCheck::Absent,
             data_digest: DigestCheck::Absent,
         })
