@@ -152,21 +152,31 @@ impl Listener for RnicListener {
         if n <= 0 {
             return Ok(None);
         }
-        let (mut s, peer) = match self.sock.accept() {
+        let (s, peer) = match self.sock.accept() {
             Ok(v) => v,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(None),
             Err(e) => return Err(e.into()),
         };
         s.set_nonblocking(false)?;
+        Request::read_from(s, peer, REQUEST_TIMEOUT).map(Some)
+    }
+}
+
+impl Request {
+    /// Reads the MPA Request from a TCP connection someone else accepted (a listener that
+    /// serves iSCSI/TCP and iWARP on one port, telling them apart by the first bytes),
+    /// waiting at most `timeout` for it. The stream must be in blocking mode. A Request this
+    /// RNIC cannot serve (markers, a bad revision) is refused with a rejecting Reply.
+    pub fn read_from(mut s: TcpStream, peer: SocketAddr, timeout: Duration) -> Result<Request> {
         tune(&s)?;
-        s.set_read_timeout(Some(REQUEST_TIMEOUT))?;
+        s.set_read_timeout(Some(timeout))?;
         let frame = read_frame(&mut s, MpaKind::Request)?;
         match mpa::parse_request(frame.clone()) {
-            Ok(req) => Ok(Some(Request {
+            Ok(req) => Ok(Request {
                 stream: s,
                 req,
                 peer,
-            })),
+            }),
             Err(e) => {
                 // Refuse markers / bad revisions with a rejecting Reply, as siw does.
                 let fake = PeerRequest {

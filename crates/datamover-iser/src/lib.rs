@@ -1,0 +1,14 @@
+//! iSCSI over RDMA (iSER, RFC 7145 as Linux speaks it) behind the `datamover` traits, over the
+//! `rdma` API, so it runs on ironsan's software iWARP RNIC and on rdma-core devices.
+//! [`endpoint`] is one connection as iSER uses it: a queue pair, a completion task woken by
+//! the completion channel, a ring of registered receive buffers kept posted (iWARP has no
+//! receiver-not-ready retry) and a pool of registered send buffers. [`target`] accepts a
+//! connection (the iSER word of the CM private data both ways) and runs the login phase in
+//! iSER mode from the first PDU. The target's full feature phase (Data-In as RDMA Writes,
+//! solicited data as RDMA Reads, status in Send with Invalidate) and the initiator's side
+//! are next.
+
+pub mod endpoint;
+pub mod target;
+
+pub use target::{accept, AcceptConfig, IserLogin};

@@ -1,0 +1,139 @@
+//! The target's end of an iSER connection: accepting a connection request (the iSER word in
+//! the private data both ways, IRD/ORD negotiated by the provider, every receive posted
+//! before the Reply goes out) and the login phase in iSER mode from the first PDU: Login
+//! Requests arrive in Sends behind a 28-byte iSER header, Login Responses leave the same way,
+//! with no Hello.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use datamover::{InPdu, LoginRecvError};
+use iscsi_wire::{Bhs, Pdu};
+use iser::{CmFlags, IserHeader};
+use rdma::{ConnParams, ConnectRequest, Provider, SendOp};
+
+use crate::endpoint::{Buffers, Device, Endpoint, Received};
+
+/// How the target sets up an iSER connection.
+#[derive(Debug, Clone, Copy)]
+pub struct AcceptConfig {
+    pub buffers: Buffers,
+    /// Answer SCSI commands with Send with Invalidate when the initiator accepts it.
+    pub send_invalidate: bool,
+    /// RDMA Reads this target issues at once (the provider clamps it to the initiator's IRD).
+    pub ord: u16,
+    /// Insist on MPA CRC (iWARP).
+    pub crc: bool,
+}
+
+/// Login text fits 8 KiB (both Linux peers size their login buffers so); full feature phase
+/// adds immediate and unsolicited data up to TargetRecvDataSegmentLength, also 8 KiB by
+/// default: one buffer size serves both phases.
+pub const DEFAULT_RECV_LEN: usize = iser::ISER_HEADERS_LEN + 8192 + 52;
+
+impl Default for AcceptConfig {
+    fn default() -> Self {
+        AcceptConfig {
+            buffers: Buffers {
+                recv_slots: 160,
+                recv_len: DEFAULT_RECV_LEN,
+                send_slots: 160,
+                send_len: DEFAULT_RECV_LEN,
+            },
+            send_invalidate: true,
+            ord: 16,
+            crc: false,
+        }
+    }
+}
+
+/// An accepted iSER connection in the login phase.
+pub struct IserLogin<P: Provider> {
+    ep: Arc<Endpoint<P>>,
+    received: Received,
+    peer: SocketAddr,
+    /// What the initiator said of itself in its private data.
+    pub initiator_flags: CmFlags,
+    /// Whether SCSI Responses go as Send with Invalidate.
+    pub send_invalidate: bool,
+    /// Inbound and outbound RDMA Read depth as negotiated.
+    pub ird_ord: (u16, u16),
+    max_recv_data: u32,
+}
+
+/// Accepts `req` on `dev`: creates the queue pair and its buffers, posts every receive, and
+/// answers with our iSER word. The provider's accept is blocking (it writes the MPA Reply),
+/// so it runs off the async threads.
+pub async fn accept<P, R>(dev: Arc<P>, req: R, cfg: AcceptConfig) -> Result<IserLogin<P>, String>
+where
+    P: Device,
+    R: ConnectRequest<Qp = P::Qp> + 'static,
+{
+    let initiator_flags = CmFlags::decode(req.private_data());
+    let peer = req.peer_addr();
+    let send_invalidate = cfg.send_invalidate && !initiator_flags.no_send_invalidate;
+    let params = ConnParams {
+        private_data: CmFlags::ours(send_invalidate).encode().to_vec(),
+        ird: 16,
+        ord: cfg.ord,
+        crc: cfg.crc,
+        ..ConnParams::default()
+    };
+    let (ep, received, poller, info) = tokio::task::spawn_blocking(move || {
+        let (ep, received, poller) =
+            Endpoint::create(dev, cfg.buffers).map_err(|e| format!("setting up: {e}"))?;
+        let info = req
+            .accept(ep.qp(), &params)
+            .map_err(|e| format!("accepting: {e}"))?;
+        Ok::<_, String>((ep, received, poller, info))
+    })
+    .await
+    .map_err(|e| format!("accept task: {e}"))??;
+    poller.start();
+    Ok(IserLogin {
+        ep,
+        received,
+        peer,
+        initiator_flags,
+        send_invalidate,
+        ird_ord: (info.ird, info.ord),
+        max_recv_data: (cfg.buffers.recv_len - iser::ISER_HEADERS_LEN) as u32,
+    })
+}
+
+impl<P: Device> IserLogin<P> {
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// The next PDU from the initiator. A Send that is no valid iSER control message ends the
+    /// connection (`Bad`).
+    pub async fn recv(&mut self) -> Result<InPdu, LoginRecvError> {
+        let bytes = match self.received.recv().await {
+            Some(Ok(b)) => b,
+            Some(Err(e)) if e == "the connection ended" => return Err(LoginRecvError::Closed),
+            Some(Err(e)) => return Err(LoginRecvError::Io(e)),
+            None => return Err(LoginRecvError::Closed),
+        };
+        let send = iser::parse_send(&bytes, self.max_recv_data)
+            .map_err(|e| LoginRecvError::Bad(e.to_string()))?;
+        Ok(InPdu {
+            pdu: send.pdu,
+            raw_bhs: send.raw_bhs,
+        })
+    }
+
+    /// Sends a login-phase PDU in a plain Send.
+    pub async fn send(&mut self, pdu: &Pdu) -> std::io::Result<()> {
+        debug_assert!(!matches!(pdu.bhs, Bhs::ScsiResponse(_)));
+        self.ep
+            .send(&IserHeader::CONTROL, pdu, SendOp::Send)
+            .await
+            .map_err(std::io::Error::other)
+    }
+
+    /// Closes the connection.
+    pub fn close(&self) {
+        self.ep.close();
+    }
+}
