@@ -63,10 +63,12 @@ pub struct Endpoint<P: Provider> {
     pending: Mutex<HashMap<u64, Pending>>,
     next_ticket: AtomicU64,
     closed: AtomicBool,
+    /// Held while a work request is stamped and posted: posting order is wire order.
+    post_lock: Mutex<()>,
     // Kept alive with the queue pair that uses them (a provider's progress may stop when
     // its last handle goes).
-    _pd: P::Pd,
-    _dev: Arc<P>,
+    pd: P::Pd,
+    dev: Arc<P>,
 }
 
 /// What the peer sent, in order; an error ends the stream (the connection is gone).
@@ -118,8 +120,9 @@ impl<P: Device> Endpoint<P> {
             pending: Mutex::new(HashMap::new()),
             next_ticket: AtomicU64::new(TICKET_BASE),
             closed: AtomicBool::new(false),
-            _pd: pd,
-            _dev: dev,
+            post_lock: Mutex::new(()),
+            pd,
+            dev,
         });
         for slot in 0..buffers.recv_slots {
             ep.post_recv(slot)?;
@@ -159,6 +162,19 @@ impl<P: Device> Endpoint<P> {
     /// Sends `pdu` behind `header` as one Send (`op`: Send, or Send with Invalidate). Waits
     /// only for a free send buffer; the completion returns it.
     pub async fn send(&self, header: &IserHeader, pdu: &Pdu, op: SendOp) -> Result<(), String> {
+        let mut pdu = pdu.clone();
+        self.send_with(header, &mut pdu, op, |_| {}).await
+    }
+
+    /// Like [`Endpoint::send`], with `stamp` applied to the PDU just before it is posted
+    /// (under the lock that orders posting), so the numbers it takes follow wire order.
+    pub async fn send_with(
+        &self,
+        header: &IserHeader,
+        pdu: &mut Pdu,
+        op: SendOp,
+        stamp: impl FnOnce(&mut Pdu),
+    ) -> Result<(), String> {
         let len = iser::send_len(pdu);
         if len > self.buffers.send_len {
             return Err(format!(
@@ -178,22 +194,31 @@ impl<P: Device> Endpoint<P> {
             .expect("send_free")
             .pop()
             .expect("a permit means a free slot");
-        let mut bytes = vec![0u8; len];
-        iser::encode_send(header, pdu, &mut bytes);
         let at = slot as usize * self.buffers.send_len;
-        self.send_mr.write_at(at, &bytes);
         let ticket = self.ticket(Pending::Send(slot));
-        let wr = SendWr {
-            wr_id: ticket,
-            op,
-            sges: vec![self.send_mr.sge(at, len)],
-            signaled: true,
+        let posted = {
+            let _order = self.post_lock.lock().expect("post lock");
+            stamp(pdu);
+            let mut bytes = vec![0u8; len];
+            iser::encode_send(header, pdu, &mut bytes);
+            self.send_mr.write_at(at, &bytes);
+            self.qp.post_send(SendWr {
+                wr_id: ticket,
+                op,
+                sges: vec![self.send_mr.sge(at, len)],
+                signaled: true,
+            })
         };
-        if let Err(e) = self.qp.post_send(wr) {
+        if let Err(e) = posted {
             self.finish(ticket, WcStatus::Flushed);
             return Err(format!("posting a Send: {e}"));
         }
         Ok(())
+    }
+
+    /// Registers `len` bytes of memory for one RDMA operation.
+    pub fn register(&self, len: usize, access: Access) -> rdma::Result<P::Mr> {
+        self.dev.reg_mr(&self.pd, len.max(1), access)
     }
 
     /// Posts `wr` (its `wr_id` is replaced) and waits for its completion: an RDMA Read or
@@ -202,7 +227,11 @@ impl<P: Device> Endpoint<P> {
         let (tx, rx) = oneshot::channel();
         wr.wr_id = self.ticket(Pending::Waiter(tx));
         let ticket = wr.wr_id;
-        if let Err(e) = self.qp.post_send(wr) {
+        let posted = {
+            let _order = self.post_lock.lock().expect("post lock");
+            self.qp.post_send(wr)
+        };
+        if let Err(e) = posted {
             self.finish(ticket, WcStatus::Flushed);
             return Err(format!("posting a work request: {e}"));
         }

@@ -8,6 +8,7 @@
 //! solicited data as RDMA Reads, status in Send with Invalidate) and the initiator's side
 //! are next.
 
+pub mod datamover;
 pub mod endpoint;
 pub mod target;
 

@@ -7,11 +7,17 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use datamover::{InPdu, LoginRecvError};
-use iscsi_wire::{Bhs, Pdu};
+use async_trait::async_trait;
+use datamover::{
+    CmdSnState, Datamover, FfpConfig, InPdu, LoginChannel, LoginRecvError, Notice, TransportKind,
+};
+use iscsi_wire::Pdu;
 use iser::{CmFlags, IserHeader};
 use rdma::{ConnParams, ConnectRequest, Provider, SendOp};
+use std::os::fd::BorrowedFd;
+use tokio::sync::mpsc;
 
+use crate::datamover::Start;
 use crate::endpoint::{Buffers, Device, Endpoint, Received};
 
 /// How the target sets up an iSER connection.
@@ -102,13 +108,29 @@ where
 }
 
 impl<P: Device> IserLogin<P> {
-    pub fn peer(&self) -> SocketAddr {
+    /// Closes the connection.
+    pub fn close(&self) {
+        self.ep.close();
+    }
+}
+
+#[async_trait]
+impl<P: Device> LoginChannel for IserLogin<P> {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Iser
+    }
+
+    fn peer(&self) -> SocketAddr {
         self.peer
+    }
+
+    fn socket(&self) -> Option<BorrowedFd<'_>> {
+        None
     }
 
     /// The next PDU from the initiator. A Send that is no valid iSER control message ends the
     /// connection (`Bad`).
-    pub async fn recv(&mut self) -> Result<InPdu, LoginRecvError> {
+    async fn recv(&mut self) -> Result<InPdu, LoginRecvError> {
         let bytes = match self.received.recv().await {
             Some(Ok(b)) => b,
             Some(Err(e)) if e == "the connection ended" => return Err(LoginRecvError::Closed),
@@ -124,16 +146,27 @@ impl<P: Device> IserLogin<P> {
     }
 
     /// Sends a login-phase PDU in a plain Send.
-    pub async fn send(&mut self, pdu: &Pdu) -> std::io::Result<()> {
-        debug_assert!(!matches!(pdu.bhs, Bhs::ScsiResponse(_)));
+    async fn send(&mut self, pdu: &Pdu) -> std::io::Result<()> {
         self.ep
             .send(&IserHeader::CONTROL, pdu, SendOp::Send)
             .await
             .map_err(std::io::Error::other)
     }
 
-    /// Closes the connection.
-    pub fn close(&self) {
-        self.ep.close();
+    fn into_full_feature(
+        self: Box<Self>,
+        cfg: FfpConfig,
+        sn: Arc<CmdSnState>,
+    ) -> (Arc<dyn Datamover>, mpsc::Receiver<Notice>) {
+        let me = *self;
+        let start = Start {
+            ep: me.ep,
+            received: me.received,
+            peer: me.peer,
+            send_invalidate: me.send_invalidate,
+            ord: me.ird_ord.1,
+            max_recv_data: me.max_recv_data,
+        };
+        crate::datamover::start(start, cfg, sn)
     }
 }

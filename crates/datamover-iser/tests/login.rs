@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use datamover::LoginRecvError;
+use datamover::{LoginChannel, LoginRecvError};
 use datamover_iser::{accept, AcceptConfig, IserLogin};
 use iscsi_wire::{Bhs, LoginRequest, LoginResponse, Pdu, Stage};
 use iser::{CmFlags, IserHeader};

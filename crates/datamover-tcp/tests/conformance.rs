@@ -152,6 +152,12 @@ impl KitInitiator for TcpPeer {
         }
     }
 
+    async fn send_write_withholding(&mut self, itt: u32, data: Bytes) {
+        let cmd = Self::command(itt, false, data.len() as u32, false);
+        self.writes.insert(itt, data);
+        self.send(Pdu::new(cmd, Bytes::new())).await
+    }
+
     async fn send_bad_data(&mut self, itt: u32) {
         let len = self.writes.get(&itt).map_or(0, |d| d.len() as u32);
         let bhs = Bhs::DataOut(DataOut {

@@ -49,6 +49,10 @@ pub trait KitInitiator: Send {
     /// command, the next `unsolicited` follow unsolicited; the rest is sent when the target
     /// solicits it (while [`KitInitiator::next_event`] runs).
     async fn send_write(&mut self, itt: u32, data: Bytes, immediate: u32, unsolicited: u32);
+    /// Sends a SCSI Command writing `data` (at most the first burst) that announces all of
+    /// it as unsolicited data (F=0) and withholds it: the target waits for data only the
+    /// peer can send, whatever the transport (an RNIC would answer solicitations itself).
+    async fn send_write_withholding(&mut self, itt: u32, data: Bytes);
     /// Sends data for `itt` that the target did not ask for and must refuse (TCP: a
     /// Data-Out beyond the expected length).
     async fn send_bad_data(&mut self, itt: u32);
@@ -320,7 +324,7 @@ pub async fn write_data_is_gathered_from_every_part(t: &dyn KitTransport) {
 /// An aborted task's `get_data` ends with `Aborted`; the connection goes on.
 pub async fn abort_frees_a_task_waiting_for_data(t: &dyn KitTransport) {
     let (dm, mut notices, mut peer) = t.connect().await;
-    peer.send_write(20, pattern(10_000, 20), 0, 0).await;
+    peer.send_write_withholding(20, pattern(8192, 20)).await;
     let (task, write) = next_command(&mut notices).await;
     let dm2 = dm.clone();
     let gather = tokio::spawn(async move { dm2.get_data(task, write.expect("handle")).await });
@@ -345,7 +349,7 @@ pub async fn abort_frees_a_task_waiting_for_data(t: &dyn KitTransport) {
 /// `Notice::Closed`; later operations fail instead of hanging.
 pub async fn connection_loss_frees_waiters(t: &dyn KitTransport) {
     let (dm, mut notices, mut peer) = t.connect().await;
-    peer.send_write(30, pattern(10_000, 30), 0, 0).await;
+    peer.send_write_withholding(30, pattern(8192, 30)).await;
     let (task, write) = next_command(&mut notices).await;
     let dm2 = dm.clone();
     let gather = tokio::spawn(async move { dm2.get_data(task, write.expect("handle")).await });
@@ -385,7 +389,11 @@ pub async fn bad_data_is_rejected_and_fails_only_its_command(t: &dyn KitTranspor
     let (dm, mut notices, mut peer) = t.connect().await;
     // Refused before the command asks for its data, and while it waits for it.
     for (itt, waiting) in [(40u32, false), (42, true)] {
-        peer.send_write(itt, pattern(8192, itt), 0, 0).await;
+        if waiting {
+            peer.send_write_withholding(itt, pattern(8192, itt)).await;
+        } else {
+            peer.send_write(itt, pattern(8192, itt), 0, 0).await;
+        }
         let (task, write) = next_command(&mut notices).await;
         let dm2 = dm.clone();
         let gather = async move { dm2.get_data(task, write.expect("handle")).await };

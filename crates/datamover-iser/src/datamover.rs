@@ -1,0 +1,484 @@
+//! The target's iSER datamover in full feature phase. What arrives are Sends: SCSI Commands
+//! (their iSER header names the initiator's Read and Write STags and addresses; immediate
+//! data rides behind the BHS), unsolicited Data-Out and control PDUs. Read data leaves as
+//! RDMA Writes into the Read STag, solicited write data is fetched with RDMA Reads from the
+//! Write STag (the initiator's Write address is where its solicited data begins, as Linux
+//! sets it), no more Reads in flight than the negotiated ORD; status goes as a Send, with
+//! Invalidate of the command's STag when negotiated, posted after the command's data so the
+//! queue pair's ordering places the data first. iSER has no phase collapse: status given
+//! with the data becomes a SCSI Response. Every PDU is stamped (StatSN, ExpCmdSN, MaxCmdSN)
+//! as it is posted, so numbers follow wire order.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use datamover::{
+    CmdSnState, CollapsedStatus, Datamover, DmError, FfpConfig, InPdu, Notice, TaskRef, WriteHandle,
+};
+use iscsi_session::{WriteLimits, WriteTransfer};
+use iscsi_wire::{Bhs, DataOut, Pdu, ScsiCommand, ScsiResponse, RESERVED_TAG};
+use iser::IserHeader;
+use rdma::{Access, MemoryRegion, SendOp, SendWr};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use crate::endpoint::{Device, Endpoint, Received};
+
+/// The initiator's buffers of one command, from its iSER header.
+#[derive(Debug, Clone, Copy, Default)]
+struct Stags {
+    read: Option<(u32, u64)>,
+    write: Option<(u32, u64)>,
+}
+
+impl Stags {
+    /// The STag a SCSI Response invalidates: the read buffer's, else the write buffer's.
+    fn invalidated_by_status(self) -> Option<u32> {
+        self.read.or(self.write).map(|(stag, _)| stag)
+    }
+}
+
+/// Write data being collected for one command.
+struct WriteSlot {
+    buf: BytesMut,
+    xfer: WriteTransfer,
+    /// Set when an unsolicited Data-Out broke the rules.
+    failed: Option<DmError>,
+    /// Woken when the unsolicited part is complete (or failed), or with the abort.
+    unsolicited_done: Option<oneshot::Sender<Result<(), DmError>>>,
+}
+
+struct Shared<P: Device> {
+    ep: Arc<Endpoint<P>>,
+    cfg: FfpConfig,
+    sn: Arc<CmdSnState>,
+    send_invalidate: bool,
+    stags: Mutex<HashMap<u32, Stags>>,
+    slots: Mutex<HashMap<u32, WriteSlot>>,
+    /// RDMA Reads in flight, bounded by the negotiated ORD.
+    reads: Semaphore,
+    next_ttt: AtomicU32,
+    peer: SocketAddr,
+}
+
+/// The iSER implementation of [`Datamover`] (target side).
+pub struct IserDatamover<P: Device> {
+    shared: Arc<Shared<P>>,
+}
+
+/// What full feature phase starts from (the accepted connection's state).
+pub(crate) struct Start<P: Device> {
+    pub ep: Arc<Endpoint<P>>,
+    pub received: Received,
+    pub peer: SocketAddr,
+    pub send_invalidate: bool,
+    pub ord: u16,
+    /// Largest data segment a Send of the initiator may carry.
+    pub max_recv_data: u32,
+}
+
+pub(crate) fn start<P: Device>(
+    s: Start<P>,
+    mut cfg: FfpConfig,
+    sn: Arc<CmdSnState>,
+) -> (Arc<dyn Datamover>, mpsc::Receiver<Notice>) {
+    // RDMA Reads fetch whole bursts: the per-PDU segment limit applies to Sends only, and
+    // the receive buffers already bound those.
+    cfg.write_limits.max_recv_data_segment_length = cfg
+        .write_limits
+        .max_recv_data_segment_length
+        .max(cfg.write_limits.max_burst_length);
+    let shared = Arc::new(Shared {
+        ep: s.ep,
+        cfg,
+        sn,
+        send_invalidate: s.send_invalidate,
+        stags: Mutex::new(HashMap::new()),
+        slots: Mutex::new(HashMap::new()),
+        reads: Semaphore::new(usize::from(s.ord.max(1))),
+        next_ttt: AtomicU32::new(1),
+        peer: s.peer,
+    });
+    let (tx, rx) = mpsc::channel(256);
+    tokio::spawn(receive(shared.clone(), s.received, tx, s.max_recv_data));
+    (Arc::new(IserDatamover { shared }), rx)
+}
+
+impl<P: Device> Shared<P> {
+    /// Posts a PDU in a Send, stamped as it is posted.
+    async fn send_pdu(&self, mut pdu: Pdu, op: SendOp) -> Result<(), DmError> {
+        let status = &self.cfg.status;
+        let sn = &self.sn;
+        self.ep
+            .send_with(&IserHeader::CONTROL, &mut pdu, op, |pdu| {
+                let (exp, max) = sn.load();
+                let mut status = status.lock().expect("status numbering");
+                pdu.bhs.set_target_sns(status.next(), exp, max);
+                if pdu.bhs.advances_stat_sn() {
+                    status.assign(pdu.clone());
+                }
+            })
+            .await
+            .map_err(|_| DmError::Closed)
+    }
+
+    fn alloc_ttt(&self) -> u32 {
+        loop {
+            let t = self.next_ttt.fetch_add(1, Ordering::Relaxed);
+            if t != RESERVED_TAG {
+                return t;
+            }
+        }
+    }
+
+    /// Fetches `len` bytes at `remote` of the initiator's `stag` with one RDMA Read.
+    async fn rdma_read(&self, stag: u32, remote: u64, len: u32) -> Result<Bytes, DmError> {
+        let _slot = self.reads.acquire().await.map_err(|_| DmError::Closed)?;
+        let mr = self
+            .ep
+            .register(len as usize, Access::LOCAL_WRITE)
+            .map_err(|_| DmError::Closed)?;
+        let wr = SendWr {
+            wr_id: 0,
+            op: SendOp::RdmaRead {
+                remote_addr: remote,
+                rkey: stag,
+            },
+            sges: vec![mr.sge(0, len as usize)],
+            signaled: true,
+        };
+        self.ep
+            .post_and_wait(wr)
+            .await
+            .map_err(|_| DmError::Closed)?;
+        let mut out = vec![0u8; len as usize];
+        mr.read_at(0, &mut out);
+        Ok(Bytes::from(out))
+    }
+}
+
+#[async_trait]
+impl<P: Device> Datamover for IserDatamover<P> {
+    async fn send_control(&self, pdu: Pdu) -> Result<(), DmError> {
+        let op = match &pdu.bhs {
+            Bhs::ScsiResponse(r) => {
+                let stags = self.shared.stags.lock().expect("stags").remove(&r.itt);
+                match stags.and_then(|s| s.invalidated_by_status()) {
+                    Some(rkey) if self.shared.send_invalidate => SendOp::SendInvalidate { rkey },
+                    _ => SendOp::Send,
+                }
+            }
+            _ => SendOp::Send,
+        };
+        self.shared.send_pdu(pdu, op).await
+    }
+
+    async fn put_data(
+        &self,
+        task: TaskRef,
+        data: Bytes,
+        _note: Option<storage::BufNote>,
+        status: Option<CollapsedStatus>,
+    ) -> Result<u32, DmError> {
+        let read = self
+            .shared
+            .stags
+            .lock()
+            .expect("stags")
+            .get(&task.itt)
+            .and_then(|s| s.read);
+        let mut ops = 0;
+        if !data.is_empty() {
+            let Some((stag, va)) = read else {
+                tracing::warn!(peer = %self.shared.peer, itt = task.itt, "read data for a command without a Read STag: closing the connection");
+                self.shared.ep.close();
+                return Err(DmError::Closed);
+            };
+            let mr = self
+                .shared
+                .ep
+                .register(data.len(), Access::NONE)
+                .map_err(|_| DmError::Closed)?;
+            mr.write_at(0, &data);
+            let wr = SendWr {
+                wr_id: 0,
+                op: SendOp::RdmaWrite {
+                    remote_addr: va,
+                    rkey: stag,
+                },
+                sges: vec![mr.sge(0, data.len())],
+                signaled: true,
+            };
+            self.shared
+                .ep
+                .post_and_wait(wr)
+                .await
+                .map_err(|_| DmError::Closed)?;
+            ops = 1;
+        }
+        if let Some(st) = status {
+            let rsp = ScsiResponse {
+                itt: task.itt,
+                status: st.status,
+                overflow: st.overflow,
+                underflow: st.underflow,
+                residual: st.residual,
+                ..Default::default()
+            };
+            self.send_control(Pdu::new(Bhs::ScsiResponse(rsp), Bytes::new()))
+                .await?;
+        }
+        Ok(ops)
+    }
+
+    fn read_buffers(&self) -> Option<Arc<dyn storage::ReadBufSource>> {
+        None
+    }
+
+    async fn get_data(&self, task: TaskRef, write: WriteHandle) -> Result<(Bytes, u32), DmError> {
+        let sh = &self.shared;
+        // First the unsolicited part, then RDMA Reads for the rest.
+        let wait = {
+            let mut slots = sh.slots.lock().expect("slots");
+            let Some(slot) = slots.get_mut(&write.itt) else {
+                return Err(DmError::Aborted);
+            };
+            if let Some(e) = slot.failed.take() {
+                slots.remove(&write.itt);
+                return Err(e);
+            }
+            if slot.xfer.awaiting_unsolicited() {
+                let (tx, rx) = oneshot::channel();
+                slot.unsolicited_done = Some(tx);
+                Some(rx)
+            } else {
+                None
+            }
+        };
+        if let Some(rx) = wait {
+            rx.await.map_err(|_| DmError::Closed)??;
+        }
+        let write_stag = sh
+            .stags
+            .lock()
+            .expect("stags")
+            .get(&task.itt)
+            .and_then(|s| s.write);
+        let mut first_solicited = None;
+        let mut reads = 0;
+        loop {
+            let r2ts = {
+                let mut slots = sh.slots.lock().expect("slots");
+                let Some(slot) = slots.get_mut(&write.itt) else {
+                    return Err(DmError::Aborted);
+                };
+                if let Some(e) = slot.failed.take() {
+                    slots.remove(&write.itt);
+                    return Err(e);
+                }
+                if slot.xfer.is_complete() {
+                    let slot = slots.remove(&write.itt).expect("present");
+                    return Ok((slot.buf.freeze(), reads));
+                }
+                slot.xfer.next_r2ts(|| sh.alloc_ttt())
+            };
+            let Some((stag, va)) = write_stag else {
+                tracing::warn!(peer = %sh.peer, itt = task.itt, "solicited data for a command without a Write STag: closing the connection");
+                sh.ep.close();
+                return Err(DmError::Closed);
+            };
+            for r in r2ts {
+                let base = *first_solicited.get_or_insert(r.offset);
+                let got = sh
+                    .rdma_read(stag, va + u64::from(r.offset - base), r.len)
+                    .await?;
+                reads += 1;
+                let mut slots = sh.slots.lock().expect("slots");
+                let Some(slot) = slots.get_mut(&write.itt) else {
+                    return Err(DmError::Aborted);
+                };
+                slot.xfer
+                    .on_data_out(r.ttt, 0, r.offset, r.len, true)
+                    .map_err(|e| DmError::DataPhase {
+                        why: e.to_string(),
+                        raw_bhs: [0; 48],
+                    })?;
+                let off = r.offset as usize;
+                slot.buf[off..off + got.len()].copy_from_slice(&got);
+            }
+        }
+    }
+
+    fn abort_task(&self, itt: u32) {
+        let slot = self.shared.slots.lock().expect("slots").remove(&itt);
+        if let Some(tx) = slot.and_then(|s| s.unsolicited_done) {
+            let _ = tx.send(Err(DmError::Aborted));
+        }
+    }
+
+    fn close(&self) {
+        self.shared.ep.close();
+    }
+}
+
+/// The receiving task: every Send becomes a notice (commands register their STags and write
+/// state first); a malformed Send ends the connection.
+async fn receive<P: Device>(
+    sh: Arc<Shared<P>>,
+    mut received: Received,
+    notices: mpsc::Sender<Notice>,
+    max_recv_data: u32,
+) {
+    let reason = loop {
+        let bytes = match received.recv().await {
+            Some(Ok(b)) => b,
+            Some(Err(e)) => break e,
+            None => break "the connection ended".to_string(),
+        };
+        let send = match iser::parse_send(&bytes, max_recv_data) {
+            Ok(s) => s,
+            Err(e) => break format!("from the initiator: {e}"),
+        };
+        let pdu = InPdu {
+            pdu: send.pdu,
+            raw_bhs: send.raw_bhs,
+        };
+        let notice = match &pdu.pdu.bhs {
+            Bhs::ScsiCommand(c) => match on_command(&sh, c, &send.header, &pdu.pdu.data) {
+                Ok(write) => Notice::Command {
+                    pdu: InPdu {
+                        pdu: Pdu {
+                            data: Bytes::new(),
+                            ..pdu.pdu
+                        },
+                        raw_bhs: pdu.raw_bhs,
+                    },
+                    write,
+                },
+                Err(e) => break e,
+            },
+            Bhs::DataOut(d) => {
+                on_data_out(&sh, d, &pdu.pdu.data, pdu.raw_bhs);
+                continue;
+            }
+            _ => Notice::Control(pdu),
+        };
+        if notices.send(notice).await.is_err() {
+            break "the session stopped".to_string();
+        }
+    };
+    tracing::debug!(peer = %sh.peer, "iSER connection ended: {reason}");
+    sh.ep.close();
+    for (_, slot) in sh.slots.lock().expect("slots").drain() {
+        drop(slot.unsolicited_done);
+    }
+    let _ = notices.send(Notice::Closed(reason)).await;
+}
+
+/// A SCSI Command: its STags kept for the data and the status; a write's buffer and
+/// transfer state made (immediate data placed) before the next Send is looked at.
+fn on_command<P: Device>(
+    sh: &Shared<P>,
+    c: &ScsiCommand,
+    header: &IserHeader,
+    immediate: &Bytes,
+) -> Result<Option<WriteHandle>, String> {
+    sh.stags.lock().expect("stags").insert(
+        c.itt,
+        Stags {
+            read: header.read,
+            write: header.write,
+        },
+    );
+    if !c.write || c.expected_data_len == 0 {
+        return Ok(None);
+    }
+    let cfg = &sh.cfg;
+    if c.expected_data_len > cfg.max_write_len {
+        return Err(format!(
+            "write of {} bytes exceeds the {}-byte limit",
+            c.expected_data_len, cfg.max_write_len
+        ));
+    }
+    let limits: WriteLimits = cfg.write_limits;
+    let xfer = WriteTransfer::new(
+        c.expected_data_len,
+        immediate.len() as u32,
+        c.final_,
+        limits,
+    )
+    .map_err(|e| format!("SCSI Command ITT 0x{:08x}: {e}", c.itt))?;
+    let mut buf = BytesMut::zeroed(c.expected_data_len as usize);
+    buf[..immediate.len()].copy_from_slice(immediate);
+    let slot = WriteSlot {
+        buf,
+        xfer,
+        failed: None,
+        unsolicited_done: None,
+    };
+    if sh
+        .slots
+        .lock()
+        .expect("slots")
+        .insert(c.itt, slot)
+        .is_some()
+    {
+        return Err(format!(
+            "ITT 0x{:08x} reused while its write is in progress",
+            c.itt
+        ));
+    }
+    Ok(Some(WriteHandle {
+        itt: c.itt,
+        expected_len: c.expected_data_len,
+    }))
+}
+
+/// An unsolicited Data-Out in a Send: checked and placed; one that breaks the rules fails
+/// its command (Reject, then CHECK CONDITION, as over TCP).
+fn on_data_out<P: Device>(sh: &Shared<P>, d: &DataOut, data: &Bytes, raw_bhs: [u8; 48]) {
+    let mut slots = sh.slots.lock().expect("slots");
+    let Some(slot) = slots.get_mut(&d.itt) else {
+        tracing::debug!(peer = %sh.peer, itt = d.itt, "discarding Data-Out for unknown task");
+        return;
+    };
+    if slot.failed.is_some() {
+        return;
+    }
+    let checked = if d.ttt == RESERVED_TAG {
+        slot.xfer
+            .on_data_out(
+                d.ttt,
+                d.data_sn,
+                d.buffer_offset,
+                data.len() as u32,
+                d.final_,
+            )
+            .map_err(|e| e.to_string())
+    } else {
+        Err("iSER carries no solicited Data-Out".to_string())
+    };
+    match checked {
+        Ok(()) => {
+            let off = d.buffer_offset as usize;
+            slot.buf[off..off + data.len()].copy_from_slice(data);
+            if !slot.xfer.awaiting_unsolicited() {
+                if let Some(tx) = slot.unsolicited_done.take() {
+                    let _ = tx.send(Ok(()));
+                }
+            }
+        }
+        Err(why) => {
+            slot.failed = Some(DmError::DataPhase {
+                why: format!("Data-Out for ITT 0x{:08x}: {why}", d.itt),
+                raw_bhs,
+            });
+            if let Some(tx) = slot.unsolicited_done.take() {
+                let _ = tx.send(Ok(()));
+            }
+        }
+    }
+}

@@ -1,0 +1,338 @@
+//! The datamover conformance kit (`datamover::conformance`) run against the iSER target
+//! datamover on the software RNIC. The initiator end is a raw iSER initiator on the `rdma`
+//! API: each command's buffer registered and named in its iSER header (Read STag for reads,
+//! Write STag at the first solicited byte for writes, as Linux does); read data is what the
+//! target RDMA-Wrote there when the status arrives; solicited data leaves by the RNIC's
+//! answers to the target's RDMA Reads.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use datamover::conformance::{KitConnection, KitEvent, KitInitiator, KitTransport};
+use datamover::{CmdSnState, FfpConfig, LoginChannel};
+use datamover_iser::{accept, AcceptConfig};
+use iscsi_session::WriteLimits;
+use iscsi_wire::{Bhs, DataOut, Digests, Pdu, ScsiCommand, RESERVED_TAG};
+use iser::IserHeader;
+use rdma::{
+    Access, CompletionQueue, ConnParams, Listener, MemoryRegion, Provider, QpCaps, QueuePair,
+    RecvWr, SendOp, SendWr, Wc, WcOpcode, WcStatus,
+};
+use rnic::Rnic;
+
+struct Iser;
+
+const RECV_SLOTS: u64 = 32;
+const RECV_LEN: usize = 8192 + 128;
+
+#[async_trait]
+impl KitTransport for Iser {
+    fn config(&self) -> FfpConfig {
+        FfpConfig {
+            digests: Digests::default(),
+            max_recv_data_segment_length: 8192,
+            max_send_data_segment_length: 4096,
+            max_burst_length: 16384,
+            write_limits: WriteLimits {
+                first_burst_length: 8192,
+                max_burst_length: 16384,
+                initial_r2t: false,
+                immediate_data: true,
+                max_outstanding_r2t: 2,
+                max_recv_data_segment_length: 8192,
+            },
+            status: datamover::status_numbering(1),
+            max_write_len: 1 << 20,
+        }
+    }
+
+    async fn connect(&self) -> KitConnection {
+        let target_dev = Arc::new(Rnic::new().unwrap());
+        let listener = target_dev.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr();
+        let dev = Rnic::new().unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let cq = dev.create_cq(1024, None).unwrap();
+        let qp = dev.create_qp(&pd, &cq, &cq, QpCaps::default()).unwrap();
+        let recv = dev
+            .reg_mr(&pd, RECV_SLOTS as usize * RECV_LEN, Access::LOCAL_WRITE)
+            .unwrap();
+        for slot in 0..RECV_SLOTS {
+            qp.post_recv(RecvWr {
+                wr_id: slot,
+                sges: vec![recv.sge(slot as usize * RECV_LEN, RECV_LEN)],
+            })
+            .unwrap();
+        }
+        let qp = Arc::new(qp);
+        let qp2 = qp.clone();
+        let connecting = tokio::task::spawn_blocking(move || {
+            let params = ConnParams {
+                private_data: vec![0x80, 0, 0, 0],
+                ird: 16,
+                ord: 1,
+                ..ConnParams::default()
+            };
+            qp2.connect(addr, &params).unwrap()
+        });
+        let req = tokio::task::spawn_blocking(move || {
+            listener
+                .get_request(Duration::from_secs(5))
+                .unwrap()
+                .expect("a connection request")
+        })
+        .await
+        .unwrap();
+        let login = accept(target_dev, req, AcceptConfig::default())
+            .await
+            .unwrap();
+        connecting.await.unwrap();
+        let (dm, notices) =
+            Box::new(login).into_full_feature(self.config(), CmdSnState::new(1, 64));
+        let send = dev.reg_mr(&pd, 64 * 1024, Access::NONE).unwrap();
+        let peer = RawIser {
+            dev,
+            pd,
+            qp: Some(qp),
+            cq,
+            recv,
+            send,
+            sends: 0,
+            buffers: HashMap::new(),
+            pending: Vec::new(),
+        };
+        (dm, notices, Box::new(peer))
+    }
+}
+
+/// A command's registered buffer: for a read, where the target writes; for a write, what it
+/// reads.
+struct Buffer {
+    mr: rnic::Mr,
+    len: usize,
+}
+
+struct RawIser {
+    dev: Rnic,
+    pd: rnic::Pd,
+    qp: Option<Arc<rnic::Qp>>,
+    cq: rnic::Cq,
+    recv: rnic::Mr,
+    send: rnic::Mr,
+    /// Sends posted (each takes the next 8 KiB of the send buffer, cyclically).
+    sends: usize,
+    buffers: HashMap<u32, Buffer>,
+    pending: Vec<KitEvent>,
+}
+
+impl RawIser {
+    fn post(&mut self, header: IserHeader, pdu: &Pdu) {
+        let Some(qp) = &self.qp else { return };
+        let mut bytes = vec![0u8; iser::send_len(pdu)];
+        iser::encode_send(&header, pdu, &mut bytes);
+        let at = (self.sends % 8) * 8192;
+        self.sends += 1;
+        self.send.write_at(at, &bytes);
+        let _ = qp.post_send(SendWr {
+            wr_id: 1_000_000 + self.sends as u64,
+            op: SendOp::Send,
+            sges: vec![self.send.sge(at, bytes.len())],
+            signaled: true,
+        });
+    }
+
+    fn register(&mut self, itt: u32, data: &[u8], access: Access) -> (u32, u64) {
+        let mr = self
+            .dev
+            .reg_mr(&self.pd, data.len().max(1), access)
+            .unwrap();
+        mr.write_at(0, data);
+        let key = (mr.rkey(), mr.addr());
+        self.buffers.insert(
+            itt,
+            Buffer {
+                mr,
+                len: data.len(),
+            },
+        );
+        key
+    }
+
+    fn command(itt: u32, read: bool, len: u32, final_: bool) -> Bhs {
+        let mut cdb = [0u8; 16];
+        cdb[0] = if read { 0x28 } else { 0x2a };
+        Bhs::ScsiCommand(ScsiCommand {
+            immediate: false,
+            final_,
+            read,
+            write: !read,
+            attr: 1,
+            lun: 0,
+            itt,
+            expected_data_len: len,
+            cmd_sn: itt,
+            exp_stat_sn: 0,
+            cdb,
+        })
+    }
+
+    fn data_out(&mut self, itt: u32, data: &Bytes, from: u32, to: u32) {
+        let seq = iscsi_session::DataOutSequence {
+            itt,
+            lun: 0,
+            ttt: RESERVED_TAG,
+            exp_stat_sn: 0,
+            max_segment: 4096,
+        };
+        let pdus: Vec<Pdu> = seq.pdus(data, from, to).collect();
+        for p in pdus {
+            self.post(IserHeader::CONTROL, &p);
+        }
+    }
+
+    /// Turns a received Send into events: a status comes with the data placed before it.
+    fn on_recv(&mut self, wc: &Wc) {
+        let slot = wc.wr_id;
+        let mut bytes = vec![0u8; wc.byte_len as usize];
+        self.recv.read_at(slot as usize * RECV_LEN, &mut bytes);
+        if let Some(qp) = &self.qp {
+            let _ = qp.post_recv(RecvWr {
+                wr_id: slot,
+                sges: vec![self.recv.sge(slot as usize * RECV_LEN, RECV_LEN)],
+            });
+        }
+        let send = iser::parse_send(&Bytes::from(bytes), 8192).expect("a valid iSER Send");
+        match send.pdu.bhs {
+            Bhs::ScsiResponse(r) => {
+                if let Some(b) = self.buffers.remove(&r.itt) {
+                    let mut data = vec![0u8; b.len];
+                    b.mr.read_at(0, &mut data);
+                    if self.buffers_were_read(&b) {
+                        self.pending.push(KitEvent::Data {
+                            itt: r.itt,
+                            offset: 0,
+                            data: Bytes::from(data),
+                        });
+                    }
+                }
+                self.pending.push(KitEvent::Status {
+                    itt: r.itt,
+                    stat_sn: r.stat_sn,
+                    status: r.status,
+                    underflow: r.underflow,
+                    residual: r.residual,
+                });
+            }
+            Bhs::DataIn(_) | Bhs::R2t(_) => panic!("iSER never sends Data-In or R2T"),
+            _ => self.pending.push(KitEvent::Control(send.pdu)),
+        }
+    }
+
+    fn buffers_were_read(&self, b: &Buffer) -> bool {
+        b.mr.access().contains(Access::REMOTE_WRITE)
+    }
+}
+
+#[async_trait]
+impl KitInitiator for RawIser {
+    async fn send_read(&mut self, itt: u32, len: u32) {
+        let key = self.register(itt, &vec![0u8; len as usize], Access::REMOTE_WRITE);
+        let header = IserHeader {
+            read: Some(key),
+            ..IserHeader::CONTROL
+        };
+        self.post(
+            header,
+            &Pdu::new(Self::command(itt, true, len, true), Bytes::new()),
+        );
+    }
+
+    async fn send_write(&mut self, itt: u32, data: Bytes, immediate: u32, unsolicited: u32) {
+        let (stag, addr) = self.register(itt, &data, Access::REMOTE_READ);
+        let header = IserHeader {
+            // Linux: the Write address is where the solicited data begins.
+            write: Some((stag, addr + u64::from(immediate + unsolicited))),
+            ..IserHeader::CONTROL
+        };
+        let len = data.len() as u32;
+        let cmd = Self::command(itt, false, len, unsolicited == 0);
+        self.post(header, &Pdu::new(cmd, data.slice(..immediate as usize)));
+        if unsolicited > 0 {
+            self.data_out(itt, &data, immediate, immediate + unsolicited);
+        }
+    }
+
+    async fn send_write_withholding(&mut self, itt: u32, data: Bytes) {
+        let (stag, addr) = self.register(itt, &data, Access::REMOTE_READ);
+        let header = IserHeader {
+            write: Some((stag, addr + data.len() as u64)),
+            ..IserHeader::CONTROL
+        };
+        let cmd = Self::command(itt, false, data.len() as u32, false);
+        self.post(header, &Pdu::new(cmd, Bytes::new()));
+    }
+
+    async fn send_bad_data(&mut self, itt: u32) {
+        let len = self.buffers.get(&itt).map_or(0, |b| b.len as u32);
+        let bhs = Bhs::DataOut(DataOut {
+            final_: true,
+            itt,
+            ttt: RESERVED_TAG,
+            buffer_offset: len,
+            ..Default::default()
+        });
+        self.post(
+            IserHeader::CONTROL,
+            &Pdu::new(bhs, Bytes::from(vec![0xee; 512])),
+        );
+    }
+
+    async fn next_event(&mut self, timeout: Duration) -> Option<KitEvent> {
+        let deadline = Instant::now() + timeout;
+        let mut wcs = [EMPTY_WC; 16];
+        loop {
+            if !self.pending.is_empty() {
+                return Some(self.pending.remove(0));
+            }
+            self.qp.as_ref()?;
+            let n = self.cq.poll(&mut wcs);
+            for wc in &wcs[..n] {
+                if wc.status != WcStatus::Success {
+                    self.qp = None;
+                    self.pending.push(KitEvent::Closed);
+                    break;
+                }
+                if wc.opcode == WcOpcode::Recv {
+                    self.on_recv(wc);
+                }
+            }
+            if n == 0 {
+                if Instant::now() >= deadline {
+                    return None;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    }
+
+    fn disconnect(&mut self) {
+        if let Some(qp) = self.qp.take() {
+            qp.disconnect();
+        }
+    }
+}
+
+const EMPTY_WC: Wc = Wc {
+    wr_id: 0,
+    status: WcStatus::Success,
+    opcode: WcOpcode::Send,
+    byte_len: 0,
+    invalidated_rkey: None,
+    solicited: false,
+    qp_num: 0,
+};
+
+datamover::conformance_tests!(Iser);
