@@ -10,6 +10,8 @@
 
 pub mod datamover;
 pub mod endpoint;
+pub mod portal;
 pub mod target;
 
+pub use portal::IserPortal;
 pub use target::{accept, AcceptConfig, IserLogin};

@@ -35,7 +35,10 @@ pub struct AcceptConfig {
 /// Login text fits 8 KiB (both Linux peers size their login buffers so); full feature phase
 /// adds immediate and unsolicited data up to TargetRecvDataSegmentLength, also 8 KiB by
 /// default: one buffer size serves both phases.
-pub const DEFAULT_RECV_LEN: usize = iser::ISER_HEADERS_LEN + 8192 + 52;
+pub const DEFAULT_RECV_LEN: usize = iser::ISER_HEADERS_LEN + DEFAULT_RECV_DATA as usize + 52;
+/// The data segment a Send to the target may carry with [`DEFAULT_RECV_LEN`] buffers
+/// (declared as TargetRecvDataSegmentLength).
+pub const DEFAULT_RECV_DATA: u32 = 8192;
 
 impl Default for AcceptConfig {
     fn default() -> Self {

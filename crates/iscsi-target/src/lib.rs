@@ -19,7 +19,7 @@ pub use config::{Config, ConfigError, PortalSpec, DEFAULT_IQN, DEFAULT_PORTAL};
 pub use datamover::ConnectionObserver;
 
 use bytes::Bytes;
-use datamover::{CmdSnState, FfpConfig, LoginChannel, Notice};
+use datamover::{CmdSnState, FfpConfig, LoginChannel, Notice, TransportKind};
 
 use iscsi_login::directory::Portal;
 use iscsi_login::params::SessionType;
@@ -28,7 +28,7 @@ use iscsi_login::target::{LoginState, TargetLimits, TargetLogin, TargetLoginConf
 use iscsi_session::{CmdWindow, WriteLimits};
 use iscsi_wire::{AsyncMessage, Bhs, Digests};
 use session::{Conn, Session};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -63,23 +63,12 @@ impl Target {
         if config.portals.is_empty() {
             config.portals.push(DEFAULT_PORTAL.to_string());
         }
-        let mut portals: Vec<Arc<dyn datamover::Portal>> = Vec::new();
-        for p in &config.portals {
-            let spec = PortalSpec::parse(p)?;
-            match spec.kind {
-                datamover::TransportKind::Tcp => {
-                    let l = datamover_tcp::TcpPortal::bind(spec.address)
-                        .await
-                        .map_err(|e| format!("cannot listen on {}: {e}", spec.address))?;
-                    portals.push(Arc::new(l));
-                }
-                datamover::TransportKind::Iser => {
-                    return Err(format!(
-                        "portal {p:?}: iSER portals are not available in this build yet; use ADDR:PORT (iSCSI/TCP)"
-                    ))
-                }
-            }
-        }
+        let specs = config
+            .portals
+            .iter()
+            .map(|p| PortalSpec::parse(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        let portals = bind_portals(&specs).await?;
         Target::with_portals(config, portals)
     }
 
@@ -163,6 +152,8 @@ impl Target {
     fn base_limits(&self) -> TargetLimits {
         let mut l = TargetLimits {
             max_outstanding_r2t: 8,
+            // What the iSER receive buffers hold (LIO declares the same).
+            iser_recv_data_segment_length: datamover_iser::target::DEFAULT_RECV_DATA,
             ..TargetLimits::default()
         };
         if let Some(m) = self.config().max_recv_data_segment_length {
@@ -410,6 +401,48 @@ fn named_target(existing: Option<&Session>, first_data: &[u8]) -> Option<String>
     }
 }
 
+/// Binds every listed portal. An address listed for iSER serves iSER over the software RNIC,
+/// and iSCSI/TCP too when it is also listed for TCP (one listener, the protocol told by the
+/// first bytes).
+async fn bind_portals(specs: &[PortalSpec]) -> Result<Vec<Arc<dyn datamover::Portal>>, String> {
+    use TransportKind::{Iser, Tcp};
+    let listed = |kind, address| specs.iter().any(|s| s.kind == kind && s.address == address);
+    let mut rnic: Option<Arc<rnic::Rnic>> = None;
+    let mut portals: Vec<Arc<dyn datamover::Portal>> = Vec::new();
+    let mut bound = HashSet::new();
+    for spec in specs {
+        if !bound.insert(spec.address) {
+            continue;
+        }
+        let cannot = |e: std::io::Error| format!("cannot listen on {}: {e}", spec.address);
+        if listed(Iser, spec.address) {
+            let dev = match &rnic {
+                Some(d) => d.clone(),
+                None => {
+                    let d =
+                        Arc::new(rnic::Rnic::new().map_err(|e| {
+                            format!("cannot start the software RNIC for iSER: {e}")
+                        })?);
+                    rnic = Some(d.clone());
+                    d
+                }
+            };
+            let also_tcp = listed(Tcp, spec.address);
+            let cfg = datamover_iser::AcceptConfig::default();
+            let p = datamover_iser::IserPortal::bind(spec.address, dev, cfg, also_tcp)
+                .await
+                .map_err(cannot)?;
+            portals.push(Arc::new(p));
+        } else {
+            let p = datamover_tcp::TcpPortal::bind(spec.address)
+                .await
+                .map_err(cannot)?;
+            portals.push(Arc::new(p));
+        }
+    }
+    Ok(portals)
+}
+
 /// Switches a logged-in connection to full feature phase with what was negotiated and adds
 /// it to its session (replacing a connection with the same CID: connection reinstatement).
 fn enter_full_feature(
@@ -422,13 +455,25 @@ fn enter_full_feature(
     let cp = &outcome.connection;
     let sp = &session.params;
     let status = datamover::status_numbering(next_stat_sn);
+    let transport = conn.kind();
+    // iSER declares its receive limits with its own keys.
+    let (recv_len, send_len) = match transport {
+        TransportKind::Tcp => (
+            cp.max_recv_data_segment_length,
+            cp.max_send_data_segment_length,
+        ),
+        TransportKind::Iser => (
+            cp.target_recv_data_segment_length,
+            cp.initiator_recv_data_segment_length,
+        ),
+    };
     let ffp = FfpConfig {
         digests: Digests {
             header: cp.header_digest,
             data: cp.data_digest,
         },
-        max_recv_data_segment_length: cp.max_recv_data_segment_length,
-        max_send_data_segment_length: cp.max_send_data_segment_length,
+        max_recv_data_segment_length: recv_len,
+        max_send_data_segment_length: send_len,
         max_burst_length: sp.max_burst_length,
         write_limits: WriteLimits {
             first_burst_length: sp.first_burst_length,
@@ -436,12 +481,11 @@ fn enter_full_feature(
             initial_r2t: sp.initial_r2t,
             immediate_data: sp.immediate_data,
             max_outstanding_r2t: sp.max_outstanding_r2t as u32,
-            max_recv_data_segment_length: cp.max_recv_data_segment_length,
+            max_recv_data_segment_length: recv_len,
         },
         status: status.clone(),
         max_write_len: MAX_WRITE_LEN,
     };
-    let transport = conn.kind();
     let (dm, notices) = conn.into_full_feature(ffp, session.sn.clone());
     let cid = outcome.cid;
     let c = Arc::new(Conn::new(

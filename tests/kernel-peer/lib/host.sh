@@ -137,12 +137,18 @@ ironsan_target_available() {
   fi
 }
 # ironsan_target_start VARIANT: a TOML config for the variant (RAM LUNs 0 and, for two-luns, 1;
+# iser: iSCSI/TCP and iSER on the port;
 # CHAP secrets from the env file; digests "allowed", the default, so CRC32C is accepted when
 # offered), then `ironsan target --config`.
 ironsan_target_start() {
   local variant=$1 iqn=$KP_IQN_PREFIX:$1 conf=$KP_RUN/host/ironsan-$1.toml
   {
-    echo "portals = [\"127.0.0.1:$KP_HOST_PORT\"]"
+    if [[ $variant == iser ]]; then
+      # iSCSI/TCP (for SendTargets) and iSER on one port, told apart by the first bytes.
+      echo "portals = [\"tcp://127.0.0.1:$KP_HOST_PORT\", \"iser://127.0.0.1:$KP_HOST_PORT\"]"
+    else
+      echo "portals = [\"127.0.0.1:$KP_HOST_PORT\"]"
+    fi
     echo
     echo "[[target]]"
     echo "name = \"$iqn\""

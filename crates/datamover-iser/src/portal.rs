@@ -1,0 +1,175 @@
+//! An iSER portal on the software iWARP RNIC, optionally sharing its address and port with
+//! iSCSI/TCP. It accepts TCP connections itself and tells the protocols apart by the first
+//! bytes: an MPA Request begins with the key "MPA ID Req Frame", a Login PDU with its opcode.
+//! (Linux cannot do this: LIO's iSER and TCP listeners collide on one address and port.) Each
+//! connection is sorted, and its MPA Request read and accepted, in a task of its own, so a
+//! client that stalls delays no other login.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use datamover::{LoginChannel, Portal, TransportKind};
+use datamover_tcp::TcpConnection;
+use pcap_trace::PduTrace;
+use rnic::Rnic;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, Mutex};
+
+use crate::target::{accept, AcceptConfig};
+
+/// The first bytes of an MPA Request (RFC 5044 §7.1).
+const MPA_REQUEST_KEY: &[u8; 16] = b"MPA ID Req Frame";
+/// How long a new connection may take to show what it speaks and, for iWARP, to send its
+/// whole MPA Request (siw waits as long).
+const SORT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What a sorted connection turned out to be.
+enum Arrival {
+    Iser(Box<dyn LoginChannel>),
+    Tcp(TcpStream),
+}
+
+/// An iSER portal on the software RNIC (and iSCSI/TCP on the same port when asked).
+pub struct IserPortal {
+    local: SocketAddr,
+    also_tcp: bool,
+    arrivals: Mutex<mpsc::Receiver<Arrival>>,
+}
+
+impl IserPortal {
+    /// Listens on `addr` for iSER over the software RNIC `dev`; with `also_tcp`, iSCSI/TCP
+    /// logins on the same port are served too.
+    pub async fn bind(
+        addr: SocketAddr,
+        dev: Arc<Rnic>,
+        cfg: AcceptConfig,
+        also_tcp: bool,
+    ) -> io::Result<IserPortal> {
+        let listener = TcpListener::bind(addr).await?;
+        let local = listener.local_addr()?;
+        let (tx, rx) = mpsc::channel(64);
+        tokio::spawn(accept_loop(listener, dev, cfg, also_tcp, tx));
+        Ok(IserPortal {
+            local,
+            also_tcp,
+            arrivals: Mutex::new(rx),
+        })
+    }
+}
+
+#[async_trait]
+impl Portal for IserPortal {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Iser
+    }
+
+    fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    async fn accept(&self, trace: Option<&PduTrace>) -> io::Result<Box<dyn LoginChannel>> {
+        let mut arrivals = self.arrivals.lock().await;
+        match arrivals.recv().await {
+            Some(Arrival::Iser(login)) => Ok(login),
+            Some(Arrival::Tcp(stream)) => Ok(Box::new(TcpConnection::new(stream, trace)?)),
+            None => Err(io::Error::other(format!(
+                "the iSER portal on {}{} stopped",
+                self.local,
+                if self.also_tcp {
+                    " (and iSCSI/TCP)"
+                } else {
+                    ""
+                }
+            ))),
+        }
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    dev: Arc<Rnic>,
+    cfg: AcceptConfig,
+    also_tcp: bool,
+    tx: mpsc::Sender<Arrival>,
+) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                // Out of descriptors and the like: wait a little, the listener stays.
+                tracing::warn!("iSER portal accept: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        if tx.is_closed() {
+            return;
+        }
+        let (dev, arrivals) = (dev.clone(), tx.clone());
+        tokio::spawn(async move {
+            match sort(stream, peer, dev, cfg, also_tcp).await {
+                Ok(arrival) => {
+                    let _ = arrivals.send(arrival).await;
+                }
+                Err(why) => tracing::info!(%peer, "connection refused: {why}"),
+            }
+        });
+    }
+}
+
+/// Reads enough of a new connection to tell iWARP from iSCSI/TCP, then sets it up.
+async fn sort(
+    stream: TcpStream,
+    peer: SocketAddr,
+    dev: Arc<Rnic>,
+    cfg: AcceptConfig,
+    also_tcp: bool,
+) -> Result<Arrival, String> {
+    let iwarp = tokio::time::timeout(SORT_TIMEOUT, speaks_mpa(&stream))
+        .await
+        .map_err(|_| format!("nothing sent within {} s", SORT_TIMEOUT.as_secs()))?
+        .map_err(|e| e.to_string())?;
+    if !iwarp {
+        if also_tcp {
+            return Ok(Arrival::Tcp(stream));
+        }
+        return Err(
+            "iSCSI/TCP on a portal that serves only iSER (list tcp:// for this address too)".into(),
+        );
+    }
+    let std = stream.into_std().map_err(|e| e.to_string())?;
+    std.set_nonblocking(false).map_err(|e| e.to_string())?;
+    let req =
+        tokio::task::spawn_blocking(move || rnic::Request::read_from(std, peer, SORT_TIMEOUT))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+    let login = accept(dev, req, cfg).await?;
+    Ok(Arrival::Iser(Box::new(login)))
+}
+
+/// Whether the connection begins with an MPA Request key (peeked, not consumed). A first
+/// byte other than 'M' settles it at once: no Login PDU starts with 0x4d.
+async fn speaks_mpa(stream: &TcpStream) -> io::Result<bool> {
+    let mut buf = [0u8; 16];
+    loop {
+        let n = stream.peek(&mut buf).await?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "closed before sending anything",
+            ));
+        }
+        if buf[..n] != MPA_REQUEST_KEY[..n] {
+            return Ok(false);
+        }
+        if n == MPA_REQUEST_KEY.len() {
+            return Ok(true);
+        }
+        // A prefix of the key so far: wait for more.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
