@@ -70,6 +70,14 @@ impl Portal for IserPortal {
         self.local
     }
 
+    fn describe(&self) -> String {
+        if self.also_tcp {
+            "iSCSI/TCP and iSER (software iWARP RNIC)".into()
+        } else {
+            "iSER (software iWARP RNIC)".into()
+        }
+    }
+
     async fn accept(&self, trace: Option<&PduTrace>) -> io::Result<Box<dyn LoginChannel>> {
         let mut arrivals = self.arrivals.lock().await;
         match arrivals.recv().await {

@@ -40,19 +40,37 @@ pub const DEFAULT_RECV_LEN: usize = iser::ISER_HEADERS_LEN + DEFAULT_RECV_DATA a
 /// (declared as TargetRecvDataSegmentLength).
 pub const DEFAULT_RECV_DATA: u32 = 8192;
 
-impl Default for AcceptConfig {
-    fn default() -> Self {
+/// The most data a control PDU to the initiator may carry: Linux ib_iser's receive buffers
+/// hold 128 bytes after the headers, whatever InitiatorRecvDataSegmentLength it declares.
+pub const CONTROL_DATA_MAX: u32 = iser::LINUX_INITIATOR_RECV_DATA;
+
+/// Receives kept posted beyond the command window: NOP-Out, task management, logout and
+/// text, and the Data-Out of unsolicited data (iWARP has no receiver-not-ready retry).
+pub const UNEXPECTED_RECVS: u32 = 64;
+
+impl AcceptConfig {
+    /// Buffers for a session whose command window is `queue_depth`: that many commands plus
+    /// [`UNEXPECTED_RECVS`] other Sends can never outrun the posted receives.
+    pub fn for_queue_depth(queue_depth: u32) -> AcceptConfig {
+        let slots = queue_depth.max(1) + UNEXPECTED_RECVS;
         AcceptConfig {
             buffers: Buffers {
-                recv_slots: 160,
+                recv_slots: slots,
                 recv_len: DEFAULT_RECV_LEN,
-                send_slots: 160,
+                send_slots: slots,
                 send_len: DEFAULT_RECV_LEN,
             },
             send_invalidate: true,
             ord: 16,
             crc: false,
         }
+    }
+}
+
+impl Default for AcceptConfig {
+    /// Sized for the target's default queue depth of 128.
+    fn default() -> Self {
+        AcceptConfig::for_queue_depth(128)
     }
 }
 

@@ -242,6 +242,13 @@ pub trait LoginChannel: Send {
 #[async_trait]
 pub trait Portal: Send + Sync {
     fn kind(&self) -> TransportKind;
+    /// What the portal serves, for people ("iSCSI/TCP", "iSER", ...).
+    fn describe(&self) -> String {
+        match self.kind() {
+            TransportKind::Tcp => "iSCSI/TCP".into(),
+            TransportKind::Iser => "iSER".into(),
+        }
+    }
     /// The address actually bound.
     fn local_addr(&self) -> SocketAddr;
     /// Waits for the next connection; with `trace`, its bytes are recorded from the start.

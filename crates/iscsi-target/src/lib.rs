@@ -68,7 +68,7 @@ impl Target {
             .iter()
             .map(|p| PortalSpec::parse(p))
             .collect::<Result<Vec<_>, _>>()?;
-        let portals = bind_portals(&specs).await?;
+        let portals = bind_portals(&specs, config.queue_depth).await?;
         Target::with_portals(config, portals)
     }
 
@@ -181,6 +181,14 @@ impl Bound {
     /// The addresses actually bound (useful with port 0).
     pub fn local_addrs(&self) -> Vec<SocketAddr> {
         self.portals.iter().map(|p| p.local_addr()).collect()
+    }
+
+    /// Each portal's address and what it serves ("iSCSI/TCP", "iSER", "iSCSI/TCP and iSER").
+    pub fn portal_descriptions(&self) -> Vec<(SocketAddr, String)> {
+        self.portals
+            .iter()
+            .map(|p| (p.local_addr(), p.describe()))
+            .collect()
     }
 
     pub fn target(&self) -> Arc<Target> {
@@ -404,7 +412,10 @@ fn named_target(existing: Option<&Session>, first_data: &[u8]) -> Option<String>
 /// Binds every listed portal. An address listed for iSER serves iSER over the software RNIC,
 /// and iSCSI/TCP too when it is also listed for TCP (one listener, the protocol told by the
 /// first bytes).
-async fn bind_portals(specs: &[PortalSpec]) -> Result<Vec<Arc<dyn datamover::Portal>>, String> {
+async fn bind_portals(
+    specs: &[PortalSpec],
+    queue_depth: u32,
+) -> Result<Vec<Arc<dyn datamover::Portal>>, String> {
     use TransportKind::{Iser, Tcp};
     let listed = |kind, address| specs.iter().any(|s| s.kind == kind && s.address == address);
     let mut rnic: Option<Arc<rnic::Rnic>> = None;
@@ -428,7 +439,7 @@ async fn bind_portals(specs: &[PortalSpec]) -> Result<Vec<Arc<dyn datamover::Por
                 }
             };
             let also_tcp = listed(Tcp, spec.address);
-            let cfg = datamover_iser::AcceptConfig::default();
+            let cfg = datamover_iser::AcceptConfig::for_queue_depth(queue_depth);
             let p = datamover_iser::IserPortal::bind(spec.address, dev, cfg, also_tcp)
                 .await
                 .map_err(cannot)?;
@@ -488,14 +499,14 @@ fn enter_full_feature(
     };
     let (dm, notices) = conn.into_full_feature(ffp, session.sn.clone());
     let cid = outcome.cid;
-    let c = Arc::new(Conn::new(
-        cid,
-        peer,
-        transport,
-        dm,
-        cp.max_send_data_segment_length,
-        status,
-    ));
+    // Control PDUs (NOP-In, Text) must fit what the initiator receives. Over iSER its data
+    // arrives in RDMA Writes and only control PDUs use its receive buffers, which Linux
+    // sizes for 128 bytes whatever InitiatorRecvDataSegmentLength it declares.
+    let control_send = match transport {
+        TransportKind::Tcp => send_len,
+        TransportKind::Iser => send_len.min(datamover_iser::target::CONTROL_DATA_MAX),
+    };
+    let c = Arc::new(Conn::new(cid, peer, transport, dm, control_send, status));
     if let Some(old) = session.add_connection(c.clone()) {
         tracing::info!(%peer, cid, "connection reinstatement: closing the old connection");
         old.dm.close();

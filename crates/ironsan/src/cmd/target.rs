@@ -68,8 +68,8 @@ pub fn run(args: TargetArgs) -> anyhow::Result<()> {
         }
         let addrs = bound.local_addrs();
         let target = bound.target();
-        for a in &addrs {
-            println!("ironsan: serving iSCSI on {a}");
+        for (a, what) in bound.portal_descriptions() {
+            println!("ironsan: serving iSCSI on {a} ({what})");
         }
         if let (Some(a), Some(t)) = (addrs.first(), targets.first()) {
             let host = if a.is_ipv6() {
