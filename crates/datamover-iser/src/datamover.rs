@@ -125,6 +125,20 @@ impl<P: Device> Shared<P> {
             .map_err(|_| DmError::Closed)
     }
 
+    /// Runs `f` on the command's write slot, unless the command was aborted or its data
+    /// already failed (that failure ends the command here).
+    fn with_slot<T>(&self, itt: u32, f: impl FnOnce(&mut WriteSlot) -> T) -> Result<T, DmError> {
+        let mut slots = self.slots.lock().expect("slots");
+        let Some(slot) = slots.get_mut(&itt) else {
+            return Err(DmError::Aborted);
+        };
+        if let Some(e) = slot.failed.take() {
+            slots.remove(&itt);
+            return Err(e);
+        }
+        Ok(f(slot))
+    }
+
     fn alloc_ttt(&self) -> u32 {
         loop {
             let t = self.next_ttt.fetch_add(1, Ordering::Relaxed);
@@ -240,24 +254,15 @@ impl<P: Device> Datamover for IserDatamover<P> {
 
     async fn get_data(&self, task: TaskRef, write: WriteHandle) -> Result<(Bytes, u32), DmError> {
         let sh = &self.shared;
+        let itt = write.itt;
         // First the unsolicited part, then RDMA Reads for the rest.
-        let wait = {
-            let mut slots = sh.slots.lock().expect("slots");
-            let Some(slot) = slots.get_mut(&write.itt) else {
-                return Err(DmError::Aborted);
-            };
-            if let Some(e) = slot.failed.take() {
-                slots.remove(&write.itt);
-                return Err(e);
-            }
-            if slot.xfer.awaiting_unsolicited() {
+        let wait = sh.with_slot(itt, |slot| {
+            slot.xfer.awaiting_unsolicited().then(|| {
                 let (tx, rx) = oneshot::channel();
                 slot.unsolicited_done = Some(tx);
-                Some(rx)
-            } else {
-                None
-            }
-        };
+                rx
+            })
+        })?;
         if let Some(rx) = wait {
             rx.await.map_err(|_| DmError::Closed)??;
         }
@@ -270,23 +275,16 @@ impl<P: Device> Datamover for IserDatamover<P> {
         let mut first_solicited = None;
         let mut reads = 0;
         loop {
-            let r2ts = {
-                let mut slots = sh.slots.lock().expect("slots");
-                let Some(slot) = slots.get_mut(&write.itt) else {
-                    return Err(DmError::Aborted);
-                };
-                if let Some(e) = slot.failed.take() {
-                    slots.remove(&write.itt);
-                    return Err(e);
-                }
-                if slot.xfer.is_complete() {
-                    let slot = slots.remove(&write.itt).expect("present");
-                    return Ok((slot.buf.freeze(), reads));
-                }
-                slot.xfer.next_r2ts(|| sh.alloc_ttt())
+            let r2ts = sh.with_slot(itt, |slot| {
+                (!slot.xfer.is_complete()).then(|| slot.xfer.next_r2ts(|| sh.alloc_ttt()))
+            })?;
+            let Some(r2ts) = r2ts else {
+                let slot = sh.slots.lock().expect("slots").remove(&itt);
+                let slot = slot.ok_or(DmError::Aborted)?;
+                return Ok((slot.buf.freeze(), reads));
             };
             let Some((stag, va)) = write_stag else {
-                tracing::warn!(peer = %sh.peer, itt = task.itt, "solicited data for a command without a Write STag: closing the connection");
+                tracing::warn!(peer = %sh.peer, itt, "solicited data for a command without a Write STag: closing the connection");
                 sh.ep.close();
                 return Err(DmError::Closed);
             };
@@ -296,18 +294,17 @@ impl<P: Device> Datamover for IserDatamover<P> {
                     .rdma_read(stag, va + u64::from(r.offset - base), r.len)
                     .await?;
                 reads += 1;
-                let mut slots = sh.slots.lock().expect("slots");
-                let Some(slot) = slots.get_mut(&write.itt) else {
-                    return Err(DmError::Aborted);
-                };
-                slot.xfer
-                    .on_data_out(r.ttt, 0, r.offset, r.len, true)
-                    .map_err(|e| DmError::DataPhase {
-                        why: e.to_string(),
-                        raw_bhs: [0; 48],
-                    })?;
-                let off = r.offset as usize;
-                slot.buf[off..off + got.len()].copy_from_slice(&got);
+                sh.with_slot(itt, |slot| {
+                    slot.xfer
+                        .on_data_out(r.ttt, 0, r.offset, r.len, true)
+                        .map_err(|e| DmError::DataPhase {
+                            why: e.to_string(),
+                            raw_bhs: [0; 48],
+                        })?;
+                    let off = r.offset as usize;
+                    slot.buf[off..off + got.len()].copy_from_slice(&got);
+                    Ok::<(), DmError>(())
+                })??;
             }
         }
     }

@@ -334,7 +334,7 @@ async fn poll_until_closed<P: Device>(
     afd: &AsyncFd<ChannelFd>,
     tx: &mpsc::UnboundedSender<Result<Bytes, String>>,
 ) -> String {
-    let mut wcs = [EMPTY_WC; 32];
+    let mut wcs = [Wc::EMPTY; 32];
     loop {
         // Re-arm, then poll: a completion landing between the two still wakes us.
         cq.req_notify(false);
@@ -385,13 +385,3 @@ fn connection_error(status: WcStatus) -> String {
         other => format!("RDMA operation failed: {other:?}"),
     }
 }
-
-const EMPTY_WC: Wc = Wc {
-    wr_id: 0,
-    status: WcStatus::Success,
-    opcode: WcOpcode::Send,
-    byte_len: 0,
-    invalidated_rkey: None,
-    solicited: false,
-    qp_num: 0,
-};

@@ -14,8 +14,7 @@ use bytes::Bytes;
 use datamover::conformance::{KitConnection, KitEvent, KitInitiator, KitTransport};
 use datamover::{CmdSnState, FfpConfig, LoginChannel};
 use datamover_iser::{accept, AcceptConfig};
-use iscsi_session::WriteLimits;
-use iscsi_wire::{Bhs, DataOut, Digests, Pdu, ScsiCommand, RESERVED_TAG};
+use iscsi_wire::{Bhs, DataOut, Digests, Pdu, RESERVED_TAG};
 use iser::IserHeader;
 use rdma::{
     Access, CompletionQueue, ConnParams, Listener, MemoryRegion, Provider, QpCaps, QueuePair,
@@ -23,7 +22,10 @@ use rdma::{
 };
 use rnic::Rnic;
 
-struct Iser;
+/// The software RNIC, with or without MPA CRC.
+struct Iser {
+    crc: bool,
+}
 
 const RECV_SLOTS: u64 = 32;
 const RECV_LEN: usize = 8192 + 128;
@@ -31,22 +33,7 @@ const RECV_LEN: usize = 8192 + 128;
 #[async_trait]
 impl KitTransport for Iser {
     fn config(&self) -> FfpConfig {
-        FfpConfig {
-            digests: Digests::default(),
-            max_recv_data_segment_length: 8192,
-            max_send_data_segment_length: 4096,
-            max_burst_length: 16384,
-            write_limits: WriteLimits {
-                first_burst_length: 8192,
-                max_burst_length: 16384,
-                initial_r2t: false,
-                immediate_data: true,
-                max_outstanding_r2t: 2,
-                max_recv_data_segment_length: 8192,
-            },
-            status: datamover::status_numbering(1),
-            max_write_len: 1 << 20,
-        }
+        datamover::conformance::config(Digests::default(), false, 1)
     }
 
     async fn connect(&self) -> KitConnection {
@@ -69,11 +56,13 @@ impl KitTransport for Iser {
         }
         let qp = Arc::new(qp);
         let qp2 = qp.clone();
+        let crc = self.crc;
         let connecting = tokio::task::spawn_blocking(move || {
             let params = ConnParams {
                 private_data: vec![0x80, 0, 0, 0],
                 ird: 16,
                 ord: 1,
+                crc,
                 ..ConnParams::default()
             };
             qp2.connect(addr, &params).unwrap()
@@ -86,9 +75,11 @@ impl KitTransport for Iser {
         })
         .await
         .unwrap();
-        let login = accept(target_dev, req, AcceptConfig::default())
-            .await
-            .unwrap();
+        let cfg = AcceptConfig {
+            crc: self.crc,
+            ..AcceptConfig::default()
+        };
+        let login = accept(target_dev, req, cfg).await.unwrap();
         connecting.await.unwrap();
         let (dm, notices) =
             Box::new(login).into_full_feature(self.config(), CmdSnState::new(1, 64));
@@ -161,24 +152,6 @@ impl RawIser {
         key
     }
 
-    fn command(itt: u32, read: bool, len: u32, final_: bool) -> Bhs {
-        let mut cdb = [0u8; 16];
-        cdb[0] = if read { 0x28 } else { 0x2a };
-        Bhs::ScsiCommand(ScsiCommand {
-            immediate: false,
-            final_,
-            read,
-            write: !read,
-            attr: 1,
-            lun: 0,
-            itt,
-            expected_data_len: len,
-            cmd_sn: itt,
-            exp_stat_sn: 0,
-            cdb,
-        })
-    }
-
     fn data_out(&mut self, itt: u32, data: &Bytes, from: u32, to: u32) {
         let seq = iscsi_session::DataOutSequence {
             itt,
@@ -246,7 +219,10 @@ impl KitInitiator for RawIser {
         };
         self.post(
             header,
-            &Pdu::new(Self::command(itt, true, len, true), Bytes::new()),
+            &Pdu::new(
+                datamover::conformance::scsi_command(itt, true, len, true),
+                Bytes::new(),
+            ),
         );
     }
 
@@ -258,7 +234,7 @@ impl KitInitiator for RawIser {
             ..IserHeader::CONTROL
         };
         let len = data.len() as u32;
-        let cmd = Self::command(itt, false, len, unsolicited == 0);
+        let cmd = datamover::conformance::scsi_command(itt, false, len, unsolicited == 0);
         self.post(header, &Pdu::new(cmd, data.slice(..immediate as usize)));
         if unsolicited > 0 {
             self.data_out(itt, &data, immediate, immediate + unsolicited);
@@ -271,7 +247,7 @@ impl KitInitiator for RawIser {
             write: Some((stag, addr + data.len() as u64)),
             ..IserHeader::CONTROL
         };
-        let cmd = Self::command(itt, false, data.len() as u32, false);
+        let cmd = datamover::conformance::scsi_command(itt, false, data.len() as u32, false);
         self.post(header, &Pdu::new(cmd, Bytes::new()));
     }
 
@@ -292,7 +268,7 @@ impl KitInitiator for RawIser {
 
     async fn next_event(&mut self, timeout: Duration) -> Option<KitEvent> {
         let deadline = Instant::now() + timeout;
-        let mut wcs = [EMPTY_WC; 16];
+        let mut wcs = [Wc::EMPTY; 16];
         loop {
             if !self.pending.is_empty() {
                 return Some(self.pending.remove(0));
@@ -325,14 +301,58 @@ impl KitInitiator for RawIser {
     }
 }
 
-const EMPTY_WC: Wc = Wc {
-    wr_id: 0,
-    status: WcStatus::Success,
-    opcode: WcOpcode::Send,
-    byte_len: 0,
-    invalidated_rkey: None,
-    solicited: false,
-    qp_num: 0,
-};
+mod plain {
+    use super::*;
+    datamover::conformance_tests!(Iser { crc: false });
+}
 
-datamover::conformance_tests!(Iser);
+mod with_mpa_crc {
+    use super::*;
+    datamover::conformance_tests!(Iser { crc: true });
+}
+
+/// Large reads (1 MiB, many FPDUs each) and writes, several in flight, with MPA CRC: every
+/// FPDU's CRC is checked by the receiving RNIC, which terminates the connection on a mismatch.
+#[tokio::test]
+async fn large_transfers_with_mpa_crc_arrive_intact() {
+    let t = Iser { crc: true };
+    let (dm, mut notices, mut peer) = t.connect().await;
+    let data: Bytes = (0..(1u32 << 20))
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect::<Vec<u8>>()
+        .into();
+    for round in 0..4u32 {
+        for k in 0..4u32 {
+            peer.send_read(round * 16 + k, data.len() as u32).await;
+        }
+        for _ in 0..4 {
+            let Some(datamover::Notice::Command { pdu, .. }) = notices.recv().await else {
+                panic!("a command notice")
+            };
+            let Bhs::ScsiCommand(c) = pdu.pdu.bhs else {
+                panic!()
+            };
+            let task = datamover::TaskRef {
+                itt: c.itt,
+                lun: c.lun,
+            };
+            let status = datamover::CollapsedStatus {
+                status: 0,
+                overflow: false,
+                underflow: false,
+                residual: 0,
+            };
+            dm.put_data(task, data.clone(), None, Some(status))
+                .await
+                .unwrap();
+        }
+        let mut statuses = 0;
+        while statuses < 4 {
+            match peer.next_event(Duration::from_secs(20)).await {
+                Some(KitEvent::Data { data: got, .. }) => assert!(got == data, "read data intact"),
+                Some(KitEvent::Status { .. }) => statuses += 1,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+}

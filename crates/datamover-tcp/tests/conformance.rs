@@ -7,7 +7,7 @@ use bytes::Bytes;
 use datamover::conformance::{KitConnection, KitEvent, KitInitiator, KitTransport};
 use datamover::{CmdSnState, FfpConfig};
 use datamover_tcp::TcpConnection;
-use iscsi_wire::{Bhs, DataOut, Pdu, ScsiCommand, RESERVED_TAG};
+use iscsi_wire::{Bhs, DataOut, Pdu, RESERVED_TAG};
 use std::collections::HashMap;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
@@ -22,7 +22,7 @@ const DIGESTS: Tcp = Tcp(common::DIGESTS);
 #[async_trait]
 impl KitTransport for Tcp {
     fn config(&self) -> FfpConfig {
-        common::config(self.0, false, 1)
+        datamover::conformance::config(self.0, false, 1)
     }
 
     async fn connect(&self) -> KitConnection {
@@ -113,37 +113,22 @@ impl TcpPeer {
             _ => self.pending.push(KitEvent::Control(pdu)),
         }
     }
-
-    fn command(itt: u32, read: bool, len: u32, final_: bool) -> Bhs {
-        let mut cdb = [0u8; 16];
-        cdb[0] = if read { 0x28 } else { 0x2a };
-        Bhs::ScsiCommand(ScsiCommand {
-            immediate: false,
-            final_,
-            read,
-            write: !read,
-            attr: 1,
-            lun: 0,
-            itt,
-            expected_data_len: len,
-            cmd_sn: itt,
-            exp_stat_sn: 0,
-            cdb,
-        })
-    }
 }
 
 #[async_trait]
 impl KitInitiator for TcpPeer {
     async fn send_read(&mut self, itt: u32, len: u32) {
-        self.send(Pdu::new(Self::command(itt, true, len, true), Bytes::new()))
-            .await
+        self.send(Pdu::new(
+            datamover::conformance::scsi_command(itt, true, len, true),
+            Bytes::new(),
+        ))
+        .await
     }
 
     async fn send_write(&mut self, itt: u32, data: Bytes, immediate: u32, unsolicited: u32) {
         let len = data.len() as u32;
         self.writes.insert(itt, data.clone());
-        let cmd = Self::command(itt, false, len, unsolicited == 0);
+        let cmd = datamover::conformance::scsi_command(itt, false, len, unsolicited == 0);
         self.send(Pdu::new(cmd, data.slice(..immediate as usize)))
             .await;
         if unsolicited > 0 {
@@ -153,7 +138,7 @@ impl KitInitiator for TcpPeer {
     }
 
     async fn send_write_withholding(&mut self, itt: u32, data: Bytes) {
-        let cmd = Self::command(itt, false, data.len() as u32, false);
+        let cmd = datamover::conformance::scsi_command(itt, false, data.len() as u32, false);
         self.writes.insert(itt, data);
         self.send(Pdu::new(cmd, Bytes::new())).await
     }

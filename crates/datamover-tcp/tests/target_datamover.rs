@@ -17,7 +17,7 @@ mod common;
 const WAIT: Duration = Duration::from_secs(10);
 
 fn config(digests: Digests) -> FfpConfig {
-    common::config(digests, true, 100)
+    datamover::conformance::config(digests, true, 100)
 }
 
 /// The datamover on one end, a raw peer socket on the other.

@@ -101,6 +101,9 @@ pub struct Config {
     pub nop_timeout_secs: u64,
     /// Largest MaxRecvDataSegmentLength the target declares.
     pub max_recv_data_segment_length: Option<u32>,
+    /// iSER portals insist on MPA CRC (iWARP); otherwise they use it when the initiator asks.
+    #[serde(default)]
+    pub iser_mpa_crc: bool,
     #[serde(default)]
     pub discovery: DiscoveryConfig,
     #[serde(default, rename = "target")]
@@ -154,6 +157,7 @@ impl Config {
             nop_interval_secs: default_nop_interval(),
             nop_timeout_secs: default_nop_timeout(),
             max_recv_data_segment_length: None,
+            iser_mpa_crc: false,
             discovery: DiscoveryConfig::default(),
             targets: vec![TargetConfig {
                 name: DEFAULT_IQN.to_string(),

@@ -68,7 +68,7 @@ impl Target {
             .iter()
             .map(|p| PortalSpec::parse(p))
             .collect::<Result<Vec<_>, _>>()?;
-        let portals = bind_portals(&specs, config.queue_depth).await?;
+        let portals = bind_portals(&specs, &config).await?;
         Target::with_portals(config, portals)
     }
 
@@ -414,7 +414,7 @@ fn named_target(existing: Option<&Session>, first_data: &[u8]) -> Option<String>
 /// first bytes).
 async fn bind_portals(
     specs: &[PortalSpec],
-    queue_depth: u32,
+    config: &Config,
 ) -> Result<Vec<Arc<dyn datamover::Portal>>, String> {
     use TransportKind::{Iser, Tcp};
     let listed = |kind, address| specs.iter().any(|s| s.kind == kind && s.address == address);
@@ -439,7 +439,10 @@ async fn bind_portals(
                 }
             };
             let also_tcp = listed(Tcp, spec.address);
-            let cfg = datamover_iser::AcceptConfig::for_queue_depth(queue_depth);
+            let cfg = datamover_iser::AcceptConfig {
+                crc: config.iser_mpa_crc,
+                ..datamover_iser::AcceptConfig::for_queue_depth(config.queue_depth)
+            };
             let p = datamover_iser::IserPortal::bind(spec.address, dev, cfg, also_tcp)
                 .await
                 .map_err(cannot)?;

@@ -143,6 +143,19 @@ pub struct Wc {
     pub qp_num: u32,
 }
 
+impl Wc {
+    /// A placeholder to fill arrays handed to [`CompletionQueue::poll`].
+    pub const EMPTY: Wc = Wc {
+        wr_id: 0,
+        status: WcStatus::Success,
+        opcode: WcOpcode::Send,
+        byte_len: 0,
+        invalidated_rkey: None,
+        solicited: false,
+        qp_num: 0,
+    };
+}
+
 /// Connection parameters for connect and accept.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnParams {

@@ -11,15 +11,7 @@ pub struct End {
 
 pub fn wait_wc(cq: &Cq, timeout: Duration) -> Wc {
     let deadline = Instant::now() + timeout;
-    let mut out = [Wc {
-        wr_id: 0,
-        status: WcStatus::Success,
-        opcode: WcOpcode::Send,
-        byte_len: 0,
-        invalidated_rkey: None,
-        solicited: false,
-        qp_num: 0,
-    }];
+    let mut out = [Wc::EMPTY];
     loop {
         if cq.poll(&mut out) == 1 {
             return out[0];

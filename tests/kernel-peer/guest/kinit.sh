@@ -55,6 +55,65 @@ kinit_disk_io() {
   ext4_io "$dev" "$1"
 }
 
+# kinit_fio LABEL MIB: fio random writes of mixed 4 KiB-1 MiB blocks over MIB MiB of the
+# session's first disk at queue depth 16, crc32c verify of every block; fio's JSON must show
+# MIB MiB written, no errors, and the verify pass reading the same amount back.
+kinit_fio() {
+  if ! session_disks "$IQN" >/tmp/lun-disks; then
+    bad "$1: no disk attached"
+    return
+  fi
+  read -r lun dev </tmp/lun-disks
+  slow_guest_timeouts "$dev"
+  step "fio on /dev/$dev (LUN $lun)"
+  fio --name=kp-verify --filename=/dev/$dev --direct=1 --ioengine=libaio --iodepth=16 \
+    --rw=randwrite --bssplit=4k/30:16k/20:64k/20:256k/15:1m/15 --blockalign=4k \
+    --size="$2"m --offset=0 --norandommap=0 --verify=crc32c --verify_fatal=1 --do_verify=1 \
+    --verify_backlog=0 --output-format=json --output=/tmp/fio.json
+  rc=$?
+  check "$1: fio exit status 0" test $rc -eq 0
+  python3 - /tmp/fio.json "$2" <<'PY'
+import json, sys
+job = json.load(open(sys.argv[1]))["jobs"][0]
+w, r = job["write"], job["read"]
+print(f"  fio: wrote {w['io_bytes']} B in {w['total_ios']} I/Os, verify read {r['io_bytes']} B, "
+      f"errors {job['error']}, write {w['bw'] / 1024:.1f} MiB/s")
+ok = job["error"] == 0 and w["io_bytes"] == int(sys.argv[2]) << 20 and r["io_bytes"] == w["io_bytes"]
+sys.exit(0 if ok else 1)
+PY
+  if [ $? -eq 0 ]; then ok "$1: fio wrote $2 MiB, verified all of it, no errors"; else bad "$1: fio JSON check"; fi
+}
+
+# iser_setup: siw on eth0 and the kernel's iSER initiator loaded.
+iser_setup() {
+  for m in siw rdma_ucm ib_uverbs ib_iser; do check "modprobe $m" modprobe $m; done
+  if rdma link show siw0/1 >/dev/null 2>&1; then
+    ok "siw0 on eth0 (from an earlier scenario)"
+  else
+    check "siw0 on eth0" rdma link add siw0 type siw netdev eth0
+  fi
+}
+
+# iser_node VARIANT: the host target for VARIANT, discovery over TCP, the node on iser.
+iser_node() {
+  kinit_begin "$1"
+  check "$1: node uses the iser transport" node_set "$PORTAL" "$IQN" iface.transport_name iser
+}
+
+iser_session_check() {
+  iscsiadm -m session -P1 2>/dev/null | grep -E 'Iface Transport|Current Portal' | sed 's/^[ \t]*/  /'
+  check "$1: the session runs over iser" sh -c "iscsiadm -m session -P1 | grep -q 'Iface Transport: iser'"
+}
+
+# iser_dmesg_clean: no iser/siw error in the kernel log (siw is built out of tree: its
+# unsigned-module taint line is not an error).
+iser_dmesg_clean() {
+  dmesg | grep -i -E 'iser|siw' | grep -v 'module verification failed' |
+    grep -i -E 'err|fail|timeout|drop' >/tmp/iser-errors
+  sed 's/^/  dmesg| /' /tmp/iser-errors
+  check "no iser or siw error in the kernel log" test ! -s /tmp/iser-errors
+}
+
 kinit_logout() {
   step "logout"
   check "logout" logout "$PORTAL" "$IQN"

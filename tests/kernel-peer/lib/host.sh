@@ -137,22 +137,23 @@ ironsan_target_available() {
   fi
 }
 # ironsan_target_start VARIANT: a TOML config for the variant (RAM LUNs 0 and, for two-luns, 1;
-# iser: iSCSI/TCP and iSER on the port;
+# iser*: iSCSI/TCP and iSER on the port, iser-crc insisting on MPA CRC, iser-chap with CHAP;
 # CHAP secrets from the env file; digests "allowed", the default, so CRC32C is accepted when
 # offered), then `ironsan target --config`.
 ironsan_target_start() {
   local variant=$1 iqn=$KP_IQN_PREFIX:$1 conf=$KP_RUN/host/ironsan-$1.toml
   {
-    if [[ $variant == iser ]]; then
+    if [[ $variant == iser* ]]; then
       # iSCSI/TCP (for SendTargets) and iSER on one port, told apart by the first bytes.
       echo "portals = [\"tcp://127.0.0.1:$KP_HOST_PORT\", \"iser://127.0.0.1:$KP_HOST_PORT\"]"
+      [[ $variant == iser-crc ]] && echo "iser_mpa_crc = true"
     else
       echo "portals = [\"127.0.0.1:$KP_HOST_PORT\"]"
     fi
     echo
     echo "[[target]]"
     echo "name = \"$iqn\""
-    if [[ $variant == chap || $variant == mutual-chap ]]; then
+    if [[ $variant == chap || $variant == mutual-chap || $variant == iser-chap ]]; then
       echo "chap = { user = \"$KP_CHAP_USER\", secret = \"$KP_CHAP_SECRET\" }"
     fi
     if [[ $variant == mutual-chap ]]; then

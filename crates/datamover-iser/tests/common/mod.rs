@@ -79,15 +79,7 @@ impl RawInitiator {
 
     pub fn wait(&self, want: WcOpcode) -> Wc {
         let deadline = Instant::now() + Duration::from_secs(10);
-        let mut out = [Wc {
-            wr_id: 0,
-            status: WcStatus::Success,
-            opcode: WcOpcode::Send,
-            byte_len: 0,
-            invalidated_rkey: None,
-            solicited: false,
-            qp_num: 0,
-        }];
+        let mut out = [Wc::EMPTY];
         loop {
             if self.cq.poll(&mut out) == 1 {
                 assert_eq!(out[0].status, WcStatus::Success, "{out:?}");

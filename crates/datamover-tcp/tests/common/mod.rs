@@ -4,8 +4,6 @@
 // Each test file uses a part of this module.
 #![allow(dead_code)]
 
-use datamover::FfpConfig;
-use iscsi_session::WriteLimits;
 use iscsi_wire::{decode_pdu, encode_pdu, CrcFn, Digests, Pdu, WireError};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -34,27 +32,6 @@ pub fn decode_checked(buf: &[u8], digests: Digests) -> Option<(Pdu, usize)> {
         }
         Err(WireError::Truncated { .. }) => None,
         Err(e) => panic!("undecodable PDU from the datamover: {e}"),
-    }
-}
-
-/// The parameters the tests' datamovers run with: 4 KiB Data-In segments in 16 KiB bursts,
-/// 8 KiB received segments and first burst, two R2Ts outstanding.
-pub fn config(digests: Digests, initial_r2t: bool, next_stat_sn: u32) -> FfpConfig {
-    FfpConfig {
-        digests,
-        max_recv_data_segment_length: 8192,
-        max_send_data_segment_length: 4096,
-        max_burst_length: 16384,
-        write_limits: WriteLimits {
-            first_burst_length: 8192,
-            max_burst_length: 16384,
-            initial_r2t,
-            immediate_data: true,
-            max_outstanding_r2t: 2,
-            max_recv_data_segment_length: 8192,
-        },
-        status: datamover::status_numbering(next_stat_sn),
-        max_write_len: 1 << 20,
     }
 }
 

@@ -13,7 +13,7 @@ use super::WAIT;
 use crate::{CommandOut, InitiatorDatamover, InitiatorFfpConfig, InitiatorNotice, NoticeSink};
 use async_trait::async_trait;
 use bytes::Bytes;
-use iscsi_wire::{Bhs, NopIn, NopOut, Pdu, ScsiCommand, ScsiResponse, RESERVED_TAG};
+use iscsi_wire::{Bhs, NopIn, NopOut, Pdu, ScsiResponse, RESERVED_TAG};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -78,21 +78,12 @@ fn pattern(len: usize, seed: u32) -> Bytes {
 /// A SCSI Command for the datamover: reading `read_len`, or writing `write` of which
 /// `solicited_from..` is left for the target to ask for.
 pub fn command(itt: u32, read_len: u32, write: Bytes, solicited_from: u32) -> CommandOut {
-    let mut cdb = [0u8; 16];
-    cdb[0] = if write.is_empty() { 0x28 } else { 0x2a };
-    let bhs = Bhs::ScsiCommand(ScsiCommand {
-        immediate: false,
-        final_: true,
-        read: read_len > 0,
-        write: !write.is_empty(),
-        attr: 1,
-        lun: 0,
-        itt,
-        expected_data_len: read_len.max(write.len() as u32),
-        cmd_sn: itt,
-        exp_stat_sn: 0,
-        cdb,
-    });
+    let len = read_len.max(write.len() as u32);
+    let mut bhs = super::scsi_command(itt, write.is_empty(), len, true);
+    if let Bhs::ScsiCommand(c) = &mut bhs {
+        c.read = read_len > 0;
+        c.write = !write.is_empty();
+    }
     CommandOut {
         pdu: Pdu::new(bhs, Bytes::new()),
         write,

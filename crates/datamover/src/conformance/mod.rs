@@ -12,7 +12,8 @@ pub mod initiator;
 use crate::{CollapsedStatus, Datamover, DmError, FfpConfig, Notice, TaskRef, WriteHandle};
 use async_trait::async_trait;
 use bytes::Bytes;
-use iscsi_wire::{Bhs, Pdu, ScsiResponse};
+use iscsi_session::WriteLimits;
+use iscsi_wire::{Bhs, Digests, Pdu, ScsiCommand, ScsiResponse};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -77,6 +78,46 @@ pub trait KitTransport: Sync {
     fn config(&self) -> FfpConfig;
     /// A datamover (with its notices) connected to an initiator end.
     async fn connect(&self) -> KitConnection;
+}
+
+/// The parameters the suite's datamovers run with: 4 KiB data segments out in 16 KiB bursts,
+/// 8 KiB segments in and first burst, two R2Ts (or RDMA Reads) outstanding.
+pub fn config(digests: Digests, initial_r2t: bool, next_stat_sn: u32) -> FfpConfig {
+    FfpConfig {
+        digests,
+        max_recv_data_segment_length: 8192,
+        max_send_data_segment_length: 4096,
+        max_burst_length: 16384,
+        write_limits: WriteLimits {
+            first_burst_length: 8192,
+            max_burst_length: 16384,
+            initial_r2t,
+            immediate_data: true,
+            max_outstanding_r2t: 2,
+            max_recv_data_segment_length: 8192,
+        },
+        status: crate::status_numbering(next_stat_sn),
+        max_write_len: 1 << 20,
+    }
+}
+
+/// A SCSI Command as a kit peer sends it: READ(10) or WRITE(10) of `len` bytes, CmdSN = ITT.
+pub fn scsi_command(itt: u32, read: bool, len: u32, final_: bool) -> Bhs {
+    let mut cdb = [0u8; 16];
+    cdb[0] = if read { 0x28 } else { 0x2a };
+    Bhs::ScsiCommand(ScsiCommand {
+        immediate: false,
+        final_,
+        read,
+        write: !read,
+        attr: 1,
+        lun: 0,
+        itt,
+        expected_data_len: len,
+        cmd_sn: itt,
+        exp_stat_sn: 0,
+        cdb,
+    })
 }
 
 fn pattern(len: usize, seed: u32) -> Bytes {

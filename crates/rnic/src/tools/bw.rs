@@ -2,7 +2,6 @@
 //! perftest's ib_write_bw), measured between two RNIC instances over loopback TCP in one process,
 //! next to a plain TCP socket stream measured in the same run as the baseline.
 
-use super::EMPTY_WC;
 use crate::{Channel, Cq, Mr, Qp, Rnic};
 use rdma::{
     Access, CompletionChannel, CompletionQueue, ConnParams, ConnectRequest, Listener, MemoryRegion,
@@ -156,7 +155,7 @@ pub fn run_loopback(opt: &BwOptions) -> Res<Vec<BwPoint>> {
 /// (the re-arm-then-poll rule), then wait for the channel (bounded).
 fn wait_ok(cq: &Cq, ch: &Channel) -> Res<rdma::Wc> {
     let deadline = Instant::now() + Duration::from_secs(30);
-    let mut out = [EMPTY_WC];
+    let mut out = [rdma::Wc::EMPTY];
     let wc = loop {
         if cq.poll(&mut out) == 1 {
             break out[0];

@@ -2,23 +2,13 @@
 pub mod bw;
 pub mod rping;
 
-use rdma::{CompletionQueue, Wc, WcOpcode, WcStatus};
+use rdma::{CompletionQueue, Wc};
 use std::time::{Duration, Instant};
-
-pub(crate) const EMPTY_WC: Wc = Wc {
-    wr_id: 0,
-    status: WcStatus::Success,
-    opcode: WcOpcode::Send,
-    byte_len: 0,
-    invalidated_rkey: None,
-    solicited: false,
-    qp_num: 0,
-};
 
 /// Polls `cq` until a completion arrives or `timeout` passes (short sleeps between polls).
 pub(crate) fn next_wc<C: CompletionQueue>(cq: &C, timeout: Duration) -> Option<Wc> {
     let deadline = Instant::now() + timeout;
-    let mut out = [EMPTY_WC];
+    let mut out = [Wc::EMPTY];
     let mut spins = 0u32;
     loop {
         if cq.poll(&mut out) == 1 {
