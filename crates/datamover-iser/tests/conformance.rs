@@ -22,6 +22,8 @@ use rdma::{
 };
 use rnic::Rnic;
 
+mod common;
+
 /// The software RNIC, with or without MPA CRC.
 struct Iser {
     crc: bool,
@@ -67,14 +69,7 @@ impl KitTransport for Iser {
             };
             qp2.connect(addr, &params).unwrap()
         });
-        let req = tokio::task::spawn_blocking(move || {
-            listener
-                .get_request(Duration::from_secs(5))
-                .unwrap()
-                .expect("a connection request")
-        })
-        .await
-        .unwrap();
+        let req = common::next_request(listener).await;
         let cfg = AcceptConfig {
             crc: self.crc,
             ..AcceptConfig::default()

@@ -33,14 +33,7 @@ async fn connect(private_data: Vec<u8>, cfg: AcceptConfig) -> (IserLogin<Rnic>, 
         };
         ini.qp.connect(addr, &params).unwrap()
     });
-    let req = tokio::task::spawn_blocking(move || {
-        listener
-            .get_request(Duration::from_secs(5))
-            .unwrap()
-            .expect("a connection request")
-    })
-    .await
-    .unwrap();
+    let req = common::next_request(listener).await;
     assert_eq!(req.peer_ird_ord(), (128, 1));
     let login = accept(target_dev, req, cfg).await.expect("accepted");
     let info = connecting.await.unwrap();

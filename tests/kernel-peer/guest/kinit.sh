@@ -105,6 +105,16 @@ iser_session_check() {
   check "$1: the session runs over iser" sh -c "iscsiadm -m session -P1 | grep -q 'Iface Transport: iser'"
 }
 
+# kinit_pattern LABEL MIB: an O_DIRECT pattern of MIB MiB on the session's first disk.
+kinit_pattern() {
+  if session_disks "$IQN" >/tmp/lun-disks; then
+    read -r lun dev </tmp/lun-disks
+    raw_pattern_io "$dev" "$2" "$1"
+  else
+    bad "$1: no disk attached"
+  fi
+}
+
 # iser_dmesg_clean: no iser/siw error in the kernel log (siw is built out of tree: its
 # unsigned-module taint line is not an error).
 iser_dmesg_clean() {

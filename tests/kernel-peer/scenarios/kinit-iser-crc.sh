@@ -14,10 +14,7 @@ guest_main() {
   iser_node iser-crc
   kinit_login "iser, MPA CRC"
   iser_session_check "iser, MPA CRC"
-  if session_disks "$IQN" >/tmp/lun-disks; then
-    read -r lun dev </tmp/lun-disks
-    raw_pattern_io "$dev" 16 "iser, MPA CRC"
-  fi
+  kinit_pattern "iser, MPA CRC" 16
   kinit_logout
   iser_dmesg_clean
   kinit_end

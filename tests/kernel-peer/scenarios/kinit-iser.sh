@@ -18,10 +18,7 @@ guest_main() {
   command -v fio >/dev/null && kinit_fio iser 64
   kinit_logout
   kinit_login "iser, again"
-  if session_disks "$IQN" >/tmp/lun-disks; then
-    read -r lun dev </tmp/lun-disks
-    raw_pattern_io "$dev" 8 "iser, again"
-  fi
+  kinit_pattern "iser, again" 8
   kinit_logout
 
   iser_node iser-chap
@@ -31,10 +28,7 @@ guest_main() {
   kinit_login_refused "iser, CHAP, wrong secret"
   node_set "$PORTAL" "$IQN" node.session.auth.password "$KP_CHAP_SECRET"
   kinit_login "iser, CHAP"
-  if session_disks "$IQN" >/tmp/lun-disks; then
-    read -r lun dev </tmp/lun-disks
-    raw_pattern_io "$dev" 8 "iser, CHAP"
-  fi
+  kinit_pattern "iser, CHAP" 8
   kinit_logout
 
   iser_dmesg_clean

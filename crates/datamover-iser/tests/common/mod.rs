@@ -111,3 +111,14 @@ pub fn login_request() -> Pdu {
     });
     Pdu::new(bhs, Bytes::from_static(LOGIN_TEXT))
 }
+
+/// The next connection request on `listener` (waited for on a thread of its own).
+pub async fn next_request(listener: rnic::RnicListener) -> rnic::Request {
+    tokio::task::spawn_blocking(move || {
+        rdma::Listener::get_request(&listener, Duration::from_secs(5))
+            .unwrap()
+            .expect("a connection request")
+    })
+    .await
+    .unwrap()
+}
