@@ -108,6 +108,11 @@ async fn malformed_sends_and_a_lost_connection_are_errors() {
     hello[0] = 0x20;
     initiator.send_bytes(&hello);
     assert!(matches!(login.recv().await, Err(LoginRecvError::Bad(why)) if why.contains("Hello")));
+    // A control opcode with reserved flag bits set.
+    let mut flags = vec![0u8; 76];
+    flags[0] = 0x11;
+    initiator.send_bytes(&flags);
+    assert!(matches!(login.recv().await, Err(LoginRecvError::Bad(why)) if why.contains("0x11")));
     // A DataSegmentLength beyond the bytes sent.
     let mut bytes = vec![0u8; iser::send_len(&login_request())];
     iser::encode_send(&IserHeader::CONTROL, &login_request(), &mut bytes);
