@@ -120,9 +120,16 @@ fn orient(seg: &TcpSegment, opts: &Options) -> Option<(SocketAddr, SocketAddr)> 
         // Wait for content before deciding on a non-standard port.
         return None;
     }
-    if opts.detect_by_content && seg.payload.len() >= 48 {
+    if !opts.detect_by_content {
+        return None;
+    }
+    // An MPA Request is 20 bytes plus its private data (28 from Linux iSER): shorter than a BHS.
+    if seg.payload.starts_with(MPA_REQ_KEY) {
+        return Some((s, d));
+    }
+    if seg.payload.len() >= 48 {
         let op = seg.payload[0];
-        if op == 0x43 && seg.payload[1] & 0x0c != 0x08 || seg.payload.starts_with(MPA_REQ_KEY) {
+        if op == 0x43 && seg.payload[1] & 0x0c != 0x08 {
             return Some((s, d));
         }
         if op == 0x23 {
@@ -321,5 +328,44 @@ fn finish(c: &mut ConnState) {
             c.conn.header_digest = c.conn.header_digest.or(hd);
             c.conn.data_digest = c.conn.data_digest.or(dd);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn segment(payload: &[u8]) -> TcpSegment {
+        TcpSegment {
+            frame: 1,
+            ts_ns: 0,
+            src: "10.0.2.15:40000".parse().unwrap(),
+            dst: "10.0.2.2:21093".parse().unwrap(),
+            seq: 1,
+            ack: 1,
+            syn: false,
+            fin: false,
+            rst: false,
+            has_ack: true,
+            window: 100,
+            payload: payload.to_vec(),
+        }
+    }
+
+    #[test]
+    fn flows_on_other_ports_are_taken_by_their_first_bytes() {
+        let opts = Options::default();
+        // Linux iSER's MPA Request: 20 bytes and 8 of private data, shorter than a BHS.
+        let mut mpa = MPA_REQ_KEY.to_vec();
+        mpa.extend_from_slice(&[
+            0x10, 0x02, 0x00, 0x08, 0x00, 0x80, 0x00, 0x01, 0x80, 0, 0, 0,
+        ]);
+        let seg = segment(&mpa);
+        assert_eq!(orient(&seg, &opts), Some((seg.src, seg.dst)));
+        let mut login = vec![0u8; 48];
+        login[0] = 0x43;
+        login[1] = 0x87;
+        assert_eq!(orient(&segment(&login), &opts), Some((seg.src, seg.dst)));
+        assert_eq!(orient(&segment(b"GET / HTTP/1.1"), &opts), None);
     }
 }
