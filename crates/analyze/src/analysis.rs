@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::capture::{read_frames, tcp_segment, CaptureError, Frame, TcpSegment};
 use crate::iscsi::{record, Dir, FramedPdu, FramerStats, PduFramer, PduRecord};
-use crate::iser::IserDecoder;
+use crate::iser::{IserDecoder, RdmaXfer};
 use crate::tcp::{Chunk, HalfStats, HalfStream, TcpEvent};
 
 /// What to look for.
@@ -60,6 +60,9 @@ pub struct Connection {
     pub tcp_events: Vec<(Dir, TcpEvent)>,
     #[serde(skip)]
     pub packets: Vec<PacketMark>,
+    /// iSER: the RDMA operations that moved command data, in capture order.
+    #[serde(skip)]
+    pub rdma: Vec<RdmaXfer>,
 }
 
 /// Everything found in one capture.
@@ -246,6 +249,7 @@ fn new_conn(id: usize, initiator: SocketAddr, target: SocketAddr, ts: u64) -> Co
             pdus: 0,
             tcp_events: Vec::new(),
             packets: Vec::new(),
+            rdma: Vec::new(),
         },
         halves: [half(), half()],
         records: Vec::new(),
@@ -290,7 +294,11 @@ fn deliver(c: &mut ConnState, dir: Dir, chunks: Vec<Chunk>) {
         }
         let framed: Vec<FramedPdu> = match h.decoder.as_mut().expect("set above") {
             Decoder::Iscsi(f) => f.push(&chunk),
-            Decoder::Iser(d) => d.push(&chunk),
+            Decoder::Iser(d) => {
+                let framed = d.push(&chunk);
+                c.conn.rdma.append(&mut d.xfers);
+                framed
+            }
         };
         let transport = c.conn.transport;
         for p in framed {
@@ -367,5 +375,91 @@ mod tests {
         login[1] = 0x87;
         assert_eq!(orient(&segment(&login), &opts), Some((seg.src, seg.dst)));
         assert_eq!(orient(&segment(b"GET / HTTP/1.1"), &opts), None);
+    }
+
+    /// An iSER READ as Linux does it: the command's iSER header names the Read STag, the
+    /// target RDMA-Writes the data there and answers with Send with Invalidate; the command's
+    /// row counts the written bytes as its read data.
+    #[test]
+    fn an_iser_read_counts_the_rdma_write_to_its_read_stag() {
+        use iscsi_wire::{encode_pdu, Bhs, Pdu, ScsiCommand, ScsiResponse};
+        use iwarp::ddp::{DdpHeader, Opcode, TaggedHeader, UntaggedHeader};
+        let fpdu =
+            |h: DdpHeader, payload: &[u8]| iwarp::fpdu::encode(&h.to_bytes(), payload, false);
+        let send = |msn: u32, header: iser::IserHeader, bhs: Bhs| {
+            let pdu = Pdu::new(bhs, bytes::Bytes::new());
+            let mut msg = header.encode().to_vec();
+            msg.extend(encode_pdu(&pdu, None, None));
+            let h = DdpHeader::Untagged(UntaggedHeader {
+                last: true,
+                opcode: Opcode::Send,
+                inv_stag: 0,
+                qn: 0,
+                msn,
+                mo: 0,
+            });
+            fpdu(h, &msg)
+        };
+        let mpa = |key: &[u8]| {
+            let mut f = key.to_vec();
+            f.extend_from_slice(&[0x00, 0x01, 0x00, 0x00]);
+            f
+        };
+        let command = Bhs::ScsiCommand(ScsiCommand {
+            immediate: false,
+            final_: true,
+            read: true,
+            write: false,
+            attr: 1,
+            lun: 0,
+            itt: 7,
+            expected_data_len: 4096,
+            cmd_sn: 1,
+            exp_stat_sn: 1,
+            cdb: [0x28; 16],
+        });
+        let header = iser::IserHeader {
+            read: Some((0x77, 0x1000)),
+            ..iser::IserHeader::CONTROL
+        };
+        let mut to_target = mpa(b"MPA ID Req Frame");
+        to_target.extend(send(1, header, command));
+        let mut to_initiator = mpa(b"MPA ID Rep Frame");
+        for (k, piece) in [0u64, 2048].into_iter().enumerate() {
+            let h = DdpHeader::Tagged(TaggedHeader {
+                last: k == 1,
+                opcode: Opcode::RdmaWrite,
+                stag: 0x77,
+                to: 0x1000 + piece,
+            });
+            to_initiator.extend(fpdu(h, &[5u8; 2048]));
+        }
+        let rsp = Bhs::ScsiResponse(ScsiResponse {
+            itt: 7,
+            ..Default::default()
+        });
+        to_initiator.extend(send(1, iser::IserHeader::CONTROL, rsp));
+        let (ini, tgt) = (
+            "10.0.2.15:40000".parse().unwrap(),
+            "10.0.2.2:21093".parse().unwrap(),
+        );
+        let frame = |number: u64, src, dst, seq, payload: &[u8]| Frame {
+            number,
+            ts_ns: number * 1000,
+            linktype: 1,
+            data: pcap_trace::build_frame(src, dst, seq, 1, 0x18, payload),
+        };
+        let frames = [
+            frame(1, ini, tgt, 1, &to_target),
+            frame(2, tgt, ini, 1, &to_initiator),
+        ];
+        let a = analyze_frames(&frames, &Options::default());
+        assert_eq!(a.connections.len(), 1);
+        assert_eq!(a.connections[0].transport, "iser");
+        let cmds = crate::stats::commands(&a, &crate::stats::StatsOptions::default());
+        assert_eq!(cmds.len(), 1, "{:?}", a.pdus);
+        assert_eq!(cmds[0].data_in_bytes, 4096);
+        assert_eq!(cmds[0].status, Some(0));
+        assert_eq!(a.pdus[0].read_stag, Some(0x77));
     }
 }

@@ -85,6 +85,11 @@ pub struct PduRecord {
     pub text: Option<Vec<String>>,
     pub header_digest: DigestCheck,
     pub data_digest: DigestCheck,
+    /// iSER: the initiator's Read and Write STags named in the Send's iSER header.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_stag: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub write_stag: Option<u32>,
     /// One-line description of the opcode-specific fields.
     pub summary: String,
 }
@@ -121,6 +126,8 @@ pub struct FramedPdu {
     pub data: Vec<u8>,
     pub header_digest: DigestCheck,
     pub data_digest: DigestCheck,
+    /// The iSER header of the Send that carried the PDU (iSER only).
+    pub iser: Option<iser::IserHeader>,
 }
 
 /// Counters of framing trouble.
@@ -337,6 +344,7 @@ impl PduFramer {
             data: pdu.pdu.data.to_vec(),
             header_digest,
             data_digest,
+            iser: None,
         })
     }
 
@@ -467,6 +475,8 @@ pub fn record(conn: usize, dir: Dir, p: &FramedPdu) -> PduRecord {
         text: None,
         header_digest: p.header_digest,
         data_digest: p.data_digest,
+        read_stag: p.iser.and_then(|h| h.read).map(|(stag, _)| stag),
+        write_stag: p.iser.and_then(|h| h.write).map(|(stag, _)| stag),
         summary: String::new(),
     };
     let itt = p.bhs.itt();

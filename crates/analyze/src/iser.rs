@@ -17,6 +17,24 @@ use crate::tcp::Chunk;
 pub use iser::ISER_HEADER_LEN;
 const MPA_HEADER_LEN: usize = 20;
 
+/// What an RDMA operation did to a command's buffer, named by the initiator's STag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RdmaKind {
+    /// Read data written into the buffer (an RDMA Write segment to the Read STag).
+    Write,
+    /// Write data asked for from the buffer (an RDMA Read Request of the Write STag).
+    ReadRequest,
+}
+
+/// One RDMA operation (or segment of one) that moves a command's data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RdmaXfer {
+    pub ts_ns: u64,
+    pub stag: u32,
+    pub bytes: u64,
+    pub kind: RdmaKind,
+}
+
 /// RDMA traffic that is not an iSCSI PDU.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct RdmaStats {
@@ -48,6 +66,8 @@ pub struct IserDecoder {
     messages: HashMap<u32, Message>,
     broken: bool,
     pub stats: RdmaStats,
+    /// RDMA operations on command buffers seen since the caller last drained this.
+    pub xfers: Vec<RdmaXfer>,
 }
 
 impl IserDecoder {
@@ -61,6 +81,7 @@ impl IserDecoder {
             messages: HashMap::new(),
             broken: false,
             stats: RdmaStats::default(),
+            xfers: Vec::new(),
         }
     }
 
@@ -130,6 +151,12 @@ impl IserDecoder {
                 if t.opcode == RdmapOpcode::RdmaWrite {
                     self.stats.rdma_writes += u64::from(t.last);
                     self.stats.rdma_write_bytes += payload.len() as u64;
+                    self.xfers.push(RdmaXfer {
+                        ts_ns,
+                        stag: t.stag,
+                        bytes: payload.len() as u64,
+                        kind: RdmaKind::Write,
+                    });
                 } else {
                     self.stats.read_responses += u64::from(t.last);
                     self.stats.read_response_bytes += payload.len() as u64;
@@ -139,6 +166,14 @@ impl IserDecoder {
             DdpHeader::Untagged(u) => {
                 if u.opcode == RdmapOpcode::ReadRequest {
                     self.stats.read_requests += 1;
+                    if let Ok(r) = iwarp::rdmap::ReadRequest::decode(payload) {
+                        self.xfers.push(RdmaXfer {
+                            ts_ns,
+                            stag: r.src_stag,
+                            bytes: u64::from(r.size),
+                            kind: RdmaKind::ReadRequest,
+                        });
+                    }
                     return None;
                 }
                 if u.opcode == RdmapOpcode::Terminate {
@@ -193,6 +228,7 @@ impl IserDecoder {
             data: send.pdu.data.to_vec(),
             header_digest: DigestCheck::Absent,
             data_digest: DigestCheck::Absent,
+            iser: Some(send.header),
         })
     }
 }
@@ -259,5 +295,15 @@ mod tests {
         assert_eq!(out[0].bhs.itt(), 9);
         assert_eq!(d.stats.rdma_writes, 1);
         assert_eq!(d.stats.rdma_write_bytes, 3);
+        assert_eq!(
+            d.xfers,
+            vec![RdmaXfer {
+                ts_ns: 1,
+                stag: 5,
+                bytes: 3,
+                kind: RdmaKind::Write
+            }]
+        );
+        assert_eq!(out[0].iser, Some(iser::IserHeader::CONTROL));
     }
 }

@@ -4,6 +4,8 @@
 
 use std::collections::HashMap;
 
+use crate::iser::RdmaKind;
+
 use report::{Cell, Table};
 use serde::Serialize;
 
@@ -111,6 +113,8 @@ fn packet_times(c: &Connection) -> Vec<u64> {
 /// Every SCSI command in the capture, in the order they were sent.
 pub fn commands(a: &Analysis, opts: &StatsOptions) -> Vec<CommandStat> {
     let mut out: Vec<CommandStat> = Vec::new();
+    // iSER: each command's Read and Write STags, by index in `out`.
+    let mut stags: Vec<(Option<u32>, Option<u32>)> = Vec::new();
     let mut open: HashMap<(usize, u32), usize> = HashMap::new();
     for p in &a.pdus {
         let Some(itt) = p.itt else { continue };
@@ -136,6 +140,7 @@ pub fn commands(a: &Analysis, opts: &StatsOptions) -> Vec<CommandStat> {
                     status: None,
                     idle_us: 0.0,
                 });
+                stags.push((p.read_stag, p.write_stag));
                 open.insert((p.conn, itt), i);
             }
             0x05 | 0x25 | 0x31 | 0x21 => {
@@ -160,6 +165,7 @@ pub fn commands(a: &Analysis, opts: &StatsOptions) -> Vec<CommandStat> {
             _ => {}
         }
     }
+    add_rdma_bytes(a, &mut out, &stags);
     let times: Vec<Vec<u64>> = a.connections.iter().map(packet_times).collect();
     for c in &mut out {
         if let (Some(end), Some(t)) = (c.end_ns, times.get(c.conn)) {
@@ -167,6 +173,41 @@ pub fn commands(a: &Analysis, opts: &StatsOptions) -> Vec<CommandStat> {
         }
     }
     out
+}
+
+/// iSER: the data of each command moved by RDMA, tied to it by the STag its iSER header named
+/// and by time (between the command and its status): RDMA Writes to its Read STag are its
+/// read data, RDMA Read Requests of its Write STag its solicited write data.
+fn add_rdma_bytes(a: &Analysis, out: &mut [CommandStat], stags: &[(Option<u32>, Option<u32>)]) {
+    let mut by_stag: HashMap<(usize, u32), Vec<usize>> = HashMap::new();
+    for (i, (read, write)) in stags.iter().enumerate() {
+        for stag in [read, write].into_iter().flatten() {
+            by_stag.entry((out[i].conn, *stag)).or_default().push(i);
+        }
+    }
+    if by_stag.is_empty() {
+        return;
+    }
+    for conn in &a.connections {
+        for x in &conn.rdma {
+            let Some(cands) = by_stag.get(&(conn.id, x.stag)) else {
+                continue;
+            };
+            let within = |c: &CommandStat| {
+                x.ts_ns >= c.start_ns && c.end_ns.is_none_or(|end| x.ts_ns <= end)
+            };
+            let Some(&i) = cands.iter().find(|&&i| within(&out[i])) else {
+                continue;
+            };
+            match x.kind {
+                RdmaKind::Write if stags[i].0 == Some(x.stag) => out[i].data_in_bytes += x.bytes,
+                RdmaKind::ReadRequest if stags[i].1 == Some(x.stag) => {
+                    out[i].data_out_bytes += x.bytes
+                }
+                _ => {}
+            }
+        }
+    }
 }
 
 /// One summary per connection.
