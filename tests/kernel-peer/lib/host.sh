@@ -71,7 +71,7 @@ target_start() {
       pcap=$KP_RUN/host/$variant-$kind-$n.pcap
     done
     rm -f "$KP_RUN/host/capture.log"
-    spawn capture tcpdump -i lo -s "${KP_SNAPLEN:-2048}" --immediate-mode -U -w "$pcap" "tcp port $KP_HOST_PORT"
+    spawn capture tcpdump -i lo -B 131072 -s "${KP_SNAPLEN:-2048}" --immediate-mode -U -w "$pcap" "tcp port $KP_HOST_PORT"
     wait_for 10 grep -q 'listening on' "$KP_RUN/host/capture.log" || echo "tcpdump is not listening yet"
   fi
   case $kind in
