@@ -25,7 +25,7 @@ use iser::IserHeader;
 use rdma::{Access, MemoryRegion, SendOp, SendWr};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use crate::endpoint::{Device, Endpoint, Received};
+use crate::endpoint::{ConnEnd, Device, Endpoint, Received};
 
 /// The initiator's buffers of one command, from its iSER header.
 #[derive(Debug, Clone, Copy, Default)]
@@ -332,8 +332,8 @@ async fn receive<P: Device>(
     let reason = loop {
         let bytes = match received.recv().await {
             Some(Ok(b)) => b,
-            Some(Err(e)) => break e,
-            None => break "the connection ended".to_string(),
+            Some(Err(e)) => break e.to_string(),
+            None => break ConnEnd::Closed.to_string(),
         };
         let send = match iser::parse_send(&bytes, max_recv_data) {
             Ok(s) => s,
@@ -369,9 +369,8 @@ async fn receive<P: Device>(
     };
     tracing::debug!(peer = %sh.peer, "iSER connection ended: {reason}");
     sh.ep.close();
-    for (_, slot) in sh.slots.lock().expect("slots").drain() {
-        drop(slot.unsolicited_done);
-    }
+    // Waiters for unsolicited data hear of the end as their senders go.
+    sh.slots.lock().expect("slots").clear();
     let _ = notices.send(Notice::Closed(reason)).await;
 }
 

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -62,7 +62,6 @@ pub struct Endpoint<P: Provider> {
     send_permits: Semaphore,
     pending: Mutex<HashMap<u64, Pending>>,
     next_ticket: AtomicU64,
-    closed: AtomicBool,
     /// Held while a work request is stamped and posted: posting order is wire order.
     post_lock: Mutex<()>,
     // Kept alive with the queue pair that uses them (a provider's progress may stop when
@@ -71,8 +70,27 @@ pub struct Endpoint<P: Provider> {
     dev: Arc<P>,
 }
 
+/// Why a connection's stream of received Sends ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConnEnd {
+    /// The peer closed it, or it was closed here (work requests flushed).
+    Closed,
+    /// An RDMA operation or the completion machinery failed.
+    Failed(String),
+}
+
+impl std::fmt::Display for ConnEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConnEnd::Closed => f.write_str("the connection ended"),
+            ConnEnd::Failed(why) => f.write_str(why),
+        }
+    }
+}
+
 /// What the peer sent, in order; an error ends the stream (the connection is gone).
-pub type Received = mpsc::UnboundedReceiver<Result<Bytes, String>>;
+pub type Received = mpsc::UnboundedReceiver<Result<Bytes, ConnEnd>>;
+type ReceivedTx = mpsc::UnboundedSender<Result<Bytes, ConnEnd>>;
 
 struct ChannelFd(RawFd);
 
@@ -119,7 +137,6 @@ impl<P: Device> Endpoint<P> {
             send_permits: Semaphore::new(buffers.send_slots as usize),
             pending: Mutex::new(HashMap::new()),
             next_ticket: AtomicU64::new(TICKET_BASE),
-            closed: AtomicBool::new(false),
             post_lock: Mutex::new(()),
             pd,
             dev,
@@ -237,8 +254,8 @@ impl<P: Device> Endpoint<P> {
         }
         match rx.await {
             Ok(WcStatus::Success) => Ok(()),
-            Ok(status) => Err(connection_error(status)),
-            Err(_) => Err("the connection ended".into()),
+            Ok(status) => Err(connection_error(status).to_string()),
+            Err(_) => Err(ConnEnd::Closed.to_string()),
         }
     }
 
@@ -263,19 +280,14 @@ impl<P: Device> Endpoint<P> {
         self.qp.disconnect();
     }
 
-    /// Whether the connection has ended.
-    pub fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
-    }
-
     /// A received Send in receive slot `slot`: its bytes, and the slot posted again.
-    fn take_recv(&self, slot: u32, len: u32) -> Result<Bytes, String> {
+    fn take_recv(&self, slot: u32, len: u32) -> Result<Bytes, ConnEnd> {
         let len = (len as usize).min(self.buffers.recv_len);
         let mut bytes = vec![0u8; len];
         self.recv_mr
             .read_at(slot as usize * self.buffers.recv_len, &mut bytes);
         self.post_recv(slot)
-            .map_err(|e| format!("reposting a receive: {e}"))?;
+            .map_err(|e| ConnEnd::Failed(format!("reposting a receive: {e}")))?;
         Ok(Bytes::from(bytes))
     }
 }
@@ -285,7 +297,7 @@ pub struct Poller<P: Provider> {
     ep: Arc<Endpoint<P>>,
     cq: P::Cq,
     channel: P::Channel,
-    tx: mpsc::UnboundedSender<Result<Bytes, String>>,
+    tx: ReceivedTx,
 }
 
 impl<P: Device> Poller<P> {
@@ -308,9 +320,8 @@ impl<P: Device> Poller<P> {
             unsafe { AsyncFd::register_with_interest(ChannelFd(channel.fd()), Interest::READABLE) };
         let reason = match registered {
             Ok(afd) => poll_until_closed(&ep, &cq, &channel, &afd, &tx).await,
-            Err(e) => format!("completion channel: {e}"),
+            Err(e) => ConnEnd::Failed(format!("completion channel: {e}")),
         };
-        ep.closed.store(true, Ordering::Release);
         ep.send_permits.close();
         let waiters: Vec<u64> = ep
             .pending
@@ -332,8 +343,8 @@ async fn poll_until_closed<P: Device>(
     cq: &P::Cq,
     channel: &P::Channel,
     afd: &AsyncFd<ChannelFd>,
-    tx: &mpsc::UnboundedSender<Result<Bytes, String>>,
-) -> String {
+    tx: &ReceivedTx,
+) -> ConnEnd {
     let mut wcs = [Wc::EMPTY; 32];
     loop {
         // Re-arm, then poll: a completion landing between the two still wakes us.
@@ -354,16 +365,12 @@ async fn poll_until_closed<P: Device>(
                 guard.clear_ready();
                 let _ = channel.get_events(Some(std::time::Duration::ZERO));
             }
-            Err(e) => return format!("completion channel: {e}"),
+            Err(e) => return ConnEnd::Failed(format!("completion channel: {e}")),
         }
     }
 }
 
-fn dispatch<P: Device>(
-    ep: &Endpoint<P>,
-    wc: &Wc,
-    tx: &mpsc::UnboundedSender<Result<Bytes, String>>,
-) -> Result<(), String> {
+fn dispatch<P: Device>(ep: &Endpoint<P>, wc: &Wc, tx: &ReceivedTx) -> Result<(), ConnEnd> {
     if wc.opcode == WcOpcode::Recv && wc.wr_id < TICKET_BASE {
         if wc.status != WcStatus::Success {
             return Err(connection_error(wc.status));
@@ -379,9 +386,9 @@ fn dispatch<P: Device>(
     Ok(())
 }
 
-fn connection_error(status: WcStatus) -> String {
+fn connection_error(status: WcStatus) -> ConnEnd {
     match status {
-        WcStatus::Flushed | WcStatus::RemoteOperation => "the connection ended".into(),
-        other => format!("RDMA operation failed: {other:?}"),
+        WcStatus::Flushed | WcStatus::RemoteOperation => ConnEnd::Closed,
+        other => ConnEnd::Failed(format!("RDMA operation failed: {other:?}")),
     }
 }

@@ -18,7 +18,7 @@ use std::os::fd::BorrowedFd;
 use tokio::sync::mpsc;
 
 use crate::datamover::Start;
-use crate::endpoint::{Buffers, Device, Endpoint, Received};
+use crate::endpoint::{Buffers, ConnEnd, Device, Endpoint, Received};
 
 /// How the target sets up an iSER connection.
 #[derive(Debug, Clone, Copy)]
@@ -154,8 +154,8 @@ impl<P: Device> LoginChannel for IserLogin<P> {
     async fn recv(&mut self) -> Result<InPdu, LoginRecvError> {
         let bytes = match self.received.recv().await {
             Some(Ok(b)) => b,
-            Some(Err(e)) if e == "the connection ended" => return Err(LoginRecvError::Closed),
-            Some(Err(e)) => return Err(LoginRecvError::Io(e)),
+            Some(Err(ConnEnd::Closed)) => return Err(LoginRecvError::Closed),
+            Some(Err(ConnEnd::Failed(e))) => return Err(LoginRecvError::Io(e)),
             None => return Err(LoginRecvError::Closed),
         };
         let send = iser::parse_send(&bytes, self.max_recv_data)
