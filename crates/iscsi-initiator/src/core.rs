@@ -166,7 +166,6 @@ struct ConnState {
     alive: bool,
     exp_stat_sn: u32,
     max_send_seg: u32,
-    in_flight: usize,
 }
 
 #[derive(Debug)]
@@ -238,7 +237,6 @@ impl<T> SessionCore<T> {
             alive: true,
             exp_stat_sn,
             max_send_seg: max_seg(max_send_seg),
-            in_flight: 0,
         };
         let idx = match self.conns.iter().position(|c| !c.alive) {
             Some(i) => {
@@ -370,7 +368,6 @@ impl<T> SessionCore<T> {
                 continue;
             };
             let req = req.clone();
-            self.conns[conn].in_flight += 1;
             self.send_command(conn, itt, cmd_sn, &req);
         }
     }
@@ -599,11 +596,6 @@ impl<T> SessionCore<T> {
 
     fn finish(&mut self, itt: u32, result: Result<Reply, TaskError>) {
         if let Some(t) = self.tasks.remove(&itt) {
-            if let Some(c) = t.conn {
-                if matches!(t.kind, Kind::Scsi { .. }) {
-                    self.conns[c].in_flight = self.conns[c].in_flight.saturating_sub(1);
-                }
-            }
             self.actions.push(Action::Complete {
                 token: t.token,
                 result,
@@ -859,7 +851,6 @@ impl<T> SessionCore<T> {
             return;
         };
         c.alive = false;
-        c.in_flight = 0;
         let mut lost: Vec<(u32, u32, bool)> = self
             .tasks
             .iter()
