@@ -11,6 +11,7 @@
 #              128 KiB and rand 4 KiB reads, QD 32, as a ratio to iscsi-perf on that target in
 #              the same round
 # Usage: tests/perf/compare-builds.sh BEFORE-BINARY AFTER-BINARY [ROUNDS] [SECONDS]
+#   PARTS=initiator (or target) runs only that half, for more rounds in the same time.
 # Not part of the test command: a benchmark for closing notes. Needs iscsi-perf
 # (libiscsi-bin) and python3.
 set -euo pipefail
@@ -18,6 +19,7 @@ before=${1:?usage: compare-builds.sh BEFORE AFTER [ROUNDS] [SECONDS]}
 after=${2:?usage: compare-builds.sh BEFORE AFTER [ROUNDS] [SECONDS]}
 rounds=${3:-5}
 secs=${4:-3}
+parts=${PARTS:-target,initiator}
 port=13300
 iqn=iqn.2026-11.org.ironsan:compare
 work=$(mktemp -d)
@@ -66,6 +68,7 @@ for ((r = 1; r <= rounds; r++)); do
   order=(before after)
   ((r % 2 == 0)) && order=(after before)
   for b in "${order[@]}"; do
+    [[ $parts == *target* ]] || break
     bin=$before
     [[ $b == after ]] && bin=$after
     start_target "$bin"
@@ -76,18 +79,20 @@ for ((r = 1; r <= rounds; r++)); do
     stop_target
   done
   # Initiators against one target (the BEFORE build's), each as a ratio to iscsi-perf.
-  start_target "$before"
-  p_seq=$(perf_iops -m 32 -b 256 -t "$secs" "$ram")
-  p_rand=$(perf_iops -m 32 -b 8 -r -t "$secs" "$ram")
-  for b in "${order[@]}"; do
-    bin=$before
-    [[ $b == after ]] && bin=$after
-    s=$(bench_iops "$bin" "$ram" --rw read --pattern seq --size 128k)
-    q=$(bench_iops "$bin" "$ram" --rw read --pattern rand --size 4k)
-    record "initiator/iscsi-perf seq 128 KiB read" "$b" "$(python3 -c "print($s / max(1, $p_seq))")"
-    record "initiator/iscsi-perf rand 4 KiB read" "$b" "$(python3 -c "print($q / max(1, $p_rand))")"
-  done
-  stop_target
+  if [[ $parts == *initiator* ]]; then
+    start_target "$before"
+    p_seq=$(perf_iops -m 32 -b 256 -t "$secs" "$ram")
+    p_rand=$(perf_iops -m 32 -b 8 -r -t "$secs" "$ram")
+    for b in "${order[@]}"; do
+      bin=$before
+      [[ $b == after ]] && bin=$after
+      s=$(bench_iops "$bin" "$ram" --rw read --pattern seq --size 128k)
+      q=$(bench_iops "$bin" "$ram" --rw read --pattern rand --size 4k)
+      record "initiator/iscsi-perf seq 128 KiB read" "$b" "$(python3 -c "print($s / max(1, $p_seq))")"
+      record "initiator/iscsi-perf rand 4 KiB read" "$b" "$(python3 -c "print($q / max(1, $p_rand))")"
+    done
+    stop_target
+  fi
   echo "round $r of $rounds done" >&2
 done
 
