@@ -31,6 +31,8 @@ struct Iser {
 
 const RECV_SLOTS: u64 = 32;
 const RECV_LEN: usize = 8192 + 128;
+/// 8 KiB slots in the initiator's send buffer.
+const SEND_SLOTS: usize = 8;
 
 #[async_trait]
 impl KitTransport for Iser {
@@ -87,6 +89,7 @@ impl KitTransport for Iser {
             recv,
             send,
             sends: 0,
+            sends_in_flight: 0,
             buffers: HashMap::new(),
             pending: Vec::new(),
         };
@@ -110,17 +113,28 @@ struct RawIser {
     send: rnic::Mr,
     /// Sends posted (each takes the next 8 KiB of the send buffer, cyclically).
     sends: usize,
+    /// Sends posted whose completion has not been polled yet: a slot is reused only after
+    /// the Send that used it completed (on one CPU the RNIC may not have sent it yet).
+    sends_in_flight: usize,
     buffers: HashMap<u32, Buffer>,
     pending: Vec<KitEvent>,
 }
 
 impl RawIser {
-    fn post(&mut self, header: IserHeader, pdu: &Pdu) {
+    async fn post(&mut self, header: IserHeader, pdu: &Pdu) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.sends_in_flight >= SEND_SLOTS && self.qp.is_some() {
+            assert!(Instant::now() < deadline, "a Send never completed");
+            if self.poll_completions() == 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
         let Some(qp) = &self.qp else { return };
         let mut bytes = vec![0u8; iser::send_len(pdu)];
         iser::encode_send(&header, pdu, &mut bytes);
-        let at = (self.sends % 8) * 8192;
+        let at = (self.sends % SEND_SLOTS) * 8192;
         self.sends += 1;
+        self.sends_in_flight += 1;
         self.send.write_at(at, &bytes);
         let _ = qp.post_send(SendWr {
             wr_id: 1_000_000 + self.sends as u64,
@@ -147,7 +161,7 @@ impl RawIser {
         key
     }
 
-    fn data_out(&mut self, itt: u32, data: &Bytes, from: u32, to: u32) {
+    async fn data_out(&mut self, itt: u32, data: &Bytes, from: u32, to: u32) {
         let seq = iscsi_session::DataOutSequence {
             itt,
             lun: 0,
@@ -157,7 +171,7 @@ impl RawIser {
         };
         let pdus: Vec<Pdu> = seq.pdus(data, from, to).collect();
         for p in pdus {
-            self.post(IserHeader::CONTROL, &p);
+            self.post(IserHeader::CONTROL, &p).await;
         }
     }
 
@@ -199,6 +213,26 @@ impl RawIser {
         }
     }
 
+    /// Polls the completion queue once: receives become events, Send completions free their
+    /// slots, an error closes the connection. Returns how many completions there were.
+    fn poll_completions(&mut self) -> usize {
+        let mut wcs = [Wc::EMPTY; 16];
+        let n = self.cq.poll(&mut wcs);
+        for wc in &wcs[..n] {
+            if wc.status != WcStatus::Success {
+                self.qp = None;
+                self.pending.push(KitEvent::Closed);
+                break;
+            }
+            match wc.opcode {
+                WcOpcode::Recv => self.on_recv(wc),
+                WcOpcode::Send => self.sends_in_flight -= 1,
+                _ => {}
+            }
+        }
+        n
+    }
+
     fn buffers_were_read(&self, b: &Buffer) -> bool {
         b.mr.access().contains(Access::REMOTE_WRITE)
     }
@@ -218,7 +252,8 @@ impl KitInitiator for RawIser {
                 datamover::conformance::scsi_command(itt, true, len, true),
                 Bytes::new(),
             ),
-        );
+        )
+        .await;
     }
 
     async fn send_write(&mut self, itt: u32, data: Bytes, immediate: u32, unsolicited: u32) {
@@ -230,9 +265,11 @@ impl KitInitiator for RawIser {
         };
         let len = data.len() as u32;
         let cmd = datamover::conformance::scsi_command(itt, false, len, unsolicited == 0);
-        self.post(header, &Pdu::new(cmd, data.slice(..immediate as usize)));
+        self.post(header, &Pdu::new(cmd, data.slice(..immediate as usize)))
+            .await;
         if unsolicited > 0 {
-            self.data_out(itt, &data, immediate, immediate + unsolicited);
+            self.data_out(itt, &data, immediate, immediate + unsolicited)
+                .await;
         }
     }
 
@@ -243,7 +280,7 @@ impl KitInitiator for RawIser {
             ..IserHeader::CONTROL
         };
         let cmd = datamover::conformance::scsi_command(itt, false, data.len() as u32, false);
-        self.post(header, &Pdu::new(cmd, Bytes::new()));
+        self.post(header, &Pdu::new(cmd, Bytes::new())).await;
     }
 
     async fn send_bad_data(&mut self, itt: u32) {
@@ -258,29 +295,18 @@ impl KitInitiator for RawIser {
         self.post(
             IserHeader::CONTROL,
             &Pdu::new(bhs, Bytes::from(vec![0xee; 512])),
-        );
+        )
+        .await;
     }
 
     async fn next_event(&mut self, timeout: Duration) -> Option<KitEvent> {
         let deadline = Instant::now() + timeout;
-        let mut wcs = [Wc::EMPTY; 16];
         loop {
             if !self.pending.is_empty() {
                 return Some(self.pending.remove(0));
             }
             self.qp.as_ref()?;
-            let n = self.cq.poll(&mut wcs);
-            for wc in &wcs[..n] {
-                if wc.status != WcStatus::Success {
-                    self.qp = None;
-                    self.pending.push(KitEvent::Closed);
-                    break;
-                }
-                if wc.opcode == WcOpcode::Recv {
-                    self.on_recv(wc);
-                }
-            }
-            if n == 0 {
+            if self.poll_completions() == 0 {
                 if Instant::now() >= deadline {
                     return None;
                 }
