@@ -1,27 +1,52 @@
 #!/usr/bin/env bash
 # iWARP wire compatibility judged by an independent decoder: capture `ironsan rdma ping` on
-# loopback (MPA CRC off, then on) and decode it with tshark's iwarp_mpa / iwarp_ddp_rdmap
-# dissectors: every payload segment must decode as iWARP, none malformed, CRCs good, and the
-# opcodes, MSNs and STags must be the ones the rping protocol exchanged.
+# loopback (MPA CRC off, then on), and across a veth pair between two network namespaces
+# (MTU 1500, so 1448-byte segments: FPDUs must start segments, which tshark's MPA dissector
+# assumes and RFC 5044 asks of a sender), and decode it with tshark's iwarp_mpa /
+# iwarp_ddp_rdmap dissectors: every payload segment must decode as iWARP, none malformed, CRCs
+# good, and the opcodes, MSNs and STags must be the ones the rping protocol exchanged.
 set -euo pipefail
 : "${IRONSAN:?set IRONSAN to the ironsan binary}"
 tmp=$(mktemp -d)
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
+nsa=ironsan-iwa-$$ nsb=ironsan-iwb-$$
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  ip netns del "$nsa" 2>/dev/null || true
+  ip netns del "$nsb" 2>/dev/null || true
+  rm -rf "$tmp"
+}
 trap cleanup EXIT
 fail() { echo "40-iwarp-tshark: FAIL: $*" >&2; exit 1; }
 COUNT=5
+# Where the server and the client run and what is captured: loopback unless set_veth ran.
+srv=() cli=() CAP_IF=lo SRV_ADDR=127.0.0.1
+
+set_veth() { # the server in one namespace, the client in another, a veth pair between them
+  ip netns add "$nsa"
+  ip netns add "$nsb"
+  ip link add "iwa$$" type veth peer name "iwb$$"
+  ip link set "iwa$$" netns "$nsa"
+  ip link set "iwb$$" netns "$nsb"
+  ip -n "$nsa" addr add 10.211.0.1/24 dev "iwa$$"
+  ip -n "$nsb" addr add 10.211.0.2/24 dev "iwb$$"
+  for n in "$nsa:iwa$$" "$nsb:iwb$$"; do
+    ip -n "${n%%:*}" link set lo up
+    ip -n "${n%%:*}" link set "${n#*:}" mtu 1500 up
+  done
+  srv=(ip netns exec "$nsa") cli=(ip netns exec "$nsb") CAP_IF="iwa$$" SRV_ADDR=10.211.0.1
+}
 
 run_capture() { # name port ping-args...
   local name=$1 port=$2; shift 2
-  timeout 60 dumpcap -q -i lo -f "tcp port $port" -w "$tmp/$name.pcapng" -a duration:50 2>"$tmp/$name.dumpcap" &
+  timeout 60 "${srv[@]}" dumpcap -q -i "$CAP_IF" -f "tcp port $port" -w "$tmp/$name.pcapng" -a duration:50 2>"$tmp/$name.dumpcap" &
   local cap=$!; pids+=("$cap")
   for _ in $(seq 50); do [[ -s "$tmp/$name.pcapng" ]] && break; sleep 0.1; done
   sleep 0.5
-  timeout 30 "$IRONSAN" rdma ping --server --listen "127.0.0.1:$port" --timeout 20 >"$tmp/$name.server" 2>&1 &
+  timeout 30 "${srv[@]}" "$IRONSAN" rdma ping --server --listen "$SRV_ADDR:$port" --timeout 20 >"$tmp/$name.server" 2>&1 &
   local srv=$!; pids+=("$srv")
   sleep 0.3
-  timeout 30 "$IRONSAN" rdma ping "127.0.0.1:$port" --count "$COUNT" "$@" | tee "$tmp/$name.client" | tail -1
+  timeout 30 "${cli[@]}" "$IRONSAN" rdma ping "$SRV_ADDR:$port" --count "$COUNT" "$@" | tee "$tmp/$name.client" | tail -1
   wait "$srv" || fail "$name: ping server failed: $(cat "$tmp/$name.server")"
   sleep 0.5
   kill -INT "$cap" 2>/dev/null || true
@@ -101,4 +126,7 @@ run_capture nocrc 17201 --size 65000
 check_capture nocrc 0
 run_capture crc 17202 --size 65000 --crc
 check_capture crc 1
+set_veth
+run_capture veth-crc 17203 --size 65000 --crc
+check_capture veth-crc 1
 echo "40-iwarp-tshark: OK"

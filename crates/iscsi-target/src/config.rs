@@ -104,6 +104,11 @@ pub struct Config {
     /// iSER portals insist on MPA CRC (iWARP); otherwise they use it when the initiator asks.
     #[serde(default)]
     pub iser_mpa_crc: bool,
+    /// iSER over the software RNIC aligns each FPDU with a TCP segment on loopback connections
+    /// too (network paths always are): for captures of a loopback hop, such as qemu's
+    /// user-mode network in front of a guest, that a dissector decodes.
+    #[serde(default)]
+    pub iser_align_loopback: bool,
     #[serde(default)]
     pub discovery: DiscoveryConfig,
     #[serde(default, rename = "target")]
@@ -158,6 +163,7 @@ impl Config {
             nop_timeout_secs: default_nop_timeout(),
             max_recv_data_segment_length: None,
             iser_mpa_crc: false,
+            iser_align_loopback: false,
             discovery: DiscoveryConfig::default(),
             targets: vec![TargetConfig {
                 name: DEFAULT_IQN.to_string(),

@@ -434,6 +434,7 @@ async fn bind_portals(
                         Arc::new(rnic::Rnic::new().map_err(|e| {
                             format!("cannot start the software RNIC for iSER: {e}")
                         })?);
+                    d.align_fpdus_on_loopback(config.iser_align_loopback);
                     rnic = Some(d.clone());
                     d
                 }

@@ -16,7 +16,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use rdma::{Access, QpState, SendOp, Wc, WcOpcode, WcStatus};
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -52,6 +52,8 @@ pub(crate) enum Cmd {
 pub(crate) struct EngineShared {
     waker: Waker,
     inbox: Mutex<Vec<Cmd>>,
+    /// Align FPDUs with TCP segments on loopback connections too (see `Conn::align_fpdus`).
+    pub(crate) align_on_loopback: AtomicBool,
 }
 
 impl EngineShared {
@@ -67,6 +69,7 @@ pub(crate) fn start() -> std::io::Result<(Arc<EngineShared>, std::thread::JoinHa
     let shared = Arc::new(EngineShared {
         waker,
         inbox: Mutex::new(Vec::new()),
+        align_on_loopback: AtomicBool::new(false),
     });
     let s2 = shared.clone();
     let handle = std::thread::Builder::new()
@@ -107,7 +110,8 @@ fn run(mut poll: Poll, shared: Arc<EngineShared>) {
                 }
                 Cmd::Attach(a) => {
                     let num = a.qp.num;
-                    match Conn::new(*a, &poll) {
+                    let align_on_loopback = shared.align_on_loopback.load(Ordering::Relaxed);
+                    match Conn::new(*a, &poll, align_on_loopback) {
                         Ok(c) => {
                             conns.insert(num, c);
                             ready.push(num);
@@ -159,13 +163,15 @@ fn run(mut poll: Poll, shared: Arc<EngineShared>) {
 enum Chunk {
     Bytes(Vec<u8>),
     Mem(Arc<MrInner>, usize, usize),
+    /// An FPDU's last bytes (pad and CRC): the FPDU ends here.
+    Tail(Vec<u8>),
     Done(Wc),
 }
 
 impl Chunk {
     fn len(&self) -> usize {
         match self {
-            Chunk::Bytes(b) => b.len(),
+            Chunk::Bytes(b) | Chunk::Tail(b) => b.len(),
             Chunk::Mem(_, _, l) => *l,
             Chunk::Done(_) => 0,
         }
@@ -242,6 +248,11 @@ struct Conn {
     ird: usize,
     ord: usize,
     budget: usize,
+    /// Each FPDU ends its own TCP segment (MSG_EOR). Off on loopback unless asked for: there
+    /// segments are only the kernel's buffers, and packing FPDUs into them is faster (fewer,
+    /// larger buffers). Captures of a loopback hop (a local proxy such as qemu's user-mode
+    /// network) want it on, for dissectors that expect an FPDU at each segment's start.
+    align_fpdus: bool,
     // transmit
     out: VecDeque<Chunk>,
     out_bytes: usize,
@@ -273,7 +284,11 @@ struct Conn {
 }
 
 impl Conn {
-    fn new(a: Attach, poll: &Poll) -> Result<Conn, (Arc<QpShared>, std::io::Error)> {
+    fn new(
+        a: Attach,
+        poll: &Poll,
+        align_on_loopback: bool,
+    ) -> Result<Conn, (Arc<QpShared>, std::io::Error)> {
         let Attach {
             qp,
             stream,
@@ -283,19 +298,20 @@ impl Conn {
             send_rtr,
             hold_tx,
         } = a;
-        let setup = || -> std::io::Result<(TcpStream, usize)> {
+        let setup = || -> std::io::Result<(TcpStream, usize, bool)> {
             stream.set_nonblocking(true)?;
             stream.set_nodelay(true)?;
             let mss = tcp_mss(stream.as_raw_fd()).unwrap_or(1460);
+            let peer_is_loopback = stream.peer_addr()?.ip().is_loopback();
             let mut sock = TcpStream::from_std(stream);
             poll.registry().register(
                 &mut sock,
                 Token(qp.num as usize),
                 Interest::READABLE | Interest::WRITABLE,
             )?;
-            Ok((sock, mss))
+            Ok((sock, mss, peer_is_loopback))
         };
-        let (sock, mss) = match setup() {
+        let (sock, mss, peer_is_loopback) = match setup() {
             Ok(v) => v,
             Err(e) => return Err((qp, e)),
         };
@@ -309,6 +325,7 @@ impl Conn {
             ord: ord.max(1) as usize,
             // siw sizes FPDUs to the MSS rounded down to a multiple of 8.
             budget: (mss & !7).max(64),
+            align_fpdus: align_on_loopback || !peer_is_loopback,
             out: VecDeque::new(),
             out_bytes: 0,
             front_pos: 0,
@@ -609,7 +626,7 @@ impl Conn {
             m.piece_idx += 1;
         }
         let (trailer, tl) = fpdu::trailer(&layout, crc.as_mut());
-        self.push_chunk(Chunk::Bytes(trailer[..tl].to_vec()));
+        self.push_chunk(Chunk::Tail(trailer[..tl].to_vec()));
         m.sent += n;
         m.started = true;
         if last {
@@ -648,14 +665,22 @@ impl Conn {
             if self.out.is_empty() {
                 return WriteResult::Drained;
             }
+            // With `align_fpdus`, each FPDU is one message of a sendmmsg, ended with MSG_EOR so
+            // that TCP starts the next FPDU in a new segment: FPDUs (sized to the MSS) stay
+            // aligned with segments, as siw sends them and as RFC 5044 asks of a sender, so
+            // that a receiver or a dissector finds each FPDU at the start of a segment. One
+            // call still sends many. Without it, everything queued is one message.
             let mut iov: Vec<libc::iovec> = Vec::with_capacity(MAX_IOVECS.min(self.out.len()));
+            // (first iovec, iovec count, ends an FPDU) per message
+            let mut msgs: Vec<(usize, usize, bool)> = Vec::new();
+            let mut first = 0;
             for (i, c) in self.out.iter().enumerate() {
                 if iov.len() == MAX_IOVECS {
                     break;
                 }
                 let skip = if i == 0 { self.front_pos } else { 0 };
                 let (base, len) = match c {
-                    Chunk::Bytes(b) => (b.as_ptr(), b.len()),
+                    Chunk::Bytes(b) | Chunk::Tail(b) => (b.as_ptr(), b.len()),
                     Chunk::Mem(mr, off, len) => (mr.ptr_at(*off) as *const u8, *len),
                     Chunk::Done(_) => continue,
                 };
@@ -667,9 +692,15 @@ impl Conn {
                         iov_len: len - skip,
                     });
                 }
+                if self.align_fpdus && matches!(c, Chunk::Tail(_)) && iov.len() > first {
+                    msgs.push((first, iov.len() - first, true));
+                    first = iov.len();
+                }
             }
-            // SAFETY: iov holds valid (pointer, length) pairs that outlive the call.
-            let n = unsafe { libc::writev(self.fd, iov.as_ptr(), iov.len() as libc::c_int) };
+            if iov.len() > first {
+                msgs.push((first, iov.len() - first, false));
+            }
+            let n = send_fpdus(self.fd, &mut iov, &msgs);
             if n < 0 {
                 let e = std::io::Error::last_os_error();
                 return match e.kind() {
@@ -1319,6 +1350,42 @@ fn read_result(n: isize) -> Result<usize, Step> {
         std::io::ErrorKind::Interrupted => Ok(0),
         _ => Err(Step::Fail(None, format!("receive failed: {e}"))),
     }
+}
+
+/// Sends `msgs` (ranges of `iov`, each flagged if it ends an FPDU) in one sendmmsg; the ends
+/// of FPDUs carry MSG_EOR (TCP appends no later data to the segment holding them). The kernel
+/// stops at a message it could send only in part. Returns the bytes sent, or -1 (errno set).
+fn send_fpdus(fd: RawFd, iov: &mut [libc::iovec], msgs: &[(usize, usize, bool)]) -> isize {
+    let base = iov.as_mut_ptr();
+    let mut hdrs: Vec<libc::mmsghdr> = msgs
+        .iter()
+        .map(|&(first, count, eor)| {
+            // SAFETY: a zeroed mmsghdr is valid (no name, no control data).
+            let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
+            // SAFETY: first + count <= iov.len(), so the pointer stays inside iov.
+            h.msg_hdr.msg_iov = unsafe { base.add(first) };
+            h.msg_hdr.msg_iovlen = count as _;
+            h.msg_hdr.msg_flags = if eor { libc::MSG_EOR } else { 0 };
+            h
+        })
+        .collect();
+    // SAFETY: every header points at iovecs inside `iov`, whose (pointer, length) pairs are
+    // live buffers that outlive the call; hdrs.len() is the count passed.
+    let sent = unsafe {
+        libc::sendmmsg(
+            fd,
+            hdrs.as_mut_ptr(),
+            hdrs.len() as libc::c_uint,
+            libc::MSG_NOSIGNAL,
+        )
+    };
+    if sent < 0 {
+        return -1;
+    }
+    hdrs[..sent as usize]
+        .iter()
+        .map(|h| h.msg_len as isize)
+        .sum()
 }
 
 fn tcp_mss(fd: RawFd) -> Option<usize> {

@@ -11,8 +11,11 @@
 //! timeouts, then the socket is handed to the progress thread.
 //!
 //! # Data path
-//! Outbound messages are cut into FPDUs sized to the TCP MSS (as siw does; about 64 KiB on
-//! loopback) and written with `writev` straight from registered memory. Inbound FPDU headers are
+//! Outbound messages are cut into FPDUs sized to the TCP MSS (as siw does; 32 KiB or more on
+//! loopback) and written with `sendmmsg` straight from registered memory. On network paths each
+//! FPDU is its own message ending in MSG_EOR, so that TCP starts every FPDU in a new segment
+//! (RFC 5044's alignment, what siw does, what tshark's MPA dissector needs); on loopback FPDUs
+//! are packed unless [`Rnic::align_fpdus_on_loopback`] asks for alignment. Inbound FPDU headers are
 //! read into a small buffer, checked (STag validity, protection domain, access rights, bounds, MSN,
 //! receive buffer length), and only then is the payload read from the socket directly into the
 //! target region. Any violation sends a Terminate with the matching error code and moves the QP to
@@ -80,6 +83,16 @@ impl Rnic {
                 next_qp: AtomicU32::new(1),
             }),
         })
+    }
+
+    /// Aligns FPDUs with TCP segments on loopback connections too (network paths always are),
+    /// for connections attached from now on: wanted when a loopback hop is captured and
+    /// decoded, as behind qemu's user-mode network; costs throughput on loopback.
+    pub fn align_fpdus_on_loopback(&self, on: bool) {
+        self.inner
+            .engine
+            .align_on_loopback
+            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The STag table (exposed for tests and diagnostics).

@@ -252,10 +252,23 @@ fn run_qp(a: &Rnic, pda: &rnic::Pd, b: &Rnic, pdb: &rnic::Pd, ea: &End, eb: &End
 
 #[test]
 fn sixty_four_qps_mixed_operations_verified() {
+    sixty_four_qps(false);
+}
+
+/// The same load with every FPDU sent as its own MSG_EOR message (the path network
+/// connections take): partial sends of a batch resume mid-FPDU without loss.
+#[test]
+fn sixty_four_qps_with_segment_aligned_fpdus() {
+    sixty_four_qps(true);
+}
+
+fn sixty_four_qps(aligned: bool) {
     let plans = plan(0x1905_2026);
     let total: usize = plans.iter().flatten().map(|o| o.size).sum();
     let a = Rnic::new().unwrap();
     let b = Rnic::new().unwrap();
+    a.align_fpdus_on_loopback(aligned);
+    b.align_fpdus_on_loopback(aligned);
     let pda = a.alloc_pd().unwrap();
     let pdb = b.alloc_pd().unwrap();
     let pairs: Vec<(End, End)> = (0..QPS)

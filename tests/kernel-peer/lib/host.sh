@@ -71,7 +71,11 @@ target_start() {
       pcap=$KP_RUN/host/$variant-$kind-$n.pcap
     done
     rm -f "$KP_RUN/host/capture.log"
-    spawn capture tcpdump -i lo -B 131072 -s "${KP_SNAPLEN:-2048}" --immediate-mode -U -w "$pcap" "tcp port $KP_HOST_PORT"
+    # Whole packets for the variants a scenario lists in KP_FULL_CAPTURE (byte counts need
+    # every payload byte); the first 2048 bytes of each otherwise.
+    local snaplen=${KP_SNAPLEN:-2048}
+    [[ " ${KP_FULL_CAPTURE:-} " == *" $variant "* ]] && snaplen=0
+    spawn capture tcpdump -i lo -B 131072 -s "$snaplen" --immediate-mode -U -w "$pcap" "tcp port $KP_HOST_PORT"
     wait_for 10 grep -q 'listening on' "$KP_RUN/host/capture.log" || echo "tcpdump is not listening yet"
   fi
   case $kind in
@@ -83,6 +87,19 @@ target_start() {
       ;;
   esac
 }
+# check_iser_capture VARIANT [ARGS...]: the newest capture of VARIANT checked by
+# iser-capture-check.py (tshark's iWARP decoding; ARGS passed on, e.g. the analyzer's bytes).
+check_iser_capture() {
+  local variant=$1 pcap
+  shift
+  pcap=$(ls -t "$KP_RUN"/host/"$variant"-ironsan*.pcap 2>/dev/null | head -1)
+  [[ -n $pcap ]] || {
+    echo "no capture of $variant in $KP_RUN/host"
+    return 1
+  }
+  timeout 150 python3 "$KP_DIR/iser-capture-check.py" "$pcap" "$KP_HOST_PORT" --ironsan "$IRONSAN" "$@"
+}
+
 target_stop() {
   stop target
   stop capture
@@ -147,6 +164,8 @@ ironsan_target_start() {
       # iSCSI/TCP (for SendTargets) and iSER on one port, told apart by the first bytes.
       echo "portals = [\"tcp://127.0.0.1:$KP_HOST_PORT\", \"iser://127.0.0.1:$KP_HOST_PORT\"]"
       [[ $variant == iser-crc ]] && echo "iser_mpa_crc = true"
+      # The guest sits behind qemu's user-mode network: the hop captured here is loopback.
+      echo "iser_align_loopback = true"
     else
       echo "portals = [\"127.0.0.1:$KP_HOST_PORT\"]"
     fi
