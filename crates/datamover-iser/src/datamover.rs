@@ -22,7 +22,7 @@ use datamover::{
 use iscsi_session::{WriteLimits, WriteTransfer};
 use iscsi_wire::{Bhs, DataOut, Pdu, ScsiCommand, ScsiResponse, RESERVED_TAG};
 use iser::IserHeader;
-use rdma::{Access, MemoryRegion, SendOp, SendWr};
+use rdma::{MemoryRegion, SendOp, SendWr};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::endpoint::{ConnEnd, Device, Endpoint, Received};
@@ -151,10 +151,8 @@ impl<P: Device> Shared<P> {
     /// Fetches `len` bytes at `remote` of the initiator's `stag` with one RDMA Read.
     async fn rdma_read(&self, stag: u32, remote: u64, len: u32) -> Result<Bytes, DmError> {
         let _slot = self.reads.acquire().await.map_err(|_| DmError::Closed)?;
-        let mr = self
-            .ep
-            .register(len as usize, Access::LOCAL_WRITE)
-            .map_err(|_| DmError::Closed)?;
+        let lease = self.ep.sink(len as usize).map_err(|_| DmError::Closed)?;
+        let mr = lease.mr();
         let wr = SendWr {
             wr_id: 0,
             op: SendOp::RdmaRead {
@@ -211,11 +209,12 @@ impl<P: Device> Datamover for IserDatamover<P> {
                 self.shared.ep.close();
                 return Err(DmError::Closed);
             };
-            let mr = self
+            let lease = self
                 .shared
                 .ep
-                .register(data.len(), Access::NONE)
+                .source(data.len())
                 .map_err(|_| DmError::Closed)?;
+            let mr = lease.mr();
             mr.write_at(0, &data);
             let wr = SendWr {
                 wr_id: 0,

@@ -9,6 +9,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::mr_pool::{MrPool, PooledMr};
 use bytes::Bytes;
 use iscsi_wire::Pdu;
 use iser::IserHeader;
@@ -64,11 +65,16 @@ pub struct Endpoint<P: Provider> {
     next_ticket: AtomicU64,
     /// Held while a work request is stamped and posted: posting order is wire order.
     post_lock: Mutex<()>,
-    // Kept alive with the queue pair that uses them (a provider's progress may stop when
-    // its last handle goes).
-    pd: P::Pd,
-    dev: Arc<P>,
+    /// Registered regions RDMA Writes leave from (no remote access).
+    sources: Arc<MrPool<P>>,
+    /// Registered regions RDMA Reads land in (local write only).
+    sinks: Arc<MrPool<P>>,
+    // The pools hold the device and the protection domain, which must live as long as the
+    // queue pair that uses them (a provider's progress may stop when its last handle goes).
 }
+
+/// Idle bytes each of an endpoint's region pools keeps for reuse.
+const POOL_IDLE_BYTES: usize = 16 << 20;
 
 /// Why a connection's stream of received Sends ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -138,8 +144,8 @@ impl<P: Device> Endpoint<P> {
             pending: Mutex::new(HashMap::new()),
             next_ticket: AtomicU64::new(TICKET_BASE),
             post_lock: Mutex::new(()),
-            pd,
-            dev,
+            sources: MrPool::new(dev.clone(), pd.clone(), Access::NONE, POOL_IDLE_BYTES),
+            sinks: MrPool::new(dev, pd, Access::LOCAL_WRITE, POOL_IDLE_BYTES),
         });
         for slot in 0..buffers.recv_slots {
             ep.post_recv(slot)?;
@@ -233,9 +239,15 @@ impl<P: Device> Endpoint<P> {
         Ok(())
     }
 
-    /// Registers `len` bytes of memory for one RDMA operation.
-    pub fn register(&self, len: usize, access: Access) -> rdma::Result<P::Mr> {
-        self.dev.reg_mr(&self.pd, len.max(1), access)
+    /// A registered region of at least `len` bytes for an RDMA Write to leave from, from the
+    /// endpoint's pool (registered once, reused).
+    pub fn source(&self, len: usize) -> rdma::Result<PooledMr<P>> {
+        self.sources.take(len)
+    }
+
+    /// A registered region of at least `len` bytes for an RDMA Read to land in, from the pool.
+    pub fn sink(&self, len: usize) -> rdma::Result<PooledMr<P>> {
+        self.sinks.take(len)
     }
 
     /// Posts `wr` (its `wr_id` is replaced) and waits for its completion: an RDMA Read or

@@ -4,13 +4,17 @@
 //! the completion channel, a ring of registered receive buffers kept posted (iWARP has no
 //! receiver-not-ready retry) and a pool of registered send buffers. [`target`] accepts a
 //! connection (the iSER word of the CM private data both ways) and runs the login phase in
-//! iSER mode from the first PDU. The target's full feature phase (Data-In as RDMA Writes,
-//! solicited data as RDMA Reads, status in Send with Invalidate) and the initiator's side
-//! are next.
+//! iSER mode from the first PDU; [`datamover`] is the target's full feature phase (Data-In as
+//! RDMA Writes, solicited data as RDMA Reads, status in Send with Invalidate), its RDMA
+//! operations on regions from [`mr_pool`]. [`portal`] serves `iser://` on the software RNIC,
+//! alone or sharing a port with iSCSI/TCP. [`regcost`] measures what registration costs per
+//! command. The initiator's side is next.
 
 pub mod datamover;
 pub mod endpoint;
+pub mod mr_pool;
 pub mod portal;
+pub mod regcost;
 pub mod target;
 
 pub use portal::IserPortal;

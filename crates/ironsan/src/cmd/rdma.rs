@@ -1,4 +1,5 @@
-//! `ironsan rdma ping` (rping-compatible) and `ironsan rdma bw` (RDMA bandwidth/latency).
+//! `ironsan rdma ping` (rping-compatible), `ironsan rdma bw` (RDMA bandwidth/latency) and
+//! `ironsan rdma reg` (what memory registration costs an iSER command).
 
 use anyhow::{anyhow, bail, Result};
 use clap::{Args, Subcommand};
@@ -22,6 +23,31 @@ enum RdmaCommand {
     /// RDMA Write/Read/Send bandwidth and latency versus message size (two software RNICs over
     /// loopback), with a plain TCP stream baseline measured in the same run.
     Bw(BwArgs),
+    /// What memory registration costs one iSER READ's data, per command, 4 KiB to 16 MiB:
+    /// a region registered per command, a pre-registered pool, memory registered once.
+    Reg(RegArgs),
+}
+
+#[derive(Args)]
+struct RegArgs {
+    /// Smallest command size.
+    #[arg(long, default_value = "4K")]
+    min_size: String,
+    /// Largest command size.
+    #[arg(long, default_value = "16M")]
+    max_size: String,
+    /// Bytes per strategy per round at each size (4 to 2000 commands).
+    #[arg(long, default_value = "32M")]
+    bytes: String,
+    /// Alternating rounds (the medians are reported).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Write the table as JSON to this file.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// Write a cost-vs-size SVG plot to this file.
+    #[arg(long)]
+    svg: Option<std::path::PathBuf>,
 }
 
 #[derive(Args)]
@@ -86,7 +112,82 @@ pub fn run(args: RdmaArgs) -> Result<()> {
     match args.command {
         RdmaCommand::Ping(a) => ping(a),
         RdmaCommand::Bw(a) => bandwidth(a),
+        RdmaCommand::Reg(a) => registration(a),
     }
+}
+
+fn sizes_between(min: &str, max: &str) -> Result<Vec<usize>> {
+    let (lo, hi) = (size_arg(min)?.max(1), size_arg(max)?);
+    let sizes: Vec<usize> = std::iter::successors(Some(lo), |s| Some(s * 2))
+        .take_while(|&s| s <= hi)
+        .collect();
+    if sizes.is_empty() {
+        bail!("empty size range: --min-size {min} is above --max-size {max}");
+    }
+    Ok(sizes)
+}
+
+fn registration(a: RegArgs) -> Result<()> {
+    use datamover_iser::regcost::{measure, Strategy};
+    let sizes = sizes_between(&a.min_size, &a.max_size)?;
+    let points = measure(&sizes, size_arg(&a.bytes)?, a.rounds).map_err(|e| anyhow!("{e}"))?;
+    let mut table = report::Table::new([
+        "size",
+        "strategy",
+        "commands",
+        "us/command",
+        "CPU us/command",
+        "MiB/s",
+        "vs registered once",
+    ]);
+    for p in &points {
+        let once = points
+            .iter()
+            .find(|q| q.size == p.size && q.strategy == Strategy::RegisteredOnce)
+            .map_or(p.wall_us, |q| q.wall_us);
+        table.push_row([
+            report::Cell::Text(report::format_size(p.size as u64)),
+            report::Cell::Text(p.strategy.name().into()),
+            report::Cell::Int(p.commands as i64),
+            report::Cell::float(p.wall_us, 1),
+            report::Cell::float(p.cpu_us, 1),
+            report::Cell::float(p.size as f64 / p.wall_us / 1.048576, 1),
+            report::Cell::float(p.wall_us / once, 2),
+        ]);
+    }
+    println!("{table}");
+    println!(
+        "one READ's data per command as one RDMA Write between two software RNICs (loopback), \
+         one command at a time; medians of {} alternating rounds",
+        a.rounds
+    );
+    if let Some(path) = &a.json {
+        std::fs::write(path, table.to_json_string())?;
+    }
+    if let Some(path) = &a.svg {
+        let series = Strategy::ALL
+            .iter()
+            .map(|s| {
+                let pts = points
+                    .iter()
+                    .filter(|p| p.strategy == *s)
+                    .map(|p| (p.size as f64, p.wall_us))
+                    .collect();
+                report::Series::new(s.name(), pts)
+            })
+            .collect();
+        let plot = report::LinePlot {
+            title: "iSER read data: memory registration cost per command (software RNIC)".into(),
+            x_label: "command size".into(),
+            y_label: "us per command".into(),
+            x_log2: true,
+            x_ticks: report::TickLabels::Bytes,
+            series,
+            ..Default::default()
+        };
+        std::fs::write(path, plot.to_svg())?;
+    }
+    Ok(())
 }
 
 fn ping(a: PingArgs) -> Result<()> {
@@ -140,16 +241,7 @@ fn bandwidth(a: BwArgs) -> Result<()> {
             x => Err(anyhow!("unknown op {x:?} (write, read, send)")),
         })
         .collect::<Result<Vec<_>>>()?;
-    let (lo, hi) = (size_arg(&a.min_size)?.max(1), size_arg(&a.max_size)?);
-    let mut sizes = Vec::new();
-    let mut s = lo;
-    while s <= hi {
-        sizes.push(s);
-        s *= 2;
-    }
-    if sizes.is_empty() {
-        bail!("empty size range");
-    }
+    let sizes = sizes_between(&a.min_size, &a.max_size)?;
     let bytes = size_arg(&a.bytes)?;
     let opt = bw::BwOptions {
         ops: ops.clone(),
