@@ -3,7 +3,9 @@
 # against libibverbs and librdmacm. It cannot run on this machine (no RDMA devices): its tests
 # check that the provider type implements the rdma API and that opening a device fails cleanly.
 # The stage also builds the verbs-ping example that the kernel-peer scenario siw-ironsan@verbs
-# runs over Linux siw in the qemu guest (target/release/examples/verbs-ping).
+# runs over Linux siw in the qemu guest (target/release/examples/verbs-ping), and ironsan itself
+# with the rdma-core feature, in a target directory of its own (target/verbs/release/ironsan),
+# whose target serves the kernel's iSER initiator in scenario kinit-iser-verbs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 fail() {
@@ -28,4 +30,10 @@ grep -q 'librdmacm\.so' <<<"$libs" || fail "not linked against librdmacm"
 timeout 900 cargo build -q --release -p verbs --features rdma-core --example verbs-ping ||
   fail "building the verbs-ping example"
 echo "linked: $(grep -oE 'lib(ibverbs|rdmacm)\.so[.0-9]*' <<<"$libs" | sort -u | paste -sd' ' -)"
+CARGO_TARGET_DIR=target/verbs timeout 900 cargo clippy -q --release -p ironsan -p iscsi-target --features ironsan/rdma-core --all-targets -- -D warnings ||
+  fail "clippy on ironsan with the rdma-core feature"
+CARGO_TARGET_DIR=target/verbs timeout 900 cargo build -q --release -p ironsan --features rdma-core ||
+  fail "building ironsan with the rdma-core feature"
+ldd target/verbs/release/ironsan | grep -q 'librdmacm\.so' || fail "target/verbs/release/ironsan is not linked against librdmacm"
+echo "built: target/verbs/release/ironsan (iser_provider = \"rdma-core\")"
 echo "40-iwarp-verbs-build: OK"

@@ -148,10 +148,24 @@ impl<P: Device> Shared<P> {
         }
     }
 
+    /// A region could not be registered for an RDMA operation: the command fails with the
+    /// connection, and the log says why (on rdma-core devices registration pins memory, so the
+    /// usual cause is the memlock limit).
+    fn registration_failed(&self, len: usize, e: rdma::Error) -> DmError {
+        tracing::warn!(
+            peer = %self.peer,
+            "registering {len} bytes for RDMA failed: {e} (on an RDMA device registration pins memory: raise the memlock limit, e.g. ulimit -l unlimited or LimitMEMLOCK=infinity)"
+        );
+        DmError::Closed
+    }
+
     /// Fetches `len` bytes at `remote` of the initiator's `stag` with one RDMA Read.
     async fn rdma_read(&self, stag: u32, remote: u64, len: u32) -> Result<Bytes, DmError> {
         let _slot = self.reads.acquire().await.map_err(|_| DmError::Closed)?;
-        let lease = self.ep.sink(len as usize).map_err(|_| DmError::Closed)?;
+        let lease = self
+            .ep
+            .sink(len as usize)
+            .map_err(|e| self.registration_failed(len as usize, e))?;
         let mr = lease.mr();
         let wr = SendWr {
             wr_id: 0,
@@ -213,7 +227,7 @@ impl<P: Device> Datamover for IserDatamover<P> {
                 .shared
                 .ep
                 .source(data.len())
-                .map_err(|_| DmError::Closed)?;
+                .map_err(|e| self.shared.registration_failed(data.len(), e))?;
             let mr = lease.mr();
             mr.write_at(0, &data);
             let wr = SendWr {

@@ -11,11 +11,13 @@
 //! command. The initiator's side is next.
 
 pub mod datamover;
+pub mod device_portal;
 pub mod endpoint;
 pub mod mr_pool;
 pub mod portal;
 pub mod regcost;
 pub mod target;
 
+pub use device_portal::DevicePortal;
 pub use portal::IserPortal;
 pub use target::{accept, AcceptConfig, IserLogin};

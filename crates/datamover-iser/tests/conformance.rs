@@ -41,7 +41,13 @@ impl KitTransport for Iser {
     }
 
     async fn connect(&self) -> KitConnection {
-        let target_dev = Arc::new(Rnic::new().unwrap());
+        self.connect_on(Arc::new(Rnic::new().unwrap())).await
+    }
+}
+
+impl Iser {
+    /// A connection whose target end runs on `target_dev`.
+    async fn connect_on(&self, target_dev: Arc<Rnic>) -> KitConnection {
         let listener = target_dev.listen("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = listener.local_addr();
         let dev = Rnic::new().unwrap();
@@ -375,5 +381,59 @@ async fn large_transfers_with_mpa_crc_arrive_intact() {
                 other => panic!("unexpected {other:?}"),
             }
         }
+    }
+}
+
+/// When the initiator goes away, everything the target registered for the connection (receive
+/// ring, send buffers, pooled regions of its RDMA Writes) is released once the session lets
+/// go of the datamover: no registration outlives its connection.
+#[tokio::test]
+async fn a_closed_connection_releases_every_registered_region() {
+    use datamover::{CollapsedStatus, Notice, TaskRef};
+    let target_dev = Arc::new(Rnic::new().unwrap());
+    let t = Iser { crc: false };
+    let (dm, mut notices, mut peer) = t.connect_on(target_dev.clone()).await;
+    assert!(target_dev.stags().registered() > 0);
+    peer.send_read(7, 100_000).await;
+    match tokio::time::timeout(Duration::from_secs(10), notices.recv()).await {
+        Ok(Some(Notice::Command { .. })) => {}
+        other => panic!("expected the READ, got {other:?}"),
+    }
+    let good = CollapsedStatus {
+        status: 0,
+        overflow: false,
+        underflow: false,
+        residual: 0,
+    };
+    let data = Bytes::from(vec![0x5a; 100_000]);
+    dm.put_data(TaskRef { itt: 7, lun: 0 }, data, None, Some(good))
+        .await
+        .expect("put_data");
+    loop {
+        match peer.next_event(Duration::from_secs(10)).await {
+            Some(KitEvent::Status { itt: 7, .. }) => break,
+            Some(_) => continue,
+            None => panic!("no status"),
+        }
+    }
+    peer.disconnect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), notices.recv()).await {
+            Ok(Some(Notice::Closed(_))) | Ok(None) => break,
+            Ok(Some(_)) => assert!(Instant::now() < deadline, "no end of the notices"),
+            Err(_) => panic!("the datamover did not hear of the disconnect"),
+        }
+    }
+    drop(dm);
+    drop(notices);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while target_dev.stags().registered() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{} regions still registered after the connection ended",
+            target_dev.stags().registered()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }

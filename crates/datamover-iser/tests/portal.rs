@@ -124,3 +124,30 @@ async fn a_client_that_stalls_delays_no_other_login() {
     assert_eq!(accept(&p).await.kind(), TransportKind::Tcp);
     drop(half);
 }
+
+/// The portal for providers that listen by themselves (rdma-core's rdma_cm; here the software
+/// RNIC's own listener stands in): two iSER connections accepted, each logging in on its own
+/// channel, and the description names the device.
+#[tokio::test]
+async fn a_device_portal_accepts_iser_connections_through_the_providers_listener() {
+    let dev = Arc::new(Rnic::new().unwrap());
+    let p = datamover_iser::DevicePortal::bind(
+        "127.0.0.1:0".parse().unwrap(),
+        dev,
+        AcceptConfig::default(),
+    )
+    .unwrap();
+    assert_eq!(p.kind(), TransportKind::Iser);
+    assert_eq!(p.describe(), "iSER on rnic (software iWARP over TCP)");
+    for _ in 0..2 {
+        let ini = connect_iser(p.local_addr()).await.unwrap();
+        let mut conn = tokio::time::timeout(Duration::from_secs(10), p.accept(None))
+            .await
+            .expect("a connection in time")
+            .expect("accepted");
+        assert_eq!(conn.kind(), TransportKind::Iser);
+        ini.send_pdu(&login_request());
+        let got = conn.recv().await.unwrap();
+        assert!(matches!(got.pdu.bhs, Bhs::LoginRequest(ref r) if r.itt == 0x1000));
+    }
+}

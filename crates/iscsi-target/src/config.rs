@@ -109,10 +109,26 @@ pub struct Config {
     /// user-mode network in front of a guest, that a dissector decodes.
     #[serde(default)]
     pub iser_align_loopback: bool,
+    /// What serves iser:// portals: ironsan's software iWARP RNIC (the default; it can share
+    /// a port with iSCSI/TCP), or the first rdma-core device (a build with the rdma-core
+    /// feature; rdma_cm owns the port, so iSCSI/TCP needs another).
+    #[serde(default)]
+    pub iser_provider: IserProvider,
     #[serde(default)]
     pub discovery: DiscoveryConfig,
     #[serde(default, rename = "target")]
     pub targets: Vec<TargetConfig>,
+}
+
+/// The RDMA provider behind iser:// portals.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum IserProvider {
+    /// ironsan's software iWARP RNIC.
+    #[default]
+    Software,
+    /// The first device rdma-core reports (librdmacm), e.g. Linux siw or a hardware RNIC.
+    RdmaCore,
 }
 
 /// One configured portal: its transport and address. Written `ADDR:PORT` (iSCSI/TCP),
@@ -164,6 +180,7 @@ impl Config {
             max_recv_data_segment_length: None,
             iser_mpa_crc: false,
             iser_align_loopback: false,
+            iser_provider: IserProvider::Software,
             discovery: DiscoveryConfig::default(),
             targets: vec![TargetConfig {
                 name: DEFAULT_IQN.to_string(),

@@ -15,7 +15,7 @@
 pub mod config;
 mod session;
 
-pub use config::{Config, ConfigError, PortalSpec, DEFAULT_IQN, DEFAULT_PORTAL};
+pub use config::{Config, ConfigError, IserProvider, PortalSpec, DEFAULT_IQN, DEFAULT_PORTAL};
 pub use datamover::ConnectionObserver;
 
 use bytes::Bytes;
@@ -411,7 +411,8 @@ fn named_target(existing: Option<&Session>, first_data: &[u8]) -> Option<String>
 
 /// Binds every listed portal. An address listed for iSER serves iSER over the software RNIC,
 /// and iSCSI/TCP too when it is also listed for TCP (one listener, the protocol told by the
-/// first bytes).
+/// first bytes); with `iser_provider = "rdma-core"`, over the first rdma-core device instead
+/// (its listener owns the port).
 async fn bind_portals(
     specs: &[PortalSpec],
     config: &Config,
@@ -427,6 +428,21 @@ async fn bind_portals(
         }
         let cannot = |e: std::io::Error| format!("cannot listen on {}: {e}", spec.address);
         if listed(Iser, spec.address) {
+            let also_tcp = listed(Tcp, spec.address);
+            let cfg = datamover_iser::AcceptConfig {
+                crc: config.iser_mpa_crc,
+                ..datamover_iser::AcceptConfig::for_queue_depth(config.queue_depth)
+            };
+            if config.iser_provider == IserProvider::RdmaCore {
+                if also_tcp {
+                    return Err(format!(
+                        "{}: with iser_provider = \"rdma-core\" the RDMA device's listener owns the port; list tcp:// on another port",
+                        spec.address
+                    ));
+                }
+                portals.push(rdma_core_portal(spec.address, cfg)?);
+                continue;
+            }
             let dev = match &rnic {
                 Some(d) => d.clone(),
                 None => {
@@ -438,11 +454,6 @@ async fn bind_portals(
                     rnic = Some(d.clone());
                     d
                 }
-            };
-            let also_tcp = listed(Tcp, spec.address);
-            let cfg = datamover_iser::AcceptConfig {
-                crc: config.iser_mpa_crc,
-                ..datamover_iser::AcceptConfig::for_queue_depth(config.queue_depth)
             };
             let p = datamover_iser::IserPortal::bind(spec.address, dev, cfg, also_tcp)
                 .await
@@ -456,6 +467,26 @@ async fn bind_portals(
         }
     }
     Ok(portals)
+}
+
+/// An iser:// portal on the first rdma-core device (librdmacm's listener on `address`).
+#[cfg(feature = "rdma-core")]
+fn rdma_core_portal(
+    address: std::net::SocketAddr,
+    cfg: datamover_iser::AcceptConfig,
+) -> Result<Arc<dyn datamover::Portal>, String> {
+    let dev = verbs::Verbs::open().map_err(|e| format!("no rdma-core device for iSER: {e}"))?;
+    let p = datamover_iser::DevicePortal::bind(address, Arc::new(dev), cfg)
+        .map_err(|e| format!("cannot listen on {address} through rdma-core: {e}"))?;
+    Ok(Arc::new(p))
+}
+
+#[cfg(not(feature = "rdma-core"))]
+fn rdma_core_portal(
+    _address: std::net::SocketAddr,
+    _cfg: datamover_iser::AcceptConfig,
+) -> Result<Arc<dyn datamover::Portal>, String> {
+    Err("iser_provider = \"rdma-core\" needs ironsan built with the rdma-core feature (cargo build --release --features rdma-core; Debian: libibverbs-dev librdmacm-dev)".into())
 }
 
 /// Switches a logged-in connection to full feature phase with what was negotiated and adds
@@ -596,5 +627,41 @@ impl Target {
                 d.nexus_removed(s.nexus);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod iser_provider_tests {
+    use super::*;
+
+    fn config(text: &str) -> Config {
+        Config::parse(text, "t.toml").expect("a valid config")
+    }
+
+    #[tokio::test]
+    async fn rdma_core_iser_and_tcp_on_one_port_is_refused_in_one_line() {
+        let c = config(
+            "portals = [\"tcp://127.0.0.1:0\", \"iser://127.0.0.1:0\"]\niser_provider = \"rdma-core\"\n",
+        );
+        assert_eq!(c.iser_provider, IserProvider::RdmaCore);
+        let e = Target::bind(c).await.err().expect("refused");
+        assert!(e.contains("owns the port") && !e.contains('\n'), "{e}");
+    }
+
+    #[cfg(not(feature = "rdma-core"))]
+    #[tokio::test]
+    async fn rdma_core_without_the_feature_says_how_to_build_it() {
+        let c = config("portals = [\"iser://127.0.0.1:0\"]\niser_provider = \"rdma-core\"\n");
+        let e = Target::bind(c).await.err().expect("refused");
+        assert!(
+            e.contains("--features rdma-core") && !e.contains('\n'),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_provider_is_a_config_error() {
+        assert!(Config::parse("iser_provider = \"infiniband\"\n", "t.toml").is_err());
+        assert_eq!(config("").iser_provider, IserProvider::Software);
     }
 }

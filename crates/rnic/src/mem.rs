@@ -131,6 +131,11 @@ impl StagTable {
         }
     }
 
+    /// How many regions are registered (for diagnostics and leak tests).
+    pub fn registered(&self) -> usize {
+        self.map.read().unwrap().len()
+    }
+
     /// Looks up a valid region by its current STag.
     pub fn lookup(&self, stag: u32) -> Option<Arc<MrInner>> {
         let map = self.map.read().unwrap();

@@ -75,6 +75,12 @@ int is_post_send(struct ibv_qp *qp, uint64_t wr_id, int op, int solicited, int s
 	case IS_SEND_INV:
 		wr.opcode = IBV_WR_SEND_WITH_INV;
 		wr.invalidate_rkey = inv_rkey;
+		/* rdma-core's siw provider (push_send_wqe, rdma-core 44) copies wr.rdma.rkey into the
+		 * work queue entry for every opcode and never reads invalidate_rkey, so the kernel
+		 * would invalidate STag 0 and the peer's receive fail with "remote invalid request".
+		 * A Send does not use wr.rdma, so naming the STag there too costs other providers
+		 * nothing. */
+		wr.wr.rdma.rkey = inv_rkey;
 		break;
 	case IS_WRITE:
 		wr.opcode = IBV_WR_RDMA_WRITE;

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 #[derive(clap::Args)]
 pub struct TargetArgs {
-    /// Portal to listen on (repeatable): ADDR:PORT or tcp://ADDR:PORT for iSCSI/TCP.
+    /// Portal to listen on (repeatable): ADDR:PORT or tcp://ADDR:PORT for iSCSI/TCP,
+    /// iser://ADDR:PORT for iSER (list both schemes on one address to serve both there).
     /// Default 127.0.0.1:3260, or the config's portals.
     #[arg(long = "portal", value_name = "ADDR:PORT")]
     pub portals: Vec<String>,
