@@ -176,10 +176,15 @@ impl<P: Device> Shared<P> {
             sges: vec![mr.sge(0, len as usize)],
             signaled: true,
         };
+        let posted = std::time::Instant::now();
         self.ep
             .post_and_wait(wr)
             .await
             .map_err(|_| DmError::Closed)?;
+        let took = posted.elapsed();
+        if took > std::time::Duration::from_millis(100) {
+            tracing::debug!(peer = %self.peer, len, ?took, "a slow RDMA Read");
+        }
         let mut out = vec![0u8; len as usize];
         mr.read_at(0, &mut out);
         Ok(Bytes::from(out))
@@ -277,7 +282,12 @@ impl<P: Device> Datamover for IserDatamover<P> {
             })
         })?;
         if let Some(rx) = wait {
+            let since = std::time::Instant::now();
             rx.await.map_err(|_| DmError::Closed)??;
+            let took = since.elapsed();
+            if took > std::time::Duration::from_millis(100) {
+                tracing::debug!(peer = %sh.peer, itt, ?took, "a slow wait for unsolicited data");
+            }
         }
         let write_stag = sh
             .stags

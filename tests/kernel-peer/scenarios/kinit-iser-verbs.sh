@@ -7,9 +7,12 @@
 # the kernel log and no error in the target's log.
 # Status (by name only, not in the default set): login, attach, the 32 MiB pattern both ways,
 # ext4 round trip and fsck pass; writes are slow (32 MiB O_DIRECT at 231 kB/s against 22 MB/s
-# for reads: the target's RDMA Reads through libsiw stall, about a second each), and under fio
-# the initiator's QP dies ("QP fatal error", "dataout failure: local QP operation error").
-# Still to find: why Read completions (or their posting) stall on the rdma-core path only.
+# for reads), and under fio the initiator's QP dies ("QP fatal error", "dataout failure: local
+# QP operation error"). The target's debug log (datamover_iser=debug) shows both directions of
+# a write stalling: its 256 KiB RDMA Reads complete after 0.6-1 s or 10 s, and the initiator's
+# unsolicited Data-Out Sends arrive as late (the NOP-Out interval is 1 s). Both ends are siw
+# over the guest's loopback here; the same target code on the software RNIC (kinit-iser) shows
+# none of it. Still to find: siw on loopback, libsiw, or the verbs provider.
 KP_TIMEOUT=600
 host_available() { verbs_target_available; }
 
