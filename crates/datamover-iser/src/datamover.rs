@@ -26,6 +26,7 @@ use rdma::{MemoryRegion, SendOp, SendWr};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::endpoint::{ConnEnd, Device, Endpoint, Received};
+use crate::mr_pool::PooledMr;
 
 /// The initiator's buffers of one command, from its iSER header.
 #[derive(Debug, Clone, Copy, Default)]
@@ -159,8 +160,9 @@ impl<P: Device> Shared<P> {
         DmError::Closed
     }
 
-    /// Fetches `len` bytes at `remote` of the initiator's `stag` with one RDMA Read.
-    async fn rdma_read(&self, stag: u32, remote: u64, len: u32) -> Result<Bytes, DmError> {
+    /// Fetches `len` bytes at `remote` of the initiator's `stag` with one RDMA Read; they are
+    /// at the start of the returned region, for the caller to copy into place once.
+    async fn rdma_read(&self, stag: u32, remote: u64, len: u32) -> Result<PooledMr<P>, DmError> {
         let _slot = self.reads.acquire().await.map_err(|_| DmError::Closed)?;
         let lease = self
             .ep
@@ -185,9 +187,7 @@ impl<P: Device> Shared<P> {
         if took > std::time::Duration::from_millis(100) {
             tracing::debug!(peer = %self.peer, len, ?took, "a slow RDMA Read");
         }
-        let mut out = vec![0u8; len as usize];
-        mr.read_at(0, &mut out);
-        Ok(Bytes::from(out))
+        Ok(lease)
     }
 }
 
@@ -316,6 +316,7 @@ impl<P: Device> Datamover for IserDatamover<P> {
                 let got = sh
                     .rdma_read(stag, va + u64::from(r.offset - base), r.len)
                     .await?;
+                let len = r.len as usize;
                 reads += 1;
                 sh.with_slot(itt, |slot| {
                     slot.xfer
@@ -325,7 +326,7 @@ impl<P: Device> Datamover for IserDatamover<P> {
                             raw_bhs: [0; 48],
                         })?;
                     let off = r.offset as usize;
-                    slot.buf[off..off + got.len()].copy_from_slice(&got);
+                    got.mr().read_at(0, &mut slot.buf[off..off + len]);
                     Ok::<(), DmError>(())
                 })??;
             }

@@ -15,9 +15,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdma::{
-    Access, CompletionChannel, CompletionQueue, ConnParams, ConnectRequest, Listener, MemoryRegion,
-    Provider, QpCaps, QueuePair, RecvWr, SendOp, SendWr, Wc, WcStatus,
+    Access, ConnParams, ConnectRequest, Listener, MemoryRegion, Provider, QpCaps, QueuePair,
+    RecvWr, SendOp, SendWr,
 };
+use rnic::tools::bw::wait_ok;
 use rnic::{Channel, Cq, Mr, Qp, Rnic};
 
 use crate::mr_pool::MrPool;
@@ -125,7 +126,7 @@ fn connect(max: usize) -> Res<Pair> {
         signaled: true,
     })
     .map_err(e)?;
-    wait(&cq, &ch)?;
+    wait_ok(&cq, &ch)?;
     Ok(Pair {
         a,
         pda,
@@ -135,31 +136,6 @@ fn connect(max: usize) -> Res<Pair> {
         sink,
         _b: (b, qpb, cqb),
     })
-}
-
-/// The next completion, sleeping on the channel between checks (bounded).
-fn wait(cq: &Cq, ch: &Channel) -> Res<Wc> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut out = [Wc::EMPTY];
-    loop {
-        if cq.poll(&mut out) == 1 {
-            break;
-        }
-        cq.req_notify(false);
-        if cq.poll(&mut out) == 1 {
-            break;
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err("timed out waiting for a completion".into());
-        }
-        ch.get_events(Some(left.min(Duration::from_millis(100))))
-            .map_err(|x| x.to_string())?;
-    }
-    if out[0].status != WcStatus::Success {
-        return Err(format!("RDMA Write failed: {:?}", out[0].status));
-    }
-    Ok(out[0])
 }
 
 /// User plus system CPU time of this process.
@@ -197,7 +173,7 @@ impl Pair {
                     signaled: true,
                 })
                 .map_err(e)?;
-            wait(&self.cq, &self.ch).map(|_| ())
+            wait_ok(&self.cq, &self.ch).map(|_| ())
         };
         match strategy {
             Strategy::RegisterPerCommand => {

@@ -153,7 +153,7 @@ pub fn run_loopback(opt: &BwOptions) -> Res<Vec<BwPoint>> {
 
 /// The next completion of `cq`, sleeping on the channel between checks: poll, re-arm, poll again
 /// (the re-arm-then-poll rule), then wait for the channel (bounded).
-fn wait_ok(cq: &Cq, ch: &Channel) -> Res<rdma::Wc> {
+pub fn wait_ok(cq: &Cq, ch: &Channel) -> Res<rdma::Wc> {
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut out = [rdma::Wc::EMPTY];
     let wc = loop {
