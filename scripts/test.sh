@@ -21,6 +21,10 @@ step "cargo test"
 cargo test --workspace --release
 
 export IRONSAN="$PWD/target/release/ironsan"
+# Each stage's output also goes to a log, so that a failing stage's last lines can be printed
+# again at the very end, where a CI log cut to its tail still shows why.
+logs=target/stage-logs
+mkdir -p "$logs"
 failed=()
 for stage in tests/stages/*.sh; do
   name=$(basename "$stage" .sh)
@@ -32,16 +36,25 @@ for stage in tests/stages/*.sh; do
   limit=${limit:-${STAGE_TIMEOUT:-600}}
   step "stage $name (limit $limit s)"
   start=$SECONDS
-  if timeout -k 30 "$limit" bash "$stage"; then
+  # To a file rather than through a pipe: a server a stage left behind holding its output
+  # cannot keep the run waiting.
+  rc=0
+  timeout -k 30 "$limit" bash "$stage" >"$logs/$name.log" 2>&1 || rc=$?
+  cat "$logs/$name.log"
+  if ((rc == 0)); then
     echo "=== stage $name: PASS ($((SECONDS - start)) s)"
   else
-    rc=$?
     ((rc == 124)) && echo "=== stage $name: TIMED OUT after $limit s"
     echo "=== stage $name: FAIL ($((SECONDS - start)) s)"
     failed+=("$name")
   fi
 done
 if ((${#failed[@]})); then
+  for name in "${failed[@]}"; do
+    echo "--- last lines of stage $name:"
+    tail -15 "$logs/$name.log" | cut -c1-300
+  done
+  echo "--- disk: $(df -h --output=avail,target . /tmp | tail -n +2 | paste -sd' ')"
   echo "FAILED stages: ${failed[*]}"
   exit 1
 fi
