@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use datamover::{
     CmdSnState, CollapsedStatus, Datamover, DmError, FfpConfig, InPdu, Notice, TaskRef, WriteHandle,
 };
@@ -26,6 +26,7 @@ use rdma::{MemoryRegion, SendOp, SendWr};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::endpoint::{ConnEnd, Device, Endpoint, Received};
+use crate::lent::{self, RegisteredReadBuffers};
 use crate::mr_pool::PooledMr;
 
 /// The initiator's buffers of one command, from its iSER header.
@@ -42,9 +43,10 @@ impl Stags {
     }
 }
 
-/// Write data being collected for one command.
-struct WriteSlot {
-    buf: BytesMut,
+/// Write data being collected for one command, in a registered region: immediate and
+/// unsolicited data are copied in, RDMA Reads land in it, and it goes up as the data.
+struct WriteSlot<P: Device> {
+    region: Arc<PooledMr<P>>,
     xfer: WriteTransfer,
     /// Set when an unsolicited Data-Out broke the rules.
     failed: Option<DmError>,
@@ -58,11 +60,13 @@ struct Shared<P: Device> {
     sn: Arc<CmdSnState>,
     send_invalidate: bool,
     stags: Mutex<HashMap<u32, Stags>>,
-    slots: Mutex<HashMap<u32, WriteSlot>>,
+    slots: Mutex<HashMap<u32, WriteSlot<P>>>,
     /// RDMA Reads in flight, bounded by the negotiated ORD.
     reads: Semaphore,
     next_ttt: AtomicU32,
     peer: SocketAddr,
+    /// Read data is produced into registered regions (see [`lent`]).
+    read_buffers: Arc<RegisteredReadBuffers<P>>,
 }
 
 /// The iSER implementation of [`Datamover`] (target side).
@@ -93,6 +97,7 @@ pub(crate) fn start<P: Device>(
         .max_recv_data_segment_length
         .max(cfg.write_limits.max_burst_length);
     let shared = Arc::new(Shared {
+        read_buffers: Arc::new(RegisteredReadBuffers::new(s.ep.source_pool())),
         ep: s.ep,
         cfg,
         sn,
@@ -128,7 +133,7 @@ impl<P: Device> Shared<P> {
 
     /// Runs `f` on the command's write slot, unless the command was aborted or its data
     /// already failed (that failure ends the command here).
-    fn with_slot<T>(&self, itt: u32, f: impl FnOnce(&mut WriteSlot) -> T) -> Result<T, DmError> {
+    fn with_slot<T>(&self, itt: u32, f: impl FnOnce(&mut WriteSlot<P>) -> T) -> Result<T, DmError> {
         let mut slots = self.slots.lock().expect("slots");
         let Some(slot) = slots.get_mut(&itt) else {
             return Err(DmError::Aborted);
@@ -160,22 +165,24 @@ impl<P: Device> Shared<P> {
         DmError::Closed
     }
 
-    /// Fetches `len` bytes at `remote` of the initiator's `stag` with one RDMA Read; they are
-    /// at the start of the returned region, for the caller to copy into place once.
-    async fn rdma_read(&self, stag: u32, remote: u64, len: u32) -> Result<PooledMr<P>, DmError> {
+    /// Fetches `len` bytes at `remote` of the initiator's `stag` with one RDMA Read into
+    /// `into` at `offset`.
+    async fn rdma_read(
+        &self,
+        stag: u32,
+        remote: u64,
+        into: &PooledMr<P>,
+        offset: u32,
+        len: u32,
+    ) -> Result<(), DmError> {
         let _slot = self.reads.acquire().await.map_err(|_| DmError::Closed)?;
-        let lease = self
-            .ep
-            .sink(len as usize)
-            .map_err(|e| self.registration_failed(len as usize, e))?;
-        let mr = lease.mr();
         let wr = SendWr {
             wr_id: 0,
             op: SendOp::RdmaRead {
                 remote_addr: remote,
                 rkey: stag,
             },
-            sges: vec![mr.sge(0, len as usize)],
+            sges: vec![into.mr().sge(offset as usize, len as usize)],
             signaled: true,
         };
         let posted = std::time::Instant::now();
@@ -187,7 +194,7 @@ impl<P: Device> Shared<P> {
         if took > std::time::Duration::from_millis(100) {
             tracing::debug!(peer = %self.peer, len, ?took, "a slow RDMA Read");
         }
-        Ok(lease)
+        Ok(())
     }
 }
 
@@ -211,7 +218,7 @@ impl<P: Device> Datamover for IserDatamover<P> {
         &self,
         task: TaskRef,
         data: Bytes,
-        _note: Option<storage::BufNote>,
+        note: Option<storage::BufNote>,
         status: Option<CollapsedStatus>,
     ) -> Result<u32, DmError> {
         let read = self
@@ -228,20 +235,28 @@ impl<P: Device> Datamover for IserDatamover<P> {
                 self.shared.ep.close();
                 return Err(DmError::Closed);
             };
-            let lease = self
-                .shared
-                .ep
-                .source(data.len())
-                .map_err(|e| self.shared.registration_failed(data.len(), e))?;
+            // Data produced in a region this connection lent leaves from it; other data is
+            // copied into one first.
+            let (lease, offset) = match lent::lent_region::<P>(note.as_ref(), &data) {
+                Some(lent) => lent,
+                None => {
+                    let lease = self
+                        .shared
+                        .ep
+                        .source(data.len())
+                        .map_err(|e| self.shared.registration_failed(data.len(), e))?;
+                    lease.mr().write_at(0, &data);
+                    (Arc::new(lease), 0)
+                }
+            };
             let mr = lease.mr();
-            mr.write_at(0, &data);
             let wr = SendWr {
                 wr_id: 0,
                 op: SendOp::RdmaWrite {
                     remote_addr: va,
                     rkey: stag,
                 },
-                sges: vec![mr.sge(0, data.len())],
+                sges: vec![mr.sge(offset, data.len())],
                 signaled: true,
             };
             self.shared
@@ -267,7 +282,7 @@ impl<P: Device> Datamover for IserDatamover<P> {
     }
 
     fn read_buffers(&self) -> Option<Arc<dyn storage::ReadBufSource>> {
-        None
+        Some(self.shared.read_buffers.clone())
     }
 
     async fn get_data(&self, task: TaskRef, write: WriteHandle) -> Result<(Bytes, u32), DmError> {
@@ -304,7 +319,8 @@ impl<P: Device> Datamover for IserDatamover<P> {
             let Some(r2ts) = r2ts else {
                 let slot = sh.slots.lock().expect("slots").remove(&itt);
                 let slot = slot.ok_or(DmError::Aborted)?;
-                return Ok((slot.buf.freeze(), reads));
+                let len = write.expected_len as usize;
+                return Ok((lent::view(slot.region, len), reads));
             };
             let Some((stag, va)) = write_stag else {
                 tracing::warn!(peer = %sh.peer, itt, "solicited data for a command without a Write STag: closing the connection");
@@ -313,10 +329,17 @@ impl<P: Device> Datamover for IserDatamover<P> {
             };
             for r in r2ts {
                 let base = *first_solicited.get_or_insert(r.offset);
-                let got = sh
-                    .rdma_read(stag, va + u64::from(r.offset - base), r.len)
-                    .await?;
-                let len = r.len as usize;
+                // Held through the Read: an abort meanwhile must not return the region to
+                // the pool while the Read Response may still land in it.
+                let region = sh.with_slot(itt, |slot| slot.region.clone())?;
+                sh.rdma_read(
+                    stag,
+                    va + u64::from(r.offset - base),
+                    &region,
+                    r.offset,
+                    r.len,
+                )
+                .await?;
                 reads += 1;
                 sh.with_slot(itt, |slot| {
                     slot.xfer
@@ -325,8 +348,6 @@ impl<P: Device> Datamover for IserDatamover<P> {
                             why: e.to_string(),
                             raw_bhs: [0; 48],
                         })?;
-                    let off = r.offset as usize;
-                    got.mr().read_at(0, &mut slot.buf[off..off + len]);
                     Ok::<(), DmError>(())
                 })??;
             }
@@ -431,10 +452,14 @@ fn on_command<P: Device>(
         limits,
     )
     .map_err(|e| format!("SCSI Command ITT 0x{:08x}: {e}", c.itt))?;
-    let mut buf = BytesMut::zeroed(c.expected_data_len as usize);
-    buf[..immediate.len()].copy_from_slice(immediate);
+    let len = c.expected_data_len as usize;
+    let region = sh.ep.sink(len).map_err(|e| {
+        sh.registration_failed(len, e);
+        format!("no registered region for the write of ITT 0x{:08x}", c.itt)
+    })?;
+    region.mr().write_at(0, immediate);
     let slot = WriteSlot {
-        buf,
+        region: Arc::new(region),
         xfer,
         failed: None,
         unsolicited_done: None,
@@ -484,7 +509,7 @@ fn on_data_out<P: Device>(sh: &Shared<P>, d: &DataOut, data: &Bytes, raw_bhs: [u
     match checked {
         Ok(()) => {
             let off = d.buffer_offset as usize;
-            slot.buf[off..off + data.len()].copy_from_slice(data);
+            slot.region.mr().write_at(off, data);
             if !slot.xfer.awaiting_unsolicited() {
                 if let Some(tx) = slot.unsolicited_done.take() {
                     let _ = tx.send(Ok(()));

@@ -245,6 +245,11 @@ impl<P: Device> Endpoint<P> {
         self.sources.take(len)
     }
 
+    /// The pool [`Endpoint::source`] takes from.
+    pub fn source_pool(&self) -> Arc<MrPool<P>> {
+        self.sources.clone()
+    }
+
     /// A registered region of at least `len` bytes for an RDMA Read to land in, from the pool.
     pub fn sink(&self, len: usize) -> rdma::Result<PooledMr<P>> {
         self.sinks.take(len)

@@ -13,6 +13,7 @@
 pub mod datamover;
 pub mod device_portal;
 pub mod endpoint;
+pub mod lent;
 pub mod mr_pool;
 pub mod portal;
 pub mod regcost;

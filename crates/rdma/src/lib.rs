@@ -272,6 +272,11 @@ pub trait MemoryRegion: Send + Sync {
     fn read_at(&self, offset: usize, out: &mut [u8]);
     /// Copies `data` to `offset`. Panics if out of range.
     fn write_at(&self, offset: usize, data: &[u8]);
+    /// The region's bytes, borrowed for as long as the region is: data the local side wrote
+    /// can leave (as `bytes::Bytes`, say) without a copy. While the borrow lives, nothing may
+    /// write into the region: the user posts no receive or RDMA Read into it and gives no
+    /// peer an STag with remote write access to it.
+    fn as_bytes(&self) -> &[u8];
     /// An SGE for `len` bytes at `offset`.
     fn sge(&self, offset: usize, len: usize) -> Sge {
         assert!(offset + len <= self.len(), "SGE outside the region");

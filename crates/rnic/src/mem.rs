@@ -255,6 +255,11 @@ impl MemoryRegion for Mr {
             std::ptr::copy_nonoverlapping(data.as_ptr(), self.inner.ptr_at(offset), data.len())
         };
     }
+    fn as_bytes(&self) -> &[u8] {
+        // SAFETY: ptr/len describe the allocation `inner` owns, alive as long as `self` (the
+        // borrow's lifetime); the trait's contract keeps writers away while it is held.
+        unsafe { std::slice::from_raw_parts(self.inner.ptr, self.inner.len) }
+    }
     fn invalidate(&self) {
         self.inner.invalidate();
     }
@@ -315,6 +320,23 @@ mod tests {
         assert_eq!(
             t.check(a.stag(), 1, Access::REMOTE_WRITE, base, 1).err(),
             Some(AccessError::InvalidStag)
+        );
+    }
+
+    #[test]
+    fn as_bytes_is_the_region_written_through_write_at() {
+        let t = StagTable::new();
+        let mr = Mr {
+            inner: t.register(1, 8192, Access::LOCAL_WRITE),
+        };
+        mr.write_at(4090, b"lent bytes");
+        let view = mr.as_bytes();
+        assert_eq!(view.len(), 8192);
+        assert_eq!(&view[4090..4100], b"lent bytes");
+        assert_eq!(
+            view.as_ptr() as u64,
+            mr.addr(),
+            "the SGE address is the view's"
         );
     }
 

@@ -245,6 +245,11 @@ impl MemoryRegion for Mr {
         // SAFETY: bounds checked above.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.buf.add(offset), data.len()) };
     }
+    fn as_bytes(&self) -> &[u8] {
+        // SAFETY: buf/len are the Box<[u8]> this Mr owns until Drop, so they outlive the
+        // borrow; the trait's contract keeps writers (local and remote) away while it is held.
+        unsafe { std::slice::from_raw_parts(self.buf, self.len) }
+    }
     fn invalidate(&self) {
         self.deregister();
     }
