@@ -19,7 +19,7 @@ DEFAULT_SCENARIOS=(
   siw-rping siw-ironsan@server siw-ironsan@client siw-ironsan@verbs
   kinit-basic@tgtd
   kinit-basic kinit-chap kinit-mutual-chap kinit-digests kinit-two-luns kinit-reconnect kinit-fio
-  kinit-iser
+  kinit-iser kinit-iser-verbs
   lio-tcp@libiscsi lio-tcp
 )
 # shellcheck source=lib/host.sh

@@ -366,15 +366,18 @@ async fn poll_until_closed<P: Device>(
     loop {
         // Re-arm, then poll: a completion landing between the two still wakes us.
         cq.req_notify(false);
+        // Until the queue is empty: a provider may hand over fewer than asked for while more
+        // wait (the verbs provider gave 16 of 32), and what is left would only surface with
+        // the next completion's event (writes stalled for seconds on rdma-core before this).
         loop {
             let n = cq.poll(&mut wcs);
+            if n == 0 {
+                break;
+            }
             for wc in &wcs[..n] {
                 if let Err(why) = dispatch(ep, wc, tx) {
                     return why;
                 }
-            }
-            if n < wcs.len() {
-                break;
             }
         }
         match afd.readable().await {

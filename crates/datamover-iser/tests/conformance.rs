@@ -24,9 +24,11 @@ use rnic::Rnic;
 
 mod common;
 
-/// The software RNIC, with or without MPA CRC.
+/// The software RNIC, with or without MPA CRC; with `one_per_poll` the target's end polls
+/// through [`OnePerPoll`].
 struct Iser {
     crc: bool,
+    one_per_poll: bool,
 }
 
 const RECV_SLOTS: u64 = 32;
@@ -41,13 +43,21 @@ impl KitTransport for Iser {
     }
 
     async fn connect(&self) -> KitConnection {
-        self.connect_on(Arc::new(Rnic::new().unwrap())).await
+        let dev = Rnic::new().unwrap();
+        if self.one_per_poll {
+            self.connect_on(Arc::new(OnePerPoll(dev))).await
+        } else {
+            self.connect_on(Arc::new(dev)).await
+        }
     }
 }
 
 impl Iser {
     /// A connection whose target end runs on `target_dev`.
-    async fn connect_on(&self, target_dev: Arc<Rnic>) -> KitConnection {
+    async fn connect_on<P>(&self, target_dev: Arc<P>) -> KitConnection
+    where
+        P: datamover_iser::endpoint::Device<Listener = rnic::RnicListener, Qp = rnic::Qp>,
+    {
         let listener = target_dev.listen("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = listener.local_addr();
         let dev = Rnic::new().unwrap();
@@ -330,19 +340,91 @@ impl KitInitiator for RawIser {
 
 mod plain {
     use super::*;
-    datamover::conformance_tests!(Iser { crc: false });
+    datamover::conformance_tests!(Iser {
+        crc: false,
+        one_per_poll: false
+    });
 }
 
 mod with_mpa_crc {
     use super::*;
-    datamover::conformance_tests!(Iser { crc: true });
+    datamover::conformance_tests!(Iser {
+        crc: true,
+        one_per_poll: false
+    });
+}
+
+/// The software RNIC handing over one completion per poll, however many wait (the verbs
+/// provider handed over at most 16): the target must poll until the queue is empty before it sleeps, or
+/// the rest waits for the next completion's event (writes stalled for seconds on rdma-core).
+mod one_completion_per_poll {
+    use super::*;
+    datamover::conformance_tests!(Iser {
+        crc: false,
+        one_per_poll: true
+    });
+}
+
+/// The software RNIC whose completion queues hand over at most one completion per poll.
+struct OnePerPoll(Rnic);
+
+struct OneCq(rnic::Cq);
+
+impl CompletionQueue for OneCq {
+    fn poll(&self, out: &mut [Wc]) -> usize {
+        let n = out.len().min(1);
+        self.0.poll(&mut out[..n])
+    }
+    fn req_notify(&self, solicited_only: bool) {
+        self.0.req_notify(solicited_only)
+    }
+}
+
+impl Provider for OnePerPoll {
+    type Pd = rnic::Pd;
+    type Mr = rnic::Mr;
+    type Channel = rnic::Channel;
+    type Cq = OneCq;
+    type Qp = rnic::Qp;
+    type Listener = rnic::RnicListener;
+
+    fn name(&self) -> String {
+        self.0.name()
+    }
+    fn alloc_pd(&self) -> rdma::Result<rnic::Pd> {
+        self.0.alloc_pd()
+    }
+    fn reg_mr(&self, pd: &rnic::Pd, len: usize, access: Access) -> rdma::Result<rnic::Mr> {
+        self.0.reg_mr(pd, len, access)
+    }
+    fn create_channel(&self) -> rdma::Result<rnic::Channel> {
+        self.0.create_channel()
+    }
+    fn create_cq(&self, depth: u32, ch: Option<&rnic::Channel>) -> rdma::Result<OneCq> {
+        self.0.create_cq(depth, ch).map(OneCq)
+    }
+    fn create_qp(
+        &self,
+        pd: &rnic::Pd,
+        send_cq: &OneCq,
+        recv_cq: &OneCq,
+        caps: QpCaps,
+    ) -> rdma::Result<rnic::Qp> {
+        self.0.create_qp(pd, &send_cq.0, &recv_cq.0, caps)
+    }
+    fn listen(&self, addr: std::net::SocketAddr) -> rdma::Result<rnic::RnicListener> {
+        self.0.listen(addr)
+    }
 }
 
 /// Large reads (1 MiB, many FPDUs each) and writes, several in flight, with MPA CRC: every
 /// FPDU's CRC is checked by the receiving RNIC, which terminates the connection on a mismatch.
 #[tokio::test]
 async fn large_transfers_with_mpa_crc_arrive_intact() {
-    let t = Iser { crc: true };
+    let t = Iser {
+        crc: true,
+        one_per_poll: false,
+    };
     let (dm, mut notices, mut peer) = t.connect().await;
     let data: Bytes = (0..(1u32 << 20))
         .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
@@ -391,7 +473,10 @@ async fn large_transfers_with_mpa_crc_arrive_intact() {
 async fn a_closed_connection_releases_every_registered_region() {
     use datamover::{CollapsedStatus, Notice, TaskRef};
     let target_dev = Arc::new(Rnic::new().unwrap());
-    let t = Iser { crc: false };
+    let t = Iser {
+        crc: false,
+        one_per_poll: false,
+    };
     let (dm, mut notices, mut peer) = t.connect_on(target_dev.clone()).await;
     assert!(target_dev.stags().registered() > 0);
     peer.send_read(7, 100_000).await;

@@ -295,7 +295,9 @@ pub trait MemoryRegion: Send + Sync {
 
 /// A completion queue.
 pub trait CompletionQueue: Send + Sync {
-    /// Moves up to `out.len()` completions into `out`; returns how many.
+    /// Moves up to `out.len()` completions into `out`; returns how many. A provider may move
+    /// fewer than are waiting: a caller about to sleep on the channel polls until this
+    /// returns 0, since completions left behind raise no event of their own.
     fn poll(&self, out: &mut [Wc]) -> usize;
     /// Arms the CQ: the next completion (or next solicited/error one) raises one channel event.
     fn req_notify(&self, solicited_only: bool);

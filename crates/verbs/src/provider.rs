@@ -28,6 +28,12 @@ fn errno_err(rc: c_int, what: &str) -> Error {
 
 fn last_os(what: &str) -> Error {
     let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(0) {
+        // A provider that fails on a limit of its own may leave errno unset ("Success").
+        return Error::Io(std::io::Error::other(format!(
+            "{what} failed and the provider gave no reason (check the memlock limit, ulimit -l, and the device's limits in ibv_devinfo -v)"
+        )));
+    }
     Error::Io(std::io::Error::new(e.kind(), format!("{what}: {e}")))
 }
 
@@ -346,6 +352,27 @@ impl Drop for CqInner {
 
 impl CompletionQueue for Cq {
     fn poll(&self, out: &mut [Wc]) -> usize {
+        // In batches of `raw`'s size until `out` is full or the queue is empty, so a caller
+        // that asks for N gets N whenever N are waiting.
+        let mut filled = 0;
+        while filled < out.len() {
+            let n = self.poll_batch(&mut out[filled..]);
+            filled += n;
+            if n == 0 {
+                break;
+            }
+        }
+        filled
+    }
+    fn req_notify(&self, solicited_only: bool) {
+        // SAFETY: a live CQ.
+        unsafe { is_req_notify_cq(self.0.cq, solicited_only as c_int) };
+    }
+}
+
+impl Cq {
+    /// One ibv_poll_cq of at most 16 completions into `out`.
+    fn poll_batch(&self, out: &mut [Wc]) -> usize {
         let mut raw = [is_wc::default(); 16];
         let want = out.len().min(raw.len()) as c_int;
         // SAFETY: raw has room for `want` entries.
@@ -379,10 +406,6 @@ impl CompletionQueue for Cq {
             };
         }
         n as usize
-    }
-    fn req_notify(&self, solicited_only: bool) {
-        // SAFETY: a live CQ.
-        unsafe { is_req_notify_cq(self.0.cq, solicited_only as c_int) };
     }
 }
 
