@@ -522,3 +522,42 @@ async fn a_closed_connection_releases_every_registered_region() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// After a Logout Response the initiator is given a moment to close first (it disconnects
+/// when it has the response; Linux siw reports a fatal QP error when the target beats it to
+/// it); an initiator that does not close is disconnected when the grace is over.
+#[tokio::test]
+async fn after_logout_the_initiator_may_close_first() {
+    use datamover::Notice;
+    async fn closed_within(notices: &mut tokio::sync::mpsc::Receiver<Notice>, d: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + d;
+        loop {
+            match tokio::time::timeout_at(deadline, notices.recv()).await {
+                Ok(Some(Notice::Closed(_))) | Ok(None) => return true,
+                Ok(Some(_)) => continue,
+                Err(_) => return false,
+            }
+        }
+    }
+    let t = Iser {
+        crc: false,
+        one_per_poll: false,
+    };
+    // The initiator closes: the connection ends at once.
+    let (dm, mut notices, mut peer) = t.connect().await;
+    dm.close_after_logout();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    peer.disconnect();
+    assert!(closed_within(&mut notices, Duration::from_millis(1500)).await);
+    // The initiator stays: the target waits, then closes.
+    let (dm, mut notices, _peer) = t.connect().await;
+    dm.close_after_logout();
+    assert!(
+        !closed_within(&mut notices, Duration::from_millis(1000)).await,
+        "closed before the initiator had its moment"
+    );
+    assert!(
+        closed_within(&mut notices, Duration::from_secs(5)).await,
+        "never closed"
+    );
+}

@@ -166,6 +166,11 @@ pub trait Datamover: Send + Sync {
     fn abort_task(&self, itt: u32);
     /// Close the connection after everything queued has been sent.
     fn close(&self);
+    /// Close the connection after a Logout Response: the initiator, which closes its end
+    /// when it has the response, may be given a moment to close first.
+    fn close_after_logout(&self) {
+        self.close()
+    }
 }
 
 /// What full feature phase needs to know of a connection's negotiated parameters.

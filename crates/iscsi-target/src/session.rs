@@ -378,7 +378,9 @@ impl Session {
                 match (l.reason, response) {
                     (0, _) => {
                         target.remove_session(self);
-                        self.close_all();
+                        for c in self.connections() {
+                            c.dm.close_after_logout();
+                        }
                     }
                     (1, 0) => {
                         let other = self.conns.lock().expect("conns").get(&l.cid).cloned();
