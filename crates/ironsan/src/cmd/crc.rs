@@ -36,6 +36,10 @@ pub struct CrcArgs {
     /// copy+CRC costs at most 1.1x the CRC alone and less than copy-then-CRC.
     #[arg(long)]
     pub check: bool,
+    /// Multiply every factor --check allows by this: 1 checks the promise, 2 only guards
+    /// against a collapse (what a test on a shared, noisy machine can hold).
+    #[arg(long, value_name = "F", default_value_t = 1.0, requires = "check")]
+    pub check_slack: f64,
 }
 
 fn parse_size_arg(s: &str) -> Result<usize, String> {
@@ -144,7 +148,7 @@ pub fn run(args: CrcArgs) -> anyhow::Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     if args.check {
-        if let Err(problems) = bench::check_ratios(&rows, CHECK_SIZE, 1.0) {
+        if let Err(problems) = bench::check_ratios(&rows, CHECK_SIZE, args.check_slack) {
             bail!(
                 "CRC32C performance relations do not hold:\n  {}",
                 problems.join("\n  ")
