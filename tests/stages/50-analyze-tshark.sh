@@ -70,12 +70,16 @@ for name in perf cu; do
   else
     echo "FAIL $name: per-opcode counts differ from tshark (- tshark, + ironsan analyze)"; fail=1
   fi
+  # A segment that fills a hole (its first copy never reached the capture) is a loss to
+  # ironsan analyze and, to tshark, a retransmission or out-of-order depending on how late it
+  # came; duplicates of bytes already seen are retransmissions to both. So tshark's count lies
+  # between ironsan's retransmissions and those plus its filled losses.
   theirs=$(tshark -r "$f" -Y "tcp.analysis.retransmission || tcp.analysis.fast_retransmission" 2>/dev/null | wc -l)
-  ours=$("$IRONSAN" analyze --json "$f" | python3 -c 'import json,sys; d=json.load(sys.stdin); print(sum(c["retransmissions"] for c in d["connection_stats"]))')
-  if [[ "$theirs" != "$ours" ]]; then
-    echo "FAIL $name: tshark finds $theirs retransmissions, ironsan analyze $ours"; fail=1
+  read -r ours lost < <("$IRONSAN" analyze --json "$f" | python3 -c 'import json,sys; d=json.load(sys.stdin); c=d["connection_stats"]; print(sum(x["retransmissions"] for x in c), sum(x["lost_segments"] for x in c))')
+  if ((theirs < ours || theirs > ours + lost)); then
+    echo "FAIL $name: tshark finds $theirs retransmissions, ironsan analyze $ours (+ $lost filled losses)"; fail=1
   else
-    echo "ok $name: $ours retransmissions, as tshark"
+    echo "ok $name: $ours retransmissions and $lost filled losses, tshark's $theirs between them"
   fi
 done
 

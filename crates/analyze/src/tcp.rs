@@ -138,6 +138,9 @@ impl HalfStream {
         let mut out = Vec::new();
         if end <= self.next {
             self.retransmission(ts_ns, frame, off, payload.len() as u64);
+        } else if off > self.next && self.holds_ahead(off, payload.len()) {
+            // A second copy of bytes already held past a hole: sent again, as tshark says.
+            self.retransmission(ts_ns, frame, off, payload.len() as u64);
         } else if off > self.next {
             self.stats.out_of_order += 1;
             self.events.push(TcpEvent {
@@ -182,6 +185,13 @@ impl HalfStream {
             out.extend(self.drain_ahead(ts_ns, frame));
         }
         out
+    }
+
+    /// Whether a segment held past a hole starts at `off` and covers `len` bytes.
+    fn holds_ahead(&self, off: u64, len: usize) -> bool {
+        self.ahead
+            .get(&off)
+            .is_some_and(|(held, _, _)| held.len() >= len)
     }
 
     fn retransmission(&mut self, ts_ns: u64, frame: u64, offset: u64, len: u64) {
@@ -297,6 +307,20 @@ mod tests {
         // A duplicate of already-delivered bytes is a retransmission.
         assert!(h.push(5, false, b"bbbb", 10, 5).is_empty());
         assert_eq!(h.stats.retransmissions, 1);
+    }
+
+    #[test]
+    fn a_second_copy_of_bytes_held_past_a_hole_is_a_retransmission() {
+        let mut h = HalfStream::default();
+        h.push(0, true, &[], 0, 1);
+        h.push(1, false, b"aaaa", 1, 2);
+        // "bbbb" lost; "cccc" arrives ahead of the hole, then again (sent twice).
+        assert!(h.push(9, false, b"cccc", 2, 3).is_empty());
+        assert!(h.push(9, false, b"cccc", 3, 4).is_empty());
+        assert_eq!(h.stats.out_of_order, 1);
+        assert_eq!(h.stats.retransmissions, 1);
+        let b = h.push(5, false, b"bbbb", 9, 5);
+        assert_eq!(collect(&b), b"bbbbcccc");
     }
 
     #[test]
