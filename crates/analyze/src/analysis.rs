@@ -461,5 +461,20 @@ mod tests {
         assert_eq!(cmds[0].data_in_bytes, 4096);
         assert_eq!(cmds[0].status, Some(0));
         assert_eq!(a.pdus[0].read_stag, Some(0x77));
+        // The listing names the buffer and puts the RDMA Write, tied to its command, between
+        // the command and its response.
+        let text = crate::listing::text(&a);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert!(
+            lines[0].contains("iSER read STag 0x00000077 VA 0x1000"),
+            "{text}"
+        );
+        assert!(lines[1].contains("RDMA Write"), "{text}");
+        assert!(
+            lines[1].contains("4096 bytes in 2 segments | for ITT 0x00000007"),
+            "{text}"
+        );
+        assert!(lines[2].contains("SCSI Response"), "{text}");
     }
 }

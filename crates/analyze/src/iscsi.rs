@@ -90,6 +90,11 @@ pub struct PduRecord {
     pub read_stag: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub write_stag: Option<u32>,
+    /// iSER: the addresses (tagged offsets) that go with the Read and Write STags.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_va: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub write_va: Option<u64>,
     /// One-line description of the opcode-specific fields.
     pub summary: String,
 }
@@ -477,6 +482,8 @@ pub fn record(conn: usize, dir: Dir, p: &FramedPdu) -> PduRecord {
         data_digest: p.data_digest,
         read_stag: p.iser.and_then(|h| h.read).map(|(stag, _)| stag),
         write_stag: p.iser.and_then(|h| h.write).map(|(stag, _)| stag),
+        read_va: p.iser.and_then(|h| h.read).map(|(_, va)| va),
+        write_va: p.iser.and_then(|h| h.write).map(|(_, va)| va),
         summary: String::new(),
     };
     let itt = p.bhs.itt();

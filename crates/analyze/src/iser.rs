@@ -30,6 +30,8 @@ pub enum RdmaKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RdmaXfer {
     pub ts_ns: u64,
+    /// Stream offset of its FPDU (orders it among the PDUs of one capture time).
+    pub stream_offset: u64,
     pub stag: u32,
     pub bytes: u64,
     pub kind: RdmaKind,
@@ -153,6 +155,7 @@ impl IserDecoder {
                     self.stats.rdma_write_bytes += payload.len() as u64;
                     self.xfers.push(RdmaXfer {
                         ts_ns,
+                        stream_offset: at,
                         stag: t.stag,
                         bytes: payload.len() as u64,
                         kind: RdmaKind::Write,
@@ -169,6 +172,7 @@ impl IserDecoder {
                     if let Ok(r) = iwarp::rdmap::ReadRequest::decode(payload) {
                         self.xfers.push(RdmaXfer {
                             ts_ns,
+                            stream_offset: at,
                             stag: r.src_stag,
                             bytes: u64::from(r.size),
                             kind: RdmaKind::ReadRequest,
@@ -273,6 +277,7 @@ mod tests {
             )
         };
         stream.extend(send(false, 0, &msg[..40]));
+        let write_at = stream.len() as u64;
         stream.extend(fpdu(
             DdpHeader::Tagged(TaggedHeader {
                 last: true,
@@ -299,6 +304,7 @@ mod tests {
             d.xfers,
             vec![RdmaXfer {
                 ts_ns: 1,
+                stream_offset: write_at,
                 stag: 5,
                 bytes: 3,
                 kind: RdmaKind::Write

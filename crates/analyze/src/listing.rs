@@ -7,6 +7,7 @@ use serde_json::{json, Value};
 
 use crate::analysis::Analysis;
 use crate::iscsi::PduRecord;
+use crate::iser::RdmaKind;
 
 fn opt(name: &str, v: Option<u32>) -> String {
     v.map(|v| format!(" {name} {v}")).unwrap_or_default()
@@ -43,6 +44,19 @@ pub fn pdu_line(p: &PduRecord) -> String {
     if !p.summary.is_empty() {
         let _ = write!(s, " | {}", p.summary);
     }
+    // iSER: the buffers the initiator advertised for the command's data.
+    for (name, stag, va) in [
+        ("read", p.read_stag, p.read_va),
+        ("write", p.write_stag, p.write_va),
+    ] {
+        if let Some(stag) = stag {
+            let _ = write!(
+                s,
+                " | iSER {name} STag 0x{stag:08x} VA 0x{:x}",
+                va.unwrap_or(0)
+            );
+        }
+    }
     if let Some(t) = &p.text {
         if !t.is_empty() {
             let _ = write!(s, " [{}]", t.join(" "));
@@ -51,12 +65,79 @@ pub fn pdu_line(p: &PduRecord) -> String {
     s
 }
 
-/// The whole listing as text.
+/// The whole listing as text: the PDUs and, on iSER connections, the RDMA operations that
+/// moved command data, in time order.
 pub fn text(a: &Analysis) -> String {
+    let mut lines: Vec<((u64, u64), String)> = a
+        .pdus
+        .iter()
+        .map(|p| ((p.ts_ns, p.stream_offset), pdu_line(p)))
+        .collect();
+    lines.extend(rdma_lines(a));
+    // By time, then (within one capture time, as FPDUs packed in one segment) by position.
+    lines.sort_by_key(|(at, _)| *at);
     let mut out = String::new();
-    for p in &a.pdus {
-        out.push_str(&pdu_line(p));
+    for (_, line) in lines {
+        out.push_str(&line);
         out.push('\n');
+    }
+    out
+}
+
+/// One line per RDMA Write (its segments to one STag in a row taken together) and per RDMA
+/// Read Request, with the command whose iSER header named the STag.
+fn rdma_lines(a: &Analysis) -> Vec<((u64, u64), String)> {
+    let mut out = Vec::new();
+    for c in &a.connections {
+        // The last command on this connection that named each STag, up to a time.
+        let mut named: Vec<(u64, u32, u32)> = Vec::new(); // (ts, stag, itt)
+        for p in a.pdus.iter().filter(|p| p.conn == c.id) {
+            for stag in [p.read_stag, p.write_stag].into_iter().flatten() {
+                named.push((p.ts_ns, stag, p.itt.unwrap_or(0)));
+            }
+        }
+        let itt_of = |stag: u32, ts: u64| {
+            named
+                .iter()
+                .rev()
+                .find(|(t, s, _)| *s == stag && *t <= ts)
+                .map(|(_, _, itt)| *itt)
+        };
+        let mut i = 0;
+        while i < c.rdma.len() {
+            let x = c.rdma[i];
+            let (mut bytes, mut segments) = (x.bytes, 1);
+            if x.kind == RdmaKind::Write {
+                while let Some(n) = c.rdma.get(i + segments) {
+                    if n.kind != RdmaKind::Write || n.stag != x.stag {
+                        break;
+                    }
+                    bytes += n.bytes;
+                    segments += 1;
+                }
+            }
+            i += segments;
+            let what = match x.kind {
+                RdmaKind::Write if segments == 1 => format!("{bytes} bytes in 1 segment"),
+                RdmaKind::Write => format!("{bytes} bytes in {segments} segments"),
+                RdmaKind::ReadRequest => format!("{bytes} bytes asked for"),
+            };
+            let name = match x.kind {
+                RdmaKind::Write => "RDMA Write",
+                RdmaKind::ReadRequest => "RDMA Read Request",
+            };
+            let mut line = format!(
+                "{:>12.6} c{} T->I {:<22} STag 0x{:08x} {what}",
+                x.ts_ns.saturating_sub(a.start_ns) as f64 / 1e9,
+                c.id,
+                name,
+                x.stag
+            );
+            if let Some(itt) = itt_of(x.stag, x.ts_ns) {
+                let _ = write!(line, " | for ITT 0x{itt:08x}");
+            }
+            out.push(((x.ts_ns, x.stream_offset), line));
+        }
     }
     out
 }
