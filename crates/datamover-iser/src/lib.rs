@@ -6,13 +6,16 @@
 //! connection (the iSER word of the CM private data both ways) and runs the login phase in
 //! iSER mode from the first PDU; [`datamover`] is the target's full feature phase (Data-In as
 //! RDMA Writes, solicited data as RDMA Reads, status in Send with Invalidate), its RDMA
-//! operations on regions from [`mr_pool`]. [`portal`] serves `iser://` on the software RNIC,
-//! alone or sharing a port with iSCSI/TCP. [`regcost`] measures what registration costs per
-//! command. The initiator's side is next.
+//! operations on regions from [`mr_pool`], read data produced in regions it lends ([`lent`]).
+//! [`portal`] serves `iser://` on the software RNIC, alone or sharing a port with iSCSI/TCP;
+//! [`device_portal`] on a provider's own listener (rdma-core). [`initiator`] is the initiator's
+//! end: connection, login in Sends, and a datamover advertising a registered buffer per
+//! command. [`regcost`] measures what registration costs per command.
 
 pub mod datamover;
 pub mod device_portal;
 pub mod endpoint;
+pub mod initiator;
 pub mod lent;
 pub mod mr_pool;
 pub mod portal;
@@ -20,5 +23,6 @@ pub mod regcost;
 pub mod target;
 
 pub use device_portal::DevicePortal;
+pub use initiator::IserInitiatorConnection;
 pub use portal::IserPortal;
 pub use target::{accept, AcceptConfig, IserLogin};

@@ -2,10 +2,12 @@
 //! RDMA operation takes a region registered earlier instead of registering one of its own (the
 //! pre-registered buffers of tgt's and OSC's iSER targets). A region goes back to its class when
 //! its lease ends; what the pool keeps is bounded, and regions beyond the bound are released.
+//! Regions a peer may reach (remote access) are invalidated when they come back and taken
+//! again under a fresh STag, so a peer can never use a key it was given for an earlier command.
 
 use std::sync::{Arc, Mutex};
 
-use rdma::{Access, Provider};
+use rdma::{Access, MemoryRegion, Provider};
 
 /// The smallest size class.
 const MIN_CLASS: usize = 4096;
@@ -59,6 +61,10 @@ impl<P: Provider> MrPool<P> {
             mr
         };
         let mr = match idle {
+            Some(mr) if self.remote() => {
+                mr.revalidate();
+                mr
+            }
             Some(mr) => mr,
             None => self.dev.reg_mr(&self.pd, MIN_CLASS << class, self.access)?,
         };
@@ -69,12 +75,24 @@ impl<P: Provider> MrPool<P> {
         })
     }
 
+    /// A pool of `access` regions on the same device and protection domain.
+    pub fn sibling(&self, access: Access, max_idle_bytes: usize) -> Arc<Self> {
+        MrPool::new(self.dev.clone(), self.pd.clone(), access, max_idle_bytes)
+    }
+
+    fn remote(&self) -> bool {
+        self.access.contains(Access::REMOTE_READ) || self.access.contains(Access::REMOTE_WRITE)
+    }
+
     /// Bytes of idle regions kept.
     pub fn idle_bytes(&self) -> usize {
         self.idle.lock().expect("pool").bytes
     }
 
     fn give_back(&self, class: usize, mr: P::Mr) {
+        if self.remote() && mr.is_valid() {
+            mr.invalidate();
+        }
         let mut idle = self.idle.lock().expect("pool");
         let size = MIN_CLASS << class;
         if idle.bytes + size > self.max_idle_bytes {
@@ -140,5 +158,20 @@ mod tests {
         assert_eq!(pool.idle_bytes(), 0);
         drop(b);
         assert_eq!(pool.idle_bytes(), 8192);
+    }
+
+    #[test]
+    fn a_remote_region_comes_back_invalid_and_is_taken_again_under_a_new_stag() {
+        let dev = Arc::new(Rnic::new().unwrap());
+        let pd = dev.alloc_pd().unwrap();
+        let pool = MrPool::new(dev, pd, Access::LOCAL_WRITE | Access::REMOTE_WRITE, 1 << 20);
+        let a = pool.take(4096).unwrap();
+        let first = a.mr().rkey();
+        let addr = a.mr().addr();
+        drop(a);
+        let b = pool.take(4096).unwrap();
+        assert_eq!(b.mr().addr(), addr, "the same region");
+        assert_ne!(b.mr().rkey(), first, "under a new STag");
+        assert!(b.mr().is_valid());
     }
 }

@@ -30,6 +30,7 @@ impl InitiatorKitTransport for Tcp {
             max_send_data_segment_length: 4096,
             max_burst_length: 32768,
             exp_stat_sn: 1,
+            max_outstanding_unexpected_pdus: 0,
         }
     }
 

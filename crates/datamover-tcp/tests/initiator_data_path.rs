@@ -19,6 +19,7 @@ fn path(digests: Digests) -> DataPath {
         max_send_data_segment_length: 4096,
         max_burst_length: 65536,
         exp_stat_sn: 5,
+        max_outstanding_unexpected_pdus: 0,
     })
 }
 

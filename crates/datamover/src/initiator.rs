@@ -62,6 +62,11 @@ pub struct InitiatorFfpConfig {
     pub max_burst_length: u32,
     /// The StatSN expected next (after the last Login Response).
     pub exp_stat_sn: u32,
+    /// iSER: the unexpected PDUs (unsolicited Data-Out, NOP-Out, task management, logout,
+    /// text) the target can take at once, as it declared (MaxOutstandingUnexpectedPDUs; 0 =
+    /// no limit). iWARP has no receiver-not-ready retry: a Send beyond the target's posted
+    /// receives ends the connection.
+    pub max_outstanding_unexpected_pdus: u32,
 }
 
 /// The operations the initiator's session core uses on one connection in full feature

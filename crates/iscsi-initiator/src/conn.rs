@@ -8,32 +8,63 @@ use std::time::Duration;
 use bytes::Bytes;
 use datamover::login_pdu::LOGIN_MAX_DATA;
 use datamover::{InitiatorChannel, LoginRecvError};
+use datamover_iser::IserInitiatorConnection;
 use datamover_tcp::initiator::TcpInitiatorConnection;
+use iscsi_login::TransportKind;
 use iscsi_login::{
     ConnectionParams, InitiatorLogin, InitiatorLoginConfig, InitiatorStep, SessionParams,
 };
 use iscsi_wire::{Bhs, Digests, Pdu};
 use pcap_trace::PduTrace;
+use rnic::Rnic;
+use std::sync::{Arc, OnceLock};
 
 use crate::Error;
 
 /// Any transport's connection before full feature phase: what login and discovery use.
 type Channel = dyn InitiatorChannel;
 
-/// Opens an iSCSI/TCP connection to `addr` (`host:port`), bounded by `timeout`, traced
-/// into `trace` when given.
+/// Opens a connection of `transport` to `addr` (`host:port`), bounded by `timeout`; an
+/// iSCSI/TCP one is traced into `trace` when given.
 pub(crate) async fn connect(
+    transport: TransportKind,
     addr: &str,
     timeout: Duration,
     trace: Option<&PduTrace>,
 ) -> Result<Box<Channel>, Error> {
-    match TcpInitiatorConnection::connect(addr, timeout, trace).await {
-        Ok(c) => Ok(Box::new(c)),
-        Err(why) => Err(Error::Connect {
-            addr: addr.to_string(),
-            why,
-        }),
+    let failed = |why: String| Error::Connect {
+        addr: addr.to_string(),
+        why,
+    };
+    match transport {
+        TransportKind::Tcp => match TcpInitiatorConnection::connect(addr, timeout, trace).await {
+            Ok(c) => Ok(Box::new(c)),
+            Err(why) => Err(failed(why)),
+        },
+        TransportKind::Iser => {
+            let sockaddr = tokio::net::lookup_host(addr)
+                .await
+                .map_err(|e| failed(e.to_string()))?
+                .next()
+                .ok_or_else(|| failed("no address".into()))?;
+            let dev = software_rnic().map_err(|e| failed(e.to_string()))?;
+            match IserInitiatorConnection::connect(dev, sockaddr, timeout).await {
+                Ok(c) => Ok(Box::new(c)),
+                Err(why) => Err(failed(why)),
+            }
+        }
     }
+}
+
+/// The process's software iWARP RNIC, started on first use (one progress thread serves
+/// every iSER connection).
+fn software_rnic() -> std::io::Result<Arc<Rnic>> {
+    static DEV: OnceLock<Arc<Rnic>> = OnceLock::new();
+    if let Some(d) = DEV.get() {
+        return Ok(d.clone());
+    }
+    let dev = Arc::new(Rnic::new().map_err(std::io::Error::other)?);
+    Ok(DEV.get_or_init(|| dev).clone())
 }
 
 /// Sends one PDU.

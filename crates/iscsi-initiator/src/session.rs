@@ -282,16 +282,6 @@ struct Established {
     conns: Vec<(Box<dyn InitiatorChannel>, LoginDone)>,
 }
 
-/// The transport the URL names, if this build can use it.
-fn check_transport(url: &IscsiUrl) -> Result<(), Error> {
-    match url.transport {
-        iscsi_login::TransportKind::Tcp => Ok(()),
-        iscsi_login::TransportKind::Iser => Err(Error::Invalid(format!(
-            "{url}: iSER (iser://) is not available in this build yet; use iscsi:// for iSCSI over TCP"
-        ))),
-    }
-}
-
 /// Logs in the leading connection (TSIH 0: a new session, or a reinstatement of one with the
 /// same ISID) and then the other connections with the session's TSIH.
 async fn establish(
@@ -299,14 +289,18 @@ async fn establish(
     url: &IscsiUrl,
     isid: [u8; 6],
 ) -> Result<Established, Error> {
-    check_transport(url)?;
     let target = url
         .target
         .as_deref()
         .ok_or_else(|| Error::Invalid(format!("{url} names no target")))?;
     let addr = url.host_port();
-    let mut stream =
-        conn::connect(&addr, cfg.connect_timeout, cfg.trace.as_ref().map(|t| &t.0)).await?;
+    let mut stream = conn::connect(
+        url.transport,
+        &addr,
+        cfg.connect_timeout,
+        cfg.trace.as_ref().map(|t| &t.0),
+    )
+    .await?;
     let lead = conn::login(
         &mut *stream,
         cfg.login_config(Some(target), isid, 0, 0, 1),
@@ -325,8 +319,13 @@ async fn establish(
     let want = cfg.connections.max(1).min(params.max_connections.max(1));
     let mut conns: Vec<(Box<dyn InitiatorChannel>, LoginDone)> = vec![(stream, lead)];
     for cid in 1..want {
-        let mut s =
-            conn::connect(&addr, cfg.connect_timeout, cfg.trace.as_ref().map(|t| &t.0)).await?;
+        let mut s = conn::connect(
+            url.transport,
+            &addr,
+            cfg.connect_timeout,
+            cfg.trace.as_ref().map(|t| &t.0),
+        )
+        .await?;
         let done = conn::login(
             &mut *s,
             cfg.login_config(Some(target), isid, tsih, cid, cmd_sn),
@@ -366,6 +365,7 @@ fn install(inner: &Arc<Inner>, st: &mut State, est: Established) {
             max_send_data_segment_length: done.connection.max_send_data_segment_length,
             max_burst_length: est.limits.max_burst_length,
             exp_stat_sn: done.exp_stat_sn,
+            max_outstanding_unexpected_pdus: done.connection.max_outstanding_unexpected_pdus_send,
         };
         let socket = channel.socket().and_then(|fd| fd.try_clone_to_owned().ok());
         let idx = st.conns.len();
@@ -934,8 +934,13 @@ pub async fn discover(url: &IscsiUrl, cfg: &SessionConfig) -> Result<Vec<Discove
     // Discovery runs over TCP whatever the URL's transport (as Linux does it): an iser://
     // portal is asked on the same address.
     let addr = url.host_port();
-    let mut stream =
-        conn::connect(&addr, cfg.connect_timeout, cfg.trace.as_ref().map(|t| &t.0)).await?;
+    let mut stream = conn::connect(
+        iscsi_login::TransportKind::Tcp,
+        &addr,
+        cfg.connect_timeout,
+        cfg.trace.as_ref().map(|t| &t.0),
+    )
+    .await?;
     let mut r = [0u8; 4];
     rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut r);
     let isid = [0x80, 0x00, r[0], r[1], r[2], r[3]];

@@ -83,6 +83,10 @@ impl Default for DesiredSession {
     }
 }
 
+/// iSER: the unexpected PDUs (NOP-In, Asynchronous Message, ...) an initiator declares it can
+/// take at once; its receive ring holds more.
+pub const ISER_UNEXPECTED_PDUS: u32 = 64;
+
 /// Everything an [`InitiatorLogin`] needs.
 #[derive(Debug, Clone)]
 pub struct InitiatorLoginConfig {
@@ -338,6 +342,12 @@ impl InitiatorLogin {
             add(
                 "InitiatorRecvDataSegmentLength",
                 clamp_len(c.max_recv_data_segment_length).to_string(),
+            );
+            // Declared so that the target declares its own (the initiator must not send
+            // more unexpected PDUs than the target has receives posted for).
+            add(
+                "MaxOutstandingUnexpectedPDUs",
+                ISER_UNEXPECTED_PDUS.to_string(),
             );
         } else {
             add(
@@ -854,6 +864,9 @@ impl InitiatorLogin {
                 }
                 "InitiatorRecvDataSegmentLength" => {
                     self.connection.initiator_recv_data_segment_length = n as u32
+                }
+                "MaxOutstandingUnexpectedPDUs" => {
+                    self.connection.max_outstanding_unexpected_pdus_recv = n as u32
                 }
                 _ => {}
             }

@@ -154,6 +154,8 @@ impl Target {
             max_outstanding_r2t: 8,
             // What the iSER receive buffers hold (LIO declares the same).
             iser_recv_data_segment_length: datamover_iser::target::DEFAULT_RECV_DATA,
+            // The receives kept posted beyond the command window.
+            max_outstanding_unexpected_pdus: datamover_iser::target::UNEXPECTED_RECVS,
             ..TargetLimits::default()
         };
         if let Some(m) = self.config().max_recv_data_segment_length {

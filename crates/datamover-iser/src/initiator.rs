@@ -1,0 +1,371 @@
+//! The initiator's end of iSER. [`IserInitiatorConnection`] connects (the iSER word in the
+//! private data), carries the login phase in Sends, and becomes an [`InitiatorDatamover`]:
+//! each SCSI Command goes in a Send whose iSER header advertises a registered buffer for
+//! the target's RDMA Writes (Read STag/VA) and one holding the write data for its RDMA Reads
+//! (Write STag, VA at the first solicited byte, as LIO reads from it exactly); the SCSI
+//! Response arrives after the data is placed, and the read data goes up as a view of the
+//! registered buffer (no copy). Regions come from pools and carry a fresh STag per command;
+//! a region's STag is invalidated before its bytes are read or it goes back to the pool.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use datamover::{
+    CommandOut, InPdu, InitiatorChannel, InitiatorDatamover, InitiatorFfpConfig, InitiatorNotice,
+    LoginRecvError, NoticeSink, TransportKind,
+};
+use iscsi_wire::{Bhs, Digests, Pdu};
+use iser::{CmFlags, IserHeader};
+use rdma::{Access, ConnParams, MemoryRegion, QueuePair, SendOp};
+use tokio::sync::{mpsc, Semaphore};
+
+use crate::endpoint::{Buffers, ConnEnd, Device, Endpoint, Received};
+use crate::lent;
+use crate::mr_pool::{MrPool, PooledMr};
+use crate::target::DEFAULT_RECV_LEN;
+
+/// Sends and receives the initiator keeps: a command window of this many commands, each with
+/// its unsolicited Data-Out, fits.
+const SLOTS: u32 = 256;
+/// Of the target's declared MaxOutstandingUnexpectedPDUs, what unsolicited Data-Out leaves
+/// for NOP-Out, task management, logout and text.
+const CONTROL_RESERVE: u32 = 8;
+/// Idle bytes each buffer pool keeps for reuse.
+const POOL_IDLE_BYTES: usize = 32 << 20;
+
+/// An iSER connection in the login phase.
+pub struct IserInitiatorConnection<P: Device> {
+    ep: Arc<Endpoint<P>>,
+    received: Received,
+    peer: SocketAddr,
+}
+
+impl<P: Device> IserInitiatorConnection<P> {
+    /// Connects to the target's iSER portal at `addr` through `dev`.
+    pub async fn connect(dev: Arc<P>, addr: SocketAddr, timeout: Duration) -> Result<Self, String> {
+        let buffers = Buffers {
+            recv_slots: SLOTS,
+            recv_len: DEFAULT_RECV_LEN,
+            send_slots: SLOTS,
+            send_len: DEFAULT_RECV_LEN,
+        };
+        let params = ConnParams {
+            private_data: CmFlags::ours(true).encode().to_vec(),
+            ird: 16,
+            ord: 0,
+            timeout,
+            ..ConnParams::default()
+        };
+        let (ep, received, poller) = tokio::task::spawn_blocking(move || {
+            let (ep, received, poller) =
+                Endpoint::create(dev, buffers).map_err(|e| format!("setting up: {e}"))?;
+            ep.qp()
+                .connect(addr, &params)
+                .map_err(|e| format!("connecting to {addr}: {e}"))?;
+            Ok::<_, String>((ep, received, poller))
+        })
+        .await
+        .map_err(|e| format!("connect task: {e}"))??;
+        poller.start();
+        Ok(IserInitiatorConnection {
+            ep,
+            received,
+            peer: addr,
+        })
+    }
+}
+
+#[async_trait]
+impl<P: Device> InitiatorChannel for IserInitiatorConnection<P> {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Iser
+    }
+
+    fn socket(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+
+    async fn send(&mut self, pdu: &Pdu, _digests: Digests) -> std::io::Result<()> {
+        self.ep
+            .send(&IserHeader::CONTROL, pdu, SendOp::Send)
+            .await
+            .map_err(std::io::Error::other)
+    }
+
+    async fn recv(&mut self, _digests: Digests, max_data: u32) -> Result<InPdu, LoginRecvError> {
+        let bytes = match self.received.recv().await {
+            Some(Ok(b)) => b,
+            Some(Err(ConnEnd::Failed(e))) => return Err(LoginRecvError::Io(e)),
+            Some(Err(ConnEnd::Closed)) | None => return Err(LoginRecvError::Closed),
+        };
+        let send =
+            iser::parse_send(&bytes, max_data).map_err(|e| LoginRecvError::Bad(e.to_string()))?;
+        Ok(InPdu {
+            pdu: send.pdu,
+            raw_bhs: send.raw_bhs,
+        })
+    }
+
+    fn into_full_feature(
+        self: Box<Self>,
+        cfg: InitiatorFfpConfig,
+        sink: NoticeSink,
+    ) -> Arc<dyn InitiatorDatamover> {
+        let me = *self;
+        let local = me.ep.source_pool();
+        let shared = Arc::new(Shared {
+            reads: local.sibling(Access::LOCAL_WRITE | Access::REMOTE_WRITE, POOL_IDLE_BYTES),
+            writes: local.sibling(Access::REMOTE_READ, POOL_IDLE_BYTES),
+            ep: me.ep,
+            commands: Mutex::new(HashMap::new()),
+            peer: me.peer,
+            closed: AtomicBool::new(false),
+            sink,
+            unsolicited: (cfg.max_outstanding_unexpected_pdus > 0).then(|| {
+                // Room left for the control PDUs (NOP-Out, task management, logout).
+                let n = cfg
+                    .max_outstanding_unexpected_pdus
+                    .saturating_sub(CONTROL_RESERVE);
+                Semaphore::new(n.max(1) as usize)
+            }),
+            unsolicited_held: Mutex::new(HashMap::new()),
+        });
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(send_loop(shared.clone(), rx));
+        tokio::spawn(receive_loop(shared.clone(), me.received, cfg));
+        Arc::new(IserInitiatorDatamover { shared, tx })
+    }
+}
+
+/// A command's registered buffers until its status arrives.
+struct CommandBuffers<P: Device> {
+    read: Option<(Arc<PooledMr<P>>, usize)>,
+    /// Held so the target can RDMA Read it until the status.
+    _write: Option<PooledMr<P>>,
+}
+
+struct Shared<P: Device> {
+    ep: Arc<Endpoint<P>>,
+    /// Regions the target RDMA-Writes read data into.
+    reads: Arc<MrPool<P>>,
+    /// Regions holding write data for the target's RDMA Reads.
+    writes: Arc<MrPool<P>>,
+    commands: Mutex<HashMap<u32, CommandBuffers<P>>>,
+    peer: SocketAddr,
+    /// Set once the connection's end was reported: no notice follows it.
+    closed: AtomicBool,
+    sink: NoticeSink,
+    /// Unsolicited Data-Out Sends the target can still take (its declared
+    /// MaxOutstandingUnexpectedPDUs less [`CONTROL_RESERVE`]); `None`: no limit declared.
+    unsolicited: Option<Semaphore>,
+    /// Permits each command's unsolicited Data-Out holds until its status arrives (by then
+    /// the target has consumed them and posted its receives again).
+    unsolicited_held: Mutex<HashMap<u32, u32>>,
+}
+
+impl<P: Device> Shared<P> {
+    /// Waits until the target has a receive for one more unsolicited Data-Out of `itt`.
+    async fn take_unsolicited_permit(&self, itt: u32) -> Result<(), String> {
+        let Some(sem) = &self.unsolicited else {
+            return Ok(());
+        };
+        sem.acquire()
+            .await
+            .map_err(|_| "the connection ended".to_string())?
+            .forget();
+        *self
+            .unsolicited_held
+            .lock()
+            .expect("held")
+            .entry(itt)
+            .or_default() += 1;
+        Ok(())
+    }
+
+    /// The command is over: its unsolicited Data-Outs no longer count.
+    fn release_unsolicited(&self, itt: u32) {
+        let n = self.unsolicited_held.lock().expect("held").remove(&itt);
+        if let (Some(sem), Some(n)) = (&self.unsolicited, n) {
+            sem.add_permits(n as usize);
+        }
+    }
+
+    fn notify(&self, notice: InitiatorNotice) {
+        if !self.closed.load(Ordering::Acquire) {
+            (self.sink)(&mut vec![notice]);
+        }
+    }
+
+    /// Ends the connection and reports it once.
+    fn end(&self, why: String) {
+        self.ep.close();
+        if let Some(sem) = &self.unsolicited {
+            sem.close();
+        }
+        self.commands.lock().expect("commands").clear();
+        if !self.closed.swap(true, Ordering::AcqRel) {
+            (self.sink)(&mut vec![InitiatorNotice::Closed(why)]);
+        }
+    }
+}
+
+enum Out {
+    Command(CommandOut),
+    Control(Pdu),
+    /// Close once what was queued before is posted.
+    Close,
+}
+
+/// The iSER implementation of [`InitiatorDatamover`].
+pub struct IserInitiatorDatamover<P: Device> {
+    shared: Arc<Shared<P>>,
+    tx: mpsc::UnboundedSender<Out>,
+}
+
+impl<P: Device> InitiatorDatamover for IserInitiatorDatamover<P> {
+    fn send_command(&self, cmd: CommandOut) {
+        let _ = self.tx.send(Out::Command(cmd));
+    }
+
+    fn send_control(&self, pdu: Pdu) {
+        let _ = self.tx.send(Out::Control(pdu));
+    }
+
+    fn forget(&self, itt: u32) {
+        self.shared.release_unsolicited(itt);
+        let gone = self.shared.commands.lock().expect("commands").remove(&itt);
+        if let Some((mr, _)) = gone.and_then(|b| b.read) {
+            mr.mr().invalidate();
+        }
+    }
+
+    fn close(&self) {
+        if self.tx.send(Out::Close).is_err() {
+            self.shared.ep.close();
+        }
+    }
+
+    fn abort(&self) {
+        // Nothing more is reported.
+        self.shared.closed.store(true, Ordering::Release);
+        self.shared.ep.close();
+    }
+}
+
+/// Posts what the session core queued, in order.
+async fn send_loop<P: Device>(sh: Arc<Shared<P>>, mut rx: mpsc::UnboundedReceiver<Out>) {
+    while let Some(out) = rx.recv().await {
+        let sent = match out {
+            Out::Close => {
+                sh.ep.close();
+                return;
+            }
+            Out::Control(pdu) => send_control(&sh, pdu).await,
+            Out::Command(cmd) => send_command(&sh, cmd).await,
+        };
+        if let Err(why) = sent {
+            tracing::debug!(peer = %sh.peer, "iSER send failed: {why}");
+            sh.end(why);
+            return;
+        }
+    }
+}
+
+/// Posts a control PDU; an unsolicited Data-Out first waits for a receive at the target.
+async fn send_control<P: Device>(sh: &Shared<P>, pdu: Pdu) -> Result<(), String> {
+    if let Bhs::DataOut(d) = &pdu.bhs {
+        sh.take_unsolicited_permit(d.itt).await?;
+    }
+    sh.ep.send(&IserHeader::CONTROL, &pdu, SendOp::Send).await
+}
+
+/// Registers the command's buffers and posts it with their STags.
+async fn send_command<P: Device>(sh: &Shared<P>, cmd: CommandOut) -> Result<(), String> {
+    let itt = cmd.pdu.bhs.itt();
+    let mut header = IserHeader::CONTROL;
+    let read = if cmd.read_len > 0 {
+        let len = cmd.read_len as usize;
+        let region = sh
+            .reads
+            .take(len)
+            .map_err(|e| format!("registering: {e}"))?;
+        header.read = Some((region.mr().rkey(), region.mr().addr()));
+        Some((Arc::new(region), len))
+    } else {
+        None
+    };
+    let write = if cmd.write.len() > cmd.solicited_from as usize {
+        let region = sh
+            .writes
+            .take(cmd.write.len())
+            .map_err(|e| format!("registering: {e}"))?;
+        region.mr().write_at(0, &cmd.write);
+        let va = region.mr().addr() + u64::from(cmd.solicited_from);
+        header.write = Some((region.mr().rkey(), va));
+        Some(region)
+    } else {
+        None
+    };
+    sh.commands.lock().expect("commands").insert(
+        itt,
+        CommandBuffers {
+            read,
+            _write: write,
+        },
+    );
+    sh.ep.send(&header, &cmd.pdu, SendOp::Send).await
+}
+
+/// Turns every Send from the target into a notice: a SCSI Response brings its command's read
+/// data along (placed by the target's RDMA Writes before the response was sent).
+async fn receive_loop<P: Device>(
+    sh: Arc<Shared<P>>,
+    mut received: Received,
+    cfg: InitiatorFfpConfig,
+) {
+    let max_data = cfg.max_recv_data_segment_length.max(iser::LOGIN_DATA_MAX);
+    let reason = loop {
+        let bytes = match received.recv().await {
+            Some(Ok(b)) => b,
+            Some(Err(e)) => break e.to_string(),
+            None => break ConnEnd::Closed.to_string(),
+        };
+        let send = match iser::parse_send(&bytes, max_data) {
+            Ok(s) => s,
+            Err(e) => break format!("from the target: {e}"),
+        };
+        let notice = match &send.pdu.bhs {
+            Bhs::ScsiResponse(r) => {
+                sh.release_unsolicited(r.itt);
+                let bufs = sh.commands.lock().expect("commands").remove(&r.itt);
+                let read = match bufs.and_then(|b| b.read) {
+                    Some((region, len)) => {
+                        // No further RDMA Write may land once the bytes are handed over.
+                        if region.mr().is_valid() {
+                            region.mr().invalidate();
+                        }
+                        lent::view(region, len)
+                    }
+                    None => Bytes::new(),
+                };
+                InitiatorNotice::Status {
+                    pdu: send.pdu,
+                    read,
+                }
+            }
+            Bhs::DataIn(_) | Bhs::R2t(_) => {
+                break "the target sent a Data-In or R2T PDU over iSER".to_string();
+            }
+            _ => InitiatorNotice::Control(send.pdu),
+        };
+        sh.notify(notice);
+    };
+    tracing::debug!(peer = %sh.peer, "iSER connection ended: {reason}");
+    sh.end(reason);
+}
