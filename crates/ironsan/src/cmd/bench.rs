@@ -16,12 +16,16 @@ pub enum BenchCommand {
     Crc(super::crc::CrcArgs),
     /// ironsan's target vs Debian's tgtd, both driven by libiscsi's iscsi-perf in one run.
     VsTgt(super::bench_tgt::VsTgtArgs),
+    /// iSCSI/TCP vs iSER (software RNIC) against one ironsan target, alternating, in one run:
+    /// throughput and CPU seconds per GB of initiator and target, 4 KiB to 16 MiB.
+    Transports(super::bench_transports::TransportsArgs),
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.command {
         Some(BenchCommand::Crc(args)) => super::crc::run(args),
         Some(BenchCommand::VsTgt(args)) => super::bench_tgt::run(args),
+        Some(BenchCommand::Transports(args)) => super::bench_transports::run(args),
         None => super::blockbench::run(*args.iscsi),
     }
 }

@@ -98,7 +98,7 @@ fn size(s: &str) -> Result<u64, String> {
     report::parse_size(s).map_err(|e| e.to_string())
 }
 
-fn sizes(s: &str) -> anyhow::Result<Vec<u32>> {
+pub(crate) fn sizes(s: &str) -> anyhow::Result<Vec<u32>> {
     let parse = |v: &str| -> anyhow::Result<u32> {
         let n = report::parse_size(v).map_err(|e| anyhow::anyhow!("--size: {e}"))?;
         if n == 0 || n > 16 << 20 {

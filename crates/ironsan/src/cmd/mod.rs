@@ -2,6 +2,7 @@
 pub mod analyze;
 pub mod bench;
 pub mod bench_tgt;
+pub mod bench_transports;
 pub mod blockbench;
 pub mod crc;
 pub mod delay;

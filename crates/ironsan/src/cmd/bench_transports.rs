@@ -1,0 +1,290 @@
+//! `ironsan bench transports`: iSCSI over TCP against iSER on the same machine, the same
+//! target and the same workload, in one run.
+//!
+//! Starts `ironsan target` (a RAM LUN, iSCSI/TCP and iSER on one port of 127.0.0.1) as a child
+//! process, logs in over `iscsi://` and over `iser://` (the software iWARP RNIC), and measures
+//! each transfer size and direction on both transports in turn, the order alternating round
+//! by round so drift in machine load hits both. For every point: throughput and the CPU
+//! seconds per GB moved of the initiator (this process, RNIC threads included) and of the
+//! target process, from /proc.
+
+use anyhow::{bail, Context, Result};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use iscsi_initiator::bench::{self, Pattern, Progress, Rw, Workload};
+use iscsi_initiator::{IscsiUrl, Session, SessionConfig};
+use report::{Cell, LinePlot, Series, Table, TickLabels};
+
+#[derive(clap::Args)]
+pub struct TransportsArgs {
+    /// Transfer sizes: one (128k) or a doubling sweep.
+    #[arg(long, default_value = "4k..16m")]
+    pub size: String,
+    /// Directions: read, write or both (read,write).
+    #[arg(long, default_value = "read,write")]
+    pub rw: String,
+    /// Commands outstanding.
+    #[arg(long, default_value_t = 16)]
+    pub qd: usize,
+    /// Seconds per point and transport in each round.
+    #[arg(long, default_value_t = 1.0)]
+    pub duration: f64,
+    /// Rounds (each measures both transports, alternating which goes first).
+    #[arg(long, default_value_t = 2)]
+    pub rounds: u32,
+    /// Size of the target's RAM LUN (also the span the workload uses).
+    #[arg(long, default_value = "256MiB")]
+    pub lun_size: String,
+    /// Write the table as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Write the table as CSV.
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+    /// Plot throughput against transfer size, a line per transport and direction (SVG).
+    #[arg(long, value_name = "FILE.svg")]
+    pub svg: Option<PathBuf>,
+}
+
+const IQN: &str = "iqn.2026-11.org.ironsan.bench:transports";
+const TRANSPORTS: [&str; 2] = ["iscsi", "iser"];
+/// /proc reports CPU times in USER_HZ ticks, 100 per second on Linux.
+const TICKS_PER_SEC: f64 = 100.0;
+
+/// One point: a size, a direction and a transport, summed over the rounds.
+#[derive(Default, Clone)]
+struct Point {
+    bytes: u64,
+    seconds: f64,
+    initiator_cpu: f64,
+    target_cpu: f64,
+}
+
+/// A child process killed (and reaped) when dropped.
+struct Reaped(Child);
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn run(a: TransportsArgs) -> Result<()> {
+    let sizes = super::blockbench::sizes(&a.size)?;
+    let rws = directions(&a.rw)?;
+    if a.rounds == 0 || a.duration <= 0.0 || a.qd == 0 {
+        bail!("--rounds, --duration and --qd must be positive");
+    }
+    let lun_bytes = report::parse_size(&a.lun_size)
+        .map_err(|e| anyhow::anyhow!("--lun-size {:?}: {e:?}", a.lun_size))?;
+    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let target = start_target(port, lun_bytes)?;
+    let target_pid = target.0.id();
+    eprintln!(
+        "bench transports: ironsan target (pid {target_pid}, RAM LUN {}) on 127.0.0.1:{port}, iscsi:// and iser://, qd {}, {} s per point x {} rounds",
+        report::format_size(lun_bytes),
+        a.qd,
+        a.duration,
+        a.rounds
+    );
+    let rt = super::initiator::runtime()?;
+    // points[rw][size][transport]
+    let points = rt.block_on(async {
+        let mut sessions = Vec::new();
+        for t in TRANSPORTS {
+            let url = IscsiUrl::parse_lun(&format!("{t}://127.0.0.1:{port}/{IQN}/0"))?;
+            let s = Session::connect(&url, SessionConfig::from_url(&url))
+                .await
+                .with_context(|| format!("logging in to {url}"))?;
+            sessions.push(Arc::new(s));
+        }
+        let cap = sessions[0].capacity(0).await?;
+        let mut points = vec![vec![[Point::default(), Point::default()]; sizes.len()]; rws.len()];
+        for round in 0..a.rounds {
+            for (r, &rw) in rws.iter().enumerate() {
+                for (z, &size) in sizes.iter().enumerate() {
+                    for k in 0..2 {
+                        let t = (k + round as usize) % 2;
+                        let w = Workload {
+                            rw,
+                            pattern: Pattern::Rand,
+                            size,
+                            qd: a.qd,
+                            duration: Some(Duration::from_secs_f64(a.duration)),
+                            count: None,
+                            span: Some(lun_bytes),
+                            verify: false,
+                            seed: 1,
+                        };
+                        let (i0, t0) = (cpu_seconds(std::process::id())?, cpu_seconds(target_pid)?);
+                        let started = Instant::now();
+                        let s = bench::run(
+                            std::slice::from_ref(&sessions[t]),
+                            0,
+                            cap,
+                            &w,
+                            Arc::new(Progress::default()),
+                        )
+                        .await
+                        .with_context(|| {
+                            format!("{} {} over {}", rw.label(), size, TRANSPORTS[t])
+                        })?;
+                        let p = &mut points[r][z][t];
+                        p.bytes += s.bytes;
+                        p.seconds += started.elapsed().as_secs_f64().max(s.seconds);
+                        p.initiator_cpu += cpu_seconds(std::process::id())? - i0;
+                        p.target_cpu += cpu_seconds(target_pid)? - t0;
+                    }
+                }
+            }
+        }
+        for s in sessions {
+            if let Ok(s) = Arc::try_unwrap(s) {
+                let _ = s.logout().await;
+            }
+        }
+        anyhow::Ok(points)
+    })?;
+    drop(rt);
+    drop(target);
+    report(&a, &sizes, &rws, &points)
+}
+
+fn directions(s: &str) -> Result<Vec<Rw>> {
+    s.split(',')
+        .map(|d| match d.trim() {
+            "read" => Ok(Rw::Read),
+            "write" => Ok(Rw::Write),
+            other => bail!("--rw {other:?}: use read, write or read,write"),
+        })
+        .collect()
+}
+
+fn report(a: &TransportsArgs, sizes: &[u32], rws: &[Rw], points: &[Vec<[Point; 2]>]) -> Result<()> {
+    let mut table = Table::new([
+        "size",
+        "rw",
+        "transport",
+        "MB/s",
+        "initiator CPU s/GB",
+        "target CPU s/GB",
+        "iser/iscsi MB/s",
+    ]);
+    let mut series: Vec<Series> = Vec::new();
+    for (r, rw) in rws.iter().enumerate() {
+        for (z, &size) in sizes.iter().enumerate() {
+            let mbps = |p: &Point| p.bytes as f64 / p.seconds.max(1e-9) / 1e6;
+            let ratio = mbps(&points[r][z][1]) / mbps(&points[r][z][0]).max(1e-9);
+            for (t, name) in TRANSPORTS.iter().enumerate() {
+                let p = &points[r][z][t];
+                let gb = (p.bytes as f64 / 1e9).max(1e-12);
+                table.push_row([
+                    Cell::Text(report::format_size(u64::from(size))),
+                    Cell::Text(rw.label()),
+                    Cell::Text((*name).into()),
+                    Cell::float(mbps(p), 1),
+                    Cell::float(p.initiator_cpu / gb, 2),
+                    Cell::float(p.target_cpu / gb, 2),
+                    if t == 1 {
+                        Cell::float(ratio, 2)
+                    } else {
+                        Cell::Text(String::new())
+                    },
+                ]);
+                let label = format!("{name} {}", rw.label());
+                let point = (f64::from(size), mbps(p));
+                match series.iter_mut().find(|s| s.name == label) {
+                    Some(s) => s.points.push(point),
+                    None => series.push(Series::new(label, vec![point])),
+                }
+            }
+        }
+    }
+    print!("{table}");
+    if let Some(p) = &a.json {
+        std::fs::write(p, table.to_json_string())
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    if let Some(p) = &a.csv {
+        std::fs::write(p, table.to_csv()).with_context(|| format!("writing {}", p.display()))?;
+    }
+    if let Some(p) = &a.svg {
+        let plot = LinePlot {
+            title: "iSCSI/TCP vs iSER (software iWARP RNIC), same target, loopback".into(),
+            x_label: "transfer size".into(),
+            y_label: "MB/s".into(),
+            x_log2: true,
+            y_log: false,
+            x_ticks: TickLabels::Bytes,
+            y_ticks: TickLabels::Number,
+            series,
+        };
+        std::fs::write(p, plot.to_svg()).with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(())
+}
+
+/// User plus system CPU seconds of process `pid` so far.
+fn cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("reading /proc/{pid}/stat"))?;
+    // Fields after the command name (which may hold spaces) start at the last ')'.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let tick = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok());
+    match (tick(11), tick(12)) {
+        (Some(user), Some(sys)) => Ok((user + sys) / TICKS_PER_SEC),
+        _ => bail!("/proc/{pid}/stat: no CPU times"),
+    }
+}
+
+fn start_target(port: u16, lun_bytes: u64) -> Result<Reaped> {
+    let dir = std::env::temp_dir().join(format!("ironsan-bench-transports.{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let config = dir.join("target.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "portals = [\"tcp://127.0.0.1:{port}\", \"iser://127.0.0.1:{port}\"]\n\n\
+             [[target]]\nname = \"{IQN}\"\n\n[target.lun.0]\nsize = \"{lun_bytes}\"\nbackend = \"memory\"\n"
+        ),
+    )?;
+    let child = Command::new(std::env::current_exe()?)
+        .arg("target")
+        .arg("--config")
+        .arg(&config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting ironsan target")?;
+    let guard = Reaped(child);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if Instant::now() > deadline {
+            bail!("ironsan target did not listen on 127.0.0.1:{port} within 20 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(guard)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_has_cpu_times() {
+        let t = cpu_seconds(std::process::id()).unwrap();
+        assert!(t >= 0.0);
+        assert!(directions("read,write").unwrap().len() == 2);
+        assert!(directions("sideways").is_err());
+    }
+}
