@@ -10,7 +10,7 @@ export DEBIAN_FRONTEND=noninteractive
 cache=${KP_CACHE:?KP_CACHE must name the cache directory}
 mkdir -p "$cache"
 
-installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -c "install ok installed" >/dev/null; }
 
 # One apt-get update per cache lifetime is enough to resolve the guest kernel's ABI name.
 if [[ ! -f "$cache/apt-updated" ]] || ! apt-cache show linux-image-amd64 >/dev/null 2>&1; then

@@ -86,7 +86,7 @@ for req in "${requested[@]}"; do
   # The same scenario asked for twice runs twice, as NAME#2, NAME#3...
   base=$name
   n=1
-  while printf '%s\n' "${plan[@]}" | grep -qxF -- "$name"; do
+  while printf '%s\n' "${plan[@]}" | grep -cxF -- "$name" >/dev/null; do
     n=$((n + 1))
     name=$base#$n
   done

@@ -49,12 +49,12 @@ out=$(timeout 20 iscsi-ls "iscsi://$host/") || fail "iscsi-ls"
 echo "$out"
 grep -q "Target:$iqn Portal:127.0.0.1:$port,1" <<<"$out" || fail "SendTargets did not list $iqn"
 grep -q "Target:$chap Portal:127.0.0.1:$port,1" <<<"$out" || fail "SendTargets did not list $chap"
-timeout 20 iscsi-inq "$url" | grep -q "DIRECT_ACCESS" || fail "iscsi-inq"
+timeout 20 iscsi-inq "$url" | grep -c "DIRECT_ACCESS" >/dev/null || fail "iscsi-inq"
 cap=$(timeout 20 iscsi-readcapacity16 "$url") || fail "iscsi-readcapacity16"
 grep -q "Total size:268435456" <<<"$cap" || fail "capacity: $cap"
 
 echo "--- CHAP with a required header digest"
-timeout 20 iscsi-inq "$curl" | grep -q "DIRECT_ACCESS" || fail "CHAP login with the right secret"
+timeout 20 iscsi-inq "$curl" | grep -c "DIRECT_ACCESS" >/dev/null || fail "CHAP login with the right secret"
 # libiscsi always offers None,CRC32C; ironsan's initiator can refuse digests outright.
 refused=$(timeout 20 "$IRONSAN" inq "${curl%%\?*}?header_digest=none" 2>&1) \
   && fail "an initiator refusing the required HeaderDigest logged in"
@@ -98,7 +98,7 @@ for c in cases:
     s.close()
 print("sent", len(cases), "malformed connections")
 PY
-timeout 20 iscsi-inq "$url" | grep -q "DIRECT_ACCESS" || fail "target stopped answering after malformed input"
+timeout 20 iscsi-inq "$url" | grep -c "DIRECT_ACCESS" >/dev/null || fail "target stopped answering after malformed input"
 kill -0 "${pids[0]}" || fail "target process died"
 
 echo "--- output into a pipe closed early ends quietly (status 141, no panic)"
@@ -128,7 +128,7 @@ pids+=("$traced")
 for _ in $(seq 50); do grep -q "serving iSCSI" "$work/traced.log" 2>/dev/null && break; sleep 0.1; done
 turl="iscsi://127.0.0.1:$tport/iqn.2026-11.org.ironsan:default/0"
 timeout 20 iscsi-perf -t 1 -b 64 -m 4 "$turl" > /dev/null 2>&1 || true
-timeout 20 iscsi-inq "$turl" | grep -q DIRECT_ACCESS || fail "traced target did not answer"
+timeout 20 iscsi-inq "$turl" | grep -c DIRECT_ACCESS >/dev/null || fail "traced target did not answer"
 kill -TERM "$traced"
 for _ in $(seq 50); do kill -0 "$traced" 2>/dev/null || break; sleep 0.1; done
 kill -0 "$traced" 2>/dev/null && fail "traced target did not stop on SIGTERM"

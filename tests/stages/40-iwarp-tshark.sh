@@ -63,7 +63,7 @@ check_capture() { # name crc(0|1)
   bad=$(tshark -r "$f" -Y "tcp.len > 0 && !iwarp_mpa" 2>/dev/null | wc -l)
   [[ "$bad" == 0 ]] || fail "$name: $bad payload segments not decoded as MPA"
   if [[ "$crc" == 1 ]]; then
-    tshark -r "$f" -V 2>/dev/null | grep -q "Bad CRC32" && fail "$name: tshark reports a bad MPA CRC"
+    tshark -r "$f" -V 2>/dev/null | grep -c "Bad CRC32" >/dev/null && fail "$name: tshark reports a bad MPA CRC"
     good=$(tshark -r "$f" -V 2>/dev/null | grep -c "Good CRC32" || true)
     [[ "$good" -gt 0 ]] || fail "$name: no CRC checked"
     echo "$name: $good FPDU CRCs verified good by tshark"

@@ -125,11 +125,11 @@ interop() {
 
 echo "== discovery and listing"
 check "discover tgtd lists both targets" bash -c \
-  "timeout 30 '$IRONSAN' discover 127.0.0.1:$TGT_PORT | grep -q '$IQN_TGT_CHAP 127.0.0.1:$TGT_PORT'"
+  "timeout 30 '$IRONSAN' discover 127.0.0.1:$TGT_PORT | grep -c '$IQN_TGT_CHAP 127.0.0.1:$TGT_PORT' >/dev/null"
 check "ls ironsan target: LUN sizes" bash -c \
-  "timeout 30 '$IRONSAN' ls iscsi://127.0.0.1:$IR_PORT 2>/dev/null | grep -q 'Size: 256 MiB'"
+  "timeout 30 '$IRONSAN' ls iscsi://127.0.0.1:$IR_PORT 2>/dev/null | grep -c 'Size: 256 MiB' >/dev/null"
 check "ls tgtd: LUN 1 of 256 MiB" bash -c \
-  "timeout 30 '$IRONSAN' ls iscsi://127.0.0.1:$TGT_PORT 2>/dev/null | grep -q 'Lun: 1  Size: 256 MiB'"
+  "timeout 30 '$IRONSAN' ls iscsi://127.0.0.1:$TGT_PORT 2>/dev/null | grep -c 'Lun: 1  Size: 256 MiB' >/dev/null"
 
 TGT_URL=iscsi://127.0.0.1:$TGT_PORT/$IQN_TGT/1
 TGT_CHAP_URL="iscsi://bob%bobsecret1234@127.0.0.1:$TGT_PORT/$IQN_TGT_CHAP/1?target_user=tgtout&target_password=tgtoutsecret1"
@@ -171,8 +171,8 @@ check "read --trace (tgtd, mutual CHAP)" bash -c \
 check "read trace: per-opcode counts equal tshark's" trace_counts_equal "$work/read.pcapng" "$TGT_PORT"
 check "inq --trace: login, INQUIRY and logout decoded" bash -c \
   "timeout 30 '$IRONSAN' inq '$IR_URL' --trace '$work/inq.pcapng' >/dev/null &&
-   '$IRONSAN' analyze --port $IR_PORT '$work/inq.pcapng' | grep -q 'INQUIRY' &&
-   tshark -r '$work/inq.pcapng' -d tcp.port==$IR_PORT,iscsi -Y 'iscsi.opcode==0x06' 2>/dev/null | grep -q Logout"
+   '$IRONSAN' analyze --port $IR_PORT '$work/inq.pcapng' | grep -c 'INQUIRY' >/dev/null &&
+   tshark -r '$work/inq.pcapng' -d tcp.port==$IR_PORT,iscsi -Y 'iscsi.opcode==0x06' 2>/dev/null | grep -c Logout >/dev/null"
 
 # ------------------------------------------------------------------------------ TCP_INFO
 echo "== bench --tcp-info: TCP_INFO samples of every connection, cwnd and throughput plot"

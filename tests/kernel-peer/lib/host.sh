@@ -43,7 +43,7 @@ wait_for() {
   done
   return 1
 }
-listening() { ss -ltnH "sport = :$1" | grep -q .; }
+listening() { ss -ltnH "sport = :$1" | grep -c . >/dev/null; }
 # free_port: an unused TCP port on the host loopback (random, 20000-29999).
 free_port() {
   local p i
