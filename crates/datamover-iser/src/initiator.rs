@@ -36,6 +36,19 @@ const SLOTS: u32 = 256;
 /// Of the target's declared MaxOutstandingUnexpectedPDUs, what unsolicited Data-Out leaves
 /// for NOP-Out, task management, logout and text.
 const CONTROL_RESERVE: u32 = 8;
+/// Unsolicited Data-Out in flight when the target declares no limit: Linux LIO's isert keeps
+/// 128 receives for commands and unexpected PDUs together, and its command window is 64.
+const UNDECLARED_UNSOLICITED: u32 = 32;
+
+/// How many unsolicited Data-Out Sends may wait at the target at once, given what it declared
+/// as MaxOutstandingUnexpectedPDUs (0: nothing declared).
+fn unsolicited_limit(declared: u32) -> usize {
+    let n = match declared {
+        0 => UNDECLARED_UNSOLICITED,
+        d => d.saturating_sub(CONTROL_RESERVE),
+    };
+    n.max(1) as usize
+}
 /// Idle bytes each buffer pool keeps for reuse.
 const POOL_IDLE_BYTES: usize = 32 << 20;
 
@@ -127,13 +140,7 @@ impl<P: Device> InitiatorChannel for IserInitiatorConnection<P> {
             peer: me.peer,
             closed: AtomicBool::new(false),
             sink,
-            unsolicited: (cfg.max_outstanding_unexpected_pdus > 0).then(|| {
-                // Room left for the control PDUs (NOP-Out, task management, logout).
-                let n = cfg
-                    .max_outstanding_unexpected_pdus
-                    .saturating_sub(CONTROL_RESERVE);
-                Semaphore::new(n.max(1) as usize)
-            }),
+            unsolicited: Semaphore::new(unsolicited_limit(cfg.max_outstanding_unexpected_pdus)),
             unsolicited_held: Mutex::new(HashMap::new()),
         });
         let (tx, rx) = mpsc::unbounded_channel();
@@ -161,9 +168,8 @@ struct Shared<P: Device> {
     /// Set once the connection's end was reported: no notice follows it.
     closed: AtomicBool,
     sink: NoticeSink,
-    /// Unsolicited Data-Out Sends the target can still take (its declared
-    /// MaxOutstandingUnexpectedPDUs less [`CONTROL_RESERVE`]); `None`: no limit declared.
-    unsolicited: Option<Semaphore>,
+    /// Unsolicited Data-Out Sends the target can still take (see [`unsolicited_limit`]).
+    unsolicited: Semaphore,
     /// Permits each command's unsolicited Data-Out holds until its status arrives (by then
     /// the target has consumed them and posted its receives again).
     unsolicited_held: Mutex<HashMap<u32, u32>>,
@@ -172,10 +178,8 @@ struct Shared<P: Device> {
 impl<P: Device> Shared<P> {
     /// Waits until the target has a receive for one more unsolicited Data-Out of `itt`.
     async fn take_unsolicited_permit(&self, itt: u32) -> Result<(), String> {
-        let Some(sem) = &self.unsolicited else {
-            return Ok(());
-        };
-        sem.acquire()
+        self.unsolicited
+            .acquire()
             .await
             .map_err(|_| "the connection ended".to_string())?
             .forget();
@@ -191,8 +195,8 @@ impl<P: Device> Shared<P> {
     /// The command is over: its unsolicited Data-Outs no longer count.
     fn release_unsolicited(&self, itt: u32) {
         let n = self.unsolicited_held.lock().expect("held").remove(&itt);
-        if let (Some(sem), Some(n)) = (&self.unsolicited, n) {
-            sem.add_permits(n as usize);
+        if let Some(n) = n {
+            self.unsolicited.add_permits(n as usize);
         }
     }
 
@@ -205,9 +209,7 @@ impl<P: Device> Shared<P> {
     /// Ends the connection and reports it once.
     fn end(&self, why: String) {
         self.ep.close();
-        if let Some(sem) = &self.unsolicited {
-            sem.close();
-        }
+        self.unsolicited.close();
         self.commands.lock().expect("commands").clear();
         if !self.closed.swap(true, Ordering::AcqRel) {
             (self.sink)(&mut vec![InitiatorNotice::Closed(why)]);
