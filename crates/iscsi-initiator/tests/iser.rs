@@ -6,10 +6,10 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use bytes::Bytes;
 use iscsi_initiator::{IscsiUrl, Session, SessionConfig};
 
 mod common;
+use common::random_bytes;
 
 /// iSCSI/TCP and iSER on one port (told apart by the first bytes).
 const CONFIG: &str = r#"
@@ -27,21 +27,8 @@ fn url(addr: SocketAddr, scheme: &str) -> IscsiUrl {
     IscsiUrl::parse_lun(&format!("{scheme}://{addr}/iqn.2026-11.org.ironsan:iser/0")).expect("url")
 }
 
-fn pattern(n: usize, seed: u64) -> Bytes {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect::<Vec<u8>>()
-        .into()
-}
-
 async fn write_read_verify(s: &Session, lba: u64, len: usize, seed: u64) {
-    let data = pattern(len, seed);
+    let data = random_bytes(len, seed);
     s.write(0, lba, 512, data.clone()).await.expect("write");
     let back = s.read(0, lba, (len / 512) as u32, 512).await.expect("read");
     assert!(back == data, "{len} bytes at LBA {lba}: read back differs");
@@ -93,7 +80,7 @@ async fn iser_login_and_verified_data_both_ways() {
             .unwrap();
         let back = s.read(0, 5000, 6144, 512).await.unwrap();
         assert!(
-            back == pattern(3 << 20, 3),
+            back == random_bytes(3 << 20, 3),
             "iSER's write read back over TCP"
         );
         s.logout().await.unwrap();

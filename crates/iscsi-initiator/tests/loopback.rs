@@ -15,6 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 mod common;
+use common::random_bytes;
 
 const CONFIG: &str = r#"
 portals = ["127.0.0.1:0"]
@@ -63,19 +64,6 @@ fn url(addr: SocketAddr, creds: &str, target: &str, lun: u16) -> IscsiUrl {
         "iscsi://{creds}{addr}/iqn.2026-11.org.ironsan:{target}/{lun}"
     ))
     .expect("url")
-}
-
-fn random_bytes(n: usize, seed: u64) -> Bytes {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect::<Vec<u8>>()
-        .into()
 }
 
 async fn write_read_verify(s: &Session, lba: u64, len: usize, seed: u64) {
