@@ -83,9 +83,9 @@ impl Default for DesiredSession {
     }
 }
 
-/// iSER: the unexpected PDUs (NOP-In, Asynchronous Message, ...) an initiator declares it can
-/// take at once; its receive ring holds more.
-pub const ISER_UNEXPECTED_PDUS: u32 = 64;
+/// iSER: the TargetRecvDataSegmentLength an initiator offers (Linux ib_iser's value; LIO and
+/// ironsan's target declare the same).
+pub const ISER_TARGET_RECV_DATA: u32 = 8192;
 
 /// Everything an [`InitiatorLogin`] needs.
 #[derive(Debug, Clone)]
@@ -343,11 +343,12 @@ impl InitiatorLogin {
                 "InitiatorRecvDataSegmentLength",
                 clamp_len(c.max_recv_data_segment_length).to_string(),
             );
-            // Declared so that the target declares its own (the initiator must not send
-            // more unexpected PDUs than the target has receives posted for).
+            // As Linux ib_iser offers it: LIO waits for an answer to a key it has to propose
+            // itself and never moves on (MaxOutstandingUnexpectedPDUs, which Linux does not
+            // send, LIO does not understand).
             add(
-                "MaxOutstandingUnexpectedPDUs",
-                ISER_UNEXPECTED_PDUS.to_string(),
+                "TargetRecvDataSegmentLength",
+                ISER_TARGET_RECV_DATA.to_string(),
             );
         } else {
             add(
