@@ -398,7 +398,11 @@ async fn receive<P: Device>(
 ) {
     let reason = loop {
         let bytes = match received.recv().await {
-            Some(Ok(b)) => b,
+            // An initiator has no business invalidating the target's STags (it knows none).
+            Some(Ok(inbound)) if inbound.invalidated.is_some() => {
+                break "a Send with Invalidate from the initiator".to_string()
+            }
+            Some(Ok(inbound)) => inbound.bytes,
             Some(Err(e)) => break e.to_string(),
             None => break ConnEnd::Closed.to_string(),
         };

@@ -95,8 +95,16 @@ impl std::fmt::Display for ConnEnd {
 }
 
 /// What the peer sent, in order; an error ends the stream (the connection is gone).
-pub type Received = mpsc::UnboundedReceiver<Result<Bytes, ConnEnd>>;
-type ReceivedTx = mpsc::UnboundedSender<Result<Bytes, ConnEnd>>;
+pub type Received = mpsc::UnboundedReceiver<Result<Inbound, ConnEnd>>;
+type ReceivedTx = mpsc::UnboundedSender<Result<Inbound, ConnEnd>>;
+
+/// One received Send.
+#[derive(Debug)]
+pub struct Inbound {
+    pub bytes: Bytes,
+    /// The STag the peer invalidated with it (Send with Invalidate).
+    pub invalidated: Option<u32>,
+}
 
 struct ChannelFd(RawFd);
 
@@ -396,7 +404,10 @@ fn dispatch<P: Device>(ep: &Endpoint<P>, wc: &Wc, tx: &ReceivedTx) -> Result<(),
             return Err(connection_error(wc.status));
         }
         let bytes = ep.take_recv(wc.wr_id as u32, wc.byte_len)?;
-        let _ = tx.send(Ok(bytes));
+        let _ = tx.send(Ok(Inbound {
+            bytes,
+            invalidated: wc.invalidated_rkey,
+        }));
         return Ok(());
     }
     ep.finish(wc.wr_id, wc.status);

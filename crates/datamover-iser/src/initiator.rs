@@ -113,7 +113,12 @@ impl<P: Device> InitiatorChannel for IserInitiatorConnection<P> {
 
     async fn recv(&mut self, _digests: Digests, max_data: u32) -> Result<InPdu, LoginRecvError> {
         let bytes = match self.received.recv().await {
-            Some(Ok(b)) => b,
+            Some(Ok(inbound)) if inbound.invalidated.is_some() => {
+                return Err(LoginRecvError::Bad(
+                    "a Send with Invalidate during login".into(),
+                ))
+            }
+            Some(Ok(inbound)) => inbound.bytes,
             Some(Err(ConnEnd::Failed(e))) => return Err(LoginRecvError::Io(e)),
             Some(Err(ConnEnd::Closed)) | None => return Err(LoginRecvError::Closed),
         };
@@ -152,6 +157,8 @@ impl<P: Device> InitiatorChannel for IserInitiatorConnection<P> {
 
 /// A command's registered buffers until its status arrives.
 struct CommandBuffers<P: Device> {
+    /// The STags advertised for it (the only ones the target may invalidate with its status).
+    stags: Vec<u32>,
     read: Option<(Arc<PooledMr<P>>, usize)>,
     /// Held so the target can RDMA Read it until the status.
     _write: Option<PooledMr<P>>,
@@ -314,9 +321,15 @@ async fn send_command<P: Device>(sh: &Shared<P>, cmd: CommandOut) -> Result<(), 
     } else {
         None
     };
+    let stags = [header.read, header.write]
+        .into_iter()
+        .flatten()
+        .map(|(stag, _)| stag)
+        .collect();
     sh.commands.lock().expect("commands").insert(
         itt,
         CommandBuffers {
+            stags,
             read,
             _write: write,
         },
@@ -333,8 +346,8 @@ async fn receive_loop<P: Device>(
 ) {
     let max_data = cfg.max_recv_data_segment_length.max(iser::LOGIN_DATA_MAX);
     let reason = loop {
-        let bytes = match received.recv().await {
-            Some(Ok(b)) => b,
+        let (bytes, invalidated) = match received.recv().await {
+            Some(Ok(inbound)) => (inbound.bytes, inbound.invalidated),
             Some(Err(e)) => break e.to_string(),
             None => break ConnEnd::Closed.to_string(),
         };
@@ -346,6 +359,15 @@ async fn receive_loop<P: Device>(
             Bhs::ScsiResponse(r) => {
                 sh.release_unsolicited(r.itt);
                 let bufs = sh.commands.lock().expect("commands").remove(&r.itt);
+                // Remote invalidation only of this command's own STag (Linux ib_iser's rule).
+                if let Some(stag) = invalidated {
+                    if !bufs.as_ref().is_some_and(|b| b.stags.contains(&stag)) {
+                        break format!(
+                            "the target invalidated STag 0x{stag:08x}, not one of ITT 0x{:08x}",
+                            r.itt
+                        );
+                    }
+                }
                 let read = match bufs.and_then(|b| b.read) {
                     Some((region, len)) => {
                         // No further RDMA Write may land once the bytes are handed over.
@@ -363,6 +385,9 @@ async fn receive_loop<P: Device>(
             }
             Bhs::DataIn(_) | Bhs::R2t(_) => {
                 break "the target sent a Data-In or R2T PDU over iSER".to_string();
+            }
+            _ if invalidated.is_some() => {
+                break "a Send with Invalidate that is no SCSI Response".to_string();
             }
             _ => InitiatorNotice::Control(send.pdu),
         };

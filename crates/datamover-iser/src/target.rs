@@ -153,7 +153,12 @@ impl<P: Device> LoginChannel for IserLogin<P> {
     /// connection (`Bad`).
     async fn recv(&mut self) -> Result<InPdu, LoginRecvError> {
         let bytes = match self.received.recv().await {
-            Some(Ok(b)) => b,
+            Some(Ok(inbound)) if inbound.invalidated.is_some() => {
+                return Err(LoginRecvError::Bad(
+                    "a Send with Invalidate during login".into(),
+                ))
+            }
+            Some(Ok(inbound)) => inbound.bytes,
             Some(Err(ConnEnd::Closed)) => return Err(LoginRecvError::Closed),
             Some(Err(ConnEnd::Failed(e))) => return Err(LoginRecvError::Io(e)),
             None => return Err(LoginRecvError::Closed),
