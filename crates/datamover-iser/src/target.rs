@@ -49,10 +49,11 @@ pub const CONTROL_DATA_MAX: u32 = iser::LINUX_INITIATOR_RECV_DATA;
 pub const UNEXPECTED_RECVS: u32 = 64;
 
 impl AcceptConfig {
-    /// Buffers for a session whose command window is `queue_depth`: that many commands plus
-    /// [`UNEXPECTED_RECVS`] other Sends can never outrun the posted receives.
+    /// Buffers for a session whose command window is `queue_depth`: that many commands, one
+    /// Send of unsolicited Data-Out each (FirstBurstLength is held to what one Send carries on
+    /// iSER), plus [`UNEXPECTED_RECVS`] other Sends can never outrun the posted receives.
     pub fn for_queue_depth(queue_depth: u32) -> AcceptConfig {
-        let slots = queue_depth.max(1) + UNEXPECTED_RECVS;
+        let slots = 2 * queue_depth.max(1) + UNEXPECTED_RECVS;
         AcceptConfig {
             buffers: Buffers {
                 recv_slots: slots,

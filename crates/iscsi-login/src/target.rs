@@ -638,6 +638,13 @@ impl TargetLogin {
                 let ours: u64 = match k {
                     "MaxConnections" => limits.max_connections.into(),
                     "MaxBurstLength" => limits.max_burst_length.into(),
+                    // iSER: unsolicited data arrives in Sends, each needing a posted receive
+                    // (iWARP has no receiver-not-ready retry); at most one such Send per
+                    // command keeps the receives a target posts bounded by its window.
+                    "FirstBurstLength" if self.config.transport == TransportKind::Iser => limits
+                        .first_burst_length
+                        .min(limits.iser_recv_data_segment_length.max(512))
+                        .into(),
                     "FirstBurstLength" => limits.first_burst_length.into(),
                     "DefaultTime2Wait" => limits.default_time2wait.into(),
                     "DefaultTime2Retain" => limits.default_time2retain.into(),
