@@ -98,6 +98,31 @@ impl std::fmt::Display for ConnEnd {
 pub type Received = mpsc::UnboundedReceiver<Result<Inbound, ConnEnd>>;
 type ReceivedTx = mpsc::UnboundedSender<Result<Inbound, ConnEnd>>;
 
+/// The next login-phase PDU from `received` (both roles): a Send that is no valid iSER
+/// control message, or that invalidates an STag, ends the connection (`Bad`).
+pub async fn recv_login_pdu(
+    received: &mut Received,
+    max_data: u32,
+) -> Result<datamover::InPdu, datamover::LoginRecvError> {
+    use datamover::LoginRecvError;
+    let bytes = match received.recv().await {
+        Some(Ok(inbound)) if inbound.invalidated.is_some() => {
+            return Err(LoginRecvError::Bad(
+                "a Send with Invalidate during login".into(),
+            ))
+        }
+        Some(Ok(inbound)) => inbound.bytes,
+        Some(Err(ConnEnd::Failed(e))) => return Err(LoginRecvError::Io(e)),
+        Some(Err(ConnEnd::Closed)) | None => return Err(LoginRecvError::Closed),
+    };
+    let send =
+        iser::parse_send(&bytes, max_data).map_err(|e| LoginRecvError::Bad(e.to_string()))?;
+    Ok(datamover::InPdu {
+        pdu: send.pdu,
+        raw_bhs: send.raw_bhs,
+    })
+}
+
 /// One received Send.
 #[derive(Debug)]
 pub struct Inbound {

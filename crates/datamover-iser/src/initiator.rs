@@ -49,6 +49,7 @@ fn unsolicited_limit(declared: u32) -> usize {
     };
     n.max(1) as usize
 }
+
 /// Idle bytes each buffer pool keeps for reuse.
 const POOL_IDLE_BYTES: usize = 32 << 20;
 
@@ -112,22 +113,7 @@ impl<P: Device> InitiatorChannel for IserInitiatorConnection<P> {
     }
 
     async fn recv(&mut self, _digests: Digests, max_data: u32) -> Result<InPdu, LoginRecvError> {
-        let bytes = match self.received.recv().await {
-            Some(Ok(inbound)) if inbound.invalidated.is_some() => {
-                return Err(LoginRecvError::Bad(
-                    "a Send with Invalidate during login".into(),
-                ))
-            }
-            Some(Ok(inbound)) => inbound.bytes,
-            Some(Err(ConnEnd::Failed(e))) => return Err(LoginRecvError::Io(e)),
-            Some(Err(ConnEnd::Closed)) | None => return Err(LoginRecvError::Closed),
-        };
-        let send =
-            iser::parse_send(&bytes, max_data).map_err(|e| LoginRecvError::Bad(e.to_string()))?;
-        Ok(InPdu {
-            pdu: send.pdu,
-            raw_bhs: send.raw_bhs,
-        })
+        crate::endpoint::recv_login_pdu(&mut self.received, max_data).await
     }
 
     fn into_full_feature(

@@ -18,7 +18,7 @@ use std::os::fd::BorrowedFd;
 use tokio::sync::mpsc;
 
 use crate::datamover::Start;
-use crate::endpoint::{Buffers, ConnEnd, Device, Endpoint, Received};
+use crate::endpoint::{Buffers, Device, Endpoint, Received};
 
 /// How the target sets up an iSER connection.
 #[derive(Debug, Clone, Copy)]
@@ -153,23 +153,7 @@ impl<P: Device> LoginChannel for IserLogin<P> {
     /// The next PDU from the initiator. A Send that is no valid iSER control message ends the
     /// connection (`Bad`).
     async fn recv(&mut self) -> Result<InPdu, LoginRecvError> {
-        let bytes = match self.received.recv().await {
-            Some(Ok(inbound)) if inbound.invalidated.is_some() => {
-                return Err(LoginRecvError::Bad(
-                    "a Send with Invalidate during login".into(),
-                ))
-            }
-            Some(Ok(inbound)) => inbound.bytes,
-            Some(Err(ConnEnd::Closed)) => return Err(LoginRecvError::Closed),
-            Some(Err(ConnEnd::Failed(e))) => return Err(LoginRecvError::Io(e)),
-            None => return Err(LoginRecvError::Closed),
-        };
-        let send = iser::parse_send(&bytes, self.max_recv_data)
-            .map_err(|e| LoginRecvError::Bad(e.to_string()))?;
-        Ok(InPdu {
-            pdu: send.pdu,
-            raw_bhs: send.raw_bhs,
-        })
+        crate::endpoint::recv_login_pdu(&mut self.received, self.max_recv_data).await
     }
 
     /// Sends a login-phase PDU in a plain Send.
