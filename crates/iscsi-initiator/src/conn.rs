@@ -24,10 +24,35 @@ use crate::Error;
 /// Any transport's connection before full feature phase: what login and discovery use.
 type Channel = dyn InitiatorChannel;
 
+/// The RDMA provider an `iser://` connection runs on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum IserProvider {
+    /// ironsan's software iWARP RNIC in this process (over the kernel's TCP).
+    #[default]
+    Software,
+    /// The first device rdma-core reports (libibverbs/librdmacm: Linux siw or a hardware RNIC);
+    /// only in a build with the `rdma-core` feature.
+    RdmaCore,
+}
+
+impl std::str::FromStr for IserProvider {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "software" => Ok(IserProvider::Software),
+            "rdma-core" => Ok(IserProvider::RdmaCore),
+            _ => Err(format!(
+                "unknown RDMA provider '{s}': say software or rdma-core"
+            )),
+        }
+    }
+}
+
 /// Opens a connection of `transport` to `addr` (`host:port`), bounded by `timeout`; an
-/// iSCSI/TCP one is traced into `trace` when given.
+/// iSCSI/TCP one is traced into `trace` when given, an iSER one runs on `provider`.
 pub(crate) async fn connect(
     transport: TransportKind,
+    provider: IserProvider,
     addr: &str,
     timeout: Duration,
     trace: Option<&PduTrace>,
@@ -47,13 +72,47 @@ pub(crate) async fn connect(
                 .map_err(|e| failed(e.to_string()))?
                 .next()
                 .ok_or_else(|| failed("no address".into()))?;
-            let dev = software_rnic().map_err(|e| failed(e.to_string()))?;
-            match IserInitiatorConnection::connect(dev, sockaddr, timeout).await {
-                Ok(c) => Ok(Box::new(c)),
-                Err(why) => Err(failed(why)),
-            }
+            let connected = match provider {
+                IserProvider::Software => {
+                    let dev = software_rnic().map_err(|e| failed(e.to_string()))?;
+                    IserInitiatorConnection::connect(dev, sockaddr, timeout)
+                        .await
+                        .map(|c| Box::new(c) as Box<Channel>)
+                }
+                IserProvider::RdmaCore => rdma_core_connect(sockaddr, timeout).await,
+            };
+            connected.map_err(failed)
         }
     }
+}
+
+/// An iSER connection through the process's rdma-core device (opened on first use).
+#[cfg(feature = "rdma-core")]
+async fn rdma_core_connect(
+    addr: std::net::SocketAddr,
+    timeout: Duration,
+) -> Result<Box<Channel>, String> {
+    static DEV: OnceLock<Arc<verbs::Verbs>> = OnceLock::new();
+    let dev = match DEV.get() {
+        Some(d) => d.clone(),
+        None => {
+            let d = tokio::task::spawn_blocking(verbs::Verbs::open)
+                .await
+                .map_err(|e| format!("opening the rdma-core device: {e}"))?
+                .map_err(|e| format!("no rdma-core device for iSER: {e}"))?;
+            DEV.get_or_init(|| Arc::new(d)).clone()
+        }
+    };
+    let c = IserInitiatorConnection::connect(dev, addr, timeout).await?;
+    Ok(Box::new(c))
+}
+
+#[cfg(not(feature = "rdma-core"))]
+async fn rdma_core_connect(
+    _addr: std::net::SocketAddr,
+    _timeout: Duration,
+) -> Result<Box<Channel>, String> {
+    Err("the rdma-core provider needs ironsan built with the rdma-core feature (cargo build --release --features rdma-core; Debian: libibverbs-dev librdmacm-dev)".into())
 }
 
 /// The process's software iWARP RNIC, started on first use (one progress thread serves

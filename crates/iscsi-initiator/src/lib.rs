@@ -35,6 +35,7 @@ pub mod scsi;
 mod session;
 pub mod url;
 
+pub use crate::conn::IserProvider;
 pub use crate::core::{CommandRequest, CommandResult, Residual, TaskError};
 pub use iscsi_login::{ChapCredentials, DigestPreference, DiscoveredTarget, LoginError};
 pub use session::{

@@ -17,7 +17,7 @@ use iscsi_login::{
 use iscsi_wire::Digests;
 use tokio::sync::oneshot;
 
-use crate::conn::{self, LoginDone};
+use crate::conn::{self, IserProvider, LoginDone};
 use crate::core::{
     Action, CommandRequest, CommandResult, Reply, SessionCore, SessionLimits, TaskError,
 };
@@ -63,6 +63,8 @@ pub struct SessionConfig {
     /// Record every byte of every connection (discovery, login, full feature phase) in
     /// this pcapng trace.
     pub trace: Option<TraceFile>,
+    /// What `iser://` connections run on.
+    pub iser_provider: IserProvider,
 }
 
 /// A pcapng trace shared by the connections of one or more sessions (`--trace FILE`).
@@ -110,6 +112,7 @@ impl Default for SessionConfig {
             reconnect: false,
             reconnect_attempts: 5,
             trace: None,
+            iser_provider: IserProvider::Software,
         }
     }
 }
@@ -296,6 +299,7 @@ async fn establish(
     let addr = url.host_port();
     let mut stream = conn::connect(
         url.transport,
+        cfg.iser_provider,
         &addr,
         cfg.connect_timeout,
         cfg.trace.as_ref().map(|t| &t.0),
@@ -321,6 +325,7 @@ async fn establish(
     for cid in 1..want {
         let mut s = conn::connect(
             url.transport,
+            cfg.iser_provider,
             &addr,
             cfg.connect_timeout,
             cfg.trace.as_ref().map(|t| &t.0),
@@ -936,6 +941,7 @@ pub async fn discover(url: &IscsiUrl, cfg: &SessionConfig) -> Result<Vec<Discove
     let addr = url.host_port();
     let mut stream = conn::connect(
         iscsi_login::TransportKind::Tcp,
+        cfg.iser_provider,
         &addr,
         cfg.connect_timeout,
         cfg.trace.as_ref().map(|t| &t.0),

@@ -100,6 +100,21 @@ check_iser_capture() {
   timeout 150 python3 "$KP_DIR/iser-capture-check.py" "$pcap" "$KP_HOST_PORT" --ironsan "$IRONSAN" "$@"
 }
 
+# The rdma-core build of ironsan (built by stage 40-iwarp-verbs-build), run in the guest over siw.
+verbs_ironsan_path() { echo "${KP_VERBS_IRONSAN:-$(dirname "$(dirname "${IRONSAN:-.}")")/verbs/release/ironsan}"; }
+verbs_ironsan_available() {
+  [[ -x $(verbs_ironsan_path) ]] || {
+    echo "no rdma-core build of ironsan at $(verbs_ironsan_path) (CARGO_TARGET_DIR=target/verbs cargo build --release -p ironsan --features rdma-core)"
+    return 1
+  }
+}
+# host_verbs_ironsan_stage: copies that build into the share (/mnt/host/bin/ironsan-verbs in
+# the guest).
+host_verbs_ironsan_stage() {
+  mkdir -p "$KP_RUN/share/bin" && cp "$(verbs_ironsan_path)" "$KP_RUN/share/bin/ironsan-verbs" &&
+    echo "staged $(verbs_ironsan_path)"
+}
+
 target_stop() {
   stop target
   stop capture

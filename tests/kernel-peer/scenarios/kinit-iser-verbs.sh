@@ -11,27 +11,13 @@
 # the task asked for 32 and took 16 for "empty", and the rest waited for the next event (the
 # 1 s NOP-Out, the 10 s NOP-In).
 KP_TIMEOUT=600
-host_available() { verbs_target_available; }
-
-# (Host functions are parsed by the guest's dash too: no bash-only syntax.)
-verbs_target_path() { echo "${KP_VERBS_IRONSAN:-$(dirname "$(dirname "${IRONSAN:-.}")")/verbs/release/ironsan}"; }
-verbs_target_available() {
-  [ -x "$(verbs_target_path)" ] || {
-    echo "no rdma-core build of ironsan at $(verbs_target_path) (CARGO_TARGET_DIR=target/verbs cargo build --release -p ironsan --features rdma-core)"
-    return 1
-  }
-}
-# verbs_target_stage: copies that build into the share (/mnt/host/bin in the guest).
-host_verbs_target_stage() {
-  mkdir -p "$KP_RUN/share/bin" && cp "$(verbs_target_path)" "$KP_RUN/share/bin/ironsan-verbs" &&
-    echo "staged $(verbs_target_path)"
-}
+host_available() { verbs_ironsan_available; }
 
 guest_main() {
   . /mnt/host/guest/kinit.sh
   iser_setup
   start_iscsid
-  host_call verbs_target_stage
+  host_call verbs_ironsan_stage
   check "host: the rdma-core build of ironsan staged" test $? -eq 0
   IQN=$KP_IQN_PREFIX:iser-verbs
   PORTAL=10.0.2.15:3261

@@ -28,6 +28,11 @@ pub struct LoginOpts {
     /// (read it with `ironsan analyze FILE` or tshark; no capture privileges needed).
     #[arg(long, value_name = "FILE.pcapng")]
     pub trace: Option<PathBuf>,
+    /// What iser:// URLs run on: software (ironsan's iWARP RNIC in this process) or
+    /// rdma-core (the first libibverbs device: Linux siw or a hardware RNIC; needs a build
+    /// with the rdma-core feature).
+    #[arg(long, value_name = "PROVIDER", default_value = "software")]
+    pub rdma_provider: iscsi_initiator::IserProvider,
     /// The open trace, created on first use so that every session of a run shares it.
     #[arg(skip)]
     trace_file: std::sync::OnceLock<TraceFile>,
@@ -38,6 +43,7 @@ impl LoginOpts {
         let mut c = SessionConfig::from_url(url);
         c.initiator_name = self.initiator_name.clone();
         c.connections = self.connections.max(1);
+        c.iser_provider = self.rdma_provider;
         // The URL parser knows the digest spellings: reuse it.
         let digest = |v: &str| -> anyhow::Result<iscsi_initiator::DigestPreference> {
             let u: IscsiUrl = format!("iscsi://h/?header_digest={v}").parse()?;
