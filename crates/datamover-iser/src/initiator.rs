@@ -58,6 +58,9 @@ pub struct IserInitiatorConnection<P: Device> {
     ep: Arc<Endpoint<P>>,
     received: Received,
     peer: SocketAddr,
+    /// Whether the target may answer with Send with Invalidate: we accept it and its CM
+    /// reply did not refuse it (bit 0x40 clear).
+    remote_invalidation: bool,
 }
 
 impl<P: Device> IserInitiatorConnection<P> {
@@ -69,28 +72,39 @@ impl<P: Device> IserInitiatorConnection<P> {
             send_slots: SLOTS,
             send_len: DEFAULT_RECV_LEN,
         };
+        let ours = CmFlags::ours(true);
         let params = ConnParams {
-            private_data: CmFlags::ours(true).encode().to_vec(),
+            private_data: ours.encode().to_vec(),
             ird: 16,
             ord: 0,
             timeout,
             ..ConnParams::default()
         };
-        let (ep, received, poller) = tokio::task::spawn_blocking(move || {
+        let (ep, received, poller, info) = tokio::task::spawn_blocking(move || {
             let (ep, received, poller) =
                 Endpoint::create(dev, buffers).map_err(|e| format!("setting up: {e}"))?;
-            ep.qp()
+            let info = ep
+                .qp()
                 .connect(addr, &params)
                 .map_err(|e| format!("connecting to {addr}: {e}"))?;
-            Ok::<_, String>((ep, received, poller))
+            Ok::<_, String>((ep, received, poller, info))
         })
         .await
         .map_err(|e| format!("connect task: {e}"))??;
         poller.start();
+        // The target's word counts too, read as Linux ib_iser reads it (bit 0x40 of its first
+        // byte, when it sent one): a target that said it will not use Send with Invalidate and
+        // uses it anyway is broken (was: ignored, and such an invalidation accepted; the
+        // raw-target test iscsi-initiator/tests/iser_bad_target.rs caught it).
+        let refused = info
+            .peer_private_data
+            .first()
+            .is_some_and(|b| b & 0x40 != 0);
         Ok(IserInitiatorConnection {
             ep,
             received,
             peer: addr,
+            remote_invalidation: !ours.no_send_invalidate && !refused,
         })
     }
 }
@@ -129,6 +143,7 @@ impl<P: Device> InitiatorChannel for IserInitiatorConnection<P> {
             ep: me.ep,
             commands: Mutex::new(HashMap::new()),
             peer: me.peer,
+            remote_invalidation: me.remote_invalidation,
             closed: AtomicBool::new(false),
             sink,
             unsolicited: Semaphore::new(unsolicited_limit(cfg.max_outstanding_unexpected_pdus)),
@@ -158,6 +173,8 @@ struct Shared<P: Device> {
     writes: Arc<MrPool<P>>,
     commands: Mutex<HashMap<u32, CommandBuffers<P>>>,
     peer: SocketAddr,
+    /// Remote invalidation was negotiated (see [`IserInitiatorConnection`]).
+    remote_invalidation: bool,
     /// Set once the connection's end was reported: no notice follows it.
     closed: AtomicBool,
     sink: NoticeSink,
@@ -337,6 +354,12 @@ async fn receive_loop<P: Device>(
             Some(Err(e)) => break e.to_string(),
             None => break ConnEnd::Closed.to_string(),
         };
+        // Linux ib_iser fails the connection so too (-EPROTO).
+        if let (Some(stag), false) = (invalidated, sh.remote_invalidation) {
+            break format!(
+                "the target invalidated STag 0x{stag:08x} with a Send, though its CM reply refused remote invalidation"
+            );
+        }
         let send = match iser::parse_send(&bytes, max_data) {
             Ok(s) => s,
             Err(e) => break format!("from the target: {e}"),
