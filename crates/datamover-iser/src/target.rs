@@ -13,7 +13,7 @@ use datamover::{
 };
 use iscsi_wire::Pdu;
 use iser::{CmFlags, IserHeader};
-use rdma::{ConnParams, ConnectRequest, Provider, SendOp};
+use rdma::{ConnParams, ConnectRequest, SendOp};
 use std::os::fd::BorrowedFd;
 use tokio::sync::mpsc;
 
@@ -76,7 +76,7 @@ impl Default for AcceptConfig {
 }
 
 /// An accepted iSER connection in the login phase.
-pub struct IserLogin<P: Provider> {
+pub struct IserLogin<P: Device> {
     ep: Arc<Endpoint<P>>,
     received: Received,
     peer: SocketAddr,
@@ -87,6 +87,31 @@ pub struct IserLogin<P: Provider> {
     /// Inbound and outbound RDMA Read depth as negotiated.
     pub ird_ord: (u16, u16),
     max_recv_data: u32,
+    /// Closes the connection if the login phase ends without full feature phase.
+    close_unless_kept: CloseUnlessKept<P>,
+}
+
+/// Closes the connection when the login channel is dropped before full feature phase (a
+/// failed login, a non-Login PDU, a malformed Send: the target drops the channel). The
+/// completion task holds the endpoint too, so without this the queue pair, its registered
+/// buffers and the task outlived a failed login and the initiator never heard that the
+/// connection had ended (found by tests/iser_bad_input.rs in iscsi-target; iSCSI/TCP closes
+/// by dropping its socket).
+struct CloseUnlessKept<P: Device>(Option<Arc<Endpoint<P>>>);
+
+impl<P: Device> CloseUnlessKept<P> {
+    /// Full feature phase owns the connection from now on.
+    fn keep(mut self) {
+        self.0 = None;
+    }
+}
+
+impl<P: Device> Drop for CloseUnlessKept<P> {
+    fn drop(&mut self) {
+        if let Some(ep) = self.0.take() {
+            ep.close();
+        }
+    }
 }
 
 /// Accepts `req` on `dev`: creates the queue pair and its buffers, posts every receive, and
@@ -119,6 +144,7 @@ where
     .map_err(|e| format!("accept task: {e}"))??;
     poller.start();
     Ok(IserLogin {
+        close_unless_kept: CloseUnlessKept(Some(ep.clone())),
         ep,
         received,
         peer,
@@ -170,6 +196,7 @@ impl<P: Device> LoginChannel for IserLogin<P> {
         sn: Arc<CmdSnState>,
     ) -> (Arc<dyn Datamover>, mpsc::Receiver<Notice>) {
         let me = *self;
+        me.close_unless_kept.keep();
         let start = Start {
             ep: me.ep,
             received: me.received,

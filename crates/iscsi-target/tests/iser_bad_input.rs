@@ -1,0 +1,1138 @@
+//! Bad input from a raw iSER initiator against the whole target (an `iser://` portal on the
+//! software iWARP RNIC, started in-process). The raw initiator is written on the `rdma` API
+//! with PDUs and iSER headers laid out byte by byte from RFC 7143 and RFC 7145, so it can say
+//! what no well-behaved initiator says: STags that name nothing, another protection domain,
+//! too little memory or the wrong rights; Sends longer than the target's receives, more of
+//! them than its window, shorter than the headers; iSER opcodes that do not exist; commands
+//! before login; more RDMA Read Requests than the target's IRD; unsolicited Data-Out that
+//! breaks the rules.
+//!
+//! Each case must end as the standards say (a Terminate from the RNIC that saw the bad
+//! access, a closed connection, or a Reject and CHECK CONDITION) and touch nothing else: a
+//! session logged in before it carries on, and a fresh initiator logs in and writes and
+//! reads verified data. Every wait is bounded by [`WAIT`]; the raw peer polls its completion
+//! queue on the test's own thread while the target runs on the runtime's workers.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::{Duration, Instant};
+
+use iwarp::TerminateCode;
+use rdma::{
+    Access, CompletionQueue, ConnInfo, ConnParams, MemoryRegion, Provider, QpCaps, QpState,
+    QueuePair, RecvWr, SendOp, SendWr, Wc, WcOpcode, WcStatus,
+};
+use rnic::{AccessError, Rnic};
+
+/// Every wait in these tests is bounded by this.
+const WAIT: Duration = Duration::from_secs(10);
+const IQN: &str = "iqn.2026-11.org.ironsan.test:iser-bad";
+const INITIATOR: &str = "iqn.2026-11.org.ironsan.test:iser-raw";
+/// The target's command window (it posts 2 × this + 64 receives).
+const QUEUE_DEPTH: u32 = 16;
+
+/// Receives the raw initiator keeps posted, and their size (the target's control PDUs carry
+/// at most 128 bytes of data, Login Responses a few hundred).
+const RECV_SLOTS: usize = 32;
+const RECV_LEN: usize = 8192 + 128;
+/// Send buffers, each big enough for a Send longer than the target's receives (8272 bytes).
+const SEND_SLOTS: usize = 64;
+const SEND_LEN: usize = 9216;
+
+/// The target's TargetRecvDataSegmentLength and FirstBurstLength over iSER.
+const SEGMENT: usize = 8192;
+
+/// Starts a target with one 16 MiB RAM LUN 0 behind an `iser://` portal on an ephemeral
+/// loopback port. IRONSAN_LOG=debug shows the target's log when a test fails.
+async fn start_target() -> SocketAddr {
+    if let Ok(f) = std::env::var("IRONSAN_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(f))
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+    let text = format!(
+        "portals = [\"iser://127.0.0.1:0\"]\nqueue_depth = {QUEUE_DEPTH}\n[[target]]\n\
+         name = \"{IQN}\"\n[target.lun.0]\nsize = \"16MiB\"\nbackend = \"memory\"\n"
+    );
+    let config = iscsi_target::Config::parse(&text, "test.toml").expect("config");
+    let bound = iscsi_target::Target::bind(config).await.expect("bind");
+    let addr = bound.local_addrs()[0];
+    tokio::spawn(bound.serve());
+    addr
+}
+
+/// A distinct ISID byte for every raw initiator of the process (no session reinstatement
+/// between peers of one test).
+fn next_isid() -> [u8; 6] {
+    static NEXT: AtomicU8 = AtomicU8::new(1);
+    [0x80, 0, 0, 0x15, 0xe4, NEXT.fetch_add(1, Ordering::Relaxed)]
+}
+
+fn be32(b: &[u8]) -> u32 {
+    u32::from_be_bytes(b[..4].try_into().unwrap())
+}
+
+/// A BHS with opcode, flags byte, data segment length and ITT; the rest zero.
+fn bhs(opcode: u8, flags: u8, data_len: usize, itt: u32) -> [u8; 48] {
+    let mut b = [0u8; 48];
+    b[0] = opcode;
+    b[1] = flags;
+    b[5..8].copy_from_slice(&(data_len as u32).to_be_bytes()[1..]);
+    b[16..20].copy_from_slice(&itt.to_be_bytes());
+    b
+}
+
+/// The 28-byte iSER header (RFC 7145 §9.2 as Linux lays it out): a control PDU follows,
+/// with the Write STag and address when `write` is given (WSV) and the Read STag and
+/// address when `read` is (RSV).
+fn iser_header(write: Option<(u32, u64)>, read: Option<(u32, u64)>) -> [u8; 28] {
+    let mut h = [0u8; 28];
+    h[0] = 0x10;
+    if let Some((stag, va)) = write {
+        h[0] |= 0x08;
+        h[4..8].copy_from_slice(&stag.to_be_bytes());
+        h[8..16].copy_from_slice(&va.to_be_bytes());
+    }
+    if let Some((stag, va)) = read {
+        h[0] |= 0x04;
+        h[16..20].copy_from_slice(&stag.to_be_bytes());
+        h[20..28].copy_from_slice(&va.to_be_bytes());
+    }
+    h
+}
+
+/// One Send: iSER header, BHS, data padded to 4.
+fn send_bytes(header: &[u8; 28], bhs: &[u8; 48], data: &[u8]) -> Vec<u8> {
+    let mut v = header.to_vec();
+    v.extend_from_slice(bhs);
+    v.extend_from_slice(data);
+    v.resize(76 + data.len().next_multiple_of(4), 0);
+    v
+}
+
+fn key_values(pairs: &[(&str, &str)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (k, v) in pairs {
+        out.extend_from_slice(k.as_bytes());
+        out.push(b'=');
+        out.extend_from_slice(v.as_bytes());
+        out.push(0);
+    }
+    out
+}
+
+fn parse_keys(data: &[u8]) -> HashMap<String, String> {
+    String::from_utf8_lossy(data)
+        .split('\0')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn read10(lba: u32, blocks: u16) -> [u8; 10] {
+    let mut c = [0u8; 10];
+    c[0] = 0x28;
+    c[2..6].copy_from_slice(&lba.to_be_bytes());
+    c[7..9].copy_from_slice(&blocks.to_be_bytes());
+    c
+}
+
+fn write10(lba: u32, blocks: u16) -> [u8; 10] {
+    let mut c = read10(lba, blocks);
+    c[0] = 0x2a;
+    c
+}
+
+/// Bytes that differ per position and per seed.
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 9) as u8)
+        .collect()
+}
+
+/// A received Send.
+#[derive(Debug, Clone)]
+struct Rx {
+    bhs: [u8; 48],
+    data: Vec<u8>,
+    /// The STag the target invalidated with it (Send with Invalidate).
+    invalidated: Option<u32>,
+}
+
+impl Rx {
+    fn opcode(&self) -> u8 {
+        self.bhs[0] & 0x3f
+    }
+    fn itt(&self) -> u32 {
+        be32(&self.bhs[16..20])
+    }
+    fn field32(&self, at: usize) -> u32 {
+        be32(&self.bhs[at..at + 4])
+    }
+}
+
+/// How the raw initiator connects.
+struct Connect {
+    private_data: Vec<u8>,
+    mpa_revision: u8,
+    ird: u16,
+    ord: u16,
+}
+
+impl Default for Connect {
+    /// As Linux ib_iser: the iSER word 0x80 (ZBVA not used, Send with Invalidate accepted).
+    fn default() -> Self {
+        Connect {
+            private_data: vec![0x80, 0, 0, 0],
+            mpa_revision: 2,
+            ird: 16,
+            ord: 1,
+        }
+    }
+}
+
+/// A raw iSER initiator: a queue pair on its own software RNIC, a ring of posted receives
+/// (each posted again once read), a ring of registered send buffers.
+struct Peer {
+    qp: rnic::Qp,
+    cq: rnic::Cq,
+    pd: rnic::Pd,
+    recv: rnic::Mr,
+    send: rnic::Mr,
+    sends_posted: u64,
+    sends_done: u64,
+    reads_done: u64,
+    received: VecDeque<Rx>,
+    /// Completions with an error status, in order.
+    errors: Vec<Wc>,
+    info: Option<ConnInfo>,
+    isid: [u8; 6],
+    cmd_sn: u32,
+    exp_stat_sn: u32,
+    next_itt: u32,
+    /// Declared last: the RNIC's progress thread outlives the queue pair.
+    dev: Rnic,
+}
+
+impl Peer {
+    /// A queue pair with every receive posted, not connected yet.
+    fn new(max_send_wr: u32) -> Peer {
+        let dev = Rnic::new().unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let cq = dev.create_cq(4096, None).unwrap();
+        let caps = QpCaps {
+            max_send_wr,
+            max_recv_wr: RECV_SLOTS as u32,
+            max_sge: 4,
+        };
+        let qp = dev.create_qp(&pd, &cq, &cq, caps).unwrap();
+        let recv = dev
+            .reg_mr(&pd, RECV_SLOTS * RECV_LEN, Access::LOCAL_WRITE)
+            .unwrap();
+        let send = dev
+            .reg_mr(&pd, SEND_SLOTS * SEND_LEN, Access::NONE)
+            .unwrap();
+        for slot in 0..RECV_SLOTS {
+            qp.post_recv(RecvWr {
+                wr_id: slot as u64,
+                sges: vec![recv.sge(slot * RECV_LEN, RECV_LEN)],
+            })
+            .unwrap();
+        }
+        Peer {
+            qp,
+            cq,
+            pd,
+            recv,
+            send,
+            sends_posted: 0,
+            sends_done: 0,
+            reads_done: 0,
+            received: VecDeque::new(),
+            errors: Vec::new(),
+            info: None,
+            isid: next_isid(),
+            cmd_sn: 1,
+            exp_stat_sn: 0,
+            next_itt: 0x100,
+            dev,
+        }
+    }
+
+    /// Connects to the target (the MPA exchange; blocking, bounded by the RNIC's timeout).
+    fn connect(mut self, addr: SocketAddr, c: &Connect) -> Peer {
+        let params = ConnParams {
+            private_data: c.private_data.clone(),
+            mpa_revision: c.mpa_revision,
+            ird: c.ird,
+            ord: c.ord,
+            ..ConnParams::default()
+        };
+        self.info = Some(self.qp.connect(addr, &params).expect("connected"));
+        self
+    }
+
+    fn to(addr: SocketAddr) -> Peer {
+        Peer::new(256).connect(addr, &Connect::default())
+    }
+
+    /// A connected peer that has logged in.
+    fn logged_in(addr: SocketAddr) -> Peer {
+        let mut p = Peer::to(addr);
+        p.login();
+        p
+    }
+
+    fn itt(&mut self) -> u32 {
+        self.next_itt += 1;
+        self.next_itt
+    }
+
+    fn reg(&self, len: usize, access: Access) -> rnic::Mr {
+        self.dev.reg_mr(&self.pd, len, access).unwrap()
+    }
+
+    /// Moves every waiting completion: received Sends are queued (their buffers posted
+    /// again), Send and RDMA Read completions counted, the first error kept.
+    fn poll(&mut self) -> usize {
+        let mut wcs = [Wc::EMPTY; 64];
+        let n = self.cq.poll(&mut wcs);
+        for wc in &wcs[..n] {
+            if wc.status != WcStatus::Success {
+                self.errors.push(*wc);
+                if wc.opcode == WcOpcode::Send {
+                    self.sends_done += 1;
+                }
+                continue;
+            }
+            match wc.opcode {
+                WcOpcode::Recv => {
+                    let slot = wc.wr_id as usize;
+                    let mut bytes = vec![0u8; wc.byte_len as usize];
+                    self.recv.read_at(slot * RECV_LEN, &mut bytes);
+                    let _ = self.qp.post_recv(RecvWr {
+                        wr_id: slot as u64,
+                        sges: vec![self.recv.sge(slot * RECV_LEN, RECV_LEN)],
+                    });
+                    assert!(bytes.len() >= 76, "a Send shorter than the headers");
+                    assert_eq!(bytes[0], 0x10, "a control PDU behind a plain iSER header");
+                    let bhs: [u8; 48] = bytes[28..76].try_into().unwrap();
+                    let len = u32::from_be_bytes([0, bhs[5], bhs[6], bhs[7]]) as usize;
+                    let start = 76 + bhs[4] as usize * 4;
+                    self.received.push_back(Rx {
+                        bhs,
+                        data: bytes[start..start + len].to_vec(),
+                        invalidated: wc.invalidated_rkey,
+                    });
+                }
+                WcOpcode::Send => self.sends_done += 1,
+                WcOpcode::RdmaRead => self.reads_done += 1,
+                WcOpcode::RdmaWrite => {}
+            }
+        }
+        n
+    }
+
+    /// Posts `bytes` as one Send. False if the connection failed first.
+    fn post(&mut self, bytes: &[u8]) -> bool {
+        let deadline = Instant::now() + WAIT;
+        while self.sends_posted - self.sends_done >= SEND_SLOTS as u64 {
+            if !self.errors.is_empty() || self.qp.state() == QpState::Error {
+                return false;
+            }
+            assert!(Instant::now() < deadline, "a Send never completed");
+            if self.poll() == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        let at = (self.sends_posted as usize % SEND_SLOTS) * SEND_LEN;
+        self.send.write_at(at, bytes);
+        let posted = self.qp.post_send(SendWr {
+            wr_id: (1 << 32) | self.sends_posted,
+            op: SendOp::Send,
+            sges: vec![self.send.sge(at, bytes.len())],
+            signaled: true,
+        });
+        self.sends_posted += 1;
+        if posted.is_err() {
+            self.sends_done += 1;
+            return false;
+        }
+        true
+    }
+
+    fn post_pdu(&mut self, header: &[u8; 28], bhs: &[u8; 48], data: &[u8]) -> bool {
+        self.post(&send_bytes(header, bhs, data))
+    }
+
+    /// The next received PDU, or None when the connection ends (or nothing comes in time).
+    fn try_recv(&mut self) -> Option<Rx> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(rx) = self.received.pop_front() {
+                return Some(rx);
+            }
+            if self.poll() > 0 {
+                continue;
+            }
+            if self.qp.state() == QpState::Error || Instant::now() >= deadline {
+                // What completed before the error still counts.
+                self.poll();
+                return self.received.pop_front();
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// The next PDU that is not a NOP-In ping from the target (answered as it comes).
+    fn recv(&mut self) -> Rx {
+        loop {
+            let rx = self.try_recv().expect("a PDU from the target in time");
+            if rx.opcode() == 0x20 && rx.field32(20) != u32::MAX {
+                // A ping: answer it so the target keeps the connection.
+                let mut b = bhs(0x40, 0x80, 0, u32::MAX);
+                b[20..24].copy_from_slice(&rx.field32(20).to_be_bytes());
+                b[24..28].copy_from_slice(&self.cmd_sn.to_be_bytes());
+                b[28..32].copy_from_slice(&self.exp_stat_sn.to_be_bytes());
+                self.post_pdu(&iser_header(None, None), &b, &[]);
+                continue;
+            }
+            return rx;
+        }
+    }
+
+    /// Logs in to full feature phase in one Login Request (operational stage, no
+    /// authentication), offering the iSER keys with immediate and unsolicited data.
+    fn login(&mut self) -> HashMap<String, String> {
+        let r = self.login_request(0x87, &login_keys());
+        assert_eq!(r.opcode(), 0x23, "a Login Response");
+        assert_eq!(&r.bhs[36..38], &[0, 0], "login status");
+        assert_eq!(r.bhs[1] & 0x83, 0x83, "transit to full feature phase");
+        self.exp_stat_sn = r.field32(24).wrapping_add(1);
+        self.cmd_sn = r.field32(28);
+        let keys = parse_keys(&r.data);
+        assert_eq!(keys.get("RDMAExtensions").map(String::as_str), Some("Yes"));
+        keys
+    }
+
+    /// Sends one Login Request (flags byte `flags`: T, CSG, NSG) with `keys`; returns the
+    /// response.
+    fn login_request(&mut self, flags: u8, keys: &[u8]) -> Rx {
+        let mut b = bhs(0x43, flags, keys.len(), 0x4000_0000);
+        b[8..14].copy_from_slice(&self.isid);
+        b[24..28].copy_from_slice(&self.cmd_sn.to_be_bytes());
+        b[28..32].copy_from_slice(&self.exp_stat_sn.to_be_bytes());
+        assert!(self.post_pdu(&iser_header(None, None), &b, keys));
+        self.recv()
+    }
+
+    /// A SCSI Command BHS for LUN 0 with the next CmdSN and ITT (`final_`: no unsolicited
+    /// Data-Out follows).
+    fn command_bhs(&mut self, cdb: &[u8], read_len: u32, write_len: u32, imm: usize) -> [u8; 48] {
+        self.command_bhs_f(cdb, read_len, write_len, imm, true)
+    }
+
+    fn command_bhs_f(
+        &mut self,
+        cdb: &[u8],
+        read_len: u32,
+        write_len: u32,
+        imm: usize,
+        final_: bool,
+    ) -> [u8; 48] {
+        let itt = self.itt();
+        let flags = if final_ { 0x80 } else { 0 }
+            | if read_len > 0 { 0x40 } else { 0 }
+            | if write_len > 0 { 0x20 } else { 0 }
+            | 1;
+        let mut b = bhs(0x01, flags, imm, itt);
+        b[20..24].copy_from_slice(&read_len.max(write_len).to_be_bytes());
+        b[24..28].copy_from_slice(&self.cmd_sn.to_be_bytes());
+        b[28..32].copy_from_slice(&self.exp_stat_sn.to_be_bytes());
+        b[32..32 + cdb.len()].copy_from_slice(cdb);
+        self.cmd_sn = self.cmd_sn.wrapping_add(1);
+        b
+    }
+
+    /// Waits for the SCSI Response to `itt`: (status, sense data).
+    fn response(&mut self, itt: u32) -> (u8, Vec<u8>, Option<u32>) {
+        let r = self.recv();
+        assert_eq!(r.opcode(), 0x21, "a SCSI Response, got {r:?}");
+        assert_eq!(r.itt(), itt, "the response to our command");
+        self.exp_stat_sn = r.field32(24).wrapping_add(1);
+        (r.bhs[3], r.data, r.invalidated)
+    }
+
+    /// WRITE(10) of `data` at `lba`: `imm` bytes of immediate data, the rest fetched by the
+    /// target's RDMA Reads from the Write STag (whose address is where solicited data
+    /// begins, as Linux sets it). Returns the status and the STag the response invalidated.
+    fn write(&mut self, lba: u32, data: &[u8], imm: usize) -> (u8, Option<u32>) {
+        let mr = self.reg(data.len(), Access::REMOTE_READ);
+        mr.write_at(0, data);
+        let b = self.command_bhs(
+            &write10(lba, (data.len() / 512) as u16),
+            0,
+            data.len() as u32,
+            imm,
+        );
+        let header = iser_header(Some((mr.rkey(), mr.addr() + imm as u64)), None);
+        assert!(self.post_pdu(&header, &b, &data[..imm]));
+        let (status, _, inv) = self.response(be32(&b[16..20]));
+        assert!(
+            inv.is_none_or(|s| s == mr.rkey()),
+            "the Write STag invalidated"
+        );
+        (status, inv)
+    }
+
+    /// READ(10) of `blocks` at `lba` into a region the target RDMA-Writes.
+    fn read(&mut self, lba: u32, blocks: u16) -> (u8, Vec<u8>, Option<u32>) {
+        let len = blocks as usize * 512;
+        let mr = self.reg(len, Access::REMOTE_WRITE);
+        let b = self.command_bhs(&read10(lba, blocks), len as u32, 0, 0);
+        let header = iser_header(None, Some((mr.rkey(), mr.addr())));
+        assert!(self.post_pdu(&header, &b, &[]));
+        let (status, _, inv) = self.response(be32(&b[16..20]));
+        assert!(
+            inv.is_none_or(|s| s == mr.rkey()),
+            "the Read STag invalidated"
+        );
+        let mut data = vec![0u8; len];
+        mr.read_at(0, &mut data);
+        (status, data, inv)
+    }
+
+    /// Writes 48 KiB at `lba` (immediate data, then RDMA Reads) and reads it back.
+    fn roundtrip(&mut self, lba: u32, seed: u8) {
+        let data = pattern(48 * 1024, seed);
+        assert_eq!(self.write(lba, &data, 4096).0, 0, "WRITE status");
+        let (status, back, _) = self.read(lba, 96);
+        assert_eq!(status, 0, "READ status");
+        assert!(back == data, "read back what was written at LBA {lba}");
+    }
+
+    /// NOP-Out ping (immediate); the NOP-In echo's data.
+    fn ping(&mut self, payload: &[u8]) -> Vec<u8> {
+        let itt = self.itt();
+        let mut b = bhs(0x40, 0x80, payload.len(), itt);
+        b[20..24].copy_from_slice(&u32::MAX.to_be_bytes());
+        b[24..28].copy_from_slice(&self.cmd_sn.to_be_bytes());
+        b[28..32].copy_from_slice(&self.exp_stat_sn.to_be_bytes());
+        assert!(self.post_pdu(&iser_header(None, None), &b, payload));
+        let r = self.recv();
+        assert_eq!((r.opcode(), r.itt()), (0x20, itt), "the NOP-In echo");
+        r.data
+    }
+
+    /// Waits until the connection is gone (the queue pair in the error state, its
+    /// receives flushed); returns the opcodes of the PDUs that arrived meanwhile.
+    fn torn_down(&mut self) -> Vec<u8> {
+        let mut got = Vec::new();
+        let deadline = Instant::now() + WAIT;
+        while self.qp.state() != QpState::Error {
+            assert!(
+                Instant::now() < deadline,
+                "the target did not end the connection"
+            );
+            if self.poll() == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            got.extend(self.received.drain(..).map(|r| r.opcode()));
+        }
+        // The flushed receives report it too.
+        let deadline = Instant::now() + WAIT;
+        while !self.errors.iter().any(|wc| wc.opcode == WcOpcode::Recv) {
+            assert!(
+                Instant::now() < deadline,
+                "no flushed receive: {:?}",
+                self.errors
+            );
+            if self.poll() == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        got.extend(self.received.drain(..).map(|r| r.opcode()));
+        got
+    }
+}
+
+fn login_keys() -> Vec<u8> {
+    key_values(&[
+        ("InitiatorName", INITIATOR),
+        ("TargetName", IQN),
+        ("SessionType", "Normal"),
+        ("RDMAExtensions", "Yes"),
+        ("HeaderDigest", "None"),
+        ("DataDigest", "None"),
+        ("ImmediateData", "Yes"),
+        ("InitialR2T", "No"),
+        ("FirstBurstLength", "65536"),
+        ("MaxBurstLength", "262144"),
+        ("ErrorRecoveryLevel", "0"),
+        ("InitiatorRecvDataSegmentLength", "8192"),
+        ("TargetRecvDataSegmentLength", "8192"),
+    ])
+}
+
+/// After a bad connection: the session logged in before it still reads and writes, and a
+/// fresh initiator logs in and does too.
+fn others_carry_on(addr: SocketAddr, keeper: &mut Peer, seed: u8) {
+    keeper.roundtrip(1000 + seed as u32 * 100, seed);
+    let mut fresh = Peer::logged_in(addr);
+    fresh.roundtrip(20_000 + seed as u32 * 100, seed.wrapping_add(100));
+}
+
+/// A READ whose Read STag names no region, a region in another protection domain, too
+/// little memory, or memory without remote write access: the target's RDMA Write is refused
+/// by the initiator's RNIC with the Terminate RFC 5041 gives for the first failed check, the
+/// connection ends, and the target carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_read_stags_are_terminated_and_only_that_connection_ends() {
+    let addr = start_target().await;
+    let mut keeper = Peer::logged_in(addr);
+    keeper.roundtrip(0, 1);
+    for (case, seed) in ["unregistered", "foreign", "beyond", "rights"]
+        .into_iter()
+        .zip(1u8..)
+    {
+        let mut p = Peer::logged_in(addr);
+        let len = 4096;
+        let other_pd = p.dev.alloc_pd().unwrap();
+        let regions: Vec<rnic::Mr> = vec![
+            p.reg(len, Access::REMOTE_WRITE),
+            p.dev.reg_mr(&other_pd, len, Access::REMOTE_WRITE).unwrap(),
+            p.reg(len, Access::REMOTE_READ),
+        ];
+        let (stag, va, expected) = match case {
+            "unregistered" => (0x7fff_ff01, 0x1000, AccessError::InvalidStag),
+            "foreign" => (regions[1].rkey(), regions[1].addr(), AccessError::WrongPd),
+            // 4 KiB named from 512 bytes into a 4 KiB region.
+            "beyond" => (
+                regions[0].rkey(),
+                regions[0].addr() + 512,
+                AccessError::Bounds,
+            ),
+            _ => (regions[2].rkey(), regions[2].addr(), AccessError::Rights),
+        };
+        let b = p.command_bhs(&read10(0, 8), len as u32, 0, 0);
+        assert!(p.post_pdu(&iser_header(None, Some((stag, va))), &b, &[]));
+        let got = p.torn_down();
+        assert!(
+            !got.contains(&0x21),
+            "{case}: no SCSI Response after a refused Write: {got:x?}"
+        );
+        assert_eq!(
+            p.qp.last_error().as_deref(),
+            Some(format!("sent Terminate: {}", expected.ddp_code()).as_str()),
+            "{case}: the initiator's RNIC terminated with the RFC 5041 code"
+        );
+        assert!(
+            regions.iter().all(|r| {
+                let mut v = vec![0u8; len];
+                r.read_at(0, &mut v);
+                v.iter().all(|&x| x == 0)
+            }) || case == "beyond",
+            "{case}: no byte placed outside what the STag allows"
+        );
+        drop(regions);
+        others_carry_on(addr, &mut keeper, seed);
+    }
+}
+
+/// A WRITE whose Write STag names no region, another protection domain, a region shorter
+/// than the solicited data, or memory without remote read access: the target's RDMA Read
+/// Request is refused by the initiator's RNIC (RFC 5040's Terminate codes), the command never
+/// completes, the connection ends, and the target carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_write_stags_are_terminated_and_only_that_connection_ends() {
+    let addr = start_target().await;
+    let mut keeper = Peer::logged_in(addr);
+    // What the refused writes would have overwritten.
+    let before = pattern(8192, 77);
+    assert_eq!(keeper.write(500, &before, 0).0, 0);
+    for (case, seed) in ["unregistered", "foreign", "short", "rights"]
+        .into_iter()
+        .zip(11u8..)
+    {
+        let mut p = Peer::logged_in(addr);
+        let len = 8192;
+        let other_pd = p.dev.alloc_pd().unwrap();
+        let foreign = p.dev.reg_mr(&other_pd, len, Access::REMOTE_READ).unwrap();
+        let short = p.reg(len / 2, Access::REMOTE_READ);
+        let write_only = p.reg(len, Access::REMOTE_WRITE);
+        for r in [&foreign, &short, &write_only] {
+            r.write_at(0, &vec![0xee; r.len()]);
+        }
+        let (stag, va, expected) = match case {
+            "unregistered" => (0x7fff_fe01, 0x1000, AccessError::InvalidStag),
+            "foreign" => (foreign.rkey(), foreign.addr(), AccessError::WrongPd),
+            "short" => (short.rkey(), short.addr(), AccessError::Bounds),
+            _ => (write_only.rkey(), write_only.addr(), AccessError::Rights),
+        };
+        // All 8 KiB solicited: the target must fetch it with an RDMA Read.
+        let b = p.command_bhs(&write10(500, 16), 0, len as u32, 0);
+        assert!(p.post_pdu(&iser_header(Some((stag, va)), None), &b, &[]));
+        let got = p.torn_down();
+        assert!(
+            !got.contains(&0x21),
+            "{case}: no SCSI Response for data never fetched: {got:x?}"
+        );
+        assert_eq!(
+            p.qp.last_error().as_deref(),
+            Some(format!("sent Terminate: {}", expected.rdmap_code()).as_str()),
+            "{case}: the initiator's RNIC terminated with the RFC 5040 code"
+        );
+        others_carry_on(addr, &mut keeper, seed);
+        let (status, back, _) = keeper.read(500, 16);
+        assert_eq!(status, 0);
+        assert!(back == before, "{case}: the refused write changed nothing");
+    }
+}
+
+/// A Send longer than the target's posted receives (8272 bytes): its RNIC terminates
+/// (RFC 5041 DDP "message too long") and the connection ends; the target carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_longer_than_the_posted_receive_is_terminated() {
+    let addr = start_target().await;
+    let mut keeper = Peer::logged_in(addr);
+    for (logged_in, seed) in [(false, 21u8), (true, 22)] {
+        let mut p = if logged_in {
+            Peer::logged_in(addr)
+        } else {
+            Peer::to(addr)
+        };
+        // A NOP-Out announcing the 9000 - 76 bytes it carries.
+        let data = vec![0x5a; 9000 - 76];
+        let mut b = bhs(0x40, 0x80, data.len(), 0x77);
+        b[20..24].copy_from_slice(&u32::MAX.to_be_bytes());
+        p.post_pdu(&iser_header(None, None), &b, &data);
+        p.torn_down();
+        assert_eq!(
+            p.qp.last_error().as_deref(),
+            Some(
+                format!(
+                    "peer sent Terminate: {}",
+                    TerminateCode::DDP_UNTAGGED_TOO_LONG
+                )
+                .as_str()
+            ),
+            "the target's RNIC refused the Send"
+        );
+        others_carry_on(addr, &mut keeper, seed);
+    }
+}
+
+impl Peer {
+    /// Posts `n` WRITEs of one block of immediate data over `lba`, every one with a CmdSN
+    /// past the window (from MaxCmdSN + 1), and waits until they are sent or the
+    /// connection fails. Returns how many were posted.
+    fn past_the_window(&mut self, n: u32, lba: u32) -> u32 {
+        let window_end = self.cmd_sn.wrapping_add(QUEUE_DEPTH);
+        let saved = self.cmd_sn;
+        let mut posted = 0;
+        for k in 0..n {
+            self.cmd_sn = window_end.wrapping_add(k);
+            let b = self.command_bhs(&write10(lba, 1), 0, 512, 512);
+            if !self.post_pdu(&iser_header(None, None), &b, &[0xdd; 512]) {
+                break;
+            }
+            posted += 1;
+        }
+        self.cmd_sn = saved;
+        let deadline = Instant::now() + WAIT;
+        while self.sends_done < self.sends_posted && self.errors.is_empty() {
+            assert!(Instant::now() < deadline, "the Sends were never sent");
+            if self.poll() == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        posted
+    }
+}
+
+/// Sends past the command window. A few dozen (fewer than the target's 2 × 16 + 64 posted
+/// receives): commands beyond MaxCmdSN are ignored, not queued (none runs even once the
+/// window has moved over their CmdSNs) and the connection goes on. Then a flood of 2000
+/// posted at once: iWARP has no receiver-not-ready retry, so either a Send finds no receive
+/// and the target's RNIC terminates (RFC 5041 "no buffer available"; what happens on this
+/// machine), or the target keeps up and ignores them all. Either way nothing else is
+/// touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_sends_past_the_command_window_touches_nothing_else() {
+    let addr = start_target().await;
+    let mut keeper = Peer::logged_in(addr);
+    let before = pattern(512, 31);
+    assert_eq!(keeper.write(700, &before, 512).0, 0);
+
+    let mut p = Peer::logged_in(addr);
+    assert_eq!(p.past_the_window(40, 700), 40);
+    assert!(p.errors.is_empty(), "{:?}", p.errors);
+    assert_eq!(p.ping(b"still here"), b"still here");
+    // Two commands move the window over the first two ignored CmdSNs.
+    p.roundtrip(3000, 32);
+    let (status, back, _) = p.read(700, 1);
+    assert_eq!(status, 0);
+    assert!(back == before, "no command past the window was executed");
+
+    let mut p = Peer::logged_in(addr);
+    let flood = 2000;
+    let posted = p.past_the_window(flood, 700);
+    let terminated = !p.errors.is_empty() || p.qp.state() != QpState::Rts;
+    if terminated {
+        let got = p.torn_down();
+        assert!(
+            !got.contains(&0x21),
+            "no command past the window ran: {got:x?}"
+        );
+        assert_eq!(
+            p.qp.last_error().as_deref(),
+            Some(
+                format!(
+                    "peer sent Terminate: {}",
+                    TerminateCode::DDP_UNTAGGED_NO_BUFFER
+                )
+                .as_str()
+            ),
+            "the target's RNIC ran out of receives ({posted} Sends posted)"
+        );
+    } else {
+        assert_eq!(posted, flood);
+        assert_eq!(p.ping(b"still here"), b"still here");
+        p.roundtrip(3200, 33);
+    }
+    let (status, back, _) = keeper.read(700, 1);
+    assert_eq!(status, 0);
+    assert!(back == before, "no command past the window was executed");
+    others_carry_on(addr, &mut keeper, 34);
+}
+
+/// Sends shorter than the iSER header and a BHS (76 bytes), and Sends whose
+/// DataSegmentLength announces more bytes than they carry, in login and in full feature
+/// phase: the target ends the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_sends_and_overstated_data_lengths_end_the_connection() {
+    let addr = start_target().await;
+    let mut keeper = Peer::logged_in(addr);
+    let cases: [(&str, bool); 6] = [
+        ("40 bytes before login", false),
+        ("75 bytes before login", false),
+        ("login text cut short", false),
+        ("40 bytes", true),
+        ("75 bytes", true),
+        ("immediate data cut short", true),
+    ];
+    for ((case, logged_in), seed) in cases.into_iter().zip(41u8..) {
+        let mut p = if logged_in {
+            Peer::logged_in(addr)
+        } else {
+            Peer::to(addr)
+        };
+        let bytes = if case.starts_with("40") || case.starts_with("75") {
+            let n = if case.starts_with("40") { 40 } else { 75 };
+            let mut v = send_bytes(&iser_header(None, None), &bhs(0x40, 0x80, 0, 1), &[]);
+            v.truncate(n);
+            v
+        } else if logged_in {
+            // A WRITE announcing 4 KiB of immediate data and carrying 1000 bytes.
+            let mr = p.reg(4096, Access::REMOTE_READ);
+            let b = p.command_bhs(&write10(0, 8), 0, 4096, 4096);
+            let v = send_bytes(
+                &iser_header(Some((mr.rkey(), mr.addr())), None),
+                &b,
+                &[1; 1000],
+            );
+            let mut w = v[..76].to_vec();
+            w.extend_from_slice(&[1; 1000]);
+            w
+        } else {
+            let keys = login_keys();
+            let mut b = bhs(0x43, 0x87, keys.len(), 0x4000_0000);
+            b[8..14].copy_from_slice(&p.isid);
+            b[24..28].copy_from_slice(&1u32.to_be_bytes());
+            let mut v = send_bytes(&iser_header(None, None), &b, &keys);
+            v.truncate(100);
+            v
+        };
+        p.post(&bytes);
+        let got = p.torn_down();
+        assert!(
+            !got.contains(&0x23) && !got.contains(&0x21),
+            "{case}: nothing answered but the connection closed: {got:x?}"
+        );
+        others_carry_on(addr, &mut keeper, seed);
+    }
+}
+
+/// iSER Hello and HelloReply (RFC 5046's streaming-mode switch, which iSER on iWARP never
+/// uses), opcodes that do not exist, and a control header with reserved flag bits, in login
+/// and in full feature phase: the target ends the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hello_and_unknown_iser_opcodes_or_flags_end_the_connection() {
+    let addr = start_target().await;
+    let mut keeper = Peer::logged_in(addr);
+    let mut seed = 51u8;
+    for logged_in in [false, true] {
+        for byte0 in [0x20u8, 0x30, 0x11, 0x12, 0x00, 0x40, 0xf0] {
+            let mut p = if logged_in {
+                Peer::logged_in(addr)
+            } else {
+                Peer::to(addr)
+            };
+            // A valid NOP-Out (or, before login, Login Request) behind the bad header.
+            let mut v = if logged_in {
+                let mut b = bhs(0x40, 0x80, 0, 0x55);
+                b[20..24].copy_from_slice(&u32::MAX.to_be_bytes());
+                b[24..28].copy_from_slice(&p.cmd_sn.to_be_bytes());
+                send_bytes(&iser_header(None, None), &b, &[])
+            } else {
+                let keys = login_keys();
+                let mut b = bhs(0x43, 0x87, keys.len(), 0x4000_0000);
+                b[8..14].copy_from_slice(&p.isid);
+                b[24..28].copy_from_slice(&1u32.to_be_bytes());
+                send_bytes(&iser_header(None, None), &b, &keys)
+            };
+            v[0] = byte0;
+            p.post(&v);
+            let got = p.torn_down();
+            assert!(
+                got.is_empty(),
+                "iSER byte 0x{byte0:02x} (logged in: {logged_in}): answered with {got:x?}"
+            );
+            // Every few cases, check that the rest is untouched (the target's work is the
+            // same each time; this keeps the test short).
+            if byte0 == 0x20 || byte0 == 0xf0 {
+                others_carry_on(addr, &mut keeper, seed);
+                seed += 1;
+            }
+        }
+    }
+}
+
+/// A SCSI Command or a NOP-Out as the first PDU, and a SCSI Command after a Login Request
+/// that did not reach full feature phase: the target ends the connection (no session is
+/// made).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_login_pdu_before_login_completes_ends_the_connection() {
+    let addr = start_target().await;
+    let mut keeper = Peer::logged_in(addr);
+    for (case, seed) in ["scsi first", "nop first", "scsi mid-login"]
+        .into_iter()
+        .zip(61u8..)
+    {
+        let mut p = Peer::to(addr);
+        if case == "scsi mid-login" {
+            // Security stage, no transit: the target answers and waits for more.
+            let keys = key_values(&[
+                ("InitiatorName", INITIATOR),
+                ("TargetName", IQN),
+                ("SessionType", "Normal"),
+                ("AuthMethod", "None"),
+            ]);
+            let r = p.login_request(0x01, &keys);
+            assert_eq!(r.opcode(), 0x23, "a Login Response");
+            assert_eq!(&r.bhs[36..38], &[0, 0], "security stage status");
+            assert_eq!(r.bhs[1] & 0x80, 0, "no transit yet");
+            p.exp_stat_sn = r.field32(24).wrapping_add(1);
+        }
+        let b = if case == "nop first" {
+            let mut b = bhs(0x40, 0x80, 0, 0x66);
+            b[20..24].copy_from_slice(&u32::MAX.to_be_bytes());
+            b
+        } else {
+            p.command_bhs(&read10(0, 8), 4096, 0, 0)
+        };
+        p.post_pdu(&iser_header(None, None), &b, &[]);
+        let got = p.torn_down();
+        assert!(
+            !got.contains(&0x21) && !got.contains(&0x20),
+            "{case}: the command was not served: {got:x?}"
+        );
+        others_carry_on(addr, &mut keeper, seed);
+    }
+}
+
+/// An MPA Request without the iSER CM word (no private data, or an MPA revision 1 Request)
+/// is taken as flags 0xC0 (no ZBVA, no Send with Invalidate): the target answers with its
+/// own word, logs in, and its SCSI Responses are plain Sends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mpa_request_without_the_iser_word_is_served_without_send_with_invalidate() {
+    let addr = start_target().await;
+    for (revision, seed) in [(2u8, 71u8), (1, 72)] {
+        let c = Connect {
+            private_data: Vec::new(),
+            mpa_revision: revision,
+            ..Connect::default()
+        };
+        let mut p = Peer::new(256).connect(addr, &c);
+        let flags = iser::CmFlags::decode(&p.info.as_ref().unwrap().peer_private_data);
+        assert!(flags.no_zbva, "the target never uses ZBVA");
+        assert!(
+            flags.no_send_invalidate,
+            "the target does not offer Send with Invalidate to an initiator that did not"
+        );
+        p.login();
+        let data = pattern(48 * 1024, seed);
+        let (status, inv) = p.write(4000, &data, 4096);
+        assert_eq!((status, inv), (0, None), "a plain Send answers the WRITE");
+        let (status, back, inv) = p.read(4000, 96);
+        assert_eq!((status, inv), (0, None), "a plain Send answers the READ");
+        assert!(back == data);
+    }
+}
+
+/// More RDMA Read Requests than the target's IRD. The target advertises no STag of its
+/// own, so a requester can only read nothing (zero-length Reads, which name no memory) or
+/// memory it was never given. An MPA revision 1 Request carries no IRD/ORD, so the raw
+/// requester keeps its ORD of 256 while the target's RNIC serves 16 at once: the 17th
+/// outstanding Read Request is a protocol error and the target's RNIC terminates; a Read
+/// Request naming a made-up STag is refused too. The target carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_requests_beyond_the_ird_or_into_target_memory_are_terminated() {
+    let addr = start_target().await;
+    let mut keeper = Peer::logged_in(addr);
+    // Posted before the connection exists, so all go out in one burst once it does and
+    // arrive at the target's RNIC before it can answer any.
+    let reads = 64u64;
+    let p = Peer::new(512);
+    let sink = p.reg(64, Access::LOCAL_WRITE);
+    for i in 0..reads {
+        p.qp.post_send(SendWr {
+            wr_id: (2 << 32) | i,
+            op: SendOp::RdmaRead {
+                remote_addr: 0,
+                rkey: 0,
+            },
+            sges: vec![sink.sge(0, 0)],
+            signaled: true,
+        })
+        .unwrap();
+    }
+    let c = Connect {
+        mpa_revision: 1,
+        ird: 16,
+        ord: 256,
+        ..Connect::default()
+    };
+    let mut p = p.connect(addr, &c);
+    assert_eq!(
+        p.info.as_ref().unwrap().ord,
+        256,
+        "no IRD/ORD word: no clamp"
+    );
+    p.torn_down();
+    assert!(
+        p.reads_done < reads,
+        "{} of {reads} Reads served",
+        p.reads_done
+    );
+    assert_eq!(
+        p.qp.last_error().as_deref(),
+        Some(
+            format!(
+                "peer sent Terminate: {}",
+                TerminateCode::RDMAP_CATASTROPHIC_STREAM
+            )
+            .as_str()
+        ),
+        "the target's RNIC refused the Read Request beyond its IRD"
+    );
+    others_carry_on(addr, &mut keeper, 81);
+
+    // One Read Request of 512 bytes from a made-up STag, after login.
+    let mut p = Peer::logged_in(addr);
+    let sink = p.reg(512, Access::LOCAL_WRITE);
+    p.qp.post_send(SendWr {
+        wr_id: 3 << 32,
+        op: SendOp::RdmaRead {
+            remote_addr: 0x10_0000,
+            rkey: 0x0000_0101,
+        },
+        sges: vec![sink.sge(0, 512)],
+        signaled: true,
+    })
+    .unwrap();
+    p.torn_down();
+    let refused = [
+        TerminateCode::RDMAP_INVALID_STAG,
+        TerminateCode::RDMAP_STAG_NOT_ASSOC,
+        TerminateCode::RDMAP_ACCESS,
+    ]
+    .map(|c| format!("peer sent Terminate: {c}"));
+    let why = p.qp.last_error();
+    assert!(
+        why.as_ref().is_some_and(|w| refused.contains(w)),
+        "the target's RNIC refused the Read Request: {why:?}"
+    );
+    assert!(
+        p.errors
+            .iter()
+            .any(|e| (e.opcode, e.status) == (WcOpcode::RdmaRead, WcStatus::RemoteAccess)),
+        "the Read completed with a remote access error: {:?}",
+        p.errors
+    );
+    others_carry_on(addr, &mut keeper, 82);
+}
+
+/// Unsolicited Data-Out over iSER that breaks the rules (past FirstBurstLength, a wrong
+/// DataSN, a wrong buffer offset): as over TCP, a Reject (protocol error) carrying the
+/// Data-Out's header, then the command ends with CHECK CONDITION, ABORTED COMMAND / DATA
+/// PHASE ERROR, and the connection carries on. (Each command announces unsolicited data, F=0,
+/// so the target waits for it: a stray Data-Out for a command that announced none may
+/// arrive after the command completed and be discarded, a race no test can pin down.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_unsolicited_data_out_gets_reject_and_check_condition() {
+    let addr = start_target().await;
+    let mut keeper = Peer::logged_in(addr);
+    let mut p = Peer::logged_in(addr);
+    let before = pattern(16384, 91);
+    assert_eq!(p.write(800, &before, 0).0, 0);
+    // (DataSN, offset, length) of the one Data-Out (F=1) after 4 KiB of immediate data; the
+    // command has F=0: unsolicited data to FirstBurstLength (8 KiB) follows.
+    let cases: [(&str, u32, u32, usize); 3] = [
+        ("past FirstBurstLength", 0, 4096, 8192),
+        ("wrong DataSN", 1, 4096, 4096),
+        ("wrong offset", 0, 6144, 2048),
+    ];
+    for (case, data_sn, offset, len) in cases {
+        let data = pattern(16384, 92);
+        let mr = p.reg(data.len(), Access::REMOTE_READ);
+        mr.write_at(0, &data);
+        let b = p.command_bhs_f(&write10(800, 32), 0, 16384, 4096, false);
+        let itt = be32(&b[16..20]);
+        // Solicited data would begin after the unsolicited part.
+        let header = iser_header(Some((mr.rkey(), mr.addr() + SEGMENT as u64)), None);
+        assert!(p.post_pdu(&header, &b, &data[..4096]));
+        let mut d = bhs(0x05, 0x80, len, itt);
+        d[20..24].copy_from_slice(&u32::MAX.to_be_bytes());
+        d[28..32].copy_from_slice(&p.exp_stat_sn.to_be_bytes());
+        d[36..40].copy_from_slice(&data_sn.to_be_bytes());
+        d[40..44].copy_from_slice(&offset.to_be_bytes());
+        let off = offset as usize;
+        assert!(p.post_pdu(&iser_header(None, None), &d, &data[off..off + len]));
+        let r = p.recv();
+        assert_eq!(r.opcode(), 0x3f, "{case}: a Reject, got {r:?}");
+        assert_eq!(r.bhs[2], 0x04, "{case}: reason: protocol error");
+        assert_eq!(
+            &r.data[..48],
+            &d[..],
+            "{case}: the rejected header comes back"
+        );
+        p.exp_stat_sn = r.field32(24).wrapping_add(1);
+        let (status, sense, _) = p.response(itt);
+        assert_eq!(status, 0x02, "{case}: CHECK CONDITION");
+        // A 2-byte SenseLength, then fixed-format sense: key at 2, ASC/ASCQ at 12/13.
+        let s = &sense[2..];
+        assert_eq!(s[2] & 0x0f, 0x0b, "{case}: ABORTED COMMAND");
+        assert_eq!((s[12], s[13]), (0x4b, 0x00), "{case}: DATA PHASE ERROR");
+        drop(mr);
+        let (status, back, _) = p.read(800, 32);
+        assert_eq!(status, 0);
+        assert!(back == before, "{case}: the failed write changed nothing");
+    }
+    // The connection carries on, and so does everything else.
+    p.roundtrip(900, 93);
+    assert_eq!(p.ping(b"still here"), b"still here");
+    others_carry_on(addr, &mut keeper, 94);
+}
