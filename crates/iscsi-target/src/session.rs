@@ -201,6 +201,19 @@ impl Session {
 
     /// Admit a non-immediate PDU into CmdSN order and run whatever became ready.
     async fn admit(self: &Arc<Self>, target: &Arc<Target>, cmd_sn: u32, work: Work) {
+        // A write the window turns away still holds the write state its transport set up
+        // (a buffer of its expected length, on iSER a registered region): freed here, or a
+        // flood of large out-of-window WRITEs would hold it until the connection ends. The
+        // transports refuse an ITT reused while its write is pending, so the state under this
+        // ITT is this command's.
+        let write_state = match &work {
+            Work::Command {
+                conn,
+                write: Some(h),
+                ..
+            } => Some((conn.clone(), h.itt)),
+            _ => None,
+        };
         let ready = {
             let mut w = self.window.lock().expect("window");
             match w.admit(cmd_sn, work) {
@@ -212,6 +225,10 @@ impl Session {
                         exp = w.exp_cmd_sn(),
                         "ignoring PDU with CmdSN outside the window"
                     );
+                    drop(w);
+                    if let Some((conn, itt)) = write_state {
+                        conn.dm.abort_task(itt);
+                    }
                     return;
                 }
             }

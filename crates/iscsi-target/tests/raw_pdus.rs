@@ -217,6 +217,26 @@ async fn full_feature_bad_pdus_get_the_standard_answer() {
     assert_eq!(st, 0);
     roundtrip(&mut c, 0, 8, 6).await;
 
+    // An ignored WRITE leaves no write state behind: its ITT is free for the next command
+    // (with the state kept, the transport ends the connection for an ITT reused while its
+    // write is pending).
+    let next = c.cmd_sn;
+    c.cmd_sn = next.wrapping_add(100_000);
+    let stray = c.scsi_bhs(&write10(0, 8), 0, 4096, 0);
+    let stray_itt = be32(&stray[16..20]);
+    c.send(&stray, &[]).await;
+    c.cmd_sn = next;
+    // The session handles notices in order: once the ping is answered, the stray was seen.
+    c.ping(b"after the stray").await;
+    let data = pattern(4096, 9);
+    let mut again = c.scsi_bhs(&write10(0, 8), 0, 4096, 0);
+    again[16..20].copy_from_slice(&stray_itt.to_be_bytes());
+    c.send(&again, &[]).await;
+    let (st, _, _) = c.finish(stray_itt, &data).await;
+    assert_eq!(st, 0, "the ITT of an ignored WRITE serves a new one");
+    let (st, _, back) = c.command(&read10(0, 8), 4096, &[]).await;
+    assert_eq!((st, back), (0, data));
+
     // Data-Out past the end of the command's buffer: Reject, and the command ends with
     // CHECK CONDITION (ABORTED COMMAND) instead of writing out of bounds.
     let b = c.scsi_bhs(&write10(0, 8), 0, 4096, 0);
