@@ -64,15 +64,22 @@ pub struct IserInitiatorConnection<P: Device> {
 }
 
 impl<P: Device> IserInitiatorConnection<P> {
-    /// Connects to the target's iSER portal at `addr` through `dev`.
-    pub async fn connect(dev: Arc<P>, addr: SocketAddr, timeout: Duration) -> Result<Self, String> {
+    /// Connects to the target's iSER portal at `addr` through `dev`; `remote_invalidation`
+    /// says whether the target may end a command with Send with Invalidate of its STag (the
+    /// iSER CM word's 0x40 bit clear) or must answer with plain Sends.
+    pub async fn connect(
+        dev: Arc<P>,
+        addr: SocketAddr,
+        timeout: Duration,
+        remote_invalidation: bool,
+    ) -> Result<Self, String> {
         let buffers = Buffers {
             recv_slots: SLOTS,
             recv_len: DEFAULT_RECV_LEN,
             send_slots: SLOTS,
             send_len: DEFAULT_RECV_LEN,
         };
-        let ours = CmFlags::ours(true);
+        let ours = CmFlags::ours(remote_invalidation);
         let params = ConnParams {
             private_data: ours.encode().to_vec(),
             ird: 16,

@@ -53,6 +53,7 @@ impl std::str::FromStr for IserProvider {
 pub(crate) async fn connect(
     transport: TransportKind,
     provider: IserProvider,
+    remote_invalidation: bool,
     addr: &str,
     timeout: Duration,
     trace: Option<&PduTrace>,
@@ -75,11 +76,13 @@ pub(crate) async fn connect(
             let connected = match provider {
                 IserProvider::Software => {
                     let dev = software_rnic().map_err(|e| failed(e.to_string()))?;
-                    IserInitiatorConnection::connect(dev, sockaddr, timeout)
+                    IserInitiatorConnection::connect(dev, sockaddr, timeout, remote_invalidation)
                         .await
                         .map(|c| Box::new(c) as Box<Channel>)
                 }
-                IserProvider::RdmaCore => rdma_core_connect(sockaddr, timeout).await,
+                IserProvider::RdmaCore => {
+                    rdma_core_connect(sockaddr, timeout, remote_invalidation).await
+                }
             };
             connected.map_err(failed)
         }
@@ -91,6 +94,7 @@ pub(crate) async fn connect(
 async fn rdma_core_connect(
     addr: std::net::SocketAddr,
     timeout: Duration,
+    remote_invalidation: bool,
 ) -> Result<Box<Channel>, String> {
     static DEV: OnceLock<Arc<verbs::Verbs>> = OnceLock::new();
     let dev = match DEV.get() {
@@ -103,7 +107,7 @@ async fn rdma_core_connect(
             DEV.get_or_init(|| Arc::new(d)).clone()
         }
     };
-    let c = IserInitiatorConnection::connect(dev, addr, timeout).await?;
+    let c = IserInitiatorConnection::connect(dev, addr, timeout, remote_invalidation).await?;
     Ok(Box::new(c))
 }
 
@@ -111,6 +115,7 @@ async fn rdma_core_connect(
 async fn rdma_core_connect(
     _addr: std::net::SocketAddr,
     _timeout: Duration,
+    _remote_invalidation: bool,
 ) -> Result<Box<Channel>, String> {
     Err("the rdma-core provider needs ironsan built with the rdma-core feature (cargo build --release --features rdma-core; Debian: libibverbs-dev librdmacm-dev)".into())
 }

@@ -65,6 +65,9 @@ pub struct SessionConfig {
     pub trace: Option<TraceFile>,
     /// What `iser://` connections run on.
     pub iser_provider: IserProvider,
+    /// iSER: the target may end a command with Send with Invalidate of the command's STag
+    /// (otherwise it is asked for plain Sends and the initiator invalidates its own STags).
+    pub iser_remote_invalidation: bool,
 }
 
 /// A pcapng trace shared by the connections of one or more sessions (`--trace FILE`).
@@ -113,6 +116,7 @@ impl Default for SessionConfig {
             reconnect_attempts: 5,
             trace: None,
             iser_provider: IserProvider::Software,
+            iser_remote_invalidation: true,
         }
     }
 }
@@ -300,6 +304,7 @@ async fn establish(
     let mut stream = conn::connect(
         url.transport,
         cfg.iser_provider,
+        cfg.iser_remote_invalidation,
         &addr,
         cfg.connect_timeout,
         cfg.trace.as_ref().map(|t| &t.0),
@@ -326,6 +331,7 @@ async fn establish(
         let mut s = conn::connect(
             url.transport,
             cfg.iser_provider,
+            cfg.iser_remote_invalidation,
             &addr,
             cfg.connect_timeout,
             cfg.trace.as_ref().map(|t| &t.0),
@@ -942,6 +948,7 @@ pub async fn discover(url: &IscsiUrl, cfg: &SessionConfig) -> Result<Vec<Discove
     let mut stream = conn::connect(
         iscsi_login::TransportKind::Tcp,
         cfg.iser_provider,
+        cfg.iser_remote_invalidation,
         &addr,
         cfg.connect_timeout,
         cfg.trace.as_ref().map(|t| &t.0),

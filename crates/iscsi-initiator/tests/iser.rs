@@ -88,3 +88,43 @@ async fn iser_login_and_verified_data_both_ways() {
     .await
     .expect("in time");
 }
+
+/// The login shapes a user can ask for: no unsolicited data at all (InitialR2T=Yes, no
+/// immediate data: every byte by RDMA Read), a 64 KiB first burst, and remote invalidation
+/// refused in the CM word (the target answers with plain Sends, the initiator invalidates its
+/// own STags): each writes and reads verified data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn iser_login_variants_carry_verified_data() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr = common::start_target(&CONFIG.replace("PORT", &port.to_string())).await;
+        let u = url(addr, "iser");
+        let variants: [(&str, fn(&mut SessionConfig)); 3] = [
+            ("InitialR2T=Yes, no immediate data", |c| {
+                c.initial_r2t = true;
+                c.immediate_data = false;
+            }),
+            ("FirstBurstLength 64 KiB", |c| {
+                c.initial_r2t = false;
+                c.first_burst_length = 65536;
+            }),
+            ("no remote invalidation", |c| c.iser_remote_invalidation = false),
+        ];
+        for (k, (what, set)) in variants.into_iter().enumerate() {
+            let mut cfg = SessionConfig::from_url(&u);
+            set(&mut cfg);
+            let s = Session::connect(&u, cfg).await.expect(what);
+            let seed = 10 * k as u64;
+            write_read_verify(&s, 0, 512, seed).await;
+            write_read_verify(&s, 100, 200 * 1024, seed + 1).await;
+            write_read_verify(&s, 5000, 3 << 20, seed + 2).await;
+            s.logout().await.unwrap();
+        }
+    })
+    .await
+    .expect("in time");
+}

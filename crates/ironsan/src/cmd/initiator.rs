@@ -33,6 +33,20 @@ pub struct LoginOpts {
     /// with the rdma-core feature).
     #[arg(long, value_name = "PROVIDER", default_value = "software")]
     pub rdma_provider: iscsi_initiator::IserProvider,
+    /// Offer ImmediateData (yes or no; the target's answer decides).
+    #[arg(long, value_name = "yes|no", value_parser = yes_no)]
+    pub immediate_data: Option<bool>,
+    /// Offer InitialR2T (yes: every write waits for the target's R2T or RDMA Read; no:
+    /// unsolicited data up to FirstBurstLength).
+    #[arg(long, value_name = "yes|no", value_parser = yes_no)]
+    pub initial_r2t: Option<bool>,
+    /// Offer FirstBurstLength (unsolicited bytes per write), e.g. 64k.
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    pub first_burst_length: Option<u64>,
+    /// iSER: ask the target for plain Sends instead of Send with Invalidate (the iSER CM
+    /// word's 0x40 bit); the initiator then invalidates its own STags.
+    #[arg(long)]
+    pub no_remote_invalidation: bool,
     /// The open trace, created on first use so that every session of a run shares it.
     #[arg(skip)]
     trace_file: std::sync::OnceLock<TraceFile>,
@@ -44,6 +58,21 @@ impl LoginOpts {
         c.initiator_name = self.initiator_name.clone();
         c.connections = self.connections.max(1);
         c.iser_provider = self.rdma_provider;
+        c.iser_remote_invalidation = !self.no_remote_invalidation;
+        if let Some(v) = self.immediate_data {
+            c.immediate_data = v;
+        }
+        if let Some(v) = self.initial_r2t {
+            c.initial_r2t = v;
+        }
+        if let Some(v) = self.first_burst_length {
+            c.first_burst_length = u32::try_from(v)
+                .ok()
+                .filter(|&n| (512..=16_776_192).contains(&n))
+                .with_context(|| {
+                    format!("--first-burst-length {v}: say 512 B to 16776192 B (RFC 7143)")
+                })?;
+        }
         // The URL parser knows the digest spellings: reuse it.
         let digest = |v: &str| -> anyhow::Result<iscsi_initiator::DigestPreference> {
             let u: IscsiUrl = format!("iscsi://h/?header_digest={v}").parse()?;
@@ -98,6 +127,14 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .enable_all()
         .build()
         .context("starting the runtime")
+}
+
+fn yes_no(s: &str) -> Result<bool, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "yes" => Ok(true),
+        "no" => Ok(false),
+        _ => Err(format!("'{s}': say yes or no")),
+    }
 }
 
 fn size(s: &str) -> Result<u64, String> {
