@@ -27,6 +27,16 @@ fn url(addr: SocketAddr, scheme: &str) -> IscsiUrl {
     IscsiUrl::parse_lun(&format!("{scheme}://{addr}/iqn.2026-11.org.ironsan:iser/0")).expect("url")
 }
 
+/// The in-process target, serving iSCSI/TCP and iSER on a free port.
+async fn start() -> SocketAddr {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    common::start_target(&CONFIG.replace("PORT", &port.to_string())).await
+}
+
 async fn write_read_verify(s: &Session, lba: u64, len: usize, seed: u64) {
     let data = random_bytes(len, seed);
     s.write(0, lba, 512, data.clone()).await.expect("write");
@@ -37,12 +47,7 @@ async fn write_read_verify(s: &Session, lba: u64, len: usize, seed: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn iser_login_and_verified_data_both_ways() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let addr = common::start_target(&CONFIG.replace("PORT", &port.to_string())).await;
+        let addr = start().await;
         let u = url(addr, "iser");
         let s = std::sync::Arc::new(
             Session::connect(&u, SessionConfig::from_url(&u))
@@ -96,14 +101,10 @@ async fn iser_login_and_verified_data_both_ways() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn iser_login_variants_carry_verified_data() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let addr = common::start_target(&CONFIG.replace("PORT", &port.to_string())).await;
+        let addr = start().await;
         let u = url(addr, "iser");
-        let variants: [(&str, fn(&mut SessionConfig)); 3] = [
+        type Variant = (&'static str, fn(&mut SessionConfig));
+        let variants: [Variant; 3] = [
             ("InitialR2T=Yes, no immediate data", |c| {
                 c.initial_r2t = true;
                 c.immediate_data = false;
@@ -112,7 +113,9 @@ async fn iser_login_variants_carry_verified_data() {
                 c.initial_r2t = false;
                 c.first_burst_length = 65536;
             }),
-            ("no remote invalidation", |c| c.iser_remote_invalidation = false),
+            ("no remote invalidation", |c| {
+                c.iser_remote_invalidation = false
+            }),
         ];
         for (k, (what, set)) in variants.into_iter().enumerate() {
             let mut cfg = SessionConfig::from_url(&u);

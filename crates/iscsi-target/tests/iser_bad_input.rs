@@ -25,6 +25,9 @@ use rdma::{
 };
 use rnic::{AccessError, Rnic};
 
+mod common;
+use common::{bhs, key_values, parse_keys, pattern, read10, write10};
+
 /// Every wait in these tests is bounded by this.
 const WAIT: Duration = Duration::from_secs(10);
 const IQN: &str = "iqn.2026-11.org.ironsan.test:iser-bad";
@@ -74,16 +77,6 @@ fn be32(b: &[u8]) -> u32 {
     u32::from_be_bytes(b[..4].try_into().unwrap())
 }
 
-/// A BHS with opcode, flags byte, data segment length and ITT; the rest zero.
-fn bhs(opcode: u8, flags: u8, data_len: usize, itt: u32) -> [u8; 48] {
-    let mut b = [0u8; 48];
-    b[0] = opcode;
-    b[1] = flags;
-    b[5..8].copy_from_slice(&(data_len as u32).to_be_bytes()[1..]);
-    b[16..20].copy_from_slice(&itt.to_be_bytes());
-    b
-}
-
 /// The 28-byte iSER header (RFC 7145 §9.2 as Linux lays it out): a control PDU follows,
 /// with the Write STag and address when `write` is given (WSV) and the Read STag and
 /// address when `read` is (RSV).
@@ -110,46 +103,6 @@ fn send_bytes(header: &[u8; 28], bhs: &[u8; 48], data: &[u8]) -> Vec<u8> {
     v.extend_from_slice(data);
     v.resize(76 + data.len().next_multiple_of(4), 0);
     v
-}
-
-fn key_values(pairs: &[(&str, &str)]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for (k, v) in pairs {
-        out.extend_from_slice(k.as_bytes());
-        out.push(b'=');
-        out.extend_from_slice(v.as_bytes());
-        out.push(0);
-    }
-    out
-}
-
-fn parse_keys(data: &[u8]) -> HashMap<String, String> {
-    String::from_utf8_lossy(data)
-        .split('\0')
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
-fn read10(lba: u32, blocks: u16) -> [u8; 10] {
-    let mut c = [0u8; 10];
-    c[0] = 0x28;
-    c[2..6].copy_from_slice(&lba.to_be_bytes());
-    c[7..9].copy_from_slice(&blocks.to_be_bytes());
-    c
-}
-
-fn write10(lba: u32, blocks: u16) -> [u8; 10] {
-    let mut c = read10(lba, blocks);
-    c[0] = 0x2a;
-    c
-}
-
-/// Bytes that differ per position and per seed.
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 9) as u8)
-        .collect()
 }
 
 /// A received Send.
