@@ -6,7 +6,8 @@
 //! each transfer size and direction on both transports in turn, the order alternating round
 //! by round so drift in machine load hits both. For every point: throughput and the CPU
 //! seconds per GB moved of the initiator (this process, RNIC threads included) and of the
-//! target process, from /proc.
+//! target process, from /proc. With `--protect` both transports guard the data: iSCSI/TCP
+//! with CRC32C header and data digests, iSER with MPA CRC (the target insists on it).
 
 use anyhow::{bail, Context, Result};
 use std::net::TcpListener;
@@ -30,6 +31,13 @@ pub struct TransportsArgs {
     /// Commands outstanding.
     #[arg(long, default_value_t = 16)]
     pub qd: usize,
+    /// Offsets: rand or seq.
+    #[arg(long, default_value = "rand")]
+    pub pattern: String,
+    /// Protect the data on both transports: CRC32C header and data digests on iSCSI/TCP,
+    /// MPA CRC on iSER.
+    #[arg(long)]
+    pub protect: bool,
     /// Seconds per point and transport in each round.
     #[arg(long, default_value_t = 1.0)]
     pub duration: f64,
@@ -81,12 +89,23 @@ pub fn run(a: TransportsArgs) -> Result<()> {
     }
     let lun_bytes = report::parse_size(&a.lun_size)
         .map_err(|e| anyhow::anyhow!("--lun-size {:?}: {e:?}", a.lun_size))?;
+    let pattern = match a.pattern.as_str() {
+        "rand" => Pattern::Rand,
+        "seq" => Pattern::Seq,
+        p => bail!("--pattern {p}: say rand or seq"),
+    };
     let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let target = start_target(port, lun_bytes)?;
+    let target = start_target(port, lun_bytes, a.protect)?;
     let target_pid = target.0.id();
     eprintln!(
-        "bench transports: ironsan target (pid {target_pid}, RAM LUN {}) on 127.0.0.1:{port}, iscsi:// and iser://, qd {}, {} s per point x {} rounds",
+        "bench transports: ironsan target (pid {target_pid}, RAM LUN {}) on 127.0.0.1:{port}, iscsi:// and iser://{}, {} qd {}, {} s per point x {} rounds",
         report::format_size(lun_bytes),
+        if a.protect {
+            " (CRC32C digests / MPA CRC)"
+        } else {
+            ""
+        },
+        a.pattern,
         a.qd,
         a.duration,
         a.rounds
@@ -97,7 +116,12 @@ pub fn run(a: TransportsArgs) -> Result<()> {
         let mut sessions = Vec::new();
         for t in TRANSPORTS {
             let url = IscsiUrl::parse_lun(&format!("{t}://127.0.0.1:{port}/{IQN}/0"))?;
-            let s = Session::connect(&url, SessionConfig::from_url(&url))
+            let mut cfg = SessionConfig::from_url(&url);
+            if a.protect && t == "iscsi" {
+                cfg.header_digest = iscsi_initiator::DigestPreference::Crc32c;
+                cfg.data_digest = iscsi_initiator::DigestPreference::Crc32c;
+            }
+            let s = Session::connect(&url, cfg)
                 .await
                 .with_context(|| format!("logging in to {url}"))?;
             sessions.push(Arc::new(s));
@@ -111,7 +135,7 @@ pub fn run(a: TransportsArgs) -> Result<()> {
                         let t = (k + round as usize) % 2;
                         let w = Workload {
                             rw,
-                            pattern: Pattern::Rand,
+                            pattern,
                             size,
                             qd: a.qd,
                             duration: Some(Duration::from_secs_f64(a.duration)),
@@ -244,14 +268,15 @@ fn cpu_seconds(pid: u32) -> Result<f64> {
     }
 }
 
-fn start_target(port: u16, lun_bytes: u64) -> Result<Reaped> {
+fn start_target(port: u16, lun_bytes: u64, mpa_crc: bool) -> Result<Reaped> {
     let dir = std::env::temp_dir().join(format!("ironsan-bench-transports.{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let config = dir.join("target.toml");
     std::fs::write(
         &config,
         format!(
-            "portals = [\"tcp://127.0.0.1:{port}\", \"iser://127.0.0.1:{port}\"]\n\n\
+            "portals = [\"tcp://127.0.0.1:{port}\", \"iser://127.0.0.1:{port}\"]\n\
+             iser_mpa_crc = {mpa_crc}\n\n\
              [[target]]\nname = \"{IQN}\"\n\n[target.lun.0]\nsize = \"{lun_bytes}\"\nbackend = \"memory\"\n"
         ),
     )?;
