@@ -402,8 +402,19 @@ async fn receive_loop<P: Device>(
             Bhs::DataIn(_) | Bhs::R2t(_) => {
                 break "the target sent a Data-In or R2T PDU over iSER".to_string();
             }
-            _ if invalidated.is_some() => {
-                break "a Send with Invalidate that is no SCSI Response".to_string();
+            // Linux LIO's isert sends a Reject of a command in a Send with Invalidate of that
+            // command's STag (seen when it refused immediate data): taken when the STag is the
+            // rejected command's, whose buffers stay held until the command is forgotten.
+            Bhs::Reject(_)
+                if invalidated.is_some_and(|stag| rejected_stag(&sh, &send.pdu.data, stag)) =>
+            {
+                InitiatorNotice::Control(send.pdu)
+            }
+            other if invalidated.is_some() => {
+                break format!(
+                    "a Send with Invalidate that is no SCSI Response: {}",
+                    describe(other)
+                );
             }
             _ => InitiatorNotice::Control(send.pdu),
         };
@@ -411,4 +422,26 @@ async fn receive_loop<P: Device>(
     };
     tracing::debug!(peer = %sh.peer, "iSER connection ended: {reason}");
     sh.end(reason);
+}
+
+/// A PDU named for an error message: its opcode and task tag (a Reject's reason too).
+fn describe(bhs: &Bhs) -> String {
+    match bhs {
+        Bhs::Reject(r) => format!("Reject, reason 0x{:02x}", r.reason),
+        other => format!("{:?} ITT 0x{:08x}", other.opcode(), other.itt()),
+    }
+}
+
+/// Whether `stag` is one advertised by the command a Reject names (its data segment carries
+/// the rejected BHS, whose ITT is at bytes 16..20).
+fn rejected_stag<P: Device>(sh: &Shared<P>, data: &[u8], stag: u32) -> bool {
+    let Some(itt) = data.get(16..20) else {
+        return false;
+    };
+    let itt = u32::from_be_bytes(itt.try_into().expect("4 bytes"));
+    sh.commands
+        .lock()
+        .expect("commands")
+        .get(&itt)
+        .is_some_and(|b| b.stags.contains(&stag))
 }

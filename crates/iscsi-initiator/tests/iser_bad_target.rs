@@ -574,6 +574,45 @@ async fn a_send_with_invalidate_on_a_nop_in_fails_the_connection() {
     no_panics();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reject_invalidating_the_rejected_commands_stag_fails_only_that_command() {
+    // Linux LIO's isert sends a Reject of a command in a Send with Invalidate of that
+    // command's STag: the command fails with the Reject, the connection carries on.
+    let mut raw = RawTarget::start(vec![(
+        WORD_SIE,
+        Box::new(|c| {
+            let a = c.next_read()?;
+            let mut rejected = vec![0u8; 48];
+            rejected[0] = 0x01; // the SCSI Command's BHS: only its ITT matters here
+            rejected[16..20].copy_from_slice(&a.itt.to_be_bytes());
+            let reject = iscsi_wire::Reject {
+                reason: 0x04,
+                ..Default::default()
+            };
+            c.send_pdu(
+                Pdu::new(Bhs::Reject(reject), Bytes::from(rejected)),
+                SendOp::SendInvalidate { rkey: a.stag },
+            )?;
+            let b = c.next_read()?;
+            c.serve(&b)?;
+            c.wait_ended()?;
+            Ok(String::new())
+        }),
+    )]);
+    let s = connect(raw.addr, false).await;
+    match outcome(submit_read(&s, 8, READ_LEN)).await {
+        Err(Error::Task(TaskError::Rejected(0x04))) => {}
+        other => panic!("not failed with the Reject: {other:?}"),
+    }
+    let data = outcome(submit_read(&s, 40, READ_LEN))
+        .await
+        .expect("the next READ");
+    assert!(data == random_bytes(READ_LEN, 40), "the next READ's data");
+    drop(s); // closes the connection the raw target waits on
+    raw.report().await;
+    no_panics();
+}
+
 /// A script: our CM reply refused Send with Invalidate; the READ is answered with one anyway
 /// (naming the command's own Read STag). Reports that STag.
 fn invalidate_though_refused() -> Script {

@@ -845,6 +845,16 @@ impl InitiatorLogin {
     }
 
     fn finish_params(&mut self) {
+        // A responder may leave a Boolean key unanswered when our offer already decides the
+        // result (RFC 7143 6.2.1: ImmediateData=No under AND, InitialR2T=Yes under OR); LIO
+        // does, and the default (Yes) must not stand in for the answer: an initiator that
+        // offered ImmediateData=No and sent immediate data anyway got Reject 0x04 from LIO's
+        // isert. With an answer these are no-ops (the answer already is the AND / the OR).
+        if self.config.target_name.is_some() && self.leading() {
+            let d = &self.config.session;
+            self.session.immediate_data &= d.immediate_data;
+            self.session.initial_r2t |= d.initial_r2t;
+        }
         if !self.peer_declared_recv {
             self.connection.max_send_data_segment_length = DEFAULT_DATA_SEGMENT_LENGTH;
         }

@@ -292,3 +292,59 @@ proptest! {
         prop_assert!(!s.contains('\n'));
     }
 }
+
+/// A target may leave unanswered a Boolean key whose result our offer decides (RFC 7143
+/// 6.2.1; Linux LIO omits ImmediateData=No and InitialR2T=Yes): the result is our offer, not
+/// the key's default.
+#[test]
+fn unanswered_booleans_decided_by_the_offer_take_the_offer() {
+    for (immediate, initial_r2t) in [(false, true), (true, false), (false, false)] {
+        let mut cfg = InitiatorLoginConfig::new(INITIATOR, Some(TARGET.to_string()));
+        cfg.session.immediate_data = immediate;
+        cfg.session.initial_r2t = initial_r2t;
+        let mut i = InitiatorLogin::new(cfg);
+        let first = i.first_request();
+        let offered = String::from_utf8_lossy(&first.data).into_owned();
+        assert!(offered.contains(&format!(
+            "ImmediateData={}",
+            if immediate { "Yes" } else { "No" }
+        )));
+        // The target answers everything else, and neither of the two keys.
+        let mut answer = b"MaxBurstLength=262144\0FirstBurstLength=65536\0MaxConnections=1\0\
+MaxOutstandingR2T=1\0DataPDUInOrder=Yes\0DataSequenceInOrder=Yes\0DefaultTime2Wait=2\0\
+DefaultTime2Retain=20\0ErrorRecoveryLevel=0\0IFMarker=No\0OFMarker=No\0HeaderDigest=None\0\
+DataDigest=None\0MaxRecvDataSegmentLength=8192\0"
+            .to_vec();
+        if !initial_r2t {
+            answer.extend_from_slice(b"InitialR2T=No\0");
+        }
+        if immediate {
+            answer.extend_from_slice(b"ImmediateData=Yes\0");
+        }
+        let resp = LoginResponse {
+            transit: true,
+            cont: false,
+            csg: Stage::Operational,
+            nsg: Stage::FullFeature,
+            version_max: 0,
+            version_active: 0,
+            isid: first.isid,
+            tsih: 1,
+            itt: first.itt,
+            status_class: 0,
+            status_detail: 0,
+            data: answer,
+        };
+        let mut rng = TestRng(1);
+        match i
+            .on_response(&resp, &mut |b: &mut [u8]| rng.fill(b))
+            .expect("login completes")
+        {
+            iscsi_login::InitiatorStep::Complete { session, .. } => {
+                assert_eq!(session.immediate_data, immediate, "ImmediateData");
+                assert_eq!(session.initial_r2t, initial_r2t, "InitialR2T");
+            }
+            other => panic!("not complete: {other:?}"),
+        }
+    }
+}

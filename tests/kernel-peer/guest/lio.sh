@@ -44,6 +44,28 @@ lio_isert_clean() {
     "! dmesg | grep -i -E 'isert.*(err|fail|non-page|unexpected|bogus)|non-page aligned|unexpected solicited'"
 }
 
+# lio_auth MODE: the TPG's demo-mode authentication, written straight to configfs (targetcli
+# costs seconds of Python start-up per call under TCG). MODE: none | chap | mutual-chap.
+lio_auth() {
+  tpg=/sys/kernel/config/target/iscsi/$IQN/tpgt_1
+  case $1 in
+    none)
+      echo 0 >"$tpg/attrib/authentication"
+      for f in userid password userid_mutual password_mutual; do printf NULL >"$tpg/auth/$f"; done
+      ;;
+    chap | mutual-chap)
+      # printf, not echo: LIO keeps a trailing newline as part of the value.
+      printf %s "$KP_CHAP_USER" >"$tpg/auth/userid"
+      printf %s "$KP_CHAP_SECRET" >"$tpg/auth/password"
+      if [ "$1" = mutual-chap ]; then
+        printf %s "$KP_CHAP_TUSER" >"$tpg/auth/userid_mutual"
+        printf %s "$KP_CHAP_TSECRET" >"$tpg/auth/password_mutual"
+      fi
+      echo 1 >"$tpg/attrib/authentication"
+      ;;
+  esac
+}
+
 lio_clear() {
   targetcli clearconfig confirm=True >/dev/null 2>&1
   ip netns del jail 2>/dev/null

@@ -14,28 +14,6 @@
 KP_DEFAULT_KIND=ironsan KP_TIMEOUT=420
 host_available() { initiator_available "$1"; }
 
-# lio_auth MODE: the TPG's demo-mode authentication, written straight to configfs (targetcli
-# costs seconds of Python start-up per call under TCG). MODE: none | chap | mutual-chap.
-lio_auth() {
-  tpg=/sys/kernel/config/target/iscsi/$IQN/tpgt_1
-  case $1 in
-    none)
-      echo 0 >"$tpg/attrib/authentication"
-      for f in userid password userid_mutual password_mutual; do printf NULL >"$tpg/auth/$f"; done
-      ;;
-    chap | mutual-chap)
-      # printf, not echo: LIO keeps a trailing newline as part of the value.
-      printf %s "$KP_CHAP_USER" >"$tpg/auth/userid"
-      printf %s "$KP_CHAP_SECRET" >"$tpg/auth/password"
-      if [ "$1" = mutual-chap ]; then
-        printf %s "$KP_CHAP_TUSER" >"$tpg/auth/userid_mutual"
-        printf %s "$KP_CHAP_TSECRET" >"$tpg/auth/password_mutual"
-      fi
-      echo 1 >"$tpg/attrib/authentication"
-      ;;
-  esac
-}
-
 # check_regions: every "WROTE_REGION OFFSET_MIB LENGTH_MIB SHA256" line of the last host call
 # must match the same bytes of LIO's backing file.
 check_regions() {
@@ -61,6 +39,7 @@ lio_variant() {
 
 guest_main() {
   export HOME=/root
+  . /mnt/host/guest/lio.sh # lio_auth
   IQN=$KP_IQN_PREFIX:lio
   for m in configfs target_core_mod target_core_file iscsi_target_mod; do modprobe $m; done
   mkdir -p /run/dbus && dbus-daemon --system --fork # targetcli-fb asks D-Bus for tcmu-runner
