@@ -13,6 +13,11 @@ packages=(
   rdma-core
   iproute2
   python3
+  qemu-utils     # qemu-img, qemu-io: real NBD clients of `ironsan nbd` (crates/nbd/tests)
+  libnbd-bin     # nbdinfo, nbdcopy: libnbd's NBD clients
+  fuse3          # fusermount3: `ironsan mount` by a user other than root (root mounts directly)
+  fio            # crc32c-verified random I/O through `ironsan mount` + losetup (crates/ironsan/tests)
+  e2fsprogs      # mkfs.ext4 on the loop device of a mounted LUN
 )
 missing=()
 for p in "${packages[@]}"; do

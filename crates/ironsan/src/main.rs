@@ -38,6 +38,10 @@ enum Command {
     Read(cmd::initiator::ReadArgs),
     /// Write stdin (or --input) to a LUN.
     Write(cmd::initiator::WriteArgs),
+    /// Export a LUN over NBD (qemu-img, qemu-io, nbdinfo, nbd-client).
+    Nbd(cmd::nbd::NbdArgs),
+    /// Mount a target's LUNs as files (FUSE), e.g. for `losetup --direct-io=on`.
+    Mount(cmd::mount::MountArgs),
     /// RDMA tools over the software iWARP RNIC: rping-compatible ping, bandwidth test.
     Rdma(cmd::rdma::RdmaArgs),
     /// Translate a capture into readable PDUs, per-command/connection statistics and a timeline.
@@ -78,6 +82,8 @@ fn main() {
         Command::Inq(args) => cmd::initiator::inq(args),
         Command::Read(args) => cmd::initiator::read(args),
         Command::Write(args) => cmd::initiator::write(args),
+        Command::Nbd(args) => cmd::nbd::run(args),
+        Command::Mount(args) => cmd::mount::run(args),
         Command::Rdma(args) => cmd::rdma::run(args),
         Command::Analyze(args) => cmd::analyze::run(args),
         Command::DelayProxy(args) => cmd::delay::run_proxy(args),

@@ -7,5 +7,7 @@ pub mod blockbench;
 pub mod crc;
 pub mod delay;
 pub mod initiator;
+pub mod mount;
+pub mod nbd;
 pub mod rdma;
 pub mod target;

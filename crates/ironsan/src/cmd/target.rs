@@ -161,7 +161,7 @@ fn tcp_info_recorder(
     })
 }
 
-fn init_logging() {
+pub(crate) fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("IRONSAN_LOG")
         .unwrap_or_else(|_| "info".into());
     let _ = tracing_subscriber::fmt()
