@@ -15,6 +15,7 @@ use datamover::{LoginChannel, Portal, TransportKind};
 use datamover_tcp::TcpConnection;
 use pcap_trace::PduTrace;
 use rnic::Rnic;
+use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Mutex};
 
@@ -23,7 +24,8 @@ use crate::target::{accept, AcceptConfig};
 /// The first bytes of an MPA Request (RFC 5044 §7.1).
 const MPA_REQUEST_KEY: &[u8; 16] = b"MPA ID Req Frame";
 /// How long a new connection may take to show what it speaks and, for iWARP, to send its
-/// whole MPA Request (siw waits as long).
+/// whole MPA Request (siw waits as long). Every connection is sorted in a task of its own,
+/// so any number of them stall side by side, each for at most this long.
 const SORT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What a sorted connection turned out to be.
@@ -122,23 +124,32 @@ async fn accept_loop(
                 Ok(arrival) => {
                     let _ = arrivals.send(arrival).await;
                 }
-                Err(why) => tracing::info!(%peer, "connection refused: {why}"),
+                Err(why) => tracing::info!(%peer, "connection dropped: {why}"),
             }
         });
     }
 }
 
-/// Reads enough of a new connection to tell iWARP from iSCSI/TCP, then sets it up.
+/// Reads enough of a new connection to tell iWARP from iSCSI/TCP, then sets it up. The first
+/// bytes and, for iWARP, the whole MPA Request must come within [`SORT_TIMEOUT`]; they are read
+/// asynchronously, so a connection that stalls or trickles (one byte a second) holds no thread.
 async fn sort(
-    stream: TcpStream,
+    mut stream: TcpStream,
     peer: SocketAddr,
     dev: Arc<Rnic>,
     cfg: AcceptConfig,
     also_tcp: bool,
 ) -> Result<Arrival, String> {
-    let iwarp = tokio::time::timeout(SORT_TIMEOUT, speaks_mpa(&stream))
+    let deadline = tokio::time::Instant::now() + SORT_TIMEOUT;
+    let late = |what: &str| {
+        format!(
+            "{what} within {} s (the connection is dropped)",
+            SORT_TIMEOUT.as_secs()
+        )
+    };
+    let iwarp = tokio::time::timeout_at(deadline, speaks_mpa(&stream))
         .await
-        .map_err(|_| format!("nothing sent within {} s", SORT_TIMEOUT.as_secs()))?
+        .map_err(|_| late("no MPA Request or Login PDU"))?
         .map_err(|e| e.to_string())?;
     if !iwarp {
         if also_tcp {
@@ -148,21 +159,37 @@ async fn sort(
             "iSCSI/TCP on a portal that serves only iSER (list tcp:// for this address too)".into(),
         );
     }
+    let frame = tokio::time::timeout_at(deadline, read_mpa_request(&mut stream))
+        .await
+        .map_err(|_| late("no complete MPA Request"))??;
     let std = stream.into_std().map_err(|e| e.to_string())?;
     std.set_nonblocking(false).map_err(|e| e.to_string())?;
-    let req =
-        tokio::task::spawn_blocking(move || rnic::Request::read_from(std, peer, SORT_TIMEOUT))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
+    let req = rnic::Request::from_frame(std, peer, &frame).map_err(|e| e.to_string())?;
     let login = accept(dev, req, cfg).await?;
     Ok(Arrival::Iser(Box::new(login)))
+}
+
+/// Reads the whole MPA Request and not a byte more (what follows belongs to the RNIC).
+async fn read_mpa_request(stream: &mut TcpStream) -> Result<Vec<u8>, String> {
+    let mut frame = vec![0u8; rnic::MPA_HEADER_LEN];
+    stream
+        .read_exact(&mut frame)
+        .await
+        .map_err(|e| format!("reading the MPA Request: {e}"))?;
+    let total = rnic::Request::frame_len(&frame).map_err(|e| e.to_string())?;
+    frame.resize(total, 0);
+    stream
+        .read_exact(&mut frame[rnic::MPA_HEADER_LEN..])
+        .await
+        .map_err(|e| format!("reading the MPA Request's private data: {e}"))?;
+    Ok(frame)
 }
 
 /// Whether the connection begins with an MPA Request key (peeked, not consumed). A first
 /// byte other than 'M' settles it at once: no Login PDU starts with 0x4d.
 async fn speaks_mpa(stream: &TcpStream) -> io::Result<bool> {
     let mut buf = [0u8; 16];
+    let mut pause = Duration::from_millis(1);
     loop {
         let n = stream.peek(&mut buf).await?;
         if n == 0 {
@@ -177,7 +204,9 @@ async fn speaks_mpa(stream: &TcpStream) -> io::Result<bool> {
         if n == MPA_REQUEST_KEY.len() {
             return Ok(true);
         }
-        // A prefix of the key so far: wait for more.
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        // A prefix of the key so far: wait for more (peek would see the same bytes at once,
+        // so back off, up to 50 ms, for clients that trickle).
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(50));
     }
 }

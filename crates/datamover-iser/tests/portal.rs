@@ -125,6 +125,82 @@ async fn a_client_that_stalls_delays_no_other_login() {
     drop(half);
 }
 
+/// Raises the soft descriptor limit to the hard one (a test process may start with 1024).
+fn raise_nofile_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid, initialised rlimit for this process.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
+        if lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+            libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+        }
+    }
+    lim.rlim_cur
+}
+
+/// 2,000 idle connections, port probes, half an MPA key, an MPA Request trickling in a byte a
+/// second: an iSER client and an iSCSI/TCP client are still accepted at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_probing_and_trickling_clients_delay_no_login() {
+    const IDLE: usize = 2000;
+    let limit = raise_nofile_limit();
+    assert!(
+        limit >= 2 * IDLE as u64 + 256,
+        "RLIMIT_NOFILE is {limit}: this test needs {} descriptors",
+        2 * IDLE + 256
+    );
+    let p = portal(true).await;
+    let addr = p.local_addr();
+    let mut idle = Vec::with_capacity(IDLE);
+    for _ in 0..IDLE {
+        idle.push(
+            tokio::time::timeout(Duration::from_secs(10), TcpStream::connect(addr))
+                .await
+                .expect("an idle connection in time")
+                .expect("an idle connection"),
+        );
+    }
+    for _ in 0..10 {
+        drop(TcpStream::connect(addr).await.unwrap());
+    }
+    let mut half = TcpStream::connect(addr).await.unwrap();
+    half.write_all(b"MPA ID Re").await.unwrap();
+    let trickle = tokio::spawn(async move {
+        let Ok(mut s) = TcpStream::connect(addr).await else {
+            return;
+        };
+        for b in b"MPA ID Req Frame" {
+            if s.write_all(&[*b]).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+    let started = Instant::now();
+    let ini = connect_iser(addr).await.unwrap();
+    let mut conn = accept(&p).await;
+    assert_eq!(conn.kind(), TransportKind::Iser);
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "the iSER login waited {:?} among the hostile clients",
+        started.elapsed()
+    );
+    ini.send_pdu(&login_request());
+    assert!(conn.recv().await.is_ok());
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(&encode_pdu(&login_request(), None, None))
+        .await
+        .unwrap();
+    assert_eq!(accept(&p).await.kind(), TransportKind::Tcp);
+    trickle.abort();
+    drop((idle, half));
+}
+
 /// The portal for providers that listen by themselves (rdma-core's rdma_cm; here the software
 /// RNIC's own listener stands in): two iSER connections accepted, each logging in on its own
 /// channel, and the description names the device.

@@ -101,6 +101,16 @@ pub struct Config {
     pub nop_timeout_secs: u64,
     /// Largest MaxRecvDataSegmentLength the target declares.
     pub max_recv_data_segment_length: Option<u32>,
+    /// Sessions (normal and discovery) at once; a login that would open one more is refused
+    /// with status 0x0302 Out of resources. None: no limit.
+    pub max_sessions: Option<u32>,
+    /// Logged-in connections at once, over all sessions; one more is refused with status
+    /// 0x0302 Out of resources. (Connections still logging in are bounded by the login
+    /// timeout, not counted here.) None: no limit.
+    pub max_connections: Option<u32>,
+    /// Logged-in connections of one initiator name at once, over all its sessions; one more is
+    /// refused with status 0x0206 Too many connections. None: no limit.
+    pub max_connections_per_initiator: Option<u32>,
     /// iSER portals insist on MPA CRC (iWARP); otherwise they use it when the initiator asks.
     #[serde(default)]
     pub iser_mpa_crc: bool,
@@ -178,6 +188,9 @@ impl Config {
             nop_interval_secs: default_nop_interval(),
             nop_timeout_secs: default_nop_timeout(),
             max_recv_data_segment_length: None,
+            max_sessions: None,
+            max_connections: None,
+            max_connections_per_initiator: None,
             iser_mpa_crc: false,
             iser_align_loopback: false,
             iser_provider: IserProvider::Software,
@@ -242,6 +255,21 @@ impl Config {
                 "{}: queue_depth must be 1..65535",
                 line_of("queue_depth")
             )));
+        }
+        for (key, value) in [
+            ("max_sessions", self.max_sessions),
+            ("max_connections", self.max_connections),
+            (
+                "max_connections_per_initiator",
+                self.max_connections_per_initiator,
+            ),
+        ] {
+            if value == Some(0) {
+                return Err(ConfigError(format!(
+                    "{}: {key} must be at least 1 (leave it out for no limit)",
+                    line_of(key)
+                )));
+            }
         }
         let mut seen = std::collections::HashSet::new();
         for t in &self.targets {

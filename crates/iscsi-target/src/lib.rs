@@ -49,6 +49,8 @@ pub struct Target {
     shutdown: watch::Sender<bool>,
     trace: OnceLock<pcap_trace::PduTrace>,
     observer: OnceLock<ConnectionObserver>,
+    /// Held while a completed login is checked against the limits and counted in.
+    admission: Mutex<()>,
 }
 
 /// Listeners bound for a target, ready to serve.
@@ -104,6 +106,7 @@ impl Target {
             shutdown,
             trace: OnceLock::new(),
             observer: OnceLock::new(),
+            admission: Mutex::new(()),
         });
         Ok(Bound { target, portals })
     }
@@ -338,19 +341,44 @@ async fn login(
                 return Ok(None);
             }
             LoginState::Complete(outcome) => {
-                let session = if outcome.leading {
-                    create_session(target, &outcome, req.cmd_sn, depth)
-                } else {
-                    existing.clone().expect("non-leading login has a session")
+                let admitted = {
+                    let _admission = target.admission.lock().expect("admission");
+                    match target.over_limits(&outcome, existing.as_deref()) {
+                        Some(refused) => Err(refused),
+                        None => {
+                            let session = if outcome.leading {
+                                create_session(target, &outcome, req.cmd_sn, depth)
+                            } else {
+                                existing.clone().expect("non-leading login has a session")
+                            };
+                            if session.reserve_connection(outcome.cid) {
+                                Ok(session)
+                            } else {
+                                Err((
+                                    LoginStatus::TOO_MANY_CONNECTIONS,
+                                    format!(
+                                        "the session has MaxConnections={} connections",
+                                        session.params.max_connections
+                                    ),
+                                ))
+                            }
+                        }
+                    }
                 };
-                if !session.reserve_connection(outcome.cid) {
-                    let fail = iscsi_login::pdu::LoginResponse::failure(
-                        &req,
-                        LoginStatus::TOO_MANY_CONNECTIONS,
-                    );
-                    let _ = conn.send(&respond(&fail, exp, max)).await;
-                    return Err("too many connections in session".into());
-                }
+                let session = match admitted {
+                    Ok(s) => s,
+                    Err((status, why)) => {
+                        let fail = iscsi_login::pdu::LoginResponse::failure(&req, status);
+                        let _ = conn.send(&respond(&fail, exp, max)).await;
+                        tracing::warn!(
+                            %peer,
+                            "login refused: {why} ({}, 0x{:04x})",
+                            status.meaning(),
+                            status.code()
+                        );
+                        return Ok(None);
+                    }
+                };
                 let (exp, max) = session.sn.load();
                 rsp.tsih = session.tsih;
                 if let Err(e) = conn.send(&respond(&rsp, exp, max)).await {
@@ -622,6 +650,72 @@ fn create_session(
 }
 
 impl Target {
+    /// Whether a completed login passes the configured limits (`max_sessions`,
+    /// `max_connections`, `max_connections_per_initiator`); if not, the status to refuse it with
+    /// and why. A session this login reinstates (same initiator, ISID and target) and a
+    /// connection it replaces (same CID) are not counted: they are about to go.
+    fn over_limits(
+        &self,
+        o: &iscsi_login::target::LoginOutcome,
+        existing: Option<&Session>,
+    ) -> Option<(LoginStatus, String)> {
+        let c = self.config();
+        if c.max_sessions.is_none()
+            && c.max_connections.is_none()
+            && c.max_connections_per_initiator.is_none()
+        {
+            return None;
+        }
+        let identity = o.identity();
+        let sessions = self.sessions.lock().expect("sessions");
+        let staying = || {
+            sessions
+                .values()
+                .filter(|s| !(o.leading && s.identity == identity))
+        };
+        if let (true, Some(max)) = (o.leading, c.max_sessions) {
+            let n = staying().count();
+            if n >= max as usize {
+                return Some((
+                    LoginStatus::OUT_OF_RESOURCES,
+                    format!("{n} sessions are open (max_sessions = {max})"),
+                ));
+            }
+        }
+        if existing.is_some_and(|s| !o.leading && s.has_connection(o.cid)) {
+            return None;
+        }
+        if let Some(max) = c.max_connections {
+            let n: usize = staying().map(|s| s.connection_count()).sum();
+            if n >= max as usize {
+                return Some((
+                    LoginStatus::OUT_OF_RESOURCES,
+                    format!("{n} connections are logged in (max_connections = {max})"),
+                ));
+            }
+        }
+        if let Some(max) = c.max_connections_per_initiator {
+            let n: usize = staying()
+                .filter(|s| {
+                    s.identity
+                        .initiator_name
+                        .eq_ignore_ascii_case(&o.initiator_name)
+                })
+                .map(|s| s.connection_count())
+                .sum();
+            if n >= max as usize {
+                return Some((
+                    LoginStatus::TOO_MANY_CONNECTIONS,
+                    format!(
+                        "{} has {n} connections logged in (max_connections_per_initiator = {max})",
+                        o.initiator_name
+                    ),
+                ));
+            }
+        }
+        None
+    }
+
     fn remove_session(&self, s: &Session) {
         let removed = self.sessions.lock().expect("sessions").remove(&s.tsih);
         if removed.is_some() {

@@ -171,6 +171,19 @@ impl Session {
         true
     }
 
+    /// Connections in the session, joined or still joining.
+    pub fn connection_count(&self) -> usize {
+        let conns = self.conns.lock().expect("conns");
+        let joining = self.joining.lock().expect("joining");
+        conns.len() + joining.iter().filter(|c| !conns.contains_key(c)).count()
+    }
+
+    /// Whether connection `cid` is in the session (joined or joining).
+    pub fn has_connection(&self, cid: u16) -> bool {
+        self.conns.lock().expect("conns").contains_key(&cid)
+            || self.joining.lock().expect("joining").contains(&cid)
+    }
+
     /// A reserved connection that never came (its Login Response could not be sent).
     pub fn release_connection(&self, cid: u16) {
         self.joining.lock().expect("joining").remove(&cid);

@@ -126,6 +126,11 @@ pub enum WcStatus {
     RemoteOperation,
     /// A work request was malformed (e.g. an RDMA Read with more than one SGE).
     InvalidRequest,
+    /// The completion queue overflowed: it was full (its owner polled too slowly for its
+    /// depth) when a completion of this QP arrived. Nothing is dropped (that completion and the
+    /// ones after it are still there), but the CQ is in error and every QP completing into it
+    /// since is moved to the error state.
+    CqOverrun,
 }
 
 /// A work completion.

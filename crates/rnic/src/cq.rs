@@ -1,9 +1,10 @@
 //! Completion queues and the completion channel (an eventfd).
 
+use crate::engine::{Cmd, EngineShared};
 use rdma::{CompletionChannel, CompletionQueue, Result, Wc, WcStatus};
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -90,22 +91,54 @@ pub struct CqShared {
     armed: AtomicU8,
     channel: Option<Arc<ChannelShared>>,
     depth: usize,
+    /// Set once the CQ overflowed: it stays in error.
+    overrun: AtomicBool,
+    /// Told to move a QP to the error state when its completion finds the CQ overrun.
+    engine: Option<Arc<EngineShared>>,
 }
 
 impl CqShared {
-    /// Adds a completion and fires the channel if the CQ is armed for it.
+    /// Adds a completion and fires the channel if the CQ is armed for it. A completion that
+    /// finds the CQ full is never dropped: the CQ goes into error (a [`WcStatus::CqOverrun`]
+    /// completion follows it, once per QP, in order), and the QP it belongs to is moved to the
+    /// error state, so its owner learns of it from its next poll.
     pub(crate) fn push(&self, wc: Wc) {
+        let mut overran = false;
         {
             let mut q = self.q.lock().unwrap();
-            if q.len() >= self.depth {
-                // An overrun CQ is a consumer bug; keep the newest errors visible rather than grow.
-                q.pop_front();
-            }
             q.push_back(wc);
+            if q.len() > self.depth || self.overrun.load(Ordering::Relaxed) {
+                let first = !self.overrun.swap(true, Ordering::Relaxed);
+                // One CqOverrun per QP that completes into the errored CQ: the first, and each
+                // later QP whose successful completion arrives.
+                if first || wc.status == WcStatus::Success {
+                    overran = true;
+                    q.push_back(Wc {
+                        wr_id: 0,
+                        status: WcStatus::CqOverrun,
+                        byte_len: 0,
+                        invalidated_rkey: None,
+                        solicited: false,
+                        ..wc
+                    });
+                }
+            }
+        }
+        if overran {
+            if let Some(engine) = &self.engine {
+                engine.send(Cmd::Fail(
+                    wc.qp_num,
+                    format!(
+                        "completion queue overrun: more than {} completions waiting to be polled",
+                        self.depth
+                    ),
+                ));
+            }
         }
         let armed = self.armed.load(Ordering::Acquire);
         let fire = armed == ARMED_ANY
-            || (armed == ARMED_SOLICITED && (wc.solicited || wc.status != WcStatus::Success));
+            || (armed == ARMED_SOLICITED
+                && (wc.solicited || wc.status != WcStatus::Success || overran));
         if fire && self.armed.swap(DISARMED, Ordering::AcqRel) != DISARMED {
             if let Some(ch) = &self.channel {
                 ch.signal();
@@ -121,15 +154,32 @@ pub struct Cq {
 }
 
 impl Cq {
+    /// A CQ holding `depth` completions. One created here (not by an [`crate::Rnic`]) goes
+    /// into error when it overflows but cannot stop the QPs completing into it.
     pub fn new(depth: u32, channel: Option<&Channel>) -> Cq {
+        Cq::with_engine(depth, channel, None)
+    }
+
+    pub(crate) fn with_engine(
+        depth: u32,
+        channel: Option<&Channel>,
+        engine: Option<Arc<EngineShared>>,
+    ) -> Cq {
         Cq {
             shared: Arc::new(CqShared {
                 q: Mutex::new(VecDeque::new()),
                 armed: AtomicU8::new(DISARMED),
                 channel: channel.map(|c| c.shared.clone()),
                 depth: depth.max(1) as usize,
+                overrun: AtomicBool::new(false),
+                engine,
             }),
         }
+    }
+
+    /// Whether the CQ overflowed (it stays in error; see [`WcStatus::CqOverrun`]).
+    pub fn overrun(&self) -> bool {
+        self.shared.overrun.load(Ordering::Relaxed)
     }
 }
 
@@ -191,6 +241,43 @@ mod tests {
         assert_eq!(ch.get_events(Some(Duration::from_millis(10))).unwrap(), 0);
         assert_eq!(cq.poll(&mut out), 2);
         assert_eq!((out[0].wr_id, out[1].wr_id), (2, 3));
+    }
+
+    #[test]
+    fn an_overflowing_cq_keeps_every_completion_and_says_so() {
+        let ch = Channel::new().unwrap();
+        let cq = Cq::new(2, Some(&ch));
+        cq.req_notify(true);
+        for id in 1..=4 {
+            cq.shared.push(wc(id));
+        }
+        assert!(cq.overrun());
+        // The overrun fires a solicited-only arm: the owner is woken to find the error.
+        assert_eq!(ch.get_events(Some(Duration::from_millis(100))).unwrap(), 1);
+        let mut out = [wc(0); 8];
+        let n = cq.poll(&mut out);
+        let got: Vec<(u64, WcStatus)> = out[..n].iter().map(|w| (w.wr_id, w.status)).collect();
+        // Nothing dropped; the error stands right after the completion that did not fit, and
+        // after each successful one that arrives at the errored CQ (its QP is failed then).
+        assert_eq!(
+            got,
+            [
+                (1, WcStatus::Success),
+                (2, WcStatus::Success),
+                (3, WcStatus::Success),
+                (0, WcStatus::CqOverrun),
+                (4, WcStatus::Success),
+                (0, WcStatus::CqOverrun),
+            ]
+        );
+        // A flush after the overrun is kept, without another overrun entry.
+        cq.shared.push(Wc {
+            status: WcStatus::Flushed,
+            ..wc(5)
+        });
+        assert_eq!(cq.poll(&mut out), 1);
+        assert_eq!((out[0].wr_id, out[0].status), (5, WcStatus::Flushed));
+        assert!(cq.overrun(), "the CQ stays in error");
     }
 
     #[test]

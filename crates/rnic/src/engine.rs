@@ -46,6 +46,8 @@ pub(crate) enum Cmd {
     Kick(u32),
     Disconnect(u32),
     Abort(u32),
+    /// Moves a QP to the error state for a local reason (e.g. its CQ overflowed).
+    Fail(u32, String),
     Stop,
 }
 
@@ -128,6 +130,12 @@ fn run(mut poll: Poll, shared: Arc<EngineShared>) {
                 Cmd::Disconnect(n) => {
                     if let Some(c) = conns.get_mut(&n) {
                         c.closing = true;
+                        ready.push(n);
+                    }
+                }
+                Cmd::Fail(n, why) => {
+                    if let Some(c) = conns.get_mut(&n) {
+                        c.fail(None, Some(why));
                         ready.push(n);
                     }
                 }

@@ -7,8 +7,9 @@
 //! caller's thread and only touch the QP's queues under a short mutex; `post_send` wakes the
 //! progress thread once per batch. Completions are pushed to CQs by the progress thread, which
 //! signals a completion channel (an eventfd, usable with epoll or tokio's `AsyncFd`) when the CQ was
-//! armed. Connection setup (TCP + MPA Request/Reply) runs blocking in the caller's thread with
-//! timeouts, then the socket is handed to the progress thread.
+//! armed. Connecting (TCP + MPA Request/Reply) runs blocking in the caller's thread with
+//! timeouts; the listener reads every accepted connection's MPA Request without blocking on any
+//! one (a silent client delays no other); then the socket is handed to the progress thread.
 //!
 //! # Data path
 //! Outbound messages are cut into FPDUs sized to the TCP MSS (as siw does; 32 KiB or more on
@@ -29,8 +30,10 @@ mod mem;
 mod qp;
 pub mod tools;
 
-pub use cm::{Request, RnicListener, MAX_PRIVATE_DATA};
+pub use cm::{Request, RnicListener, MAX_PENDING_REQUESTS, MAX_PRIVATE_DATA, REQUEST_TIMEOUT};
 pub use cq::{Channel, Cq};
+/// The fixed part of an MPA Request or Reply (key, flags, revision, private data length).
+pub use iwarp::mpa::HEADER_LEN as MPA_HEADER_LEN;
 pub use mem::{AccessError, Mr, StagTable};
 pub use qp::Qp;
 
@@ -130,7 +133,11 @@ impl Provider for Rnic {
     }
 
     fn create_cq(&self, depth: u32, channel: Option<&Channel>) -> Result<Cq> {
-        Ok(Cq::new(depth, channel))
+        Ok(Cq::with_engine(
+            depth,
+            channel,
+            Some(self.inner.engine.clone()),
+        ))
     }
 
     fn create_qp(&self, pd: &Pd, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp> {
@@ -158,8 +165,6 @@ impl Provider for Rnic {
     }
 
     fn listen(&self, addr: SocketAddr) -> Result<RnicListener> {
-        let sock = TcpListener::bind(addr)?;
-        sock.set_nonblocking(true)?;
-        Ok(RnicListener { sock })
+        RnicListener::new(TcpListener::bind(addr)?)
     }
 }

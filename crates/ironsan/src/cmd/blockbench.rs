@@ -386,13 +386,21 @@ pub fn run(a: BlockBenchArgs) -> anyhow::Result<()> {
     };
     drop(rt);
     a.login.finish_trace()?;
-    print!("{}", table(&rows));
+    // With the JSON on stdout, stdout carries nothing else (a script parses it): the table
+    // and the verify line go to stderr.
+    let json_to_stdout = a.json.as_deref().is_some_and(|p| p.as_os_str() == "-");
+    let mut text = table(&rows).to_string();
     if a.verify {
         let v: u64 = rows.iter().map(|r| r.verified_bytes).sum();
-        println!(
-            "verified: {} read back and compared, no difference",
+        text.push_str(&format!(
+            "verified: {} read back and compared, no difference\n",
             report::format_size(v)
-        );
+        ));
+    }
+    if json_to_stdout {
+        eprint!("{text}");
+    } else {
+        print!("{text}");
     }
     if let Some(p) = &a.json {
         let j = results_json(&rows);

@@ -75,6 +75,10 @@ struct PingArgs {
     /// Seconds to wait for a connection or a completion.
     #[arg(long, default_value_t = 30)]
     timeout: u64,
+    /// Server: serve clients one after another until interrupted (like `rping -s -P`),
+    /// instead of exiting after the first.
+    #[arg(long, requires = "server")]
+    persistent: bool,
 }
 
 #[derive(Args)]
@@ -201,13 +205,29 @@ fn ping(a: PingArgs) -> Result<()> {
     };
     let print = |l: String| println!("{l}");
     if a.server {
+        // Connections the listener drops (port probes, silent or malformed clients) are
+        // logged on stderr, one line each; the server keeps waiting for a real client.
+        super::target::init_logging();
         let listener = dev
             .listen(a.listen)
             .map_err(|e| anyhow!("listen on {}: {e}", a.listen))?;
-        println!("rdma ping server listening on {}", a.listen);
-        let served = rping::server(&dev, &listener, &opt, print).map_err(|e| anyhow!("{e}"))?;
-        println!("rdma ping server: client disconnected after {served} pings");
-        return Ok(());
+        println!(
+            "rdma ping server listening on {}",
+            rdma::Listener::local_addr(&listener)
+        );
+        loop {
+            match rping::server(&dev, &listener, &opt, print) {
+                Ok(served) => {
+                    println!("rdma ping server: client disconnected after {served} pings")
+                }
+                Err(e) if a.persistent && e == rping::NO_REQUEST => {}
+                Err(e) if a.persistent => eprintln!("ironsan: rdma ping server: {e}"),
+                Err(e) => bail!("{e}"),
+            }
+            if !a.persistent {
+                return Ok(());
+            }
+        }
     }
     let addr = a
         .addr

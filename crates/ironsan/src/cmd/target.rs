@@ -3,6 +3,7 @@
 
 use anyhow::Context;
 use iscsi_target::{Config, Target};
+use std::io::IsTerminal;
 use std::time::Duration;
 
 #[derive(clap::Args)]
@@ -162,10 +163,17 @@ fn tcp_info_recorder(
 }
 
 pub(crate) fn init_logging() {
+    init_logging_or("info");
+}
+
+/// Logging to stderr at `IRONSAN_LOG`'s level, or `default_filter` without it.
+pub(crate) fn init_logging_or(default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("IRONSAN_LOG")
-        .unwrap_or_else(|_| "info".into());
+        .unwrap_or_else(|_| default_filter.into());
+    // Colour only on a terminal: a log file or a pipe gets plain text, no escape codes.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .try_init();
 }

@@ -15,6 +15,9 @@ use rdma::{
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+/// [`server`]'s error when no client came within the timeout.
+pub const NO_REQUEST: &str = "no connection request within the timeout";
+
 /// rping's largest ping buffer (RPING_BUFSIZE).
 pub const MAX_SIZE: usize = 64 * 1024;
 const INFO_LEN: usize = 16;
@@ -215,10 +218,22 @@ pub fn server<P: Provider>(
     mut line: impl FnMut(String),
 ) -> Res<u32> {
     let e = |x: rdma::Error| x.to_string();
-    let req = listener
-        .get_request(opt.timeout)
-        .map_err(e)?
-        .ok_or("no connection request within the timeout")?;
+    // A connection that fails before its request is complete (a port probe, a client that
+    // closes or stalls) costs one line, and the server waits on for a real one.
+    let deadline = Instant::now() + opt.timeout;
+    let req = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match listener.get_request(left) {
+            Ok(Some(req)) => break req,
+            Ok(None) if left.is_zero() => return Err(NO_REQUEST.into()),
+            Ok(None) => {}
+            Err(x) if left.is_zero() => return Err(x.to_string()),
+            Err(x) => {
+                line(format!("connection request dropped: {x}"));
+                std::thread::sleep(Duration::from_millis(10).min(left));
+            }
+        }
+    };
     let peer = req.peer_addr();
     let pd = dev.alloc_pd().map_err(e)?;
     let cq = dev.create_cq(64, None).map_err(e)?;

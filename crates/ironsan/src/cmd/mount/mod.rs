@@ -242,12 +242,7 @@ fn parse_url(s: &str) -> anyhow::Result<(IscsiUrl, Option<u16>)> {
 /// As `ironsan target`'s logging (IRONSAN_LOG), fuser's only for errors: its warnings are
 /// about calls answered ENOSYS, and a second unmount attempt when `umount DIR` ended it.
 fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("IRONSAN_LOG")
-        .unwrap_or_else(|_| "info,fuser=error".into());
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+    super::target::init_logging_or("info,fuser=error");
 }
 
 /// A line on stdout that never fails the program (the daemonizing parent may have gone).

@@ -1,0 +1,220 @@
+//! Portals no client can stall or kill, and the configured limits on sessions and connections.
+//! The iSCSI/TCP portal and the portal serving iSER and iSCSI/TCP on one port each accept the
+//! next client while others stall: 2,000 idle connections, port probes (connect + close), a
+//! client that sends half a PDU and stops, one that sends a byte a second; a real session logs
+//! in and moves verified data meanwhile. A login past `max_sessions`, `max_connections` or
+//! `max_connections_per_initiator` is refused with RFC 7143's status (0x0302 Out of resources,
+//! 0x0206 Too many connections), and other sessions carry on.
+
+mod common;
+use common::*;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+async fn start_with(portals: &str, extra: &str) -> SocketAddr {
+    let text = format!(
+        "portals = {portals}\n{extra}\n[[target]]\nname = \"{IQN}\"\n\
+         [target.lun.0]\nsize = \"64MiB\"\nbackend = \"memory\"\n"
+    );
+    let config = iscsi_target::Config::parse(&text, "test.toml").expect("config");
+    let bound = iscsi_target::Target::bind(config).await.expect("bind");
+    let addr = bound.local_addrs()[0];
+    tokio::spawn(bound.serve());
+    addr
+}
+
+/// Raises the soft descriptor limit to the hard one (a test process may start with 1024);
+/// returns the limit now in force.
+fn raise_nofile_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid, initialised rlimit for this process.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
+        if lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+            libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+        }
+    }
+    lim.rlim_cur
+}
+
+/// 2,000 idle connections, probes, a half PDU and a trickling client against the portal at
+/// `addr`, then a real session (login, write, read back) within a few seconds.
+async fn survives_hostile_clients(addr: SocketAddr) {
+    const IDLE: usize = 2000;
+    let limit = raise_nofile_limit();
+    assert!(
+        limit >= 2 * IDLE as u64 + 256,
+        "RLIMIT_NOFILE is {limit}: this test needs {} descriptors",
+        2 * IDLE + 256
+    );
+    let mut idle = Vec::with_capacity(IDLE);
+    for _ in 0..IDLE {
+        let c = tokio::time::timeout(WAIT, TcpStream::connect(addr))
+            .await
+            .expect("an idle connection in time")
+            .expect("an idle connection");
+        idle.push(c);
+    }
+    for _ in 0..10 {
+        drop(TcpStream::connect(addr).await.expect("a probe"));
+    }
+    let mut half = TcpStream::connect(addr).await.unwrap();
+    half.write_all(&[0x43, 0x87, 0, 0, 0, 0, 0, 0])
+        .await
+        .unwrap();
+    let slow = tokio::spawn(async move {
+        let Ok(mut s) = TcpStream::connect(addr).await else {
+            return;
+        };
+        for b in [0x43u8, 0x87, 0, 0, 0, 0, 0, 0, 0, 0] {
+            if s.write_all(&[b]).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+    let started = Instant::now();
+    tokio::time::timeout(WAIT, healthy_session(addr, 8, 7))
+        .await
+        .expect("a real session among 2,000 idle connections in time");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the real session took {:?}",
+        started.elapsed()
+    );
+    // And again, once more with the hostile ones still there.
+    tokio::time::timeout(WAIT, healthy_session(addr, 16, 9))
+        .await
+        .expect("a second session in time");
+    slow.abort();
+    drop((idle, half));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_iscsi_tcp_portal_serves_a_client_among_hostile_ones() {
+    let addr = start_with("[\"127.0.0.1:0\"]", "").await;
+    survives_hostile_clients(addr).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shared_iser_and_tcp_portal_serves_a_client_among_hostile_ones() {
+    let addr = start_with("[\"tcp://127.0.0.1:0\", \"iser://127.0.0.1:0\"]", "").await;
+    survives_hostile_clients(addr).await;
+}
+
+/// Logs in (security stage, then operational stage to full feature phase) as `initiator` with
+/// ISID `isid_tail`; returns the final Login Response's status (class, detail) and the conn.
+async fn login_as(
+    addr: SocketAddr,
+    initiator: &str,
+    isid_tail: u8,
+    tsih: u16,
+    cid: u16,
+) -> ([u8; 2], RawConn) {
+    let mut c = RawConn::connect(addr).await;
+    c.isid[5] = isid_tail;
+    c.tsih = tsih;
+    c.cid = cid;
+    let first = [
+        ("InitiatorName", initiator),
+        ("TargetName", IQN),
+        ("SessionType", "Normal"),
+        ("AuthMethod", "None"),
+    ];
+    let r = c.login_request(0, 1, true, &key_values(&first)).await;
+    assert_eq!(r.opcode(), 0x23, "login response");
+    assert_eq!(&r.bhs[36..38], &[0, 0], "security stage status");
+    c.exp_stat_sn = r.field32(24).wrapping_add(1);
+    let r = c
+        .login_request(1, 3, true, &key_values(&plain_keys()))
+        .await;
+    assert_eq!(r.opcode(), 0x23, "login response");
+    if r.bhs[36..38] == [0, 0] {
+        c.tsih = u16::from_be_bytes([r.bhs[14], r.bhs[15]]);
+        c.exp_stat_sn = r.field32(24).wrapping_add(1);
+        c.cmd_sn = r.field32(28);
+        c.target_mrdsl = 65536;
+    }
+    ([r.bhs[36], r.bhs[37]], c)
+}
+
+const OK: [u8; 2] = [0, 0];
+const OUT_OF_RESOURCES: [u8; 2] = [3, 2];
+const TOO_MANY_CONNECTIONS: [u8; 2] = [2, 6];
+const A: &str = "iqn.2026-11.org.ironsan.test:a";
+const B: &str = "iqn.2026-11.org.ironsan.test:b";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_sessions_refuses_one_more_with_out_of_resources() {
+    let addr = start_target("max_sessions = 2").await;
+    let (s1, _c1) = login_as(addr, A, 1, 0, 1).await;
+    let (s2, _c2) = login_as(addr, B, 2, 0, 1).await;
+    assert_eq!((s1, s2), (OK, OK));
+    let (s3, mut c3) = login_as(addr, A, 3, 0, 1).await;
+    assert_eq!(s3, OUT_OF_RESOURCES, "a third session is refused");
+    assert!(
+        c3.closed_by_target(0).await,
+        "the refused connection is closed"
+    );
+    // Reinstating an existing session (same initiator and ISID) is no new session.
+    let (again, mut c1b) = login_as(addr, A, 1, 0, 1).await;
+    assert_eq!(again, OK, "session reinstatement is allowed at the limit");
+    roundtrip(&mut c1b, 0, 8, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_connections_refuses_one_more_with_out_of_resources() {
+    let addr = start_target("max_connections = 2").await;
+    let (s1, mut c1) = login_as(addr, A, 1, 0, 1).await;
+    assert_eq!(s1, OK);
+    // A second connection of the same session, then a third connection anywhere.
+    let (s2, _c2) = login_as(addr, A, 1, c1.tsih, 2).await;
+    assert_eq!(s2, OK);
+    let (s3, _) = login_as(addr, B, 2, 0, 1).await;
+    assert_eq!(s3, OUT_OF_RESOURCES, "a new session's connection");
+    let (s4, _) = login_as(addr, A, 1, c1.tsih, 3).await;
+    assert_eq!(s4, OUT_OF_RESOURCES, "a third connection of the session");
+    // Replacing connection 2 (same CID: connection reinstatement) adds none.
+    let (s5, _c2b) = login_as(addr, A, 1, c1.tsih, 2).await;
+    assert_eq!(s5, OK, "connection reinstatement is allowed at the limit");
+    roundtrip(&mut c1, 0, 8, 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_connections_per_initiator_refuses_with_too_many_connections() {
+    let addr = start_target("max_connections_per_initiator = 1").await;
+    let (s1, mut c1) = login_as(addr, A, 1, 0, 1).await;
+    assert_eq!(s1, OK);
+    let (s2, mut c2) = login_as(addr, A, 2, 0, 1).await;
+    assert_eq!(s2, TOO_MANY_CONNECTIONS, "A's second session");
+    assert!(c2.closed_by_target(0).await);
+    let (s3, _) = login_as(addr, A, 1, c1.tsih, 2).await;
+    assert_eq!(
+        s3, TOO_MANY_CONNECTIONS,
+        "A's second connection in its session"
+    );
+    // Another initiator is not affected, and A's session still works.
+    let (s4, mut c4) = login_as(addr, B, 1, 0, 1).await;
+    assert_eq!(s4, OK);
+    roundtrip(&mut c4, 64, 8, 4).await;
+    roundtrip(&mut c1, 0, 8, 3).await;
+}
+
+#[test]
+fn a_zero_limit_is_a_config_error_naming_the_line() {
+    let e = iscsi_target::Config::parse("queue_depth = 8\nmax_sessions = 0\n", "x.toml")
+        .unwrap_err()
+        .0;
+    assert!(
+        e.starts_with("x.toml:2:") && e.contains("max_sessions"),
+        "{e}"
+    );
+}
