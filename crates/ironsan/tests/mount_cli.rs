@@ -14,21 +14,17 @@
 //! is bounded.
 
 use std::fs::OpenOptions;
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-const LIMIT: Duration = Duration::from_secs(60);
+mod common;
+use common::{exe, Proc, LIMIT};
 const IQN: &str = "iqn.2026-11.org.ironsan:mnt";
 const LUN0_SIZE: u64 = 256 << 20;
 const LUN1_SIZE: u64 = 8 << 20;
-
-fn exe() -> &'static str {
-    env!("CARGO_BIN_EXE_ironsan")
-}
 
 fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
@@ -96,94 +92,6 @@ fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
     while !cond() {
         assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
         std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// A child `ironsan` process, killed when dropped.
-struct Proc {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Proc {
-    fn spawn(args: &[&str]) -> Proc {
-        let mut child = Command::new(exe())
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(if args[0] == "target" {
-                Stdio::null()
-            } else {
-                Stdio::inherit()
-            })
-            .spawn()
-            .expect("start ironsan");
-        let out = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        Proc { child, lines }
-    }
-
-    /// The text after `prefix` on the first line starting with it, up to `end`.
-    fn wait_line(&mut self, prefix: &str, end: char) -> String {
-        let start = Instant::now();
-        loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                panic!("ironsan exited ({st}) before printing {prefix:?}");
-            }
-            assert!(
-                start.elapsed() < LIMIT,
-                "no line starting {prefix:?} within {LIMIT:?}"
-            );
-            match self.lines.recv_timeout(Duration::from_millis(100)) {
-                Ok(l) => {
-                    if let Some(rest) = l.strip_prefix(prefix) {
-                        return rest.split(end).next().unwrap().trim().to_string();
-                    }
-                }
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    std::thread::sleep(Duration::from_millis(50))
-                }
-            }
-        }
-    }
-
-    fn signal(&self, signal: &str) {
-        let pid = self.child.id().to_string();
-        assert!(Command::new("kill")
-            .args([signal, &pid])
-            .status()
-            .unwrap()
-            .success());
-    }
-
-    /// Waits (bounded) for the process to exit; its status.
-    fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
-        let start = Instant::now();
-        loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                return st;
-            }
-            assert!(
-                start.elapsed() < limit,
-                "ironsan did not end within {limit:?}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -573,8 +481,7 @@ fn start_tgtd(scratch: &Scratch, bytes: u64) -> Option<(Proc, String)> {
         .stderr(Stdio::null())
         .spawn()
         .ok()?;
-    let (_tx, lines) = mpsc::channel();
-    let p = Proc { child, lines };
+    let p = Proc::adopt(child);
     wait_for("tgtd listens", LIMIT, || {
         std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
     });

@@ -2,81 +2,11 @@
 //! export answers the NBD greeting (and `qemu-img info` where qemu-img is installed), and
 //! SIGINT (Ctrl-C) ends it cleanly, removing its Unix socket.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::io::{Read, Write};
+use std::process::Command;
 
-const LIMIT: Duration = Duration::from_secs(60);
-
-struct Proc {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Proc {
-    fn spawn(args: &[&str]) -> Proc {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ironsan"))
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(if args[0] == "target" {
-                Stdio::null()
-            } else {
-                Stdio::inherit()
-            })
-            .spawn()
-            .expect("start ironsan");
-        let out = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        Proc { child, lines }
-    }
-
-    /// The text after `prefix` on the first line starting with it, up to `end`.
-    fn wait_line(&self, prefix: &str, end: char) -> String {
-        loop {
-            let l = self
-                .lines
-                .recv_timeout(LIMIT)
-                .unwrap_or_else(|_| panic!("no line starting {prefix:?} within {LIMIT:?}"));
-            if let Some(rest) = l.strip_prefix(prefix) {
-                return rest.split(end).next().unwrap().trim().to_string();
-            }
-        }
-    }
-
-    /// Sends `signal` and waits (bounded) for a successful exit.
-    fn stop(mut self, signal: &str) {
-        let pid = self.child.id().to_string();
-        let ok = Command::new("kill").args([signal, &pid]).status().unwrap();
-        assert!(ok.success());
-        let start = std::time::Instant::now();
-        loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                assert!(st.success(), "ironsan exited with {st} after {signal}");
-                return;
-            }
-            if start.elapsed() > LIMIT {
-                let _ = self.child.kill();
-                panic!("ironsan did not end within {LIMIT:?} of {signal}");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+mod common;
+use common::{Proc, LIMIT};
 
 /// Reads the NBD greeting from `s`: NBDMAGIC, IHAVEOPT, fixed newstyle.
 fn greeted(mut s: impl Read) {
@@ -88,11 +18,11 @@ fn greeted(mut s: impl Read) {
 
 #[test]
 fn nbd_command_serves_and_ends_on_ctrl_c() {
-    let target = Proc::spawn(&["target", "--portal", "127.0.0.1:0"]);
+    let mut target = Proc::spawn(&["target", "--portal", "127.0.0.1:0"]);
     let portal = target.wait_line("ironsan: serving iSCSI on ", ' ');
     let url = format!("iscsi://{portal}/iqn.2026-11.org.ironsan:default/0");
 
-    let nbd = Proc::spawn(&["nbd", &url, "--listen", "127.0.0.1:0"]);
+    let mut nbd = Proc::spawn(&["nbd", &url, "--listen", "127.0.0.1:0"]);
     let addr = nbd.wait_line("ironsan: serving NBD on ", ';');
     let s = std::net::TcpStream::connect(&addr).unwrap();
     s.set_read_timeout(Some(LIMIT)).unwrap();
@@ -133,7 +63,7 @@ fn nbd_command_serves_and_ends_on_ctrl_c() {
     let dir = std::env::temp_dir().join(format!("ironsan-nbd-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let sock = dir.join("nbd.sock");
-    let nbd = Proc::spawn(&["nbd", &url, "--socket", sock.to_str().unwrap()]);
+    let mut nbd = Proc::spawn(&["nbd", &url, "--socket", sock.to_str().unwrap()]);
     let shown = nbd.wait_line("ironsan: serving NBD on ", ';');
     assert_eq!(shown, sock.display().to_string());
     let s = std::os::unix::net::UnixStream::connect(&sock).unwrap();

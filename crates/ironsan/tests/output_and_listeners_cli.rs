@@ -3,77 +3,13 @@
 //! --server` outlives a port probe and a client that never sends its MPA Request, and a real
 //! ping is served meanwhile without waiting for them.
 
-use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// Every wait here is bounded by this.
-const LIMIT: Duration = Duration::from_secs(60);
-
-struct Proc {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Proc {
-    /// Starts ironsan with `args`, stderr into the file `log`.
-    fn spawn(args: &[&str], log: &PathBuf) -> Proc {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ironsan"))
-            .args(args)
-            .env_remove("IRONSAN_LOG")
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(log).expect("log file"))
-            .spawn()
-            .expect("start ironsan");
-        let out = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        Proc { child, lines }
-    }
-
-    /// The text after `prefix` on the first line starting with it, up to `end`.
-    fn wait_line(&self, prefix: &str, end: char) -> String {
-        let deadline = Instant::now() + LIMIT;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let l = self
-                .lines
-                .recv_timeout(left)
-                .unwrap_or_else(|_| panic!("no line starting {prefix:?} within {LIMIT:?}"));
-            if let Some(rest) = l.strip_prefix(prefix) {
-                return rest.split(end).next().unwrap().trim().to_string();
-            }
-        }
-    }
-
-    /// Waits (bounded) for the process to end by itself; true when it exited successfully.
-    fn wait_exit(&mut self) -> bool {
-        let deadline = Instant::now() + LIMIT;
-        loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                return st.success();
-            }
-            assert!(Instant::now() < deadline, "ironsan did not end in time");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+mod common;
+use common::{Proc, LIMIT};
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("ironsan-cli-{}-{name}", std::process::id()));
@@ -96,7 +32,7 @@ fn run(args: &[&str]) -> std::process::Output {
 fn bench_json_on_stdout_is_only_json_and_logs_carry_no_colour() {
     let dir = scratch("bench");
     let log = dir.join("target.log");
-    let mut target = Proc::spawn(&["target", "--portal", "127.0.0.1:0"], &log);
+    let mut target = Proc::spawn_logging_to(&["target", "--portal", "127.0.0.1:0"], &log);
     let portal = target.wait_line("ironsan: serving iSCSI on ", ' ');
     let url = format!("iscsi://{portal}/iqn.2026-11.org.ironsan:default/0");
     let o = run(&[
@@ -162,7 +98,7 @@ fn bench_json_on_stdout_is_only_json_and_logs_carry_no_colour() {
 fn the_ping_server_outlives_a_probe_and_a_silent_client() {
     let dir = scratch("ping");
     let log = dir.join("server.log");
-    let mut server = Proc::spawn(
+    let mut server = Proc::spawn_logging_to(
         &[
             "rdma",
             "ping",
@@ -191,7 +127,10 @@ fn the_ping_server_outlives_a_probe_and_a_silent_client() {
     assert!(out.contains("3/3 pings ok"), "{out}");
     // The server reads MPA Requests side by side: the silent client (5 s) delayed nothing.
     assert!(took < Duration::from_secs(4), "the ping took {took:?}");
-    assert!(server.wait_exit(), "the server ends well after its client");
+    assert!(
+        server.wait_exit(LIMIT).success(),
+        "the server ends well after its client"
+    );
     let text = std::fs::read(&log).unwrap();
     let shown = String::from_utf8_lossy(&text);
     assert!(
