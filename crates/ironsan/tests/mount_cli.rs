@@ -164,13 +164,14 @@ impl Drop for Loop {
     }
 }
 
-/// `ironsan target` with two RAM LUNs (512-byte and 4096-byte blocks); its portal.
+/// `ironsan target` with two RAM LUNs (512-byte and 4096-byte blocks), iSCSI/TCP and iSER on
+/// one port; its portal.
 fn start_target(scratch: &Scratch) -> (Proc, String) {
     let cfg = scratch.0.join("target.toml");
     std::fs::write(
         &cfg,
         format!(
-            "portals = [\"127.0.0.1:0\"]\n\
+            "portals = [\"tcp://127.0.0.1:0\", \"iser://127.0.0.1:0\"]\n\
              [[target]]\nname = \"{IQN}\"\n\
              [target.lun.0]\nsize = \"{LUN0_SIZE}\"\nbackend = \"memory\"\n\
              [target.lun.1]\nsize = \"{LUN1_SIZE}\"\nblock_size = 4096\nbackend = \"memory\"\n"
@@ -619,6 +620,45 @@ fn killed_target_fails_io_with_eio_within_the_timeout_and_umount_still_works() {
     let st = mount.wait_exit(LIMIT);
     assert!(st.success(), "ironsan mount exited with {st} after umount");
     assert!(!is_mounted(&dir));
+}
+
+#[test]
+fn a_lun_mounted_over_iser_reads_and_writes_what_another_session_sees() {
+    let test = "a_lun_mounted_over_iser_reads_and_writes_what_another_session_sees";
+    if !fuse_usable(test) {
+        return;
+    }
+    let scratch = Scratch::new("mount-iser");
+    let (_target, portal) = start_target(&scratch);
+    let dir = scratch.dir("luns");
+    let (mut mount, fuse_guard) = start_mount(&format!("iser://{portal}/{IQN}/0"), &dir, &[]);
+    let lun0 = dir.join("lun0");
+    assert_eq!(std::fs::metadata(&lun0).unwrap().len(), LUN0_SIZE);
+    // Unaligned and O_DIRECT writes over iSER; a session over iSCSI/TCP sees them.
+    let mut model = vec![0u8; 1 << 20];
+    let d = open_direct(&lun0);
+    let a = pattern(7, 300_000);
+    d.write_all_at(&a, 70_001).unwrap();
+    model[70_001..370_001].copy_from_slice(&a);
+    let b = pattern(8, 5);
+    d.write_all_at(&b, 511).unwrap();
+    model[511..516].copy_from_slice(&b);
+    d.sync_all().expect("fsync (SYNCHRONIZE CACHE)");
+    let url = format!("iscsi://{portal}/{IQN}/0");
+    assert_eq!(
+        session_read(&url, 0, 1 << 20),
+        model,
+        "the TCP session's view"
+    );
+    let mut back = vec![0u8; 400_000];
+    d.read_exact_at(&mut back, 3).unwrap();
+    assert_eq!(back, model[3..400_003], "read back over iSER");
+    drop(d);
+    mount.signal("-INT");
+    let st = mount.wait_exit(LIMIT);
+    assert!(st.success(), "ironsan mount exited with {st} after SIGINT");
+    assert!(!is_mounted(&dir));
+    drop(fuse_guard);
 }
 
 #[test]
