@@ -337,20 +337,14 @@ impl Pending {
 }
 
 /// Reads, without blocking, as much of the MPA Request as has arrived and no byte beyond it.
+/// What it may be is judged by [`Request::frame_len`], the check every reader of a Request uses.
 fn read_some(c: &mut Incoming) -> Progress {
     loop {
         let want = if c.buf.len() < mpa::HEADER_LEN {
             mpa::HEADER_LEN
         } else {
-            match MpaFrame::frame_len(&c.buf) {
-                Ok(total) if total - mpa::HEADER_LEN <= MAX_PRIVATE_DATA => total,
-                Ok(total) => {
-                    let announced = total - mpa::HEADER_LEN;
-                    return Progress::Dropped(format!(
-                        "MPA Request announces {announced} bytes of private data \
-                         (at most {MAX_PRIVATE_DATA})"
-                    ));
-                }
+            match Request::frame_len(&c.buf) {
+                Ok(total) => total,
                 Err(e) => return Progress::Dropped(e.to_string()),
             }
         };
@@ -370,12 +364,9 @@ fn read_some(c: &mut Incoming) -> Progress {
             }
             Ok(n) => {
                 c.buf.truncate(have + n);
-                let k = c.buf.len().min(mpa::KEY_REQUEST.len());
-                if c.buf[..k] != mpa::KEY_REQUEST[..k] {
-                    return Progress::Dropped(format!(
-                        "not an MPA Request (begins {:02x?})",
-                        &c.buf[..k.min(8)]
-                    ));
+                // A wrong key shows in its first bytes: drop it without waiting for a header.
+                if let Err(e) = key_prefix(&c.buf) {
+                    return Progress::Dropped(e.to_string());
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -388,6 +379,19 @@ fn read_some(c: &mut Incoming) -> Progress {
                 return Progress::Dropped(format!("reading the MPA Request: {e}"));
             }
         }
+    }
+}
+
+/// Whether `bytes` (however few) can begin an MPA Request.
+fn key_prefix(bytes: &[u8]) -> Result<()> {
+    let k = bytes.len().min(mpa::KEY_REQUEST.len());
+    if bytes[..k] == mpa::KEY_REQUEST[..k] {
+        Ok(())
+    } else {
+        Err(Error::Connect(format!(
+            "not an MPA Request (begins {:02x?})",
+            &bytes[..k.min(8)]
+        )))
     }
 }
 
@@ -452,24 +456,11 @@ impl Listener for RnicListener {
 }
 
 impl Request {
-    /// Reads the MPA Request from a TCP connection someone else accepted (a listener that
-    /// serves iSCSI/TCP and iWARP on one port, telling them apart by the first bytes),
-    /// waiting at most `timeout` for it. The stream must be in blocking mode. A Request this
-    /// RNIC cannot serve (markers, a bad revision) is refused with a rejecting Reply.
-    pub fn read_from(mut s: TcpStream, peer: SocketAddr, timeout: Duration) -> Result<Request> {
-        s.set_read_timeout(Some(timeout))?;
-        let frame = read_frame(&mut s, MpaKind::Request)?;
-        Request::from_parsed(s, peer, frame)
-    }
-
     /// The length of the MPA Request whose first [`mpa::HEADER_LEN`] bytes are `header`, or why
     /// it is not one this RNIC reads (a wrong key, too much private data). For callers that read
     /// the Request themselves (asynchronously) before [`Request::from_frame`].
     pub fn frame_len(header: &[u8]) -> Result<usize> {
-        let k = header.len().min(mpa::KEY_REQUEST.len());
-        if header[..k] != mpa::KEY_REQUEST[..k] {
-            return Err(Error::Connect("not an MPA Request".into()));
-        }
+        key_prefix(header)?;
         let total = MpaFrame::frame_len(header).map_err(|e| Error::Connect(e.to_string()))?;
         if total - mpa::HEADER_LEN > MAX_PRIVATE_DATA {
             return Err(Error::Connect(format!(
