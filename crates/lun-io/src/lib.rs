@@ -255,10 +255,7 @@ impl Lun {
                     // ILLEGAL REQUEST: the LUN does not take UNMAP after all; trims become
                     // no-ops.
                     if self.unmap_ok.swap(false, Ordering::Relaxed) {
-                        tracing::info!(
-                            "the LUN refused UNMAP ({}); trims are ignored from now on",
-                            describe(&r)
-                        );
+                        tracing::info!("{}: trims are ignored from now on", describe("UNMAP", &r));
                     }
                 }
                 Ok(r) => result = result.and(Err(scsi_error("UNMAP", &r, true))),
@@ -350,8 +347,8 @@ impl Lun {
                 Ok(r) if sense_key(&r) == Some(5) => {
                     if self.write_same_ok.swap(false, Ordering::Relaxed) {
                         tracing::info!(
-                            "the LUN refused WRITE SAME(16) ({}); zeros are written instead",
-                            describe(&r)
+                            "{}: zeros are written instead",
+                            describe("WRITE SAME(16)", &r)
                         );
                     }
                     if result.is_ok() {
@@ -538,17 +535,14 @@ fn is_unit_attention(r: &CommandResult) -> bool {
     sense_key(r) == Some(6)
 }
 
-fn describe(r: &CommandResult) -> String {
-    match Sense::parse(&r.sense) {
-        Some(s) => format!(
-            "{}, {}",
-            s.key_name(),
-            s.asc_name()
-                .map(str::to_string)
-                .unwrap_or_else(|| format!("ASC/ASCQ 0x{:02x}/0x{:02x}", s.asc, s.ascq))
-        ),
-        None => scsi::status::name(r.status).to_string(),
+/// A result other than GOOD in the initiator's own words ("WHAT failed: status, sense").
+fn describe(what: &str, r: &CommandResult) -> String {
+    iscsi_initiator::Error::Scsi {
+        what: what.to_string(),
+        status: r.status,
+        sense: Sense::parse(&r.sense),
     }
+    .to_string()
 }
 
 /// The errno for a SCSI status other than GOOD: DATA PROTECT is EPERM, an LBA out of
@@ -567,7 +561,7 @@ fn scsi_error(what: &str, r: &CommandResult, write: bool) -> IoError {
     };
     IoError {
         errno,
-        message: format!("{what} failed: {}", describe(r)),
+        message: describe(what, r),
     }
 }
 
