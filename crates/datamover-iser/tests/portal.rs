@@ -125,30 +125,12 @@ async fn a_client_that_stalls_delays_no_other_login() {
     drop(half);
 }
 
-/// Raises the soft descriptor limit to the hard one (a test process may start with 1024).
-fn raise_nofile_limit() -> u64 {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit with a valid, initialised rlimit for this process.
-    unsafe {
-        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
-        if lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-            libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
-        }
-    }
-    lim.rlim_cur
-}
-
 /// 2,000 idle connections, port probes, half an MPA key, an MPA Request trickling in a byte a
 /// second: an iSER client and an iSCSI/TCP client are still accepted at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_probing_and_trickling_clients_delay_no_login() {
     const IDLE: usize = 2000;
-    let limit = raise_nofile_limit();
+    let limit = rnic::tools::raise_nofile_limit();
     assert!(
         limit >= 2 * IDLE as u64 + 256,
         "RLIMIT_NOFILE is {limit}: this test needs {} descriptors",

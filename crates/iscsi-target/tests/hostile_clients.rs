@@ -26,30 +26,11 @@ async fn start_with(portals: &str, extra: &str) -> SocketAddr {
     addr
 }
 
-/// Raises the soft descriptor limit to the hard one (a test process may start with 1024);
-/// returns the limit now in force.
-fn raise_nofile_limit() -> u64 {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit with a valid, initialised rlimit for this process.
-    unsafe {
-        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
-        if lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-            libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
-        }
-    }
-    lim.rlim_cur
-}
-
 /// 2,000 idle connections, probes, a half PDU and a trickling client against the portal at
 /// `addr`, then a real session (login, write, read back) within a few seconds.
 async fn survives_hostile_clients(addr: SocketAddr) {
     const IDLE: usize = 2000;
-    let limit = raise_nofile_limit();
+    let limit = rnic::tools::raise_nofile_limit();
     assert!(
         limit >= 2 * IDLE as u64 + 256,
         "RLIMIT_NOFILE is {limit}: this test needs {} descriptors",

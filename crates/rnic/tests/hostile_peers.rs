@@ -132,28 +132,10 @@ fn a_listener_drops_what_never_completes_and_keeps_serving() {
     slow.join().unwrap();
 }
 
-/// Raises the soft descriptor limit to the hard one (a test process may start with 1024).
-fn raise_nofile_limit() -> u64 {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit with a valid, initialised rlimit for this process.
-    unsafe {
-        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
-        if lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-            libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
-        }
-    }
-    lim.rlim_cur
-}
-
 #[test]
 fn two_thousand_idle_connections_and_a_real_client_at_once() {
     const IDLE: usize = 2000;
-    let limit = raise_nofile_limit();
+    let limit = rnic::tools::raise_nofile_limit();
     // Both ends of every idle connection live in this process, plus the test harness's.
     assert!(
         limit >= 2 * IDLE as u64 + 256,

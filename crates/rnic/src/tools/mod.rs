@@ -1,4 +1,5 @@
-//! Tools built on the RDMA API: an rping-compatible ping and a bandwidth/latency test.
+//! Tools built on the RDMA API: an rping-compatible ping and a bandwidth/latency test; and
+//! what a listener tried with thousands of clients needs of the process (descriptors).
 pub mod bw;
 pub mod rping;
 
@@ -24,4 +25,23 @@ pub(crate) fn next_wc<C: CompletionQueue>(cq: &C, timeout: Duration) -> Option<W
             std::hint::spin_loop();
         }
     }
+}
+
+/// Raises this process's soft limit on open descriptors to its hard limit (a process may start
+/// with 1024, too few for thousands of connections); returns the limit now in force.
+pub fn raise_nofile_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid, initialised rlimit for this process.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
+        if lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+            libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+        }
+    }
+    lim.rlim_cur
 }
