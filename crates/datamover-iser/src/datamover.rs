@@ -29,6 +29,15 @@ use crate::endpoint::{ConnEnd, Device, Endpoint, Received};
 use crate::lent::{self, RegisteredReadBuffers};
 use crate::mr_pool::PooledMr;
 
+/// RDMA Writes of read data sent straight from a registered LUN image, in this process.
+static WRITES_FROM_LUN_IMAGES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many RDMA Writes of read data left straight from a registered RAM LUN image (no copy
+/// into a buffer first) in this process so far: a diagnostic, and what tests check.
+pub fn writes_from_lun_images() -> u64 {
+    WRITES_FROM_LUN_IMAGES.load(Ordering::Relaxed)
+}
+
 /// The initiator's buffers of one command, from its iSER header.
 #[derive(Debug, Clone, Copy, Default)]
 struct Stags {
@@ -100,7 +109,10 @@ pub(crate) fn start<P: Device>(
         .max_recv_data_segment_length
         .max(cfg.write_limits.max_burst_length);
     let shared = Arc::new(Shared {
-        read_buffers: Arc::new(RegisteredReadBuffers::new(s.ep.source_pool())),
+        read_buffers: Arc::new(RegisteredReadBuffers::new(
+            s.ep.source_pool(),
+            s.ep.domain(),
+        )),
         ep: s.ep,
         cfg,
         sn,
@@ -240,10 +252,16 @@ impl<P: Device> Datamover for IserDatamover<P> {
                 self.shared.ep.close();
                 return Err(DmError::Closed);
             };
-            // Data produced in a region this connection lent leaves from it; other data is
-            // copied into one first.
+            // Data produced in a region this connection lent, or lying in a LUN image
+            // registered in its domain, leaves from there; other data is copied into a region
+            // first.
             let (lease, offset) = match lent::lent_region::<P>(note.as_ref(), &data) {
-                Some(lent) => lent,
+                Some(lent) => {
+                    if matches!(lent.0, lent::Lent::Image(_)) {
+                        WRITES_FROM_LUN_IMAGES.fetch_add(1, Ordering::Relaxed);
+                    }
+                    lent
+                }
                 None => {
                     let lease = self
                         .shared
@@ -251,7 +269,7 @@ impl<P: Device> Datamover for IserDatamover<P> {
                         .source(data.len())
                         .map_err(|e| self.shared.registration_failed(data.len(), e))?;
                     lease.mr().write_at(0, &data);
-                    (Arc::new(lease), 0)
+                    (lent::Lent::Pool(Arc::new(lease)), 0)
                 }
             };
             let mr = lease.mr();

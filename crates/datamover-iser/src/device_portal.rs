@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, Mutex};
 
 use crate::endpoint::Device;
 use crate::target::{accept, AcceptConfig};
+use crate::target_device::TargetDevice;
 
 /// How long the listening thread waits for a request before it checks whether the portal
 /// is still wanted.
@@ -32,15 +33,19 @@ pub struct DevicePortal {
 impl DevicePortal {
     /// Listens on `addr` through `dev`. Call from within a tokio runtime: accepted connections
     /// are set up in its tasks.
-    pub fn bind<P>(addr: SocketAddr, dev: Arc<P>, cfg: AcceptConfig) -> io::Result<DevicePortal>
+    pub fn bind<P>(
+        addr: SocketAddr,
+        dev: Arc<TargetDevice<P>>,
+        cfg: AcceptConfig,
+    ) -> io::Result<DevicePortal>
     where
         P: Device,
         P::Listener: 'static,
         <P::Listener as Listener>::Request: ConnectRequest<Qp = P::Qp> + 'static,
     {
-        let listener = dev.listen(addr).map_err(io::Error::other)?;
+        let listener = dev.dev().listen(addr).map_err(io::Error::other)?;
         let local = listener.local_addr();
-        let device = dev.name();
+        let device = dev.dev().name();
         let (tx, rx) = mpsc::channel(64);
         let runtime = tokio::runtime::Handle::current();
         std::thread::Builder::new()
@@ -56,7 +61,7 @@ impl DevicePortal {
 
 fn listen_loop<P>(
     listener: P::Listener,
-    dev: Arc<P>,
+    dev: Arc<TargetDevice<P>>,
     cfg: AcceptConfig,
     tx: mpsc::Sender<Box<dyn LoginChannel>>,
     runtime: tokio::runtime::Handle,

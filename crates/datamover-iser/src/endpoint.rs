@@ -69,6 +69,11 @@ pub struct Endpoint<P: Provider> {
     sources: Arc<MrPool<P>>,
     /// Registered regions RDMA Reads land in (local write only).
     sinks: Arc<MrPool<P>>,
+    /// The shared protection domain it was created in (a [`TargetDevice::domain`]), or 0
+    /// for a domain of its own.
+    ///
+    /// [`TargetDevice::domain`]: crate::target_device::TargetDevice::domain
+    domain: usize,
     // The pools hold the device and the protection domain, which must live as long as the
     // queue pair that uses them (a provider's progress may stop when its last handle goes).
 }
@@ -148,6 +153,16 @@ impl<P: Device> Endpoint<P> {
     /// receive stream and a starter for the completion task (call it once connected).
     pub fn create(dev: Arc<P>, buffers: Buffers) -> rdma::Result<(Arc<Self>, Received, Poller<P>)> {
         let pd = dev.alloc_pd()?;
+        Self::create_in(dev, pd, 0, buffers)
+    }
+
+    /// [`Endpoint::create`] in protection domain `pd`, shared as `domain` (non-zero).
+    pub fn create_in(
+        dev: Arc<P>,
+        pd: P::Pd,
+        domain: usize,
+        buffers: Buffers,
+    ) -> rdma::Result<(Arc<Self>, Received, Poller<P>)> {
         let channel = dev.create_channel()?;
         let depth = 2 * (buffers.recv_slots + buffers.send_slots) + 64;
         let cq = dev.create_cq(depth, Some(&channel))?;
@@ -179,6 +194,7 @@ impl<P: Device> Endpoint<P> {
             post_lock: Mutex::new(()),
             sources: MrPool::new(dev.clone(), pd.clone(), Access::NONE, POOL_IDLE_BYTES),
             sinks: MrPool::new(dev, pd, Access::LOCAL_WRITE, POOL_IDLE_BYTES),
+            domain,
         });
         for slot in 0..buffers.recv_slots {
             ep.post_recv(slot)?;
@@ -276,6 +292,11 @@ impl<P: Device> Endpoint<P> {
     /// endpoint's pool (registered once, reused).
     pub fn source(&self, len: usize) -> rdma::Result<PooledMr<P>> {
         self.sources.take(len)
+    }
+
+    /// The shared protection domain it is in (0: a domain of its own).
+    pub fn domain(&self) -> usize {
+        self.domain
     }
 
     /// The pool [`Endpoint::source`] takes from.

@@ -1,16 +1,20 @@
 //! Registered memory lent to the layers above, so read data is produced where its RDMA Write
 //! leaves from and write data is consumed where its RDMA Read landed: the backend's one copy
-//! is the only one. A region leaves as `Bytes` over its own memory ([`view`]); the pool gets
-//! it back when the last holder lets go, never while an operation still uses it.
+//! is the only one. A RAM LUN whose image is registered in the connection's protection
+//! domain ([`LunImage`]) needs not even that: its bytes leave from where they lie. A region
+//! leaves as `Bytes` over its own memory ([`view`]); the pool gets it back when the last
+//! holder lets go, never while an operation still uses it.
 
+use std::any::Any;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use rdma::MemoryRegion;
-use storage::{BufNote, ReadBuf, ReadBufSource};
+use storage::{BufNote, ImageMemory, ReadBuf, ReadBufSource};
 
 use crate::endpoint::Device;
 use crate::mr_pool::{MrPool, PooledMr};
+use crate::target_device::LunImage;
 
 /// The first `len` bytes of a leased region, as `Bytes` (no copy). The caller must have
 /// finished writing them: the region is read-only from here on.
@@ -19,17 +23,51 @@ pub fn view<P: Device>(lease: Arc<PooledMr<P>>, len: usize) -> Bytes {
     Bytes::from_owner(RegionView { lease, len })
 }
 
+/// Registered memory that read data was produced in (or lies in).
+pub enum Lent<P: Device> {
+    Pool(Arc<PooledMr<P>>),
+    Image(Arc<ImageRead<P>>),
+}
+
+impl<P: Device> Lent<P> {
+    pub fn mr(&self) -> &P::Mr {
+        match self {
+            Lent::Pool(lease) => lease.mr(),
+            Lent::Image(read) => read.image.mr(),
+        }
+    }
+}
+
+/// A read served where it lies in a LUN's registered image; holds the reader's range lock
+/// (no atomic write may change the bytes) until the RDMA Write has sent them.
+pub struct ImageRead<P: Device> {
+    image: Arc<LunImage<P>>,
+    offset: usize,
+    len: usize,
+    _hold: Option<Box<dyn Any + Send + Sync>>,
+}
+
 /// The region `note` names and the offset of `data` in it, if `data` was lent from it.
-pub fn lent_region<P: Device>(
-    note: Option<&BufNote>,
-    data: &[u8],
-) -> Option<(Arc<PooledMr<P>>, usize)> {
-    let lease = note?.0.clone().downcast::<PooledMr<P>>().ok()?;
-    let region = lease.mr().as_bytes().as_ptr_range();
+pub fn lent_region<P: Device>(note: Option<&BufNote>, data: &[u8]) -> Option<(Lent<P>, usize)> {
+    let note = note?.0.clone();
+    let (lent, region) = match note.downcast::<PooledMr<P>>() {
+        Ok(lease) => {
+            let region = lease.mr().as_bytes().as_ptr_range();
+            (Lent::Pool(lease), region)
+        }
+        Err(note) => {
+            let read = note.downcast::<ImageRead<P>>().ok()?;
+            let region = read.image.bytes_at(read.offset, read.len).as_ptr_range();
+            let base = region.start as usize - read.offset;
+            let lent = Lent::Image(read);
+            // Offsets are in the whole image (its SGEs start at its base).
+            (lent, base as *const u8..region.end)
+        }
+    };
     let data = data.as_ptr_range();
     if region.start <= data.start && data.end <= region.end {
         let offset = data.start as usize - region.start as usize;
-        Some((lease, offset))
+        Some((lent, offset))
     } else {
         None
     }
@@ -46,14 +84,25 @@ impl<P: Device> AsRef<[u8]> for RegionView<P> {
     }
 }
 
-/// Lends read buffers that are regions of a connection's RDMA Write pool.
+struct ImageView<P: Device>(Arc<ImageRead<P>>);
+
+impl<P: Device> AsRef<[u8]> for ImageView<P> {
+    fn as_ref(&self) -> &[u8] {
+        self.0.image.bytes_at(self.0.offset, self.0.len)
+    }
+}
+
+/// Lends read buffers that are regions of a connection's RDMA Write pool, or that take a
+/// LUN image registered in the connection's protection domain where it lies.
 pub struct RegisteredReadBuffers<P: Device> {
     pool: Arc<MrPool<P>>,
+    /// The connection's shared protection domain (0: none; then no image is taken).
+    domain: usize,
 }
 
 impl<P: Device> RegisteredReadBuffers<P> {
-    pub fn new(pool: Arc<MrPool<P>>) -> Self {
-        RegisteredReadBuffers { pool }
+    pub fn new(pool: Arc<MrPool<P>>, domain: usize) -> Self {
+        RegisteredReadBuffers { pool, domain }
     }
 }
 
@@ -65,30 +114,103 @@ impl<P: Device> std::fmt::Debug for RegisteredReadBuffers<P> {
 
 impl<P: Device> ReadBufSource for RegisteredReadBuffers<P> {
     fn lend(&self, len: usize) -> Box<dyn ReadBuf> {
-        match self.pool.take(len) {
-            Ok(lease) => Box::new(RegisteredReadBuf {
-                lease: Arc::new(lease),
-                len: 0,
-            }),
-            // The RDMA Write registers (and says why it cannot) when it needs the region.
-            Err(_) => Box::new(HeapReadBuf(BytesMut::with_capacity(len))),
-        }
+        Box::new(RegisteredReadBuf {
+            pool: self.pool.clone(),
+            domain: self.domain,
+            want: len,
+            state: State::Empty,
+        })
     }
 }
 
-/// A read buffer in registered memory; its note is the region, which `put_data` finds again.
+/// A read buffer in registered memory: a pool region taken at the first copy (its note is
+/// the region, which `put_data` finds again), or a range of a registered LUN image.
 struct RegisteredReadBuf<P: Device> {
-    lease: Arc<PooledMr<P>>,
-    len: usize,
+    pool: Arc<MrPool<P>>,
+    domain: usize,
+    want: usize,
+    state: State<P>,
+}
+
+enum State<P: Device> {
+    Empty,
+    Region {
+        lease: Arc<PooledMr<P>>,
+        len: usize,
+    },
+    /// No region could be had: plain memory, copied at the RDMA Write (which registers, and
+    /// says why it cannot).
+    Heap(BytesMut),
+    Image(ImageRead<P>),
+}
+
+impl<P: Device> RegisteredReadBuf<P> {
+    /// Where copies go: the state after the first copy (an image range becomes a copy too, if
+    /// anything is appended behind it).
+    fn copying(&mut self) -> &mut State<P> {
+        let want = self.want.max(self.len());
+        match std::mem::replace(&mut self.state, State::Empty) {
+            State::Empty => {
+                self.state = match self.pool.take(want) {
+                    Ok(lease) => State::Region {
+                        lease: Arc::new(lease),
+                        len: 0,
+                    },
+                    Err(_) => State::Heap(BytesMut::with_capacity(want)),
+                }
+            }
+            State::Image(read) => {
+                let mut heap = BytesMut::with_capacity(want);
+                heap.extend_from_slice(read.image.bytes_at(read.offset, read.len));
+                self.state = State::Heap(heap);
+            }
+            other => self.state = other,
+        }
+        &mut self.state
+    }
 }
 
 impl<P: Device> ReadBuf for RegisteredReadBuf<P> {
+    fn put_image(&mut self, image: &Arc<dyn ImageMemory>, offset: usize, len: usize) -> bool {
+        if self.domain == 0 || !matches!(self.state, State::Empty) {
+            return false;
+        }
+        match image.clone().as_any().downcast::<LunImage<P>>() {
+            Ok(image) if image.domain() == self.domain => {
+                self.state = State::Image(ImageRead {
+                    image,
+                    offset,
+                    len,
+                    _hold: None,
+                });
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn keep_until_sent(&mut self, hold: Box<dyn Any + Send + Sync>) {
+        if let State::Image(read) = &mut self.state {
+            read._hold = Some(hold);
+        }
+    }
+
     fn put(&mut self, src: &[u8]) {
-        self.lease.mr().write_at(self.len, src);
-        self.len += src.len();
+        match self.copying() {
+            State::Region { lease, len } => {
+                lease.mr().write_at(*len, src);
+                *len += src.len();
+            }
+            State::Heap(heap) => heap.extend_from_slice(src),
+            State::Empty | State::Image(_) => unreachable!("copying() leaves a copy state"),
+        }
     }
 
     fn put_zeros(&mut self, n: usize) {
+        if let State::Heap(heap) = self.copying() {
+            heap.resize(heap.len() + n, 0);
+            return;
+        }
         // Regions are reused: never-written ranges must be zeroed here.
         const ZEROS: [u8; 4096] = [0; 4096];
         let mut left = n;
@@ -104,37 +226,28 @@ impl<P: Device> ReadBuf for RegisteredReadBuf<P> {
     }
 
     fn len(&self) -> usize {
-        self.len
+        match &self.state {
+            State::Empty => 0,
+            State::Region { len, .. } => *len,
+            State::Heap(heap) => heap.len(),
+            State::Image(read) => read.len,
+        }
     }
 
     fn finish(self: Box<Self>) -> (Bytes, Option<BufNote>) {
-        let note = BufNote(self.lease.clone());
-        (view(self.lease, self.len), Some(note))
-    }
-}
-
-/// The fallback when no region could be had: plain memory, copied at the RDMA Write.
-struct HeapReadBuf(BytesMut);
-
-impl ReadBuf for HeapReadBuf {
-    fn put(&mut self, src: &[u8]) {
-        self.0.extend_from_slice(src);
-    }
-
-    fn put_zeros(&mut self, n: usize) {
-        self.0.resize(self.0.len() + n, 0);
-    }
-
-    fn put_bytes(&mut self, data: Bytes) {
-        self.0.extend_from_slice(&data);
-    }
-
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    fn finish(self: Box<Self>) -> (Bytes, Option<BufNote>) {
-        (self.0.freeze(), None)
+        match self.state {
+            State::Empty => (Bytes::new(), None),
+            State::Region { lease, len } => {
+                let note = BufNote(lease.clone());
+                (view(lease, len), Some(note))
+            }
+            State::Heap(heap) => (heap.freeze(), None),
+            State::Image(read) => {
+                let read = Arc::new(read);
+                let note = BufNote(read.clone());
+                (Bytes::from_owner(ImageView(read)), Some(note))
+            }
+        }
     }
 }
 
@@ -153,7 +266,7 @@ mod tests {
     #[test]
     fn read_data_is_produced_in_the_region_it_leaves_from() {
         let pool = pool();
-        let lender = RegisteredReadBuffers::new(pool.clone());
+        let lender = RegisteredReadBuffers::new(pool.clone(), 0);
         let mut buf = lender.lend(10_000);
         buf.put(b"abc");
         buf.put_zeros(5000);
@@ -181,7 +294,7 @@ mod tests {
     #[test]
     fn a_reused_region_reads_as_zeros_where_zeros_were_put() {
         let pool = pool();
-        let lender = RegisteredReadBuffers::new(pool);
+        let lender = RegisteredReadBuffers::new(pool, 0);
         let mut first = lender.lend(4096);
         first.put(&[0xff; 4096]);
         drop(first.finish());
@@ -189,5 +302,56 @@ mod tests {
         second.put_zeros(4096);
         let (data, _) = second.finish();
         assert!(data.iter().all(|&b| b == 0));
+    }
+
+    /// A LUN image registered in the connection's domain is sent from where it lies: the
+    /// data is the image's memory, its note names the image at the LUN offset, and the
+    /// reader's hold lives until the note and data are gone. An image of another domain
+    /// (another device) is copied instead.
+    #[test]
+    fn a_registered_lun_image_is_read_where_it_lies() {
+        use crate::target_device::TargetDevice;
+        use storage::Backend;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let dev = TargetDevice::new(Arc::new(Rnic::new().unwrap())).unwrap();
+        let image = dev.register_image(1 << 20).unwrap();
+        let lun = storage::MemoryBackend::with_image(image.clone());
+        rt.block_on(lun.write_at(200_000, Bytes::from(vec![5u8; 70_000]), false))
+            .unwrap();
+        let pool = MrPool::new(dev.dev().clone(), dev.pd().clone(), Access::NONE, 1 << 20);
+        let lender = RegisteredReadBuffers::new(pool.clone(), dev.domain());
+        let mut filled = rt
+            .block_on(lun.read_into(200_000, 70_000, lender.lend(70_000)))
+            .unwrap();
+        let hold = Arc::new(());
+        filled.keep_until_sent(Box::new(hold.clone()));
+        let (data, note) = filled.finish();
+        assert!(data.iter().all(|&b| b == 5));
+        assert_eq!(pool.idle_bytes(), 0, "no pool region was taken");
+        let (lent, offset) = lent_region::<Rnic>(note.as_ref(), &data).unwrap();
+        assert!(matches!(lent, Lent::Image(_)));
+        assert_eq!(offset, 200_000, "SGE offset is the LUN offset");
+        assert_eq!(lent.mr().rkey(), image.mr().rkey());
+        assert_eq!(data.as_ptr() as u64, image.mr().addr() + 200_000);
+        assert_eq!(
+            Arc::strong_count(&hold),
+            2,
+            "held while the data may be sent"
+        );
+        drop((lent, data, note));
+        assert_eq!(Arc::strong_count(&hold), 1, "let go once sent");
+
+        // Another device's image: copied into this connection's region.
+        let other = TargetDevice::new(Arc::new(Rnic::new().unwrap())).unwrap();
+        let foreign = storage::MemoryBackend::with_image(other.register_image(1 << 20).unwrap());
+        let filled = rt
+            .block_on(foreign.read_into(0, 4096, lender.lend(4096)))
+            .unwrap();
+        let (data, note) = filled.finish();
+        assert_eq!(data.len(), 4096);
+        let (lent, _) = lent_region::<Rnic>(note.as_ref(), &data).unwrap();
+        assert!(matches!(lent, Lent::Pool(_)));
     }
 }

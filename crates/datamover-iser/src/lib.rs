@@ -10,7 +10,9 @@
 //! [`portal`] serves `iser://` on the software RNIC, alone or sharing a port with iSCSI/TCP;
 //! [`device_portal`] on a provider's own listener (rdma-core). [`initiator`] is the initiator's
 //! end: connection, login in Sends, and a datamover advertising a registered buffer per
-//! command. [`regcost`] measures what registration costs per command.
+//! command. [`regcost`] measures what registration costs per command. [`target_device`] keeps a
+//! target's connections on a device in one protection domain, where a RAM LUN's image is
+//! registered once and read data leaves straight from it.
 
 pub mod datamover;
 pub mod device_portal;
@@ -21,8 +23,10 @@ pub mod mr_pool;
 pub mod portal;
 pub mod regcost;
 pub mod target;
+pub mod target_device;
 
 pub use device_portal::DevicePortal;
 pub use initiator::IserInitiatorConnection;
 pub use portal::IserPortal;
 pub use target::{accept, AcceptConfig, IserLogin};
+pub use target_device::{LunImage, TargetDevice};

@@ -20,6 +20,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Mutex};
 
 use crate::target::{accept, AcceptConfig};
+use crate::target_device::TargetDevice;
 
 /// The first bytes of an MPA Request (RFC 5044 §7.1).
 const MPA_REQUEST_KEY: &[u8; 16] = b"MPA ID Req Frame";
@@ -46,7 +47,7 @@ impl IserPortal {
     /// logins on the same port are served too.
     pub async fn bind(
         addr: SocketAddr,
-        dev: Arc<Rnic>,
+        dev: Arc<TargetDevice<Rnic>>,
         cfg: AcceptConfig,
         also_tcp: bool,
     ) -> io::Result<IserPortal> {
@@ -100,7 +101,7 @@ impl Portal for IserPortal {
 
 async fn accept_loop(
     listener: TcpListener,
-    dev: Arc<Rnic>,
+    dev: Arc<TargetDevice<Rnic>>,
     cfg: AcceptConfig,
     also_tcp: bool,
     tx: mpsc::Sender<Arrival>,
@@ -136,7 +137,7 @@ async fn accept_loop(
 async fn sort(
     mut stream: TcpStream,
     peer: SocketAddr,
-    dev: Arc<Rnic>,
+    dev: Arc<TargetDevice<Rnic>>,
     cfg: AcceptConfig,
     also_tcp: bool,
 ) -> Result<Arrival, String> {

@@ -19,6 +19,7 @@ use tokio::sync::mpsc;
 
 use crate::datamover::Start;
 use crate::endpoint::{Buffers, Device, Endpoint, Received};
+use crate::target_device::TargetDevice;
 
 /// How the target sets up an iSER connection.
 #[derive(Debug, Clone, Copy)]
@@ -114,10 +115,14 @@ impl<P: Device> Drop for CloseUnlessKept<P> {
     }
 }
 
-/// Accepts `req` on `dev`: creates the queue pair and its buffers, posts every receive, and
-/// answers with our iSER word. The provider's accept is blocking (it writes the MPA Reply),
-/// so it runs off the async threads.
-pub async fn accept<P, R>(dev: Arc<P>, req: R, cfg: AcceptConfig) -> Result<IserLogin<P>, String>
+/// Accepts `req` on `dev`: creates the queue pair and its buffers (in the device's shared
+/// protection domain), posts every receive, and answers with our iSER word. The provider's
+/// accept is blocking (it writes the MPA Reply), so it runs off the async threads.
+pub async fn accept<P, R>(
+    dev: Arc<TargetDevice<P>>,
+    req: R,
+    cfg: AcceptConfig,
+) -> Result<IserLogin<P>, String>
 where
     P: Device,
     R: ConnectRequest<Qp = P::Qp> + 'static,
@@ -133,8 +138,13 @@ where
         ..ConnParams::default()
     };
     let (ep, received, poller, info) = tokio::task::spawn_blocking(move || {
-        let (ep, received, poller) =
-            Endpoint::create(dev, cfg.buffers).map_err(|e| format!("setting up: {e}"))?;
+        let (ep, received, poller) = Endpoint::create_in(
+            dev.dev().clone(),
+            dev.pd().clone(),
+            dev.domain(),
+            cfg.buffers,
+        )
+        .map_err(|e| format!("setting up: {e}"))?;
         let info = req
             .accept(ep.qp(), &params)
             .map_err(|e| format!("accepting: {e}"))?;

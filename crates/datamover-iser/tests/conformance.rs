@@ -92,6 +92,7 @@ impl Iser {
             crc: self.crc,
             ..AcceptConfig::default()
         };
+        let target_dev = datamover_iser::TargetDevice::new(target_dev).unwrap();
         let login = accept(target_dev, req, cfg).await.unwrap();
         connecting.await.unwrap();
         let (dm, notices) =

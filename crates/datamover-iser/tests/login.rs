@@ -35,6 +35,7 @@ async fn connect(private_data: Vec<u8>, cfg: AcceptConfig) -> (IserLogin<Rnic>, 
     });
     let req = common::next_request(listener).await;
     assert_eq!(req.peer_ird_ord(), (128, 1));
+    let target_dev = datamover_iser::TargetDevice::new(target_dev).unwrap();
     let login = accept(target_dev, req, cfg).await.expect("accepted");
     let info = connecting.await.unwrap();
     // The target's iSER word follows the MPA v2 IRD/ORD word.

@@ -19,7 +19,7 @@ mod common;
 use common::{login_request, RawInitiator};
 
 async fn portal(also_tcp: bool) -> IserPortal {
-    let dev = Arc::new(Rnic::new().unwrap());
+    let dev = datamover_iser::TargetDevice::new(Arc::new(Rnic::new().unwrap())).unwrap();
     IserPortal::bind(
         "127.0.0.1:0".parse().unwrap(),
         dev,
@@ -188,7 +188,7 @@ async fn idle_probing_and_trickling_clients_delay_no_login() {
 /// channel, and the description names the device.
 #[tokio::test]
 async fn a_device_portal_accepts_iser_connections_through_the_providers_listener() {
-    let dev = Arc::new(Rnic::new().unwrap());
+    let dev = datamover_iser::TargetDevice::new(Arc::new(Rnic::new().unwrap())).unwrap();
     let p = datamover_iser::DevicePortal::bind(
         "127.0.0.1:0".parse().unwrap(),
         dev,

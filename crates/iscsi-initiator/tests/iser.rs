@@ -59,10 +59,16 @@ async fn iser_login_and_verified_data_both_ways() {
         assert_eq!(s.inquiry(0).await.unwrap().device_type, 0);
         // One block (immediate data), 200 KiB (immediate + unsolicited + RDMA Reads), 3 MiB
         // (several bursts of RDMA Reads), and a 16 MiB read.
+        let from_image = datamover_iser::datamover::writes_from_lun_images();
         write_read_verify(&s, 0, 512, 1).await;
         write_read_verify(&s, 100, 200 * 1024, 2).await;
         write_read_verify(&s, 5000, 3 << 20, 3).await;
         write_read_verify(&s, 20000, 16 << 20, 4).await;
+        // The RAM LUN's image is registered with the RNIC: read data left straight from it.
+        assert!(
+            datamover_iser::datamover::writes_from_lun_images() >= from_image + 4,
+            "reads were sent from the registered LUN image"
+        );
         // Many in flight at once, each verified.
         let mut tasks = Vec::new();
         for k in 0..24u64 {

@@ -75,6 +75,10 @@ pub struct TargetConfig {
     pub lun: BTreeMap<String, LunConfig>,
 }
 
+fn default_true() -> bool {
+    true
+}
+
 fn default_queue_depth() -> u32 {
     128
 }
@@ -124,6 +128,12 @@ pub struct Config {
     /// feature; rdma_cm owns the port, so iSCSI/TCP needs another).
     #[serde(default)]
     pub iser_provider: IserProvider,
+    /// RAM LUNs' images are registered with the iSER device once, so read data leaves in RDMA
+    /// Writes straight from the LUN (no copy into a buffer first). With rdma-core the image
+    /// is pinned whole (the memlock limit must allow it); a LUN whose image cannot be
+    /// registered lives in ordinary memory, with a log line. Only with iser:// portals.
+    #[serde(default = "default_true")]
+    pub iser_register_ram_luns: bool,
     #[serde(default)]
     pub discovery: DiscoveryConfig,
     #[serde(default, rename = "target")]
@@ -194,6 +204,7 @@ impl Config {
             iser_mpa_crc: false,
             iser_align_loopback: false,
             iser_provider: IserProvider::Software,
+            iser_register_ram_luns: true,
             discovery: DiscoveryConfig::default(),
             targets: vec![TargetConfig {
                 name: DEFAULT_IQN.to_string(),

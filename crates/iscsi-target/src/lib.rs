@@ -20,6 +20,7 @@ pub use datamover::ConnectionObserver;
 
 use bytes::Bytes;
 use datamover::{CmdSnState, FfpConfig, LoginChannel, Notice, TransportKind};
+use datamover_iser::TargetDevice;
 
 use iscsi_login::directory::Portal;
 use iscsi_login::params::SessionType;
@@ -70,8 +71,9 @@ impl Target {
             .iter()
             .map(|p| PortalSpec::parse(p))
             .collect::<Result<Vec<_>, _>>()?;
-        let portals = bind_portals(&specs, &config).await?;
-        Target::with_portals(config, portals)
+        let (portals, images) = bind_portals(&specs, &config).await?;
+        let images = images.filter(|_| config.iser_register_ram_luns);
+        Target::serve(config, portals, images.as_deref())
     }
 
     /// Open every LUN's backend and serve on `portals` (of any transport), which replace
@@ -80,10 +82,24 @@ impl Target {
         config: Config,
         portals: Vec<Arc<dyn datamover::Portal>>,
     ) -> Result<Bound, String> {
+        Target::serve(config, portals, None)
+    }
+
+    /// [`Target::with_portals`], with RAM LUNs' images in memory from `images` (an iSER
+    /// device's registered memory) where it gives some.
+    fn serve(
+        config: Config,
+        portals: Vec<Arc<dyn datamover::Portal>>,
+        images: Option<&scsi::ImageProvider>,
+    ) -> Result<Bound, String> {
         let mut devices = HashMap::new();
         for t in &config.targets {
-            let device = scsi::Device::new(&t.name, Config::luns(t))
-                .map_err(|e| format!("target {}: {e}", t.name))?;
+            let device = scsi::Device::with_image_memory(
+                &t.name,
+                Config::luns(t),
+                images.unwrap_or(&|_, _| None),
+            )
+            .map_err(|e| format!("target {}: {e}", t.name))?;
             devices.insert(t.name.to_ascii_lowercase(), Arc::new(device));
         }
         let addresses = portals
@@ -443,13 +459,22 @@ fn named_target(existing: Option<&Session>, first_data: &[u8]) -> Option<String>
 /// and iSCSI/TCP too when it is also listed for TCP (one listener, the protocol told by the
 /// first bytes); with `iser_provider = "rdma-core"`, over the first rdma-core device instead
 /// (its listener owns the port).
+/// Also returns where RAM LUNs' images can be registered: the software RNIC's device when an
+/// iSER portal uses it, else the first rdma-core portal's.
 async fn bind_portals(
     specs: &[PortalSpec],
     config: &Config,
-) -> Result<Vec<Arc<dyn datamover::Portal>>, String> {
+) -> Result<
+    (
+        Vec<Arc<dyn datamover::Portal>>,
+        Option<Box<scsi::ImageProvider>>,
+    ),
+    String,
+> {
     use TransportKind::{Iser, Tcp};
     let listed = |kind, address| specs.iter().any(|s| s.kind == kind && s.address == address);
-    let mut rnic: Option<Arc<rnic::Rnic>> = None;
+    let mut rnic: Option<Arc<TargetDevice<rnic::Rnic>>> = None;
+    let mut images = None;
     let mut portals: Vec<Arc<dyn datamover::Portal>> = Vec::new();
     let mut bound = HashSet::new();
     for spec in specs {
@@ -470,18 +495,22 @@ async fn bind_portals(
                         spec.address
                     ));
                 }
-                portals.push(rdma_core_portal(spec.address, cfg)?);
+                let (portal, device_images) = rdma_core_portal(spec.address, cfg)?;
+                portals.push(portal);
+                images = images.or(Some(device_images));
                 continue;
             }
             let dev = match &rnic {
                 Some(d) => d.clone(),
                 None => {
-                    let d =
-                        Arc::new(rnic::Rnic::new().map_err(|e| {
-                            format!("cannot start the software RNIC for iSER: {e}")
-                        })?);
+                    let cannot = |e: &dyn std::fmt::Display| {
+                        format!("cannot start the software RNIC for iSER: {e}")
+                    };
+                    let d = rnic::Rnic::new().map_err(|e| cannot(&e))?;
                     d.align_fpdus_on_loopback(config.iser_align_loopback);
+                    let d = TargetDevice::new(Arc::new(d)).map_err(|e| cannot(&e))?;
                     rnic = Some(d.clone());
+                    images = Some(image_provider(d.clone()));
                     d
                 }
             };
@@ -496,26 +525,52 @@ async fn bind_portals(
             portals.push(Arc::new(p));
         }
     }
-    Ok(portals)
+    // The software RNIC's device comes first: it serves every software iser:// portal.
+    let images = rnic.map(image_provider).or(images);
+    Ok((portals, images))
 }
 
-/// An iser:// portal on the first rdma-core device (librdmacm's listener on `address`).
+/// Registers a RAM LUN's image with `dev` (a LUN whose image cannot be registered lives in
+/// ordinary memory, and the log says why).
+fn image_provider<P: datamover_iser::endpoint::Device>(
+    dev: Arc<TargetDevice<P>>,
+) -> Box<scsi::ImageProvider> {
+    Box::new(move |lun, size| {
+        let len = usize::try_from(size).ok()?;
+        match dev.register_image(len) {
+            Ok(image) => Some(image as Arc<dyn storage::ImageMemory>),
+            Err(e) => {
+                tracing::warn!(
+                    lun,
+                    "the {size}-byte image of RAM LUN {lun} could not be registered with {} ({e}); it lives in ordinary memory and iSER reads copy it (on an RDMA device registration pins memory: raise the memlock limit, or set iser_register_ram_luns = false)",
+                    dev.dev().name()
+                );
+                None
+            }
+        }
+    })
+}
+
+/// An iser:// portal on the first rdma-core device (librdmacm's listener on `address`), and
+/// where RAM LUNs' images can be registered on it.
 #[cfg(feature = "rdma-core")]
 fn rdma_core_portal(
     address: std::net::SocketAddr,
     cfg: datamover_iser::AcceptConfig,
-) -> Result<Arc<dyn datamover::Portal>, String> {
+) -> Result<(Arc<dyn datamover::Portal>, Box<scsi::ImageProvider>), String> {
     let dev = verbs::Verbs::open().map_err(|e| format!("no rdma-core device for iSER: {e}"))?;
-    let p = datamover_iser::DevicePortal::bind(address, Arc::new(dev), cfg)
+    let dev =
+        TargetDevice::new(Arc::new(dev)).map_err(|e| format!("rdma-core device for iSER: {e}"))?;
+    let p = datamover_iser::DevicePortal::bind(address, dev.clone(), cfg)
         .map_err(|e| format!("cannot listen on {address} through rdma-core: {e}"))?;
-    Ok(Arc::new(p))
+    Ok((Arc::new(p), image_provider(dev)))
 }
 
 #[cfg(not(feature = "rdma-core"))]
 fn rdma_core_portal(
     _address: std::net::SocketAddr,
     _cfg: datamover_iser::AcceptConfig,
-) -> Result<Arc<dyn datamover::Portal>, String> {
+) -> Result<(Arc<dyn datamover::Portal>, Box<scsi::ImageProvider>), String> {
     Err("iser_provider = \"rdma-core\" needs ironsan built with the rdma-core feature (cargo build --release --features rdma-core; Debian: libibverbs-dev librdmacm-dev)".into())
 }
 

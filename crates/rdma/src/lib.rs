@@ -282,6 +282,12 @@ pub trait MemoryRegion: Send + Sync {
     /// write into the region: the user posts no receive or RDMA Read into it and gives no
     /// peer an STag with remote write access to it.
     fn as_bytes(&self) -> &[u8];
+    /// `len` bytes at `offset`, borrowed as in [`MemoryRegion::as_bytes`] but only those:
+    /// the contract covers these bytes, and the rest of the region may be written meanwhile.
+    /// Panics if out of range.
+    fn bytes_at(&self, offset: usize, len: usize) -> &[u8] {
+        &self.as_bytes()[offset..offset + len]
+    }
     /// An SGE for `len` bytes at `offset`.
     fn sge(&self, offset: usize, len: usize) -> Sge {
         assert!(offset + len <= self.len(), "SGE outside the region");

@@ -123,9 +123,17 @@ impl Provider for Rnic {
     }
 
     fn reg_mr(&self, pd: &Pd, len: usize, access: Access) -> Result<Mr> {
-        Ok(Mr {
-            inner: self.inner.stags.register(pd.id, len, access),
-        })
+        let inner = self
+            .inner
+            .stags
+            .try_register(pd.id, len, access)
+            .ok_or_else(|| {
+                rdma::Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::OutOfMemory,
+                    format!("cannot allocate a {len}-byte region"),
+                ))
+            })?;
+        Ok(Mr { inner })
     }
 
     fn create_channel(&self) -> Result<Channel> {

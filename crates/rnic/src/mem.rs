@@ -51,7 +51,8 @@ impl MrInner {
 
 impl Drop for MrInner {
     fn drop(&mut self) {
-        // SAFETY: ptr/len came from Box<[u8]>::into_raw in `StagTable::register` and are freed once.
+        // SAFETY: ptr/len came from alloc_zeroed with Layout::array::<u8>(len) in
+        // `StagTable::try_register` (the layout of a Box<[u8]> of len bytes) and are freed once.
         unsafe {
             drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
                 self.ptr, self.len,
@@ -107,9 +108,26 @@ impl StagTable {
     }
 
     pub fn register(self: &Arc<Self>, pd: u32, len: usize, access: Access) -> Arc<MrInner> {
-        let buf = vec![0u8; len.max(1)].into_boxed_slice();
-        let len = buf.len();
-        let ptr = Box::into_raw(buf) as *mut u8;
+        self.try_register(pd, len, access)
+            .unwrap_or_else(|| panic!("allocating a {len}-byte region failed"))
+    }
+
+    /// Registers `len` zeroed bytes; `None` if the memory cannot be had (a region as large as
+    /// a RAM LUN may not be), where a plain allocation would abort the process.
+    pub fn try_register(
+        self: &Arc<Self>,
+        pd: u32,
+        len: usize,
+        access: Access,
+    ) -> Option<Arc<MrInner>> {
+        let len = len.max(1);
+        let layout = std::alloc::Layout::array::<u8>(len).ok()?;
+        // SAFETY: the layout has a non-zero size; the zeroed memory is owned by the region
+        // and freed in its Drop as the Box<[u8]> of `len` bytes this layout describes.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return None;
+        }
         let index = self.next_index.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff;
         let stag = (index << 8) | 0x01;
         let mr = Arc::new(MrInner {
@@ -122,7 +140,7 @@ impl StagTable {
             table: self.clone(),
         });
         self.map.write().unwrap().insert(index, mr.clone());
-        mr
+        Some(mr)
     }
 
     pub fn deregister(&self, stag: u32) {
@@ -259,6 +277,15 @@ impl MemoryRegion for Mr {
         // SAFETY: ptr/len describe the allocation `inner` owns, alive as long as `self` (the
         // borrow's lifetime); the trait's contract keeps writers away while it is held.
         unsafe { std::slice::from_raw_parts(self.inner.ptr, self.inner.len) }
+    }
+    fn bytes_at(&self, offset: usize, len: usize) -> &[u8] {
+        assert!(
+            offset.checked_add(len).is_some_and(|e| e <= self.inner.len),
+            "bytes outside the region"
+        );
+        // SAFETY: in range (checked above) of the allocation `inner` owns, alive as long as
+        // `self`; the trait's contract keeps writers away from these bytes while borrowed.
+        unsafe { std::slice::from_raw_parts(self.inner.ptr_at(offset), len) }
     }
     fn invalidate(&self) {
         self.inner.invalidate();

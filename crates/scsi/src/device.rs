@@ -130,6 +130,17 @@ impl Device {
     /// config (serial, NAA) are derived from `target_name` and the LUN number, so they
     /// are stable across restarts.
     pub fn new(target_name: &str, luns: Vec<(u64, LunConfig)>) -> Result<Device, DeviceError> {
+        Device::with_image_memory(target_name, luns, &|_, _| None)
+    }
+
+    /// [`Device::new`], with RAM LUNs' images in memory `image(lun, size)` provides when it
+    /// provides some (a transport's registered memory, so reads leave from where the data
+    /// lies); the heap otherwise.
+    pub fn with_image_memory(
+        target_name: &str,
+        luns: Vec<(u64, LunConfig)>,
+        image: &ImageProvider,
+    ) -> Result<Device, DeviceError> {
         let mut map = BTreeMap::new();
         for (id, cfg) in luns {
             if id >= 16384 {
@@ -142,7 +153,8 @@ impl Device {
             }
             cfg.validate()
                 .map_err(|e| DeviceError(format!("LUN {id}: {e}")))?;
-            let backend = open_backend(&cfg).map_err(|e| DeviceError(format!("LUN {id}: {e}")))?;
+            let backend =
+                open_backend(id, &cfg, image).map_err(|e| DeviceError(format!("LUN {id}: {e}")))?;
             let size = backend.size();
             if size < cfg.block_size as u64 {
                 return Err(DeviceError(format!(
@@ -354,10 +366,25 @@ impl Device {
     }
 }
 
-fn open_backend(cfg: &LunConfig) -> Result<Arc<dyn storage::Backend>, String> {
+/// Memory for a RAM LUN's image (LUN number, size in bytes), or `None` for the heap.
+pub type ImageProvider = dyn Fn(u64, u64) -> Option<Arc<dyn storage::ImageMemory>>;
+
+fn open_backend(
+    id: u64,
+    cfg: &LunConfig,
+    image: &ImageProvider,
+) -> Result<Arc<dyn storage::Backend>, String> {
     let size = cfg.size.map(|s| s.0);
     Ok(match &cfg.backend {
-        BackendConfig::Memory => Arc::new(storage::MemoryBackend::new(size.unwrap_or(0))),
+        BackendConfig::Memory => {
+            let size = size.unwrap_or(0);
+            match image(id, size) {
+                Some(mem) if mem.len() as u64 == size => {
+                    Arc::new(storage::MemoryBackend::with_image(mem))
+                }
+                _ => Arc::new(storage::MemoryBackend::new(size)),
+            }
+        }
         BackendConfig::File { path, create } => Arc::new(
             storage::FileBackend::open(path, size, *create, cfg.read_only)
                 .map_err(|e| e.to_string())?,

@@ -33,7 +33,9 @@ mod tasks;
 
 pub use cmds::{op, RwParams};
 pub use config::{BackendConfig, ByteSize, LunConfig};
-pub use device::{Command, Device, DeviceError, NexusId, ResetKind, Residual, Response, TaskAttr};
+pub use device::{
+    Command, Device, DeviceError, ImageProvider, NexusId, ResetKind, Residual, Response, TaskAttr,
+};
 pub use sense::Sense;
 
 /// SCSI status codes (SAM-5).

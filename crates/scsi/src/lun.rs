@@ -99,7 +99,7 @@ pub(crate) struct Lun {
     pub target_name: String,
     pub thin: bool,
     pub tasks: TaskSet,
-    pub ranges: RangeLock,
+    pub ranges: Arc<RangeLock>,
     state: Mutex<LunState>,
     /// False while nothing unusual is pending (no UA, reservation, eject, sanitize): lets
     /// the READ/WRITE path skip the state lock.
@@ -137,7 +137,7 @@ impl Lun {
             target_name: target.to_string(),
             thin,
             tasks: TaskSet::default(),
-            ranges: RangeLock::default(),
+            ranges: Arc::default(),
             state: Mutex::new(LunState::default()),
             needs_checks: AtomicBool::new(false),
             d_sense: AtomicBool::new(false),

@@ -174,12 +174,14 @@ pub(crate) struct RangeLock {
     changed: Notify,
 }
 
-pub(crate) struct RangeGuard<'a> {
-    lock: &'a RangeLock,
+/// A held range; owned, so a read whose data leaves from the medium where it lies can keep
+/// it until the data is sent.
+pub(crate) struct RangeGuard {
+    lock: Arc<RangeLock>,
     id: u64,
 }
 
-impl Drop for RangeGuard<'_> {
+impl Drop for RangeGuard {
     fn drop(&mut self) {
         self.lock
             .inner
@@ -193,7 +195,7 @@ impl Drop for RangeGuard<'_> {
 
 impl RangeLock {
     /// Locks blocks `start..start+len`.
-    pub async fn lock(&self, start: u64, len: u64, exclusive: bool) -> RangeGuard<'_> {
+    pub async fn lock(self: &Arc<Self>, start: u64, len: u64, exclusive: bool) -> RangeGuard {
         let end = start.saturating_add(len.max(1));
         loop {
             let notified = self.changed.notified();
@@ -207,7 +209,10 @@ impl RangeLock {
                     let id = inner.next_id;
                     inner.next_id += 1;
                     inner.held.insert(id, (start, end, exclusive));
-                    return RangeGuard { lock: self, id };
+                    return RangeGuard {
+                        lock: self.clone(),
+                        id,
+                    };
                 }
             }
             notified.await;

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 pub use block::BlockBackend;
 pub use file::FileBackend;
-pub use memory::MemoryBackend;
+pub use memory::{ImageMemory, MemoryBackend};
 
 /// Memory a read is produced into, lent by whoever consumes the data (a transport's buffer,
 /// later registered RDMA memory). Bytes are appended in order. A buffer may do its own work
@@ -36,6 +36,19 @@ pub trait ReadBuf: Send + 'static {
     /// Appends bytes the backend already holds (the kernel copied them); a buffer that can
     /// take them over without a copy does.
     fn put_bytes(&mut self, data: Bytes);
+    /// Offers the bytes where they lie, in memory the backend was given
+    /// ([`ImageMemory`]): a buffer that can send them from there keeps a reference
+    /// (`offset..offset+len` of `image`) instead of a copy and returns true. Only offered to
+    /// an empty buffer; the default declines, and the backend copies.
+    fn put_image(&mut self, _image: &Arc<dyn ImageMemory>, _offset: usize, _len: usize) -> bool {
+        false
+    }
+    /// Keeps `hold` (the reader's lock on the range) until the data has been sent, when the
+    /// buffer refers to the bytes where they lie (a writer must not change them before they
+    /// leave); a buffer that copied them lets it go at once (the default).
+    fn keep_until_sent(&mut self, hold: Box<dyn Any + Send + Sync>) {
+        drop(hold);
+    }
     /// Bytes appended so far.
     fn len(&self) -> usize;
     fn is_empty(&self) -> bool {

@@ -126,9 +126,13 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
     /// The memory backend behaves like a flat zero-initialised array.
     #[test]
-    fn memory_matches_model(ops in proptest::collection::vec((0u64..300_000, 1usize..70_000, any::<u8>(), 0u8..3), 1..20)) {
+    fn memory_matches_model(ops in proptest::collection::vec((0u64..300_000, 1usize..70_000, any::<u8>(), 0u8..3), 1..20), lent_image in any::<bool>()) {
         let size = 400_000u64;
-        let b = MemoryBackend::new(size);
+        let b = if lent_image {
+            MemoryBackend::with_image(TestImage::new(size as usize))
+        } else {
+            MemoryBackend::new(size)
+        };
         let mut model = vec![0u8; size as usize];
         let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
         rt.block_on(async {
@@ -154,6 +158,10 @@ proptest! {
                         let (got, note) = filled.finish();
                         assert_eq!(&got[..], want);
                         assert!(note.is_none());
+                        // Into a buffer that takes lent memory where it lies.
+                        let taker = Box::new(ImageTaker::default());
+                        let (got, _) = b.read_into(off, len, taker).await.unwrap().finish();
+                        assert_eq!(&got[..], want);
                     }
                 }
             }
@@ -275,5 +283,135 @@ impl crate::ReadBuf for VecReadBuf {
     }
     fn finish(self: Box<Self>) -> (Bytes, Option<crate::BufNote>) {
         (Bytes::from(self.0), None)
+    }
+}
+
+#[test]
+fn memory_backend_script_on_a_lent_image() {
+    rt().block_on(script(Arc::new(MemoryBackend::with_image(TestImage::new(
+        4 << 20,
+    )))));
+}
+
+/// A lent image whose reader takes the bytes where they lie: no copy, and what was
+/// read is the image's own memory at the offset.
+#[test]
+fn a_lent_image_is_read_where_it_lies() {
+    rt().block_on(async {
+        let image = TestImage::new(1 << 20);
+        let b = MemoryBackend::with_image(image.clone());
+        b.write_at(300_000, Bytes::from(vec![9u8; 100_000]), false)
+            .await
+            .unwrap();
+        let filled = b
+            .read_into(300_000, 100_000, Box::new(ImageTaker::default()))
+            .await
+            .unwrap();
+        let (got, _) = filled.finish();
+        assert!(got.iter().all(|&x| x == 9));
+        assert_eq!(
+            got.as_ptr(),
+            image.bytes_at(300_000, 1).as_ptr(),
+            "the data is the image's memory, not a copy"
+        );
+        // A heap backend offers nothing where it lies: the taker gets a copy.
+        let heap = MemoryBackend::new(1 << 20);
+        let filled = heap
+            .read_into(0, 4096, Box::new(ImageTaker::default()))
+            .await
+            .unwrap();
+        assert_eq!(filled.finish().0.len(), 4096);
+        // Punched whole or back to all zeroes, a lent chunk reports unmapped again.
+        assert!(b.map_status(300_000, 1).await.unwrap().mapped);
+        b.punch(0, 1 << 20).await.unwrap();
+        assert!(!b.map_status(0, 1 << 20).await.unwrap().mapped);
+        assert!(b
+            .read_at(300_000, 100_000)
+            .await
+            .unwrap()
+            .iter()
+            .all(|&x| x == 0));
+    });
+}
+
+/// Lent image memory for tests: plain memory written through raw copies, as an RDMA
+/// device's region is.
+struct TestImage(Box<[std::cell::UnsafeCell<u8>]>);
+
+// SAFETY: the backend writes the image only under a chunk's write lock and borrows bytes
+// only under its read lock, so no borrow sees a write; the cells are never moved.
+unsafe impl Sync for TestImage {}
+
+impl TestImage {
+    fn new(len: usize) -> Arc<TestImage> {
+        Arc::new(TestImage(
+            (0..len).map(|_| std::cell::UnsafeCell::new(0)).collect(),
+        ))
+    }
+}
+
+impl ImageMemory for TestImage {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn write_at(&self, offset: usize, data: &[u8]) {
+        let to = self.0[offset..offset + data.len()].as_ptr() as *mut u8;
+        // SAFETY: in range (sliced above); UnsafeCell<u8> has u8's layout, so the cells are
+        // `data.len()` contiguous bytes; the backend's chunk lock excludes readers.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), to, data.len()) };
+    }
+    fn bytes_at(&self, offset: usize, len: usize) -> &[u8] {
+        let cells = &self.0[offset..offset + len];
+        // SAFETY: as in write_at; no write happens while the backend lends this borrow.
+        unsafe { std::slice::from_raw_parts(cells.as_ptr() as *const u8, len) }
+    }
+    fn as_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
+        self
+    }
+}
+
+/// A read buffer that takes a [`TestImage`]'s bytes where they lie (as an RDMA transport
+/// takes its own registered memory), and copies anything else.
+#[derive(Default)]
+struct ImageTaker {
+    lent: Option<(Arc<TestImage>, usize, usize)>,
+    copied: Vec<u8>,
+}
+
+impl crate::ReadBuf for ImageTaker {
+    fn put_image(&mut self, image: &Arc<dyn ImageMemory>, offset: usize, len: usize) -> bool {
+        match image.clone().as_any().downcast::<TestImage>() {
+            Ok(image) => {
+                self.lent = Some((image, offset, len));
+                true
+            }
+            Err(_) => false,
+        }
+    }
+    fn put(&mut self, src: &[u8]) {
+        self.copied.extend_from_slice(src);
+    }
+    fn put_zeros(&mut self, n: usize) {
+        self.copied.resize(self.copied.len() + n, 0);
+    }
+    fn put_bytes(&mut self, data: Bytes) {
+        self.put(&data);
+    }
+    fn len(&self) -> usize {
+        self.lent.as_ref().map_or(self.copied.len(), |l| l.2)
+    }
+    fn finish(self: Box<Self>) -> (Bytes, Option<crate::BufNote>) {
+        match self.lent {
+            Some((image, offset, len)) => (Bytes::from_owner(LentView(image, offset, len)), None),
+            None => (Bytes::from(self.copied), None),
+        }
+    }
+}
+
+struct LentView(Arc<TestImage>, usize, usize);
+
+impl AsRef<[u8]> for LentView {
+    fn as_ref(&self) -> &[u8] {
+        self.0.bytes_at(self.1, self.2)
     }
 }

@@ -256,6 +256,15 @@ impl MemoryRegion for Mr {
         // borrow; the trait's contract keeps writers (local and remote) away while it is held.
         unsafe { std::slice::from_raw_parts(self.buf, self.len) }
     }
+    fn bytes_at(&self, offset: usize, len: usize) -> &[u8] {
+        assert!(
+            offset.checked_add(len).is_some_and(|e| e <= self.len),
+            "bytes outside the region"
+        );
+        // SAFETY: in range (checked above) of the Box<[u8]> this Mr owns until Drop; the
+        // trait's contract keeps writers away from these bytes while borrowed.
+        unsafe { std::slice::from_raw_parts(self.buf.add(offset), len) }
+    }
     fn invalidate(&self) {
         self.deregister();
     }

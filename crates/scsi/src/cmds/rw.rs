@@ -8,6 +8,7 @@ use super::{be16, be32, be64, get, op};
 use crate::device::Command;
 use crate::lun::{CmdResult, Done, Fail, Lun};
 use crate::sense::{asc, key, Sense};
+use crate::tasks::RangeGuard;
 
 /// Largest transfer (bytes) of one READ/WRITE; reported in the Block Limits VPD. 32 MiB
 /// is 65536 blocks of 512 bytes: initiators (libiscsi's WRITE SAME tests among them)
@@ -122,18 +123,22 @@ impl Lun {
     }
 
     /// `read_blocks` into a buffer the transport lent: the data and what the buffer noted.
+    /// `range` (the read's lock) goes to the buffer, which keeps it until the data is sent
+    /// if it refers to the medium's bytes where they lie.
     async fn read_blocks_into(
         &self,
         lba: u64,
         blocks: u64,
         lender: &dyn storage::ReadBufSource,
+        range: RangeGuard,
     ) -> Result<(Bytes, Option<storage::BufNote>), Fail> {
         let len = (blocks << self.bs_shift) as usize;
-        let filled = self
+        let mut filled = self
             .backend
             .read_into(self.offset(lba), len, lender.lend(len))
             .await
             .map_err(|e| self.read_failed(lba, blocks, e))?;
+        filled.keep_until_sent(Box::new(range));
         Ok(filled.finish())
     }
 
@@ -180,12 +185,12 @@ impl Lun {
         self.check_transfer_len(p.blocks, Self::len_field(cdb[0]))?;
         // A shared range lock: reads run in parallel with each other and with plain
         // writes, but never see half of an atomic write or COMPARE AND WRITE.
-        let _range = self.ranges.lock(p.lba, p.blocks as u64, false).await;
+        let range = self.ranges.lock(p.lba, p.blocks as u64, false).await;
         match lender {
             None => Done::data(self.read_blocks(p.lba, p.blocks as u64).await?),
             Some(lender) => {
                 let (data, note) = self
-                    .read_blocks_into(p.lba, p.blocks as u64, lender)
+                    .read_blocks_into(p.lba, p.blocks as u64, lender, range)
                     .await?;
                 Ok(Done {
                     data,
