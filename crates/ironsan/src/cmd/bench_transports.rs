@@ -38,6 +38,11 @@ pub struct TransportsArgs {
     /// MPA CRC on iSER.
     #[arg(long)]
     pub protect: bool,
+    /// Keep the target's RAM LUN off the RNIC (iser_register_ram_luns = false): iSER reads
+    /// copy it into a registered buffer first. Run with and without to see what registering
+    /// the LUN once saves.
+    #[arg(long)]
+    pub iser_lun_copy: bool,
     /// Seconds per point and transport in each round.
     #[arg(long, default_value_t = 1.0)]
     pub duration: f64,
@@ -95,7 +100,7 @@ pub fn run(a: TransportsArgs) -> Result<()> {
         p => bail!("--pattern {p}: say rand or seq"),
     };
     let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let target = start_target(port, lun_bytes, a.protect)?;
+    let target = start_target(port, lun_bytes, a.protect, !a.iser_lun_copy)?;
     let target_pid = target.0.id();
     eprintln!(
         "bench transports: ironsan target (pid {target_pid}, RAM LUN {}) on 127.0.0.1:{port}, iscsi:// and iser://{}, {} qd {}, {} s per point x {} rounds",
@@ -268,7 +273,7 @@ fn cpu_seconds(pid: u32) -> Result<f64> {
     }
 }
 
-fn start_target(port: u16, lun_bytes: u64, mpa_crc: bool) -> Result<Reaped> {
+fn start_target(port: u16, lun_bytes: u64, mpa_crc: bool, register_lun: bool) -> Result<Reaped> {
     let dir = std::env::temp_dir().join(format!("ironsan-bench-transports.{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let config = dir.join("target.toml");
@@ -276,7 +281,8 @@ fn start_target(port: u16, lun_bytes: u64, mpa_crc: bool) -> Result<Reaped> {
         &config,
         format!(
             "portals = [\"tcp://127.0.0.1:{port}\", \"iser://127.0.0.1:{port}\"]\n\
-             iser_mpa_crc = {mpa_crc}\n\n\
+             iser_mpa_crc = {mpa_crc}\n\
+             iser_register_ram_luns = {register_lun}\n\n\
              [[target]]\nname = \"{IQN}\"\n\n[target.lun.0]\nsize = \"{lun_bytes}\"\nbackend = \"memory\"\n"
         ),
     )?;
