@@ -46,6 +46,9 @@ enum Command {
     Rdma(cmd::rdma::RdmaArgs),
     /// Translate a capture into readable PDUs, per-command/connection statistics and a timeline.
     Analyze(cmd::analyze::AnalyzeArgs),
+    /// Many sessions of mixed, verified I/O for a long time (default 64 x QD 32, 10 minutes):
+    /// errors, verify mismatches, throughput over time, the target's memory and descriptors.
+    Soak(cmd::soak::SoakArgs),
     /// Relay TCP through an emulated long link (delay, rate limit, one injected loss).
     DelayProxy(cmd::delay::ProxyArgs),
     /// Sweep delay and block size through the delay proxy and compare with the model.
@@ -77,6 +80,7 @@ fn main() {
     let result = match cli.command {
         Command::Target(args) => cmd::target::run(args),
         Command::Bench(args) => cmd::bench::run(args),
+        Command::Soak(args) => cmd::soak::run(args),
         Command::Discover(args) => cmd::initiator::discover(args),
         Command::Ls(args) => cmd::initiator::ls(args),
         Command::Inq(args) => cmd::initiator::inq(args),

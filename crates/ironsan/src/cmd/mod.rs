@@ -10,4 +10,5 @@ pub mod initiator;
 pub mod mount;
 pub mod nbd;
 pub mod rdma;
+pub mod soak;
 pub mod target;
