@@ -106,6 +106,7 @@ async fn accept_loop(
     also_tcp: bool,
     tx: mpsc::Sender<Arrival>,
 ) {
+    let sorting = datamover::admission::Admission::new(cfg.max_sorting);
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(c) => c,
@@ -120,8 +121,17 @@ async fn accept_loop(
             return;
         }
         let (dev, arrivals) = (dev.clone(), tx.clone());
+        let mut admitted = sorting.admit();
         tokio::spawn(async move {
-            match sort(stream, peer, dev, cfg, also_tcp).await {
+            let sorted = tokio::select! {
+                r = sort(stream, peer, dev, cfg, also_tcp) => r,
+                _ = admitted.evicted() => Err(format!(
+                    "the longest waiting of {} being sorted (max_pending_logins)",
+                    cfg.max_sorting
+                )),
+            };
+            drop(admitted);
+            match sorted {
                 Ok(arrival) => {
                     let _ = arrivals.send(arrival).await;
                 }

@@ -31,6 +31,9 @@ pub struct AcceptConfig {
     pub ord: u16,
     /// Insist on MPA CRC (iWARP).
     pub crc: bool,
+    /// Connections being sorted by their first bytes at once (the portal on the software
+    /// RNIC); one more drops the one that has waited longest.
+    pub max_sorting: usize,
 }
 
 /// Login text fits 8 KiB (both Linux peers size their login buffers so); full feature phase
@@ -65,6 +68,7 @@ impl AcceptConfig {
             send_invalidate: true,
             ord: 16,
             crc: false,
+            max_sorting: 4096,
         }
     }
 }

@@ -15,8 +15,10 @@
 //! datamover, which takes each status's number as it puts it on the wire — wire order
 //! without a lock around sending; PDUs without status carry the next StatSN, and ExpCmdSN
 //! and MaxCmdSN are stamped as each PDU is sent. A PDU the transport must refuse is
-//! reported as [`Notice::Reject`], for the iSCSI layer to answer.
+//! reported as [`Notice::Reject`], for the iSCSI layer to answer. [`admission`] caps the
+//! connections still being set up (sorted or logging in), for portals and targets alike.
 
+pub mod admission;
 pub mod conformance;
 pub mod initiator;
 pub mod login_pdu;

@@ -75,6 +75,14 @@ pub struct TargetConfig {
     pub lun: BTreeMap<String, LunConfig>,
 }
 
+fn default_login_deadline() -> u64 {
+    60
+}
+
+fn default_max_pending_logins() -> u32 {
+    4096
+}
+
 fn default_true() -> bool {
     true
 }
@@ -115,6 +123,16 @@ pub struct Config {
     /// Logged-in connections of one initiator name at once, over all its sessions; one more is
     /// refused with status 0x0206 Too many connections. None: no limit.
     pub max_connections_per_initiator: Option<u32>,
+    /// Connections still being set up at once, per portal: sorted by their first bytes (a
+    /// portal serving iSER and iSCSI/TCP on one port) or logging in. One more drops the one
+    /// that has waited longest (idle and stalled clients hold bounded resources and never
+    /// keep out a client that logs in promptly).
+    #[serde(default = "default_max_pending_logins")]
+    pub max_pending_logins: u32,
+    /// Seconds a whole login (every stage and PDU) may take; past it the connection is
+    /// dropped. Each PDU must also come within 15 s of the last.
+    #[serde(default = "default_login_deadline")]
+    pub login_deadline_secs: u64,
     /// iSER portals insist on MPA CRC (iWARP); otherwise they use it when the initiator asks.
     #[serde(default)]
     pub iser_mpa_crc: bool,
@@ -201,6 +219,8 @@ impl Config {
             max_sessions: None,
             max_connections: None,
             max_connections_per_initiator: None,
+            max_pending_logins: default_max_pending_logins(),
+            login_deadline_secs: default_login_deadline(),
             iser_mpa_crc: false,
             iser_align_loopback: false,
             iser_provider: IserProvider::Software,
@@ -265,6 +285,18 @@ impl Config {
             return Err(ConfigError(format!(
                 "{}: queue_depth must be 1..65535",
                 line_of("queue_depth")
+            )));
+        }
+        if self.login_deadline_secs == 0 {
+            return Err(ConfigError(format!(
+                "{}: login_deadline_secs must be at least 1 (default 60)",
+                line_of("login_deadline_secs")
+            )));
+        }
+        if self.max_pending_logins == 0 {
+            return Err(ConfigError(format!(
+                "{}: max_pending_logins must be at least 1 (default 4096)",
+                line_of("max_pending_logins")
             )));
         }
         for (key, value) in [

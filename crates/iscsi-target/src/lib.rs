@@ -52,6 +52,8 @@ pub struct Target {
     observer: OnceLock<ConnectionObserver>,
     /// Held while a completed login is checked against the limits and counted in.
     admission: Mutex<()>,
+    /// Connections logging in now (`max_pending_logins`).
+    logging_in: Arc<datamover::admission::Admission>,
 }
 
 /// Listeners bound for a target, ready to serve.
@@ -110,6 +112,7 @@ impl Target {
             })
             .collect();
         let (shutdown, _) = watch::channel(false);
+        let max_pending_logins = config.max_pending_logins as usize;
         let target = Arc::new(Target {
             directory: Arc::new(config::Directory {
                 config,
@@ -123,6 +126,7 @@ impl Target {
             trace: OnceLock::new(),
             observer: OnceLock::new(),
             admission: Mutex::new(()),
+            logging_in: datamover::admission::Admission::new(max_pending_logins),
         });
         Ok(Bound { target, portals })
     }
@@ -233,14 +237,21 @@ impl Bound {
         for l in self.portals {
             let target = self.target.clone();
             tasks.push(tokio::spawn(async move {
-                let portal = Portal { address: l.local_addr(), tpgt: 1 };
+                let portal = Portal {
+                    address: l.local_addr(),
+                    tpgt: 1,
+                };
                 let mut stop = target.shutdown.subscribe();
                 loop {
                     tokio::select! {
                         r = l.accept(target.trace.get()) => match r {
                             Ok(channel) => {
+                                // Counted in arrival order, so the longest waiting goes first.
+                                let admitted = target.logging_in.admit();
                                 let t = target.clone();
-                                tokio::spawn(async move { handle_connection(t, channel, portal).await });
+                                tokio::spawn(async move {
+                                    handle_connection(t, channel, portal, admitted).await
+                                });
                             }
                             Err(e) => {
                                 tracing::warn!("accept failed on {}: {e}", portal.address);
@@ -282,19 +293,44 @@ struct LoggedIn {
     notices: tokio::sync::mpsc::Receiver<Notice>,
 }
 
-async fn handle_connection(target: Arc<Target>, conn: Box<dyn LoginChannel>, portal: Portal) {
+async fn handle_connection(
+    target: Arc<Target>,
+    conn: Box<dyn LoginChannel>,
+    portal: Portal,
+    mut admitted: datamover::admission::Admitted,
+) {
     let peer = conn.peer();
     let _observed = target
         .observer
         .get()
         .and_then(|observe| observe(conn.socket()?, peer));
-    match login(&target, conn, portal).await {
-        Ok(Some(logged_in)) => {
+    // The whole login has a deadline too: a client that sends each PDU just inside
+    // LOGIN_TIMEOUT holds its place no longer.
+    let deadline = Duration::from_secs(target.config().login_deadline_secs);
+    let outcome = tokio::select! {
+        r = tokio::time::timeout(deadline, login(&target, conn, portal)) => r,
+        _ = admitted.evicted() => {
+            tracing::info!(
+                %peer,
+                "connection dropped: the longest waiting of {} still logging in (max_pending_logins)",
+                target.logging_in.cap()
+            );
+            return;
+        }
+    };
+    drop(admitted);
+    match outcome {
+        Ok(Ok(Some(logged_in))) => {
             session::run_full_feature(target, logged_in.session, logged_in.conn, logged_in.notices)
                 .await
         }
-        Ok(None) => {}
-        Err(e) => tracing::warn!(%peer, "login failed: {e}"),
+        Ok(Ok(None)) => {}
+        Ok(Err(e)) => tracing::warn!(%peer, "login failed: {e}"),
+        Err(_) => tracing::warn!(
+            %peer,
+            "login failed: not finished within {} s (login_deadline_secs; the connection is dropped)",
+            deadline.as_secs()
+        ),
     }
 }
 
@@ -486,6 +522,7 @@ async fn bind_portals(
             let also_tcp = listed(Tcp, spec.address);
             let cfg = datamover_iser::AcceptConfig {
                 crc: config.iser_mpa_crc,
+                max_sorting: config.max_pending_logins as usize,
                 ..datamover_iser::AcceptConfig::for_queue_depth(config.queue_depth)
             };
             if config.iser_provider == IserProvider::RdmaCore {

@@ -199,3 +199,63 @@ fn a_zero_limit_is_a_config_error_naming_the_line() {
         "{e}"
     );
 }
+
+/// With `max_pending_logins = 16`, 40 idle connections leave 16 open: each one past the cap
+/// drops the one that has waited longest. A real session logs in meanwhile.
+async fn pending_logins_are_capped(portals: &str) {
+    let addr = start_with(portals, "max_pending_logins = 16").await;
+    let mut idle = Vec::new();
+    for _ in 0..40 {
+        idle.push(RawConn::connect(addr).await);
+    }
+    let mut closed = 0;
+    for c in idle.iter_mut().take(24) {
+        if c.closed_by_target(0).await {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, 24, "the 24 longest waiting were dropped");
+    tokio::time::timeout(WAIT, healthy_session(addr, 8, 3))
+        .await
+        .expect("a real session past the cap in time");
+    drop(idle);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tcp_portal_caps_connections_logging_in() {
+    pending_logins_are_capped("[\"127.0.0.1:0\"]").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shared_portal_caps_connections_being_sorted() {
+    pending_logins_are_capped("[\"tcp://127.0.0.1:0\", \"iser://127.0.0.1:0\"]").await;
+}
+
+/// A Login Request trickled a byte at a time (each byte well inside the per-PDU wait) is cut
+/// off at `login_deadline_secs`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_that_drags_on_is_cut_at_the_deadline() {
+    let addr = start_with("[\"127.0.0.1:0\"]", "login_deadline_secs = 2").await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let started = Instant::now();
+    let mut cut = false;
+    for b in [0x43u8, 0x87, 0, 0, 0, 0, 0, 0].iter().cycle().take(40) {
+        if s.write_all(&[*b]).await.is_err() {
+            cut = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let mut buf = [0u8; 1];
+    use tokio::io::AsyncReadExt;
+    let eof = matches!(
+        tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await,
+        Ok(Ok(0)) | Ok(Err(_))
+    );
+    assert!(cut || eof, "the trickling login was not cut off");
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "cut at the 2 s deadline, not the 15 s per-PDU wait ({:?})",
+        started.elapsed()
+    );
+}
