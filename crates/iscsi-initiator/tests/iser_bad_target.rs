@@ -6,7 +6,8 @@
 //! outside the buffer a READ advertised. The initiator must fail the connection with an error
 //! that says why, fail the commands (or, with `reconnect`, resend them on a new connection,
 //! which the raw target then serves properly), never panic, and its RNIC must answer a
-//! placement outside the buffer with a Terminate. Every wait is bounded.
+//! placement outside the buffer with a Terminate. And the CM word it sends when it refuses
+//! remote invalidation is 0xc0. Every wait is bounded.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -62,8 +63,10 @@ struct RawConn {
     next_send: usize,
     stat_sn: u32,
     exp_cmd_sn: u32,
-    /// Whether this end's CM reply allowed Send with Invalidate.
+    /// Whether Send with Invalidate may be used: both CM words allow it.
     sie: bool,
+    /// The first byte of the initiator's iSER CM word.
+    initiator_word: u8,
     /// The iSER header of the last SCSI Command received.
     last_header: Option<IserHeader>,
 }
@@ -86,11 +89,12 @@ impl RawConn {
             .map_err(|e| format!("listening: {e}"))?
             .ok_or("no connection request in time")?;
         let theirs = req.private_data().first().copied();
-        if theirs != Some(0x80) {
+        // 0x80: no ZBVA, Send with Invalidate accepted; 0xc0: refused (asked for plain Sends).
+        let Some(initiator_word @ (0x80 | 0xc0)) = theirs else {
             return Err(format!(
-                "the initiator's iSER CM word is {theirs:?}, not 0x80 (no ZBVA, Send with Invalidate accepted)"
+                "the initiator's iSER CM word is {theirs:?}, not 0x80 or 0xc0"
             ));
-        }
+        };
         let e = |e: rdma::Error| e.to_string();
         let pd = dev.alloc_pd().map_err(e)?;
         let cq = dev.create_cq(1024, None).map_err(e)?;
@@ -127,7 +131,8 @@ impl RawConn {
             next_send: 0,
             stat_sn: 0,
             exp_cmd_sn: 0,
-            sie: word[0] & 0x40 == 0,
+            sie: word[0] & 0x40 == 0 && initiator_word & 0x40 == 0,
+            initiator_word,
             last_header: None,
         })
     }
@@ -716,5 +721,41 @@ async fn with_reconnect_an_rdma_write_before_the_read_buffer_gets_a_terminate_an
     assert!(data == random_bytes(READ_LEN, 8), "the READ's data");
     drop(s);
     raw.report().await;
+    no_panics();
+}
+
+/// `--no-remote-invalidation` (SessionConfig::iser_remote_invalidation = false) is the CM word
+/// 0xc0 on the wire, and the READ is served with plain Sends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusing_remote_invalidation_sends_the_cm_word_0xc0() {
+    let word = Box::new(|c: &mut RawConn| {
+        let cmd = c.next_read()?;
+        c.serve(&cmd)?;
+        let seen = format!("{:02x} {}", c.initiator_word, c.sie);
+        c.wait_ended()?;
+        Ok(seen)
+    });
+    let mut raw = RawTarget::start(vec![(WORD_SIE, word)]);
+    count_panics();
+    let url = IscsiUrl::parse_lun(&format!("iser://{}/{TARGET_NAME}/0", raw.addr)).unwrap();
+    let cfg = SessionConfig {
+        nop_interval: None,
+        connect_timeout: T,
+        login_timeout: T,
+        iser_remote_invalidation: false,
+        ..SessionConfig::from_url(&url)
+    };
+    let s = tokio::time::timeout(T + T, Session::connect(&url, cfg))
+        .await
+        .expect("login in time")
+        .expect("iSER login to the raw target");
+    let r = outcome(submit_read(&s, 8, 4096)).await;
+    assert!(r.expect("the READ") == random_bytes(4096, 8), "its data");
+    drop(s);
+    assert_eq!(
+        raw.report().await,
+        "c0 false",
+        "the initiator's CM word, and Send with Invalidate unused"
+    );
     no_panics();
 }
