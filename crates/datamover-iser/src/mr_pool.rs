@@ -3,7 +3,8 @@
 //! pre-registered buffers of tgt's and OSC's iSER targets). A region goes back to its class when
 //! its lease ends; what the pool keeps is bounded, and regions beyond the bound are released.
 //! Regions a peer may reach (remote access) are invalidated when they come back and taken
-//! again under a fresh STag, so a peer can never use a key it was given for an earlier command.
+//! again under a fresh STag, so a peer can never use a key it was given for an earlier command,
+//! and that STag reaches only the command's length, not the rest of its size class.
 
 use std::sync::{Arc, Mutex};
 
@@ -62,11 +63,17 @@ impl<P: Provider> MrPool<P> {
         };
         let mr = match idle {
             Some(mr) if self.remote() => {
-                mr.revalidate();
+                mr.revalidate_bounded(len);
                 mr
             }
             Some(mr) => mr,
-            None => self.dev.reg_mr(&self.pd, MIN_CLASS << class, self.access)?,
+            None => {
+                let mr = self.dev.reg_mr(&self.pd, MIN_CLASS << class, self.access)?;
+                if self.remote() && len < mr.len() {
+                    mr.revalidate_bounded(len);
+                }
+                mr
+            }
         };
         Ok(PooledMr {
             mr: Some(mr),
@@ -173,5 +180,35 @@ mod tests {
         assert_eq!(b.mr().addr(), addr, "the same region");
         assert_ne!(b.mr().rkey(), first, "under a new STag");
         assert!(b.mr().is_valid());
+    }
+
+    /// A command's STag reaches its length, not its region's size class: a peer's RDMA Write
+    /// one byte past it is refused, fresh region or reused.
+    #[test]
+    fn a_remote_stag_reaches_only_the_length_taken() {
+        let dev = Arc::new(Rnic::new().unwrap());
+        let pd = dev.alloc_pd().unwrap();
+        let pool = MrPool::new(
+            dev.clone(),
+            pd.clone(),
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            1 << 20,
+        );
+        let pd_id = pd.id();
+        for _ in 0..2 {
+            let a = pool.take(5000).unwrap();
+            assert_eq!(a.mr().len(), 8192);
+            let (stag, base) = (a.mr().rkey(), a.mr().addr());
+            let t = dev.stags();
+            assert!(t
+                .check(stag, pd_id, Access::REMOTE_WRITE, base, 5000)
+                .is_ok());
+            assert_eq!(
+                t.check(stag, pd_id, Access::REMOTE_WRITE, base + 4999, 2)
+                    .err(),
+                Some(rnic::AccessError::Bounds)
+            );
+            drop(a); // and again, reused from the idle list
+        }
     }
 }

@@ -672,9 +672,14 @@ async fn with_reconnect_after_a_refused_invalidation_the_read_is_resent_and_plai
 /// A script: the READ's data is RDMA-Written to its Read STag at `delta` bytes from the
 /// advertised VA, `len` bytes of it, partly outside the buffer; reports the QP's error.
 fn write_outside(delta: i64, len: usize) -> Script {
+    write_outside_read_of(READ_LEN, delta, len)
+}
+
+/// [`write_outside`] for a READ of `read_len` bytes.
+fn write_outside_read_of(read_len: usize, delta: i64, len: usize) -> Script {
     Box::new(move |c| {
         let a = c.next_read()?;
-        if a.len != READ_LEN {
+        if a.len != read_len {
             return Err(format!("a READ of {} bytes", a.len));
         }
         let va = a.va.wrapping_add_signed(delta);
@@ -757,5 +762,22 @@ async fn refusing_remote_invalidation_sends_the_cm_word_0xc0() {
         "c0 false",
         "the initiator's CM word, and Send with Invalidate unused"
     );
+    no_panics();
+}
+
+/// A READ shorter than its pooled region's size class (5 KiB in an 8 KiB region): its STag
+/// reaches only the 5 KiB, so an RDMA Write just past them, inside the region, is refused too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_rdma_write_past_a_short_read_inside_its_region_gets_a_terminate() {
+    const SHORT: usize = 5120;
+    let mut raw = RawTarget::start(vec![(
+        WORD_SIE,
+        write_outside_read_of(SHORT, SHORT as i64, 512),
+    )]);
+    let s = connect(raw.addr, false).await;
+    let r = outcome(submit_read(&s, 8, SHORT)).await;
+    assert_terminated(&raw.report().await);
+    let why = connection_lost(r);
+    session_failed(&s, &why).await;
     no_panics();
 }

@@ -301,6 +301,14 @@ pub trait MemoryRegion: Send + Sync {
     fn invalidate(&self);
     /// Re-validates the region under a new STag (key byte incremented); returns the new STag.
     fn revalidate(&self) -> u32;
+    /// [`MemoryRegion::revalidate`], with the new STag reaching only the first `remote_len`
+    /// bytes remotely (a command's buffer in a larger pooled region: a peer's access past the
+    /// command's length is refused). A provider that cannot bound an STag reaches the whole
+    /// region (the default).
+    fn revalidate_bounded(&self, remote_len: usize) -> u32 {
+        let _ = remote_len;
+        self.revalidate()
+    }
     fn is_valid(&self) -> bool;
 }
 

@@ -51,6 +51,13 @@ pub struct Pd {
     id: u32,
 }
 
+impl Pd {
+    /// The domain's number (what the STag table checks an access against).
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+}
+
 struct RnicInner {
     engine: Arc<EngineShared>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,

@@ -4,7 +4,7 @@
 use iwarp::TerminateCode;
 use rdma::{Access, MemoryRegion};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 /// The memory behind one region. Allocated once, freed when the last `Arc` goes (the engine holds
@@ -17,6 +17,8 @@ pub struct MrInner {
     pub(crate) access: Access,
     stag: AtomicU32,
     valid: AtomicBool,
+    /// Bytes from the start a peer may reach through the STag (remote rights).
+    remote_len: AtomicUsize,
     table: Arc<StagTable>,
 }
 
@@ -137,6 +139,7 @@ impl StagTable {
             access,
             stag: AtomicU32::new(stag),
             valid: AtomicBool::new(true),
+            remote_len: AtomicUsize::new(len),
             table: self.clone(),
         });
         self.map.write().unwrap().insert(index, mr.clone());
@@ -182,7 +185,12 @@ impl StagTable {
         }
         let start = to.checked_sub(mr.base()).ok_or(AccessError::Bounds)?;
         let end = start.checked_add(len).ok_or(AccessError::Bounds)?;
-        if end > mr.len as u64 {
+        let reach = if need.contains(Access::REMOTE_WRITE) || need.contains(Access::REMOTE_READ) {
+            mr.remote_len.load(Ordering::Acquire)
+        } else {
+            mr.len
+        };
+        if end > reach as u64 {
             return Err(AccessError::Bounds);
         }
         Ok((mr, start as usize))
@@ -291,6 +299,12 @@ impl MemoryRegion for Mr {
         self.inner.invalidate();
     }
     fn revalidate(&self) -> u32 {
+        self.revalidate_bounded(self.inner.len)
+    }
+    fn revalidate_bounded(&self, remote_len: usize) -> u32 {
+        self.inner
+            .remote_len
+            .store(remote_len.min(self.inner.len), Ordering::Release);
         let old = self.inner.stag();
         let new = (old & 0xffff_ff00) | ((old.wrapping_add(1)) & 0xff);
         self.inner.stag.store(new, Ordering::Release);

@@ -155,6 +155,8 @@ pub struct Mr {
     mr: Mutex<*mut ibv_mr>,
     /// lkey << 32 | rkey of the current registration.
     keys: AtomicU64,
+    /// Bytes from the start the current registration covers (all, or a command's length).
+    reg_len: std::sync::atomic::AtomicUsize,
 }
 // SAFETY: the buffer is owned by this struct (freed in Drop); the ibv_mr handle is guarded by the
 // mutex; copies in and out use raw pointers without long-lived references.
@@ -179,7 +181,7 @@ impl Mr {
             is_reg_mr(
                 self.pd.0.pd,
                 self.buf as *mut c_void,
-                self.len,
+                self.reg_len.load(Ordering::Acquire),
                 ibv_access(self.access),
             )
         };
@@ -269,6 +271,11 @@ impl MemoryRegion for Mr {
         self.deregister();
     }
     fn revalidate(&self) -> u32 {
+        self.revalidate_bounded(self.len)
+    }
+    fn revalidate_bounded(&self, remote_len: usize) -> u32 {
+        self.reg_len
+            .store(remote_len.clamp(1, self.len), Ordering::Release);
         self.deregister();
         if let Err(e) = self.register() {
             panic!("re-registering a memory region failed: {e}");
@@ -927,6 +934,7 @@ impl Provider for Verbs {
             access,
             mr: Mutex::new(std::ptr::null_mut()),
             keys: AtomicU64::new(0),
+            reg_len: std::sync::atomic::AtomicUsize::new(len),
         };
         mr.register()?;
         Ok(mr)
