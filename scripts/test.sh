@@ -19,6 +19,12 @@ step "cargo build"
 cargo build --workspace --release --bins
 step "cargo test"
 cargo test --workspace --release
+# The fuzz package (fuzz/, its own workspace and target dir): the replay of every committed
+# seed and crash input through the fuzz harnesses (stable Rust, no libFuzzer). The fuzzing
+# itself (scripts/fuzz.sh) runs outside CI.
+step "fuzz replay"
+cargo fmt --manifest-path fuzz/Cargo.toml --all -- --check
+cargo test --manifest-path fuzz/Cargo.toml --release
 
 export IRONSAN="$PWD/target/release/ironsan"
 # Each stage's output also goes to a log, so that a failing stage's last lines can be printed

@@ -112,12 +112,9 @@ pub fn read_frames_from<R: Read>(input: R) -> Result<Vec<Frame>, CaptureError> {
                             .copied()
                             .unwrap_or((linktype::ETHERNET, 1_000_000, 0));
                         let ts = ((epb.ts_high as u64) << 32) | epb.ts_low as u64;
-                        let secs = (ts / units) as i64 + off;
-                        let frac = ts % units;
-                        let frac_ns = (frac as u128 * 1_000_000_000 / units as u128) as u64;
                         frames.push(Frame {
                             number,
-                            ts_ns: (secs.max(0) as u64) * 1_000_000_000 + frac_ns,
+                            ts_ns: pcapng_ts_ns(ts, units, off),
                             linktype: lt,
                             data: epb.packet_data().to_vec(),
                         });
@@ -151,6 +148,16 @@ pub fn read_frames_from<R: Read>(input: R) -> Result<Vec<Frame>, CaptureError> {
         }
     }
     Ok(frames)
+}
+
+/// Nanoseconds since the epoch of a pcapng timestamp of `units` per second with the
+/// interface's offset in seconds. The file's values are untrusted (a resolution of one unit a
+/// second, a huge offset): out-of-range times saturate instead of overflowing.
+fn pcapng_ts_ns(ts: u64, units: u64, offset_secs: i64) -> u64 {
+    let units = units.max(1);
+    let secs = (i128::from(ts / units) + i128::from(offset_secs)).max(0) as u128;
+    let frac_ns = u128::from(ts % units) * 1_000_000_000 / u128::from(units);
+    (secs * 1_000_000_000 + frac_ns).min(u128::from(u64::MAX)) as u64
 }
 
 /// The IP packet inside a frame, by link type.

@@ -904,12 +904,14 @@ impl Bhs {
 }
 
 impl Stage {
-    /// NSG is meaningful only with T=1; when T=0 any value is accepted and read as CSG-less.
+    /// NSG: only meaningful with T=1; with T=0 the field is reserved (RFC 7143 §11.12.3),
+    /// so whatever it holds decodes as Security, the value an encoder writes there (a
+    /// decoded header then encodes to the same meaning and back).
     fn from_bits_lenient(f: u8, transit: bool) -> Result<Stage, WireError> {
         if transit {
             Stage::from_bits(f)
         } else {
-            Ok(Stage::from_bits(f).unwrap_or(Stage::Security))
+            Ok(Stage::Security)
         }
     }
 }
