@@ -7,9 +7,12 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::capture::{read_frames, tcp_segment, CaptureError, Frame, TcpSegment};
+use crate::capture::{read_frames, tcp_segment, CaptureError, Frame, SynOptions, TcpSegment};
+use iscsi_wire::{Bhs, Stage};
+
 use crate::iscsi::{record, Dir, FramedPdu, FramerStats, PduFramer, PduRecord};
 use crate::iser::{IserDecoder, RdmaXfer};
+use crate::negotiated::Negotiated;
 use crate::tcp::{Chunk, HalfStats, HalfStream, TcpEvent};
 
 /// What to look for.
@@ -37,6 +40,19 @@ pub struct PacketMark {
     pub dir: Dir,
     pub payload: u32,
     pub frame: u64,
+    /// TCP sequence number of the first payload byte.
+    pub seq: u32,
+}
+
+/// What a segment said about the other direction: how far it acknowledged and the window
+/// it advertised (unscaled, as on the wire).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct AckMark {
+    pub ts_ns: u64,
+    /// Direction of the segment carrying the acknowledgement.
+    pub dir: Dir,
+    pub ack: u32,
+    pub window: u16,
 }
 
 /// One iSCSI or iSER connection.
@@ -56,10 +72,18 @@ pub struct Connection {
     pub header_digest: Option<bool>,
     pub data_digest: Option<bool>,
     pub pdus: usize,
+    /// What the login in the capture settled (defaults apply to what it did not show).
+    pub negotiated: Negotiated,
     #[serde(skip)]
     pub tcp_events: Vec<(Dir, TcpEvent)>,
     #[serde(skip)]
     pub packets: Vec<PacketMark>,
+    #[serde(skip)]
+    pub acks: Vec<AckMark>,
+    /// The SYN of each direction (to the target, to the initiator), when captured with its
+    /// options: the window scale each offered.
+    #[serde(skip)]
+    pub syn_options: [Option<SynOptions>; 2],
     /// iSER: the RDMA operations that moved command data, in capture order.
     #[serde(skip)]
     pub rdma: Vec<RdmaXfer>,
@@ -247,8 +271,11 @@ fn new_conn(id: usize, initiator: SocketAddr, target: SocketAddr, ts: u64) -> Co
             header_digest: None,
             data_digest: None,
             pdus: 0,
+            negotiated: Negotiated::default(),
             tcp_events: Vec::new(),
             packets: Vec::new(),
+            acks: Vec::new(),
+            syn_options: [None, None],
             rdma: Vec::new(),
         },
         halves: [half(), half()],
@@ -270,7 +297,19 @@ fn feed(c: &mut ConnState, seg: &TcpSegment) {
             dir,
             payload: seg.payload.len() as u32,
             frame: seg.frame,
+            seq: seg.seq,
         });
+    }
+    if seg.has_ack {
+        c.conn.acks.push(AckMark {
+            ts_ns: seg.ts_ns,
+            dir,
+            ack: seg.ack,
+            window: seg.window,
+        });
+    }
+    if seg.syn_options.is_some() {
+        c.conn.syn_options[idx(dir)] = seg.syn_options;
     }
     let h = &mut c.halves[idx(dir)];
     h.saw_syn |= seg.syn;
@@ -289,7 +328,11 @@ fn deliver(c: &mut ConnState, dir: Dir, chunks: Vec<Chunk>) {
                 c.conn.transport = "iser";
                 Decoder::Iser(Box::new(IserDecoder::new(dir)))
             } else {
-                Decoder::Iscsi(PduFramer::new(h.saw_syn))
+                let mut framer = PduFramer::new(h.saw_syn);
+                if let Some((header, data)) = c.conn.negotiated.digests() {
+                    framer.learn_digests(header, data);
+                }
+                Decoder::Iscsi(framer)
             });
         }
         let framed: Vec<FramedPdu> = match h.decoder.as_mut().expect("set above") {
@@ -300,11 +343,40 @@ fn deliver(c: &mut ConnState, dir: Dir, chunks: Vec<Chunk>) {
                 framed
             }
         };
-        let transport = c.conn.transport;
-        for p in framed {
-            let mut r = record(c.conn.id, dir, &p);
-            r.transport = transport;
-            c.records.push(r);
+        take_records(c, dir, framed);
+    }
+}
+
+/// Numbers nothing yet (the caller sorts and numbers all connections' PDUs); learns the
+/// login's settled keys on the way, handing the digests to both framers once it completes.
+fn take_records(c: &mut ConnState, dir: Dir, framed: Vec<FramedPdu>) {
+    let transport = c.conn.transport;
+    for p in framed {
+        let mut r = record(c.conn.id, dir, &p);
+        r.transport = transport;
+        if let Some(pairs) = &r.text {
+            if matches!(p.bhs, Bhs::LoginRequest(_) | Bhs::LoginResponse(_)) {
+                c.conn.negotiated.login_seen = true;
+                c.conn.negotiated.apply(dir, pairs);
+            }
+        }
+        if let Bhs::LoginResponse(l) = &p.bhs {
+            if l.transit && l.nsg == Stage::FullFeature && l.status_class == 0 {
+                c.conn.negotiated.login_complete = true;
+                learn_digests(c);
+            }
+        }
+        c.records.push(r);
+    }
+}
+
+fn learn_digests(c: &mut ConnState) {
+    let Some((header, data)) = c.conn.negotiated.digests() else {
+        return;
+    };
+    for h in &mut c.halves {
+        if let Some(Decoder::Iscsi(f)) = &mut h.decoder {
+            f.learn_digests(header, data);
         }
     }
 }
@@ -314,6 +386,10 @@ fn finish(c: &mut ConnState) {
         let h = &mut c.halves[idx(dir)];
         let chunks = h.stream.finish(c.conn.last_ts_ns, 0);
         deliver(c, dir, chunks);
+        if let Some(Decoder::Iscsi(f)) = &mut c.halves[idx(dir)].decoder {
+            let framed = f.finish();
+            take_records(c, dir, framed);
+        }
     }
     let [t, i] = &c.halves;
     c.conn.to_target = t.stream.stats;
@@ -356,6 +432,7 @@ mod tests {
             rst: false,
             has_ack: true,
             window: 100,
+            syn_options: None,
             payload: payload.to_vec(),
         }
     }
@@ -377,34 +454,132 @@ mod tests {
         assert_eq!(orient(&segment(b"GET / HTTP/1.1"), &opts), None);
     }
 
+    use iscsi_wire::{encode_pdu, Bhs, Pdu, ScsiCommand, ScsiResponse};
+    use iwarp::ddp::{DdpHeader, Opcode, TaggedHeader, UntaggedHeader};
+
+    fn fpdu(h: DdpHeader, payload: &[u8]) -> Vec<u8> {
+        iwarp::fpdu::encode(&h.to_bytes(), payload, false)
+    }
+
+    /// One iSCSI PDU in an RDMA Send behind its iSER header.
+    fn iser_send(msn: u32, header: iser::IserHeader, bhs: Bhs) -> Vec<u8> {
+        let pdu = Pdu::new(bhs, bytes::Bytes::new());
+        let mut msg = header.encode().to_vec();
+        msg.extend(encode_pdu(&pdu, None, None));
+        let h = DdpHeader::Untagged(UntaggedHeader {
+            last: true,
+            opcode: Opcode::Send,
+            inv_stag: 0,
+            qn: 0,
+            msn,
+            mo: 0,
+        });
+        fpdu(h, &msg)
+    }
+
+    fn mpa(key: &[u8]) -> Vec<u8> {
+        let mut f = key.to_vec();
+        f.extend_from_slice(&[0x00, 0x01, 0x00, 0x00]);
+        f
+    }
+
+    fn iser_ends() -> (SocketAddr, SocketAddr) {
+        (
+            "10.0.2.15:40000".parse().unwrap(),
+            "10.0.2.2:21093".parse().unwrap(),
+        )
+    }
+
+    /// Frame `number`, captured at `number` µs.
+    fn tcp_frame(number: u64, src: SocketAddr, dst: SocketAddr, seq: u32, payload: &[u8]) -> Frame {
+        Frame {
+            number,
+            ts_ns: number * 1000,
+            linktype: 1,
+            data: pcap_trace::build_frame(src, dst, seq, 1, 0x18, payload),
+        }
+    }
+
+    /// An iSER WRITE as Linux does it: the target RDMA-Reads the data from the command's Write
+    /// STag into its own sink STag; the Read Request is the burst's R2T, the Read Response
+    /// its data.
+    #[test]
+    fn an_iser_write_has_its_rdma_read_as_its_burst() {
+        let command = Bhs::ScsiCommand(ScsiCommand {
+            immediate: false,
+            final_: true,
+            read: false,
+            write: true,
+            attr: 1,
+            lun: 0,
+            itt: 9,
+            expected_data_len: 4096,
+            cmd_sn: 1,
+            exp_stat_sn: 1,
+            cdb: [0x2a; 16],
+        });
+        let header = iser::IserHeader {
+            write: Some((0x88, 0x2000)),
+            ..iser::IserHeader::CONTROL
+        };
+        let request = iwarp::rdmap::ReadRequest {
+            sink_stag: 0x99,
+            sink_to: 0,
+            size: 4096,
+            src_stag: 0x88,
+            src_to: 0x2000,
+        };
+        let read_request = DdpHeader::Untagged(UntaggedHeader {
+            last: true,
+            opcode: Opcode::ReadRequest,
+            inv_stag: 0,
+            qn: iwarp::ddp::QN_READ_REQUEST,
+            msn: 1,
+            mo: 0,
+        });
+        let read_response = DdpHeader::Tagged(TaggedHeader {
+            last: true,
+            opcode: Opcode::ReadResponse,
+            stag: 0x99,
+            to: 0,
+        });
+        let status = Bhs::ScsiResponse(ScsiResponse {
+            itt: 9,
+            ..Default::default()
+        });
+        let (ini, tgt) = iser_ends();
+        let mut cmd = mpa(b"MPA ID Req Frame");
+        cmd.extend(iser_send(1, header, command));
+        let mut rr = mpa(b"MPA ID Rep Frame");
+        rr.extend(fpdu(read_request, &request.encode()));
+        let data = fpdu(read_response, &[7u8; 4096]);
+        let rsp = iser_send(1, iser::IserHeader::CONTROL, status);
+        let frames = [
+            tcp_frame(1, ini, tgt, 1, &cmd),
+            tcp_frame(2, tgt, ini, 1, &rr),
+            tcp_frame(3, ini, tgt, 1 + cmd.len() as u32, &data),
+            tcp_frame(4, tgt, ini, 1 + rr.len() as u32, &rsp),
+        ];
+        let a = analyze_frames(&frames, &Options::default());
+        let phases = crate::phases::command_phases(&a);
+        assert_eq!(phases.len(), 1, "{:?}", a.pdus);
+        let w = &phases[0];
+        assert_eq!(w.dir, crate::phases::IoDir::Write);
+        assert_eq!(w.r2t_wait_us, Some(1.0));
+        assert_eq!(w.bursts.len(), 1);
+        assert_eq!((w.bursts[0].desired_bytes, w.bursts[0].bytes), (4096, 4096));
+        assert_eq!(w.transfer_us, Some(1.0));
+        assert_eq!(w.status_us, Some(1.0));
+        // The listing keeps one line for the Read Request, none for its response.
+        let text = crate::listing::text(&a);
+        assert_eq!(text.matches("RDMA Read Request").count(), 1, "{text}");
+    }
+
     /// An iSER READ as Linux does it: the command's iSER header names the Read STag, the
     /// target RDMA-Writes the data there and answers with Send with Invalidate; the command's
     /// row counts the written bytes as its read data.
     #[test]
     fn an_iser_read_counts_the_rdma_write_to_its_read_stag() {
-        use iscsi_wire::{encode_pdu, Bhs, Pdu, ScsiCommand, ScsiResponse};
-        use iwarp::ddp::{DdpHeader, Opcode, TaggedHeader, UntaggedHeader};
-        let fpdu =
-            |h: DdpHeader, payload: &[u8]| iwarp::fpdu::encode(&h.to_bytes(), payload, false);
-        let send = |msn: u32, header: iser::IserHeader, bhs: Bhs| {
-            let pdu = Pdu::new(bhs, bytes::Bytes::new());
-            let mut msg = header.encode().to_vec();
-            msg.extend(encode_pdu(&pdu, None, None));
-            let h = DdpHeader::Untagged(UntaggedHeader {
-                last: true,
-                opcode: Opcode::Send,
-                inv_stag: 0,
-                qn: 0,
-                msn,
-                mo: 0,
-            });
-            fpdu(h, &msg)
-        };
-        let mpa = |key: &[u8]| {
-            let mut f = key.to_vec();
-            f.extend_from_slice(&[0x00, 0x01, 0x00, 0x00]);
-            f
-        };
         let command = Bhs::ScsiCommand(ScsiCommand {
             immediate: false,
             final_: true,
@@ -423,7 +598,7 @@ mod tests {
             ..iser::IserHeader::CONTROL
         };
         let mut to_target = mpa(b"MPA ID Req Frame");
-        to_target.extend(send(1, header, command));
+        to_target.extend(iser_send(1, header, command));
         let mut to_initiator = mpa(b"MPA ID Rep Frame");
         for (k, piece) in [0u64, 2048].into_iter().enumerate() {
             let h = DdpHeader::Tagged(TaggedHeader {
@@ -438,20 +613,11 @@ mod tests {
             itt: 7,
             ..Default::default()
         });
-        to_initiator.extend(send(1, iser::IserHeader::CONTROL, rsp));
-        let (ini, tgt) = (
-            "10.0.2.15:40000".parse().unwrap(),
-            "10.0.2.2:21093".parse().unwrap(),
-        );
-        let frame = |number: u64, src, dst, seq, payload: &[u8]| Frame {
-            number,
-            ts_ns: number * 1000,
-            linktype: 1,
-            data: pcap_trace::build_frame(src, dst, seq, 1, 0x18, payload),
-        };
+        to_initiator.extend(iser_send(1, iser::IserHeader::CONTROL, rsp));
+        let (ini, tgt) = iser_ends();
         let frames = [
-            frame(1, ini, tgt, 1, &to_target),
-            frame(2, tgt, ini, 1, &to_initiator),
+            tcp_frame(1, ini, tgt, 1, &to_target),
+            tcp_frame(2, tgt, ini, 1, &to_initiator),
         ];
         let a = analyze_frames(&frames, &Options::default());
         assert_eq!(a.connections.len(), 1);
@@ -460,6 +626,11 @@ mod tests {
         assert_eq!(cmds.len(), 1, "{:?}", a.pdus);
         assert_eq!(cmds[0].data_in_bytes, 4096);
         assert_eq!(cmds[0].status, Some(0));
+        // The RDMA Writes are the READ's data phase: both in frame 2, 1 µs after the command.
+        let phases = crate::phases::command_phases(&a);
+        assert_eq!(phases[0].read_bytes, 4096);
+        assert_eq!(phases[0].service_us, Some(1.0));
+        assert_eq!(phases[0].transfer_us, Some(0.0));
         assert_eq!(a.pdus[0].read_stag, Some(0x77));
         // The listing names the buffer and puts the RDMA Write, tied to its command, between
         // the command and its response.

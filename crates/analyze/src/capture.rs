@@ -49,7 +49,16 @@ pub struct TcpSegment {
     pub rst: bool,
     pub has_ack: bool,
     pub window: u16,
+    /// A SYN with TCP options (as real stacks send, with at least an MSS): its window scale,
+    /// if it offered one.
+    pub syn_options: Option<SynOptions>,
     pub payload: Vec<u8>,
+}
+
+/// What a SYN's options say about the window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SynOptions {
+    pub window_scale: Option<u8>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -190,6 +199,17 @@ fn ip_payload(linktype: i32, data: &[u8]) -> Option<&[u8]> {
 }
 
 /// The TCP segment in a frame, if it holds one.
+fn syn_options(tcp: &etherparse::TcpSlice) -> Option<SynOptions> {
+    if !tcp.syn() || tcp.options().is_empty() {
+        return None;
+    }
+    let window_scale = tcp.options_iterator().find_map(|o| match o {
+        Ok(etherparse::TcpOptionElement::WindowScale(s)) => Some(s),
+        _ => None,
+    });
+    Some(SynOptions { window_scale })
+}
+
 pub fn tcp_segment(frame: &Frame) -> Option<TcpSegment> {
     let ip = ip_payload(frame.linktype, &frame.data)?;
     let packet = LaxSlicedPacket::from_ip(ip).ok()?;
@@ -218,6 +238,7 @@ pub fn tcp_segment(frame: &Frame) -> Option<TcpSegment> {
         rst: tcp.rst(),
         has_ack: tcp.ack(),
         window: tcp.window_size(),
+        syn_options: syn_options(tcp),
         payload: tcp.payload().to_vec(),
     })
 }

@@ -70,6 +70,26 @@ pub fn opcode_name(op: u8) -> &'static str {
     }
 }
 
+/// The blocks a READ or WRITE (6/10/12/16) transfers: (LBA, number of blocks). None for
+/// other commands, among them VERIFY, SYNCHRONIZE CACHE and WRITE SAME, which move no
+/// application data of that length.
+pub fn media_range(cdb: &[u8]) -> Option<(u64, u32)> {
+    let &op = cdb.first()?;
+    match op {
+        0x08 | 0x0a => {
+            let lba = be24(cdb, 1) & 0x1f_ffff;
+            let len = cdb
+                .get(4)
+                .map_or(0, |&l| if l == 0 { 256 } else { l as u32 });
+            Some((lba, len))
+        }
+        0x28 | 0x2a | 0x2e => Some((be32(cdb, 2), be16(cdb, 7) as u32)),
+        0xa8 | 0xaa | 0xae => Some((be32(cdb, 2), be32(cdb, 6) as u32)),
+        0x88 | 0x8a | 0x8e => Some((be64(cdb, 2), be32(cdb, 10) as u32)),
+        _ => None,
+    }
+}
+
 /// One-line description of a CDB.
 pub fn describe_cdb(cdb: &[u8]) -> String {
     let Some(&op) = cdb.first() else {

@@ -76,6 +76,11 @@ pub struct PduRecord {
     pub data_len: u32,
     /// Decoded CDB of a SCSI Command.
     pub cdb: Option<String>,
+    /// READ/WRITE commands: the first block and the number of blocks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lba: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub blocks: Option<u32>,
     /// SCSI status of a response (or a Data-In with status).
     pub status: Option<u8>,
     pub sense: Option<String>,
@@ -156,6 +161,9 @@ pub struct PduFramer {
     header_digest: Option<bool>,
     data_digest: Option<bool>,
     synced: bool,
+    /// The stream has ended: no byte follows the buffer, so a digest not yet detected cannot
+    /// be behind the last PDU.
+    ended: bool,
     pub stats: FramerStats,
 }
 
@@ -207,8 +215,40 @@ impl PduFramer {
             header_digest: None,
             data_digest: None,
             synced: from_start,
+            ended: false,
             stats: FramerStats::default(),
         }
+    }
+
+    /// The digests the login negotiated, when the capture holds it: they replace detection
+    /// (which needs the 4 bytes after a header or data segment, so it cannot decide the last
+    /// PDU before a pause, or before the end of the stream).
+    pub fn learn_digests(&mut self, header: bool, data: bool) {
+        self.header_digest.get_or_insert(header);
+        self.data_digest.get_or_insert(data);
+    }
+
+    /// End of the stream: frames what the buffer still holds, taking a digest that could not be
+    /// detected as absent when the bytes end where the PDU without it ends.
+    pub fn finish(&mut self) -> Vec<FramedPdu> {
+        self.ended = true;
+        self.frame_buffered()
+    }
+
+    /// Frames every complete PDU in the buffer.
+    fn frame_buffered(&mut self) -> Vec<FramedPdu> {
+        let mut out = Vec::new();
+        // Each round consumes bytes or returns.
+        loop {
+            if !self.synced && !self.resync() {
+                break;
+            }
+            match self.next_pdu() {
+                Some(p) => out.push(p),
+                None => break,
+            }
+        }
+        out
     }
 
     /// Digests as detected so far (header, data).
@@ -233,17 +273,7 @@ impl PduFramer {
             chunk.ts_ns,
             chunk.frame,
         ));
-        let mut out = Vec::new();
-        // Each round consumes bytes or returns.
-        loop {
-            if !self.synced && !self.resync() {
-                break;
-            }
-            match self.next_pdu() {
-                Some(p) => out.push(p),
-                None => break,
-            }
-        }
+        let out = self.frame_buffered();
         if self.used > (1 << 20) && self.used * 2 > self.buf.len() {
             self.buf.drain(..self.used);
             self.buf_offset += self.used as u64;
@@ -273,7 +303,10 @@ impl PduFramer {
             return Some(h);
         }
         let end = BHS_LEN + ahs_len;
-        let d = b.get(end..end + 4)?;
+        let Some(d) = b.get(end..end + 4) else {
+            // At the end of the stream the digest cannot be there; otherwise wait for bytes.
+            return self.ended.then_some(false);
+        };
         let present = digest::crc32c(&b[..end]) == u32::from_le_bytes([d[0], d[1], d[2], d[3]]);
         self.header_digest = Some(present);
         Some(present)
@@ -288,7 +321,9 @@ impl PduFramer {
         }
         let start = BHS_LEN + layout.header_rest_len();
         let end = start + layout.data_len as usize + layout.pad_len;
-        let d = b.get(end..end + 4)?;
+        let Some(d) = b.get(end..end + 4) else {
+            return self.ended.then_some(false);
+        };
         let present =
             digest::crc32c(&b[start..end]) == u32::from_le_bytes([d[0], d[1], d[2], d[3]]);
         self.data_digest = Some(present);
@@ -474,6 +509,8 @@ pub fn record(conn: usize, dir: Dir, p: &FramedPdu) -> PduRecord {
         expected_len: None,
         data_len: p.data.len() as u32,
         cdb: None,
+        lba: None,
+        blocks: None,
         status: None,
         sense: None,
         residual: None,
@@ -509,6 +546,10 @@ pub fn record(conn: usize, dir: Dir, p: &FramedPdu) -> PduRecord {
             };
             r.summary = format!("{d} edtl {}{dirs}", c.expected_data_len);
             r.cdb = Some(d);
+            if let Some((lba, blocks)) = cdb::media_range(&full) {
+                r.lba = Some(lba);
+                r.blocks = Some(blocks);
+            }
         }
         Bhs::ScsiResponse(s) => {
             r.final_ = true;
@@ -805,6 +846,27 @@ mod tests {
         let out = g.push(&chunk(0, &[plain.clone(), plain].concat(), 1));
         assert_eq!(out.len(), 2);
         assert_eq!(g.digests(), (Some(false), Some(false)));
+    }
+
+    /// A data-carrying PDU that ends its stream: detection of the data digest needs 4 bytes
+    /// that never come, so only the end of the stream (or the login's answer) frames it.
+    #[test]
+    fn the_last_pdu_of_a_stream_is_framed_when_the_stream_ends() {
+        let bytes = data_in(7, 22, false);
+        let mut f = PduFramer::new(true);
+        assert!(f.push(&chunk(0, &bytes, 1)).is_empty());
+        let out = f.finish();
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].data.len(), 22);
+        assert_eq!(out[0].data_digest, DigestCheck::Absent);
+
+        let mut g = PduFramer::new(true);
+        g.learn_digests(false, false);
+        assert_eq!(g.push(&chunk(0, &bytes, 1)).len(), 1);
+        // A PDU cut short by the end of the capture stays unframed.
+        let mut h = PduFramer::new(true);
+        assert!(h.push(&chunk(0, &bytes[..60], 1)).is_empty());
+        assert!(h.finish().is_empty());
     }
 
     #[test]

@@ -24,6 +24,9 @@ pub enum RdmaKind {
     Write,
     /// Write data asked for from the buffer (an RDMA Read Request of the Write STag).
     ReadRequest,
+    /// Write data coming back (an RDMA Read Response segment, going to the target; its STag
+    /// is the target's sink STag that the Read Request named).
+    ReadResponse,
 }
 
 /// One RDMA operation (or segment of one) that moves a command's data.
@@ -35,6 +38,8 @@ pub struct RdmaXfer {
     pub stag: u32,
     pub bytes: u64,
     pub kind: RdmaKind,
+    /// A Read Request: the target's sink STag, which its Read Responses carry.
+    pub sink_stag: Option<u32>,
 }
 
 /// RDMA traffic that is not an iSCSI PDU.
@@ -159,10 +164,19 @@ impl IserDecoder {
                         stag: t.stag,
                         bytes: payload.len() as u64,
                         kind: RdmaKind::Write,
+                        sink_stag: None,
                     });
                 } else {
                     self.stats.read_responses += u64::from(t.last);
                     self.stats.read_response_bytes += payload.len() as u64;
+                    self.xfers.push(RdmaXfer {
+                        ts_ns,
+                        stream_offset: at,
+                        stag: t.stag,
+                        bytes: payload.len() as u64,
+                        kind: RdmaKind::ReadResponse,
+                        sink_stag: None,
+                    });
                 }
                 None
             }
@@ -176,6 +190,7 @@ impl IserDecoder {
                             stag: r.src_stag,
                             bytes: u64::from(r.size),
                             kind: RdmaKind::ReadRequest,
+                            sink_stag: Some(r.sink_stag),
                         });
                     }
                     return None;
@@ -307,7 +322,8 @@ mod tests {
                 stream_offset: write_at,
                 stag: 5,
                 bytes: 3,
-                kind: RdmaKind::Write
+                kind: RdmaKind::Write,
+                sink_stag: None,
             }]
         );
         assert_eq!(out[0].iser, Some(iser::IserHeader::CONTROL));

@@ -10,14 +10,21 @@ pub mod analysis;
 pub mod capture;
 pub mod cdb;
 pub mod experiment;
+pub mod explain;
 pub mod iscsi;
 pub mod iser;
 pub mod listing;
+pub mod negotiated;
+pub mod phases;
 pub mod proxy;
+pub mod series;
 pub mod stats;
+#[cfg(test)]
+pub(crate) mod synthetic;
 pub mod tcp;
 pub mod tcpinfo;
 pub mod timeline;
+pub mod window;
 
 pub use analysis::{analyze_file, analyze_frames, Analysis, Connection, Options};
 pub use iscsi::{Dir, PduRecord};

@@ -103,12 +103,19 @@ fn rdma_lines(a: &Analysis) -> Vec<((u64, u64), String)> {
                 .find(|(t, s, _)| *s == stag && *t <= ts)
                 .map(|(_, _, itt)| *itt)
         };
+        // Read Responses carry the target's STag, not a command's: the Read Request stands
+        // for them.
+        let ops: Vec<_> = c
+            .rdma
+            .iter()
+            .filter(|x| x.kind != RdmaKind::ReadResponse)
+            .collect();
         let mut i = 0;
-        while i < c.rdma.len() {
-            let x = c.rdma[i];
+        while i < ops.len() {
+            let x = *ops[i];
             let (mut bytes, mut segments) = (x.bytes, 1);
             if x.kind == RdmaKind::Write {
-                while let Some(n) = c.rdma.get(i + segments) {
+                while let Some(n) = ops.get(i + segments) {
                     if n.kind != RdmaKind::Write || n.stag != x.stag {
                         break;
                     }
@@ -120,11 +127,13 @@ fn rdma_lines(a: &Analysis) -> Vec<((u64, u64), String)> {
             let what = match x.kind {
                 RdmaKind::Write if segments == 1 => format!("{bytes} bytes in 1 segment"),
                 RdmaKind::Write => format!("{bytes} bytes in {segments} segments"),
-                RdmaKind::ReadRequest => format!("{bytes} bytes asked for"),
+                RdmaKind::ReadRequest | RdmaKind::ReadResponse => {
+                    format!("{bytes} bytes asked for")
+                }
             };
             let name = match x.kind {
                 RdmaKind::Write => "RDMA Write",
-                RdmaKind::ReadRequest => "RDMA Read Request",
+                RdmaKind::ReadRequest | RdmaKind::ReadResponse => "RDMA Read Request",
             };
             let mut line = format!(
                 "{:>12.6} c{} T->I {:<22} STag 0x{:08x} {what}",

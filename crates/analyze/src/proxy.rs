@@ -4,6 +4,11 @@
 //! in-flight bytes of a direction reach the bound, the proxy stops reading and TCP flow
 //! control pushes back on the sender).
 //!
+//! A slow target (`service_delay`): the direction from the upstream target is cut into iSCSI
+//! PDUs (digests off) and each Data-In and SCSI Response is held that much longer, while
+//! login, R2T, NOP and Text PDUs pass at the link's delay: to the initiator the target's
+//! backend looks slow, the network does not.
+//!
 //! Loss injection: a user-space relay cannot make the kernel lose a TCP segment, so
 //! `drop_segment` installs a one-shot netfilter rule (`iptables-legacy` INPUT chain, statistic match in
 //! nth mode on the exact 4-tuple of the relay's outgoing connection) that drops the Nth
@@ -47,6 +52,9 @@ pub struct ProxyConfig {
     /// Bytes in flight per direction before the proxy stops reading.
     pub buffer: usize,
     pub drop_segment: Option<DropSegment>,
+    /// Extra time each Data-In and SCSI Response from the upstream target is held (an
+    /// emulated slow backend; the upstream must not use digests).
+    pub service_delay: Duration,
 }
 
 impl ProxyConfig {
@@ -58,6 +66,7 @@ impl ProxyConfig {
             rate: None,
             buffer: 64 << 20,
             drop_segment: None,
+            service_delay: Duration::ZERO,
         }
     }
 }
@@ -210,15 +219,59 @@ fn relay(client: TcpStream, cfg: &ProxyConfig, drop: Option<DropSegment>) -> io:
         }),
         None => None,
     };
-    let up = pump(client.try_clone()?, server.try_clone()?, cfg);
-    let down = pump(server, client, cfg);
+    let up = pump(client.try_clone()?, server.try_clone()?, cfg, None);
+    let hold = (!cfg.service_delay.is_zero()).then(|| ResponseHold::new(cfg.service_delay));
+    let down = pump(server, client, cfg, hold);
     let _ = up.join();
     let _ = down.join();
     Ok(())
 }
 
+/// Cuts a target's byte stream (no digests) into PDUs and says how long each is held.
+struct ResponseHold {
+    delay: Duration,
+    pending: Vec<u8>,
+}
+
+impl ResponseHold {
+    fn new(delay: Duration) -> ResponseHold {
+        ResponseHold {
+            delay,
+            pending: Vec::new(),
+        }
+    }
+
+    /// The complete PDUs among the bytes so far, each with its extra delay; a partial PDU
+    /// waits for the rest.
+    fn cut(&mut self, bytes: &[u8]) -> Vec<(Vec<u8>, Duration)> {
+        self.pending.extend_from_slice(bytes);
+        let mut out = Vec::new();
+        let mut at = 0;
+        // Each round consumes one whole PDU.
+        while let Some(head) = self.pending.get(at..at + 48) {
+            let ahs = head[4] as usize * 4;
+            let data = u32::from_be_bytes([0, head[5], head[6], head[7]]) as usize;
+            let len = 48 + ahs + data.div_ceil(4) * 4;
+            if self.pending.len() < at + len {
+                break;
+            }
+            let held = matches!(head[0] & 0x3f, 0x21 | 0x25);
+            let extra = if held { self.delay } else { Duration::ZERO };
+            out.push((self.pending[at..at + len].to_vec(), extra));
+            at += len;
+        }
+        self.pending.drain(..at);
+        out
+    }
+}
+
 /// One direction: a reader thread stamping departure times and a writer thread delivering.
-fn pump(mut from: TcpStream, mut to: TcpStream, cfg: &ProxyConfig) -> JoinHandle<()> {
+fn pump(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    cfg: &ProxyConfig,
+    mut hold: Option<ResponseHold>,
+) -> JoinHandle<()> {
     let link = Arc::new(Link {
         q: Mutex::new(Queue {
             items: VecDeque::new(),
@@ -284,8 +337,18 @@ fn pump(mut from: TcpStream, mut to: TcpStream, cfg: &ProxyConfig) -> JoinHandle
                 let _ = from.shutdown(Shutdown::Both);
                 break;
             }
-            q.bytes += n;
-            q.items.push_back((due, buf[..n].to_vec()));
+            match hold.as_mut() {
+                Some(h) => {
+                    for (pdu, extra) in h.cut(&buf[..n]) {
+                        q.bytes += pdu.len();
+                        q.items.push_back((due + extra, pdu));
+                    }
+                }
+                None => {
+                    q.bytes += n;
+                    q.items.push_back((due, buf[..n].to_vec()));
+                }
+            }
             link.cv.notify_all();
         }
         let mut q = link.q.lock().unwrap_or_else(|p| p.into_inner());
@@ -314,6 +377,36 @@ mod tests {
             }
         });
         addr
+    }
+
+    fn pdu(opcode: u8, data_len: usize) -> Vec<u8> {
+        let mut p = vec![0u8; 48 + data_len.div_ceil(4) * 4];
+        p[0] = opcode;
+        p[5..8].copy_from_slice(&(data_len as u32).to_be_bytes()[1..]);
+        p
+    }
+
+    #[test]
+    fn only_data_in_and_status_are_held() {
+        let mut h = ResponseHold::new(Duration::from_millis(7));
+        let stream = [pdu(0x23, 10), pdu(0x25, 4097), pdu(0x31, 0), pdu(0x21, 0)].concat();
+        let (first, rest) = stream.split_at(100);
+        let mut out = h.cut(first);
+        assert_eq!(
+            out.len(),
+            1,
+            "the login response; the Data-In is not complete yet"
+        );
+        out.extend(h.cut(rest));
+        let held: Vec<(u8, u64)> = out
+            .iter()
+            .map(|(p, d)| (p[0], d.as_millis() as u64))
+            .collect();
+        assert_eq!(held, [(0x23, 0), (0x25, 7), (0x31, 0), (0x21, 7)]);
+        assert_eq!(
+            out.iter().map(|(p, _)| p.len()).sum::<usize>(),
+            stream.len()
+        );
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use analyze::stats::{self, StatsOptions};
-use analyze::{listing, Options};
+use analyze::{explain, listing, phases, series, Options};
 use anyhow::Context;
 use clap::Args;
 
@@ -16,8 +16,9 @@ pub struct AnalyzeArgs {
     /// Login or an MPA request).
     #[arg(long = "port", default_values_t = vec![3260u16])]
     pub ports: Vec<u16>,
-    /// Print JSON (an object whose `pdus` array has one entry per PDU, plus `commands` and
-    /// `connections`) instead of text.
+    /// Print JSON (an object whose `pdus` array has one entry per PDU, plus `commands`,
+    /// `connections`, `phases` and per connection `time_series` of commands outstanding and
+    /// throughput) instead of text.
     #[arg(long)]
     pub json: bool,
     /// Print the PDU listing (text mode; on by default unless --commands or --summary).
@@ -32,6 +33,16 @@ pub struct AnalyzeArgs {
     /// Print PDU counts per opcode.
     #[arg(long)]
     pub counts: bool,
+    /// Print the per-command phase breakdown: p50/p99 per phase and direction (READ: service,
+    /// transfer, status; WRITE: R2T wait, transfer, status, and per burst).
+    #[arg(long)]
+    pub phases: bool,
+    /// Explain the throughput: the limits found (too few commands outstanding, commands split
+    /// smaller than the application's I/O, R2T round trips, target service time, losses, host
+    /// cost, link bandwidth), ranked, each with its evidence, what to change and the bound it
+    /// implies beside the measured throughput. With --json: an "explain" member.
+    #[arg(long)]
+    pub explain: bool,
     /// Pauses between packets of at least this many microseconds count as idle.
     #[arg(long, default_value_t = 1000)]
     pub idle_gap_us: u64,
@@ -59,6 +70,7 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<()> {
     };
     let cmds = stats::commands(&a, &sopts);
     let conns = stats::connections(&a, &cmds, &sopts);
+    let phases = phases::command_phases(&a);
     if let Some(path) = &args.svg {
         let svg = analyze::timeline::svg(&a, &cmds, &sopts);
         std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
@@ -71,10 +83,20 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<()> {
         let mut doc = listing::json(&a);
         doc["commands"] = serde_json::to_value(&cmds)?;
         doc["connection_stats"] = serde_json::to_value(&conns)?;
+        if args.explain {
+            doc["explain"] = serde_json::to_value(explain::explain(&a, &sopts))?;
+        }
+        doc["phases"] = serde_json::json!({
+            "summary": phases::summary(&phases),
+            "write_data": phases::write_data_split(&phases),
+            "commands": phases,
+        });
+        doc["time_series"] = serde_json::to_value(series::connection_series(&a, &phases))?;
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
     }
-    let listing_on = args.pdus || !(args.commands || args.summary || args.counts);
+    let listing_on =
+        args.pdus || !(args.commands || args.summary || args.counts || args.phases || args.explain);
     if listing_on {
         print!("{}", listing::text(&a));
     }
@@ -86,6 +108,12 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<()> {
     }
     if args.commands {
         println!("{}", stats::commands_table(&cmds));
+    }
+    if args.phases {
+        print!("{}", phases::text(&phases));
+    }
+    if args.explain {
+        print!("{}", explain::text(&explain::explain(&a, &sopts)));
     }
     if args.summary || listing_on {
         println!("{}", stats::connections_table(&conns));
