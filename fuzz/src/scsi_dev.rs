@@ -168,15 +168,19 @@ fn never_writes(opcode: u8) -> bool {
     )
 }
 
+/// The big-endian field at `r` of `cdb`, if the CDB is that long. Decoded here, apart from
+/// the SCSI engine's own parser, so the harness checks the engine against a second reading.
+fn be_field(cdb: &[u8], r: std::ops::Range<usize>) -> Option<u64> {
+    Some(
+        cdb.get(r)?
+            .iter()
+            .fold(0u64, |acc, b| (acc << 8) | u64::from(*b)),
+    )
+}
+
 /// (LBA, blocks) of a plain write or write-and-verify CDB.
 fn write_range(cdb: &[u8]) -> Option<(u64, u64)> {
-    let be = |r: std::ops::Range<usize>| -> Option<u64> {
-        Some(
-            cdb.get(r)?
-                .iter()
-                .fold(0u64, |acc, b| (acc << 8) | u64::from(*b)),
-        )
-    };
+    let be = |r| be_field(cdb, r);
     match *cdb.first()? {
         op::WRITE_6 => {
             let lba = be(1..4)? & 0x1f_ffff;
@@ -192,13 +196,7 @@ fn write_range(cdb: &[u8]) -> Option<(u64, u64)> {
 
 /// (LBA, blocks) of a READ(10) or READ(16) CDB.
 fn read_range(cdb: &[u8]) -> Option<(u64, u64)> {
-    let be = |r: std::ops::Range<usize>| -> Option<u64> {
-        Some(
-            cdb.get(r)?
-                .iter()
-                .fold(0u64, |acc, b| (acc << 8) | u64::from(*b)),
-        )
-    };
+    let be = |r| be_field(cdb, r);
     match *cdb.first()? {
         op::READ_10 => Some((be(2..6)?, be(7..9)?)),
         op::READ_16 => Some((be(2..10)?, be(10..14)?)),
