@@ -83,10 +83,6 @@ fn default_max_pending_logins() -> u32 {
     4096
 }
 
-fn default_true() -> bool {
-    true
-}
-
 fn default_queue_depth() -> u32 {
     128
 }
@@ -147,11 +143,11 @@ pub struct Config {
     #[serde(default)]
     pub iser_provider: IserProvider,
     /// RAM LUNs' images are registered with the iSER device once, so read data leaves in RDMA
-    /// Writes straight from the LUN (no copy into a buffer first). With rdma-core the image
-    /// is pinned whole (the memlock limit must allow it); a LUN whose image cannot be
-    /// registered lives in ordinary memory, with a log line. Only with iser:// portals.
-    #[serde(default = "default_true")]
-    pub iser_register_ram_luns: bool,
+    /// Writes straight from the LUN (no copy into a buffer first). Left out: yes on the
+    /// software RNIC (it costs nothing up front), no with rdma-core, where the image is pinned
+    /// whole (the memlock limit must allow it). A LUN whose image cannot be registered lives in
+    /// ordinary memory, with a log line. Only with iser:// portals.
+    pub iser_register_ram_luns: Option<bool>,
     #[serde(default)]
     pub discovery: DiscoveryConfig,
     #[serde(default, rename = "target")]
@@ -224,7 +220,7 @@ impl Config {
             iser_mpa_crc: false,
             iser_align_loopback: false,
             iser_provider: IserProvider::Software,
-            iser_register_ram_luns: true,
+            iser_register_ram_luns: None,
             discovery: DiscoveryConfig::default(),
             targets: vec![TargetConfig {
                 name: DEFAULT_IQN.to_string(),

@@ -74,7 +74,10 @@ impl Target {
             .map(|p| PortalSpec::parse(p))
             .collect::<Result<Vec<_>, _>>()?;
         let (portals, images) = bind_portals(&specs, &config).await?;
-        let images = images.filter(|_| config.iser_register_ram_luns);
+        let register = config
+            .iser_register_ram_luns
+            .unwrap_or(config.iser_provider == IserProvider::Software);
+        let images = images.filter(|_| register);
         Target::serve(config, portals, images.as_deref())
     }
 
