@@ -50,24 +50,22 @@ pub struct ImageRead<P: Device> {
 /// The region `note` names and the offset of `data` in it, if `data` was lent from it.
 pub fn lent_region<P: Device>(note: Option<&BufNote>, data: &[u8]) -> Option<(Lent<P>, usize)> {
     let note = note?.0.clone();
-    let (lent, region) = match note.downcast::<PooledMr<P>>() {
+    // The region's bytes that were lent, and their offset in the region (what SGEs count in).
+    let (lent, lent_bytes, at) = match note.downcast::<PooledMr<P>>() {
         Ok(lease) => {
-            let region = lease.mr().as_bytes().as_ptr_range();
-            (Lent::Pool(lease), region)
+            let bytes = lease.mr().as_bytes().as_ptr_range();
+            (Lent::Pool(lease), bytes, 0)
         }
         Err(note) => {
             let read = note.downcast::<ImageRead<P>>().ok()?;
-            let region = read.image.bytes_at(read.offset, read.len).as_ptr_range();
-            let base = region.start as usize - read.offset;
-            let lent = Lent::Image(read);
-            // Offsets are in the whole image (its SGEs start at its base).
-            (lent, base as *const u8..region.end)
+            let bytes = read.image.bytes_at(read.offset, read.len).as_ptr_range();
+            let at = read.offset;
+            (Lent::Image(read), bytes, at)
         }
     };
     let data = data.as_ptr_range();
-    if region.start <= data.start && data.end <= region.end {
-        let offset = data.start as usize - region.start as usize;
-        Some((lent, offset))
+    if lent_bytes.start <= data.start && data.end <= lent_bytes.end {
+        Some((lent, at + (data.start as usize - lent_bytes.start as usize)))
     } else {
         None
     }

@@ -97,6 +97,28 @@ async fn an_iser_only_portal_closes_iscsi_tcp_and_serves_iser() {
     assert!(conn.recv().await.is_ok());
 }
 
+/// An iSER login accepted (and its first PDU received) within `limit`, then an iSCSI/TCP one,
+/// on `p`, which serves both.
+async fn iser_and_tcp_logins_accepted_within(p: &IserPortal, limit: Duration, among: &str) {
+    let addr = p.local_addr();
+    let started = Instant::now();
+    let ini = connect_iser(addr).await.unwrap();
+    let mut conn = accept(p).await;
+    assert_eq!(conn.kind(), TransportKind::Iser);
+    assert!(
+        started.elapsed() < limit,
+        "the iSER login waited {:?} {among}",
+        started.elapsed()
+    );
+    ini.send_pdu(&login_request());
+    assert!(conn.recv().await.is_ok());
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(&encode_pdu(&login_request(), None, None))
+        .await
+        .unwrap();
+    assert_eq!(accept(p).await.kind(), TransportKind::Tcp);
+}
+
 #[tokio::test]
 async fn a_client_that_stalls_delays_no_other_login() {
     let p = portal(true).await;
@@ -106,22 +128,8 @@ async fn a_client_that_stalls_delays_no_other_login() {
     half.write_all(b"MPA ID R").await.unwrap();
     let _silent = TcpStream::connect(addr).await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let started = Instant::now();
-    let ini = connect_iser(addr).await.unwrap();
-    let mut conn = accept(&p).await;
-    assert_eq!(conn.kind(), TransportKind::Iser);
-    assert!(
-        started.elapsed() < Duration::from_secs(3),
-        "the iSER login waited {:?} behind the stalled clients",
-        started.elapsed()
-    );
-    ini.send_pdu(&login_request());
-    assert!(conn.recv().await.is_ok());
-    let mut tcp = TcpStream::connect(addr).await.unwrap();
-    tcp.write_all(&encode_pdu(&login_request(), None, None))
-        .await
-        .unwrap();
-    assert_eq!(accept(&p).await.kind(), TransportKind::Tcp);
+    iser_and_tcp_logins_accepted_within(&p, Duration::from_secs(3), "behind the stalled clients")
+        .await;
     drop(half);
 }
 
@@ -163,22 +171,8 @@ async fn idle_probing_and_trickling_clients_delay_no_login() {
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
     });
-    let started = Instant::now();
-    let ini = connect_iser(addr).await.unwrap();
-    let mut conn = accept(&p).await;
-    assert_eq!(conn.kind(), TransportKind::Iser);
-    assert!(
-        started.elapsed() < Duration::from_secs(4),
-        "the iSER login waited {:?} among the hostile clients",
-        started.elapsed()
-    );
-    ini.send_pdu(&login_request());
-    assert!(conn.recv().await.is_ok());
-    let mut tcp = TcpStream::connect(addr).await.unwrap();
-    tcp.write_all(&encode_pdu(&login_request(), None, None))
-        .await
-        .unwrap();
-    assert_eq!(accept(&p).await.kind(), TransportKind::Tcp);
+    iser_and_tcp_logins_accepted_within(&p, Duration::from_secs(4), "among the hostile clients")
+        .await;
     trickle.abort();
     drop((idle, half));
 }

@@ -133,7 +133,7 @@ impl Provider for Rnic {
         let inner = self
             .inner
             .stags
-            .try_register(pd.id, len, access)
+            .register(pd.id, len, access)
             .ok_or_else(|| {
                 rdma::Error::Io(std::io::Error::new(
                     std::io::ErrorKind::OutOfMemory,

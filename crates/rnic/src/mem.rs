@@ -54,7 +54,7 @@ impl MrInner {
 impl Drop for MrInner {
     fn drop(&mut self) {
         // SAFETY: ptr/len came from alloc_zeroed with Layout::array::<u8>(len) in
-        // `StagTable::try_register` (the layout of a Box<[u8]> of len bytes) and are freed once.
+        // `StagTable::register` (the layout of a Box<[u8]> of len bytes) and are freed once.
         unsafe {
             drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
                 self.ptr, self.len,
@@ -109,19 +109,9 @@ impl StagTable {
         })
     }
 
-    pub fn register(self: &Arc<Self>, pd: u32, len: usize, access: Access) -> Arc<MrInner> {
-        self.try_register(pd, len, access)
-            .unwrap_or_else(|| panic!("allocating a {len}-byte region failed"))
-    }
-
     /// Registers `len` zeroed bytes; `None` if the memory cannot be had (a region as large as
     /// a RAM LUN may not be), where a plain allocation would abort the process.
-    pub fn try_register(
-        self: &Arc<Self>,
-        pd: u32,
-        len: usize,
-        access: Access,
-    ) -> Option<Arc<MrInner>> {
+    pub fn register(self: &Arc<Self>, pd: u32, len: usize, access: Access) -> Option<Arc<MrInner>> {
         let len = len.max(1);
         let layout = std::alloc::Layout::array::<u8>(len).ok()?;
         // SAFETY: the layout has a non-zero size; the zeroed memory is owned by the region
@@ -324,7 +314,9 @@ mod tests {
     #[test]
     fn check_enforces_pd_rights_bounds_validity() {
         let t = StagTable::new();
-        let a = t.register(1, 4096, Access::REMOTE_WRITE | Access::LOCAL_WRITE);
+        let a = t
+            .register(1, 4096, Access::REMOTE_WRITE | Access::LOCAL_WRITE)
+            .unwrap();
         let base = a.base();
         assert!(t
             .check(a.stag(), 1, Access::REMOTE_WRITE, base, 4096)
@@ -368,7 +360,7 @@ mod tests {
     fn as_bytes_is_the_region_written_through_write_at() {
         let t = StagTable::new();
         let mr = Mr {
-            inner: t.register(1, 8192, Access::LOCAL_WRITE),
+            inner: t.register(1, 8192, Access::LOCAL_WRITE).unwrap(),
         };
         mr.write_at(4090, b"lent bytes");
         let view = mr.as_bytes();
@@ -390,7 +382,7 @@ mod tests {
             probes in proptest::collection::vec((any::<u32>(), 0usize..6, any::<i64>(), 0u64..10000, 1u32..3, 0u8..8, any::<bool>()), 1..200),
         ) {
             let t = StagTable::new();
-            let mrs: Vec<_> = regions.iter().map(|&(pd, len, acc)| t.register(pd, len, Access(acc))).collect();
+            let mrs: Vec<_> = regions.iter().map(|&(pd, len, acc)| t.register(pd, len, Access(acc)).unwrap()).collect();
             for (raw_stag, pick, delta, len, pd, need, use_real) in probes {
                 let (stag, to) = if use_real {
                     let mr = &mrs[pick % mrs.len()];

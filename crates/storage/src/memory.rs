@@ -85,11 +85,6 @@ impl MemoryBackend {
         (chunk.trailing_zeros(), size.div_ceil(chunk) as usize)
     }
 
-    /// True when the image is lent memory.
-    pub fn is_lent_image(&self) -> bool {
-        matches!(self.store, Store::Image { .. })
-    }
-
     fn chunk_size(&self) -> u64 {
         1 << self.chunk_shift
     }
