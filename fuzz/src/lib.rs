@@ -13,10 +13,6 @@
 //! the harness can fill in correctly when asked (otherwise the fuzzer would never get past
 //! a CRC or a challenge).
 
-use std::sync::Arc;
-
-use bytes::Bytes;
-
 pub mod input;
 pub mod login;
 pub mod scsi_dev;
@@ -172,7 +168,6 @@ pub fn config(data: &[u8]) {
         for t in &cfg.targets {
             let _ = iscsi_target::Config::luns(t);
         }
-        let _ = Arc::new(cfg);
     }
     // Single values as they appear in the file.
     for line in text.lines().take(64) {
@@ -181,9 +176,4 @@ pub fn config(data: &[u8]) {
         let _ = iscsi_target::PortalSpec::parse(v);
         let _ = scsi::config::parse_naa(v);
     }
-}
-
-/// Bytes of a Send or a frame as the receiving code holds them.
-pub(crate) fn bytes_of(data: &[u8]) -> Bytes {
-    Bytes::copy_from_slice(data)
 }

@@ -64,6 +64,13 @@ fn auth(kind: u8) -> AuthRequirement {
     }
 }
 
+fn portal(address: &str, tpgt: u16) -> Portal {
+    Portal {
+        address: address.parse().expect("a socket address"),
+        tpgt,
+    }
+}
+
 fn directory(target_auth: u8, discovery_auth: u8) -> StaticDirectory {
     StaticDirectory {
         targets: vec![
@@ -72,36 +79,21 @@ fn directory(target_auth: u8, discovery_auth: u8) -> StaticDirectory {
                 alias: Some("fuzz".into()),
                 allowed_initiators: vec![],
                 auth: auth(target_auth),
-                portals: vec![
-                    Portal {
-                        address: "192.0.2.1:3260".parse().unwrap(),
-                        tpgt: 1,
-                    },
-                    Portal {
-                        address: "[2001:db8::1]:3260".parse().unwrap(),
-                        tpgt: 1,
-                    },
-                ],
+                portals: vec![portal("192.0.2.1:3260", 1), portal("[2001:db8::1]:3260", 1)],
             },
             StaticTarget {
                 name: TARGET_CHAP.into(),
                 alias: None,
                 allowed_initiators: vec![],
                 auth: auth(target_auth),
-                portals: vec![Portal {
-                    address: "192.0.2.1:3260".parse().unwrap(),
-                    tpgt: 1,
-                }],
+                portals: vec![portal("192.0.2.1:3260", 1)],
             },
             StaticTarget {
                 name: "iqn.2026-11.org.ironsan:acl".into(),
                 alias: None,
                 allowed_initiators: vec![INITIATOR.into()],
                 auth: AuthRequirement::None,
-                portals: vec![Portal {
-                    address: "192.0.2.2:3261".parse().unwrap(),
-                    tpgt: 2,
-                }],
+                portals: vec![portal("192.0.2.2:3261", 2)],
             },
         ],
         discovery_auth: auth(discovery_auth),
@@ -141,18 +133,33 @@ fn fill_chap_response(data: &[u8], ch: &Challenge, secret: &[u8]) -> Vec<u8> {
     let Some((alg, id, challenge)) = ch else {
         return data.to_vec();
     };
+    replace_chap_r(
+        data,
+        |v| v == "auto",
+        || text::encode_hex(&chap::response(*alg, *id, secret, challenge)),
+    )
+}
+
+/// The text segment `data` with every `CHAP_R` value that `matches` replaced by `value()`;
+/// `data` unchanged when it does not parse or has no such value. (The seeds tool writes
+/// `CHAP_R=auto` with it, the harness answers it.)
+pub fn replace_chap_r(
+    data: &[u8],
+    matches: impl Fn(&str) -> bool,
+    value: impl FnOnce() -> String,
+) -> Vec<u8> {
     let Ok(pairs) = text::parse(data) else {
         return data.to_vec();
     };
-    if !pairs.iter().any(|(k, v)| k == "CHAP_R" && v == "auto") {
+    if !pairs.iter().any(|(k, v)| k == "CHAP_R" && matches(v)) {
         return data.to_vec();
     }
-    let answer = text::encode_hex(&chap::response(*alg, *id, secret, challenge));
+    let value = value();
     let pairs: Vec<(String, String)> = pairs
         .into_iter()
         .map(|(k, v)| {
-            if k == "CHAP_R" && v == "auto" {
-                (k, answer.clone())
+            if k == "CHAP_R" && matches(&v) {
+                (k, value.clone())
             } else {
                 (k, v)
             }

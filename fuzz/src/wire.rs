@@ -4,7 +4,7 @@
 use bytes::Bytes;
 use iscsi_wire::{Bhs, Digests, FrameLayout, BHS_LEN};
 
-use crate::{bytes_of, Input};
+use crate::Input;
 
 /// Largest data segment a connection would accept (the protocol's maximum).
 const MAX_DATA: u32 = 16_777_215;
@@ -129,7 +129,7 @@ pub fn iser(data: &[u8]) {
     } else {
         128 * 1024
     };
-    let send = bytes_of(inp.rest());
+    let send = Bytes::copy_from_slice(inp.rest());
     let _ = iser::IserHeader::decode(&send);
     let cm = iser::CmFlags::decode(&send);
     let _ = iser::CmFlags::send_invalidate(cm, iser::CmFlags::ours(true));

@@ -17,46 +17,57 @@ fn inputs(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
-/// Runs every input of `kind` (corpus or regressions); returns how many ran.
-fn replay(kind: &str) -> usize {
+/// Runs every input of `kind` (corpus or regressions); returns how many ran per target.
+fn replay(kind: &str) -> Vec<(&'static str, usize)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join(kind);
-    let mut ran = 0;
+    assert!(root.is_dir(), "{} is missing", root.display());
+    let mut ran = Vec::new();
     let mut failed = Vec::new();
-    for (name, harness) in ironsan_fuzz::TARGETS {
-        for file in inputs(&root.join(name)) {
-            let data = std::fs::read(&file).expect("readable input");
+    for &(name, harness) in ironsan_fuzz::TARGETS {
+        let files = inputs(&root.join(name));
+        for file in &files {
+            let data = std::fs::read(file).expect("readable input");
             let ok = std::panic::catch_unwind(|| harness(&data)).is_ok();
             if !ok {
                 failed.push(file.display().to_string());
             }
-            ran += 1;
         }
+        ran.push((name, files.len()));
     }
     // Directories named after no target are a mistake (a renamed target).
-    if let Ok(rd) = std::fs::read_dir(&root) {
-        for e in rd.flatten() {
-            let n = e.file_name().to_string_lossy().into_owned();
-            assert!(
-                ironsan_fuzz::harness(&n).is_some() || !e.path().is_dir(),
-                "{kind}/{n} names no fuzz target"
-            );
-        }
+    for e in std::fs::read_dir(&root).expect("readable dir").flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        assert!(
+            ironsan_fuzz::harness(&n).is_some() || !e.path().is_dir(),
+            "{kind}/{n} names no fuzz target"
+        );
     }
     assert!(failed.is_empty(), "inputs that panic: {failed:#?}");
+    eprintln!("replayed {kind} inputs: {ran:?}");
     ran
 }
 
 #[test]
 fn corpus_replays_without_panic() {
-    let n = replay("corpus");
-    eprintln!("replayed {n} corpus inputs");
-    assert!(n > 0, "no corpus inputs found");
+    let ran = replay("corpus");
+    let empty: Vec<_> = ran
+        .iter()
+        .filter(|(_, n)| *n == 0)
+        .map(|(t, _)| t)
+        .collect();
+    assert!(empty.is_empty(), "targets without corpus inputs: {empty:?}");
 }
 
 #[test]
 fn regressions_replay_without_panic() {
-    let n = replay("regressions");
-    eprintln!("replayed {n} regression inputs");
+    let ran = replay("regressions");
+    // The inputs of the fixes in fuzz/regressions/README.md.
+    for target in ["iscsi_pdu", "pcap"] {
+        assert!(
+            ran.iter().any(|&(t, n)| t == target && n > 0),
+            "no {target} regression input replayed"
+        );
+    }
 }
 
 #[test]

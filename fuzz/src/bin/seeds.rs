@@ -19,6 +19,7 @@ use analyze::capture::{read_frames, tcp_segment};
 use analyze::iscsi::{DigestCheck, PduFramer};
 use analyze::tcp::{Chunk, HalfStream};
 use ironsan_fuzz::input::push_record;
+use ironsan_fuzz::login::replace_chap_r;
 use iscsi_login::text;
 use iscsi_wire::{Bhs, BHS_LEN};
 
@@ -179,7 +180,7 @@ fn iwarp_stream(stream: &[u8]) -> (Vec<u8>, Vec<Vec<u8>>, Vec<Vec<u8>>) {
         if let Ok(iwarp::DdpHeader::Untagged(h)) = iwarp::DdpHeader::decode(ulpdu) {
             if h.opcode.is_send() {
                 let m = partial.entry(h.msn).or_default();
-                m.extend_from_slice(&ulpdu[18..]);
+                m.extend_from_slice(&ulpdu[iwarp::ddp::UNTAGGED_LEN..]);
                 if h.last {
                     sends.push(partial.remove(&h.msn).unwrap_or_default());
                 }
@@ -192,22 +193,7 @@ fn iwarp_stream(stream: &[u8]) -> (Vec<u8>, Vec<Vec<u8>>, Vec<Vec<u8>>) {
 
 /// Replaces CHAP_R values by `auto` (the harness answers the challenge it sees).
 fn auto_chap(data: &[u8]) -> Vec<u8> {
-    match text::parse(data) {
-        Ok(pairs) if pairs.iter().any(|(k, _)| k == "CHAP_R") => {
-            let pairs: Vec<(String, String)> = pairs
-                .into_iter()
-                .map(|(k, v)| {
-                    if k == "CHAP_R" {
-                        (k, "auto".into())
-                    } else {
-                        (k, v)
-                    }
-                })
-                .collect();
-            text::encode(&pairs)
-        }
-        _ => data.to_vec(),
-    }
+    replace_chap_r(data, |_| true, || "auto".into())
 }
 
 fn has_key(pdus: &[&Pdu], key: &str, value: Option<&str>) -> bool {
