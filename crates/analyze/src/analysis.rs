@@ -490,6 +490,23 @@ mod tests {
         )
     }
 
+    /// A 4 KiB READ (opcode 0x28) or WRITE (0x2a), the same opcode filling its CDB.
+    fn command_4k(itt: u32, op: u8) -> Bhs {
+        Bhs::ScsiCommand(ScsiCommand {
+            immediate: false,
+            final_: true,
+            read: op == 0x28,
+            write: op == 0x2a,
+            attr: 1,
+            lun: 0,
+            itt,
+            expected_data_len: 4096,
+            cmd_sn: 1,
+            exp_stat_sn: 1,
+            cdb: [op; 16],
+        })
+    }
+
     /// Frame `number`, captured at `number` µs.
     fn tcp_frame(number: u64, src: SocketAddr, dst: SocketAddr, seq: u32, payload: &[u8]) -> Frame {
         Frame {
@@ -505,19 +522,7 @@ mod tests {
     /// its data.
     #[test]
     fn an_iser_write_has_its_rdma_read_as_its_burst() {
-        let command = Bhs::ScsiCommand(ScsiCommand {
-            immediate: false,
-            final_: true,
-            read: false,
-            write: true,
-            attr: 1,
-            lun: 0,
-            itt: 9,
-            expected_data_len: 4096,
-            cmd_sn: 1,
-            exp_stat_sn: 1,
-            cdb: [0x2a; 16],
-        });
+        let command = command_4k(9, 0x2a);
         let header = iser::IserHeader {
             write: Some((0x88, 0x2000)),
             ..iser::IserHeader::CONTROL
@@ -580,19 +585,7 @@ mod tests {
     /// row counts the written bytes as its read data.
     #[test]
     fn an_iser_read_counts_the_rdma_write_to_its_read_stag() {
-        let command = Bhs::ScsiCommand(ScsiCommand {
-            immediate: false,
-            final_: true,
-            read: true,
-            write: false,
-            attr: 1,
-            lun: 0,
-            itt: 7,
-            expected_data_len: 4096,
-            cmd_sn: 1,
-            exp_stat_sn: 1,
-            cdb: [0x28; 16],
-        });
+        let command = command_4k(7, 0x28);
         let header = iser::IserHeader {
             read: Some((0x77, 0x1000)),
             ..iser::IserHeader::CONTROL

@@ -70,19 +70,22 @@ pub fn opcode_name(op: u8) -> &'static str {
     }
 }
 
+/// READ(6)/WRITE(6): 21-bit LBA and a transfer length where 0 means 256 blocks.
+fn rw6_range(cdb: &[u8]) -> (u64, u32) {
+    let lba = be24(cdb, 1) & 0x1f_ffff;
+    let len = cdb
+        .get(4)
+        .map_or(0, |&l| if l == 0 { 256 } else { l as u32 });
+    (lba, len)
+}
+
 /// The blocks a READ or WRITE (6/10/12/16) transfers: (LBA, number of blocks). None for
 /// other commands, among them VERIFY, SYNCHRONIZE CACHE and WRITE SAME, which move no
 /// application data of that length.
 pub fn media_range(cdb: &[u8]) -> Option<(u64, u32)> {
     let &op = cdb.first()?;
     match op {
-        0x08 | 0x0a => {
-            let lba = be24(cdb, 1) & 0x1f_ffff;
-            let len = cdb
-                .get(4)
-                .map_or(0, |&l| if l == 0 { 256 } else { l as u32 });
-            Some((lba, len))
-        }
+        0x08 | 0x0a => Some(rw6_range(cdb)),
         0x28 | 0x2a | 0x2e => Some((be32(cdb, 2), be16(cdb, 7) as u32)),
         0xa8 | 0xaa | 0xae => Some((be32(cdb, 2), be32(cdb, 6) as u32)),
         0x88 | 0x8a | 0x8e => Some((be64(cdb, 2), be32(cdb, 10) as u32)),
@@ -103,10 +106,7 @@ pub fn describe_cdb(cdb: &[u8]) -> String {
     };
     match op {
         0x08 | 0x0a => {
-            let lba = be24(cdb, 1) & 0x1f_ffff;
-            let len = cdb
-                .get(4)
-                .map_or(0, |&l| if l == 0 { 256 } else { l as u64 });
+            let (lba, len) = rw6_range(cdb);
             format!("{name} LBA {lba} len {len}")
         }
         0x28 | 0x2a | 0x2e | 0x2f | 0x34 | 0x35 | 0x41 => {

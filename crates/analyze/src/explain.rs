@@ -17,8 +17,8 @@ use serde::Serialize;
 
 use crate::analysis::Analysis;
 use crate::negotiated::Negotiated;
-use crate::phases::{command_phases, percentile, CommandPhases, IoDir};
-use crate::stats::{idle_between, StatsOptions};
+use crate::phases::{command_phases, p50_p99, percentile, CommandPhases, IoDir};
+use crate::stats::{idle_between, packet_times, StatsOptions};
 use crate::tcp::TcpEventKind;
 use crate::window::window_stats;
 
@@ -176,7 +176,11 @@ impl TimeSplit {
 
 /// Explains a capture.
 pub fn explain(a: &Analysis, opts: &StatsOptions) -> Diagnosis {
-    let cmds = command_phases(a);
+    explain_phases(a, &command_phases(a), opts)
+}
+
+/// Explains a capture whose command phases ([`command_phases`]) are already worked out.
+pub fn explain_phases(a: &Analysis, cmds: &[CommandPhases], opts: &StatsOptions) -> Diagnosis {
     // The READs and WRITEs (not INQUIRY and the like) that completed.
     let data: Vec<&CommandPhases> = cmds
         .iter()
@@ -189,7 +193,7 @@ pub fn explain(a: &Analysis, opts: &StatsOptions) -> Diagnosis {
             note: Some("no completed READ or WRITE in the capture: nothing to explain".into()),
         };
     }
-    let rtt = round_trip(a, &cmds, &data);
+    let rtt = round_trip(a, cmds, &data);
     let w = workload(a, &data, rtt, opts);
     let split = data
         .iter()
@@ -491,17 +495,12 @@ fn split_commands(data: &[&CommandPhases], w: &Workload, split: &TimeSplit) -> O
     if ranged == 0 || (in_runs as f64) < 0.5 * ranged as f64 || w.round_trip.us <= 0.0 {
         return None;
     }
-    let mut lengths: Vec<f64> = runs
+    let (mut lengths, mut run_bytes): (Vec<f64>, Vec<f64>) = runs
         .iter()
         .filter(|r| r.0 >= 2)
-        .map(|r| r.0 as f64)
-        .collect();
+        .map(|r| (r.0 as f64, r.1 as f64))
+        .unzip();
     lengths.sort_by(f64::total_cmp);
-    let mut run_bytes: Vec<f64> = runs
-        .iter()
-        .filter(|r| r.0 >= 2)
-        .map(|r| r.1 as f64)
-        .collect();
     run_bytes.sort_by(f64::total_cmp);
     let pieces = percentile(&lengths, 0.5).unwrap_or(1.0);
     let app_io = percentile(&run_bytes, 0.5).unwrap_or(0.0);
@@ -610,7 +609,7 @@ fn target_service_time(
         if service.is_empty() {
             continue;
         }
-        service.sort_by(f64::total_cmp);
+        let (p50, p99) = p50_p99(&mut service);
         let phase = match dir {
             IoDir::Read => "command to first data",
             _ => "last data to status",
@@ -618,8 +617,8 @@ fn target_service_time(
         evidence.push(format!(
             "{} service ({phase}, less the round trip): p50 {} p99 {}",
             dir.name(),
-            ms(percentile(&service, 0.5).unwrap_or(0.0)),
-            ms(percentile(&service, 0.99).unwrap_or(0.0))
+            ms(p50),
+            ms(p99)
         ));
     }
     let mean = split.service / data.len() as f64;
@@ -696,8 +695,7 @@ fn losses(a: &Analysis, w: &Workload) -> Option<Finding> {
     let mut count = 0u64;
     let mut stalled_ns = 0u64;
     for c in &a.connections {
-        let mut times: Vec<u64> = c.packets.iter().map(|p| p.ts_ns).collect();
-        times.sort_unstable();
+        let times = packet_times(c);
         for (_, e) in &c.tcp_events {
             if !matches!(
                 e.kind,

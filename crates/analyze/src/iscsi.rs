@@ -104,6 +104,16 @@ pub struct PduRecord {
     pub summary: String,
 }
 
+impl PduRecord {
+    /// A SCSI Command's R and W flags, read back from the end of its summary (" R", " W",
+    /// " RW").
+    pub fn command_flags(&self) -> (bool, bool) {
+        let s = &self.summary;
+        let both = s.ends_with(" RW");
+        (both || s.ends_with(" R"), both || s.ends_with(" W"))
+    }
+}
+
 /// Whether a digest was on the wire and whether it matched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

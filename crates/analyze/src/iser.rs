@@ -155,29 +155,24 @@ impl IserDecoder {
         let payload = &ulp[h.len()..];
         match h {
             DdpHeader::Tagged(t) => {
-                if t.opcode == RdmapOpcode::RdmaWrite {
+                let bytes = payload.len() as u64;
+                let kind = if t.opcode == RdmapOpcode::RdmaWrite {
                     self.stats.rdma_writes += u64::from(t.last);
-                    self.stats.rdma_write_bytes += payload.len() as u64;
-                    self.xfers.push(RdmaXfer {
-                        ts_ns,
-                        stream_offset: at,
-                        stag: t.stag,
-                        bytes: payload.len() as u64,
-                        kind: RdmaKind::Write,
-                        sink_stag: None,
-                    });
+                    self.stats.rdma_write_bytes += bytes;
+                    RdmaKind::Write
                 } else {
                     self.stats.read_responses += u64::from(t.last);
-                    self.stats.read_response_bytes += payload.len() as u64;
-                    self.xfers.push(RdmaXfer {
-                        ts_ns,
-                        stream_offset: at,
-                        stag: t.stag,
-                        bytes: payload.len() as u64,
-                        kind: RdmaKind::ReadResponse,
-                        sink_stag: None,
-                    });
-                }
+                    self.stats.read_response_bytes += bytes;
+                    RdmaKind::ReadResponse
+                };
+                self.xfers.push(RdmaXfer {
+                    ts_ns,
+                    stream_offset: at,
+                    stag: t.stag,
+                    bytes,
+                    kind,
+                    sink_stag: None,
+                });
                 None
             }
             DdpHeader::Untagged(u) => {

@@ -13,7 +13,6 @@ pub const DEFAULT_IMMEDIATE_DATA: bool = true;
 pub const DEFAULT_FIRST_BURST_LENGTH: u32 = 65536;
 pub const DEFAULT_MAX_BURST_LENGTH: u32 = 262144;
 pub const DEFAULT_MAX_OUTSTANDING_R2T: u32 = 1;
-pub const DEFAULT_MAX_RECV_DATA_SEGMENT_LENGTH: u32 = 8192;
 
 /// What the login of one connection settled. `None`: the key was not seen in a settled form.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]

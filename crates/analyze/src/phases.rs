@@ -124,9 +124,7 @@ struct Moments {
 
 impl Moments {
     fn of_command(p: &PduRecord, itt: u32) -> Moments {
-        let read = p.summary.ends_with(" R") || p.summary.ends_with(" RW");
-        let write = p.summary.ends_with(" W") || p.summary.ends_with(" RW");
-        let dir = match (read, write) {
+        let dir = match p.command_flags() {
             (true, false) => IoDir::Read,
             (false, true) => IoDir::Write,
             _ => IoDir::Other,
@@ -194,7 +192,7 @@ impl Moments {
         status
     }
 
-    fn phases(&self) -> CommandPhases {
+    fn phases(self) -> CommandPhases {
         let us = |from: u64, to: u64| to.saturating_sub(from) as f64 / 1e3;
         let last_write_data = self
             .bursts
@@ -239,7 +237,7 @@ impl Moments {
             conn: self.conn,
             itt: self.itt,
             dir: self.dir,
-            cdb: self.cdb.clone(),
+            cdb: self.cdb,
             lba: self.lba,
             blocks: self.blocks,
             expected_len: self.expected_len,
@@ -286,7 +284,7 @@ pub fn command_phases(a: &Analysis) -> Vec<CommandPhases> {
     for conn in a.connections.iter().filter(|c| !c.rdma.is_empty()) {
         add_rdma_moments(conn, &mut moments);
     }
-    moments.iter().map(Moments::phases).collect()
+    moments.into_iter().map(Moments::phases).collect()
 }
 
 /// iSER: RDMA Writes to a command's Read STag are its read data; an RDMA Read Request of its
@@ -372,38 +370,40 @@ pub struct PhaseSummary {
 type PhaseOf = fn(&CommandPhases) -> Option<f64>;
 
 fn phase_columns(dir: IoDir) -> Vec<(&'static str, PhaseOf)> {
-    let send: PhaseOf = |c| Some(c.send_us);
-    let transfer: PhaseOf = |c| c.transfer_us;
-    let status: PhaseOf = |c| c.status_us;
-    let total: PhaseOf = |c| c.total_us;
-    match dir {
-        IoDir::Read => vec![
-            ("send", send),
-            ("service", |c| c.service_us),
-            ("transfer", transfer),
-            ("status", status),
-            ("total", total),
-        ],
-        IoDir::Write => vec![
-            ("send", send),
-            ("r2t_wait", |c| c.r2t_wait_us),
-            ("transfer", transfer),
-            ("status", status),
-            ("total", total),
-        ],
-        IoDir::Other => vec![("total", total)],
-    }
+    let total: (&'static str, PhaseOf) = ("total", |c| c.total_us);
+    // What a command waits for between sending and its data moving.
+    let wait: (&'static str, PhaseOf) = match dir {
+        IoDir::Read => ("service", |c| c.service_us),
+        IoDir::Write => ("r2t_wait", |c| c.r2t_wait_us),
+        IoDir::Other => return vec![total],
+    };
+    vec![
+        ("send", |c| Some(c.send_us)),
+        wait,
+        ("transfer", |c| c.transfer_us),
+        ("status", |c| c.status_us),
+        total,
+    ]
+}
+
+/// The p50 and p99 of some values (0 for none), sorting them.
+pub fn p50_p99(values: &mut [f64]) -> (f64, f64) {
+    values.sort_by(f64::total_cmp);
+    (
+        percentile(values, 0.5).unwrap_or(0.0),
+        percentile(values, 0.99).unwrap_or(0.0),
+    )
 }
 
 fn summarize(dir: IoDir, phase: &'static str, mut values: Vec<f64>, total: f64) -> PhaseSummary {
-    values.sort_by(f64::total_cmp);
+    let (p50_us, p99_us) = p50_p99(&mut values);
     let sum: f64 = values.iter().sum();
     PhaseSummary {
         dir,
         phase,
         count: values.len(),
-        p50_us: percentile(&values, 0.5).unwrap_or(0.0),
-        p99_us: percentile(&values, 0.99).unwrap_or(0.0),
+        p50_us,
+        p99_us,
         mean_us: sum / values.len().max(1) as f64,
         share: (total > 0.0).then_some(sum / total),
     }

@@ -24,6 +24,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use iscsi_wire::{Digests, FrameLayout, BHS_LEN};
+
 /// Which direction of the relayed connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
@@ -248,10 +250,11 @@ impl ResponseHold {
         let mut out = Vec::new();
         let mut at = 0;
         // Each round consumes one whole PDU.
-        while let Some(head) = self.pending.get(at..at + 48) {
-            let ahs = head[4] as usize * 4;
-            let data = u32::from_be_bytes([0, head[5], head[6], head[7]]) as usize;
-            let len = 48 + ahs + data.div_ceil(4) * 4;
+        while let Some(head) = self.pending.get(at..at + BHS_LEN) {
+            let head: &[u8; BHS_LEN] = head.try_into().expect("BHS_LEN bytes");
+            let len = FrameLayout::of(head, Digests::default(), u32::MAX)
+                .expect("no data segment limit")
+                .total_len();
             if self.pending.len() < at + len {
                 break;
             }

@@ -104,7 +104,8 @@ pub fn idle_between(times: &[u64], lo: u64, hi: u64, gap: u64) -> u64 {
     idle
 }
 
-fn packet_times(c: &Connection) -> Vec<u64> {
+/// The connection's packet times, sorted.
+pub(crate) fn packet_times(c: &Connection) -> Vec<u64> {
     let mut t: Vec<u64> = c.packets.iter().map(|p: &PacketMark| p.ts_ns).collect();
     t.sort_unstable();
     t
@@ -121,12 +122,12 @@ pub fn commands(a: &Analysis, opts: &StatsOptions) -> Vec<CommandStat> {
         match p.opcode {
             0x01 => {
                 let i = out.len();
-                let write = p.summary.ends_with(" W") || p.summary.ends_with(" RW");
+                let (read, write) = p.command_flags();
                 out.push(CommandStat {
                     conn: p.conn,
                     itt,
                     cdb: p.cdb.clone().unwrap_or_default(),
-                    read: p.summary.ends_with(" R") || p.summary.ends_with(" RW"),
+                    read,
                     write,
                     expected_len: p.expected_len.unwrap_or(0),
                     start: p.first_ts_ns.saturating_sub(a.start_ns) as f64 / 1e9,

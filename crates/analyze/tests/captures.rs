@@ -2,12 +2,21 @@
 
 use std::path::PathBuf;
 
-use analyze::{analyze_file, Options};
+use analyze::{analyze_file, Analysis, Options};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
         .join(name)
+}
+
+/// ffp-text-request.pcap, decoded with its port and content detection.
+fn text_request_capture() -> Analysis {
+    let opts = Options {
+        ports: vec![3992],
+        detect_by_content: true,
+    };
+    analyze_file(&fixture("ffp-text-request.pcap"), &opts).expect("capture reads")
 }
 
 /// libiscsi against an ironsan target on port 3992: tshark finds 40 iSCSI PDUs, the last the
@@ -16,11 +25,7 @@ fn fixture(name: &str) -> PathBuf {
 /// `DataDigest=None` (and, without it, the end of the stream) frames it.
 #[test]
 fn an_immediate_text_request_at_the_end_of_a_stream_is_decoded() {
-    let opts = Options {
-        ports: vec![3992],
-        detect_by_content: true,
-    };
-    let a = analyze_file(&fixture("ffp-text-request.pcap"), &opts).expect("capture reads");
+    let a = text_request_capture();
     assert_eq!(a.pdus.len(), 40, "tshark -Y iscsi finds 40 PDUs");
     let text: Vec<_> = a.pdus.iter().filter(|p| p.opcode == 0x04).collect();
     assert_eq!(text.len(), 1);
@@ -45,11 +50,7 @@ fn an_immediate_text_request_at_the_end_of_a_stream_is_decoded() {
 /// The same capture has no READ or WRITE: the explanation says so instead of ranking limits.
 #[test]
 fn a_capture_without_reads_or_writes_has_nothing_to_explain() {
-    let opts = Options {
-        ports: vec![3992],
-        detect_by_content: true,
-    };
-    let a = analyze_file(&fixture("ffp-text-request.pcap"), &opts).expect("capture reads");
+    let a = text_request_capture();
     let d = analyze::explain::explain(&a, &analyze::stats::StatsOptions::default());
     assert!(d.findings.is_empty());
     assert!(analyze::explain::text(&d).contains("no completed READ or WRITE"));

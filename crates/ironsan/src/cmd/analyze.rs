@@ -84,7 +84,7 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<()> {
         doc["commands"] = serde_json::to_value(&cmds)?;
         doc["connection_stats"] = serde_json::to_value(&conns)?;
         if args.explain {
-            doc["explain"] = serde_json::to_value(explain::explain(&a, &sopts))?;
+            doc["explain"] = serde_json::to_value(explain::explain_phases(&a, &phases, &sopts))?;
         }
         doc["phases"] = serde_json::json!({
             "summary": phases::summary(&phases),
@@ -113,7 +113,10 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<()> {
         print!("{}", phases::text(&phases));
     }
     if args.explain {
-        print!("{}", explain::text(&explain::explain(&a, &sopts)));
+        print!(
+            "{}",
+            explain::text(&explain::explain_phases(&a, &phases, &sopts))
+        );
     }
     if args.summary || listing_on {
         println!("{}", stats::connections_table(&conns));
