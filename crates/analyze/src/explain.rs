@@ -681,7 +681,9 @@ fn tcp_window(a: &Analysis, w: &Workload) -> Option<Finding> {
             bound
         ),
     ];
-    let change = "give the receiver a larger socket buffer (net.core.rmem_max, net.ipv4.tcp_rmem,                   the application's SO_RCVBUF) with window scaling on, so that window / RTT                   exceeds the link rate"
+    let change = "give the receiver a larger socket buffer (net.core.rmem_max, net.ipv4.tcp_rmem, \
+                  the application's SO_RCVBUF) with window scaling on, so that window / RTT \
+                  exceeds the link rate"
         .to_string();
     let share = limited;
     let mut f = finding(Limit::TcpWindow, share, w, evidence, change);
