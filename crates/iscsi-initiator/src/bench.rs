@@ -177,10 +177,10 @@ pub fn check_pattern(data: &[u8], lba: u64, block_size: u32, seed: u64) -> Resul
     Ok(())
 }
 
-/// A small fast generator for offsets (xorshift64*).
-struct Rng(u64);
+/// A small fast generator for offsets (xorshift64*); its state must not be zero.
+pub struct Rng(pub u64);
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -302,12 +302,12 @@ async fn worker(
         }
         let chunk = match w.pattern {
             Pattern::Seq => shared.next_chunk.fetch_add(1, Ordering::Relaxed) % chunks,
-            Pattern::Rand => rng.next() % chunks,
+            Pattern::Rand => rng.next_u64() % chunks,
         };
         let write = force.unwrap_or(match w.rw {
             Rw::Read => false,
             Rw::Write => true,
-            Rw::Mixed { read_pct } => rng.next() % 100 >= read_pct as u64,
+            Rw::Mixed { read_pct } => rng.next_u64() % 100 >= read_pct as u64,
         });
         let mut chunk = chunk;
         // With verify: a write claims its chunk (another chunk is drawn while the one drawn
@@ -324,7 +324,7 @@ async fn worker(
                     }
                     chunk = match w.pattern {
                         Pattern::Seq => shared.next_chunk.fetch_add(1, Ordering::Relaxed) % chunks,
-                        Pattern::Rand => rng.next() % chunks,
+                        Pattern::Rand => rng.next_u64() % chunks,
                     };
                 }
                 if generation.is_none() {

@@ -3,9 +3,10 @@
 //! mismatches, throughput over time and memory growth.
 //!
 //! Every session runs `--qd` workers, and each worker owns a slot of the LUN no other worker
-//! touches, so what it reads back is exactly what it wrote last: each 4 KiB unit's content is
-//! a function of (seed, worker, unit, generation), and the worker keeps the generation of each
-//! unit it wrote. Units not yet written in this run are read but not checked.
+//! touches, so what it reads back is exactly what it wrote last: each 4 KiB unit holds the
+//! bench's verify pattern for its place and the generation of its last write
+//! (`iscsi_initiator::bench::{fill_pattern, generation_seed}`), and the worker keeps the
+//! generation of each unit it wrote. Units not yet written in this run are read but not checked.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
+use iscsi_initiator::bench::{fill_pattern, generation_seed, Rng};
 use iscsi_initiator::{IscsiUrl, Session};
 use report::{Cell, LinePlot, Series, Table, TickLabels};
 
@@ -210,12 +212,12 @@ struct Worker {
 
 impl Worker {
     async fn run(self, mut slot: Slot) {
-        let mut rng = SplitMix(self.seed ^ slot.worker.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let mut rng = Rng((self.seed ^ slot.worker.wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1);
         while Instant::now() < self.deadline {
-            let units = 1 + (rng.next() as usize) % self.max_units;
-            let first = (rng.next() as usize) % (slot.generations.len() - units + 1);
+            let units = 1 + (rng.next_u64() as usize) % self.max_units;
+            let first = (rng.next_u64() as usize) % (slot.generations.len() - units + 1);
             let lba = (slot.first_byte + (first * UNIT) as u64) / self.block_size as u64;
-            let read = (rng.next() % 100) < self.mix as u64;
+            let read = (rng.next_u64() % 100) < self.mix as u64;
             let ok = if read {
                 self.read_and_check(&slot, lba, first, units).await
             } else {
@@ -234,11 +236,19 @@ impl Worker {
         }
     }
 
+    /// Unit `u` of `slot` as its `generation`-th write leaves it: the bench's verify pattern
+    /// for that place on the LUN (its first 8 bytes name the unit), seeded by the generation.
+    fn fill_unit(&self, unit: &mut [u8], slot: &Slot, u: usize, generation: u32) {
+        let place = slot.first_byte / UNIT as u64 + u as u64;
+        let seed = generation_seed(self.seed, u64::from(generation));
+        fill_pattern(unit, place, UNIT as u32, seed);
+    }
+
     async fn write(&self, slot: &mut Slot, lba: u64, first: usize, units: usize) -> bool {
-        let mut data = Vec::with_capacity(units * UNIT);
-        for u in first..first + units {
-            let generation = slot.generations[u] + 1;
-            data.extend_from_slice(&unit_pattern(self.seed, slot.worker, u, generation));
+        let mut data = vec![0u8; units * UNIT];
+        for (k, unit) in data.chunks_mut(UNIT).enumerate() {
+            let u = first + k;
+            self.fill_unit(unit, slot, u, slot.generations[u] + 1);
         }
         match self
             .session
@@ -271,6 +281,7 @@ impl Worker {
                 return false;
             }
         };
+        let mut want = [0u8; UNIT];
         for (k, got) in data.chunks(UNIT).enumerate() {
             let u = first + k;
             let generation = slot.generations[u];
@@ -278,7 +289,8 @@ impl Worker {
                 continue; // not written in this run: anything goes
             }
             self.counters.verified_units.fetch_add(1, Ordering::Relaxed);
-            if got != unit_pattern(self.seed, slot.worker, u, generation) {
+            self.fill_unit(&mut want, slot, u, generation);
+            if got != want {
                 let n = self.counters.mismatches.fetch_add(1, Ordering::Relaxed);
                 if n < 10 {
                     tracing::error!(
@@ -291,33 +303,6 @@ impl Worker {
             }
         }
         true
-    }
-}
-
-/// The content of one unit: a header naming it (so a misplaced unit is told from a stale one
-/// in a hex dump), then pseudo-random bytes.
-fn unit_pattern(seed: u64, worker: u64, unit: usize, generation: u32) -> [u8; UNIT] {
-    let mut out = [0u8; UNIT];
-    out[..8].copy_from_slice(&worker.to_le_bytes());
-    out[8..16].copy_from_slice(&(unit as u64).to_le_bytes());
-    out[16..20].copy_from_slice(&generation.to_le_bytes());
-    let mut rng = SplitMix(seed ^ (worker << 40) ^ ((unit as u64) << 20) ^ generation as u64);
-    for chunk in out[24..].chunks_mut(8) {
-        chunk.copy_from_slice(&rng.next().to_le_bytes()[..chunk.len()]);
-    }
-    out
-}
-
-/// SplitMix64: small, fast, good enough for offsets and test data.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
     }
 }
 
