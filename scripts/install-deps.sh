@@ -18,6 +18,7 @@ packages=(
   fuse3          # fusermount3: `ironsan mount` by a user other than root (root mounts directly)
   fio            # crc32c-verified random I/O through `ironsan mount` + losetup (crates/ironsan/tests)
   e2fsprogs      # mkfs.ext4 on the loop device of a mounted LUN
+  chromium       # headless browser: runs the self-test of `ironsan analyze --html` pages
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -261,6 +261,102 @@ pub fn table_named(conns: &[(String, Vec<TcpSample>)]) -> Table {
     t
 }
 
+/// Splits one CSV line into fields (double quotes around a field that holds a comma or a
+/// quote, as [`Table::to_csv`] writes).
+fn csv_fields(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (c, quoted) {
+            ('"', true) if chars.peek() == Some(&'"') => {
+                cur.push('"');
+                chars.next();
+            }
+            ('"', _) => quoted = !quoted,
+            (',', false) => out.push(std::mem::take(&mut cur)),
+            _ => cur.push(c),
+        }
+    }
+    out.push(cur);
+    out
+}
+
+/// One socket's samples read back from a file, with its name when the file had a `conn` column.
+pub type NamedSamples = (Option<String>, Vec<TcpSample>);
+
+/// Samples read back from CSV that [`table`] (`ironsan target --tcp-info DIR`, one socket per
+/// file) or [`table_named`] (`ironsan bench --tcp-info FILE`, a leading `conn` column) wrote:
+/// one entry per socket in the order first seen, with its name (None without a `conn`
+/// column). Columns are found by their header; only `t_s` is required, absent ones read 0.
+/// The times are seconds since the sampler started: the file holds no wall-clock time.
+pub fn read_csv(text: &str) -> Result<Vec<NamedSamples>, String> {
+    let mut lines = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty());
+    let Some((_, header)) = lines.next() else {
+        return Ok(Vec::new());
+    };
+    let header = csv_fields(header);
+    let col = |name: &str| header.iter().position(|h| h.trim() == name);
+    let t_col = col("t_s").ok_or("no t_s column: not a TCP_INFO samples file")?;
+    let conn_col = col("conn");
+    let cols = [
+        "cwnd",
+        "ssthresh",
+        "rtt_us",
+        "rttvar_us",
+        "retransmits",
+        "total_retrans",
+        "unacked",
+        "delivery_rate_Bps",
+        "bytes_acked",
+        "bytes_received",
+    ]
+    .map(col);
+    let mut out: Vec<NamedSamples> = Vec::new();
+    for (n, line) in lines {
+        let f = csv_fields(line);
+        let num = |c: Option<usize>| -> Result<u64, String> {
+            match c.and_then(|c| f.get(c)).map(|s| s.trim()) {
+                None | Some("") => Ok(0),
+                Some(s) => s
+                    .parse::<u64>()
+                    .map_err(|_| format!("line {}: {s:?} is not a whole number", n + 1)),
+            }
+        };
+        let t: f64 = f
+            .get(t_col)
+            .and_then(|s| s.trim().parse().ok())
+            .ok_or_else(|| format!("line {}: no time in column t_s", n + 1))?;
+        let v = cols.map(num);
+        let [cwnd, ssthresh, rtt, rttvar, retransmits, total_retrans, unacked, rate, acked, received] =
+            v;
+        let info = TcpInfo {
+            snd_cwnd: cwnd? as u32,
+            snd_ssthresh: ssthresh? as u32,
+            rtt_us: rtt? as u32,
+            rttvar_us: rttvar? as u32,
+            retransmits: retransmits?.min(255) as u8,
+            total_retrans: total_retrans? as u32,
+            unacked: unacked? as u32,
+            delivery_rate: rate?,
+            bytes_acked: acked?,
+            bytes_received: received?,
+            ..TcpInfo::default()
+        };
+        let name = conn_col.and_then(|c| f.get(c)).cloned();
+        let sample = TcpSample { t, info };
+        match out.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, v)) => v.push(sample),
+            None => out.push((name, vec![sample])),
+        }
+    }
+    Ok(out)
+}
+
 /// Congestion window and throughput over time of several named sockets, one line per
 /// socket, as one SVG: the cwnd plot above the throughput plot.
 pub fn cwnd_throughput_svg(conns: &[(String, Vec<TcpSample>)]) -> String {
@@ -414,6 +510,44 @@ mod tests {
             .collect::<Vec<_>>();
         assert_eq!(panels.len(), 2, "cwnd and throughput panels");
         assert!(panels[1] > panels[0]);
+    }
+
+    /// What `ironsan bench --tcp-info` and `ironsan target --tcp-info` write reads back.
+    #[test]
+    fn csv_reads_back() {
+        let sample = |t: f64, cwnd: u32, acked: u64| TcpSample {
+            t,
+            info: TcpInfo {
+                snd_cwnd: cwnd,
+                snd_ssthresh: 0x7fff_ffff,
+                rtt_us: 55,
+                rttvar_us: 7,
+                total_retrans: 2,
+                unacked: 3,
+                delivery_rate: 123_456_789,
+                bytes_acked: acked,
+                bytes_received: 99,
+                ..TcpInfo::default()
+            },
+        };
+        let a = vec![sample(0.0, 10, 0), sample(0.1, 20, 1 << 20)];
+        let b = vec![sample(0.05, 7, 5)];
+        let named = vec![("s0c0".to_string(), a.clone()), ("s1c0".to_string(), b)];
+        let back = read_csv(&table_named(&named).to_csv()).unwrap();
+        assert_eq!(back.len(), 2);
+        assert_eq!(back[0].0.as_deref(), Some("s0c0"));
+        assert_eq!(back[1].0.as_deref(), Some("s1c0"));
+        assert_eq!(back[0].1.len(), 2);
+        assert_eq!(back[0].1[1].t, 0.1);
+        assert_eq!(back[0].1[1].info, a[1].info);
+        assert_eq!(back[1].1[0].info.snd_cwnd, 7);
+        let single = read_csv(&table(&a).to_csv()).unwrap();
+        assert_eq!(single.len(), 1);
+        assert_eq!(single[0].0, None);
+        assert_eq!(single[0].1[1].info, a[1].info);
+        let err = read_csv("t_s,cwnd\n0.1,ten\n").unwrap_err();
+        assert!(err.contains("line 2"), "{err}");
+        assert!(read_csv("a,b\n1,2\n").is_err());
     }
 
     #[test]

@@ -64,8 +64,42 @@ pub fn window_stats(c: &Connection) -> Vec<WindowStats> {
             let scale = receiver_scale(c, dir)?;
             let data: Vec<&PacketMark> = c.packets.iter().filter(|p| p.dir == dir).collect();
             let acks: Vec<&AckMark> = c.acks.iter().filter(|a| a.dir == other(dir)).collect();
-            let s = follow(c.id, dir, &data, &acks, scale);
+            let s = follow(c.id, dir, &data, &acks, scale, None);
             (s.segments > 0).then_some(s)
+        })
+        .collect()
+}
+
+/// Bytes in flight and the receiver's advertised window at one data segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct FlightPoint {
+    pub ts_ns: u64,
+    pub in_flight: u64,
+    /// Scaled to bytes.
+    pub window: u64,
+}
+
+/// Flow control over time of one direction of data, for plots (the timeline's lanes).
+#[derive(Debug, Clone, Serialize)]
+pub struct FlightSeries {
+    /// Direction of the data.
+    pub dir: Dir,
+    /// One point per data segment sent after the receiver's first acknowledgement.
+    pub points: Vec<FlightPoint>,
+}
+
+/// [`window_stats`]' walk, keeping every segment's point: both directions that carried data,
+/// on connections whose SYNs were captured with their options (none otherwise).
+pub fn flight_series(c: &Connection) -> Vec<FlightSeries> {
+    [Dir::ToTarget, Dir::ToInitiator]
+        .into_iter()
+        .filter_map(|dir| {
+            let scale = receiver_scale(c, dir)?;
+            let data: Vec<&PacketMark> = c.packets.iter().filter(|p| p.dir == dir).collect();
+            let acks: Vec<&AckMark> = c.acks.iter().filter(|a| a.dir == other(dir)).collect();
+            let mut points = Vec::new();
+            follow(c.id, dir, &data, &acks, scale, Some(&mut points));
+            (!points.is_empty()).then_some(FlightSeries { dir, points })
         })
         .collect()
 }
@@ -77,6 +111,7 @@ fn follow(
     data: &[&PacketMark],
     acks: &[&AckMark],
     scale: u8,
+    mut points: Option<&mut Vec<FlightPoint>>,
 ) -> WindowStats {
     let mut s = WindowStats {
         conn,
@@ -107,6 +142,13 @@ fn follow(
         s.segments += 1;
         window_sum += window as f64;
         s.max_in_flight = s.max_in_flight.max(in_flight);
+        if let Some(v) = points.as_deref_mut() {
+            v.push(FlightPoint {
+                ts_ns: p.ts_ns,
+                in_flight,
+                window,
+            });
+        }
         if window > 0 && in_flight as f64 >= FULL_WINDOW * window as f64 {
             s.window_limited += 1;
         }
@@ -228,5 +270,17 @@ mod tests {
             "the second segment of each pair fills it"
         );
         assert_eq!(s.rtt_us, Some(10_000.0));
+        let series = flight_series(&a.connections[0]);
+        assert_eq!(series.len(), 1);
+        let pts = &series[0].points;
+        assert_eq!(
+            pts.len(),
+            20,
+            "one point per segment the window stats counted"
+        );
+        assert!(pts.iter().all(|p| p.window == 16384));
+        // The pair's first segment leaves 8 KiB in flight, the second fills the window.
+        assert_eq!(pts[0].in_flight, 8192);
+        assert_eq!(pts[1].in_flight, 16384);
     }
 }

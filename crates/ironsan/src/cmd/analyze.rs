@@ -52,9 +52,55 @@ pub struct AnalyzeArgs {
     /// Write the timeline as SVG to this file.
     #[arg(long)]
     pub svg: Option<PathBuf>,
-    /// Write the timeline as a self-contained HTML page (zoom, pan, hover details).
+    /// Write the timeline as a self-contained HTML page: per connection PDU lanes, a command
+    /// lane and lanes of outstanding commands, read/write MB/s, bytes in flight and window,
+    /// TCP events (and cwnd and RTT with --tcp-info); zoom, pan, hover details. Scales to
+    /// captures of a million PDUs (aggregated per pixel column when zoomed out).
     #[arg(long)]
     pub html: Option<PathBuf>,
+    /// TCP_INFO samples for the --html page's cwnd and RTT lanes: a CSV of `ironsan bench
+    /// --tcp-info FILE`, or `ironsan target --tcp-info DIR`'s directory (every conn-*.csv in
+    /// it) or one of its files (repeatable). The samples carry no wall-clock time: each is
+    /// placed on its connection (by the peer in a target file's name, in order for bench's
+    /// sIcJ names) and aligned by the bytes the socket had received.
+    #[arg(long = "tcp-info", value_name = "FILE|DIR")]
+    pub tcp_info: Vec<PathBuf>,
+}
+
+/// Reads TCP_INFO sample files (a directory: every .csv in it), each socket named by the
+/// file's `conn` column or else by the file name.
+fn read_tcp_info(paths: &[PathBuf]) -> anyhow::Result<Vec<analyze::timeline::TcpInfoTrace>> {
+    let mut files = Vec::new();
+    for p in paths {
+        if p.is_dir() {
+            let mut v: Vec<PathBuf> = std::fs::read_dir(p)
+                .with_context(|| format!("reading {}", p.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|f| f.extension().is_some_and(|x| x == "csv"))
+                .collect();
+            v.sort();
+            files.extend(v);
+        } else {
+            files.push(p.clone());
+        }
+    }
+    let mut out = Vec::new();
+    for f in files {
+        let text =
+            std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?;
+        let stem = f
+            .file_stem()
+            .map_or(String::new(), |s| s.to_string_lossy().into_owned());
+        for (name, samples) in analyze::tcpinfo::read_csv(&text)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?
+        {
+            out.push(analyze::timeline::TcpInfoTrace {
+                name: name.unwrap_or_else(|| stem.clone()),
+                samples,
+            });
+        }
+    }
+    Ok(out)
 }
 
 pub fn run(args: AnalyzeArgs) -> anyhow::Result<()> {
@@ -70,13 +116,17 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<()> {
     };
     let cmds = stats::commands(&a, &sopts);
     let conns = stats::connections(&a, &cmds, &sopts);
+    if !args.tcp_info.is_empty() && args.html.is_none() {
+        anyhow::bail!("--tcp-info adds lanes to the --html page: give --html too");
+    }
     let phases = phases::command_phases(&a);
     if let Some(path) = &args.svg {
         let svg = analyze::timeline::svg(&a, &cmds, &sopts);
         std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
     }
     if let Some(path) = &args.html {
-        let html = analyze::timeline::html(&a, &cmds, &sopts);
+        let tcp_info = read_tcp_info(&args.tcp_info)?;
+        let html = analyze::timeline::html(&a, &cmds, &sopts, &tcp_info);
         std::fs::write(path, html).with_context(|| format!("writing {}", path.display()))?;
     }
     if args.json {

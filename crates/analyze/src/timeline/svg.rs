@@ -1,7 +1,7 @@
-//! The timeline picture: one lane per connection and direction, each PDU a mark at the time
-//! its bytes were on the wire, each SCSI command a span from command to status, pauses on the
-//! wire shaded, and TCP retransmissions and losses flagged in red. [`svg`] gives the SVG;
-//! [`html`] wraps it in a self-contained page with zoom, pan and hover details.
+//! The static timeline: an SVG with one lane per connection and direction, each PDU a mark at
+//! the time its bytes were on the wire, each SCSI command a span from command to status,
+//! pauses on the wire shaded, and TCP retransmissions and losses flagged in red. One element
+//! per PDU: fine for small captures; the HTML page (`super::html`) scales to large ones.
 
 use std::fmt::Write as _;
 
@@ -19,7 +19,7 @@ const LANE_H: f64 = 26.0;
 const CMD_H: f64 = 14.0;
 const CONN_GAP: f64 = 14.0;
 
-fn esc(s: &str) -> String {
+pub(super) fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
@@ -231,64 +231,4 @@ fn fmt_secs(s: f64) -> String {
     } else {
         format!("{s:.3} s")
     }
-}
-
-/// A self-contained HTML page: the SVG inline, wheel to zoom the time axis, drag to pan,
-/// hover for the PDU/command details.
-pub fn html(a: &Analysis, cmds: &[CommandStat], opts: &StatsOptions) -> String {
-    let svg = svg(a, cmds, opts);
-    let span_s = a.end_ns.saturating_sub(a.start_ns).max(1) as f64 / 1e9;
-    format!(
-        r##"<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>ironsan timeline</title>
-<style>
-body {{ font-family: sans-serif; margin: 8px; }}
-#wrap {{ border: 1px solid #ccc; overflow: hidden; cursor: grab; }}
-#tip {{ position: fixed; pointer-events: none; background: #ffffe0; border: 1px solid #999;
-        padding: 3px 6px; font: 12px monospace; display: none; white-space: pre; }}
-</style></head><body>
-<div>wheel: zoom time axis &middot; drag: pan &middot; double-click: reset &middot; hover: details</div>
-<div id="wrap">{svg}</div><div id="tip"></div>
-<script>
-(function() {{
-  var LEFT = {LEFT}, W = {WIDTH}, RIGHT = {RIGHT}, SPAN = {span_s};
-  var svg = document.querySelector('#wrap svg'), g = document.getElementById('zoom');
-  var axis = document.getElementById('axis'), tip = document.getElementById('tip');
-  var k = 1, tx = 0, drag = null;
-  function fmt(s) {{ return s === 0 ? '0' : s < 1e-3 ? (s*1e6).toFixed(1)+' us' : s < 1 ? (s*1e3).toFixed(3)+' ms' : s.toFixed(3)+' s'; }}
-  function redraw() {{
-    g.setAttribute('transform', 'translate(' + (LEFT + tx - LEFT * k) + ',0) scale(' + k + ',1)');
-    var y = parseFloat(axis.querySelector('line').getAttribute('y1'));
-    var pw = W - LEFT - RIGHT, t0 = (-tx / k) / pw * SPAN, t1 = t0 + SPAN / k;
-    var raw = (t1 - t0) / 8, p = Math.pow(10, Math.floor(Math.log10(raw))), m = raw / p;
-    var step = p * (m <= 1 ? 1 : m <= 2 ? 2 : m <= 5 ? 5 : 10);
-    var out = '<line x1="' + LEFT + '" x2="' + (W - RIGHT) + '" y1="' + y + '" y2="' + y + '" stroke="#333"/>';
-    for (var t = Math.ceil(t0 / step) * step, n = 0; t <= t1 && n < 20; t += step, n++) {{
-      var x = LEFT + (t - t0) / (t1 - t0) * pw;
-      out += '<line x1="' + x + '" x2="' + x + '" y1="' + y + '" y2="' + (y + 4) + '" stroke="#333"/>' +
-             '<text x="' + x + '" y="' + (y + 16) + '" text-anchor="middle">' + fmt(t) + '</text>';
-    }}
-    axis.innerHTML = out;
-  }}
-  function px(ev) {{ var r = svg.getBoundingClientRect(); return (ev.clientX - r.left) * W / r.width; }}
-  svg.addEventListener('wheel', function(ev) {{
-    ev.preventDefault();
-    var x = px(ev) - LEFT, f = ev.deltaY < 0 ? 1.25 : 0.8, nk = Math.max(1, Math.min(k * f, 1e6));
-    tx = x - (x - tx) * nk / k; k = nk; if (k === 1) tx = 0; redraw();
-  }}, {{ passive: false }});
-  svg.addEventListener('mousedown', function(ev) {{ drag = {{ x: px(ev), tx: tx }}; }});
-  window.addEventListener('mouseup', function() {{ drag = null; }});
-  svg.addEventListener('mousemove', function(ev) {{
-    if (drag) {{ tx = Math.min(0, drag.tx + px(ev) - drag.x); redraw(); }}
-    var t = ev.target.querySelector ? ev.target.querySelector('title') : null;
-    if (t && ev.target.tagName === 'rect') {{
-      tip.textContent = t.textContent; tip.style.display = 'block';
-      tip.style.left = (ev.clientX + 12) + 'px'; tip.style.top = (ev.clientY + 12) + 'px';
-    }} else {{ tip.style.display = 'none'; }}
-  }});
-  svg.addEventListener('dblclick', function() {{ k = 1; tx = 0; redraw(); }});
-}})();
-</script></body></html>
-"##
-    )
 }
