@@ -212,17 +212,14 @@ impl LoginWatch {
         let text = pdu
             .get(start..start + layout.data_len as usize)
             .unwrap_or(&[]);
-        for kv in text.split(|&b| b == 0) {
-            match kv {
-                b"HeaderDigest=CRC32C" => self.header.store(true, Ordering::Release),
-                b"HeaderDigest=None" => self.header.store(false, Ordering::Release),
-                b"DataDigest=CRC32C" => self.data.store(true, Ordering::Release),
-                b"DataDigest=None" => self.data.store(false, Ordering::Release),
-                _ => {}
-            }
+        let a = iscsi_wire::login_digest_answers(pdu, text);
+        if let Some(h) = a.header {
+            self.header.store(h, Ordering::Release);
         }
-        let transit_to_ffp = pdu[1] & 0x80 != 0 && pdu[1] & 0x03 == 3;
-        if transit_to_ffp && pdu[36] == 0 {
+        if let Some(d) = a.data {
+            self.data.store(d, Ordering::Release);
+        }
+        if a.ends_login {
             self.full_feature.store(true, Ordering::Release);
         }
     }

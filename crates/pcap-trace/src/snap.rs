@@ -32,18 +32,10 @@ impl Negotiated {
 
     /// A whole Login Response: its digest answers, and whether the login ends with it.
     fn login_response(&mut self, bhs: &[u8], text: &[u8]) {
-        for kv in text.split(|&b| b == 0) {
-            match kv {
-                b"HeaderDigest=CRC32C" => self.header = true,
-                b"HeaderDigest=None" => self.header = false,
-                b"DataDigest=CRC32C" => self.data = true,
-                b"DataDigest=None" => self.data = false,
-                _ => {}
-            }
-        }
-        if bhs[1] & 0x80 != 0 && bhs[1] & 0x03 == 3 && bhs[36] == 0 {
-            self.full_feature = true;
-        }
+        let a = iscsi_wire::login_digest_answers(bhs, text);
+        self.header = a.header.unwrap_or(self.header);
+        self.data = a.data.unwrap_or(self.data);
+        self.full_feature |= a.ends_login;
     }
 }
 
