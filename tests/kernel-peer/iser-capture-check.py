@@ -99,8 +99,14 @@ def main():
                 problems.append(f"frame {r['frame.number']}: a target segment that is not an FPDU")
             if len(ops) > 1:
                 problems.append(f"frame {r['frame.number']}: {len(ops)} FPDUs in one target segment")
-        if len(ops) != 1:
-            continue  # an initiator segment re-cut by qemu (or a retransmission): not decoded
+        if len(ops) != 1 or (not from_target and r["tcp.analysis.flags"]):
+            # An initiator segment re-cut by qemu, or a retransmission (whose command, if
+            # decoded, would be noted again after its response): not decoded. The
+            # commands it carried may reuse ITTs of commands noted before, so what is noted is
+            # no longer known to be the latest: forget it rather than check against it.
+            if not from_target:
+                commands.clear()
+            continue
         op = ops[0]
         if from_target and op in (WRITE, READ_REQ):
             field = "iwarp_ddp.stag" if op == WRITE else "iwarp_rdma.srcstag"

@@ -226,6 +226,23 @@ pub fn tcp_segment(frame: &Frame) -> Option<TcpSegment> {
     let Some(TransportSlice::Tcp(tcp)) = packet.transport.as_ref() else {
         return None;
     };
+    // A frame cut by a snap length (tcpdump -s, `--trace-snap`) still says in its IP header
+    // how long its payload was: the bytes not captured are read as zeros, so the stream keeps
+    // its length and the PDUs after them their place (their headers were kept).
+    let declared = match packet.net.as_ref()? {
+        LaxNetSlice::Ipv4(v4) => {
+            let h = v4.header();
+            usize::from(h.total_len()).saturating_sub(h.slice().len())
+        }
+        LaxNetSlice::Ipv6(v6) => {
+            usize::from(v6.header().payload_length()).saturating_sub(v6.extensions().slice().len())
+        }
+    }
+    .saturating_sub(tcp.header_len());
+    let mut payload = tcp.payload().to_vec();
+    if declared > payload.len() {
+        payload.resize(declared, 0);
+    }
     Some(TcpSegment {
         frame: frame.number,
         ts_ns: frame.ts_ns,
@@ -239,7 +256,7 @@ pub fn tcp_segment(frame: &Frame) -> Option<TcpSegment> {
         has_ack: tcp.ack(),
         window: tcp.window_size(),
         syn_options: syn_options(tcp),
-        payload: tcp.payload().to_vec(),
+        payload,
     })
 }
 

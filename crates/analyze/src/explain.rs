@@ -133,7 +133,9 @@ struct TimeSplit {
 }
 
 impl TimeSplit {
-    fn of(c: &CommandPhases, rtt: f64) -> TimeSplit {
+    /// `queued_us`: of a READ's wait for data, the part its connection was still carrying
+    /// earlier commands' data (see [`read_queueing`]); it counts as transfer, not service.
+    fn of(c: &CommandPhases, rtt: f64, queued_us: f64) -> TimeSplit {
         let latency = c.total_us.unwrap_or(0.0);
         // A WRITE's solicited data moves in its bursts; between them it waits for R2Ts.
         let transfer = if c.bursts.is_empty() {
@@ -150,8 +152,10 @@ impl TimeSplit {
                 c.bursts.iter().map(|b| b.r2t_wait_us).sum(),
             ),
         };
-        let round_trip = rtt.min(waited);
-        let service = waited - round_trip;
+        let queued = queued_us.min(waited);
+        let round_trip = rtt.min(waited - queued);
+        let service = waited - queued - round_trip;
+        let transfer = transfer + queued;
         let unexplained = (latency - round_trip - service - r2t_waits - transfer).max(0.0);
         TimeSplit {
             latency,
@@ -195,23 +199,33 @@ pub fn explain_phases(a: &Analysis, cmds: &[CommandPhases], opts: &StatsOptions)
     }
     let rtt = round_trip(a, cmds, &data);
     let w = workload(a, &data, rtt, opts);
-    let split = data
+    let queued = read_queueing(&data);
+    let splits: Vec<TimeSplit> = data
         .iter()
-        .map(|c| TimeSplit::of(c, rtt.us))
+        .zip(&queued)
+        .map(|(c, &q)| TimeSplit::of(c, rtt.us, q))
+        .collect();
+    let split = splits
+        .iter()
+        .copied()
         .fold(TimeSplit::default(), TimeSplit::add);
     let mut findings = Vec::new();
     findings.extend(split_commands(&data, &w, &split));
     findings.extend(r2t_round_trips(a, &data, &w, &split));
     findings.extend(too_few_outstanding(&w, &split));
-    findings.extend(target_service_time(&data, &w, &split));
-    findings.extend(tcp_window(a, &w));
+    findings.extend(target_service_time(&data, &splits, &w, &split));
+    let window = tcp_window(a, &w);
+    // Data trickling against a full window keeps commands in transfer without the wire
+    // being busy: that time is the window's, not the link's.
+    let window_time = window.as_ref().map_or(0.0, |f| f.share);
+    findings.extend(window);
     let loss = losses(a, &w);
     // A stall after a loss may look like time with nothing outstanding (the status was lost
     // after the capture point): it is the loss's, not the hosts'.
     let stalled = loss.as_ref().map_or(0.0, |f| f.share);
     findings.extend(loss);
     findings.extend(host_cost(&w, &split, stalled));
-    findings.extend(link_bandwidth(&w, &split));
+    findings.extend(link_bandwidth(&w, &split, window_time));
     // Stable: at equal shares the more specific cause (listed first above) stays first.
     findings.sort_by(|x, y| y.share.total_cmp(&x.share));
     findings.retain(|f| f.share >= MIN_SHARE);
@@ -223,6 +237,32 @@ pub fn explain_phases(a: &Analysis, cmds: &[CommandPhases], opts: &StatsOptions)
         findings,
         note: None,
     }
+}
+
+/// For each command (in `data`'s order), how long a READ's first data could not have left
+/// because its connection was still carrying earlier READs' data: a stream delivers in order,
+/// so with several READs outstanding a late first Data-In is queueing behind the others'
+/// transfer (the link's or the window's time), not the target's work.
+fn read_queueing(data: &[&CommandPhases]) -> Vec<f64> {
+    let mut order: Vec<usize> = (0..data.len()).collect();
+    order.sort_by_key(|&i| (data[i].conn, data[i].start_ns));
+    let mut queued = vec![0.0; data.len()];
+    // Per connection: when the data of the READs before this one had all gone by.
+    let mut busy_until: HashMap<usize, u64> = HashMap::new();
+    for i in order {
+        let c = data[i];
+        if c.dir != IoDir::Read {
+            continue;
+        }
+        let (Some(service), Some(transfer)) = (c.service_us, c.transfer_us) else {
+            continue;
+        };
+        let until = busy_until.entry(c.conn).or_insert(0);
+        queued[i] = us_between(c.start_ns, *until).min(service);
+        let last_data = c.start_ns + ((service + transfer) * 1e3) as u64;
+        *until = (*until).max(last_data);
+    }
+    queued
 }
 
 fn us_between(from_ns: u64, to_ns: u64) -> f64 {
@@ -595,23 +635,24 @@ fn r2t_round_trips(
 
 fn target_service_time(
     data: &[&CommandPhases],
+    splits: &[TimeSplit],
     w: &Workload,
     split: &TimeSplit,
 ) -> Option<Finding> {
-    let rtt = w.round_trip.us;
     let mut evidence = Vec::new();
     for dir in [IoDir::Read, IoDir::Write] {
         let mut service: Vec<f64> = data
             .iter()
-            .filter(|c| c.dir == dir)
-            .map(|c| TimeSplit::of(c, rtt).service)
+            .zip(splits)
+            .filter(|(c, _)| c.dir == dir)
+            .map(|(_, s)| s.service)
             .collect();
         if service.is_empty() {
             continue;
         }
         let (p50, p99) = p50_p99(&mut service);
         let phase = match dir {
-            IoDir::Read => "command to first data",
+            IoDir::Read => "command to first data, less waiting behind earlier data",
             _ => "last data to status",
         };
         evidence.push(format!(
@@ -649,8 +690,9 @@ fn target_service_time(
 }
 
 /// Data sent against a full receive window. Its share is the part of the data segments that
-/// found the window full; its bound is window / RTT (TCP's round trip when the capture has
-/// real acknowledgements, else the exchanges').
+/// found the window full, or of the sending time spent waiting after them for the window to
+/// open, whichever is larger; its bound is window / RTT (TCP's round trip when the capture
+/// has real acknowledgements, else the exchanges').
 fn tcp_window(a: &Analysis, w: &Workload) -> Option<Finding> {
     let stats = a
         .connections
@@ -662,6 +704,7 @@ fn tcp_window(a: &Analysis, w: &Workload) -> Option<Finding> {
     if limited < 0.1 {
         return None;
     }
+    let waiting = stats.limited_time_share;
     let rtt = stats.rtt_us.unwrap_or(w.round_trip.us).max(1.0);
     let bound = stats.mean_window / rtt;
     let evidence = vec![
@@ -675,6 +718,10 @@ fn tcp_window(a: &Analysis, w: &Workload) -> Option<Finding> {
             kib(stats.max_in_flight as f64)
         ),
         format!(
+            "the sender waited for the window to open {:.0}% of its sending time",
+            waiting * 100.0
+        ),
+        format!(
             "window / RTT = {} / {} = {:.2} MB/s",
             kib(stats.mean_window),
             ms(rtt),
@@ -685,7 +732,7 @@ fn tcp_window(a: &Analysis, w: &Workload) -> Option<Finding> {
                   the application's SO_RCVBUF) with window scaling on, so that window / RTT \
                   exceeds the link rate"
         .to_string();
-    let share = limited;
+    let share = limited.max(waiting).min(1.0);
     let mut f = finding(Limit::TcpWindow, share, w, evidence, change);
     f.bound_mbps = bound;
     Some(f)
@@ -765,10 +812,11 @@ fn host_cost(w: &Workload, split: &TimeSplit, stalled: f64) -> Option<Finding> {
     Some(finding(Limit::HostCost, share, w, evidence, change))
 }
 
-fn link_bandwidth(w: &Workload, split: &TimeSplit) -> Option<Finding> {
+fn link_bandwidth(w: &Workload, split: &TimeSplit, window_time: f64) -> Option<Finding> {
     let busy_wire = 1.0 - w.link_idle_share;
     let transfer = command_share(split.transfer, split);
-    let share = transfer.max(busy_wire).max(w.data_moving_share).min(1.0);
+    let moving = transfer.max(w.data_moving_share) * (1.0 - window_time);
+    let share = moving.max(busy_wire).min(1.0);
     let evidence = vec![
         format!(
             "packets flowing {:.0}% of the busy period (gaps of at least the idle gap count as idle)",
@@ -833,4 +881,59 @@ pub fn text(d: &Diagnosis) -> String {
         out.push_str(&format!("       change:   {}\n", f.change));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A READ on connection 0 sent at `start_us`, its first data `service_us` later, its data
+    /// taking `transfer_us`.
+    fn read(start_us: u64, service_us: f64, transfer_us: f64) -> CommandPhases {
+        CommandPhases {
+            conn: 0,
+            itt: start_us as u32,
+            dir: IoDir::Read,
+            cdb: "READ(10)".into(),
+            lba: Some(0),
+            blocks: Some(512),
+            expected_len: 262_144,
+            start_ns: start_us * 1000,
+            end_ns: Some((start_us as f64 + service_us + transfer_us) as u64 * 1000),
+            total_us: Some(service_us + transfer_us),
+            send_us: 0.0,
+            service_us: Some(service_us),
+            r2t_wait_us: None,
+            transfer_us: Some(transfer_us),
+            status_us: Some(0.0),
+            read_bytes: 262_144,
+            immediate_bytes: 0,
+            unsolicited_bytes: 0,
+            solicited_bytes: 0,
+            bursts: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_read_waiting_behind_earlier_data_is_queueing_not_service() {
+        // Three READs sent together; each one's data follows the one before it on the wire.
+        let cmds = [
+            read(0, 100.0, 1000.0),
+            read(0, 1100.0, 1000.0),
+            read(0, 2100.0, 1000.0),
+        ];
+        let data: Vec<&CommandPhases> = cmds.iter().collect();
+        assert_eq!(read_queueing(&data), [0.0, 1100.0, 2100.0]);
+        let split = TimeSplit::of(&cmds[2], 50.0, 2100.0);
+        assert_eq!(split.service, 0.0, "the target answered at once");
+        assert_eq!(split.round_trip, 0.0);
+        assert_eq!(
+            split.transfer, 3100.0,
+            "its own data and the wait behind the others'"
+        );
+        // A READ sent after the connection went quiet waits for nothing.
+        let later = [read(0, 100.0, 1000.0), read(5000, 300.0, 1000.0)];
+        let data: Vec<&CommandPhases> = later.iter().collect();
+        assert_eq!(read_queueing(&data), [0.0, 0.0]);
+    }
 }

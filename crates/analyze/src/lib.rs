@@ -11,6 +11,7 @@ pub mod capture;
 pub mod cdb;
 pub mod experiment;
 pub mod explain;
+pub mod fault;
 pub mod iscsi;
 pub mod iser;
 pub mod listing;

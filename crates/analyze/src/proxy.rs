@@ -9,6 +9,10 @@
 //! login, R2T, NOP and Text PDUs pass at the link's delay: to the initiator the target's
 //! backend looks slow, the network does not.
 //!
+//! Faults (`faults`, see [`crate::fault`]): at a chosen PDU or byte of a chosen connection
+//! and direction, the proxy cuts the connection, stalls the direction, drops the PDU or
+//! flips a byte of it; scenarios that must end with nothing acknowledged lost.
+//!
 //! Loss injection: a user-space relay cannot make the kernel lose a TCP segment, so
 //! `drop_segment` installs a one-shot netfilter rule (`iptables-legacy` INPUT chain, statistic match in
 //! nth mode on the exact 4-tuple of the relay's outgoing connection) that drops the Nth
@@ -24,7 +28,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use iscsi_wire::{Digests, FrameLayout, BHS_LEN};
+use crate::fault::{Fault, LoginWatch, Piece, StreamCutter};
 
 /// Which direction of the relayed connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,8 +59,10 @@ pub struct ProxyConfig {
     pub buffer: usize,
     pub drop_segment: Option<DropSegment>,
     /// Extra time each Data-In and SCSI Response from the upstream target is held (an
-    /// emulated slow backend; the upstream must not use digests).
+    /// emulated slow backend).
     pub service_delay: Duration,
+    /// Faults to inject, each on its connection (in accept order) and direction.
+    pub faults: Vec<Fault>,
 }
 
 impl ProxyConfig {
@@ -69,6 +75,7 @@ impl ProxyConfig {
             buffer: 64 << 20,
             drop_segment: None,
             service_delay: Duration::ZERO,
+            faults: Vec::new(),
         }
     }
 }
@@ -76,12 +83,35 @@ impl ProxyConfig {
 /// A running proxy; dropping it stops accepting (relayed connections end with their peers).
 pub struct DelayProxy {
     addr: SocketAddr,
+    fired: Arc<Mutex<Vec<Fault>>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
+/// What the writer of a direction does next.
+enum Item {
+    /// Deliver these bytes at this time; `stalled`: held by a stall fault, given up if the
+    /// sending side ends meanwhile.
+    Bytes {
+        due: Instant,
+        data: Vec<u8>,
+        stalled: bool,
+    },
+    /// Cut the connection (a reset fault).
+    Reset,
+}
+
+impl Item {
+    fn len(&self) -> usize {
+        match self {
+            Item::Bytes { data, .. } => data.len(),
+            Item::Reset => 0,
+        }
+    }
+}
+
 struct Queue {
-    items: VecDeque<(Instant, Vec<u8>)>,
+    items: VecDeque<Item>,
     bytes: usize,
     /// The reader saw the end of its input.
     closed: bool,
@@ -103,18 +133,26 @@ impl DelayProxy {
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
+        let fired = Arc::new(Mutex::new(Vec::new()));
+        let fired_log = fired.clone();
         let thread = std::thread::Builder::new()
             .name("delay-proxy".into())
             .spawn(move || {
-                let mut first = true;
+                let mut accepted = 0usize;
                 while !flag.load(Ordering::Relaxed) {
                     match listener.accept() {
                         Ok((client, _)) => {
-                            let drop = if first { cfg.drop_segment } else { None };
-                            first = false;
+                            let drop = if accepted == 0 {
+                                cfg.drop_segment
+                            } else {
+                                None
+                            };
+                            let conn = accepted;
+                            accepted += 1;
                             let cfg = cfg.clone();
+                            let fired = fired_log.clone();
                             std::thread::spawn(move || {
-                                if let Err(e) = relay(client, &cfg, drop) {
+                                if let Err(e) = relay(client, &cfg, conn, drop, fired) {
                                     eprintln!("delay-proxy: connection ended: {e}");
                                 }
                             });
@@ -128,6 +166,7 @@ impl DelayProxy {
             })?;
         Ok(DelayProxy {
             addr,
+            fired,
             stop,
             thread: Some(thread),
         })
@@ -135,6 +174,11 @@ impl DelayProxy {
 
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The faults that have fired so far, in order.
+    pub fn fired(&self) -> Vec<Fault> {
+        self.fired.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
 
@@ -208,7 +252,13 @@ impl Drop for LossRule {
     }
 }
 
-fn relay(client: TcpStream, cfg: &ProxyConfig, drop: Option<DropSegment>) -> io::Result<()> {
+fn relay(
+    client: TcpStream,
+    cfg: &ProxyConfig,
+    conn: usize,
+    drop: Option<DropSegment>,
+    fired: Arc<Mutex<Vec<Fault>>>,
+) -> io::Result<()> {
     client.set_nonblocking(false)?;
     let server = TcpStream::connect(cfg.upstream)?;
     // The proxy is a link, not an endpoint: no Nagle delays of its own.
@@ -221,50 +271,58 @@ fn relay(client: TcpStream, cfg: &ProxyConfig, drop: Option<DropSegment>) -> io:
         }),
         None => None,
     };
-    let up = pump(client.try_clone()?, server.try_clone()?, cfg, None);
-    let hold = (!cfg.service_delay.is_zero()).then(|| ResponseHold::new(cfg.service_delay));
-    let down = pump(server, client, cfg, hold);
+    let login = Arc::new(LoginWatch::default());
+    let up_cut = StreamCutter::new(conn, Direction::Up, &cfg.faults, false, login.clone());
+    let slow_target = !cfg.service_delay.is_zero();
+    let down_cut = StreamCutter::new(conn, Direction::Down, &cfg.faults, slow_target, login);
+    let up = pump(
+        client.try_clone()?,
+        server.try_clone()?,
+        cfg,
+        up_cut,
+        fired.clone(),
+    );
+    let down = pump(server, client, cfg, down_cut, fired);
     let _ = up.join();
     let _ = down.join();
     Ok(())
 }
 
-/// Cuts a target's byte stream (no digests) into PDUs and says how long each is held.
-struct ResponseHold {
-    delay: Duration,
-    pending: Vec<u8>,
+/// Extra time a PDU from the target is held by a slow backend: Data-In and SCSI Responses
+/// wait, login, R2T, NOP and Text PDUs pass at the link's delay.
+fn service_hold(opcode: Option<u8>, service_delay: Duration) -> Duration {
+    match opcode {
+        Some(0x21 | 0x25) => service_delay,
+        _ => Duration::ZERO,
+    }
 }
 
-impl ResponseHold {
-    fn new(delay: Duration) -> ResponseHold {
-        ResponseHold {
-            delay,
-            pending: Vec::new(),
-        }
+/// Cuts the connection: both peers see the end of the stream, then (with a zero linger, once
+/// the relay's threads have closed their descriptors) a reset.
+fn reset(a: &TcpStream, b: &TcpStream) {
+    for s in [a, b] {
+        let _ = socket2::SockRef::from(s).set_linger(Some(Duration::ZERO));
+        let _ = s.shutdown(Shutdown::Both);
     }
+}
 
-    /// The complete PDUs among the bytes so far, each with its extra delay; a partial PDU
-    /// waits for the rest.
-    fn cut(&mut self, bytes: &[u8]) -> Vec<(Vec<u8>, Duration)> {
-        self.pending.extend_from_slice(bytes);
-        let mut out = Vec::new();
-        let mut at = 0;
-        // Each round consumes one whole PDU.
-        while let Some(head) = self.pending.get(at..at + BHS_LEN) {
-            let head: &[u8; BHS_LEN] = head.try_into().expect("BHS_LEN bytes");
-            let len = FrameLayout::of(head, Digests::default(), u32::MAX)
-                .expect("no data segment limit")
-                .total_len();
-            if self.pending.len() < at + len {
-                break;
-            }
-            let held = matches!(head[0] & 0x3f, 0x21 | 0x25);
-            let extra = if held { self.delay } else { Duration::ZERO };
-            out.push((self.pending[at..at + len].to_vec(), extra));
-            at += len;
+/// Sleeps until `due`; a stalled item is given up (false) once the sending side has ended.
+fn wait_until(due: Instant, stalled: bool, link: &Link) -> bool {
+    loop {
+        let now = Instant::now();
+        if due <= now {
+            return true;
         }
-        self.pending.drain(..at);
-        out
+        if !stalled {
+            std::thread::sleep(due - now);
+            return true;
+        }
+        let q = link.q.lock().unwrap_or_else(|p| p.into_inner());
+        if q.closed {
+            return false;
+        }
+        let slice = (due - now).min(Duration::from_millis(50));
+        drop(link.cv.wait_timeout(q, slice));
     }
 }
 
@@ -273,7 +331,8 @@ fn pump(
     mut from: TcpStream,
     mut to: TcpStream,
     cfg: &ProxyConfig,
-    mut hold: Option<ResponseHold>,
+    mut cutter: StreamCutter,
+    fired: Arc<Mutex<Vec<Fault>>>,
 ) -> JoinHandle<()> {
     let link = Arc::new(Link {
         q: Mutex::new(Queue {
@@ -285,14 +344,16 @@ fn pump(
         cv: Condvar::new(),
     });
     let (delay, rate, cap) = (cfg.delay, cfg.rate, cfg.buffer.max(CHUNK));
+    let service_delay = cfg.service_delay;
     let wlink = link.clone();
+    let peer = from.try_clone();
     let writer = std::thread::spawn(move || {
         loop {
             let item = {
                 let mut q = wlink.q.lock().unwrap_or_else(|p| p.into_inner());
                 loop {
                     if let Some(it) = q.items.pop_front() {
-                        q.bytes -= it.1.len();
+                        q.bytes -= it.len();
                         wlink.cv.notify_all();
                         break Some(it);
                     }
@@ -302,12 +363,19 @@ fn pump(
                     q = wlink.cv.wait(q).unwrap_or_else(|p| p.into_inner());
                 }
             };
-            let Some((due, data)) = item else { break };
-            let now = Instant::now();
-            if due > now {
-                std::thread::sleep(due - now);
-            }
-            if to.write_all(&data).is_err() {
+            let delivered = match item {
+                None => break,
+                Some(Item::Reset) => {
+                    if let Ok(peer) = &peer {
+                        reset(&to, peer);
+                    }
+                    false
+                }
+                Some(Item::Bytes { due, data, stalled }) => {
+                    wait_until(due, stalled, &wlink) && to.write_all(&data).is_ok()
+                }
+            };
+            if !delivered {
                 let mut q = wlink.q.lock().unwrap_or_else(|p| p.into_inner());
                 q.failed = true;
                 q.items.clear();
@@ -321,6 +389,7 @@ fn pump(
     std::thread::spawn(move || {
         let mut buf = vec![0u8; CHUNK];
         let mut link_free = Instant::now();
+        let mut stalled_until: Option<Instant> = None;
         loop {
             let n = match from.read(&mut buf) {
                 Ok(0) | Err(_) => break,
@@ -340,16 +409,36 @@ fn pump(
                 let _ = from.shutdown(Shutdown::Both);
                 break;
             }
-            match hold.as_mut() {
-                Some(h) => {
-                    for (pdu, extra) in h.cut(&buf[..n]) {
-                        q.bytes += pdu.len();
-                        q.items.push_back((due + extra, pdu));
-                    }
+            let pieces = if cutter.is_active() {
+                let pieces = cutter.push(&buf[..n]);
+                for f in cutter.take_fired() {
+                    eprintln!("delay-proxy: fault {f} fired");
+                    fired.lock().unwrap_or_else(|p| p.into_inner()).push(f);
                 }
-                None => {
-                    q.bytes += n;
-                    q.items.push_back((due, buf[..n].to_vec()));
+                pieces
+            } else {
+                vec![Piece::Bytes {
+                    bytes: buf[..n].to_vec(),
+                    opcode: None,
+                }]
+            };
+            for piece in pieces {
+                match piece {
+                    Piece::Bytes { bytes, opcode } => {
+                        let due = due + service_hold(opcode, service_delay);
+                        let (due, stalled) = match stalled_until {
+                            Some(until) => (due.max(until), true),
+                            None => (due, false),
+                        };
+                        q.bytes += bytes.len();
+                        q.items.push_back(Item::Bytes {
+                            due,
+                            data: bytes,
+                            stalled,
+                        });
+                    }
+                    Piece::Stall(d) => stalled_until = Some(Instant::now() + d),
+                    Piece::Reset => q.items.push_back(Item::Reset),
                 }
             }
             link.cv.notify_all();
@@ -391,25 +480,28 @@ mod tests {
 
     #[test]
     fn only_data_in_and_status_are_held() {
-        let mut h = ResponseHold::new(Duration::from_millis(7));
+        let login = Arc::new(LoginWatch::default());
+        let mut cut = StreamCutter::new(0, Direction::Down, &[], true, login);
         let stream = [pdu(0x23, 10), pdu(0x25, 4097), pdu(0x31, 0), pdu(0x21, 0)].concat();
         let (first, rest) = stream.split_at(100);
-        let mut out = h.cut(first);
+        let mut out = cut.push(first);
         assert_eq!(
             out.len(),
             1,
             "the login response; the Data-In is not complete yet"
         );
-        out.extend(h.cut(rest));
+        out.extend(cut.push(rest));
         let held: Vec<(u8, u64)> = out
             .iter()
-            .map(|(p, d)| (p[0], d.as_millis() as u64))
+            .map(|p| match p {
+                Piece::Bytes { bytes, opcode } => (
+                    bytes[0],
+                    service_hold(*opcode, Duration::from_millis(7)).as_millis() as u64,
+                ),
+                other => panic!("{other:?}"),
+            })
             .collect();
         assert_eq!(held, [(0x23, 0), (0x25, 7), (0x31, 0), (0x21, 7)]);
-        assert_eq!(
-            out.iter().map(|(p, _)| p.len()).sum::<usize>(),
-            stream.len()
-        );
     }
 
     #[test]

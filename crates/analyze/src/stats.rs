@@ -67,7 +67,8 @@ pub struct ConnectionStat {
     pub commands: usize,
     pub bytes_to_target: u64,
     pub bytes_to_initiator: u64,
-    /// SCSI data (Data-In, Data-Out and immediate data) per second over the duration.
+    /// SCSI data (Data-In, Data-Out and immediate data; on iSER also RDMA Writes and Read
+    /// Responses) per second over the duration.
     pub data_throughput_mbps: f64,
     /// TCP payload per second, both directions.
     pub wire_throughput_mbps: f64,
@@ -224,12 +225,19 @@ pub fn connections(a: &Analysis, cmds: &[CommandStat], opts: &StatsOptions) -> V
             let span_ns = hi.saturating_sub(lo);
             let duration_s = span_ns as f64 / 1e9;
             let idle = idle_between(&times, lo, hi, opts.idle_gap_ns);
-            let data: u64 = a
-                .pdus
+            // iSER moves READ data in RDMA Writes and solicited WRITE data in Read Responses.
+            let rdma: u64 = c
+                .rdma
                 .iter()
-                .filter(|p| p.conn == c.id && matches!(p.opcode, 0x01 | 0x05 | 0x25))
-                .map(|p| p.data_len as u64)
+                .filter(|x| x.kind != RdmaKind::ReadRequest)
+                .map(|x| x.bytes)
                 .sum();
+            let data: u64 = rdma
+                + a.pdus
+                    .iter()
+                    .filter(|p| p.conn == c.id && matches!(p.opcode, 0x01 | 0x05 | 0x25))
+                    .map(|p| p.data_len as u64)
+                    .sum::<u64>();
             let wire: u64 = c.packets.iter().map(|p| p.payload as u64).sum();
             let rate = |bytes: u64| {
                 if duration_s > 0.0 {

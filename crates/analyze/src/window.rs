@@ -30,6 +30,9 @@ pub struct WindowStats {
     pub max_in_flight: u64,
     /// Smallest time from a data segment to the acknowledgement covering it.
     pub rtt_us: Option<f64>,
+    /// Part of the time from the first data segment to the last that the sender spent
+    /// after a segment that filled the window, waiting for the receiver to open it.
+    pub limited_time_share: f64,
 }
 
 fn other(d: Dir) -> Dir {
@@ -121,7 +124,11 @@ fn follow(
         mean_window: 0.0,
         max_in_flight: 0,
         rtt_us: None,
+        limited_time_share: 0.0,
     };
+    // The previous data segment: its time, and whether it filled the window.
+    let mut prev: Option<(u64, bool)> = None;
+    let mut limited_ns = 0u64;
     let mut next_ack = 0;
     let mut last: Option<&AckMark> = None;
     // Data not yet acknowledged: (sequence number after it, time sent).
@@ -149,8 +156,19 @@ fn follow(
                 window,
             });
         }
-        if window > 0 && in_flight as f64 >= FULL_WINDOW * window as f64 {
+        let full = window > 0 && in_flight as f64 >= FULL_WINDOW * window as f64;
+        if full {
             s.window_limited += 1;
+        }
+        if let Some((_, true)) = prev {
+            limited_ns += p.ts_ns - prev.map_or(p.ts_ns, |(t, _)| t);
+        }
+        prev = Some((p.ts_ns, full));
+    }
+    if let (Some(first), Some(last)) = (data.first(), data.last()) {
+        let span = last.ts_ns.saturating_sub(first.ts_ns);
+        if span > 0 {
+            s.limited_time_share = limited_ns as f64 / span as f64;
         }
     }
     for a in &acks[next_ack..] {
@@ -270,6 +288,10 @@ mod tests {
             "the second segment of each pair fills it"
         );
         assert_eq!(s.rtt_us, Some(10_000.0));
+        assert_eq!(
+            s.limited_time_share, 1.0,
+            "after every full window the sender waits for the next acknowledgement"
+        );
         let series = flight_series(&a.connections[0]);
         assert_eq!(series.len(), 1);
         let pts = &series[0].points;

@@ -120,6 +120,32 @@ pub struct Digests {
     pub data: bool,
 }
 
+/// What a Login Response tells an observer of the stream (a proxy, a trace) about the full
+/// feature phase: the digests it answered (None: not in this PDU) and whether it ends the
+/// login (transit to full feature phase with success).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LoginDigestAnswers {
+    pub header: Option<bool>,
+    pub data: Option<bool>,
+    pub ends_login: bool,
+}
+
+/// Reads a Login Response's BHS and text for [`LoginDigestAnswers`].
+pub fn login_digest_answers(bhs: &[u8], text: &[u8]) -> LoginDigestAnswers {
+    let mut a = LoginDigestAnswers::default();
+    for kv in text.split(|&b| b == 0) {
+        match kv {
+            b"HeaderDigest=CRC32C" => a.header = Some(true),
+            b"HeaderDigest=None" => a.header = Some(false),
+            b"DataDigest=CRC32C" => a.data = Some(true),
+            b"DataDigest=None" => a.data = Some(false),
+            _ => {}
+        }
+    }
+    a.ends_login = bhs.len() >= BHS_LEN && bhs[1] & 0x80 != 0 && bhs[1] & 0x03 == 3 && bhs[36] == 0;
+    a
+}
+
 /// Bytes a data segment of `len` occupies with its padding to 4.
 pub fn padded_len(len: u32) -> usize {
     (len as usize + 3) & !3

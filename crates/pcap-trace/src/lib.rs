@@ -31,6 +31,9 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+pub mod snap;
+use snap::{Negotiated, PduSnap, Run};
+
 /// Largest TCP payload put in one synthetic frame (keeps the IPv4 total length below 65535).
 pub const MAX_SEGMENT_PAYLOAD: usize = 65_000;
 
@@ -82,12 +85,22 @@ impl<W: Write> PcapngWriter<W> {
 
     /// Writes one Enhanced Packet Block holding `frame`, stamped `ts_ns` after the epoch.
     pub fn write_frame(&mut self, ts_ns: u64, frame: &[u8]) -> io::Result<()> {
+        self.write_cut_frame(ts_ns, frame, frame.len())
+    }
+
+    /// Writes the first bytes of a frame of `original_len` bytes, as a snap length does.
+    pub fn write_cut_frame(
+        &mut self,
+        ts_ns: u64,
+        frame: &[u8],
+        original_len: usize,
+    ) -> io::Result<()> {
         let mut head = Vec::with_capacity(20);
         head.extend_from_slice(&0u32.to_le_bytes()); // interface 0
         head.extend_from_slice(&((ts_ns >> 32) as u32).to_le_bytes());
         head.extend_from_slice(&(ts_ns as u32).to_le_bytes());
         head.extend_from_slice(&(frame.len() as u32).to_le_bytes());
-        head.extend_from_slice(&(frame.len() as u32).to_le_bytes());
+        head.extend_from_slice(&(original_len as u32).to_le_bytes());
         let pad = (4 - frame.len() % 4) % 4;
         let total = 12 + head.len() + frame.len() + pad;
         self.out.write_all(&BT_EPB.to_le_bytes())?;
@@ -119,6 +132,8 @@ fn write_block<W: Write>(out: &mut W, block_type: u32, body: &[u8]) -> io::Resul
 #[derive(Clone)]
 pub struct PduTrace {
     inner: Arc<Mutex<PcapngWriter<Box<dyn Write + Send>>>>,
+    /// Bytes kept of each bulk data segment (None: everything); see [`snap`].
+    snap: Option<usize>,
 }
 
 impl PduTrace {
@@ -132,7 +147,15 @@ impl PduTrace {
     pub fn to_writer(out: Box<dyn Write + Send>) -> io::Result<PduTrace> {
         Ok(PduTrace {
             inner: Arc::new(Mutex::new(PcapngWriter::new(out)?)),
+            snap: None,
         })
+    }
+
+    /// The same trace keeping only the first `bytes` of each SCSI Command's, Data-Out's and
+    /// Data-In's data segment (0: headers only) on connections started from now on.
+    pub fn with_snap(mut self, bytes: usize) -> PduTrace {
+        self.snap = Some(bytes);
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, PcapngWriter<Box<dyn Write + Send>>> {
@@ -151,6 +174,11 @@ impl PduTrace {
                 local_next: 1_000_000,
                 peer_next: 2_000_000,
                 closed: false,
+                snap: self.snap.map(|n| SnapState {
+                    sent: PduSnap::new(n),
+                    received: PduSnap::new(n),
+                    negotiated: Negotiated::default(),
+                }),
             }),
         };
         conn.handshake(side);
@@ -169,6 +197,14 @@ struct ConnState {
     local_next: u32,
     peer_next: u32,
     closed: bool,
+    snap: Option<SnapState>,
+}
+
+/// Both directions' PDU framing of a snapped connection.
+struct SnapState {
+    sent: PduSnap,
+    received: PduSnap,
+    negotiated: Negotiated,
 }
 
 /// One traced TCP connection. Dropping it writes the closing FIN exchange.
@@ -193,17 +229,32 @@ impl TraceConnection {
 
     /// Records bytes this process wrote to the socket.
     pub fn sent(&self, bytes: &[u8]) {
-        let mut st = self.state();
-        for chunk in bytes.chunks(MAX_SEGMENT_PAYLOAD) {
-            emit(&self.trace, &mut st, true, TCP_ACK | TCP_PSH, chunk);
-        }
+        self.record(bytes, true);
     }
 
     /// Records bytes this process read from the socket.
     pub fn received(&self, bytes: &[u8]) {
+        self.record(bytes, false);
+    }
+
+    fn record(&self, bytes: &[u8], from_local: bool) {
         let mut st = self.state();
-        for chunk in bytes.chunks(MAX_SEGMENT_PAYLOAD) {
-            emit(&self.trace, &mut st, false, TCP_ACK | TCP_PSH, chunk);
+        let runs = match st.snap.as_mut() {
+            Some(s) => {
+                let dir = if from_local {
+                    &mut s.sent
+                } else {
+                    &mut s.received
+                };
+                dir.split(bytes, &mut s.negotiated)
+            }
+            None => vec![Run {
+                len: bytes.len(),
+                kept: true,
+            }],
+        };
+        for (kept, left_out) in frames(bytes, &runs) {
+            emit_cut(&self.trace, &mut st, from_local, kept, left_out);
         }
     }
 
@@ -233,9 +284,61 @@ fn now_ns() -> u64 {
         .unwrap_or(0)
 }
 
+/// Cuts recorded bytes into frames of at most [`MAX_SEGMENT_PAYLOAD`]: each frame's kept
+/// bytes, then how many left-out bytes follow them in it (a frame can only lose its end).
+fn frames<'a>(bytes: &'a [u8], runs: &[Run]) -> Vec<(&'a [u8], usize)> {
+    let mut out = Vec::new();
+    let (mut start, mut kept, mut left) = (0usize, 0usize, 0usize);
+    for run in runs {
+        let mut n = run.len;
+        while n > 0 {
+            if run.kept && left > 0 {
+                out.push((&bytes[start..start + kept], left));
+                (start, kept, left) = (start + kept + left, 0, 0);
+            }
+            let t = n.min(MAX_SEGMENT_PAYLOAD - kept - left);
+            if run.kept {
+                kept += t;
+            } else {
+                left += t;
+            }
+            n -= t;
+            if kept + left == MAX_SEGMENT_PAYLOAD {
+                out.push((&bytes[start..start + kept], left));
+                (start, kept, left) = (start + kept + left, 0, 0);
+            }
+        }
+    }
+    if kept + left > 0 {
+        out.push((&bytes[start..start + kept], left));
+    }
+    out
+}
+
+/// One data frame whose last `left_out` payload bytes are not in the trace (checksums as if
+/// they were zero, which is how a reader fills them).
+fn emit_cut(trace: &PduTrace, st: &mut ConnState, from_local: bool, kept: &[u8], left_out: usize) {
+    if left_out == 0 {
+        emit(trace, st, from_local, TCP_ACK | TCP_PSH, kept);
+        return;
+    }
+    let mut payload = Vec::with_capacity(kept.len() + left_out);
+    payload.extend_from_slice(kept);
+    payload.resize(kept.len() + left_out, 0);
+    let frame = frame_and_advance(st, from_local, TCP_ACK | TCP_PSH, &payload);
+    let _ = trace
+        .lock()
+        .write_cut_frame(now_ns(), &frame[..frame.len() - left_out], frame.len());
+}
+
 /// Builds and writes one frame; advances the sender's sequence number. Write errors are
 /// dropped on purpose: tracing must never fail the I/O it observes.
 fn emit(trace: &PduTrace, st: &mut ConnState, from_local: bool, flags: u8, payload: &[u8]) {
+    let frame = frame_and_advance(st, from_local, flags, payload);
+    let _ = trace.lock().write_frame(now_ns(), &frame);
+}
+
+fn frame_and_advance(st: &mut ConnState, from_local: bool, flags: u8, payload: &[u8]) -> Vec<u8> {
     let (src, dst, seq, ack) = if from_local {
         (st.local, st.peer, st.local_next, st.peer_next)
     } else {
@@ -249,7 +352,7 @@ fn emit(trace: &PduTrace, st: &mut ConnState, from_local: bool, flags: u8, paylo
     } else {
         st.peer_next = st.peer_next.wrapping_add(advance);
     }
-    let _ = trace.lock().write_frame(now_ns(), &frame);
+    frame
 }
 
 /// Internet checksum (RFC 1071) over `parts` concatenated.

@@ -1,5 +1,5 @@
-//! `ironsan delay-proxy` (a loopback TCP relay adding one-way delay, a rate limit and
-//! optionally one lost segment) and `ironsan delay-experiment` (the long-delay sweep of
+//! `ironsan delay-proxy` (a loopback TCP relay adding one-way delay, a rate limit,
+//! optionally one lost segment, and faults at chosen PDUs: cut, stall, drop, corrupt) and `ironsan delay-experiment` (the long-delay sweep of
 //! sequential one-outstanding commands against the model B / (k·d + B/R)).
 
 use std::net::SocketAddr;
@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use analyze::experiment::{self, ExperimentConfig, Op};
+use analyze::fault::Fault;
 use analyze::proxy::{DelayProxy, Direction, DropSegment, ProxyConfig};
 use anyhow::{bail, Context};
 use clap::Args;
@@ -35,9 +36,19 @@ pub struct ProxyArgs {
     /// Direction of the dropped segment: "down" (target to initiator) or "up".
     #[arg(long, default_value = "down")]
     pub drop_dir: String,
+    /// Inject a fault (repeatable): DIR:POINT:ACTION[:conn=N], e.g.
+    /// down:data-in#3:corrupt=data+100 (flip byte 100 of the 3rd Data-In's data),
+    /// up:data-out#2:reset (cut the connection there), down:nop-in#1:stall=30,
+    /// up:byte=1000000:reset, down:scsi-resp#1:drop:conn=1 (the second connection).
+    #[arg(long = "fault", value_parser = parse_fault)]
+    pub faults: Vec<Fault>,
     /// Exit after this many seconds (default: run until killed).
     #[arg(long)]
     pub duration_s: Option<f64>,
+}
+
+fn parse_fault(s: &str) -> Result<Fault, String> {
+    s.parse()
 }
 
 pub fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
@@ -48,6 +59,7 @@ pub fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
     );
     cfg.rate = args.rate_mbit.map(|m| m * 1e6 / 8.0);
     cfg.buffer = args.buffer;
+    cfg.faults = args.faults.clone();
     if let Some(nth) = args.drop_nth {
         let direction = match args.drop_dir.as_str() {
             "down" => Direction::Down,
@@ -58,10 +70,15 @@ pub fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
     }
     let proxy = DelayProxy::start(cfg).context("starting the delay proxy")?;
     eprintln!(
-        "delay-proxy: {} -> {} delay {} ms",
+        "delay-proxy: {} -> {} delay {} ms{}",
         proxy.local_addr(),
         args.upstream,
-        args.delay_ms
+        args.delay_ms,
+        if args.faults.is_empty() {
+            String::new()
+        } else {
+            format!(", {} fault(s)", args.faults.len())
+        }
     );
     let start = Instant::now();
     loop {

@@ -28,6 +28,11 @@ pub struct LoginOpts {
     /// (read it with `ironsan analyze FILE` or tshark; no capture privileges needed).
     #[arg(long, value_name = "FILE.pcapng")]
     pub trace: Option<PathBuf>,
+    /// Keep only the first BYTES of each SCSI Command's, Data-Out's and Data-In's data in the
+    /// trace (0: headers only), so that long runs give small traces; `ironsan analyze` still
+    /// counts every byte.
+    #[arg(long, value_name = "BYTES", requires = "trace")]
+    pub trace_snap: Option<usize>,
     /// What iser:// URLs run on: software (ironsan's iWARP RNIC in this process) or
     /// rdma-core (the first libibverbs device: Linux siw or a hardware RNIC; needs a build
     /// with the rdma-core feature).
@@ -86,8 +91,11 @@ impl LoginOpts {
         }
         if let Some(p) = &self.trace {
             if self.trace_file.get().is_none() {
-                let t = TraceFile::create(p)
+                let mut t = TraceFile::create(p)
                     .with_context(|| format!("creating the trace {}", p.display()))?;
+                if let Some(n) = self.trace_snap {
+                    t.0 = t.0.with_snap(n);
+                }
                 let _ = self.trace_file.set(t);
             }
             c.trace = self.trace_file.get().cloned();

@@ -20,6 +20,10 @@ pub struct TargetArgs {
     /// `ironsan analyze` or tshark. No capture privileges needed.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<std::path::PathBuf>,
+    /// Keep only the first BYTES of each SCSI Command's, Data-Out's and Data-In's data in the
+    /// trace (0: headers only): long runs give small traces that still decode and count.
+    #[arg(long, value_name = "BYTES", requires = "trace")]
+    pub trace_snap: Option<usize>,
     /// Sample each connection's TCP_INFO (cwnd, ssthresh, rtt, retransmits, delivery rate,
     /// unacked) and write, when the connection ends, DIR/conn-N-PEER.csv and a cwnd and
     /// throughput plot DIR/conn-N-PEER.svg.
@@ -51,9 +55,12 @@ pub fn run(args: TargetArgs) -> anyhow::Result<()> {
         let bound = Target::bind(config).await.map_err(anyhow::Error::msg)?;
         let trace = match &args.trace {
             Some(path) => {
-                let t = pcap_trace::PduTrace::create(path).with_context(|| {
+                let mut t = pcap_trace::PduTrace::create(path).with_context(|| {
                     format!("--trace {}: cannot create the file", path.display())
                 })?;
+                if let Some(n) = args.trace_snap {
+                    t = t.with_snap(n);
+                }
                 bound.trace_to(t.clone());
                 Some(t)
             }

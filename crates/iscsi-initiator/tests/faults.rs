@@ -1,0 +1,315 @@
+//! Fault scenarios through the fault-injecting proxy (analyze::proxy with `faults`): a
+//! connection cut mid-write, mid-read and mid-login, a corrupted data digest each way, and a
+//! target that stalls past the NOP timeout. After each, every command the initiator (with
+//! reconnect) acknowledged is read back intact straight from the target; without reconnect,
+//! commands fail with a clear error and what was acknowledged is still intact.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use analyze::fault::Fault;
+use analyze::proxy::{DelayProxy, ProxyConfig};
+use bytes::Bytes;
+use common::random_bytes;
+use iscsi_initiator::{scsi, CommandRequest, IscsiUrl, Session, SessionConfig};
+
+const CONFIG: &str = r#"
+portals = ["127.0.0.1:0"]
+
+[[target]]
+name = "iqn.2026-11.org.ironsan:plain"
+[target.lun.0]
+size = "32MiB"
+backend = "memory"
+
+[[target]]
+name = "iqn.2026-11.org.ironsan:digests"
+header_digest = "required"
+data_digest = "required"
+[target.lun.0]
+size = "32MiB"
+backend = "memory"
+"#;
+
+const MIB: usize = 1 << 20;
+const BLOCK: u32 = 512;
+/// Commands per scenario, each 1 MiB at its own place on the LUN, all in flight at once.
+const COMMANDS: usize = 8;
+
+/// The target "digests" requires both digests: its URL asks for them.
+fn url(addr: SocketAddr, target: &str) -> IscsiUrl {
+    let query = if target == "digests" {
+        "?header_digest=crc32c&data_digest=crc32c"
+    } else {
+        ""
+    };
+    IscsiUrl::parse_lun(&format!(
+        "iscsi://{addr}/iqn.2026-11.org.ironsan:{target}/0{query}"
+    ))
+    .expect("url")
+}
+
+fn lba(i: usize) -> u64 {
+    (i * MIB / BLOCK as usize) as u64
+}
+
+/// A proxy in front of `target` injecting `faults` (as `ironsan delay-proxy --fault` spells them).
+fn proxy(target: SocketAddr, faults: &[&str]) -> DelayProxy {
+    let mut cfg = ProxyConfig::new("127.0.0.1:0".parse().unwrap(), target, Duration::ZERO);
+    cfg.faults = faults
+        .iter()
+        .map(|f| f.parse::<Fault>().expect("fault"))
+        .collect();
+    DelayProxy::start(cfg).expect("proxy")
+}
+
+/// The faults `p` has fired, as spelled on the command line (without the connection).
+fn fired(p: &DelayProxy) -> Vec<String> {
+    p.fired().iter().map(|f| f.to_string()).collect()
+}
+
+async fn session(addr: SocketAddr, target: &str, reconnect: bool) -> Session {
+    let u = url(addr, target);
+    let cfg = SessionConfig {
+        reconnect,
+        // A stalled connection is found within a few seconds.
+        nop_interval: Some(Duration::from_millis(500)),
+        nop_timeout: Duration::from_secs(2),
+        ..SessionConfig::from_url(&u)
+    };
+    Session::connect(&u, cfg).await.expect("login")
+}
+
+/// Submits one 1 MiB WRITE per region, all at once; the data of those acknowledged.
+async fn write_all(s: &Session, seed: u64) -> Vec<Result<Bytes, String>> {
+    let pending: Vec<_> = (0..COMMANDS)
+        .map(|i| {
+            let data = random_bytes(MIB, seed + i as u64);
+            let cdb = scsi::read_write(true, lba(i), (MIB / BLOCK as usize) as u32, false);
+            (data.clone(), s.submit(CommandRequest::write(0, cdb, data)))
+        })
+        .collect();
+    let mut out = Vec::new();
+    for (data, p) in pending {
+        out.push(match p.wait().await {
+            Ok(r) if r.status == 0 => Ok(data),
+            Ok(r) => Err(format!("status {:#x}", r.status)),
+            Err(e) => Err(e.to_string()),
+        });
+    }
+    out
+}
+
+/// Submits one 1 MiB READ per region, all at once.
+async fn read_all(s: &Session) -> Vec<Result<Bytes, String>> {
+    let pending: Vec<_> = (0..COMMANDS)
+        .map(|i| {
+            let cdb = scsi::read_write(false, lba(i), (MIB / BLOCK as usize) as u32, false);
+            s.submit(CommandRequest::read(0, cdb, MIB as u32))
+        })
+        .collect();
+    let mut out = Vec::new();
+    for p in pending {
+        out.push(match p.wait().await {
+            Ok(r) if r.status == 0 => Ok(r.data),
+            Ok(r) => Err(format!("status {:#x}", r.status)),
+            Err(e) => Err(e.to_string()),
+        });
+    }
+    out
+}
+
+/// Reads every region straight from the target (no proxy): each acknowledged write's data
+/// must be there.
+async fn verify(target: SocketAddr, name: &str, written: &[Result<Bytes, String>]) {
+    let s = session(target, name, false).await;
+    let back = read_all(&s).await;
+    for (i, (w, r)) in written.iter().zip(&back).enumerate() {
+        let r = r.as_ref().expect("verify read");
+        if let Ok(w) = w {
+            assert!(r == w, "region {i}: an acknowledged write was lost");
+        }
+    }
+    s.logout().await.expect("logout");
+}
+
+/// Known data in every region, written straight to the target.
+async fn fill(target: SocketAddr, name: &str, seed: u64) -> Vec<Bytes> {
+    let s = session(target, name, false).await;
+    let w = write_all(&s, seed).await;
+    s.logout().await.expect("logout");
+    w.into_iter().map(|r| r.expect("direct write")).collect()
+}
+
+fn all_ok(results: &[Result<Bytes, String>], what: &str) {
+    for (i, r) in results.iter().enumerate() {
+        if let Err(e) = r {
+            panic!("{what}: command {i} failed with reconnect on: {e}");
+        }
+    }
+}
+
+async fn in_time<F: std::future::Future>(f: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(90), f)
+        .await
+        .expect("in time: no command silently dropped")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_cut_mid_write_loses_no_acknowledged_write() {
+    in_time(async {
+        let target = common::start_target(CONFIG).await;
+        // 3 MB into the initiator's bytes: the third of eight 1 MiB WRITEs in flight.
+        let p = proxy(target, &["up:byte=3000000:reset"]);
+        let s = session(p.local_addr(), "plain", true).await;
+        let tsih = s.tsih();
+        let written = write_all(&s, 100).await;
+        all_ok(&written, "cut mid-write");
+        assert_eq!(fired(&p), ["up:byte=3000000:reset:conn=0"]);
+        assert_ne!(s.tsih(), tsih, "the session was reinstated");
+        s.logout().await.expect("logout");
+        verify(target, "plain", &written).await;
+
+        // Without reconnect: the commands after the cut fail with a clear error; those
+        // acknowledged before it are intact.
+        let p = proxy(target, &["up:byte=3000000:reset"]);
+        let s = session(p.local_addr(), "plain", false).await;
+        let written = write_all(&s, 200).await;
+        let failed: Vec<&String> = written.iter().filter_map(|r| r.as_ref().err()).collect();
+        assert!(!failed.is_empty(), "the cut came before the last write");
+        for e in failed {
+            assert!(e.contains("connection"), "a clear error: {e}");
+        }
+        verify(target, "plain", &written).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_cut_mid_read_is_read_again() {
+    in_time(async {
+        let target = common::start_target(CONFIG).await;
+        let data = fill(target, "plain", 300).await;
+        // Eight 1 MiB READs come back as 32 Data-In PDUs of 256 KiB: cut at the 13th.
+        let p = proxy(target, &["down:data-in#13:reset"]);
+        let s = session(p.local_addr(), "plain", true).await;
+        let tsih = s.tsih();
+        let back = read_all(&s).await;
+        all_ok(&back, "cut mid-read");
+        assert_eq!(fired(&p), ["down:data-in#13:reset:conn=0"]);
+        assert_ne!(s.tsih(), tsih, "the session was reinstated");
+        for (i, (b, d)) in back.iter().zip(&data).enumerate() {
+            assert!(b.as_ref().unwrap() == d, "region {i}: read data differs");
+        }
+        s.logout().await.expect("logout");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_cut_is_retried_and_a_first_login_cut_is_a_clear_error() {
+    in_time(async {
+        let target = common::start_target(CONFIG).await;
+        // The first connection is cut mid-write; the reinstating login (the second
+        // connection) is cut at its Login Response; the third attempt goes through.
+        let p = proxy(
+            target,
+            &["up:byte=3000000:reset", "down:login-resp#1:reset:conn=1"],
+        );
+        let s = session(p.local_addr(), "plain", true).await;
+        let tsih = s.tsih();
+        let written = write_all(&s, 400).await;
+        all_ok(&written, "cut mid-write, then mid-login");
+        assert_eq!(
+            fired(&p),
+            [
+                "up:byte=3000000:reset:conn=0",
+                "down:login-resp#1:reset:conn=1"
+            ]
+        );
+        assert_ne!(s.tsih(), tsih, "the session was reinstated");
+        s.logout().await.expect("logout");
+        verify(target, "plain", &written).await;
+
+        let p = proxy(target, &["down:login-resp#1:reset"]);
+        let u = url(p.local_addr(), "plain");
+        let e = Session::connect(&u, SessionConfig::from_url(&u))
+            .await
+            .err()
+            .expect("a login cut before it ended fails")
+            .to_string();
+        assert!(e.contains("login") || e.contains("connection"), "{e}");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupted_data_digests_end_the_connection_and_the_commands_are_sent_again() {
+    in_time(async {
+        let target = common::start_target(CONFIG).await;
+        // A Data-Out payload byte flipped: the target's digest check ends the connection
+        // (error recovery level 0); the reinstated session sends the WRITEs again.
+        let p = proxy(target, &["up:data-out#2:corrupt=data+100"]);
+        let s = session(p.local_addr(), "digests", true).await;
+        let tsih = s.tsih();
+        let written = write_all(&s, 500).await;
+        all_ok(&written, "corrupted Data-Out");
+        assert_eq!(fired(&p), ["up:data-out#2:corrupt=data+100:conn=0"]);
+        assert_ne!(
+            s.tsih(),
+            tsih,
+            "the digest error ended the first session's connection"
+        );
+        s.logout().await.expect("logout");
+        verify(target, "digests", &written).await;
+
+        // A Data-In payload byte flipped: the initiator's digest check ends the connection
+        // and the READs are sent again; no corrupted byte reaches the caller.
+        let p = proxy(target, &["down:data-in#3:corrupt=data+7"]);
+        let s = session(p.local_addr(), "digests", true).await;
+        let tsih = s.tsih();
+        let back = read_all(&s).await;
+        all_ok(&back, "corrupted Data-In");
+        assert_eq!(fired(&p), ["down:data-in#3:corrupt=data+7:conn=0"]);
+        assert_ne!(
+            s.tsih(),
+            tsih,
+            "the digest error ended the first connection"
+        );
+        for (i, (b, w)) in back.iter().zip(&written).enumerate() {
+            assert!(b.as_ref().unwrap() == w.as_ref().unwrap(), "region {i}");
+        }
+        s.logout().await.expect("logout");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_stalled_past_the_nop_timeout_is_left_and_the_commands_finish() {
+    in_time(async {
+        let target = common::start_target(CONFIG).await;
+        let data = fill(target, "plain", 600).await;
+        // The target's bytes stop for 60 s from the third Data-In: the initiator's NOP-Out
+        // goes unanswered for 2 s, it drops the connection and reinstates the session.
+        let p = proxy(target, &["down:data-in#3:stall=60"]);
+        let s = session(p.local_addr(), "plain", true).await;
+        let tsih = s.tsih();
+        let start = Instant::now();
+        let back = read_all(&s).await;
+        let took = start.elapsed();
+        all_ok(&back, "stalled target");
+        assert_eq!(fired(&p), ["down:data-in#3:stall=60:conn=0"]);
+        assert_ne!(s.tsih(), tsih, "the session was reinstated");
+        assert!(
+            took < Duration::from_secs(20),
+            "left the stalled connection after the NOP timeout, not the stall: {took:?}"
+        );
+        for (i, (b, d)) in back.iter().zip(&data).enumerate() {
+            assert!(b.as_ref().unwrap() == d, "region {i}: read data differs");
+        }
+        s.logout().await.expect("logout");
+    })
+    .await;
+}
