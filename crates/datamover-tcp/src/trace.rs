@@ -87,10 +87,11 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Traced<S> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let me = self.get_mut();
+        let sending = me.trace.as_ref().map(|t| t.sending());
         let r = Pin::new(&mut me.inner).poll_write(cx, buf);
-        if let (Poll::Ready(Ok(n)), Some(t)) = (&r, &me.trace) {
+        if let (Poll::Ready(Ok(n)), Some(s)) = (&r, sending) {
             if *n > 0 {
-                t.sent(&buf[..*n]);
+                s.sent(&buf[..*n]);
             }
         }
         r
@@ -102,8 +103,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Traced<S> {
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let me = self.get_mut();
+        let sending = me.trace.as_ref().map(|t| t.sending());
         let r = Pin::new(&mut me.inner).poll_write_vectored(cx, bufs);
-        if let (Poll::Ready(Ok(n)), Some(t)) = (&r, &me.trace) {
+        if let (Poll::Ready(Ok(n)), Some(s)) = (&r, sending) {
             let mut left = *n;
             me.scratch.clear();
             for b in bufs {
@@ -115,7 +117,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Traced<S> {
                 left -= take;
             }
             if !me.scratch.is_empty() {
-                t.sent(&me.scratch);
+                s.sent(&me.scratch);
             }
         }
         r

@@ -237,8 +237,22 @@ impl TraceConnection {
         self.record(bytes, false);
     }
 
+    /// Holds the connection's trace while the caller writes to its socket: bytes the peer
+    /// sends in answer, read and recorded on another thread, then land after the bytes they
+    /// answer (recording after the write alone would let them overtake).
+    pub fn sending(&self) -> Sending<'_> {
+        Sending {
+            conn: self,
+            st: self.state(),
+        }
+    }
+
     fn record(&self, bytes: &[u8], from_local: bool) {
         let mut st = self.state();
+        self.record_locked(&mut st, bytes, from_local);
+    }
+
+    fn record_locked(&self, st: &mut ConnState, bytes: &[u8], from_local: bool) {
         let runs = match st.snap.as_mut() {
             Some(s) => {
                 let dir = if from_local {
@@ -254,7 +268,7 @@ impl TraceConnection {
             }],
         };
         for (kept, left_out) in frames(bytes, &runs) {
-            emit_cut(&self.trace, &mut st, from_local, kept, left_out);
+            emit_cut(&self.trace, st, from_local, kept, left_out);
         }
     }
 
@@ -268,6 +282,19 @@ impl TraceConnection {
         emit(&self.trace, &mut st, true, TCP_FIN | TCP_ACK, &[]);
         emit(&self.trace, &mut st, false, TCP_FIN | TCP_ACK, &[]);
         emit(&self.trace, &mut st, true, TCP_ACK, &[]);
+    }
+}
+
+/// A write to a traced socket in progress (see [`TraceConnection::sending`]).
+pub struct Sending<'a> {
+    conn: &'a TraceConnection,
+    st: MutexGuard<'a, ConnState>,
+}
+
+impl Sending<'_> {
+    /// Records the bytes the write took.
+    pub fn sent(mut self, bytes: &[u8]) {
+        self.conn.record_locked(&mut self.st, bytes, true);
     }
 }
 

@@ -145,7 +145,10 @@ fn tcp_info_recorder(
             ));
             plot.title = format!("TCP_INFO of {}", self.base.display());
             for (ext, body) in [("csv", csv), ("svg", plot.to_svg())] {
-                let path = self.base.with_extension(ext);
+                // Appended, not with_extension: the peer's address has dots in it.
+                let mut path = self.base.clone().into_os_string();
+                path.push(format!(".{ext}"));
+                let path = std::path::PathBuf::from(path);
                 if let Err(e) = std::fs::write(&path, body) {
                     tracing::warn!("cannot write {}: {e}", path.display());
                 }
