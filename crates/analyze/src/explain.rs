@@ -20,7 +20,7 @@ use crate::negotiated::Negotiated;
 use crate::phases::{command_phases, p50_p99, percentile, CommandPhases, IoDir};
 use crate::stats::{idle_between, packet_times, StatsOptions};
 use crate::tcp::TcpEventKind;
-use crate::window::window_stats;
+use crate::window::{window_stats, WindowStats};
 
 /// A limit's share below this is not reported.
 const MIN_SHARE: f64 = 0.05;
@@ -699,12 +699,12 @@ fn tcp_window(a: &Analysis, w: &Workload) -> Option<Finding> {
         .iter()
         .flat_map(window_stats)
         .filter(|s| s.segments >= 10)
-        .max_by_key(|s| s.window_limited)?;
+        .max_by(|x, y| window_share(x).total_cmp(&window_share(y)))?;
     let limited = stats.window_limited as f64 / stats.segments as f64;
-    if limited < 0.1 {
+    let waiting = stats.limited_time_share;
+    if window_share(&stats) < 0.1 {
         return None;
     }
-    let waiting = stats.limited_time_share;
     let rtt = stats.rtt_us.unwrap_or(w.round_trip.us).max(1.0);
     let bound = stats.mean_window / rtt;
     let evidence = vec![
@@ -732,10 +732,16 @@ fn tcp_window(a: &Analysis, w: &Workload) -> Option<Finding> {
                   the application's SO_RCVBUF) with window scaling on, so that window / RTT \
                   exceeds the link rate"
         .to_string();
-    let share = limited.max(waiting).min(1.0);
-    let mut f = finding(Limit::TcpWindow, share, w, evidence, change);
+    let mut f = finding(Limit::TcpWindow, window_share(&stats), w, evidence, change);
     f.bound_mbps = bound;
     Some(f)
+}
+
+/// Of a direction's segments, the part that found the window full, or of its sending time
+/// the part spent waiting after them, whichever is larger.
+fn window_share(s: &WindowStats) -> f64 {
+    let limited = s.window_limited as f64 / s.segments.max(1) as f64;
+    limited.max(s.limited_time_share).min(1.0)
 }
 
 /// Time the connection stood still before each retransmission (the timeout or the wait for

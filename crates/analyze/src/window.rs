@@ -12,7 +12,8 @@ use crate::analysis::{AckMark, Connection, PacketMark};
 use crate::iscsi::Dir;
 
 /// A data segment counts as window-limited when the bytes in flight reach this part of the
-/// advertised window.
+/// advertised window, or when what is left of the window cannot take another segment as large
+/// as the largest the sender has sent (with a large MSS a window fills in coarse steps).
 const FULL_WINDOW: f64 = 0.9;
 
 /// Flow control of one direction of data.
@@ -134,7 +135,9 @@ fn follow(
     // Data not yet acknowledged: (sequence number after it, time sent).
     let mut unacked: VecDeque<(u32, u64)> = VecDeque::new();
     let mut window_sum = 0.0;
+    let mut largest = 0u64;
     for p in data {
+        largest = largest.max(u64::from(p.payload));
         while let Some(&a) = acks.get(next_ack).filter(|a| a.ts_ns <= p.ts_ns) {
             take_ack(a, &mut unacked, &mut s.rtt_us);
             last = Some(a);
@@ -156,7 +159,9 @@ fn follow(
                 window,
             });
         }
-        let full = window > 0 && in_flight as f64 >= FULL_WINDOW * window as f64;
+        let full = window > 0
+            && (in_flight as f64 >= FULL_WINDOW * window as f64
+                || window.saturating_sub(in_flight) < largest);
         if full {
             s.window_limited += 1;
         }
