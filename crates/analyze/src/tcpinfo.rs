@@ -303,19 +303,8 @@ pub fn read_csv(text: &str) -> Result<Vec<NamedSamples>, String> {
     let col = |name: &str| header.iter().position(|h| h.trim() == name);
     let t_col = col("t_s").ok_or("no t_s column: not a TCP_INFO samples file")?;
     let conn_col = col("conn");
-    let cols = [
-        "cwnd",
-        "ssthresh",
-        "rtt_us",
-        "rttvar_us",
-        "retransmits",
-        "total_retrans",
-        "unacked",
-        "delivery_rate_Bps",
-        "bytes_acked",
-        "bytes_received",
-    ]
-    .map(col);
+    // The columns the writer puts after t_s, in its order.
+    let cols: [Option<usize>; 10] = std::array::from_fn(|i| col(COLUMNS[i + 1]));
     let mut out: Vec<NamedSamples> = Vec::new();
     for (n, line) in lines {
         let f = csv_fields(line);

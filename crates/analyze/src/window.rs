@@ -65,10 +65,7 @@ pub fn window_stats(c: &Connection) -> Vec<WindowStats> {
     [Dir::ToTarget, Dir::ToInitiator]
         .into_iter()
         .filter_map(|dir| {
-            let scale = receiver_scale(c, dir)?;
-            let data: Vec<&PacketMark> = c.packets.iter().filter(|p| p.dir == dir).collect();
-            let acks: Vec<&AckMark> = c.acks.iter().filter(|a| a.dir == other(dir)).collect();
-            let s = follow(c.id, dir, &data, &acks, scale, None);
+            let s = walk(c, dir, None)?;
             (s.segments > 0).then_some(s)
         })
         .collect()
@@ -98,14 +95,20 @@ pub fn flight_series(c: &Connection) -> Vec<FlightSeries> {
     [Dir::ToTarget, Dir::ToInitiator]
         .into_iter()
         .filter_map(|dir| {
-            let scale = receiver_scale(c, dir)?;
-            let data: Vec<&PacketMark> = c.packets.iter().filter(|p| p.dir == dir).collect();
-            let acks: Vec<&AckMark> = c.acks.iter().filter(|a| a.dir == other(dir)).collect();
             let mut points = Vec::new();
-            follow(c.id, dir, &data, &acks, scale, Some(&mut points));
+            walk(c, dir, Some(&mut points))?;
             (!points.is_empty()).then_some(FlightSeries { dir, points })
         })
         .collect()
+}
+
+/// One direction of data on `c` with the receiver's acknowledgements (None: the SYNs with
+/// their options were not captured).
+fn walk(c: &Connection, dir: Dir, points: Option<&mut Vec<FlightPoint>>) -> Option<WindowStats> {
+    let scale = receiver_scale(c, dir)?;
+    let data: Vec<&PacketMark> = c.packets.iter().filter(|p| p.dir == dir).collect();
+    let acks: Vec<&AckMark> = c.acks.iter().filter(|a| a.dir == other(dir)).collect();
+    Some(follow(c.id, dir, &data, &acks, scale, points))
 }
 
 /// Walks data segments and the receiver's acknowledgements in time order.

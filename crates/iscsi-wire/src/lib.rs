@@ -423,3 +423,26 @@ pub fn encode_pdu(pdu: &Pdu, header_crc: Option<CrcFn>, data_crc: Option<CrcFn>)
 
 #[cfg(test)]
 mod tests;
+
+/// Stream bytes for tests of code that cuts a byte stream into PDUs (proxies, traces).
+#[doc(hidden)]
+pub mod testing {
+    use super::{padded_len, Digests, BHS_LEN};
+
+    /// A PDU of `opcode` with `data` as its data segment, padded, with placeholder digests
+    /// (0xaa.., 0xdd..) where `digests` says they go: only its layout is meant to be right.
+    pub fn pdu_bytes(opcode: u8, data: &[u8], digests: Digests) -> Vec<u8> {
+        let mut p = vec![0u8; BHS_LEN];
+        p[0] = opcode;
+        p[5..8].copy_from_slice(&(data.len() as u32).to_be_bytes()[1..]);
+        if digests.header {
+            p.extend_from_slice(&[0xaa; 4]);
+        }
+        p.extend_from_slice(data);
+        p.resize(p.len() + padded_len(data.len() as u32) - data.len(), 0);
+        if digests.data && !data.is_empty() {
+            p.extend_from_slice(&[0xdd; 4]);
+        }
+        p
+    }
+}

@@ -179,23 +179,7 @@ impl PduSnap {
 mod tests {
     use super::*;
 
-    fn pdu(opcode: u8, data: &[u8], digests: Digests) -> Vec<u8> {
-        let mut p = vec![0u8; BHS_LEN];
-        p[0] = opcode;
-        p[5..8].copy_from_slice(&(data.len() as u32).to_be_bytes()[1..]);
-        if digests.header {
-            p.extend_from_slice(&[0xaa; 4]);
-        }
-        p.extend_from_slice(data);
-        p.resize(
-            p.len() + iscsi_wire::padded_len(data.len() as u32) - data.len(),
-            0,
-        );
-        if digests.data && !data.is_empty() {
-            p.extend_from_slice(&[0xdd; 4]);
-        }
-        p
-    }
+    use iscsi_wire::testing::pdu_bytes as pdu;
 
     #[test]
     fn bulk_data_is_left_out_after_the_snap_and_headers_and_login_are_kept() {
