@@ -16,7 +16,14 @@ use std::time::Duration;
 
 use iscsi_wire::{Digests, FrameLayout, Opcode, BHS_LEN};
 
-use crate::proxy::Direction;
+/// Which direction of the relayed connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// Client to upstream server.
+    Up,
+    /// Upstream server to client.
+    Down,
+}
 
 /// Where in a direction's stream a fault fires.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -30,14 +30,7 @@ use std::time::{Duration, Instant};
 
 use crate::fault::{Fault, LoginWatch, Piece, StreamCutter};
 
-/// Which direction of the relayed connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Direction {
-    /// Client to upstream server.
-    Up,
-    /// Upstream server to client.
-    Down,
-}
+pub use crate::fault::Direction;
 
 /// Drop one segment: the `nth` (1-based) data-carrying segment of `direction` on the first
 /// relayed connection.
