@@ -14,13 +14,24 @@
 //!   commands that may write (WRITE SAME, UNMAP, COMPARE AND WRITE, EXTENDED COPY, ...)
 //!   re-take the shadow from the LUN.
 //!
+//! How the harness sees the medium: by default the LUN's image is memory the harness lends
+//! the device ([`Image`], as an RDMA transport lends its registered memory), which records
+//! every range the backend writes; the harness reads the medium there directly and checks,
+//! after each command, only the ranges written (a byte never written cannot have changed),
+//! so a command costs what it does, not a read of the whole LUN. With option bit 7 the LUN
+//! lives on the backend's own heap chunks (as on an iSCSI/TCP target), and the harness
+//! reads it back whole with READ CAPACITY(16) and READ(16) after every command (slower,
+//! hence a smaller LUN).
+//!
 //! Input: an options byte (bit 0 4096-byte blocks, bit 1 thin provisioning, bit 2 read
-//! only, bit 3 removable, bit 4 SANITIZE offered), then commands: a flag byte (bit 0 R,
-//! bit 1 W, bits 2-4 task attribute, bit 5 LUN 1 (not configured), bit 6 a second I_T
-//! nexus), the CDB length (mod 33) and bytes, the expected length (16 bits), and the
-//! data-out as a record.
+//! only, bit 3 removable, bit 4 SANITIZE offered, bit 7 heap-backed LUN), then commands: a
+//! flag byte (bit 0 R, bit 1 W, bits 2-4 task attribute, bit 5 LUN 1 (not configured), bit
+//! 6 a second I_T nexus), the CDB length (mod 33) and bytes, the expected length (16 bits),
+//! and the data-out as a record.
 
-use std::cell::RefCell;
+use std::cell::{RefCell, UnsafeCell};
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use scsi::sense::key;
@@ -32,6 +43,120 @@ use crate::Input;
 const MAX_COMMANDS: usize = 32;
 /// The largest LUN a harness builds (16 blocks of 4096 bytes, or 64 of 512).
 const MAX_LUN_BYTES: usize = 64 * 1024;
+/// The heap-backed LUN, read back whole after every command: 4 blocks of 4096 bytes, or 16
+/// of 512.
+const HEAP_LUN_BYTES: usize = 8 * 1024;
+
+/// A RAM LUN's image lent to the device (`Device::with_image_memory`): the harness reads
+/// the medium here directly, and learns every range the backend wrote.
+struct Image {
+    cells: Box<[UnsafeCell<u8>]>,
+    /// Ranges written since [`Image::take_written`] last ran, in order.
+    written: Mutex<Vec<Range<usize>>>,
+}
+
+// SAFETY: the backend writes the image only under a chunk's write lock and borrows bytes
+// only under its read lock, so no borrow it makes sees a write; the harness borrows the
+// whole image (`contents`) only between commands, when no task of the device runs (the
+// runtime is current-thread: its tasks run only inside `block_on`).
+unsafe impl Sync for Image {}
+
+impl Image {
+    fn new(len: usize) -> Arc<Image> {
+        let zeros: Box<[u8]> = vec![0u8; len].into_boxed_slice();
+        // SAFETY: UnsafeCell<u8> is repr(transparent) over u8, so the slices have the same
+        // layout (and allocation); zeroing through calloc costs nothing per byte here.
+        let cells = unsafe { Box::from_raw(Box::into_raw(zeros) as *mut [UnsafeCell<u8>]) };
+        Arc::new(Image {
+            cells,
+            written: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The whole medium. Only between commands (see the `Sync` impl).
+    fn contents(&self) -> &[u8] {
+        // SAFETY: as in `bytes_at`; no command runs while the harness holds this borrow.
+        unsafe { std::slice::from_raw_parts(self.cells.as_ptr() as *const u8, self.cells.len()) }
+    }
+
+    /// The ranges written since the last call.
+    fn take_written(&self) -> Vec<Range<usize>> {
+        std::mem::take(&mut *self.written.lock().unwrap())
+    }
+}
+
+impl storage::ImageMemory for Image {
+    fn len(&self) -> usize {
+        self.cells.len()
+    }
+    fn write_at(&self, offset: usize, data: &[u8]) {
+        let to = self.cells[offset..offset + data.len()].as_ptr() as *mut u8;
+        // SAFETY: in range (sliced above); UnsafeCell<u8> has u8's layout, so the cells are
+        // `data.len()` contiguous bytes; the backend's chunk lock excludes readers.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), to, data.len()) };
+        self.written
+            .lock()
+            .unwrap()
+            .push(offset..offset + data.len());
+    }
+    fn bytes_at(&self, offset: usize, len: usize) -> &[u8] {
+        let cells = &self.cells[offset..offset + len];
+        // SAFETY: as in write_at; no write happens while the backend lends this borrow.
+        unsafe { std::slice::from_raw_parts(cells.as_ptr() as *const u8, len) }
+    }
+    fn as_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
+        self
+    }
+}
+
+/// The LUN's contents, and the ranges that may have changed since they were last read.
+type Observed<'a> = (std::borrow::Cow<'a, [u8]>, Vec<Range<usize>>);
+
+/// Where the LUN's contents are read after each command.
+enum Medium {
+    /// Lent memory: read directly, only the ranges written.
+    Image(Arc<Image>),
+    /// The backend's heap: read whole with READ CAPACITY(16) and READ(16).
+    Heap,
+}
+
+impl Medium {
+    /// The LUN's contents now, and the ranges that may have changed since the last call
+    /// (`None`: the harness could not read the LUN).
+    fn now(&self, dev: &Device, size: u64) -> Option<Observed<'_>> {
+        match self {
+            Medium::Image(img) => {
+                let written = img.take_written();
+                Some((std::borrow::Cow::Borrowed(img.contents()), written))
+            }
+            Medium::Heap => {
+                let (now_bs, data) = read_lun(dev)?;
+                assert_eq!(
+                    data.len() as u64,
+                    size,
+                    "the LUN changed size (block size {now_bs})"
+                );
+                // All of it may have changed.
+                let whole = std::iter::once(0..data.len()).collect();
+                Some((std::borrow::Cow::Owned(data), whole))
+            }
+        }
+    }
+}
+
+/// The first byte of `ranges` where `now` and `expect` differ.
+fn first_difference(ranges: &[Range<usize>], now: &[u8], expect: &[u8]) -> Option<usize> {
+    ranges.iter().find_map(|r| {
+        let (a, b) = (&now[r.clone()], &expect[r.clone()]);
+        if a == b {
+            return None;
+        }
+        a.iter()
+            .zip(b)
+            .position(|(x, y)| x != y)
+            .map(|i| r.start + i)
+    })
+}
 
 thread_local! {
     static RUNTIME: RefCell<Option<tokio::runtime::Runtime>> = const { RefCell::new(None) };
@@ -207,11 +332,10 @@ fn read_range(cdb: &[u8]) -> Option<(u64, u64)> {
 pub fn scsi(data: &[u8]) {
     let mut inp = Input::new(data);
     let o = inp.u8();
-    let (bs, blocks) = if o & 1 != 0 {
-        (4096u32, 16u64)
-    } else {
-        (512, 64)
-    };
+    let heap = o & 0x80 != 0;
+    let lun_bytes = if heap { HEAP_LUN_BYTES } else { MAX_LUN_BYTES };
+    let bs: u32 = if o & 1 != 0 { 4096 } else { 512 };
+    let blocks = (lun_bytes / bs as usize) as u64;
     let size = u64::from(bs) * blocks;
     let mut cfg = LunConfig::memory(size);
     cfg.block_size = bs;
@@ -220,7 +344,22 @@ pub fn scsi(data: &[u8]) {
     cfg.sanitize = o & 16 != 0;
     let read_only = o & 4 != 0;
     cfg.read_only = read_only;
-    let dev = Device::new("iqn.2026-11.org.ironsan:fuzz", vec![(0, cfg)]).expect("device");
+    let medium = if heap {
+        Medium::Heap
+    } else {
+        Medium::Image(Image::new(size as usize))
+    };
+    let lent = match &medium {
+        Medium::Image(img) => Some(img.clone()),
+        Medium::Heap => None,
+    };
+    let lend = move |_lun: u64, len: u64| {
+        lent.clone()
+            .filter(|_| len == size)
+            .map(|img| img as Arc<dyn storage::ImageMemory>)
+    };
+    let dev = Device::with_image_memory("iqn.2026-11.org.ironsan:fuzz", vec![(0, cfg)], &lend)
+        .expect("device");
     dev.nexus_added(
         NexusId(1),
         "iqn.2026-11.org.ironsan:fuzzer,i,0x800000000001",
@@ -251,9 +390,14 @@ pub fn scsi(data: &[u8]) {
         )
         .expect("the pattern is written");
     }
-    let mut shadow: Option<Vec<u8>> = read_lun(&dev).map(|(_, d)| d);
-    if !read_only {
-        assert_eq!(shadow.as_deref(), Some(&pattern[..]), "pattern read back");
+    // The shadow: what the LUN holds (None: the heap-backed LUN could not be read back).
+    let mut shadow: Option<Vec<u8>> = medium.now(&dev, size).map(|(d, _)| d.into_owned());
+    if let Some(s) = &shadow {
+        if read_only {
+            assert!(s.iter().all(|&b| b == 0), "a fresh LUN reads as zeros");
+        } else {
+            assert_eq!(&s[..], &pattern[..], "pattern read back");
+        }
     }
 
     for _ in 0..MAX_COMMANDS {
@@ -318,8 +462,26 @@ pub fn scsi(data: &[u8]) {
             | status::TASK_SET_FULL => {}
             s => panic!("status {s:#x} for CDB {cdb:02x?}"),
         }
+        if let Some((now_blocks, now_bs)) = dev.capacity(0) {
+            assert_eq!(
+                now_blocks.checked_mul(u64::from(now_bs)),
+                Some(size),
+                "the LUN changed size ({now_blocks} blocks of {now_bs} bytes)"
+            );
+        }
 
-        // What the LUN should hold now.
+        // A plain read returned the medium's bytes.
+        if let (Some(s), status::GOOD, Some((lba, n))) = (&shadow, rsp.status, read_range(&cdb)) {
+            let start = lba.saturating_mul(u64::from(bs)) as usize;
+            let len = (n * u64::from(bs)) as usize;
+            if read && lun == 0 && rsp.data_in.len() == len && start.saturating_add(len) <= s.len()
+            {
+                assert_eq!(&rsp.data_in[..], &s[start..start + len], "READ data");
+            }
+        }
+
+        // What the LUN should hold now: the shadow, but for what a successful plain write
+        // names; unknown after any other command that may write.
         let opcode = cdb.first().copied().unwrap_or(0);
         let refused = rsp.status == status::RESERVATION_CONFLICT
             || matches!(
@@ -333,48 +495,63 @@ pub fn scsi(data: &[u8]) {
                 )
             );
         let unchanged = never_writes(opcode) || refused || lun != 0;
-        let now = read_lun(&dev);
-        if let Some((now_bs, ref now_data)) = now {
-            assert_eq!(
-                now_data.len() as u64,
-                size,
-                "the LUN changed size (block size {now_bs})"
-            );
-        }
-        let now = now.map(|(_, d)| d);
-        let expect: Option<Vec<u8>> = match (&shadow, rsp.status) {
-            (Some(s), _) if unchanged => Some(s.clone()),
-            (Some(s), status::GOOD) => write_range(&cdb).and_then(|(lba, n)| {
+        let written: Option<Range<usize>> = match rsp.status {
+            status::GOOD if !unchanged => write_range(&cdb).and_then(|(lba, n)| {
                 let start = lba.checked_mul(u64::from(bs))? as usize;
                 let len = n.checked_mul(u64::from(bs))? as usize;
                 // Known only when the initiator sent all the data the CDB names.
-                if len > out.len() || start.checked_add(len)? > s.len() {
+                if len > out.len() || start.checked_add(len)? > size as usize {
                     return None;
                 }
-                let mut s = s.clone();
-                s[start..start + len].copy_from_slice(&out[..len]);
-                Some(s)
+                Some(start..start + len)
             }),
             _ => None,
         };
-        if let (Some(e), Some(n)) = (&expect, &now) {
-            if e != n {
-                let at = e.iter().zip(n).position(|(a, b)| a != b).unwrap_or(0);
+        let Some((now, changed)) = medium.now(&dev, size) else {
+            shadow = None;
+            continue;
+        };
+        let Some(s) = &mut shadow else {
+            shadow = Some(now.into_owned());
+            continue;
+        };
+        let stray = |r: &[Range<usize>], expect: &[u8]| {
+            if let Some(at) = first_difference(r, &now, expect) {
                 panic!(
                     "CDB {cdb:02x?} (status {:#x}, sense key {sk:?}) changed the LUN at byte {at}",
                     rsp.status
                 );
             }
-        }
-        // A plain read returned the medium's bytes.
-        if let (Some(s), status::GOOD, Some((lba, n))) = (&shadow, rsp.status, read_range(&cdb)) {
-            let start = lba.saturating_mul(u64::from(bs)) as usize;
-            let len = (n * u64::from(bs)) as usize;
-            if read && lun == 0 && rsp.data_in.len() == len && start.saturating_add(len) <= s.len()
-            {
-                assert_eq!(&rsp.data_in[..], &s[start..start + len], "READ data");
+        };
+        if unchanged {
+            stray(&changed, s);
+        } else if let Some(w) = &written {
+            // Its data at its LBA, and nothing else.
+            if now[w.clone()] != out[..w.len()] {
+                let at = now[w.clone()]
+                    .iter()
+                    .zip(out)
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(0);
+                panic!(
+                    "CDB {cdb:02x?} (status GOOD) wrote other data than its own at byte {}",
+                    w.start + at
+                );
             }
+            let outside: Vec<Range<usize>> = changed
+                .iter()
+                .flat_map(|r| {
+                    [
+                        r.start..r.end.min(w.start).max(r.start),
+                        r.start.max(w.end).min(r.end)..r.end,
+                    ]
+                })
+                .filter(|r| !r.is_empty())
+                .collect();
+            stray(&outside, s);
         }
-        shadow = now;
+        for r in changed {
+            s[r.clone()].copy_from_slice(&now[r]);
+        }
     }
 }
