@@ -334,7 +334,6 @@ impl StreamCutter {
         if self.reset {
             return out;
         }
-        let mut input = input.to_vec();
         let start = self.offset;
         self.offset += input.len() as u64;
         // Byte points inside this chunk, in stream order.
@@ -347,12 +346,14 @@ impl StreamCutter {
             _ => true,
         });
         fired.sort_by_key(|&(at, _)| at);
+        // A copy only when a byte of this chunk is to be flipped.
+        let mut input = std::borrow::Cow::Borrowed(input);
         let mut from = 0usize;
         for (at, action) in fired {
             self.record(FaultPoint::Byte(start + at), action);
             let at = at as usize;
             match action {
-                FaultAction::Corrupt(_) => input[at] ^= 0xff,
+                FaultAction::Corrupt(_) => input.to_mut()[at] ^= 0xff,
                 FaultAction::Stall(d) => {
                     self.take(&input[from..at], &mut out);
                     out.push(Piece::Stall(d));

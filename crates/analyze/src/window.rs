@@ -168,8 +168,8 @@ fn follow(
         if full {
             s.window_limited += 1;
         }
-        if let Some((_, true)) = prev {
-            limited_ns += p.ts_ns - prev.map_or(p.ts_ns, |(t, _)| t);
+        if let Some((t, true)) = prev {
+            limited_ns += p.ts_ns.saturating_sub(t);
         }
         prev = Some((p.ts_ns, full));
     }

@@ -345,35 +345,34 @@ fn frames<'a>(bytes: &'a [u8], runs: &[Run]) -> Vec<(&'a [u8], usize)> {
 /// One data frame whose last `left_out` payload bytes are not in the trace (checksums as if
 /// they were zero, which is how a reader fills them).
 fn emit_cut(trace: &PduTrace, st: &mut ConnState, from_local: bool, kept: &[u8], left_out: usize) {
-    if left_out == 0 {
-        emit(trace, st, from_local, TCP_ACK | TCP_PSH, kept);
-        return;
-    }
-    let mut payload = Vec::with_capacity(kept.len() + left_out);
-    payload.extend_from_slice(kept);
-    payload.resize(kept.len() + left_out, 0);
-    let frame = frame_and_advance(st, from_local, TCP_ACK | TCP_PSH, &payload);
+    let frame = frame_and_advance(st, from_local, TCP_ACK | TCP_PSH, kept, left_out);
     let _ = trace
         .lock()
-        .write_cut_frame(now_ns(), &frame[..frame.len() - left_out], frame.len());
+        .write_cut_frame(now_ns(), &frame, frame.len() + left_out);
 }
 
 /// Builds and writes one frame; advances the sender's sequence number. Write errors are
 /// dropped on purpose: tracing must never fail the I/O it observes.
 fn emit(trace: &PduTrace, st: &mut ConnState, from_local: bool, flags: u8, payload: &[u8]) {
-    let frame = frame_and_advance(st, from_local, flags, payload);
+    let frame = frame_and_advance(st, from_local, flags, payload, 0);
     let _ = trace.lock().write_frame(now_ns(), &frame);
 }
 
-fn frame_and_advance(st: &mut ConnState, from_local: bool, flags: u8, payload: &[u8]) -> Vec<u8> {
+fn frame_and_advance(
+    st: &mut ConnState,
+    from_local: bool,
+    flags: u8,
+    payload: &[u8],
+    left_out: usize,
+) -> Vec<u8> {
     let (src, dst, seq, ack) = if from_local {
         (st.local, st.peer, st.local_next, st.peer_next)
     } else {
         (st.peer, st.local, st.peer_next, st.local_next)
     };
     let ack = if flags & TCP_ACK != 0 { ack } else { 0 };
-    let frame = build_frame(src, dst, seq, ack, flags, payload);
-    let advance = payload.len() as u32 + u32::from(flags & (TCP_SYN | TCP_FIN) != 0);
+    let frame = cut_frame(src, dst, seq, ack, flags, payload, left_out);
+    let advance = (payload.len() + left_out) as u32 + u32::from(flags & (TCP_SYN | TCP_FIN) != 0);
     if from_local {
         st.local_next = st.local_next.wrapping_add(advance);
     } else {
@@ -424,6 +423,21 @@ pub fn build_frame(
     flags: u8,
     payload: &[u8],
 ) -> Vec<u8> {
+    cut_frame(src, dst, seq, ack, flags, payload, 0)
+}
+
+/// [`build_frame`] for a segment whose payload is `payload` followed by `left_out` bytes the
+/// frame leaves out (a snap length): the headers count them, the checksum reads them as zeros
+/// (which add nothing to it), the frame ends with `payload`.
+fn cut_frame(
+    src: SocketAddr,
+    dst: SocketAddr,
+    seq: u32,
+    ack: u32,
+    flags: u8,
+    payload: &[u8],
+    left_out: usize,
+) -> Vec<u8> {
     let mut tcp = Vec::with_capacity(20 + payload.len());
     tcp.extend_from_slice(&src.port().to_be_bytes());
     tcp.extend_from_slice(&dst.port().to_be_bytes());
@@ -434,7 +448,7 @@ pub fn build_frame(
     tcp.extend_from_slice(&0xffffu16.to_be_bytes()); // window
     tcp.extend_from_slice(&[0, 0, 0, 0]); // checksum, urgent pointer
     tcp.extend_from_slice(payload);
-    let tcp_len = tcp.len() as u32;
+    let tcp_len = (tcp.len() + left_out) as u32;
 
     let mut frame = Vec::with_capacity(14 + 40 + tcp.len());
     // Locally administered MACs derived from nothing: both ends look alike, which is fine.
@@ -592,5 +606,21 @@ mod tests {
                 TCP_FIN | TCP_ACK
             )
         );
+    }
+
+    #[test]
+    fn a_cut_frame_is_the_whole_frame_of_zeros_cut_short() {
+        for (src, dst) in [
+            ("10.0.0.1:40000", "10.0.0.2:3260"),
+            ("[::1]:40000", "127.0.0.1:3260"),
+        ] {
+            let (src, dst) = (src.parse().unwrap(), dst.parse().unwrap());
+            for kept in [&b"abc"[..], &b"abcd"[..]] {
+                let whole = [kept, &[0u8; 1001][..]].concat();
+                let full = build_frame(src, dst, 7, 9, TCP_ACK | TCP_PSH, &whole);
+                let cut = cut_frame(src, dst, 7, 9, TCP_ACK | TCP_PSH, kept, 1001);
+                assert_eq!(cut[..], full[..full.len() - 1001]);
+            }
+        }
     }
 }

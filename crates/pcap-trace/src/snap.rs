@@ -60,8 +60,6 @@ pub struct PduSnap {
     leave_left: usize,
     /// A Login Response's text, gathered to read its digest answers.
     login_text: Option<Vec<u8>>,
-    /// The stream could not be framed (a header no PDU has): the rest is kept as it is.
-    lost: bool,
 }
 
 /// PDUs whose data segment is bulk data, cut to the snap length.
@@ -81,7 +79,6 @@ impl PduSnap {
             keep_left: 0,
             leave_left: 0,
             login_text: None,
-            lost: false,
         }
     }
 
@@ -100,10 +97,6 @@ impl PduSnap {
         let mut at = 0;
         while at < bytes.len() {
             let rest = &bytes[at..];
-            if self.lost {
-                push(rest.len(), true);
-                break;
-            }
             if self.keep_left > 0 {
                 let n = self.keep_left.min(rest.len());
                 if let Some(text) = self.login_text.as_mut() {
@@ -133,25 +126,27 @@ impl PduSnap {
             push(n, true);
             at += n;
             if self.header.len() == BHS_LEN && self.header_len == BHS_LEN {
-                let bhs: &[u8; BHS_LEN] = self.header[..].try_into().expect("BHS_LEN bytes");
-                match FrameLayout::of(bhs, negotiated.digests(), u32::MAX) {
-                    Ok(layout) => self.header_len = BHS_LEN + layout.header_rest_len(),
-                    Err(_) => self.lost = true,
-                }
+                self.header_len = BHS_LEN + self.layout(negotiated).header_rest_len();
             }
-            if self.header.len() == self.header_len && !self.lost {
+            if self.header.len() == self.header_len {
                 self.start_data(negotiated);
             }
         }
         runs
     }
 
+    /// The current PDU's layout (its BHS is complete). No data segment length is refused:
+    /// a trace records whatever the peers sent.
+    fn layout(&self, negotiated: &Negotiated) -> FrameLayout {
+        let bhs: &[u8; BHS_LEN] = self.header[..BHS_LEN].try_into().expect("BHS_LEN bytes");
+        FrameLayout::of(bhs, negotiated.digests(), u32::MAX).expect("no length exceeds u32::MAX")
+    }
+
     /// The header is complete: how much of the data part to keep and leave out.
     fn start_data(&mut self, negotiated: &mut Negotiated) {
-        let bhs: &[u8; BHS_LEN] = self.header[..BHS_LEN].try_into().expect("BHS_LEN bytes");
-        let layout = FrameLayout::of(bhs, negotiated.digests(), u32::MAX).expect("framed above");
+        let layout = self.layout(negotiated);
         let data_part = layout.data_part_len();
-        let opcode = bhs[0] & 0x3f;
+        let opcode = self.header[0] & 0x3f;
         self.keep_left = if bulk(opcode) {
             self.snap.min(data_part)
         } else {
@@ -230,7 +225,7 @@ mod tests {
     }
 
     #[test]
-    fn a_stream_that_cannot_be_framed_is_kept_whole() {
+    fn a_pdu_that_is_not_bulk_data_is_kept_whole_whatever_its_length() {
         let mut negotiated = Negotiated::default();
         let mut snap = PduSnap::new(0);
         let mut junk = vec![0xffu8; 200];
