@@ -97,7 +97,12 @@ conns = {l.get("data-conn") for l in lanes}
 assert len(lanes) == 2 * len(conns), (len(lanes), len(conns))
 assert len(marks) == total, (len(marks), total)
 page = open(html).read()
-assert "<svg" in page and "<script>" in page and "http" not in page.split("<svg", 1)[0]
+# The page draws on a canvas from its embedded data (stage 55 runs it in a browser); here it
+# must be self-contained: the data and script inline, nothing fetched from elsewhere.
+assert "<canvas" in page and '<script type="application/json" id="data">' in page, "no canvas or data"
+assert "<script>" in page, "no script"
+for fetch in ("<script src", "<link", "http://", "https://"):
+    assert fetch not in page, f"page not self-contained: {fetch}"
 print(f"ok timeline: {len(conns)} connections, {len(lanes)} lanes, {len(marks)} PDU marks")
 PY
 exit $fail
