@@ -34,6 +34,9 @@ pub enum FrameError {
     HeaderDigest {
         got: u32,
         computed: u32,
+        /// The whole frame's length as its (untrusted) header says: what a receiver at
+        /// ErrorRecoveryLevel ≥ 1 skips to discard the PDU.
+        claimed_len: usize,
     },
     DataDigest(DataDigestError),
     /// The header does not decode (unknown opcode, bad field).
@@ -46,7 +49,7 @@ impl std::fmt::Display for FrameError {
             FrameError::Eof => f.write_str("peer closed the connection"),
             FrameError::Io(e) => write!(f, "read error: {e}"),
             FrameError::Layout { err, .. } => write!(f, "protocol error: {err}"),
-            FrameError::HeaderDigest { got, computed } => {
+            FrameError::HeaderDigest { got, computed, .. } => {
                 write!(
                     f,
                     "header digest error (got {got:08x}, computed {computed:08x})"
@@ -178,7 +181,12 @@ fn frame_header(buf: &[u8], digests: Digests, max_data: u32) -> Result<Option<Fr
         let got = u32::from_le_bytes(buf[header_end - 4..header_end].try_into().expect("4"));
         let computed = digest::crc32c(&buf[..header_end - 4]);
         if got != computed {
-            return Err(FrameError::HeaderDigest { got, computed });
+            let claimed_len = layout.total_len();
+            return Err(FrameError::HeaderDigest {
+                got,
+                computed,
+                claimed_len,
+            });
         }
     }
     Ok(Some(Frame { head, layout }))
@@ -254,6 +262,16 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 None => self.read_more(BHS_LEN).await?,
             }
         }
+    }
+
+    /// Reads and drops `len` bytes: a PDU whose header failed its digest, discarded at
+    /// ErrorRecoveryLevel ≥ 1 by the length its header claims. Cancel-safe.
+    pub async fn discard(&mut self, len: usize) -> Result<(), FrameError> {
+        while self.buf.len() < len {
+            self.read_more(len).await?;
+        }
+        let _ = self.buf.split_to(len);
+        Ok(())
     }
 
     /// Takes the frame at the front of the buffer (after [`FrameReader::next_frame`]).

@@ -16,7 +16,7 @@ use bytes::{Bytes, BytesMut};
 use datamover::login_pdu::LOGIN_MAX_DATA;
 use datamover::{
     CmdSnState, CollapsedStatus, Datamover, DmError, FfpConfig, InPdu, LoginChannel,
-    LoginRecvError, Notice, Portal, TaskRef, TransportKind, WriteHandle,
+    LoginRecvError, Notice, Portal, RecoveryCounters, TaskRef, TransportKind, WriteHandle,
 };
 use iscsi_session::{data_in_segments, R2tRequest, WriteTransfer};
 use iscsi_wire::{
@@ -96,8 +96,10 @@ impl TcpConnection {
         let (out_tx, out_rx) = mpsc::channel(OUT_QUEUE);
         let (notice_tx, notice_rx) = mpsc::channel(NOTICE_QUEUE);
         let (stop_tx, stop_rx) = watch::channel(false);
+        let sent_reads = SentReads::default();
         let shared = Arc::new(Shared {
             slots: Mutex::new(HashMap::new()),
+            sent_reads: sent_reads.clone(),
             out: out_tx,
             next_ttt: AtomicU32::new(1),
             cfg: cfg.clone(),
@@ -106,7 +108,11 @@ impl TcpConnection {
             digest_buffers: crate::digest_buf::DigestBuffers::for_connection(&cfg)
                 .map(|b| Arc::new(b) as Arc<dyn storage::ReadBufSource>),
         });
-        let writer = Writer { cfg, sn };
+        let writer = Writer {
+            cfg,
+            sn,
+            sent_reads,
+        };
         tokio::spawn(writer.run(write, out_rx, stop_rx.clone()));
         tokio::spawn(run_reader(reader, shared.clone(), notice_tx, stop_rx));
         (Arc::new(TcpDatamover { shared }), notice_rx)
@@ -155,8 +161,24 @@ struct WriteSlot {
     waiter: Option<oneshot::Sender<Result<(Bytes, u32), DmError>>>,
 }
 
+/// Read data kept at ErrorRecoveryLevel ≥ 1 until its status is acknowledged, for a Data
+/// SNACK to have sent again.
+#[derive(Clone)]
+struct SentRead {
+    task: TaskRef,
+    data: Bytes,
+    crcs: Option<Arc<digest::SegmentCrcs>>,
+    status: Option<CollapsedStatus>,
+    /// The StatSN of the task's status once it is sent (in the last Data-In or a SCSI
+    /// Response): when the initiator acknowledges it, the data is forgotten.
+    stat_sn: Option<u32>,
+}
+
+type SentReads = Arc<Mutex<HashMap<u32, SentRead>>>;
+
 struct Shared {
     slots: Mutex<HashMap<u32, WriteSlot>>,
+    sent_reads: SentReads,
     out: mpsc::Sender<Out>,
     next_ttt: AtomicU32,
     cfg: FfpConfig,
@@ -189,6 +211,14 @@ enum Out {
         task: TaskRef,
         r2ts: Vec<R2tRequest>,
     },
+    /// A Data SNACK's Data-In PDUs, DataSN `run`, as first sent (the read's data taken
+    /// when the SNACK came, so an acknowledgement meanwhile cannot take it away).
+    DataInAgain {
+        read: SentRead,
+        run: std::ops::Range<u32>,
+    },
+    /// A retained status PDU, its StatSN kept.
+    StatusAgain(Pdu),
     Close,
 }
 
@@ -269,6 +299,64 @@ impl Datamover for TcpDatamover {
         rx.await.map_err(|_| DmError::Closed)?
     }
 
+    async fn resend_data(&self, itt: u32, beg_run: u32, run_length: u32) -> Result<(), DmError> {
+        let refused = |e: iscsi_session::erl1::SnackRefused| {
+            DmError::NotRetained(format!("ITT 0x{itt:08x}: {e}"))
+        };
+        if self.shared.cfg.error_recovery_level == 0 {
+            return Err(DmError::NotRetained("ErrorRecoveryLevel is 0".into()));
+        }
+        // A write still collecting data: its outstanding R2Ts.
+        let r2ts = self
+            .shared
+            .slots
+            .lock()
+            .expect("slots lock")
+            .get(&itt)
+            .map(|slot| (slot.lun, slot.xfer.r2ts_to_resend(beg_run, run_length)));
+        if let Some((lun, r2ts)) = r2ts {
+            let r2ts = r2ts.map_err(refused)?;
+            return self
+                .enqueue(Out::R2ts {
+                    task: TaskRef { itt, lun },
+                    r2ts,
+                })
+                .await;
+        }
+        // A read: its Data-In PDUs, unless its status was acknowledged (then the data is
+        // only waiting to be forgotten).
+        let not_kept = || DmError::NotRetained(format!("ITT 0x{itt:08x}: no data kept"));
+        let read = {
+            let reads = self.shared.sent_reads.lock().expect("sent reads");
+            reads.get(&itt).cloned().ok_or_else(not_kept)?
+        };
+        if let Some(sn) = read.stat_sn {
+            let status = self.shared.cfg.status.lock().expect("status");
+            if status.retained(sn).is_none() {
+                return Err(not_kept());
+            }
+        }
+        let cfg = &self.shared.cfg;
+        let sent = data_in_segments(
+            read.data.len() as u32,
+            cfg.max_send_data_segment_length,
+            cfg.max_burst_length,
+        )
+        .count() as u32;
+        let run: Vec<u32> = iscsi_session::erl1::snack_run(beg_run, run_length, 0, sent)
+            .map_err(refused)?
+            .collect();
+        let run = run[0]..run[run.len() - 1] + 1;
+        self.enqueue(Out::DataInAgain { read, run }).await
+    }
+
+    async fn resend_status(&self, pdu: Pdu) -> Result<(), DmError> {
+        if self.shared.cfg.error_recovery_level == 0 {
+            return Err(DmError::NotRetained("ErrorRecoveryLevel is 0".into()));
+        }
+        self.enqueue(Out::StatusAgain(pdu)).await
+    }
+
     fn abort_task(&self, itt: u32) {
         let slot = self.shared.slots.lock().expect("slots lock").remove(&itt);
         if let Some(WriteSlot {
@@ -309,8 +397,17 @@ async fn run_reader(
     notices: mpsc::Sender<Notice>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let mut discarded_in_a_row = 0u32;
     let end = loop {
-        match next_pdu(&mut r, &shared, &notices, &mut stop).await {
+        match next_pdu(
+            &mut r,
+            &shared,
+            &notices,
+            &mut stop,
+            &mut discarded_in_a_row,
+        )
+        .await
+        {
             Ok(true) => {}
             Ok(false) => break ReadEnd::Stopped,
             Err(e) => break e,
@@ -329,12 +426,14 @@ async fn run_reader(
     let _ = notices.send(Notice::Closed(reason)).await;
 }
 
-/// Handle one PDU. Ok(false) when asked to stop.
+/// Handle one PDU. Ok(false) when asked to stop. `discarded_in_a_row`: PDUs skipped for
+/// header digest errors since the last sound one.
 async fn next_pdu(
     r: &mut Reader,
     shared: &Shared,
     notices: &mpsc::Sender<Notice>,
     stop: &mut watch::Receiver<bool>,
+    discarded_in_a_row: &mut u32,
 ) -> Result<bool, ReadEnd> {
     let cfg = &shared.cfg;
     let next = tokio::select! {
@@ -342,7 +441,29 @@ async fn next_pdu(
         _ = stop.changed() => return Ok(false),
     };
     let frame = match next {
-        Ok(f) => f,
+        Ok(f) => {
+            *discarded_in_a_row = 0;
+            f
+        }
+        // ERL ≥ 1: the PDU is discarded by the length its header claims (bounded by
+        // MaxRecvDataSegmentLength); the initiator's SNACK or timeout recovers it, and a
+        // lost Data-Out shows as a DataSN gap. Two in a row mean the claimed length was
+        // wrong too and the stream is lost: end the connection.
+        Err(FrameError::HeaderDigest { claimed_len, .. })
+            if cfg.error_recovery_level >= 1 && *discarded_in_a_row == 0 =>
+        {
+            *discarded_in_a_row += 1;
+            tracing::warn!(peer = %shared.peer, "header digest error: PDU of {claimed_len} bytes discarded (ErrorRecoveryLevel 1)");
+            RecoveryCounters::bump(&cfg.recovery.header_digest_discards);
+            tokio::select! {
+                d = r.discard(claimed_len) => d.map_err(|e| match e {
+                    FrameError::Eof => ReadEnd::Eof,
+                    e => ReadEnd::Error(e.to_string()),
+                })?,
+                _ = stop.changed() => return Ok(false),
+            }
+            return Ok(true);
+        }
         Err(FrameError::Eof) => return Err(ReadEnd::Eof),
         Err(FrameError::Layout { head, err }) => {
             let why = format!("protocol error: {err}");
@@ -364,14 +485,16 @@ async fn next_pdu(
         }
     };
     match decoded.bhs {
-        Bhs::DataOut(d) => on_data_out(shared, &frame, &bytes, d).await,
+        Bhs::DataOut(d) => on_data_out(shared, notices, &frame, &bytes, d).await,
         Bhs::ScsiCommand(c) if c.write && c.expected_data_len > 0 => {
             on_write_command(shared, notices, &frame, &bytes, c).await
         }
         bhs => {
-            frame
-                .verify_data_digest(&bytes)
-                .map_err(|e| ReadEnd::Error(e.to_string()))?;
+            if let Err(e) = frame.verify_data_digest(&bytes) {
+                // A non-data PDU (a command with immediate data included) is discarded and
+                // Rejected; the initiator retries it.
+                return digest_error(shared, notices, &frame, e.to_string()).await;
+            }
             let is_command = matches!(bhs, Bhs::ScsiCommand(_));
             let pdu = InPdu {
                 pdu: frame.pdu(bhs, &bytes.freeze()),
@@ -389,8 +512,8 @@ async fn next_pdu(
 }
 
 /// Copies `payload` into `dst`, with its CRC32C computed in the same pass when the frame
-/// carries a data digest, and checks that digest.
-fn place(frame: &Frame, bytes: &[u8], dst: &mut [u8]) -> Result<(), ReadEnd> {
+/// carries a data digest, and checks that digest (Err: what the mismatch was).
+fn place(frame: &Frame, bytes: &[u8], dst: &mut [u8]) -> Result<(), String> {
     let payload = &bytes[frame.data_range()];
     let crc = if frame.has_data_digest() {
         digest::copy_with_crc32c(dst, payload)
@@ -400,13 +523,30 @@ fn place(frame: &Frame, bytes: &[u8], dst: &mut [u8]) -> Result<(), ReadEnd> {
     };
     frame
         .check_data_digest(bytes, crc)
-        .map_err(|e| ReadEnd::Error(e.to_string()))
+        .map_err(|e| e.to_string())
+}
+
+/// A PDU failed its data digest. ERL 0: the connection ends. ERL ≥ 1: the PDU is
+/// discarded and answered with a Reject (reason 0x02); the caller recovers what it carried.
+async fn digest_error(
+    shared: &Shared,
+    notices: &mpsc::Sender<Notice>,
+    frame: &Frame,
+    why: String,
+) -> Result<bool, ReadEnd> {
+    if shared.cfg.error_recovery_level == 0 {
+        return Err(ReadEnd::Error(why));
+    }
+    RecoveryCounters::bump(&shared.cfg.recovery.data_digest_rejects);
+    report_reject(notices, reject::DATA_DIGEST_ERROR, frame.head, why).await;
+    Ok(true)
 }
 
 /// A Data-Out: checked against the task's transfer state and placed into its buffer; a
 /// completed burst triggers the next R2Ts, a completed transfer wakes `get_data`.
 async fn on_data_out(
     shared: &Shared,
+    notices: &mpsc::Sender<Notice>,
     frame: &Frame,
     bytes: &[u8],
     d: DataOut,
@@ -414,16 +554,25 @@ async fn on_data_out(
     let data_len = frame.layout.data_len;
     let mut done = None;
     let mut more_r2ts = Vec::new();
+    let mut lost = None;
     let task_lun;
+    let known = shared
+        .slots
+        .lock()
+        .expect("slots lock")
+        .contains_key(&d.itt);
+    if !known {
+        // Data for a task that was aborted or never existed: discard.
+        if let Err(e) = frame.verify_data_digest(bytes) {
+            return digest_error(shared, notices, frame, e.to_string()).await;
+        }
+        tracing::debug!(peer = %shared.peer, itt = d.itt, "discarding Data-Out for unknown task");
+        return Ok(true);
+    }
     {
         let mut slots = shared.slots.lock().expect("slots lock");
         let Some(slot) = slots.get_mut(&d.itt) else {
-            // Data for a task that was aborted or never existed: discard.
-            frame
-                .verify_data_digest(bytes)
-                .map_err(|e| ReadEnd::Error(e.to_string()))?;
-            tracing::debug!(peer = %shared.peer, itt = d.itt, "discarding Data-Out for unknown task");
-            return Ok(true);
+            return Ok(true); // aborted since
         };
         if slot.failed.is_some() {
             return Ok(true);
@@ -448,15 +597,29 @@ async fn on_data_out(
             return Ok(true);
         }
         let off = d.buffer_offset as usize;
-        place(frame, bytes, &mut slot.buf[off..off + data_len as usize])?;
+        if let Err(why) = place(frame, bytes, &mut slot.buf[off..off + data_len as usize]) {
+            // ERL ≥ 1: the range is asked for again (recovery R2T) once the sequence allows.
+            slot.xfer
+                .payload_lost(d.buffer_offset, data_len)
+                .map_err(|_| ReadEnd::Error(why.clone()))?;
+            lost = Some(why);
+        }
         if slot.solicited {
-            if d.final_ {
+            if d.final_ || lost.is_some() {
+                let before = slot.xfer.recovery_r2t_count();
                 more_r2ts = slot.xfer.next_r2ts(|| shared.alloc_ttt());
+                for _ in before..slot.xfer.recovery_r2t_count() {
+                    RecoveryCounters::bump(&shared.cfg.recovery.recovery_r2ts);
+                }
             }
             if slot.xfer.is_complete() {
                 done = slots.remove(&d.itt);
             }
         }
+    }
+    if let Some(why) = lost {
+        // The Reject goes out before the recovery R2T.
+        digest_error(shared, notices, frame, why).await?;
     }
     if !more_r2ts.is_empty() {
         let task = TaskRef {
@@ -497,10 +660,16 @@ async fn on_write_command(
             c.expected_data_len, cfg.max_write_len
         )));
     }
-    let xfer = WriteTransfer::new(c.expected_data_len, data_len, c.final_, cfg.write_limits)
+    let mut xfer = WriteTransfer::new(c.expected_data_len, data_len, c.final_, cfg.write_limits)
         .map_err(|e| ReadEnd::Error(format!("SCSI Command ITT 0x{:08x}: {e}", c.itt)))?;
+    if cfg.error_recovery_level >= 1 {
+        xfer = xfer.with_recovery();
+    }
     let mut buf = BytesMut::zeroed(c.expected_data_len as usize);
-    place(frame, bytes, &mut buf[..data_len as usize])?;
+    if let Err(why) = place(frame, bytes, &mut buf[..data_len as usize]) {
+        // The command is discarded with its immediate data; the initiator retries it.
+        return digest_error(shared, notices, frame, why).await;
+    }
     let ahs = Bytes::copy_from_slice(&bytes[frame.ahs_range()]);
     let (itt, lun, expected_len) = (c.itt, c.lun, c.expected_data_len);
     let slot = WriteSlot {
@@ -560,6 +729,8 @@ async fn report_reject(
 struct Writer {
     cfg: FfpConfig,
     sn: Arc<CmdSnState>,
+    /// Read data kept for Data SNACK (ErrorRecoveryLevel ≥ 1 only).
+    sent_reads: SentReads,
 }
 
 impl Writer {
@@ -583,7 +754,16 @@ impl Writer {
             let mut close = false;
             for m in queued.drain(..) {
                 match m {
-                    Out::Pdu(p) => self.push(p.bhs, &p.ahs, p.data, None, &mut batch),
+                    Out::Pdu(p) => {
+                        if let Bhs::ScsiResponse(r) = &p.bhs {
+                            self.status_sent_for(r.itt);
+                        }
+                        self.push(p.bhs, &p.ahs, p.data, None, &mut batch)
+                    }
+                    Out::StatusAgain(p) => self.push_again(p, &mut batch),
+                    Out::DataInAgain { read, run } => {
+                        self.push_data_in_again(&read, run, &mut batch)
+                    }
                     Out::DataIn {
                         task,
                         data,
@@ -663,30 +843,116 @@ impl Writer {
             self.cfg.max_burst_length,
         );
         for s in segs {
-            let mut d = DataIn {
-                final_: s.final_,
-                lun: task.lun,
-                itt: task.itt,
-                ttt: RESERVED_TAG,
-                data_sn: s.data_sn,
-                buffer_offset: s.offset,
-                ..Default::default()
-            };
-            if s.last {
-                if let Some(st) = status {
-                    d.final_ = true;
-                    d.status_present = true;
-                    d.status = st.status;
-                    d.overflow = st.overflow;
-                    d.underflow = st.underflow;
-                    d.residual = st.residual;
-                }
-            }
+            let d = data_in_header(task, &s, status);
             let payload = data.slice(s.offset as usize..(s.offset + s.len) as usize);
             let crc = crcs.as_ref().and_then(|c| c.get(s.offset, s.len));
             self.push(Bhs::DataIn(d), &[], payload, crc, batch);
         }
+        if self.cfg.error_recovery_level >= 1 {
+            // Kept for Data SNACK until the status is acknowledged; with status in the last
+            // Data-In, that status took the StatSN just before the next one.
+            let stat_sn = status.map(|_| {
+                let next = self.cfg.status.lock().expect("status").next();
+                next.wrapping_sub(1)
+            });
+            self.keep_read(SentRead {
+                task,
+                data,
+                crcs,
+                status,
+                stat_sn,
+            });
+        }
     }
+
+    /// Keeps a read's data for Data SNACK, and forgets those whose status the initiator
+    /// has acknowledged since.
+    fn keep_read(&mut self, read: SentRead) {
+        let status = self.cfg.status.lock().expect("status");
+        let mut reads = self.sent_reads.lock().expect("sent reads");
+        reads.retain(|_, r| r.stat_sn.is_none_or(|sn| status.retained(sn).is_some()));
+        reads.insert(read.task.itt, read);
+    }
+
+    /// A SCSI Response for `itt` is about to take the next StatSN: a read's kept data now
+    /// lives until that status is acknowledged.
+    fn status_sent_for(&mut self, itt: u32) {
+        if self.cfg.error_recovery_level == 0 {
+            return;
+        }
+        let next = self.cfg.status.lock().expect("status").next();
+        if let Some(r) = self.sent_reads.lock().expect("sent reads").get_mut(&itt) {
+            r.stat_sn = Some(next);
+        }
+    }
+
+    /// A retained status again: its StatSN as first sent, the window as of now.
+    fn push_again(&mut self, mut pdu: Pdu, batch: &mut PduBatch) {
+        let (exp, max) = self.sn.load();
+        if let Some(stat_sn) = pdu.bhs.stat_sn() {
+            pdu.bhs.set_target_sns(stat_sn, exp, max);
+        }
+        batch.push(&pdu.bhs, &pdu.ahs, pdu.data, self.cfg.digests, None);
+    }
+
+    /// A Data SNACK's Data-In PDUs again, as first sent (a status in the last one keeps its
+    /// StatSN).
+    fn push_data_in_again(
+        &mut self,
+        read: &SentRead,
+        run: std::ops::Range<u32>,
+        batch: &mut PduBatch,
+    ) {
+        let (exp, max) = self.sn.load();
+        let next_stat_sn = self.cfg.status.lock().expect("status").next();
+        let segs = data_in_segments(
+            read.data.len() as u32,
+            self.cfg.max_send_data_segment_length,
+            self.cfg.max_burst_length,
+        );
+        for s in segs.filter(|s| run.contains(&s.data_sn)) {
+            let mut bhs = Bhs::DataIn(data_in_header(read.task, &s, read.status));
+            let stat_sn = match (s.last, read.stat_sn) {
+                (true, Some(sn)) if read.status.is_some() => sn,
+                _ => next_stat_sn,
+            };
+            bhs.set_target_sns(stat_sn, exp, max);
+            let payload = read
+                .data
+                .slice(s.offset as usize..(s.offset + s.len) as usize);
+            let crc = read.crcs.as_ref().and_then(|c| c.get(s.offset, s.len));
+            batch.push(&bhs, &[], payload, self.cfg.digests, crc);
+        }
+    }
+}
+
+/// The header of one Data-In segment (the SNs are stamped when sent); the last segment
+/// carries collapsed status when there is one.
+fn data_in_header(
+    task: TaskRef,
+    s: &iscsi_session::DataSegment,
+    status: Option<CollapsedStatus>,
+) -> DataIn {
+    let mut d = DataIn {
+        final_: s.final_,
+        lun: task.lun,
+        itt: task.itt,
+        ttt: RESERVED_TAG,
+        data_sn: s.data_sn,
+        buffer_offset: s.offset,
+        ..Default::default()
+    };
+    if s.last {
+        if let Some(st) = status {
+            d.final_ = true;
+            d.status_present = true;
+            d.status = st.status;
+            d.overflow = st.overflow;
+            d.underflow = st.underflow;
+            d.residual = st.residual;
+        }
+    }
+    d
 }
 
 /// What is kept of a status for resending: the PDU itself, or for status collapsed into

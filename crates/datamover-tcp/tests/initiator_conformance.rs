@@ -31,6 +31,7 @@ impl InitiatorKitTransport for Tcp {
             max_burst_length: 32768,
             exp_stat_sn: 1,
             max_outstanding_unexpected_pdus: 0,
+            error_recovery_level: 0,
         }
     }
 

@@ -20,6 +20,7 @@ fn path(digests: Digests) -> DataPath {
         max_burst_length: 65536,
         exp_stat_sn: 5,
         max_outstanding_unexpected_pdus: 0,
+        error_recovery_level: 0,
     })
 }
 

@@ -67,6 +67,9 @@ pub struct InitiatorFfpConfig {
     /// no limit). iWARP has no receiver-not-ready retry: a Send beyond the target's posted
     /// receives ends the connection.
     pub max_outstanding_unexpected_pdus: u32,
+    /// The session's ErrorRecoveryLevel: at 1 and above a Data-In that fails its data
+    /// digest is discarded and asked for again with a Data SNACK (iSCSI/TCP).
+    pub error_recovery_level: u8,
 }
 
 /// The operations the initiator's session core uses on one connection in full feature

@@ -50,6 +50,10 @@ pub enum DmError {
     /// command with CHECK CONDITION, in that order on the wire.
     #[error("data-out protocol error: {why}")]
     DataPhase { why: String, raw_bhs: [u8; 48] },
+    /// A SNACK asked for what this connection cannot resend (never sent, acknowledged,
+    /// or a transport without recovery): the iSCSI layer Rejects the SNACK.
+    #[error("{0}")]
+    NotRetained(String),
 }
 
 /// The session's command window as the initiator should see it, shared by all of the
@@ -164,6 +168,23 @@ pub trait Datamover: Send + Sync {
     /// Collect all write data of a command (soliciting what was not sent unsolicited).
     /// Returns the data and the number of R2Ts used.
     async fn get_data(&self, task: TaskRef, write: WriteHandle) -> Result<(Bytes, u32), DmError>;
+    /// ErrorRecoveryLevel ≥ 1, a Data/R2T SNACK: resend the Data-In PDUs (a read) or the
+    /// outstanding R2Ts (a write) of task `itt` numbered `beg_run`, `run_length` of them
+    /// (0: all from `beg_run`), as first sent but for ExpCmdSN and MaxCmdSN.
+    async fn resend_data(&self, itt: u32, beg_run: u32, run_length: u32) -> Result<(), DmError> {
+        let _ = (itt, beg_run, run_length);
+        Err(DmError::NotRetained(
+            "this transport runs at ErrorRecoveryLevel 0".into(),
+        ))
+    }
+    /// ErrorRecoveryLevel ≥ 1, a Status SNACK: send a retained status PDU again with its
+    /// StatSN unchanged (ExpCmdSN and MaxCmdSN current).
+    async fn resend_status(&self, pdu: Pdu) -> Result<(), DmError> {
+        let _ = pdu;
+        Err(DmError::NotRetained(
+            "this transport runs at ErrorRecoveryLevel 0".into(),
+        ))
+    }
     /// Forget a task's pending write data (task management abort).
     fn abort_task(&self, itt: u32);
     /// Close the connection after everything queued has been sent.
@@ -190,6 +211,55 @@ pub struct FfpConfig {
     pub status: StatusNumbering,
     /// Largest Expected Data Transfer Length of a write we buffer.
     pub max_write_len: u32,
+    /// The session's ErrorRecoveryLevel: at 1 and above a digest error is mended in place
+    /// (the PDU discarded, a Reject, a recovery R2T for lost write data) instead of ending
+    /// the connection. Transports without digests ignore it.
+    pub error_recovery_level: u8,
+    /// Where the transport counts the recovery events it handles (shared with the iSCSI
+    /// layer, which counts the SNACKs it answers).
+    pub recovery: Arc<RecoveryCounters>,
+}
+
+/// Error recovery events on one connection (ErrorRecoveryLevel ≥ 1), for the logs.
+#[derive(Debug, Default)]
+pub struct RecoveryCounters {
+    /// PDUs discarded for a header digest error.
+    pub header_digest_discards: AtomicU64,
+    /// PDUs discarded for a data digest error (each answered with a Reject).
+    pub data_digest_rejects: AtomicU64,
+    /// Recovery R2Ts sent for write data that was lost.
+    pub recovery_r2ts: AtomicU64,
+    /// Status SNACKs answered by resending status.
+    pub status_snacks: AtomicU64,
+    /// Data/R2T SNACKs answered by resending Data-In or R2Ts.
+    pub data_snacks: AtomicU64,
+    /// DataACK SNACKs received.
+    pub data_acks: AtomicU64,
+}
+
+impl RecoveryCounters {
+    /// Adds one to `counter`.
+    pub fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Every event counted so far, as `name=N` pairs (empty when nothing happened).
+    pub fn summary(&self) -> String {
+        [
+            ("header_digest_discards", &self.header_digest_discards),
+            ("data_digest_rejects", &self.data_digest_rejects),
+            ("recovery_r2ts", &self.recovery_r2ts),
+            ("status_snacks", &self.status_snacks),
+            ("data_snacks", &self.data_snacks),
+            ("data_acks", &self.data_acks),
+        ]
+        .iter()
+        .map(|(name, c)| (name, c.load(Ordering::Relaxed)))
+        .filter(|(_, n)| *n > 0)
+        .map(|(name, n)| format!("{name}={n}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+    }
 }
 
 /// Why the login phase could not read the next PDU.

@@ -41,6 +41,9 @@ pub struct SessionConfig {
     pub chap_algorithms: Vec<ChapAlgorithm>,
     pub header_digest: DigestPreference,
     pub data_digest: DigestPreference,
+    /// Highest ErrorRecoveryLevel offered over iSCSI/TCP: at 1 a Data-In that fails its
+    /// data digest is asked for again with a SNACK instead of ending the connection.
+    pub error_recovery_level: u8,
     /// Connections to open (capped by the negotiated MaxConnections).
     pub connections: u16,
     /// Our MaxRecvDataSegmentLength (largest Data-In PDU we accept).
@@ -101,6 +104,7 @@ impl Default for SessionConfig {
             chap_algorithms: vec![ChapAlgorithm::Md5],
             header_digest: DigestPreference::None,
             data_digest: DigestPreference::None,
+            error_recovery_level: 0,
             connections: 1,
             max_recv_data_segment_length: 262_144,
             max_burst_length: 16_776_192,
@@ -143,6 +147,9 @@ impl SessionConfig {
         if let Some(d) = url.data_digest {
             self.data_digest = d;
         }
+        if let Some(l) = url.error_recovery_level {
+            self.error_recovery_level = l;
+        }
     }
 
     fn login_config(
@@ -180,6 +187,7 @@ impl SessionConfig {
             max_outstanding_r2t: self.max_outstanding_r2t.max(1),
             default_time2wait: 2,
             default_time2retain: 20,
+            error_recovery_level: self.error_recovery_level,
         };
         c
     }
@@ -377,6 +385,7 @@ fn install(inner: &Arc<Inner>, st: &mut State, est: Established) {
             max_burst_length: est.limits.max_burst_length,
             exp_stat_sn: done.exp_stat_sn,
             max_outstanding_unexpected_pdus: done.connection.max_outstanding_unexpected_pdus_send,
+            error_recovery_level: st.params.error_recovery_level,
         };
         let socket = channel.socket().and_then(|fd| fd.try_clone_to_owned().ok());
         let idx = st.conns.len();

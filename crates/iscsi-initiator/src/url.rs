@@ -8,8 +8,9 @@
 //! ```
 //!
 //! IPv6 hosts go in brackets. Optional query arguments (`?a=b&c=d`): `target_user` and
-//! `target_password` (mutual CHAP), `header_digest` and `data_digest`
-//! (`none`, `crc32c`, `crc32c-none`, `none-crc32c`, as libiscsi spells them).
+//! `target_password` (mutual CHAP), `header_digest` and `data_digest` (`none`, `crc32c`,
+//! `crc32c-none`, `none-crc32c`, as libiscsi spells them), and `error_recovery_level`
+//! (`0` or `1`).
 
 use std::fmt;
 
@@ -36,6 +37,8 @@ pub struct IscsiUrl {
     pub lun: Option<u16>,
     pub header_digest: Option<DigestPreference>,
     pub data_digest: Option<DigestPreference>,
+    /// `error_recovery_level=0|1`: the highest level offered.
+    pub error_recovery_level: Option<u8>,
     /// The transport the scheme names: `iscsi://` is iSCSI over TCP, `iser://` iSCSI over
     /// RDMA (libiscsi's convention).
     pub transport: TransportKind,
@@ -152,6 +155,7 @@ impl IscsiUrl {
             lun: None,
             header_digest: None,
             data_digest: None,
+            error_recovery_level: None,
             transport: TransportKind::Tcp,
         }
     }
@@ -251,6 +255,15 @@ impl std::str::FromStr for IscsiUrl {
                 "target_password" => url.target_password = Some(v.to_string()),
                 "header_digest" => url.header_digest = Some(parse_digest(s, v)?),
                 "data_digest" => url.data_digest = Some(parse_digest(s, v)?),
+                "error_recovery_level" => {
+                    url.error_recovery_level = Some(match v {
+                        "0" => 0,
+                        "1" => 1,
+                        _ => return Err(err(s, format!(
+                            "error_recovery_level {v:?}: write 0 (reconnect on errors) or 1 (digest errors recovered with SNACK); level 2 is not implemented yet"
+                        ))),
+                    })
+                }
                 _ => return Err(err(s, format!("unknown query argument {k:?}"))),
             }
         }
@@ -361,6 +374,16 @@ mod tests {
         assert_eq!(u.target_password.as_deref(), Some("tp"));
         assert_eq!(u.header_digest, Some(DigestPreference::Crc32c));
         assert_eq!(u.data_digest, None);
+        assert_eq!(u.error_recovery_level, None);
+        let u: IscsiUrl = "iscsi://h/iqn.x:y/0?error_recovery_level=1"
+            .parse()
+            .unwrap();
+        assert_eq!(u.error_recovery_level, Some(1));
+        let e = "iscsi://h/iqn.x:y/0?error_recovery_level=2"
+            .parse::<IscsiUrl>()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("write 0") && e.contains("level 2"), "{e}");
     }
 
     #[test]

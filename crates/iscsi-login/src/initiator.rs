@@ -66,6 +66,8 @@ pub struct DesiredSession {
     pub max_outstanding_r2t: u16,
     pub default_time2wait: u16,
     pub default_time2retain: u16,
+    /// Highest ErrorRecoveryLevel offered (iSCSI/TCP; iSER always offers 0).
+    pub error_recovery_level: u8,
 }
 
 impl Default for DesiredSession {
@@ -79,6 +81,7 @@ impl Default for DesiredSession {
             max_outstanding_r2t: 1,
             default_time2wait: 2,
             default_time2retain: 20,
+            error_recovery_level: 0,
         }
     }
 }
@@ -315,7 +318,12 @@ impl InitiatorLogin {
         if self.leading() {
             add("DefaultTime2Wait", d.default_time2wait.to_string());
             add("DefaultTime2Retain", d.default_time2retain.to_string());
-            add("ErrorRecoveryLevel", "0".into());
+            let erl = if c.transport == TransportKind::Iser {
+                0
+            } else {
+                d.error_recovery_level.min(2)
+            };
+            add("ErrorRecoveryLevel", erl.to_string());
         }
         add("IFMarker", "No".into());
         add("OFMarker", "No".into());

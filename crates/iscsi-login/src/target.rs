@@ -649,6 +649,9 @@ impl TargetLogin {
                     "DefaultTime2Wait" => limits.default_time2wait.into(),
                     "DefaultTime2Retain" => limits.default_time2retain.into(),
                     "MaxOutstandingR2T" => limits.max_outstanding_r2t.into(),
+                    // iSER sessions stay at level 0: without digests there is nothing for
+                    // SNACK or recovery R2Ts to mend, and the RDMA layer is reliable.
+                    "ErrorRecoveryLevel" if self.config.transport == TransportKind::Iser => 0,
                     "ErrorRecoveryLevel" => limits.error_recovery_level.into(),
                     "iSCSIProtocolLevel" => 1,
                     _ => return NOT_UNDERSTOOD.into(),

@@ -147,6 +147,7 @@ proptest! {
             max_outstanding_r2t: r2t,
             default_time2wait: t2w,
             default_time2retain: t2r,
+            error_recovery_level: 0,
         };
         let mut initiator = InitiatorLogin::new(cfg);
         let result = run(&mut initiator, &mut target, seed);

@@ -426,6 +426,43 @@ fn iser_keys() {
 }
 
 #[test]
+fn error_recovery_level_is_the_lower_offer_and_zero_over_iser() {
+    for (transport, limit, offered, want) in [
+        (TransportKind::Tcp, 1, "2", "1"),
+        (TransportKind::Tcp, 2, "1", "1"),
+        (TransportKind::Tcp, 0, "2", "0"),
+        (TransportKind::Iser, 2, "2", "0"),
+    ] {
+        let mut t = TargetLogin::new(target_config(
+            directory(AuthRequirement::None, AuthRequirement::None),
+            TargetLimits {
+                error_recovery_level: limit,
+                ..TargetLimits::default()
+            },
+            transport,
+        ));
+        let mut keys = vec![NAMES[0], NAMES[1], ("ErrorRecoveryLevel", offered)];
+        if transport == TransportKind::Iser {
+            keys.push(("RDMAExtensions", "Yes"));
+        }
+        let s = step(
+            &mut t,
+            &req(true, Stage::Operational, Stage::FullFeature, &keys),
+        );
+        let r = reply(&s);
+        assert_eq!(
+            value(&r, "ErrorRecoveryLevel"),
+            Some(want),
+            "{transport:?} limit {limit} offered {offered}"
+        );
+        let LoginState::Complete(o) = s.state else {
+            panic!()
+        };
+        assert_eq!(o.session.error_recovery_level.to_string(), want);
+    }
+}
+
+#[test]
 fn non_leading_connection() {
     let existing = SessionParams {
         initiator_name: INITIATOR.into(),

@@ -69,6 +69,11 @@ impl<T> StatusSeq<T> {
             .map(|(_, t)| t)
     }
 
+    /// The oldest StatSN still retained (`next()` when none is).
+    pub fn first_retained(&self) -> u32 {
+        self.retained.front().map_or(self.next, |(sn, _)| *sn)
+    }
+
     /// Statuses sent and not yet acknowledged.
     pub fn unacknowledged(&self) -> usize {
         self.retained.len()

@@ -2,6 +2,12 @@
 //! sequence (InitialR2T=No, up to FirstBurstLength), and solicited bursts requested by R2T
 //! (up to MaxOutstandingR2T at once, MaxBurstLength each). Every Data-Out is checked for
 //! its TTT, DataSN, offset and length before its payload may be placed.
+//!
+//! At ErrorRecoveryLevel 1 ([`WriteTransfer::with_recovery`]) a lost Data-Out does not fail
+//! the command (RFC 7143 §7.1.4.1): a payload that failed its data digest
+//! ([`WriteTransfer::payload_lost`]), or the bytes skipped by a DataSN gap (an earlier
+//! Data-Out dropped for a header digest error), become holes that the next
+//! [`WriteTransfer::next_r2ts`] asks for again with recovery R2Ts.
 
 use iscsi_wire::RESERVED_TAG;
 
@@ -36,7 +42,13 @@ pub enum WriteError {
     SegmentTooLong { len: u32, limit: u32 },
     #[error("final Data-Out ends its sequence at {at}, short of {end}")]
     EndedEarly { at: u32, end: u32 },
+    #[error("Data-Out payload failed its data digest (ErrorRecoveryLevel 0: no recovery)")]
+    DigestWithoutRecovery,
 }
+
+/// A DataSN ahead of the expected one by less than this is a gap (Data-Out lost in between);
+/// further ahead it is an error, as without recovery.
+const MAX_DATA_SN_GAP: u32 = 1 << 16;
 
 /// An R2T the runtime should send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +65,8 @@ struct Sequence {
     next: u32,
     end: u32,
     data_sn: u32,
+    /// The R2T that asked for it (None: the unsolicited sequence).
+    r2t: Option<R2tRequest>,
 }
 
 /// State of one WRITE's data transfer.
@@ -65,6 +79,12 @@ pub struct WriteTransfer {
     next_unrequested: u32,
     r2t_sn: u32,
     bursts: Vec<Sequence>,
+    /// ERL ≥ 1: lost Data-Out is recovered instead of failing the command.
+    recovery: bool,
+    /// Ranges (offset, length) lost and not yet asked for again.
+    holes: Vec<(u32, u32)>,
+    /// Recovery R2Ts sent.
+    recovery_r2ts: u32,
 }
 
 impl WriteTransfer {
@@ -100,6 +120,7 @@ impl WriteTransfer {
                 next: immediate_len,
                 end: first_burst,
                 data_sn: 0,
+                r2t: None,
             })
         };
         // Solicited data starts where the immediate and unsolicited data end.
@@ -115,7 +136,29 @@ impl WriteTransfer {
             next_unrequested,
             r2t_sn: 0,
             bursts: Vec::new(),
+            recovery: false,
+            holes: Vec::new(),
+            recovery_r2ts: 0,
         })
+    }
+
+    /// Within-command recovery (ErrorRecoveryLevel ≥ 1): lost Data-Out becomes holes that
+    /// recovery R2Ts ask for again, instead of an error.
+    pub fn with_recovery(mut self) -> Self {
+        self.recovery = true;
+        self
+    }
+
+    /// The Data-Out just accepted by [`WriteTransfer::on_data_out`] lost its payload (it
+    /// failed its data digest; ERL ≥ 1): its range is asked for again. Without recovery it
+    /// is an error.
+    pub fn payload_lost(&mut self, offset: u32, len: u32) -> Result<(), WriteError> {
+        if !self.recovery {
+            return Err(WriteError::DigestWithoutRecovery);
+        }
+        self.received -= len;
+        self.holes.push((offset, len));
+        Ok(())
     }
 
     /// Check a Data-Out header. On success the payload belongs at `offset` of the
@@ -149,6 +192,20 @@ impl WriteTransfer {
                 .ok_or(WriteError::UnknownTtt(ttt))?;
             (&mut self.bursts[i], Some(i))
         };
+        // At ERL ≥ 1 a DataSN gap with the offset ahead by as much means Data-Out was
+        // dropped (header digest error): what it carried is a hole.
+        let gap = self.recovery
+            && data_sn.wrapping_sub(seq.data_sn) < MAX_DATA_SN_GAP
+            && data_sn != seq.data_sn
+            && offset > seq.next;
+        let skipped = if gap {
+            let hole = (seq.next, offset - seq.next);
+            seq.data_sn = data_sn;
+            seq.next = offset;
+            Some(hole)
+        } else {
+            None
+        };
         if data_sn != seq.data_sn {
             return Err(WriteError::DataSn {
                 got: data_sn,
@@ -177,6 +234,7 @@ impl WriteTransfer {
         }
         seq.next = end as u32;
         seq.data_sn = seq.data_sn.wrapping_add(1);
+        self.holes.extend(skipped);
         self.received += len;
         if final_ {
             match idx {
@@ -193,6 +251,28 @@ impl WriteTransfer {
     /// from `alloc_ttt`.
     pub fn next_r2ts(&mut self, mut alloc_ttt: impl FnMut() -> u32) -> Vec<R2tRequest> {
         let mut out = Vec::new();
+        // Recovery R2Ts first: each asks for one hole again, with a new TTT and R2TSN.
+        while (self.bursts.len() as u32) < self.limits.max_outstanding_r2t.max(1) {
+            let Some((offset, len)) = self.holes.pop() else {
+                break;
+            };
+            let r = R2tRequest {
+                ttt: alloc_ttt(),
+                r2t_sn: self.r2t_sn,
+                offset,
+                len,
+            };
+            self.r2t_sn = self.r2t_sn.wrapping_add(1);
+            self.recovery_r2ts += 1;
+            self.bursts.push(Sequence {
+                ttt: r.ttt,
+                next: offset,
+                end: offset + len,
+                data_sn: 0,
+                r2t: Some(r),
+            });
+            out.push(r);
+        }
         while (self.bursts.len() as u32) < self.limits.max_outstanding_r2t.max(1)
             && self.next_unrequested < self.expected_len
         {
@@ -211,6 +291,7 @@ impl WriteTransfer {
                 next: r.offset,
                 end: r.offset + len,
                 data_sn: 0,
+                r2t: Some(r),
             });
             out.push(r);
         }
@@ -219,7 +300,43 @@ impl WriteTransfer {
 
     /// All expected bytes have arrived.
     pub fn is_complete(&self) -> bool {
-        self.received == self.expected_len && self.unsolicited.is_none() && self.bursts.is_empty()
+        self.received == self.expected_len
+            && self.unsolicited.is_none()
+            && self.bursts.is_empty()
+            && self.holes.is_empty()
+    }
+
+    /// The outstanding R2Ts an R2T SNACK asks for again (R2TSN `beg_run`, `run_length` of
+    /// them, 0: all from `beg_run`), as they were sent; Err when any of them is not
+    /// outstanding (never sent, or its data all arrived).
+    pub fn r2ts_to_resend(
+        &self,
+        beg_run: u32,
+        run_length: u32,
+    ) -> Result<Vec<R2tRequest>, crate::erl1::SnackRefused> {
+        let outstanding: Vec<R2tRequest> = self.bursts.iter().filter_map(|b| b.r2t).collect();
+        let first = outstanding
+            .iter()
+            .map(|r| r.r2t_sn)
+            .min()
+            .unwrap_or(self.r2t_sn);
+        let run = crate::erl1::snack_run(beg_run, run_length, first, self.r2t_sn)?;
+        run.map(|sn| {
+            outstanding.iter().find(|r| r.r2t_sn == sn).copied().ok_or(
+                crate::erl1::SnackRefused::OutsideRetained {
+                    beg_run,
+                    run_length,
+                    first,
+                    next: self.r2t_sn,
+                },
+            )
+        })
+        .collect()
+    }
+
+    /// Recovery R2Ts sent so far (holes asked for again).
+    pub fn recovery_r2t_count(&self) -> u32 {
+        self.recovery_r2ts
     }
 
     /// Bytes received so far.
@@ -365,7 +482,115 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_digest_error_is_asked_for_again_at_erl1() {
+        // 64 KiB solicited in one burst of 8 KiB Data-Outs; the third fails its digest.
+        let mut w = WriteTransfer::new(65536, 0, true, limits(true))
+            .unwrap()
+            .with_recovery();
+        let r = w.next_r2ts(|| 1);
+        assert_eq!(r.len(), 1);
+        for sn in 0..8u32 {
+            let (off, last) = (sn * 8192, sn == 7);
+            w.on_data_out(1, sn, off, 8192, last).unwrap();
+            if sn == 2 {
+                w.payload_lost(off, 8192).unwrap();
+            }
+        }
+        assert!(!w.is_complete(), "a hole remains");
+        let again = w.next_r2ts(|| 2);
+        assert_eq!(
+            again,
+            vec![R2tRequest {
+                ttt: 2,
+                r2t_sn: 1,
+                offset: 16384,
+                len: 8192
+            }]
+        );
+        assert_eq!(w.r2ts_to_resend(1, 1), Ok(again.clone()), "R2T SNACK");
+        assert!(w.r2ts_to_resend(0, 1).is_err(), "R2TSN 0's data all came");
+        assert!(w.r2ts_to_resend(2, 0).is_err(), "R2TSN 2 never sent");
+        w.on_data_out(2, 0, 16384, 8192, true).unwrap();
+        assert!(w.is_complete());
+        assert_eq!((w.r2t_count(), w.recovery_r2t_count()), (2, 1));
+    }
+
+    #[test]
+    fn a_datasn_gap_is_a_hole_at_erl1_and_an_error_at_erl0() {
+        let run = |recovery: bool| {
+            let w = WriteTransfer::new(32768, 0, true, limits(true)).unwrap();
+            let mut w = if recovery { w.with_recovery() } else { w };
+            w.next_r2ts(|| 1);
+            w.on_data_out(1, 0, 0, 8192, false).unwrap();
+            // DataSN 1 (8192..16384) and 2 were dropped for header digest errors.
+            let r = w.on_data_out(1, 3, 24576, 8192, true);
+            (w, r)
+        };
+        let (_, r) = run(false);
+        assert_eq!(
+            r,
+            Err(WriteError::DataSn {
+                got: 3,
+                expected: 1
+            })
+        );
+        let (mut w, r) = run(true);
+        r.unwrap();
+        let again = w.next_r2ts(|| 9);
+        assert_eq!((again[0].offset, again[0].len), (8192, 16384));
+        w.on_data_out(9, 0, 8192, 8192, false).unwrap();
+        w.on_data_out(9, 1, 16384, 8192, true).unwrap();
+        assert!(w.is_complete());
+        let mut w = WriteTransfer::new(512, 0, true, limits(true)).unwrap();
+        w.next_r2ts(|| 1);
+        w.on_data_out(1, 0, 0, 512, true).unwrap();
+        assert_eq!(
+            w.payload_lost(0, 512),
+            Err(WriteError::DigestWithoutRecovery),
+            "no recovery at ERL 0"
+        );
+    }
+
     proptest! {
+        /// Any Data-Out may lose its payload; the recovery R2Ts fetch each hole and the
+        /// write completes with every byte received exactly once.
+        #[test]
+        fn lost_payloads_are_recovered(
+            len in 1u32..400_000, seg in 512u32..70000, mb in 512u32..200000,
+            mor in 1u32..4, lose in proptest::collection::vec(any::<bool>(), 64),
+        ) {
+            let l = WriteLimits { first_burst_length: mb, max_burst_length: mb, initial_r2t: true,
+                immediate_data: false, max_outstanding_r2t: mor, max_recv_data_segment_length: seg };
+            let mut w = WriteTransfer::new(len, 0, true, l).unwrap().with_recovery();
+            let mut have = vec![0u8; len as usize];
+            let (mut ttt, mut n) = (0, 0usize);
+            let mut rounds = 0;
+            while !w.is_complete() {
+                rounds += 1;
+                prop_assert!(rounds < 10_000);
+                let r2ts = w.next_r2ts(|| { ttt += 1; ttt });
+                prop_assert!(!r2ts.is_empty());
+                for r in r2ts {
+                    let (mut off, mut sn) = (r.offset, 0);
+                    while off < r.offset + r.len {
+                        let k = (r.offset + r.len - off).min(seg);
+                        let fin = off + k == r.offset + r.len;
+                        n += 1;
+                        w.on_data_out(r.ttt, sn, off, k, fin).unwrap();
+                        if lose[n % lose.len()] && rounds < 50 {
+                            w.payload_lost(off, k).unwrap();
+                        } else {
+                            for b in &mut have[off as usize..(off + k) as usize] { *b += 1; }
+                        }
+                        off += k; sn += 1;
+                    }
+                }
+            }
+            prop_assert_eq!(w.received(), len);
+            prop_assert!(have.iter().all(|b| *b == 1));
+        }
+
         #[test]
         fn a_well_behaved_initiator_always_completes(
             len in 1u32..2_000_000, imm_on: bool, initial_r2t: bool, seg in 512u32..70000,

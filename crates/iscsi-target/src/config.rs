@@ -70,6 +70,11 @@ pub struct TargetConfig {
     pub header_digest: DigestSetting,
     #[serde(default)]
     pub data_digest: DigestSetting,
+    /// Highest ErrorRecoveryLevel this target agrees to over iSCSI/TCP (0: session
+    /// recovery only, as most targets; 1: digest errors mended in place with SNACK and
+    /// recovery R2Ts). iSER sessions always run at 0.
+    #[serde(default)]
+    pub error_recovery_level: u8,
     /// LUNs by number: `[target.lun.0]`.
     #[serde(default)]
     pub lun: BTreeMap<String, LunConfig>,
@@ -196,6 +201,17 @@ impl PortalSpec {
     }
 }
 
+/// The highest ErrorRecoveryLevel implemented (connection recovery, level 2, is not yet).
+pub const MAX_ERROR_RECOVERY_LEVEL: u8 = 1;
+
+/// What to write instead of an ErrorRecoveryLevel this target cannot run.
+pub fn error_recovery_level_help(level: u8) -> String {
+    format!(
+        "error_recovery_level {level} is not supported: use 0 (session recovery) or 1 (digest \
+         errors recovered with SNACK and recovery R2T); level 2 is not implemented yet"
+    )
+}
+
 /// A configuration error, already phrased for the user.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -230,6 +246,7 @@ impl Config {
                 mutual_chap: None,
                 header_digest: DigestSetting::Allowed,
                 data_digest: DigestSetting::Allowed,
+                error_recovery_level: 0,
                 lun,
             }],
         }
@@ -327,6 +344,14 @@ impl Config {
                     "{}: target {:?} is defined twice",
                     line_of(&t.name),
                     t.name
+                )));
+            }
+            if t.error_recovery_level > MAX_ERROR_RECOVERY_LEVEL {
+                return Err(ConfigError(format!(
+                    "{}: target {:?}: {}",
+                    line_of("error_recovery_level"),
+                    t.name,
+                    error_recovery_level_help(t.error_recovery_level)
                 )));
             }
             if t.mutual_chap.is_some() && t.chap.is_none() {
@@ -433,6 +458,22 @@ impl TargetDirectory for Directory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn error_recovery_level_is_checked() {
+        let text = |erl: u8| {
+            format!(
+                "[[target]]\nname = \"iqn.2026-11.org.ironsan:t\"\nerror_recovery_level = {erl}\n"
+            )
+        };
+        let c = Config::parse(&text(1), "t.toml").expect("level 1");
+        assert_eq!(c.targets[0].error_recovery_level, 1);
+        let e = Config::parse(&text(2), "t.toml").unwrap_err().to_string();
+        assert!(
+            e.starts_with("t.toml:3: ") && e.contains("use 0") && e.contains("level 2"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn parses_a_full_config() {

@@ -13,9 +13,13 @@
 //! connection lives ([`Bound::observe_connections`]).
 
 pub mod config;
+mod erl1;
 mod session;
 
-pub use config::{Config, ConfigError, IserProvider, PortalSpec, DEFAULT_IQN, DEFAULT_PORTAL};
+pub use config::{
+    error_recovery_level_help, Config, ConfigError, IserProvider, PortalSpec, DEFAULT_IQN,
+    DEFAULT_PORTAL, MAX_ERROR_RECOVERY_LEVEL,
+};
 pub use datamover::ConnectionObserver;
 
 use bytes::Bytes;
@@ -200,6 +204,7 @@ impl Target {
         }) {
             l.header_digest = t.header_digest.into();
             l.data_digest = t.data_digest.into();
+            l.error_recovery_level = t.error_recovery_level;
         }
         l
     }
@@ -626,6 +631,7 @@ fn enter_full_feature(
     let cp = &outcome.connection;
     let sp = &session.params;
     let status = datamover::status_numbering(next_stat_sn);
+    let recovery = Arc::new(datamover::RecoveryCounters::default());
     let transport = conn.kind();
     // iSER declares its receive limits with its own keys.
     let (recv_len, send_len) = match transport {
@@ -656,6 +662,8 @@ fn enter_full_feature(
         },
         status: status.clone(),
         max_write_len: MAX_WRITE_LEN,
+        error_recovery_level: sp.error_recovery_level,
+        recovery: recovery.clone(),
     };
     let (dm, notices) = conn.into_full_feature(ffp, session.sn.clone());
     let cid = outcome.cid;
@@ -666,7 +674,15 @@ fn enter_full_feature(
         TransportKind::Tcp => send_len,
         TransportKind::Iser => send_len.min(datamover_iser::target::CONTROL_DATA_MAX),
     };
-    let c = Arc::new(Conn::new(cid, peer, transport, dm, control_send, status));
+    let c = Arc::new(Conn::new(
+        cid,
+        peer,
+        transport,
+        dm,
+        control_send,
+        status,
+        recovery,
+    ));
     if let Some(old) = session.add_connection(c.clone()) {
         tracing::info!(%peer, cid, "connection reinstatement: closing the old connection");
         old.dm.close();

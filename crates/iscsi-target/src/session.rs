@@ -4,8 +4,8 @@
 use crate::Target;
 use bytes::{BufMut, Bytes, BytesMut};
 use datamover::{
-    CmdSnState, CollapsedStatus, Datamover, DmError, InPdu, Notice, StatusNumbering, TaskRef,
-    WriteHandle,
+    CmdSnState, CollapsedStatus, Datamover, DmError, InPdu, Notice, RecoveryCounters,
+    StatusNumbering, TaskRef, WriteHandle,
 };
 use iscsi_login::params::{SessionParams, SessionType, TransportKind};
 use iscsi_login::target::SessionIdentity;
@@ -69,7 +69,9 @@ pub(crate) struct Conn {
     text: Mutex<Option<(u32, TextResponder)>>,
     /// StatSN numbering and the status not yet acknowledged (kept for status SNACK):
     /// ours, shared with the datamover, which numbers each status as it sends it.
-    status: StatusNumbering,
+    pub(crate) status: StatusNumbering,
+    /// Recovery events on this connection (the datamover counts its own).
+    pub(crate) recovery: Arc<RecoveryCounters>,
 }
 
 impl Conn {
@@ -80,6 +82,7 @@ impl Conn {
         dm: Arc<dyn Datamover>,
         max_send: u32,
         status: StatusNumbering,
+        recovery: Arc<RecoveryCounters>,
     ) -> Conn {
         Conn {
             cid,
@@ -92,6 +95,7 @@ impl Conn {
             ping_ttt: AtomicU32::new(RESERVED_TAG),
             text: Mutex::new(None),
             status,
+            recovery,
         }
     }
 
@@ -131,12 +135,17 @@ impl Conn {
         self.send(Bhs::AsyncMessage(msg), Bytes::new()).await
     }
 
-    async fn reject(&self, reason: u8, raw: [u8; 48], why: &str) {
+    pub(crate) async fn reject(&self, reason: u8, raw: [u8; 48], why: &str) {
+        self.reject_run(reason, raw, 0, why).await
+    }
+
+    /// A Reject whose DataSN/R2TSN field says where a refused Data/R2T SNACK's run began.
+    pub(crate) async fn reject_run(&self, reason: u8, raw: [u8; 48], data_sn: u32, why: &str) {
         tracing::warn!(peer = %self.peer, "Reject (reason 0x{reason:02x}): {why}");
         self.send(
             Bhs::Reject(Reject {
                 reason,
-                data_sn: 0,
+                data_sn,
                 ..Default::default()
             }),
             Bytes::copy_from_slice(&raw),
@@ -339,7 +348,7 @@ impl Session {
                     };
                     return Some((rsp, 0));
                 }
-                Err(DmError::Aborted) | Err(DmError::Closed) => return None,
+                Err(DmError::Aborted | DmError::Closed | DmError::NotRetained(_)) => return None,
             },
             None => (Bytes::new(), 0),
         };
@@ -439,14 +448,7 @@ impl Session {
                     }
                 }
             }
-            Bhs::SnackRequest(_) => {
-                conn.reject(
-                    reject::SNACK_REJECT,
-                    pdu.raw_bhs,
-                    "SNACK needs ErrorRecoveryLevel > 0",
-                )
-                .await
-            }
+            Bhs::SnackRequest(snack) => self.snack(conn, snack, pdu.raw_bhs).await,
             Bhs::ScsiCommand(_) => {
                 conn.reject(
                     reject::PROTOCOL_ERROR,
@@ -782,6 +784,10 @@ impl Session {
     /// a session left without connections goes.
     fn connection_ended(&self, target: &Target, conn: &Arc<Conn>, reason: &str) {
         tracing::info!(peer = %conn.peer, tsih = self.tsih, cid = conn.cid, "connection ended: {reason}");
+        let recovered = conn.recovery.summary();
+        if !recovered.is_empty() {
+            tracing::info!(peer = %conn.peer, tsih = self.tsih, cid = conn.cid, "error recovery on this connection: {recovered}");
+        }
         conn.dm.close();
         self.abort_waiting(|_, e| e.cid == conn.cid);
         let now_empty = {

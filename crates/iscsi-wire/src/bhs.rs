@@ -869,6 +869,23 @@ impl Bhs {
         *fields.2 = max_cmd_sn;
     }
 
+    /// The StatSN a target→initiator PDU carries (`None` for other PDUs).
+    pub fn stat_sn(&self) -> Option<u32> {
+        Some(match self {
+            Bhs::NopIn(p) => p.stat_sn,
+            Bhs::ScsiResponse(p) => p.stat_sn,
+            Bhs::TaskMgmtResponse(p) => p.stat_sn,
+            Bhs::LoginResponse(p) => p.stat_sn,
+            Bhs::TextResponse(p) => p.stat_sn,
+            Bhs::DataIn(p) => p.stat_sn,
+            Bhs::LogoutResponse(p) => p.stat_sn,
+            Bhs::R2t(p) => p.stat_sn,
+            Bhs::AsyncMessage(p) => p.stat_sn,
+            Bhs::Reject(p) => p.stat_sn,
+            _ => return None,
+        })
+    }
+
     /// The ExpStatSN an initiator→target PDU acknowledges (`None` for other PDUs).
     pub fn initiator_exp_stat_sn(&self) -> Option<u32> {
         Some(match self {

@@ -98,6 +98,8 @@ pub fn config(digests: Digests, initial_r2t: bool, next_stat_sn: u32) -> FfpConf
         },
         status: crate::status_numbering(next_stat_sn),
         max_write_len: 1 << 20,
+        error_recovery_level: 0,
+        recovery: Default::default(),
     }
 }
 

@@ -32,6 +32,11 @@ pub struct TargetArgs {
     /// TCP_INFO sampling interval.
     #[arg(long, value_name = "MS", default_value_t = 100)]
     pub tcp_info_interval_ms: u64,
+    /// Highest ErrorRecoveryLevel every target agrees to over iSCSI/TCP (overrides the
+    /// config's error_recovery_level): 0 drops a connection on a digest error, 1 mends it in
+    /// place (Reject and recovery R2T, SNACK answered).
+    #[arg(long, value_name = "LEVEL")]
+    pub error_recovery_level: Option<u8>,
 }
 
 pub fn run(args: TargetArgs) -> anyhow::Result<()> {
@@ -45,6 +50,17 @@ pub fn run(args: TargetArgs) -> anyhow::Result<()> {
             iscsi_target::PortalSpec::parse(p).map_err(|why| anyhow::anyhow!("--portal: {why}"))?;
         }
         config.portals = args.portals.clone();
+    }
+    if let Some(level) = args.error_recovery_level {
+        if level > iscsi_target::MAX_ERROR_RECOVERY_LEVEL {
+            anyhow::bail!(
+                "--error-recovery-level: {}",
+                iscsi_target::error_recovery_level_help(level)
+            );
+        }
+        for t in &mut config.targets {
+            t.error_recovery_level = level;
+        }
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

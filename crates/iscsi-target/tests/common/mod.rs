@@ -95,6 +95,20 @@ pub struct RawConn {
     pub data_digest: bool,
     /// Data digests received and found correct.
     pub digests_checked: usize,
+    /// The TargetName logged in to (default [`IQN`]).
+    pub target_name: String,
+    /// HeaderDigest=CRC32C was negotiated: every header carries one both ways.
+    pub header_digest: bool,
+    /// Flip a bit of the next PDU sent: in its header digest (`Header`) or its data
+    /// digest (`Data`), as a bad link would.
+    pub corrupt_next: Option<Corrupt>,
+}
+
+/// Which digest of the next PDU sent is made wrong.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Corrupt {
+    Header,
+    Data,
 }
 
 impl RawConn {
@@ -116,6 +130,9 @@ impl RawConn {
             params: HashMap::new(),
             data_digest: false,
             digests_checked: 0,
+            target_name: IQN.to_string(),
+            header_digest: false,
+            corrupt_next: None,
         }
     }
 
@@ -123,16 +140,44 @@ impl RawConn {
         self.stream.write_all(bytes).await.expect("send");
     }
 
-    /// Sends a BHS and a data segment with its padding.
+    /// Sends a BHS and a data segment with its padding (and the digests negotiated).
     pub async fn send(&mut self, bhs: &[u8; 48], data: &[u8]) {
+        let corrupt = self.corrupt_next.take();
         let mut buf = bhs.to_vec();
+        if self.header_digest {
+            let mut crc = crc32c(bhs);
+            if corrupt == Some(Corrupt::Header) {
+                crc ^= 1;
+            }
+            buf.extend_from_slice(&crc.to_le_bytes());
+        }
+        let data_at = buf.len();
         buf.extend_from_slice(data);
-        buf.resize(48 + data.len().next_multiple_of(4), 0);
+        buf.resize(data_at + data.len().next_multiple_of(4), 0);
         if self.data_digest && !data.is_empty() {
-            let crc = crc32c(&buf[48..]);
+            let mut crc = crc32c(&buf[data_at..]);
+            if corrupt == Some(Corrupt::Data) {
+                crc ^= 1;
+            }
             buf.extend_from_slice(&crc.to_le_bytes());
         }
         self.send_raw(&buf).await;
+    }
+
+    /// Reads the header digest after a BHS (and AHS), when negotiated, and checks it.
+    async fn header_digest_in(&mut self, bhs: &[u8; 48], ahs: &[u8]) -> Option<()> {
+        if !self.header_digest {
+            return Some(());
+        }
+        let mut got = [0u8; 4];
+        tokio::time::timeout(WAIT, self.stream.read_exact(&mut got))
+            .await
+            .expect("a header digest in time")
+            .ok()?;
+        let mut header = bhs.to_vec();
+        header.extend_from_slice(ahs);
+        assert_eq!(u32::from_le_bytes(got), crc32c(&header), "header digest");
+        Some(())
     }
 
     /// Receives one PDU (no digests), or None at EOF / connection reset.
@@ -144,9 +189,16 @@ impl RawConn {
         r.ok()?;
         let len = u32::from_be_bytes([0, bhs[5], bhs[6], bhs[7]]) as usize;
         let ahs = bhs[4] as usize * 4;
+        let mut ahs_bytes = vec![0u8; ahs];
+        tokio::time::timeout(WAIT, self.stream.read_exact(&mut ahs_bytes))
+            .await
+            .expect("an AHS in time")
+            .ok()?;
+        self.header_digest_in(&bhs, &ahs_bytes).await?;
         let digest_len = if self.data_digest && len > 0 { 4 } else { 0 };
-        let mut rest = vec![0u8; ahs + len.next_multiple_of(4) + digest_len];
-        tokio::time::timeout(WAIT, self.stream.read_exact(&mut rest))
+        let mut rest = ahs_bytes;
+        rest.resize(ahs + len.next_multiple_of(4) + digest_len, 0);
+        tokio::time::timeout(WAIT, self.stream.read_exact(&mut rest[ahs..]))
             .await
             .expect("a data segment in time")
             .ok()?;
@@ -174,7 +226,9 @@ impl RawConn {
             .ok()?
             .ok()?;
         let len = u32::from_be_bytes([0, bhs[5], bhs[6], bhs[7]]) as usize;
-        let mut rest = vec![0u8; bhs[4] as usize * 4 + len.next_multiple_of(4)];
+        let digests =
+            4 * (usize::from(self.header_digest) + usize::from(self.data_digest && len > 0));
+        let mut rest = vec![0u8; bhs[4] as usize * 4 + len.next_multiple_of(4) + digests];
         tokio::time::timeout(WAIT, self.stream.read_exact(&mut rest))
             .await
             .ok()?
@@ -219,7 +273,7 @@ impl RawConn {
     pub async fn login(&mut self, cid: u16, keys: &[(&str, &str)]) -> HashMap<String, String> {
         let first = key_values(&[
             ("InitiatorName", INITIATOR),
-            ("TargetName", IQN),
+            ("TargetName", &self.target_name),
             ("SessionType", "Normal"),
             ("AuthMethod", "None"),
         ]);

@@ -1,0 +1,94 @@
+//! ErrorRecoveryLevel 1 on the target, the iSCSI layer's part: answering SNACKs. A Status
+//! SNACK resends retained status with its StatSN; a Data/R2T SNACK has the datamover resend
+//! a read's Data-In or a write's outstanding R2Ts; a DataACK is counted. A SNACK for what
+//! was never sent or is already acknowledged gets a Reject (Protocol Error), and any SNACK
+//! in a session at level 0 a Reject (SNACK Reject). Which runs a SNACK covers is decided by
+//! `iscsi_session::erl1`; discarding PDUs with digest errors and recovery R2Ts for lost
+//! write data are the datamover's (decided by `iscsi_session::write`).
+
+use crate::session::{Conn, Session};
+use datamover::{DmError, RecoveryCounters};
+use iscsi_session::erl1::{snack_run, snack_type};
+use iscsi_wire::{reject, SnackRequest};
+
+impl Session {
+    /// Answers a SNACK Request received on `conn` (`raw`: its header, for a Reject).
+    pub(crate) async fn snack(&self, conn: &Conn, s: &SnackRequest, raw: [u8; 48]) {
+        if self.params.error_recovery_level == 0 {
+            let why = "SNACK needs ErrorRecoveryLevel > 0";
+            return conn.reject(reject::SNACK_REJECT, raw, why).await;
+        }
+        match s.snack_type {
+            snack_type::STATUS => self.status_snack(conn, s, raw).await,
+            snack_type::DATA_R2T => {
+                RecoveryCounters::bump(&conn.recovery.data_snacks);
+                match conn.dm.resend_data(s.itt, s.beg_run, s.run_length).await {
+                    Ok(()) => tracing::info!(
+                        peer = %conn.peer,
+                        "Data/R2T SNACK for ITT 0x{:08x}: resent from {} ({} asked, 0: all)",
+                        s.itt, s.beg_run, s.run_length
+                    ),
+                    Err(DmError::NotRetained(why)) => {
+                        let why = format!("Data/R2T SNACK refused: {why}");
+                        conn.reject_run(reject::PROTOCOL_ERROR, raw, s.beg_run, &why)
+                            .await
+                    }
+                    Err(_) => {} // the connection is going
+                }
+            }
+            // The target never asks for acknowledgements (no A bit): nothing is held for a
+            // DataACK to free, so it is only counted.
+            snack_type::DATA_ACK => RecoveryCounters::bump(&conn.recovery.data_acks),
+            other => {
+                let why = match other {
+                    snack_type::R_DATA => "R-Data SNACK is not supported (MaxRecvDataSegmentLength never changes on a connection here)".to_string(),
+                    t => format!("unknown SNACK type {t}"),
+                };
+                conn.reject(reject::SNACK_REJECT, raw, &why).await
+            }
+        }
+    }
+
+    /// Resends the retained status the SNACK asks for, each with its own StatSN.
+    async fn status_snack(&self, conn: &Conn, s: &SnackRequest, raw: [u8; 48]) {
+        RecoveryCounters::bump(&conn.recovery.status_snacks);
+        let pdus = {
+            let status = conn.status.lock().expect("status");
+            snack_run(
+                s.beg_run,
+                s.run_length,
+                status.first_retained(),
+                status.next(),
+            )
+            .map_err(|e| e.to_string())
+            .and_then(|run| {
+                run.map(|sn| {
+                    status
+                        .retained(sn)
+                        .cloned()
+                        .ok_or_else(|| format!("StatSN {sn} is no longer retained"))
+                })
+                .collect::<Result<Vec<_>, _>>()
+            })
+        };
+        match pdus {
+            Ok(pdus) => {
+                tracing::info!(
+                    peer = %conn.peer,
+                    "Status SNACK: {} status PDU(s) resent from StatSN {}",
+                    pdus.len(),
+                    s.beg_run
+                );
+                for pdu in pdus {
+                    if conn.dm.resend_status(pdu).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            Err(why) => {
+                let why = format!("Status SNACK refused: {why}");
+                conn.reject(reject::PROTOCOL_ERROR, raw, &why).await
+            }
+        }
+    }
+}
