@@ -1,6 +1,7 @@
 //! Fault scenarios through the fault-injecting proxy (analyze::proxy with `faults`): a
-//! connection cut mid-write, mid-read and mid-login, a corrupted data digest each way, and a
-//! target that stalls past the NOP timeout. After each, every command the initiator (with
+//! connection cut mid-write, mid-read and mid-login, a corrupted data digest each way (at
+//! ErrorRecoveryLevel 0 a reconnect, at 1 a resend inside the connection), and a target
+//! that stalls past the NOP timeout. After each, every command the initiator (with
 //! reconnect) acknowledged is read back intact straight from the target; without reconnect,
 //! commands fail with a clear error and what was acknowledged is still intact.
 
@@ -31,6 +32,15 @@ data_digest = "required"
 [target.lun.0]
 size = "32MiB"
 backend = "memory"
+
+[[target]]
+name = "iqn.2026-11.org.ironsan:erl1"
+header_digest = "required"
+data_digest = "required"
+error_recovery_level = 1
+[target.lun.0]
+size = "32MiB"
+backend = "memory"
 "#;
 
 const MIB: usize = 1 << 20;
@@ -38,12 +48,13 @@ const BLOCK: u32 = 512;
 /// Commands per scenario, each 1 MiB at its own place on the LUN, all in flight at once.
 const COMMANDS: usize = 8;
 
-/// The target "digests" requires both digests: its URL asks for them.
+/// The targets "digests" and "erl1" require both digests: their URLs ask for them, and
+/// for ErrorRecoveryLevel 1 from "erl1".
 fn url(addr: SocketAddr, target: &str) -> IscsiUrl {
-    let query = if target == "digests" {
-        "?header_digest=crc32c&data_digest=crc32c"
-    } else {
-        ""
+    let query = match target {
+        "digests" => "?header_digest=crc32c&data_digest=crc32c",
+        "erl1" => "?header_digest=crc32c&data_digest=crc32c&error_recovery_level=1",
+        _ => "",
     };
     IscsiUrl::parse_lun(&format!(
         "iscsi://{addr}/iqn.2026-11.org.ironsan:{target}/0{query}"
@@ -278,6 +289,51 @@ async fn corrupted_data_digests_end_the_connection_and_the_commands_are_sent_aga
             tsih,
             "the digest error ended the first connection"
         );
+        for (i, (b, w)) in back.iter().zip(&written).enumerate() {
+            assert!(b.as_ref().unwrap() == w.as_ref().unwrap(), "region {i}");
+        }
+        s.logout().await.expect("logout");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_erl1_corrupted_data_is_sent_again_inside_the_connection() {
+    in_time(async {
+        let target = common::start_target(CONFIG).await;
+        // Data-Out payload bytes flipped: the target Rejects each and asks for the range
+        // again with a recovery R2T; the session, without reconnect, never drops.
+        let p = proxy(
+            target,
+            &[
+                "up:data-out#2:corrupt=data+100",
+                "up:data-out#9:corrupt=data+5",
+            ],
+        );
+        let s = session(p.local_addr(), "erl1", false).await;
+        let tsih = s.tsih();
+        let written = write_all(&s, 900).await;
+        all_ok(&written, "corrupted Data-Out at ERL 1");
+        assert_eq!(fired(&p).len(), 2, "both faults fired: {:?}", fired(&p));
+        assert_eq!(s.tsih(), tsih, "the same session throughout");
+        s.logout().await.expect("logout");
+        verify(target, "erl1", &written).await;
+
+        // Data-In payload bytes flipped, one in a Data-In carrying status: each is asked
+        // for again with a Data SNACK; the READs complete with every byte right.
+        let p = proxy(
+            target,
+            &[
+                "down:data-in#3:corrupt=data+7",
+                "down:data-in#8:corrupt=data+9",
+            ],
+        );
+        let s = session(p.local_addr(), "erl1", false).await;
+        let tsih = s.tsih();
+        let back = read_all(&s).await;
+        all_ok(&back, "corrupted Data-In at ERL 1");
+        assert_eq!(fired(&p).len(), 2, "both faults fired: {:?}", fired(&p));
+        assert_eq!(s.tsih(), tsih, "the same session throughout");
         for (i, (b, w)) in back.iter().zip(&written).enumerate() {
             assert!(b.as_ref().unwrap() == w.as_ref().unwrap(), "region {i}");
         }

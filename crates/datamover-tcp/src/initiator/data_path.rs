@@ -3,6 +3,10 @@
 //! buffer (checking DataSN, offsets and the data digest, computed in the same pass as the
 //! copy), keeps a whole read that arrives in one Data-In as the receive buffer's own bytes
 //! (no copy), and hands everything else up as notices.
+//!
+//! At ErrorRecoveryLevel 1 a Data-In that fails its data digest, or the Data-In a DataSN
+//! gap shows were lost (to a header digest error), are asked for again with a Data SNACK;
+//! the command's status waits until they have come (RFC 7143 §7.8).
 
 use std::collections::HashMap;
 
@@ -10,7 +14,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use datamover::{CommandOut, InitiatorFfpConfig, InitiatorNotice};
 use iscsi_session::DataOutSequence;
 use iscsi_wire::serial::sn_gt;
-use iscsi_wire::{Bhs, DataIn, Pdu, R2t};
+use iscsi_wire::{Bhs, DataIn, Pdu, R2t, SnackRequest, RESERVED_TAG};
 
 use crate::frame::{complete_frame, Frame};
 
@@ -25,7 +29,20 @@ struct Task {
     /// The whole read carried by one Data-In, kept as received.
     whole: Option<Bytes>,
     exp_data_sn: u32,
+    /// ERL ≥ 1: DataSNs lost and asked for again with a SNACK.
+    missing: Vec<u32>,
+    /// SNACKs sent for this command (bounded: a link that corrupts every resend ends the
+    /// connection instead).
+    snacks: u32,
+    /// Status (a Data-In with status or a SCSI Response) that came while data was still
+    /// missing: delivered when the last hole fills.
+    held_status: Option<Pdu>,
 }
+
+/// Data SNACKs one command may send before its connection is given up.
+const MAX_SNACKS_PER_COMMAND: u32 = 16;
+/// A DataSN ahead of the expected one by at most this is a gap (Data-In lost on the way).
+const MAX_DATA_SN_GAP: u32 = 4096;
 
 impl Task {
     /// The read data as the command ends with it: bytes never sent read as zeros.
@@ -76,6 +93,9 @@ impl DataPath {
                 buf: BytesMut::new(),
                 whole: None,
                 exp_data_sn: 0,
+                missing: Vec::new(),
+                snacks: 0,
+                held_status: None,
             },
         );
     }
@@ -107,7 +127,9 @@ impl DataPath {
         let bhs = Bhs::decode(&frame.head)
             .map_err(|e| format!("protocol error from the target: {e}"))?
             .bhs;
-        if bhs.advances_stat_sn() {
+        // A command's status counts once its data is all in (below): a status that must
+        // come again, or waits for data asked for again, is not acknowledged yet.
+        if bhs.advances_stat_sn() && !matches!(bhs, Bhs::DataIn(_) | Bhs::ScsiResponse(_)) {
             let stat_sn = u32::from_be_bytes(frame.head[24..28].try_into().expect("4 bytes"));
             if sn_gt(stat_sn.wrapping_add(1), self.exp_stat_sn) {
                 self.exp_stat_sn = stat_sn.wrapping_add(1);
@@ -117,7 +139,7 @@ impl DataPath {
             // The frame leaves the receive buffer as shared bytes, so a payload that is a
             // whole read reaches the caller without a copy.
             let bytes = rbuf.split_to(frame.total_len()).freeze();
-            self.on_data_in(d, &frame, &bytes, notices)?;
+            self.on_data_in(d, &frame, &bytes, out, notices)?;
             return Ok(true);
         }
         frame
@@ -129,12 +151,8 @@ impl DataPath {
         match bhs {
             Bhs::R2t(r) => self.on_r2t(&r, out)?,
             Bhs::ScsiResponse(ref r) => {
-                let read = self
-                    .tasks
-                    .remove(&r.itt)
-                    .map_or_else(Bytes::new, |mut t| t.take_read());
-                let pdu = Pdu { bhs, ahs, data };
-                notices.push(InitiatorNotice::Status { pdu, read });
+                let itt = r.itt;
+                self.status(itt, Pdu { bhs, ahs, data }, notices);
             }
             _ => notices.push(InitiatorNotice::Control(Pdu { bhs, ahs, data })),
         }
@@ -185,56 +203,156 @@ impl DataPath {
         Ok(())
     }
 
-    /// A Data-In whose frame is `bytes`: placed, checked, and with status ends its task.
+    /// A Data-In whose frame is `bytes`: placed, checked, and with status ends its task
+    /// (at ERL ≥ 1 once no data is missing). SNACKs go to `out`.
     fn on_data_in(
         &mut self,
         d: DataIn,
         frame: &Frame,
         bytes: &Bytes,
+        out: &mut Vec<Pdu>,
         notices: &mut Vec<InitiatorNotice>,
     ) -> Result<(), String> {
+        let recovery = self.cfg.error_recovery_level >= 1;
         let payload = bytes.slice(frame.data_range());
-        let crc = match self.tasks.get_mut(&d.itt) {
-            Some(task) => place(task, &d, &payload, frame.has_data_digest())?,
+        let (crc, gap) = match self.tasks.get_mut(&d.itt) {
+            Some(task) => place(task, &d, &payload, frame.has_data_digest(), recovery)?,
             // Data for a task we forgot: checked, then dropped.
-            None => digest::crc32c(&payload),
+            None => (digest::crc32c(&payload), None),
         };
-        frame.check_data_digest(bytes, crc).map_err(|e| {
-            format!(
+        if let Some((beg_run, run_length)) = gap {
+            self.snack(d.itt, beg_run, run_length, out)?;
+        }
+        if let Err(e) = frame.check_data_digest(bytes, crc) {
+            let why = format!(
                 "data digest error on Data-In (got {:08x}, computed {:08x})",
                 e.got, e.computed
-            )
-        })?;
+            );
+            match self.tasks.get_mut(&d.itt) {
+                // ERL ≥ 1: the PDU (and any status in it) is asked for again.
+                Some(task) if recovery => {
+                    if !task.missing.contains(&d.data_sn) {
+                        task.missing.push(d.data_sn);
+                    }
+                    self.snack(d.itt, d.data_sn, 1, out)?;
+                    return Ok(());
+                }
+                Some(_) => return Err(why),
+                None if recovery => return Ok(()),
+                None => return Err(why),
+            }
+        }
+        if let Some(task) = self.tasks.get_mut(&d.itt) {
+            task.missing.retain(|sn| *sn != d.data_sn);
+        }
         if !d.status_present {
             self.window = Some((d.exp_cmd_sn, d.max_cmd_sn));
-            return Ok(());
+            return self.release_held(d.itt, notices);
         }
         if !d.final_ {
             return Err("Data-In with status but without the F bit".into());
         }
-        let read = self
-            .tasks
-            .remove(&d.itt)
-            .map_or_else(Bytes::new, |mut t| t.take_read());
+        let itt = d.itt;
         let pdu = Pdu {
             bhs: Bhs::DataIn(d),
             ahs: Bytes::new(),
             data: Bytes::new(),
         };
+        self.status(itt, pdu, notices);
+        Ok(())
+    }
+
+    /// A command's status (`pdu`: a SCSI Response or a Data-In with status): it ends the
+    /// command, or waits while Data-In asked for again has not come.
+    fn status(&mut self, itt: u32, pdu: Pdu, notices: &mut Vec<InitiatorNotice>) {
+        if let Some(task) = self.tasks.get_mut(&itt) {
+            if !task.missing.is_empty() {
+                task.held_status = Some(pdu);
+                return;
+            }
+        }
+        if let Some(stat_sn) = pdu.bhs.stat_sn() {
+            if sn_gt(stat_sn.wrapping_add(1), self.exp_stat_sn) {
+                self.exp_stat_sn = stat_sn.wrapping_add(1);
+            }
+        }
+        let read = self
+            .tasks
+            .remove(&itt)
+            .map_or_else(Bytes::new, |mut t| t.take_read());
         notices.push(InitiatorNotice::Status { pdu, read });
+    }
+
+    /// The last missing Data-In of a command whose status came already: it ends now.
+    fn release_held(&mut self, itt: u32, notices: &mut Vec<InitiatorNotice>) -> Result<(), String> {
+        let held = match self.tasks.get_mut(&itt) {
+            Some(t) if t.missing.is_empty() => t.held_status.take(),
+            _ => None,
+        };
+        if let Some(pdu) = held {
+            self.status(itt, pdu, notices);
+        }
+        Ok(())
+    }
+
+    /// Asks for Data-In `beg_run`.. (`run_length` of them) of command `itt` again.
+    fn snack(
+        &mut self,
+        itt: u32,
+        beg_run: u32,
+        run_length: u32,
+        out: &mut Vec<Pdu>,
+    ) -> Result<(), String> {
+        let Some(task) = self.tasks.get_mut(&itt) else {
+            return Ok(());
+        };
+        task.snacks += 1;
+        if task.snacks > MAX_SNACKS_PER_COMMAND {
+            return Err(format!(
+                "Data-In of ITT 0x{itt:08x} still lost after {MAX_SNACKS_PER_COMMAND} SNACKs"
+            ));
+        }
+        out.push(Pdu::new(
+            Bhs::SnackRequest(SnackRequest {
+                snack_type: iscsi_session::erl1::snack_type::DATA_R2T,
+                lun: task.lun,
+                itt,
+                ttt: RESERVED_TAG,
+                exp_stat_sn: self.exp_stat_sn,
+                beg_run,
+                run_length,
+            }),
+            Bytes::new(),
+        ));
         Ok(())
     }
 }
 
 /// Places a Data-In payload in its task's read buffer; returns the payload's CRC32C when
-/// `crc` asks for it (computed in the copy), else 0.
-fn place(task: &mut Task, d: &DataIn, payload: &Bytes, crc: bool) -> Result<u32, String> {
+/// `crc` asks for it (computed in the copy), else 0, and with `recovery` (ERL ≥ 1) the run
+/// of DataSNs a gap before it shows were lost (to ask for again), or accepts a Data-In
+/// asked for again.
+fn place(
+    task: &mut Task,
+    d: &DataIn,
+    payload: &Bytes,
+    crc: bool,
+    recovery: bool,
+) -> Result<(u32, Option<(u32, u32)>), String> {
     let read_len = task.read_len as usize;
-    if d.data_sn != task.exp_data_sn {
-        return Err(format!(
-            "Data-In DataSN {} where {} was expected (ITT 0x{:08x})",
-            d.data_sn, task.exp_data_sn, d.itt
-        ));
+    let mut gap = None;
+    let resent = recovery && task.missing.contains(&d.data_sn);
+    if d.data_sn != task.exp_data_sn && !resent {
+        let ahead = d.data_sn.wrapping_sub(task.exp_data_sn);
+        if !recovery || ahead > MAX_DATA_SN_GAP {
+            return Err(format!(
+                "Data-In DataSN {} where {} was expected (ITT 0x{:08x})",
+                d.data_sn, task.exp_data_sn, d.itt
+            ));
+        }
+        task.missing.extend(task.exp_data_sn..d.data_sn);
+        gap = Some((task.exp_data_sn, ahead));
+        task.exp_data_sn = d.data_sn;
     }
     let off = d.buffer_offset as usize;
     let Some(end) = off.checked_add(payload.len()).filter(|&e| e <= read_len) else {
@@ -245,7 +363,16 @@ fn place(task: &mut Task, d: &DataIn, payload: &Bytes, crc: bool) -> Result<u32,
             d.itt
         ));
     };
-    task.exp_data_sn = task.exp_data_sn.wrapping_add(1);
+    if !resent {
+        task.exp_data_sn = task.exp_data_sn.wrapping_add(1);
+    }
+    let crc = place_bytes(task, off, end, payload, crc);
+    Ok((crc, gap))
+}
+
+/// Copies a checked Data-In payload to bytes `off..end` of the task's read buffer.
+fn place_bytes(task: &mut Task, off: usize, end: usize, payload: &Bytes, crc: bool) -> u32 {
+    let read_len = task.read_len as usize;
     let buf = &mut task.buf;
     if let Some(w) = task.whole.take() {
         // More data after a whole-read Data-In (the target resent a range): assemble.
@@ -254,7 +381,7 @@ fn place(task: &mut Task, d: &DataIn, payload: &Bytes, crc: bool) -> Result<u32,
     if off == 0 && end == read_len && buf.is_empty() {
         // The whole read in one Data-In: keep the receive buffer's bytes, no copy.
         task.whole = Some(payload.clone());
-        return Ok(if crc { digest::crc32c(payload) } else { 0 });
+        return if crc { digest::crc32c(payload) } else { 0 };
     }
     if off == buf.len() {
         // In order (the normal case): append, never zero-filling first.
@@ -262,18 +389,18 @@ fn place(task: &mut Task, d: &DataIn, payload: &Bytes, crc: bool) -> Result<u32,
             buf.reserve(read_len);
         }
         if crc {
-            return Ok(digest::extend_with_crc32c(buf, payload));
+            return digest::extend_with_crc32c(buf, payload);
         }
         buf.extend_from_slice(payload);
-        return Ok(0);
+        return 0;
     }
     if end > buf.len() {
         buf.resize(end, 0);
     }
     let dst = &mut buf[off..end];
     if crc {
-        return Ok(digest::copy_with_crc32c(dst, payload));
+        return digest::copy_with_crc32c(dst, payload);
     }
     dst.copy_from_slice(payload);
-    Ok(0)
+    0
 }
