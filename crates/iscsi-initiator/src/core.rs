@@ -188,7 +188,13 @@ struct Task<T> {
     conn: Option<usize>,
     cmd_sn: u32,
     kind: Kind,
+    /// Times the command was sent again after a Reject for a data digest error.
+    retries: u8,
 }
+
+/// A command Rejected for a data digest error (its immediate data was damaged on the way)
+/// is sent again this many times before it fails.
+const MAX_COMMAND_RETRIES: u8 = 4;
 
 /// The state of one session.
 #[derive(Debug)]
@@ -340,6 +346,7 @@ impl<T> SessionCore<T> {
                 conn: None,
                 cmd_sn: 0,
                 kind: Kind::Scsi { req },
+                retries: 0,
             },
         );
         self.queue.push_back(itt);
@@ -450,6 +457,7 @@ impl<T> SessionCore<T> {
                 conn: Some(conn),
                 cmd_sn: self.cmd_sn,
                 kind,
+                retries: 0,
             },
         );
         self.actions.push(Action::Send {
@@ -779,9 +787,14 @@ impl<T> SessionCore<T> {
                 if data.len() >= 48 {
                     let itt = u32::from_be_bytes([data[16], data[17], data[18], data[19]]);
                     let op = data[0] & 0x3f;
-                    // A rejected Data-Out leaves its command to end with a response; a
-                    // rejected command or request will never get one.
-                    if op != 0x05 && self.tasks.contains_key(&itt) {
+                    // A rejected Data-Out leaves its command to end with a response (at
+                    // ErrorRecoveryLevel 1 a recovery R2T asks for its data again); a
+                    // command whose immediate data failed its digest is sent again as it
+                    // was (command retry); any other rejected command or request will
+                    // never get a response.
+                    if op == 0x01 && r.reason == iscsi_wire::reject::DATA_DIGEST_ERROR {
+                        self.retry_command(itt, r.reason);
+                    } else if op != 0x05 && self.tasks.contains_key(&itt) {
                         self.fail_task(itt, TaskError::Rejected(r.reason));
                     }
                 }
@@ -828,6 +841,25 @@ impl<T> SessionCore<T> {
                 data,
             },
         });
+    }
+
+    /// Sends a Rejected SCSI command again on its connection with its ITT and CmdSN
+    /// (RFC 7143 §6.2.1), up to [`MAX_COMMAND_RETRIES`] times.
+    fn retry_command(&mut self, itt: u32, reason: u8) {
+        let Some(task) = self.tasks.get_mut(&itt) else {
+            return;
+        };
+        let (Some(conn), Kind::Scsi { req }) = (task.conn, &task.kind) else {
+            return;
+        };
+        if task.retries >= MAX_COMMAND_RETRIES || !self.conns[conn].alive {
+            self.fail_task(itt, TaskError::Rejected(reason));
+            return;
+        }
+        task.retries += 1;
+        let (cmd_sn, req) = (task.cmd_sn, req.clone());
+        self.actions.push(Action::Forget { conn, itt });
+        self.send_command(conn, itt, cmd_sn, &req);
     }
 
     fn fail_task(&mut self, itt: u32, err: TaskError) {

@@ -302,19 +302,22 @@ async fn at_erl1_corrupted_data_is_sent_again_inside_the_connection() {
     in_time(async {
         let target = common::start_target(CONFIG).await;
         // Data-Out payload bytes flipped: the target Rejects each and asks for the range
-        // again with a recovery R2T; the session, without reconnect, never drops.
+        // again with a recovery R2T. A WRITE's immediate data flipped: the target Rejects
+        // the command and the initiator sends it again. The session, without reconnect,
+        // never drops.
         let p = proxy(
             target,
             &[
                 "up:data-out#2:corrupt=data+100",
                 "up:data-out#9:corrupt=data+5",
+                "up:scsi-cmd#5:corrupt=data+10",
             ],
         );
         let s = session(p.local_addr(), "erl1", false).await;
         let tsih = s.tsih();
         let written = write_all(&s, 900).await;
         all_ok(&written, "corrupted Data-Out at ERL 1");
-        assert_eq!(fired(&p).len(), 2, "both faults fired: {:?}", fired(&p));
+        assert_eq!(fired(&p).len(), 3, "every fault fired: {:?}", fired(&p));
         assert_eq!(s.tsih(), tsih, "the same session throughout");
         s.logout().await.expect("logout");
         verify(target, "erl1", &written).await;

@@ -327,6 +327,66 @@ fn abort_task_fails_the_command() {
 }
 
 #[test]
+fn a_command_rejected_for_a_data_digest_error_is_sent_again_as_it_was() {
+    let mut c = core(limits(true, false));
+    let data = Bytes::from(vec![7u8; 4096]);
+    let itt = c.submit(1, CommandRequest::write(0, vec![0x2a; 10], data));
+    let first = commands(&mut c).remove(0);
+    let reject = |c: &mut Core, stat_sn: u32| {
+        let raw = first
+            .pdu
+            .bhs
+            .encode(0, first.pdu.data.len() as u32)
+            .to_vec();
+        c.on_notice(
+            0,
+            InitiatorNotice::Control(Pdu {
+                bhs: Bhs::Reject(iscsi_wire::Reject {
+                    reason: iscsi_wire::reject::DATA_DIGEST_ERROR,
+                    stat_sn,
+                    exp_cmd_sn: 1,
+                    max_cmd_sn: 32,
+                    ..Default::default()
+                }),
+                ahs: Bytes::new(),
+                data: Bytes::from(raw),
+            }),
+        )
+        .unwrap();
+    };
+    for n in 0..MAX_COMMAND_RETRIES as u32 {
+        reject(&mut c, 5 + n);
+        assert!(
+            matches!(&c.actions[..], [Action::Forget { conn: 0, itt: i }, ..] if *i == itt),
+            "the datamover starts the command over"
+        );
+        let again = commands(&mut c);
+        assert_eq!(again.len(), 1, "sent again");
+        let (Bhs::ScsiCommand(a), Bhs::ScsiCommand(b)) = (&again[0].pdu.bhs, &first.pdu.bhs) else {
+            panic!("a SCSI Command")
+        };
+        assert_eq!(
+            (a.itt, a.cmd_sn, a.cdb, a.expected_data_len),
+            (b.itt, b.cmd_sn, b.cdb, b.expected_data_len),
+            "same ITT, CmdSN and CDB"
+        );
+        assert_eq!(a.exp_stat_sn, 6 + n, "the current ExpStatSN");
+        assert_eq!(again[0].pdu.data, first.pdu.data, "same immediate data");
+        assert!(completions(&mut c).is_empty());
+    }
+    reject(&mut c, 9);
+    let done = completions(&mut c);
+    assert_eq!(
+        done,
+        [(
+            1,
+            Err(TaskError::Rejected(iscsi_wire::reject::DATA_DIGEST_ERROR))
+        )],
+        "bounded: then the command fails"
+    );
+}
+
+#[test]
 fn connection_loss_fails_or_requeues() {
     let mut c = core(limits(true, false));
     c.submit(1, CommandRequest::read(0, vec![0x28; 10], 512));
