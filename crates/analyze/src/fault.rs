@@ -32,6 +32,9 @@ pub enum FaultPoint {
     Pdu { opcode: Option<u8>, nth: u32 },
     /// The byte at this offset (0-based) of the direction's stream.
     Byte(u64),
+    /// Each PDU of this opcode (any: `None`) with probability 1/`one_in`, on every
+    /// connection, again and again (a seeded generator: the same run fires at the same PDUs).
+    Every { opcode: Option<u8>, one_in: u32 },
 }
 
 /// Which byte of a PDU a corruption flips.
@@ -90,8 +93,8 @@ const OPCODE_NAMES: &[(&str, u8)] = &[
 /// How a fault is written on the command line.
 pub const FAULT_SYNTAX: &str = "DIR:POINT:ACTION[:conn=N] with DIR up|down, POINT OPCODE#N \
      (OPCODE one of nop-out scsi-cmd login-req text-req data-out logout-req snack nop-in \
-     scsi-resp login-resp text-resp data-in logout-resp r2t async reject tmf-req tmf-resp any) \
-     or byte=N, ACTION reset | stall=SECONDS | drop | corrupt=N | corrupt=data+N \
+     scsi-resp login-resp text-resp data-in logout-resp r2t async reject tmf-req tmf-resp any), \
+     OPCODE%N (each such PDU with probability 1/N, on every connection) or byte=N, ACTION reset | stall=SECONDS | drop | corrupt=N | corrupt=data+N \
      (e.g. down:data-in#3:corrupt=data+100, up:data-out#2:reset, down:nop-in#1:stall=30)";
 
 impl FromStr for Fault {
@@ -108,7 +111,8 @@ impl FromStr for Fault {
             "down" => Direction::Down,
             _ => return Err(bad("the direction is up or down")),
         };
-        let at = parse_point(parts[1]).ok_or_else(|| bad("the point is OPCODE#N or byte=N"))?;
+        let at = parse_point(parts[1])
+            .ok_or_else(|| bad("the point is OPCODE#N, OPCODE%N or byte=N"))?;
         let action = parse_action(parts[2]).ok_or_else(|| bad("unknown action"))?;
         let conn = match parts.get(3) {
             None => 0,
@@ -146,13 +150,8 @@ impl std::fmt::Display for Fault {
         write!(f, "{dir}:")?;
         match self.at {
             FaultPoint::Byte(b) => write!(f, "byte={b}")?,
-            FaultPoint::Pdu { opcode, nth } => {
-                let name = OPCODE_NAMES
-                    .iter()
-                    .find(|(_, o)| Some(*o) == opcode)
-                    .map_or("any", |(n, _)| n);
-                write!(f, "{name}#{nth}")?;
-            }
+            FaultPoint::Pdu { opcode, nth } => write!(f, "{}#{nth}", opcode_name(opcode))?,
+            FaultPoint::Every { opcode, one_in } => write!(f, "{}%{one_in}", opcode_name(opcode))?,
         }
         match self.action {
             FaultAction::Reset => write!(f, ":reset")?,
@@ -165,17 +164,34 @@ impl std::fmt::Display for Fault {
     }
 }
 
+fn opcode_name(opcode: Option<u8>) -> &'static str {
+    OPCODE_NAMES
+        .iter()
+        .find(|(_, o)| Some(*o) == opcode)
+        .map_or("any", |(n, _)| n)
+}
+
 fn parse_point(p: &str) -> Option<FaultPoint> {
     if let Some(n) = p.strip_prefix("byte=") {
         return n.parse().ok().map(FaultPoint::Byte);
     }
+    let opcode_of = |name: &str| match name {
+        "any" => Some(None),
+        _ => Some(Some(OPCODE_NAMES.iter().find(|(n, _)| *n == name)?.1)),
+    };
+    if let Some((name, one_in)) = p.split_once('%') {
+        let one_in: u32 = one_in.parse().ok().filter(|&n| n > 0)?;
+        return Some(FaultPoint::Every {
+            opcode: opcode_of(name)?,
+            one_in,
+        });
+    }
     let (name, nth) = p.split_once('#')?;
     let nth: u32 = nth.parse().ok().filter(|&n| n > 0)?;
-    let opcode = match name {
-        "any" => None,
-        _ => Some(OPCODE_NAMES.iter().find(|(n, _)| *n == name)?.1),
-    };
-    Some(FaultPoint::Pdu { opcode, nth })
+    Some(FaultPoint::Pdu {
+        opcode: opcode_of(name)?,
+        nth,
+    })
 }
 
 fn parse_action(a: &str) -> Option<FaultAction> {
@@ -265,6 +281,8 @@ pub struct StreamCutter {
     seen: [u32; 64],
     seen_any: u32,
     reset: bool,
+    /// xorshift64 state for `Every` points (seeded by connection and direction).
+    rng: u64,
 }
 
 impl StreamCutter {
@@ -275,10 +293,11 @@ impl StreamCutter {
         always_frame: bool,
         login: std::sync::Arc<LoginWatch>,
     ) -> StreamCutter {
+        let applies = |f: &Fault| f.conn == conn || matches!(f.at, FaultPoint::Every { .. });
         let watch_login = always_frame
-            || faults
-                .iter()
-                .any(|f| f.conn == conn && matches!(f.at, FaultPoint::Pdu { .. }));
+            || faults.iter().any(|f| {
+                applies(f) && matches!(f.at, FaultPoint::Pdu { .. } | FaultPoint::Every { .. })
+            });
         StreamCutter {
             direction,
             conn,
@@ -286,7 +305,7 @@ impl StreamCutter {
             watch_login,
             faults: faults
                 .iter()
-                .filter(|f| f.conn == conn && f.direction == direction)
+                .filter(|f| applies(f) && f.direction == direction)
                 .map(|f| (f.at, f.action))
                 .collect(),
             always_frame,
@@ -296,6 +315,7 @@ impl StreamCutter {
             seen: [0; 64],
             seen_any: 0,
             reset: false,
+            rng: 0x9e37_79b9_7f4a_7c15 ^ ((conn as u64) << 1 | (direction == Direction::Up) as u64),
         }
     }
 
@@ -325,7 +345,7 @@ impl StreamCutter {
             || self
                 .faults
                 .iter()
-                .any(|(at, _)| matches!(at, FaultPoint::Pdu { .. }))
+                .any(|(at, _)| matches!(at, FaultPoint::Pdu { .. } | FaultPoint::Every { .. }))
     }
 
     /// Takes the next bytes of the stream; returns what to deliver, stall and cut, in order.
@@ -438,7 +458,17 @@ impl StreamCutter {
         self.seen_any += 1;
         let (of_opcode, any) = (self.seen[opcode as usize], self.seen_any);
         let mut actions = Vec::new();
+        let mut rng = self.rng;
         self.faults.retain(|&(at, action)| match at {
+            FaultPoint::Every { opcode: o, one_in } if o.is_none_or(|o| o == opcode) => {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                if rng % one_in as u64 == 0 {
+                    actions.push((at, action));
+                }
+                true // fires again later
+            }
             FaultPoint::Pdu {
                 opcode: Some(o),
                 nth,
@@ -452,6 +482,7 @@ impl StreamCutter {
             }
             _ => true,
         });
+        self.rng = rng;
         let mut keep = true;
         for (at, action) in actions {
             self.record(at, action);
@@ -592,6 +623,36 @@ mod tests {
         assert!(!down.is_active(), "every fault fired: bytes pass through");
         let fired: Vec<String> = down.take_fired().iter().map(|f| f.to_string()).collect();
         assert_eq!(fired, ["down:data-in#2:corrupt=data+1:conn=0"]);
+    }
+
+    #[test]
+    fn a_rate_point_fires_about_one_in_n_on_every_connection_again_and_again() {
+        let f: Fault = "up:data-out%50:corrupt=data+0".parse().unwrap();
+        assert_eq!(f.to_string(), "up:data-out%50:corrupt=data+0:conn=0");
+        let watch = Arc::new(LoginWatch::default());
+        watch.full_feature.store(true, Ordering::Release);
+        let d = Digests::default();
+        let (data_out, nop) = (pdu(0x05, &[0; 4], d), pdu(0x00, &[0; 4], d));
+        let mut counts = Vec::new();
+        for conn in [0, 3] {
+            let mut up = StreamCutter::new(conn, Direction::Up, &[f], false, watch.clone());
+            let mut flipped = 0;
+            for _ in 0..5000 {
+                let stream = [data_out.clone(), nop.clone()].concat();
+                for piece in up.push(&stream) {
+                    if let Piece::Bytes { bytes, opcode } = piece {
+                        assert!(opcode != Some(0x00) || bytes == nop, "only Data-Out");
+                        flipped += usize::from(opcode == Some(0x05) && bytes != data_out);
+                    }
+                }
+            }
+            assert_eq!(up.take_fired().len(), flipped);
+            counts.push(flipped);
+        }
+        for n in &counts {
+            assert!((60..=140).contains(n), "about 5000/50 fired: {counts:?}");
+        }
+        assert_ne!(counts[0], counts[1], "each connection draws its own");
     }
 
     #[test]

@@ -40,6 +40,14 @@ pub enum InitiatorNotice {
     /// ExpCmdSN and MaxCmdSN from PDUs the transport consumed itself (Data-In without
     /// status, R2T): the command window may have opened.
     Window { exp_cmd_sn: u32, max_cmd_sn: u32 },
+    /// ErrorRecoveryLevel ≥ 1: the transport asked the target for Data-In of command `itt`
+    /// again (a Data SNACK from DataSN `beg_run`, `run_length` of them), for the session's
+    /// recovery counters and log.
+    SnackSent {
+        itt: u32,
+        beg_run: u32,
+        run_length: u32,
+    },
     /// The connection ended (the target closed it, an I/O error, or a protocol or digest
     /// error from the target); no notice follows.
     Closed(String),

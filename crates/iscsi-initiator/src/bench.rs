@@ -99,6 +99,8 @@ pub struct Summary {
     pub lat_max_us: f64,
     /// Blocks compared by `--verify`.
     pub verified_bytes: u64,
+    /// Error recovery during the point, summed over its sessions.
+    pub recovery: crate::RecoveryStats,
 }
 
 /// Fills `buf` (whole blocks starting at `lba`) with the pattern of `seed`.
@@ -411,6 +413,12 @@ async fn run_phase(
         progress,
     });
     let wl = Arc::new(w.clone());
+    let recovery_of = |sessions: &[Arc<Session>]| {
+        sessions
+            .iter()
+            .fold(crate::RecoveryStats::default(), |a, s| a.plus(s.recovery()))
+    };
+    let recovery_before = recovery_of(&sessions[..]);
     let start = Instant::now();
     let deadline = w.duration.map(|d| start + d);
     let mut handles = Vec::new();
@@ -479,6 +487,7 @@ async fn run_phase(
         lat_p99_us: percentile(&lat, 0.99),
         lat_max_us: lat.last().map_or(0.0, |&v| v as f64 / 1000.0),
         verified_bytes: verified,
+        recovery: recovery_of(&sessions[..]).since(recovery_before),
     })
 }
 

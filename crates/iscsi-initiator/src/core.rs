@@ -196,6 +196,43 @@ struct Task<T> {
 /// is sent again this many times before it fails.
 const MAX_COMMAND_RETRIES: u8 = 4;
 
+/// Error recovery events of a session (ErrorRecoveryLevel ≥ 1, and reinstatements).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecoveryStats {
+    /// Data SNACKs sent for Data-In lost or damaged on the way.
+    pub data_snacks: u64,
+    /// Data-Out the target Rejected for a data digest error (it asks again by R2T).
+    pub data_out_rejects: u64,
+    /// Commands sent again after a Reject for a data digest error.
+    pub command_retries: u64,
+    /// Session reinstatements after a lost connection (ErrorRecoveryLevel 0).
+    pub reinstatements: u64,
+}
+
+impl RecoveryStats {
+    /// Field by field sum (over sessions).
+    pub fn plus(self, o: RecoveryStats) -> RecoveryStats {
+        RecoveryStats {
+            data_snacks: self.data_snacks + o.data_snacks,
+            data_out_rejects: self.data_out_rejects + o.data_out_rejects,
+            command_retries: self.command_retries + o.command_retries,
+            reinstatements: self.reinstatements + o.reinstatements,
+        }
+    }
+
+    /// What happened since `before` was taken.
+    pub fn since(self, before: RecoveryStats) -> RecoveryStats {
+        RecoveryStats {
+            data_snacks: self.data_snacks.saturating_sub(before.data_snacks),
+            data_out_rejects: self
+                .data_out_rejects
+                .saturating_sub(before.data_out_rejects),
+            command_retries: self.command_retries.saturating_sub(before.command_retries),
+            reinstatements: self.reinstatements.saturating_sub(before.reinstatements),
+        }
+    }
+}
+
 /// The state of one session.
 #[derive(Debug)]
 pub struct SessionCore<T> {
@@ -212,6 +249,8 @@ pub struct SessionCore<T> {
     rr: usize,
     /// Filled by every call; the driver drains it.
     pub actions: Vec<Action<T>>,
+    /// Recovery events so far (the driver counts reinstatements).
+    pub recovery: RecoveryStats,
 }
 
 fn max_seg(v: u32) -> u32 {
@@ -232,6 +271,7 @@ impl<T> SessionCore<T> {
             queue: VecDeque::new(),
             rr: 0,
             actions: Vec::new(),
+            recovery: RecoveryStats::default(),
         }
     }
 
@@ -634,6 +674,10 @@ impl<T> SessionCore<T> {
                 self.pump();
                 Ok(())
             }
+            InitiatorNotice::SnackSent { .. } => {
+                self.recovery.data_snacks += 1;
+                Ok(())
+            }
             InitiatorNotice::Closed(why) => Err(ConnError(why)),
         }
     }
@@ -792,7 +836,11 @@ impl<T> SessionCore<T> {
                     // command whose immediate data failed its digest is sent again as it
                     // was (command retry); any other rejected command or request will
                     // never get a response.
-                    if op == 0x01 && r.reason == iscsi_wire::reject::DATA_DIGEST_ERROR {
+                    let digest = r.reason == iscsi_wire::reject::DATA_DIGEST_ERROR;
+                    if op == 0x05 && digest {
+                        self.recovery.data_out_rejects += 1;
+                    }
+                    if op == 0x01 && digest {
                         self.retry_command(itt, r.reason);
                     } else if op != 0x05 && self.tasks.contains_key(&itt) {
                         self.fail_task(itt, TaskError::Rejected(r.reason));
@@ -857,6 +905,7 @@ impl<T> SessionCore<T> {
             return;
         }
         task.retries += 1;
+        self.recovery.command_retries += 1;
         let (cmd_sn, req) = (task.cmd_sn, req.clone());
         self.actions.push(Action::Forget { conn, itt });
         self.send_command(conn, itt, cmd_sn, &req);

@@ -36,7 +36,7 @@ mod session;
 pub mod url;
 
 pub use crate::conn::IserProvider;
-pub use crate::core::{CommandRequest, CommandResult, Residual, TaskError};
+pub use crate::core::{CommandRequest, CommandResult, RecoveryStats, Residual, TaskError};
 pub use iscsi_login::{ChapCredentials, DigestPreference, DiscoveredTarget, LoginError};
 pub use session::{
     discover, PendingCommand, Session, SessionConfig, TraceFile, DEFAULT_INITIATOR_NAME,

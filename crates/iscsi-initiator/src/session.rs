@@ -19,7 +19,8 @@ use tokio::sync::oneshot;
 
 use crate::conn::{self, IserProvider, LoginDone};
 use crate::core::{
-    Action, CommandRequest, CommandResult, Reply, SessionCore, SessionLimits, TaskError,
+    Action, CommandRequest, CommandResult, RecoveryStats, Reply, SessionCore, SessionLimits,
+    TaskError,
 };
 use crate::scsi::{self, status, Capacity, Inquiry, Sense};
 use crate::url::IscsiUrl;
@@ -417,6 +418,17 @@ fn on_notices(inner: &Arc<Inner>, idx: usize, generation: u64, notices: &mut Vec
     }
     let mut failed = None;
     for n in notices.drain(..) {
+        if let InitiatorNotice::SnackSent {
+            itt,
+            beg_run,
+            run_length,
+        } = n
+        {
+            tracing::info!(
+                conn = idx,
+                "Data SNACK for ITT 0x{itt:08x}: Data-In from DataSN {beg_run} ({run_length}) asked for again"
+            );
+        }
         if failed.is_none() {
             failed = st.core.on_notice(idx, n).err();
         }
@@ -494,6 +506,7 @@ async fn reconnect(inner: Arc<Inner>, reason: String) {
             Ok(est) => {
                 let mut st = inner.lock();
                 tracing::info!(attempt, "session reinstated after: {reason}");
+                st.core.recovery.reinstatements += 1;
                 install(&inner, &mut st, est);
                 return;
             }
@@ -596,6 +609,11 @@ impl Session {
     }
 
     /// The target-assigned session handle.
+    /// Error recovery events so far (SNACKs, retries, reinstatements).
+    pub fn recovery(&self) -> RecoveryStats {
+        self.inner.lock().core.recovery
+    }
+
     pub fn tsih(&self) -> u16 {
         self.inner.lock().tsih
     }

@@ -221,7 +221,7 @@ impl DataPath {
             None => (digest::crc32c(&payload), None),
         };
         if let Some((beg_run, run_length)) = gap {
-            self.snack(d.itt, beg_run, run_length, out)?;
+            self.snack(d.itt, beg_run, run_length, out, notices)?;
         }
         if let Err(e) = frame.check_data_digest(bytes, crc) {
             let why = format!(
@@ -234,7 +234,7 @@ impl DataPath {
                     if !task.missing.contains(&d.data_sn) {
                         task.missing.push(d.data_sn);
                     }
-                    self.snack(d.itt, d.data_sn, 1, out)?;
+                    self.snack(d.itt, d.data_sn, 1, out, notices)?;
                     return Ok(());
                 }
                 Some(_) => return Err(why),
@@ -302,6 +302,7 @@ impl DataPath {
         beg_run: u32,
         run_length: u32,
         out: &mut Vec<Pdu>,
+        notices: &mut Vec<InitiatorNotice>,
     ) -> Result<(), String> {
         let Some(task) = self.tasks.get_mut(&itt) else {
             return Ok(());
@@ -324,6 +325,11 @@ impl DataPath {
             }),
             Bytes::new(),
         ));
+        notices.push(InitiatorNotice::SnackSent {
+            itt,
+            beg_run,
+            run_length,
+        });
         Ok(())
     }
 }

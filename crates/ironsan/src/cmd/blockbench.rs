@@ -182,6 +182,12 @@ fn point_json(r: &Summary) -> serde_json::Value {
         "latency_us": { "p50": r.lat_p50_us, "p99": r.lat_p99_us, "max": r.lat_max_us },
         "lat_p50_us": r.lat_p50_us, "lat_p99_us": r.lat_p99_us, "lat_max_us": r.lat_max_us,
         "verified_bytes": r.verified_bytes,
+        "recovery": {
+            "data_snacks": r.recovery.data_snacks,
+            "data_out_rejects": r.recovery.data_out_rejects,
+            "command_retries": r.recovery.command_retries,
+            "reinstatements": r.recovery.reinstatements,
+        },
     })
 }
 

@@ -24,6 +24,14 @@ pub struct LoginOpts {
     /// Data digest: none, crc32c, crc32c-none, none-crc32c (overrides the URL).
     #[arg(long, value_name = "DIGEST")]
     pub data_digest: Option<String>,
+    /// Highest ErrorRecoveryLevel to offer over iSCSI/TCP (overrides the URL): 0 (a digest
+    /// error ends the connection) or 1 (it is mended in place: SNACK, recovery R2T, retry).
+    #[arg(long, value_name = "0|1")]
+    pub error_recovery_level: Option<u8>,
+    /// When a connection is lost, log in again (session reinstatement) and send the
+    /// commands in flight again instead of failing them.
+    #[arg(long)]
+    pub reconnect: bool,
     /// Record every byte sent and received on every connection in this pcapng file
     /// (read it with `ironsan analyze FILE` or tshark; no capture privileges needed).
     #[arg(long, value_name = "FILE.pcapng")]
@@ -89,6 +97,15 @@ impl LoginOpts {
         if let Some(d) = &self.data_digest {
             c.data_digest = digest(d)?;
         }
+        if let Some(l) = self.error_recovery_level {
+            let u: IscsiUrl = format!("iscsi://h/?error_recovery_level={l}")
+                .parse()
+                .map_err(|e: iscsi_initiator::UrlError| {
+                    anyhow::anyhow!("--error-recovery-level: {e}")
+                })?;
+            c.error_recovery_level = u.error_recovery_level.expect("set");
+        }
+        c.reconnect |= self.reconnect;
         if let Some(p) = &self.trace {
             if self.trace_file.get().is_none() {
                 let mut t = TraceFile::create(p)
