@@ -418,7 +418,7 @@ async fn run_phase(
             .iter()
             .fold(crate::RecoveryStats::default(), |a, s| a.plus(s.recovery()))
     };
-    let recovery_before = recovery_of(&sessions[..]);
+    let recovery_before = recovery_of(sessions);
     let start = Instant::now();
     let deadline = w.duration.map(|d| start + d);
     let mut handles = Vec::new();
@@ -487,7 +487,7 @@ async fn run_phase(
         lat_p99_us: percentile(&lat, 0.99),
         lat_max_us: lat.last().map_or(0.0, |&v| v as f64 / 1000.0),
         verified_bytes: verified,
-        recovery: recovery_of(&sessions[..]).since(recovery_before),
+        recovery: recovery_of(sessions).since(recovery_before),
     })
 }
 
