@@ -464,7 +464,7 @@ impl StreamCutter {
                 rng ^= rng << 13;
                 rng ^= rng >> 7;
                 rng ^= rng << 17;
-                if rng % one_in as u64 == 0 {
+                if rng.is_multiple_of(one_in as u64) {
                     actions.push((at, action));
                 }
                 true // fires again later
