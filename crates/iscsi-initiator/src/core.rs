@@ -251,6 +251,9 @@ pub struct SessionCore<T> {
     pub actions: Vec<Action<T>>,
     /// Recovery events so far (the driver counts reinstatements).
     pub recovery: RecoveryStats,
+    /// The target's ExpCmdSN at the last check for a lost command, when a SCSI command
+    /// with that CmdSN was outstanding then.
+    stalled_at: Option<u32>,
 }
 
 fn max_seg(v: u32) -> u32 {
@@ -272,6 +275,7 @@ impl<T> SessionCore<T> {
             rr: 0,
             actions: Vec::new(),
             recovery: RecoveryStats::default(),
+            stalled_at: None,
         }
     }
 
@@ -889,6 +893,28 @@ impl<T> SessionCore<T> {
                 data,
             },
         });
+    }
+
+    /// ErrorRecoveryLevel ≥ 1, called at intervals after the target's ExpCmdSN was brought
+    /// up to date (e.g. by answered pings): a SCSI command whose CmdSN has been the target's
+    /// ExpCmdSN since the last call never reached it (the target discarded it for a digest
+    /// error), and every later command waits behind it; it is sent again with its ITT and
+    /// CmdSN. Returns its ITT.
+    pub fn retry_lost_command(&mut self) -> Option<u32> {
+        let exp = self.exp_cmd_sn;
+        let waiting = self
+            .tasks
+            .iter()
+            .find(|(_, t)| {
+                t.conn.is_some() && t.cmd_sn == exp && matches!(t.kind, Kind::Scsi { .. })
+            })
+            .map(|(itt, _)| *itt);
+        let stalled = self.stalled_at == Some(exp);
+        self.stalled_at = waiting.map(|_| exp);
+        let itt = waiting.filter(|_| stalled)?;
+        self.stalled_at = None;
+        self.retry_command(itt, iscsi_wire::reject::PROTOCOL_ERROR);
+        Some(itt)
     }
 
     /// Sends a Rejected SCSI command again on its connection with its ITT and CmdSN

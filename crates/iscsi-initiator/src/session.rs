@@ -544,8 +544,10 @@ async fn keepalive(inner: std::sync::Weak<Inner>, every: Duration, timeout: Dura
             flush(&mut st);
             (generation, pings)
         };
+        let mut answered = true;
         for (c, rx) in pings {
             if tokio::time::timeout(timeout, rx).await.is_err() {
+                answered = false;
                 connection_lost(
                     &inner,
                     c,
@@ -553,6 +555,17 @@ async fn keepalive(inner: std::sync::Weak<Inner>, every: Duration, timeout: Dura
                     &format!("NOP-Out ping unanswered for {} s", timeout.as_secs()),
                 );
             }
+        }
+        // The answers brought the target's ExpCmdSN: at ErrorRecoveryLevel ≥ 1 a command
+        // it still waits for since the last round was lost on the way, and goes again.
+        let mut st = inner.lock();
+        if answered && st.generation == generation && st.params.error_recovery_level >= 1 {
+            if let Some(itt) = st.core.retry_lost_command() {
+                tracing::warn!(
+                    "command ITT 0x{itt:08x} never reached the target (its ExpCmdSN stayed at its CmdSN): sent again"
+                );
+            }
+            flush(&mut st);
         }
     }
 }

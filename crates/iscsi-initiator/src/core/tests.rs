@@ -387,6 +387,56 @@ fn a_command_rejected_for_a_data_digest_error_is_sent_again_as_it_was() {
 }
 
 #[test]
+fn a_command_the_target_never_got_is_sent_again_once_its_cmdsn_stalls() {
+    let mut c = core(limits(true, false));
+    let a = c.submit(1, CommandRequest::read(0, vec![0x28; 10], 512));
+    let b = c.submit(2, CommandRequest::read(0, vec![0x28; 10], 512));
+    let sent = commands(&mut c);
+    assert_eq!(sent.len(), 2);
+    // The target answers a ping with ExpCmdSN 1: command `a` (CmdSN 1) is not there.
+    assert_eq!(
+        c.retry_lost_command(),
+        None,
+        "first sight: maybe still on the way"
+    );
+    c.on_notice(
+        0,
+        control(Bhs::NopIn(NopIn {
+            itt: u32::MAX,
+            ttt: u32::MAX,
+            stat_sn: 5,
+            exp_cmd_sn: 1,
+            max_cmd_sn: 32,
+            ..Default::default()
+        })),
+    )
+    .unwrap();
+    assert_eq!(
+        c.retry_lost_command(),
+        Some(a),
+        "still its CmdSN at the next round"
+    );
+    let again = commands(&mut c);
+    let Bhs::ScsiCommand(cmd) = &again[0].pdu.bhs else {
+        panic!()
+    };
+    assert_eq!((cmd.itt, cmd.cmd_sn), (a, 1));
+    // The target moves on to ExpCmdSN 2 (b's) and, before the next round, past it: b
+    // was not lost, nothing more is sent.
+    c.on_notice(0, status(response(a, 5, 33), Vec::new(), Bytes::new()))
+        .unwrap();
+    assert_eq!(c.retry_lost_command(), None);
+    let mut rsp = response(b, 6, 34);
+    if let Bhs::ScsiResponse(r) = &mut rsp {
+        r.exp_cmd_sn = 3;
+    }
+    c.on_notice(0, status(rsp, Vec::new(), Bytes::new()))
+        .unwrap();
+    assert_eq!(c.retry_lost_command(), None);
+    assert!(commands(&mut c).is_empty());
+}
+
+#[test]
 fn connection_loss_fails_or_requeues() {
     let mut c = core(limits(true, false));
     c.submit(1, CommandRequest::read(0, vec![0x28; 10], 512));
