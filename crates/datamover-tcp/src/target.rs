@@ -114,6 +114,9 @@ impl TcpConnection {
             sent_reads,
         };
         tokio::spawn(writer.run(write, out_rx, stop_rx.clone()));
+        if shared.cfg.error_recovery_level >= 1 {
+            tokio::spawn(watch_sequences(shared.clone(), stop_rx.clone()));
+        }
         tokio::spawn(run_reader(reader, shared.clone(), notice_tx, stop_rx));
         (Arc::new(TcpDatamover { shared }), notice_rx)
     }
@@ -154,6 +157,9 @@ impl LoginChannel for TcpConnection {
 struct WriteSlot {
     /// Set when a Data-Out broke the rules: later Data-Outs are discarded.
     failed: Option<DmError>,
+    /// When data for it last arrived (or its R2Ts went out): the sequence reception
+    /// timeout counts from here.
+    progress: std::time::Instant,
     buf: BytesMut,
     xfer: WriteTransfer,
     lun: u64,
@@ -288,6 +294,7 @@ impl Datamover for TcpDatamover {
                 return Ok((slot.buf.freeze(), slot.xfer.r2t_count()));
             }
             slot.solicited = true;
+            slot.progress = std::time::Instant::now();
             let r2ts = slot.xfer.next_r2ts(|| self.shared.alloc_ttt());
             let (tx, rx) = oneshot::channel();
             slot.waiter = Some(tx);
@@ -578,6 +585,7 @@ async fn on_data_out(
             return Ok(true);
         }
         task_lun = slot.lun;
+        slot.progress = std::time::Instant::now();
         if let Err(e) = slot
             .xfer
             .on_data_out(d.ttt, d.data_sn, d.buffer_offset, data_len, d.final_)
@@ -643,6 +651,52 @@ async fn on_data_out(
     Ok(true)
 }
 
+/// How long a solicited write may go without Data-Out before what it lacks is asked for
+/// again (ErrorRecoveryLevel ≥ 1: its last Data-Out may have been discarded for a header
+/// digest error, and nothing else would show it).
+const SEQUENCE_RECEPTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// ERL ≥ 1: once a second, each solicited write without Data-Out for the sequence
+/// reception timeout has its missing ranges asked for again with recovery R2Ts.
+async fn watch_sequences(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let mut due = Vec::new();
+        {
+            let mut slots = shared.slots.lock().expect("slots lock");
+            for (itt, slot) in slots.iter_mut() {
+                if !slot.solicited
+                    || slot.failed.is_some()
+                    || slot.progress.elapsed() < SEQUENCE_RECEPTION_TIMEOUT
+                    || !slot.xfer.sequence_timeout()
+                {
+                    continue;
+                }
+                slot.progress = std::time::Instant::now();
+                let r2ts = slot.xfer.next_r2ts(|| shared.alloc_ttt());
+                for _ in &r2ts {
+                    RecoveryCounters::bump(&shared.cfg.recovery.recovery_r2ts);
+                }
+                let task = TaskRef {
+                    itt: *itt,
+                    lun: slot.lun,
+                };
+                due.push(Out::R2ts { task, r2ts });
+            }
+        }
+        for out in due {
+            tracing::warn!(peer = %shared.peer, "no Data-Out for {} s: what is missing is asked for again (recovery R2T)", SEQUENCE_RECEPTION_TIMEOUT.as_secs());
+            if shared.out.send(out).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
 /// A SCSI Command with write data: its buffer and transfer state exist (immediate data
 /// placed) before the next PDU is read, so the Data-Outs that follow find them.
 async fn on_write_command(
@@ -674,6 +728,7 @@ async fn on_write_command(
     let (itt, lun, expected_len) = (c.itt, c.lun, c.expected_data_len);
     let slot = WriteSlot {
         failed: None,
+        progress: std::time::Instant::now(),
         buf,
         xfer,
         lun,

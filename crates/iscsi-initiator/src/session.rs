@@ -524,6 +524,10 @@ async fn reconnect(inner: Arc<Inner>, reason: String) {
     flush(&mut st);
 }
 
+/// The longest keepalive interval at ErrorRecoveryLevel ≥ 1 (a lost command is found
+/// within two of them).
+const LOST_COMMAND_CHECK: Duration = Duration::from_secs(2);
+
 async fn keepalive(inner: std::sync::Weak<Inner>, every: Duration, timeout: Duration) {
     loop {
         tokio::time::sleep(every).await;
@@ -596,7 +600,14 @@ impl Session {
             let mut st = inner.lock();
             install(&inner, &mut st, est);
         }
-        if let Some(every) = inner.cfg.nop_interval {
+        // At ErrorRecoveryLevel ≥ 1 the pings also find commands lost on the way (two
+        // rounds with the target's ExpCmdSN at a command's CmdSN): they go every 2 s at most.
+        let erl = inner.lock().params.error_recovery_level;
+        let every = match inner.cfg.nop_interval {
+            Some(e) if erl >= 1 => Some(e.min(LOST_COMMAND_CHECK)),
+            other => other,
+        };
+        if let Some(every) = every {
             tokio::spawn(keepalive(
                 Arc::downgrade(&inner),
                 every,

@@ -306,6 +306,28 @@ impl WriteTransfer {
             && self.holes.is_empty()
     }
 
+    /// No Data-Out came for a sequence reception timeout (ERL ≥ 1): the final Data-Out of
+    /// a sequence was lost (a header digest error) or the rest of it is. What each
+    /// outstanding sequence still lacks becomes a hole, asked for again by recovery R2T;
+    /// their old TTTs are no longer accepted. Returns whether anything was outstanding.
+    pub fn sequence_timeout(&mut self) -> bool {
+        if !self.recovery {
+            return false;
+        }
+        let open = self
+            .unsolicited
+            .take()
+            .into_iter()
+            .chain(self.bursts.drain(..));
+        let holes: Vec<(u32, u32)> = open
+            .filter(|s| s.next < s.end)
+            .map(|s| (s.next, s.end - s.next))
+            .collect();
+        let any = !holes.is_empty();
+        self.holes.extend(holes);
+        any
+    }
+
     /// The outstanding R2Ts an R2T SNACK asks for again (R2TSN `beg_run`, `run_length` of
     /// them, 0: all from `beg_run`), as they were sent; Err when any of them is not
     /// outstanding (never sent, or its data all arrived).
@@ -550,6 +572,33 @@ mod tests {
             Err(WriteError::DigestWithoutRecovery),
             "no recovery at ERL 0"
         );
+    }
+
+    #[test]
+    fn a_sequence_that_stops_arriving_is_asked_for_again_after_the_timeout() {
+        let mut w = WriteTransfer::new(32768, 0, true, limits(true))
+            .unwrap()
+            .with_recovery();
+        w.next_r2ts(|| 1);
+        w.on_data_out(1, 0, 0, 8192, false).unwrap();
+        // The rest of the burst (and its final Data-Out) never comes.
+        assert!(w.sequence_timeout());
+        let again = w.next_r2ts(|| 2);
+        assert_eq!(
+            (again[0].ttt, again[0].offset, again[0].len),
+            (2, 8192, 24576)
+        );
+        assert!(
+            w.on_data_out(1, 1, 8192, 8192, false).is_err(),
+            "the old TTT is gone"
+        );
+        w.on_data_out(2, 0, 8192, 8192, false).unwrap();
+        w.on_data_out(2, 1, 16384, 8192, false).unwrap();
+        w.on_data_out(2, 2, 24576, 8192, true).unwrap();
+        assert!(w.is_complete());
+        let mut plain = WriteTransfer::new(512, 0, true, limits(true)).unwrap();
+        plain.next_r2ts(|| 1);
+        assert!(!plain.sequence_timeout(), "no recovery at ERL 0");
     }
 
     proptest! {

@@ -165,6 +165,37 @@ async fn a_data_out_lost_to_a_header_digest_error_leaves_a_gap_that_is_asked_for
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_final_data_out_is_asked_for_again_after_the_sequence_reception_timeout() {
+    let mut c = erl1_session(9).await;
+    let data = pattern(16384, 11);
+    let b = c.scsi_bhs(&write10(700, 32), 0, data.len() as u32, 0);
+    let itt = be32(&b[16..20]);
+    c.send(&b, &[]).await;
+    let r2t = c.recv().await;
+    let ttt = r2t.field32(20);
+    c.send(
+        &data_out_bhs(&c, itt, ttt, 0, 0, 8192, false),
+        &data[..8192],
+    )
+    .await;
+    // The final Data-Out's header is damaged: the target discards it and nothing follows.
+    c.corrupt_next = Some(Corrupt::Header);
+    c.send(
+        &data_out_bhs(&c, itt, ttt, 1, 8192, 8192, true),
+        &data[8192..],
+    )
+    .await;
+    let again = c.recv().await; // within WAIT (10 s); the timeout is 5 s
+    assert_eq!(again.opcode(), 0x31, "recovery R2T after the timeout");
+    assert_eq!((again.field32(40), again.field32(44)), (8192, 8192));
+    c.data_out(itt, again.field32(20), 8192, &data[8192..])
+        .await;
+    let (st, _, _) = c.finish(itt, &data).await;
+    assert_eq!(st, 0);
+    read_back(&mut c, 700, &data).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_with_corrupted_immediate_data_is_rejected_and_can_be_retried() {
     let addr = start_target(ERL1).await;
     let mut c = RawConn::connect(addr).await;
