@@ -35,6 +35,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
 
 const READ_CHUNK: usize = 256 * 1024;
+/// PDUs with header digest errors discarded one after another before the stream is taken
+/// for lost (a wrong claimed length puts every later header out of place).
+const MAX_DISCARDS_IN_A_ROW: u32 = 4;
 const OUT_QUEUE: usize = 1024;
 const NOTICE_QUEUE: usize = 256;
 const WRITE_BATCH: usize = 64;
@@ -454,10 +457,10 @@ async fn next_pdu(
         }
         // ERL ≥ 1: the PDU is discarded by the length its header claims (bounded by
         // MaxRecvDataSegmentLength); the initiator's SNACK or timeout recovers it, and a
-        // lost Data-Out shows as a DataSN gap. Two in a row mean the claimed length was
-        // wrong too and the stream is lost: end the connection.
+        // lost Data-Out shows as a DataSN gap. Several in a row mean the claimed length
+        // was wrong too and the stream is lost: end the connection.
         Err(FrameError::HeaderDigest { claimed_len, .. })
-            if cfg.error_recovery_level >= 1 && *discarded_in_a_row == 0 =>
+            if cfg.error_recovery_level >= 1 && *discarded_in_a_row < MAX_DISCARDS_IN_A_ROW =>
         {
             *discarded_in_a_row += 1;
             tracing::warn!(peer = %shared.peer, "header digest error: PDU of {claimed_len} bytes discarded (ErrorRecoveryLevel 1)");

@@ -282,3 +282,88 @@ fn a_flipped_data_in_byte_is_caught_by_verify_and_by_the_data_digest() {
     let _ = std::fs::remove_file(&log);
     drop(target);
 }
+
+#[test]
+fn at_error_recovery_level_1_a_corrupting_link_costs_resends_not_the_session() {
+    let mut target = Proc::spawn(&[
+        "target",
+        "--portal",
+        "127.0.0.1:0",
+        "--error-recovery-level",
+        "1",
+    ]);
+    let portal = target.wait_line("ironsan: serving iSCSI on ", ' ');
+    let free = TcpListener::bind("127.0.0.1:0").unwrap();
+    let listen = free.local_addr().unwrap().to_string();
+    drop(free);
+    let log = std::env::temp_dir().join(format!("ironsan-erl1-proxy-{}.log", std::process::id()));
+    // One Data-In and Data-Out in 50 damaged, and one command in 100, on every connection;
+    // a command without data loses a header byte (it has no data): the target discards
+    // it, and the initiator finds it missing and sends it again.
+    let _proxy = Proc::spawn_logging_to(
+        &[
+            "delay-proxy",
+            "--listen",
+            &listen,
+            "--upstream",
+            &portal,
+            "--fault",
+            "down:data-in%50:corrupt=data+3",
+            "--fault",
+            "up:data-out%50:corrupt=data+3",
+            "--fault",
+            "up:scsi-cmd%100:corrupt=data+3",
+        ],
+        &log,
+    );
+    let wait_start = Instant::now();
+    while std::net::TcpStream::connect(&listen).is_err() {
+        assert!(wait_start.elapsed() < common::LIMIT, "the proxy listens");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let json = std::env::temp_dir().join(format!("ironsan-erl1-{}.json", std::process::id()));
+    let (ok, text) = run(&[
+        "bench",
+        &format!("iscsi://{listen}/iqn.2026-11.org.ironsan:default/0"),
+        "--header-digest",
+        "crc32c",
+        "--data-digest",
+        "crc32c",
+        "--error-recovery-level",
+        "1",
+        "--rw",
+        "read,write",
+        "--size",
+        "256k",
+        "--qd",
+        "4",
+        "--count",
+        "200",
+        "--span",
+        "16m",
+        "--verify",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(ok, "every command completes, verified: {text}");
+    assert!(text.contains("no difference"), "{text}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let sum = |key: &str| -> u64 {
+        v["points"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["recovery"][key].as_u64().unwrap())
+            .sum()
+    };
+    assert!(sum("data_snacks") > 0, "Data-In asked for again: {v}");
+    assert!(
+        sum("data_out_rejects") + sum("command_retries") > 0,
+        "write data sent again: {v}"
+    );
+    assert_eq!(sum("reinstatements"), 0, "the session never dropped");
+    let _ = std::fs::remove_file(&log);
+    let _ = std::fs::remove_file(&json);
+    drop(target);
+}
