@@ -7,6 +7,11 @@
 //! queued PDUs are stamped (StatSN, ExpCmdSN, MaxCmdSN), read data is cut into Data-In
 //! PDUs, and a [`PduBatch`] goes out in one vectored write whose payload slices reference
 //! the backend's buffers (no copy). With a trace, the socket is wrapped in [`Traced`].
+//!
+//! At ErrorRecoveryLevel 1 the reader discards a PDU whose header fails its digest and
+//! reports data digest errors as Reject notices; lost write data is asked for again by
+//! recovery R2T (at once, or after [`SEQUENCE_RECEPTION_TIMEOUT`] without Data-Out); read
+//! data is kept until its status is acknowledged, so a Data SNACK can have it sent again.
 
 use crate::frame::{Frame, FrameError, FrameReader, PduBatch};
 use crate::socket::PduSocket;
