@@ -10,7 +10,7 @@
 //!
 //! At ErrorRecoveryLevel 1 the reader discards a PDU whose header fails its digest and
 //! reports data digest errors as Reject notices; lost write data is asked for again by
-//! recovery R2T (at once, or after [`SEQUENCE_RECEPTION_TIMEOUT`] without Data-Out); read
+//! recovery R2T (at once, or after 5 s without Data-Out); read
 //! data is kept until its status is acknowledged, so a Data SNACK can have it sent again.
 
 use crate::frame::{Frame, FrameError, FrameReader, PduBatch};
