@@ -205,6 +205,8 @@ pub struct RecoveryStats {
     pub data_out_rejects: u64,
     /// Commands sent again after a Reject for a data digest error.
     pub command_retries: u64,
+    /// Commands sent again because the target never got them (ExpCmdSN stuck at them).
+    pub lost_commands: u64,
     /// Session reinstatements after a lost connection (ErrorRecoveryLevel 0).
     pub reinstatements: u64,
 }
@@ -216,6 +218,7 @@ impl RecoveryStats {
             data_snacks: self.data_snacks + o.data_snacks,
             data_out_rejects: self.data_out_rejects + o.data_out_rejects,
             command_retries: self.command_retries + o.command_retries,
+            lost_commands: self.lost_commands + o.lost_commands,
             reinstatements: self.reinstatements + o.reinstatements,
         }
     }
@@ -228,6 +231,7 @@ impl RecoveryStats {
                 .data_out_rejects
                 .saturating_sub(before.data_out_rejects),
             command_retries: self.command_retries.saturating_sub(before.command_retries),
+            lost_commands: self.lost_commands.saturating_sub(before.lost_commands),
             reinstatements: self.reinstatements.saturating_sub(before.reinstatements),
         }
     }
@@ -845,7 +849,9 @@ impl<T> SessionCore<T> {
                         self.recovery.data_out_rejects += 1;
                     }
                     if op == 0x01 && digest {
-                        self.retry_command(itt, r.reason);
+                        if self.resend_command(itt, r.reason) {
+                            self.recovery.command_retries += 1;
+                        }
                     } else if op != 0x05 && self.tasks.contains_key(&itt) {
                         self.fail_task(itt, TaskError::Rejected(r.reason));
                     }
@@ -901,40 +907,49 @@ impl<T> SessionCore<T> {
     /// error), and every later command waits behind it; it is sent again with its ITT and
     /// CmdSN. Returns its ITT.
     pub fn retry_lost_command(&mut self) -> Option<u32> {
+        let itt = self.waiting_at_exp_cmd_sn();
         let exp = self.exp_cmd_sn;
-        let waiting = self
-            .tasks
+        let stalled = self.stalled_at == Some(exp);
+        self.stalled_at = itt.map(|_| exp);
+        let itt = itt.filter(|_| stalled)?;
+        self.stalled_at = None;
+        if self.resend_command(itt, iscsi_wire::reject::PROTOCOL_ERROR) {
+            self.recovery.lost_commands += 1;
+        }
+        Some(itt)
+    }
+
+    /// The outstanding SCSI command whose CmdSN is the target's ExpCmdSN as last heard: not
+    /// received by the target yet (on its way, or lost).
+    pub fn waiting_at_exp_cmd_sn(&self) -> Option<u32> {
+        let exp = self.exp_cmd_sn;
+        self.tasks
             .iter()
             .find(|(_, t)| {
                 t.conn.is_some() && t.cmd_sn == exp && matches!(t.kind, Kind::Scsi { .. })
             })
-            .map(|(itt, _)| *itt);
-        let stalled = self.stalled_at == Some(exp);
-        self.stalled_at = waiting.map(|_| exp);
-        let itt = waiting.filter(|_| stalled)?;
-        self.stalled_at = None;
-        self.retry_command(itt, iscsi_wire::reject::PROTOCOL_ERROR);
-        Some(itt)
+            .map(|(itt, _)| *itt)
     }
 
-    /// Sends a Rejected SCSI command again on its connection with its ITT and CmdSN
+    /// Sends a SCSI command again on its connection with its ITT and CmdSN
     /// (RFC 7143 §6.2.1), up to [`MAX_COMMAND_RETRIES`] times.
-    fn retry_command(&mut self, itt: u32, reason: u8) {
+    /// True when sent again; past the bound the command fails with `reason`.
+    fn resend_command(&mut self, itt: u32, reason: u8) -> bool {
         let Some(task) = self.tasks.get_mut(&itt) else {
-            return;
+            return false;
         };
         let (Some(conn), Kind::Scsi { req }) = (task.conn, &task.kind) else {
-            return;
+            return false;
         };
         if task.retries >= MAX_COMMAND_RETRIES || !self.conns[conn].alive {
             self.fail_task(itt, TaskError::Rejected(reason));
-            return;
+            return false;
         }
         task.retries += 1;
-        self.recovery.command_retries += 1;
         let (cmd_sn, req) = (task.cmd_sn, req.clone());
         self.actions.push(Action::Forget { conn, itt });
         self.send_command(conn, itt, cmd_sn, &req);
+        true
     }
 
     fn fail_task(&mut self, itt: u32, err: TaskError) {

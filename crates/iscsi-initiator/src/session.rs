@@ -524,19 +524,29 @@ async fn reconnect(inner: Arc<Inner>, reason: String) {
     flush(&mut st);
 }
 
-/// The longest keepalive interval at ErrorRecoveryLevel ≥ 1 (a lost command is found
-/// within two of them).
-const LOST_COMMAND_CHECK: Duration = Duration::from_secs(2);
+/// At ErrorRecoveryLevel ≥ 1, while a command waits at the target's ExpCmdSN, pings go this
+/// often: two answers with ExpCmdSN still at its CmdSN show it was lost on the way.
+const LOST_COMMAND_CHECK: Duration = Duration::from_millis(250);
 
+/// Pings every connection each `every` (and, at ErrorRecoveryLevel ≥ 1, each
+/// [`LOST_COMMAND_CHECK`] while a command may be lost); a connection whose ping goes
+/// unanswered for `timeout` is lost.
 async fn keepalive(inner: std::sync::Weak<Inner>, every: Duration, timeout: Duration) {
+    let mut last_ping = tokio::time::Instant::now();
     loop {
-        tokio::time::sleep(every).await;
+        tokio::time::sleep(every.min(LOST_COMMAND_CHECK)).await;
         let Some(inner) = inner.upgrade() else { return };
         if inner.closing.load(Ordering::Acquire) {
             return;
         }
         let (generation, pings) = {
             let mut st = inner.lock();
+            let probe =
+                st.params.error_recovery_level >= 1 && st.core.waiting_at_exp_cmd_sn().is_some();
+            if last_ping.elapsed() < every && !probe {
+                continue;
+            }
+            last_ping = tokio::time::Instant::now();
             let generation = st.generation;
             let mut pings = Vec::new();
             for c in st.core.live_connections() {
@@ -600,14 +610,7 @@ impl Session {
             let mut st = inner.lock();
             install(&inner, &mut st, est);
         }
-        // At ErrorRecoveryLevel ≥ 1 the pings also find commands lost on the way (two
-        // rounds with the target's ExpCmdSN at a command's CmdSN): they go every 2 s at most.
-        let erl = inner.lock().params.error_recovery_level;
-        let every = match inner.cfg.nop_interval {
-            Some(e) if erl >= 1 => Some(e.min(LOST_COMMAND_CHECK)),
-            other => other,
-        };
-        if let Some(every) = every {
+        if let Some(every) = inner.cfg.nop_interval {
             tokio::spawn(keepalive(
                 Arc::downgrade(&inner),
                 every,

@@ -186,6 +186,7 @@ fn point_json(r: &Summary) -> serde_json::Value {
             "data_snacks": r.recovery.data_snacks,
             "data_out_rejects": r.recovery.data_out_rejects,
             "command_retries": r.recovery.command_retries,
+            "lost_commands": r.recovery.lost_commands,
             "reinstatements": r.recovery.reinstatements,
         },
     })
