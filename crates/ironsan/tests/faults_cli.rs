@@ -209,6 +209,25 @@ fn run(args: &[&str]) -> (bool, String) {
     (o.status.success(), text)
 }
 
+/// `ironsan delay-proxy` on a free port in front of `portal`, injecting `faults` and
+/// logging to `log`; returns its address once it listens (that probe is its connection 0).
+fn proxy_in_front(portal: &str, faults: &[&str], log: &std::path::Path) -> (String, Proc) {
+    let free = TcpListener::bind("127.0.0.1:0").unwrap();
+    let listen = free.local_addr().unwrap().to_string();
+    drop(free);
+    let mut args = vec!["delay-proxy", "--listen", &listen, "--upstream", portal];
+    for f in faults {
+        args.extend(["--fault", f]);
+    }
+    let proxy = Proc::spawn_logging_to(&args, log);
+    let wait_start = Instant::now();
+    while std::net::TcpStream::connect(&listen).is_err() {
+        assert!(wait_start.elapsed() < common::LIMIT, "the proxy listens");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (listen, proxy)
+}
+
 #[test]
 fn a_fault_spec_the_proxy_cannot_read_is_one_line_saying_what_to_write() {
     let (ok, text) = run(&["delay-proxy", "--fault", "down:data-in#0:reset"]);
@@ -223,30 +242,16 @@ fn a_fault_spec_the_proxy_cannot_read_is_one_line_saying_what_to_write() {
 fn a_flipped_data_in_byte_is_caught_by_verify_and_by_the_data_digest() {
     let mut target = Proc::spawn(&["target", "--portal", "127.0.0.1:0"]);
     let portal = target.wait_line("ironsan: serving iSCSI on ", ' ');
-    let free = TcpListener::bind("127.0.0.1:0").unwrap();
-    let listen = free.local_addr().unwrap().to_string();
-    drop(free);
     let log = std::env::temp_dir().join(format!("ironsan-fault-proxy-{}.log", std::process::id()));
     // 200 writes of 64 KiB, then their verify reads: one Data-In each; the 40th is flipped.
-    let _proxy = Proc::spawn_logging_to(
+    let (listen, _proxy) = proxy_in_front(
+        &portal,
         &[
-            "delay-proxy",
-            "--listen",
-            &listen,
-            "--upstream",
-            &portal,
-            "--fault",
             "down:data-in#40:corrupt=data+0:conn=1",
-            "--fault",
             "down:data-in#40:corrupt=data+0:conn=2",
         ],
         &log,
     );
-    let wait_start = Instant::now();
-    while std::net::TcpStream::connect(&listen).is_err() {
-        assert!(wait_start.elapsed() < common::LIMIT, "the proxy listens");
-        std::thread::sleep(Duration::from_millis(20));
-    }
     // That probe was connection 0; each bench runs on one connection: 1, then 2.
     let bench = |query: &str| {
         run(&[
@@ -293,34 +298,19 @@ fn at_error_recovery_level_1_a_corrupting_link_costs_resends_not_the_session() {
         "1",
     ]);
     let portal = target.wait_line("ironsan: serving iSCSI on ", ' ');
-    let free = TcpListener::bind("127.0.0.1:0").unwrap();
-    let listen = free.local_addr().unwrap().to_string();
-    drop(free);
     let log = std::env::temp_dir().join(format!("ironsan-erl1-proxy-{}.log", std::process::id()));
     // One Data-In and Data-Out in 50 damaged, and one command in 100, on every connection;
     // a command without data loses a header byte (it has no data): the target discards
     // it, and the initiator finds it missing and sends it again.
-    let _proxy = Proc::spawn_logging_to(
+    let (listen, _proxy) = proxy_in_front(
+        &portal,
         &[
-            "delay-proxy",
-            "--listen",
-            &listen,
-            "--upstream",
-            &portal,
-            "--fault",
             "down:data-in%50:corrupt=data+3",
-            "--fault",
             "up:data-out%50:corrupt=data+3",
-            "--fault",
             "up:scsi-cmd%100:corrupt=data+3",
         ],
         &log,
     );
-    let wait_start = Instant::now();
-    while std::net::TcpStream::connect(&listen).is_err() {
-        assert!(wait_start.elapsed() < common::LIMIT, "the proxy listens");
-        std::thread::sleep(Duration::from_millis(20));
-    }
     let json = std::env::temp_dir().join(format!("ironsan-erl1-{}.json", std::process::id()));
     let (ok, text) = run(&[
         "bench",

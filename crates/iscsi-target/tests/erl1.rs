@@ -64,6 +64,22 @@ fn data_out_bhs(
     b
 }
 
+/// Sends a WRITE(10) of `data` at `lba` (solicited data only) and takes its first R2T:
+/// returns the ITT and the R2T's TTT.
+async fn start_write(c: &mut RawConn, lba: u32, data: &[u8]) -> (u32, u32) {
+    let b = c.scsi_bhs(
+        &write10(lba, (data.len() / 512) as u16),
+        0,
+        data.len() as u32,
+        0,
+    );
+    let itt = be32(&b[16..20]);
+    c.send(&b, &[]).await;
+    let r2t = c.recv().await;
+    assert_eq!(r2t.opcode(), 0x31, "R2T");
+    (itt, r2t.field32(20))
+}
+
 /// Reads the final READ(10) of `blocks` at `lba` and checks it equals `want`.
 async fn read_back(c: &mut RawConn, lba: u32, want: &[u8]) {
     let (st, _, got) = c
@@ -81,12 +97,7 @@ async fn read_back(c: &mut RawConn, lba: u32, want: &[u8]) {
 async fn a_corrupted_data_out_is_rejected_and_asked_for_again_by_recovery_r2t() {
     let mut c = erl1_session(1).await;
     let data = pattern(65536, 3);
-    let b = c.scsi_bhs(&write10(10, 128), 0, data.len() as u32, 0);
-    let itt = be32(&b[16..20]);
-    c.send(&b, &[]).await;
-    let r2t = c.recv().await;
-    assert_eq!(r2t.opcode(), 0x31, "R2T");
-    let ttt = r2t.field32(20);
+    let (itt, ttt) = start_write(&mut c, 10, &data).await;
     // Eight 8 KiB Data-Outs; the third's payload arrives with a wrong data digest.
     for sn in 0..8u32 {
         let off = sn * 8192;
@@ -131,11 +142,7 @@ async fn a_corrupted_data_out_is_rejected_and_asked_for_again_by_recovery_r2t() 
 async fn a_data_out_lost_to_a_header_digest_error_leaves_a_gap_that_is_asked_for_again() {
     let mut c = erl1_session(2).await;
     let data = pattern(32768, 4);
-    let b = c.scsi_bhs(&write10(200, 64), 0, data.len() as u32, 0);
-    let itt = be32(&b[16..20]);
-    c.send(&b, &[]).await;
-    let r2t = c.recv().await;
-    let ttt = r2t.field32(20);
+    let (itt, ttt) = start_write(&mut c, 200, &data).await;
     for sn in 0..4u32 {
         let off = sn * 8192;
         if sn == 1 {
@@ -168,11 +175,7 @@ async fn a_data_out_lost_to_a_header_digest_error_leaves_a_gap_that_is_asked_for
 async fn a_lost_final_data_out_is_asked_for_again_after_the_sequence_reception_timeout() {
     let mut c = erl1_session(9).await;
     let data = pattern(16384, 11);
-    let b = c.scsi_bhs(&write10(700, 32), 0, data.len() as u32, 0);
-    let itt = be32(&b[16..20]);
-    c.send(&b, &[]).await;
-    let r2t = c.recv().await;
-    let ttt = r2t.field32(20);
+    let (itt, ttt) = start_write(&mut c, 700, &data).await;
     c.send(
         &data_out_bhs(&c, itt, ttt, 0, 0, 8192, false),
         &data[..8192],

@@ -41,10 +41,6 @@ pub struct MountArgs {
     /// mounted; `umount DIR` ends it either way).
     #[arg(long, short = 'f')]
     pub foreground: bool,
-    /// After a lost connection, log in again and resend the commands in flight (session
-    /// reinstatement) instead of failing them.
-    #[arg(long)]
-    pub reconnect: bool,
     /// A read, write or fsync not answered within this many seconds fails with EIO
     /// (reconnecting included).
     #[arg(long, value_name = "SECS", default_value_t = 30)]
@@ -71,8 +67,8 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     }
     init_logging();
     let (url, only) = parse_url(&args.url)?;
-    let mut cfg = args.login.config(&url)?;
-    cfg.reconnect = args.reconnect;
+    // --reconnect is one of the login options.
+    let cfg = args.login.config(&url)?;
     let dir = args
         .dir
         .canonicalize()
