@@ -53,7 +53,13 @@ pub struct RdmaStats {
     pub read_response_bytes: u64,
     pub terminates: u64,
     pub malformed: u64,
+    /// Incomplete Send messages given up to keep the bytes held for reassembly bounded
+    /// (their last segment never came: a capture that lost it, or hostile input).
+    pub sends_dropped: u64,
 }
+
+/// Bytes of incomplete Send messages held at once; past it the oldest are given up.
+const MAX_REASSEMBLY_BYTES: usize = 64 << 20;
 
 /// A Send message being reassembled from DDP segments.
 #[derive(Debug, Default)]
@@ -71,6 +77,8 @@ pub struct IserDecoder {
     buf_offset: u64,
     start_frame_done: bool,
     messages: HashMap<u32, Message>,
+    /// The bytes `messages` hold.
+    held: usize,
     broken: bool,
     pub stats: RdmaStats,
     /// RDMA operations on command buffers seen since the caller last drained this.
@@ -86,6 +94,7 @@ impl IserDecoder {
             buf_offset: 0,
             start_frame_done: false,
             messages: HashMap::new(),
+            held: 0,
             broken: false,
             stats: RdmaStats::default(),
             xfers: Vec::new(),
@@ -208,15 +217,35 @@ impl IserDecoder {
                     return None;
                 }
                 if m.data.len() < mo + payload.len() {
+                    self.held += mo + payload.len() - m.data.len();
                     m.data.resize(mo + payload.len(), 0);
                 }
                 m.data[mo..mo + payload.len()].copy_from_slice(payload);
                 if !u.last {
+                    self.bound_reassembly(u.msn);
                     return None;
                 }
                 let m = self.messages.remove(&u.msn)?;
+                self.held -= m.data.len();
                 self.iscsi_in_send(m, ts_ns, frame)
             }
+        }
+    }
+
+    /// Gives up the oldest incomplete Sends (first seen earliest) other than `keep` while
+    /// more than [`MAX_REASSEMBLY_BYTES`] are held.
+    fn bound_reassembly(&mut self, keep: u32) {
+        while self.held > MAX_REASSEMBLY_BYTES {
+            let oldest = self
+                .messages
+                .iter()
+                .filter(|(msn, _)| **msn != keep)
+                .min_by_key(|(_, m)| m.offset)
+                .map(|(msn, _)| *msn);
+            let Some(msn) = oldest else { return };
+            let m = self.messages.remove(&msn).expect("present");
+            self.held -= m.data.len();
+            self.stats.sends_dropped += 1;
         }
     }
 
@@ -256,6 +285,45 @@ mod tests {
 
     fn fpdu(header: DdpHeader, payload: &[u8]) -> Vec<u8> {
         iwarp::fpdu::encode(&header.to_bytes(), payload, true)
+    }
+
+    #[test]
+    fn incomplete_sends_hold_bounded_memory() {
+        // 40 Send messages of 16 MiB, none ever finished: only about 64 MiB is held.
+        let mut stream = b"MPA ID Req Frame".to_vec();
+        stream.extend_from_slice(&[0x40, 1, 0, 0]);
+        let mut d = IserDecoder::new(Dir::ToTarget);
+        let mut offset = 0;
+        for msn in 0..40u32 {
+            let seg = fpdu(
+                DdpHeader::Untagged(UntaggedHeader {
+                    last: false,
+                    opcode: RdmapOpcode::Send,
+                    inv_stag: 0,
+                    qn: 0,
+                    msn,
+                    mo: (1 << 24) - 4,
+                }),
+                &[7; 4],
+            );
+            stream.extend(seg);
+            let data = std::mem::take(&mut stream);
+            let n = data.len() as u64;
+            d.push(&Chunk {
+                offset,
+                data,
+                ts_ns: 1,
+                frame: 1,
+                gap_before: 0,
+            });
+            offset += n;
+            assert!(d.held <= MAX_REASSEMBLY_BYTES + (1 << 24), "{}", d.held);
+        }
+        assert!(d.stats.sends_dropped >= 35, "{:?}", d.stats);
+        assert_eq!(
+            d.held,
+            d.messages.values().map(|m| m.data.len()).sum::<usize>()
+        );
     }
 
     #[test]
