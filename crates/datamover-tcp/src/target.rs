@@ -570,29 +570,16 @@ async fn on_data_out(
     let mut done = None;
     let mut more_r2ts = Vec::new();
     let mut lost = None;
-    let task_lun;
-    let known = shared
-        .slots
-        .lock()
-        .expect("slots lock")
-        .contains_key(&d.itt);
-    if !known {
-        // Data for a task that was aborted or never existed: discard.
-        if let Err(e) = frame.verify_data_digest(bytes) {
-            return digest_error(shared, notices, frame, e.to_string()).await;
-        }
-        tracing::debug!(peer = %shared.peer, itt = d.itt, "discarding Data-Out for unknown task");
-        return Ok(true);
-    }
-    {
+    let mut task_lun = None;
+    'locked: {
         let mut slots = shared.slots.lock().expect("slots lock");
         let Some(slot) = slots.get_mut(&d.itt) else {
-            return Ok(true); // aborted since
+            break 'locked; // an unknown task: handled below, without the lock
         };
         if slot.failed.is_some() {
             return Ok(true);
         }
-        task_lun = slot.lun;
+        task_lun = Some(slot.lun);
         slot.progress = std::time::Instant::now();
         if let Err(e) = slot
             .xfer
@@ -624,17 +611,25 @@ async fn on_data_out(
             if d.final_ || lost.is_some() {
                 let before = slot.xfer.recovery_r2t_count();
                 more_r2ts = slot.xfer.next_r2ts(|| shared.alloc_ttt());
-                for _ in before..slot.xfer.recovery_r2t_count() {
-                    RecoveryCounters::bump(&shared.cfg.recovery.recovery_r2ts);
-                }
+                let recovery_r2ts = slot.xfer.recovery_r2t_count() - before;
+                RecoveryCounters::add(&shared.cfg.recovery.recovery_r2ts, recovery_r2ts.into());
             }
             if slot.xfer.is_complete() {
                 done = slots.remove(&d.itt);
             }
         }
     }
+    let Some(task_lun) = task_lun else {
+        // Data for a task that was aborted or never existed: discard.
+        if let Err(e) = frame.verify_data_digest(bytes) {
+            return digest_error(shared, notices, frame, e.to_string()).await;
+        }
+        tracing::debug!(peer = %shared.peer, itt = d.itt, "discarding Data-Out for unknown task");
+        return Ok(true);
+    };
     if let Some(why) = lost {
-        // The Reject goes out before the recovery R2T.
+        // The Reject is a status the iSCSI layer numbers and sends; the recovery R2T goes
+        // straight to the writer: they may reach the wire in either order.
         digest_error(shared, notices, frame, why).await?;
     }
     if !more_r2ts.is_empty() {
@@ -686,9 +681,7 @@ async fn watch_sequences(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
                 }
                 slot.progress = std::time::Instant::now();
                 let r2ts = slot.xfer.next_r2ts(|| shared.alloc_ttt());
-                for _ in &r2ts {
-                    RecoveryCounters::bump(&shared.cfg.recovery.recovery_r2ts);
-                }
+                RecoveryCounters::add(&shared.cfg.recovery.recovery_r2ts, r2ts.len() as u64);
                 let task = TaskRef {
                     itt: *itt,
                     lun: slot.lun,

@@ -240,7 +240,12 @@ pub struct RecoveryCounters {
 impl RecoveryCounters {
     /// Adds one to `counter`.
     pub fn bump(counter: &AtomicU64) {
-        counter.fetch_add(1, Ordering::Relaxed);
+        Self::add(counter, 1);
+    }
+
+    /// Adds `n` to `counter`.
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Every event counted so far, as `name=N` pairs (empty when nothing happened).

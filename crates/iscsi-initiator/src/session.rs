@@ -533,16 +533,28 @@ const LOST_COMMAND_CHECK: Duration = Duration::from_millis(250);
 /// unanswered for `timeout` is lost.
 async fn keepalive(inner: std::sync::Weak<Inner>, every: Duration, timeout: Duration) {
     let mut last_ping = tokio::time::Instant::now();
+    // At level 0 nothing is probed between pings: the task sleeps the whole interval.
+    let tick_for = |erl: u8| {
+        if erl >= 1 {
+            every.min(LOST_COMMAND_CHECK)
+        } else {
+            every
+        }
+    };
+    let mut tick = inner
+        .upgrade()
+        .map_or(every, |i| tick_for(i.lock().params.error_recovery_level));
     loop {
-        tokio::time::sleep(every.min(LOST_COMMAND_CHECK)).await;
+        tokio::time::sleep(tick).await;
         let Some(inner) = inner.upgrade() else { return };
         if inner.closing.load(Ordering::Acquire) {
             return;
         }
         let (generation, pings) = {
             let mut st = inner.lock();
-            let probe =
-                st.params.error_recovery_level >= 1 && st.core.waiting_at_exp_cmd_sn().is_some();
+            let recovery = st.params.error_recovery_level >= 1;
+            tick = tick_for(st.params.error_recovery_level);
+            let probe = recovery && st.core.waiting_at_exp_cmd_sn().is_some();
             if last_ping.elapsed() < every && !probe {
                 continue;
             }

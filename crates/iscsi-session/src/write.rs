@@ -65,8 +65,10 @@ struct Sequence {
     next: u32,
     end: u32,
     data_sn: u32,
-    /// The R2T that asked for it (None: the unsolicited sequence).
-    r2t: Option<R2tRequest>,
+    /// The R2TSN of the R2T that asked for it (None: the unsolicited sequence) and where
+    /// that R2T's range began.
+    r2t_sn: Option<u32>,
+    start: u32,
 }
 
 /// State of one WRITE's data transfer.
@@ -120,7 +122,8 @@ impl WriteTransfer {
                 next: immediate_len,
                 end: first_burst,
                 data_sn: 0,
-                r2t: None,
+                r2t_sn: None,
+                start: immediate_len,
             })
         };
         // Solicited data starts where the immediate and unsolicited data end.
@@ -251,51 +254,43 @@ impl WriteTransfer {
     /// from `alloc_ttt`.
     pub fn next_r2ts(&mut self, mut alloc_ttt: impl FnMut() -> u32) -> Vec<R2tRequest> {
         let mut out = Vec::new();
+        let room = |w: &Self| (w.bursts.len() as u32) < w.limits.max_outstanding_r2t.max(1);
         // Recovery R2Ts first: each asks for one hole again, with a new TTT and R2TSN.
-        while (self.bursts.len() as u32) < self.limits.max_outstanding_r2t.max(1) {
+        while room(self) {
             let Some((offset, len)) = self.holes.pop() else {
                 break;
             };
-            let r = R2tRequest {
-                ttt: alloc_ttt(),
-                r2t_sn: self.r2t_sn,
-                offset,
-                len,
-            };
-            self.r2t_sn = self.r2t_sn.wrapping_add(1);
             self.recovery_r2ts += 1;
-            self.bursts.push(Sequence {
-                ttt: r.ttt,
-                next: offset,
-                end: offset + len,
-                data_sn: 0,
-                r2t: Some(r),
-            });
-            out.push(r);
+            out.push(self.issue_r2t(offset, len, alloc_ttt()));
         }
-        while (self.bursts.len() as u32) < self.limits.max_outstanding_r2t.max(1)
-            && self.next_unrequested < self.expected_len
-        {
+        while room(self) && self.next_unrequested < self.expected_len {
             let len = (self.expected_len - self.next_unrequested)
                 .min(self.limits.max_burst_length.max(512));
-            let r = R2tRequest {
-                ttt: alloc_ttt(),
-                r2t_sn: self.r2t_sn,
-                offset: self.next_unrequested,
-                len,
-            };
-            self.r2t_sn = self.r2t_sn.wrapping_add(1);
+            let offset = self.next_unrequested;
             self.next_unrequested += len;
-            self.bursts.push(Sequence {
-                ttt: r.ttt,
-                next: r.offset,
-                end: r.offset + len,
-                data_sn: 0,
-                r2t: Some(r),
-            });
-            out.push(r);
+            out.push(self.issue_r2t(offset, len, alloc_ttt()));
         }
         out
+    }
+
+    /// An R2T for `len` bytes at `offset` with the next R2TSN; its sequence is outstanding.
+    fn issue_r2t(&mut self, offset: u32, len: u32, ttt: u32) -> R2tRequest {
+        let r2t_sn = self.r2t_sn;
+        self.r2t_sn = self.r2t_sn.wrapping_add(1);
+        self.bursts.push(Sequence {
+            ttt,
+            next: offset,
+            end: offset + len,
+            data_sn: 0,
+            r2t_sn: Some(r2t_sn),
+            start: offset,
+        });
+        R2tRequest {
+            ttt,
+            r2t_sn,
+            offset,
+            len,
+        }
     }
 
     /// All expected bytes have arrived.
@@ -314,18 +309,17 @@ impl WriteTransfer {
         if !self.recovery {
             return false;
         }
+        let before = self.holes.len();
         let open = self
             .unsolicited
             .take()
             .into_iter()
             .chain(self.bursts.drain(..));
-        let holes: Vec<(u32, u32)> = open
-            .filter(|s| s.next < s.end)
-            .map(|s| (s.next, s.end - s.next))
-            .collect();
-        let any = !holes.is_empty();
-        self.holes.extend(holes);
-        any
+        self.holes.extend(
+            open.filter(|s| s.next < s.end)
+                .map(|s| (s.next, s.end - s.next)),
+        );
+        self.holes.len() > before
     }
 
     /// The outstanding R2Ts an R2T SNACK asks for again (R2TSN `beg_run`, `run_length` of
@@ -336,7 +330,18 @@ impl WriteTransfer {
         beg_run: u32,
         run_length: u32,
     ) -> Result<Vec<R2tRequest>, crate::erl1::SnackRefused> {
-        let outstanding: Vec<R2tRequest> = self.bursts.iter().filter_map(|b| b.r2t).collect();
+        let outstanding: Vec<R2tRequest> = self
+            .bursts
+            .iter()
+            .filter_map(|b| {
+                b.r2t_sn.map(|r2t_sn| R2tRequest {
+                    ttt: b.ttt,
+                    r2t_sn,
+                    offset: b.start,
+                    len: b.end - b.start,
+                })
+            })
+            .collect();
         let first = outstanding
             .iter()
             .map(|r| r.r2t_sn)

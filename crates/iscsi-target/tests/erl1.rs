@@ -9,17 +9,28 @@ use common::*;
 
 const ERL1: &str = "[[target]]\nname = \"iqn.2026-11.org.ironsan.test:erl1\"\nerror_recovery_level = 1\n[target.lun.0]\nsize = \"16MiB\"\nbackend = \"memory\"\n";
 
+/// Logs in to the level 1 target at `addr` (ISID byte `seed`) offering `keys`, both
+/// digests on from full feature phase; returns the session and the target's answers.
+async fn login_erl1_target(
+    addr: std::net::SocketAddr,
+    seed: u8,
+    keys: &[(&str, &str)],
+) -> (RawConn, std::collections::HashMap<String, String>) {
+    let mut c = RawConn::connect(addr).await;
+    c.isid[5] = seed;
+    c.target_name = "iqn.2026-11.org.ironsan.test:erl1".into();
+    let got = c.login(1, keys).await;
+    c.header_digest = true;
+    c.data_digest = true;
+    (c, got)
+}
+
 /// The target of `start_target` plus one at ErrorRecoveryLevel 1; a session to the latter
 /// with both digests, 8 KiB segments each way and R2T for every write.
 async fn erl1_session(seed: u8) -> RawConn {
     let addr = start_target(ERL1).await;
-    let mut c = RawConn::connect(addr).await;
-    c.isid[5] = seed;
-    c.target_name = "iqn.2026-11.org.ironsan.test:erl1".into();
-    let got = c.login(1, &keys("1")).await;
+    let (c, got) = login_erl1_target(addr, seed, &keys("1")).await;
     assert_eq!(got.get("ErrorRecoveryLevel").map(String::as_str), Some("1"));
-    c.header_digest = true;
-    c.data_digest = true;
     c
 }
 
@@ -201,15 +212,10 @@ async fn a_lost_final_data_out_is_asked_for_again_after_the_sequence_reception_t
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_with_corrupted_immediate_data_is_rejected_and_can_be_retried() {
     let addr = start_target(ERL1).await;
-    let mut c = RawConn::connect(addr).await;
-    c.isid[5] = 3;
-    c.target_name = "iqn.2026-11.org.ironsan.test:erl1".into();
     let mut k = keys("1");
     k.retain(|(key, _)| *key != "ImmediateData");
     k.push(("ImmediateData", "Yes"));
-    c.login(1, &k).await;
-    c.header_digest = true;
-    c.data_digest = true;
+    let (mut c, _) = login_erl1_target(addr, 3, &k).await;
     let data = pattern(4096, 5);
     let b = c.scsi_bhs(&write10(300, 8), 0, 4096, 4096);
     c.corrupt_next = Some(Corrupt::Data);
@@ -350,13 +356,8 @@ async fn r2t_snack_resends_an_outstanding_r2t() {
 async fn at_level_0_a_snack_is_refused_and_a_digest_error_ends_the_connection() {
     let addr = start_target(ERL1).await;
     // The ERL 1 target, but the initiator offers 0.
-    let mut c = RawConn::connect(addr).await;
-    c.isid[5] = 7;
-    c.target_name = "iqn.2026-11.org.ironsan.test:erl1".into();
-    let got = c.login(1, &keys("0")).await;
+    let (mut c, got) = login_erl1_target(addr, 7, &keys("0")).await;
     assert_eq!(got.get("ErrorRecoveryLevel").map(String::as_str), Some("0"));
-    c.header_digest = true;
-    c.data_digest = true;
     let s = snack(&c, 1, u32::MAX, 0, 0);
     c.send(&s, &[]).await;
     let reject = c.recv().await;

@@ -8,6 +8,6 @@ mod plot;
 mod size;
 mod table;
 
-pub use plot::{BarChart, BarSeries, LinePlot, Series, TickLabels};
+pub use plot::{xml_escape, BarChart, BarSeries, LinePlot, Series, TickLabels};
 pub use size::{format_size, parse_size, SizeError};
 pub use table::{Cell, Table};

@@ -212,8 +212,8 @@ fn format_number(v: f64) -> String {
     s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
-/// Escapes text for XML content and attribute values.
-fn esc(s: &str) -> String {
+/// Escapes text for XML content and attribute values (SVG, HTML).
+pub fn xml_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
@@ -260,7 +260,7 @@ fn svg_open(out: &mut String, title: &str) {
 <rect x="0" y="0" width="{WIDTH}" height="{HEIGHT}" fill="white"/>
 <text x="{cx:.1}" y="28" text-anchor="middle" font-size="16" font-weight="bold">{t}</text>
 "#,
-        t = esc(title),
+        t = xml_escape(title),
         cx = LEFT + (WIDTH - LEFT - RIGHT) / 2.0,
     );
 }
@@ -280,13 +280,13 @@ fn draw_y_axis(out: &mut String, f: &Frame, axis: &Axis, kind: TickLabels, label
             f.x0,
             f.x0 - 8.0,
             y + 4.0,
-            esc(&tick_label(v, kind)),
+            xml_escape(&tick_label(v, kind)),
         );
     }
     let _ = writeln!(
         out,
         r#"<text x="18" y="{cy:.1}" text-anchor="middle" transform="rotate(-90 18 {cy:.1})">{}</text>"#,
-        esc(label),
+        xml_escape(label),
         cy = f.y0 + f.h / 2.0,
     );
     out.push_str("</g>\n");
@@ -303,7 +303,7 @@ fn draw_frame(out: &mut String, f: &Frame, x_label: &str) {
         f.h,
         f.x0 + f.w / 2.0,
         HEIGHT - 15.0,
-        esc(x_label),
+        xml_escape(x_label),
     );
 }
 
@@ -331,7 +331,7 @@ fn draw_legend<'a>(out: &mut String, f: &Frame, names: impl Iterator<Item = &'a 
             r#"<g class="legend-entry" data-legend="{n}">{swatch}<text x="{:.1}" y="{:.1}">{n}</text></g>"#,
             x + 26.0,
             y + 4.0,
-            n = esc(name),
+            n = xml_escape(name),
         );
     }
     out.push_str("</g>\n");
@@ -381,7 +381,7 @@ impl LinePlot {
                 f.y0 + f.h,
                 f.y0 + f.h + 5.0,
                 f.y0 + f.h + 19.0,
-                esc(&tick_label(v, self.x_ticks)),
+                xml_escape(&tick_label(v, self.x_ticks)),
             );
         }
         out.push_str("</g>\n");
@@ -390,7 +390,7 @@ impl LinePlot {
 
         for (i, s) in self.series.iter().enumerate() {
             let c = colour(i);
-            let name = esc(&s.name);
+            let name = xml_escape(&s.name);
             let pixels: Vec<(f64, f64)> = s
                 .points
                 .iter()
@@ -416,8 +416,8 @@ impl LinePlot {
                 let _ = writeln!(
                     out,
                     r#"<circle cx="{x:.1}" cy="{y:.1}" r="3" fill="{c}"><title>{name}: ({}, {})</title></circle>"#,
-                    esc(&tick_label(*dx, self.x_ticks)),
-                    esc(&format_number(*dy)),
+                    xml_escape(&tick_label(*dx, self.x_ticks)),
+                    xml_escape(&format_number(*dy)),
                 );
             }
             out.push_str("</g>\n");
@@ -475,14 +475,14 @@ impl BarChart {
                 r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
                 f.x0 + group_w * (k as f64 + 0.5),
                 f.y0 + f.h + 19.0,
-                esc(cat),
+                xml_escape(cat),
             );
         }
         out.push_str("</g>\n");
         let y_of = |v: f64| f.y0 + f.h * (1.0 - y_axis.fraction(v).unwrap_or(0.0));
         let base = y_of(0.0);
         for (i, s) in self.series.iter().enumerate() {
-            let name = esc(&s.name);
+            let name = xml_escape(&s.name);
             let _ = writeln!(
                 out,
                 r#"<g class="series" data-series="{name}" fill="{}"><title>{name}</title>"#,
@@ -498,8 +498,8 @@ impl BarChart {
                     out,
                     r#"<rect x="{x:.1}" y="{top:.1}" width="{bar_w:.1}" height="{:.1}"><title>{name}, {}: {}</title></rect>"#,
                     bottom - top,
-                    esc(&self.categories[k]),
-                    esc(&format_number(v)),
+                    xml_escape(&self.categories[k]),
+                    xml_escape(&format_number(v)),
                 );
             }
             out.push_str("</g>\n");

@@ -4,9 +4,9 @@
 //! first drawing (used by tests/stages/55-analyze-timeline.sh in headless Chromium).
 
 use super::data::{match_tcp_info, page_data, TcpInfoTrace};
-use super::svg::esc;
 use crate::analysis::Analysis;
 use crate::stats::{CommandStat, StatsOptions};
+use report::xml_escape;
 
 const SCRIPT: &str = include_str!("page.js");
 const STYLE: &str = include_str!("page.css");
@@ -28,7 +28,7 @@ pub fn html(
     let unplaced: Vec<String> = pairs
         .iter()
         .filter(|(_, m)| m.is_none())
-        .map(|(t, _)| esc(&t.name))
+        .map(|(t, _)| xml_escape(&t.name))
         .collect();
     let note = if unplaced.is_empty() {
         String::new()

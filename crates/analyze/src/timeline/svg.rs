@@ -10,6 +10,7 @@ use crate::iscsi::Dir;
 use crate::listing::pdu_line;
 use crate::stats::{CommandStat, StatsOptions};
 use crate::tcp::TcpEventKind;
+use report::xml_escape;
 
 const WIDTH: f64 = 1400.0;
 const LEFT: f64 = 170.0;
@@ -18,13 +19,6 @@ const TOP: f64 = 40.0;
 const LANE_H: f64 = 26.0;
 const CMD_H: f64 = 14.0;
 const CONN_GAP: f64 = 14.0;
-
-pub(super) fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
 
 fn colour(opcode: u8) -> &'static str {
     match opcode {
@@ -100,7 +94,7 @@ pub fn svg(a: &Analysis, cmds: &[CommandStat], opts: &StatsOptions) -> String {
                 y + LANE_H * 0.65,
                 c.id,
                 dir.arrow(),
-                esc(&match dir {
+                xml_escape(&match dir {
                     Dir::ToTarget => c.target.to_string(),
                     Dir::ToInitiator => c.initiator.to_string(),
                 })
@@ -149,7 +143,7 @@ pub fn svg(a: &Analysis, cmds: &[CommandStat], opts: &StatsOptions) -> String {
                     (x1 - x0).max(0.6),
                     LANE_H - 6.0,
                     colour(p.opcode),
-                    esc(pdu_line(p).trim())
+                    xml_escape(pdu_line(p).trim())
                 );
             }
             s.push_str("</g>");
@@ -164,7 +158,7 @@ pub fn svg(a: &Analysis, cmds: &[CommandStat], opts: &StatsOptions) -> String {
                 r##"<rect class="cmd" x="{x0:.3}" y="{cy:.1}" width="{:.3}" height="{:.1}" fill="#4e79a7" fill-opacity="0.35" stroke="#4e79a7" stroke-width="0.5" vector-effect="non-scaling-stroke"><title>{} ITT 0x{:08x}: {}</title></rect>"##,
                 (x1 - x0).max(0.6),
                 CMD_H - 4.0,
-                esc(&k.cdb),
+                xml_escape(&k.cdb),
                 k.itt,
                 k.latency_us
                     .map_or("no response in capture".to_string(), |l| format!(

@@ -228,26 +228,26 @@ impl DataPath {
                 "data digest error on Data-In (got {:08x}, computed {:08x})",
                 e.got, e.computed
             );
-            match self.tasks.get_mut(&d.itt) {
-                // ERL ≥ 1: the PDU (and any status in it) is asked for again.
-                Some(task) if recovery => {
-                    if !task.missing.contains(&d.data_sn) {
-                        task.missing.push(d.data_sn);
-                    }
-                    self.snack(d.itt, d.data_sn, 1, out, notices)?;
-                    return Ok(());
-                }
-                Some(_) => return Err(why),
-                None if recovery => return Ok(()),
-                None => return Err(why),
+            if !recovery {
+                return Err(why);
             }
+            // ERL ≥ 1: the PDU (and any status in it) is asked for again; data for a task
+            // we forgot is dropped.
+            if let Some(task) = self.tasks.get_mut(&d.itt) {
+                if !task.missing.contains(&d.data_sn) {
+                    task.missing.push(d.data_sn);
+                }
+                self.snack(d.itt, d.data_sn, 1, out, notices)?;
+            }
+            return Ok(());
         }
         if let Some(task) = self.tasks.get_mut(&d.itt) {
             task.missing.retain(|sn| *sn != d.data_sn);
         }
         if !d.status_present {
             self.window = Some((d.exp_cmd_sn, d.max_cmd_sn));
-            return self.release_held(d.itt, notices);
+            self.release_held(d.itt, notices);
+            return Ok(());
         }
         if !d.final_ {
             return Err("Data-In with status but without the F bit".into());
@@ -284,7 +284,7 @@ impl DataPath {
     }
 
     /// The last missing Data-In of a command whose status came already: it ends now.
-    fn release_held(&mut self, itt: u32, notices: &mut Vec<InitiatorNotice>) -> Result<(), String> {
+    fn release_held(&mut self, itt: u32, notices: &mut Vec<InitiatorNotice>) {
         let held = match self.tasks.get_mut(&itt) {
             Some(t) if t.missing.is_empty() => t.held_status.take(),
             _ => None,
@@ -292,7 +292,6 @@ impl DataPath {
         if let Some(pdu) = held {
             self.status(itt, pdu, notices);
         }
-        Ok(())
     }
 
     /// Asks for Data-In `beg_run`.. (`run_length` of them) of command `itt` again.
