@@ -10,7 +10,12 @@ work=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
-fail() { echo "45-iser-loopback: FAIL: $*" >&2; exit 1; }
+# A failure shows each target's last log lines too: who ended a connection, and why.
+fail() {
+  for log in "$work"/*.log; do echo "--- $(basename "$log"):" >&2; tail -15 "$log" >&2; done
+  echo "45-iser-loopback: FAIL: $*" >&2
+  exit 1
+}
 iqn=iqn.2026-11.org.ironsan:loopback
 
 # start_target NAME PORT [EXTRA-CONFIG-LINE]: iSCSI/TCP and iSER on PORT, a 512 MiB RAM LUN.

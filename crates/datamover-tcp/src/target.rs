@@ -372,6 +372,43 @@ impl Datamover for TcpDatamover {
         self.enqueue(Out::StatusAgain(pdu)).await
     }
 
+    fn solicit_write(&self, task: TaskRef, expected_len: u32) -> Result<WriteHandle, DmError> {
+        let cfg = &self.shared.cfg;
+        if cfg.error_recovery_level < 2 {
+            return Err(DmError::NotRetained("ErrorRecoveryLevel is below 2".into()));
+        }
+        if expected_len > cfg.max_write_len {
+            return Err(DmError::NotRetained(format!(
+                "write of {expected_len} bytes exceeds the {}-byte limit",
+                cfg.max_write_len
+            )));
+        }
+        let xfer = WriteTransfer::new(expected_len, 0, true, cfg.write_limits)
+            .map_err(|e| DmError::NotRetained(e.to_string()))?
+            .with_recovery();
+        let slot = WriteSlot {
+            failed: None,
+            progress: std::time::Instant::now(),
+            buf: BytesMut::zeroed(expected_len as usize),
+            xfer,
+            lun: task.lun,
+            solicited: false,
+            waiter: None,
+        };
+        let mut slots = self.shared.slots.lock().expect("slots lock");
+        if slots.contains_key(&task.itt) {
+            return Err(DmError::NotRetained(format!(
+                "ITT 0x{:08x} already has a write in progress here",
+                task.itt
+            )));
+        }
+        slots.insert(task.itt, slot);
+        Ok(WriteHandle {
+            itt: task.itt,
+            expected_len,
+        })
+    }
+
     fn abort_task(&self, itt: u32) {
         let slot = self.shared.slots.lock().expect("slots lock").remove(&itt);
         if let Some(WriteSlot {

@@ -185,6 +185,16 @@ pub trait Datamover: Send + Sync {
             "this transport runs at ErrorRecoveryLevel 0".into(),
         ))
     }
+    /// ErrorRecoveryLevel 2, a write reassigned to this connection (TASK REASSIGN): sets up
+    /// the collection of all `expected_len` bytes of task `task`, every byte asked for by
+    /// R2T (the initiator sends no unsolicited data for a reassigned task), redeemed with
+    /// [`Datamover::get_data`].
+    fn solicit_write(&self, task: TaskRef, expected_len: u32) -> Result<WriteHandle, DmError> {
+        let _ = (task, expected_len);
+        Err(DmError::NotRetained(
+            "this transport runs at ErrorRecoveryLevel 0".into(),
+        ))
+    }
     /// Forget a task's pending write data (task management abort).
     fn abort_task(&self, itt: u32);
     /// Close the connection after everything queued has been sent.
@@ -235,6 +245,8 @@ pub struct RecoveryCounters {
     pub data_snacks: AtomicU64,
     /// DataACK SNACKs received.
     pub data_acks: AtomicU64,
+    /// Tasks reassigned to this connection by TASK REASSIGN (ErrorRecoveryLevel 2).
+    pub task_reassigns: AtomicU64,
 }
 
 impl RecoveryCounters {
@@ -257,6 +269,7 @@ impl RecoveryCounters {
             ("status_snacks", &self.status_snacks),
             ("data_snacks", &self.data_snacks),
             ("data_acks", &self.data_acks),
+            ("task_reassigns", &self.task_reassigns),
         ]
         .iter()
         .map(|(name, c)| (name, c.load(Ordering::Relaxed)))

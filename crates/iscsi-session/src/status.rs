@@ -49,6 +49,12 @@ impl<T> StatusSeq<T> {
     /// The initiator's ExpStatSN: every status numbered below it was received. A value
     /// beyond what was sent is ignored (the initiator is wrong, not us).
     pub fn acknowledge(&mut self, exp_stat_sn: u32) {
+        self.acknowledge_each(exp_stat_sn, |_| {});
+    }
+
+    /// [`StatusSeq::acknowledge`], handing each status it forgets to `forgotten` (at
+    /// ErrorRecoveryLevel 2 a task is kept until its status is acknowledged).
+    pub fn acknowledge_each(&mut self, exp_stat_sn: u32, mut forgotten: impl FnMut(T)) {
         if sn_lt(self.next, exp_stat_sn) {
             return;
         }
@@ -57,7 +63,9 @@ impl<T> StatusSeq<T> {
             .front()
             .is_some_and(|(sn, _)| sn_lt(*sn, exp_stat_sn))
         {
-            self.retained.pop_front();
+            if let Some((_, t)) = self.retained.pop_front() {
+                forgotten(t);
+            }
         }
     }
 
@@ -101,6 +109,19 @@ mod tests {
         assert_eq!(s.unacknowledged(), 2);
         s.acknowledge(1);
         assert_eq!(s.unacknowledged(), 0);
+    }
+
+    #[test]
+    fn acknowledging_hands_over_what_is_forgotten_in_order() {
+        let mut s = StatusSeq::new(7);
+        for t in ["a", "b", "c"] {
+            s.assign(t);
+        }
+        let mut gone = Vec::new();
+        s.acknowledge_each(9, |t| gone.push(t));
+        assert_eq!(gone, ["a", "b"]);
+        s.acknowledge_each(20, |t| gone.push(t)); // beyond what was sent: ignored
+        assert_eq!(gone, ["a", "b"]);
     }
 
     #[test]

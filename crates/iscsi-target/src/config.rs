@@ -201,14 +201,15 @@ impl PortalSpec {
     }
 }
 
-/// The highest ErrorRecoveryLevel implemented (connection recovery, level 2, is not yet).
-pub const MAX_ERROR_RECOVERY_LEVEL: u8 = 1;
+/// The highest ErrorRecoveryLevel implemented (level 2: connection recovery).
+pub const MAX_ERROR_RECOVERY_LEVEL: u8 = 2;
 
 /// What to write instead of an ErrorRecoveryLevel this target cannot run.
 pub fn error_recovery_level_help(level: u8) -> String {
     format!(
-        "error_recovery_level {level} is not supported: use 0 (session recovery) or 1 (digest \
-         errors recovered with SNACK and recovery R2T); level 2 is not implemented yet"
+        "error_recovery_level {level} is not supported: use 0 (session recovery), 1 (digest \
+         errors recovered with SNACK and recovery R2T) or 2 (also connection recovery: tasks \
+         reassigned to another connection)"
     )
 }
 
@@ -466,11 +467,11 @@ mod tests {
                 "[[target]]\nname = \"iqn.2026-11.org.ironsan:t\"\nerror_recovery_level = {erl}\n"
             )
         };
-        let c = Config::parse(&text(1), "t.toml").expect("level 1");
-        assert_eq!(c.targets[0].error_recovery_level, 1);
-        let e = Config::parse(&text(2), "t.toml").unwrap_err().to_string();
+        let c = Config::parse(&text(2), "t.toml").expect("level 2");
+        assert_eq!(c.targets[0].error_recovery_level, 2);
+        let e = Config::parse(&text(3), "t.toml").unwrap_err().to_string();
         assert!(
-            e.starts_with("t.toml:3: ") && e.contains("use 0") && e.contains("level 2"),
+            e.starts_with("t.toml:3: ") && e.contains("use 0") && e.contains("or 2"),
             "{e}"
         );
     }

@@ -14,6 +14,7 @@
 
 pub mod config;
 mod erl1;
+mod erl2;
 mod session;
 
 pub use config::{
@@ -755,6 +756,7 @@ fn create_session(
         conns: Mutex::new(HashMap::new()),
         joining: Mutex::new(Default::default()),
         tasks: Mutex::new(HashMap::new()),
+        erl2: (outcome.session.error_recovery_level >= 2).then(erl2::Allegiances::default),
     });
     sessions.insert(tsih, session.clone());
     session
@@ -827,8 +829,19 @@ impl Target {
         None
     }
 
+    /// Removes `s` (not another session that has taken its TSIH since).
     fn remove_session(&self, s: &Session) {
-        let removed = self.sessions.lock().expect("sessions").remove(&s.tsih);
+        let removed = {
+            let mut sessions = self.sessions.lock().expect("sessions");
+            let same = sessions
+                .get(&s.tsih)
+                .is_some_and(|x| std::ptr::eq(Arc::as_ptr(x), s));
+            if same {
+                sessions.remove(&s.tsih)
+            } else {
+                None
+            }
+        };
         if removed.is_some() {
             if let Some(d) = &s.device {
                 d.nexus_removed(s.nexus);

@@ -37,7 +37,7 @@ pub(crate) enum Work {
 }
 
 pub(crate) struct TaskEntry {
-    cid: u16,
+    pub(crate) cid: u16,
     lun: u64,
 }
 
@@ -53,6 +53,9 @@ pub(crate) struct Session {
     /// CIDs whose login succeeded and whose Login Response is on its way (not in `conns` yet).
     pub joining: Mutex<HashSet<u16>>,
     pub tasks: Mutex<HashMap<u32, TaskEntry>>,
+    /// ErrorRecoveryLevel 2: every SCSI task until its status is acknowledged, for TASK
+    /// REASSIGN after its connection fails (`None` below level 2).
+    pub erl2: Option<crate::erl2::Allegiances>,
 }
 
 pub(crate) struct Conn {
@@ -72,6 +75,8 @@ pub(crate) struct Conn {
     pub(crate) status: StatusNumbering,
     /// Recovery events on this connection (the datamover counts its own).
     pub(crate) recovery: Arc<RecoveryCounters>,
+    /// Set once its tasks were told it ended (by a logout, or when it closed).
+    tasks_ended: std::sync::atomic::AtomicBool,
 }
 
 impl Conn {
@@ -96,13 +101,7 @@ impl Conn {
             text: Mutex::new(None),
             status,
             recovery,
-        }
-    }
-
-    /// The initiator's ExpStatSN (on every PDU it sends): acknowledged status is forgotten.
-    fn acknowledge(&self, bhs: &Bhs) {
-        if let Some(exp) = bhs.initiator_exp_stat_sn() {
-            self.status.lock().expect("status").acknowledge(exp);
+            tasks_ended: Default::default(),
         }
     }
 
@@ -155,6 +154,23 @@ impl Conn {
 }
 
 impl Session {
+    /// The initiator's ExpStatSN on `conn` (on every PDU it sends): acknowledged status is
+    /// forgotten, and at level 2 so are the tasks it ended.
+    fn acknowledge(&self, conn: &Arc<Conn>, bhs: &Bhs) {
+        let Some(exp) = bhs.initiator_exp_stat_sn() else {
+            return;
+        };
+        let mut status = conn.status.lock().expect("status");
+        match &self.erl2 {
+            None => status.acknowledge(exp),
+            Some(allegiances) => status.acknowledge_each(exp, |pdu| match pdu.bhs {
+                Bhs::ScsiResponse(r) => allegiances.acknowledged(conn, r.itt),
+                Bhs::DataIn(d) if d.status_present => allegiances.acknowledged(conn, d.itt),
+                _ => {}
+            }),
+        }
+    }
+
     pub fn connections(&self) -> Vec<Arc<Conn>> {
         self.conns
             .lock()
@@ -306,14 +322,29 @@ impl Session {
             itt: cmd.itt,
             lun: cmd.lun,
         };
-        let rsp = self.execute(&conn, task, &cmd, &ahs, write).await;
+        let kept = self.erl2.as_ref().map(|a| a.keep(&conn, task));
+        let rsp = self
+            .execute(&conn, task, &cmd, &ahs, write, kept.as_ref())
+            .await;
         // Free the window slot first so the response carries the larger MaxCmdSN.
         self.tasks.lock().expect("tasks").remove(&cmd.itt);
         if counted {
             self.complete_one();
         }
-        if let Some((rsp, r2ts)) = rsp.filter(|(r, _)| !r.aborted) {
-            send_scsi_response(&conn, task, rsp, r2ts).await;
+        match rsp.filter(|(r, _)| !r.aborted) {
+            Some((rsp, r2ts)) => {
+                // At level 2 the response goes where the task is allegiant now.
+                let to = match &kept {
+                    Some(k) => k.executed(&rsp, r2ts),
+                    None => conn.clone(),
+                };
+                send_scsi_response(&to, task, rsp, r2ts).await;
+            }
+            None => {
+                if let (Some(allegiances), Some(k)) = (&self.erl2, &kept) {
+                    allegiances.forget(k);
+                }
+            }
         }
         conn.task_done();
     }
@@ -322,14 +353,20 @@ impl Session {
     /// was aborted or its connection is gone). The second value counts the R2Ts used.
     async fn execute(
         &self,
-        conn: &Conn,
+        conn: &Arc<Conn>,
         task: TaskRef,
         cmd: &ScsiCommand,
         ahs: &Bytes,
         write: Option<WriteHandle>,
+        kept: Option<&Arc<crate::erl2::KeptTask>>,
     ) -> Option<(scsi::Response, u32)> {
-        let (data_out, r2ts) = match write {
-            Some(w) => match conn.dm.get_data(task, w).await {
+        let collected = match (write, kept) {
+            (Some(w), Some(k)) => Some(self.collect_write(k, conn, w).await),
+            (Some(w), None) => Some(conn.dm.get_data(task, w).await),
+            (None, _) => None,
+        };
+        let (data_out, r2ts) = match collected {
+            Some(got) => match got {
                 Ok(x) => x,
                 Err(DmError::DataPhase { why, raw_bhs }) => {
                     // The Reject goes out before the command's status.
@@ -401,11 +438,16 @@ impl Session {
             Bhs::LogoutRequest(l) => {
                 let response = match l.reason {
                     0 => 0,
-                    1 if self.conns.lock().expect("conns").contains_key(&l.cid) => 0,
+                    1 | 2 if self.conns.lock().expect("conns").contains_key(&l.cid) => 0,
+                    // A connection that already failed may still have tasks to reassign.
+                    2 if self.erl2.as_ref().is_some_and(|a| a.any_on_cid(l.cid)) => 0,
                     1 => 1,
+                    2 if self.erl2.is_some() => 1,
                     _ => 2, // connection recovery needs ERL 2
                 };
-                conn.drain(Duration::from_secs(10)).await;
+                if l.reason != 2 {
+                    conn.drain(Duration::from_secs(10)).await;
+                }
                 let rsp = LogoutResponse {
                     response,
                     itt: l.itt,
@@ -421,14 +463,20 @@ impl Session {
                             c.dm.close_after_logout();
                         }
                     }
-                    (1, 0) => {
-                        let other = self.conns.lock().expect("conns").get(&l.cid).cloned();
+                    // Out of the session at once: removed for recovery, its tasks may be
+                    // reassigned by the very next PDU (erl2).
+                    (1 | 2, 0) => {
+                        let other = self.conns.lock().expect("conns").remove(&l.cid);
                         if let Some(c) = other {
                             c.dm.close();
+                            self.end_tasks_of(target, &c);
                         }
                     }
                     _ => {}
                 }
+            }
+            Bhs::TaskMgmtRequest(t) if t.function == tmf::TASK_REASSIGN && self.erl2.is_some() => {
+                self.reassign(conn, t).await
             }
             Bhs::TaskMgmtRequest(t) => {
                 let response = self.task_management(target, t).await;
@@ -528,11 +576,15 @@ impl Session {
             .await;
     }
 
-    /// Abort this session's tasks matching `pred` that wait for write data.
+    /// Abort this session's tasks matching `pred` that wait for write data (at level 2
+    /// they are no longer kept for reassignment either).
     fn abort_waiting(&self, pred: impl Fn(u32, &TaskEntry) -> bool) {
         let conns = self.conns.lock().expect("conns").clone();
         for (itt, e) in self.tasks.lock().expect("tasks").iter() {
             if pred(*itt, e) {
+                if let Some(allegiances) = &self.erl2 {
+                    allegiances.forget_itt(*itt);
+                }
                 if let Some(c) = conns.get(&e.cid) {
                     c.dm.abort_task(*itt);
                 }
@@ -600,13 +652,13 @@ impl Session {
                 device.target_reset(kind).await;
                 tmf::RSP_COMPLETE
             }
-            tmf::TASK_REASSIGN => 4, // allegiance reassignment needs ERL 2
+            tmf::TASK_REASSIGN => tmf::RSP_REASSIGN_NOT_SUPPORTED, // below level 2
             _ => tmf::RSP_NOT_SUPPORTED,
         }
     }
 }
 
-async fn send_scsi_response(conn: &Conn, task: TaskRef, rsp: scsi::Response, r2ts: u32) {
+pub(crate) async fn send_scsi_response(conn: &Conn, task: TaskRef, rsp: scsi::Response, r2ts: u32) {
     let (overflow, underflow, residual) = match rsp.residual {
         scsi::Residual::None => (false, false, 0),
         scsi::Residual::Underflow(n) => (false, true, n),
@@ -726,7 +778,7 @@ impl Session {
                 why,
             } => conn.reject(reason, raw_bhs, &why).await,
             Notice::Command { pdu, write } => {
-                conn.acknowledge(&pdu.pdu.bhs);
+                self.acknowledge(conn, &pdu.pdu.bhs);
                 let Bhs::ScsiCommand(cmd) = pdu.pdu.bhs else {
                     unreachable!("datamover sends commands as Command")
                 };
@@ -745,7 +797,7 @@ impl Session {
                 self.order(target, immediate, cmd_sn, work).await;
             }
             Notice::Control(pdu) => {
-                conn.acknowledge(&pdu.pdu.bhs);
+                self.acknowledge(conn, &pdu.pdu.bhs);
                 let (immediate, cmd_sn) = match &pdu.pdu.bhs {
                     // Ping answers and ExpStatSN updates are immediate by rule, no reply.
                     Bhs::NopOut(n) if n.itt == RESERVED_TAG => return None,
@@ -780,16 +832,37 @@ impl Session {
         }
     }
 
+    /// Connection `conn` is out of the session (once; later calls do nothing): its writes
+    /// waiting for data end — at level 2 to wait for reassignment instead. Returns whether
+    /// tasks wait for reassignment.
+    fn end_tasks_of(self: &Arc<Self>, target: &Arc<Target>, conn: &Arc<Conn>) -> bool {
+        if conn.tasks_ended.swap(true, Ordering::AcqRel) {
+            return self.erl2.as_ref().is_some_and(|a| a.any_on(conn));
+        }
+        let waiting_for_data: Vec<u32> = {
+            let tasks = self.tasks.lock().expect("tasks");
+            tasks
+                .iter()
+                .filter(|(_, e)| e.cid == conn.cid)
+                .map(|(itt, _)| *itt)
+                .collect()
+        };
+        for itt in waiting_for_data {
+            conn.dm.abort_task(itt);
+        }
+        self.connection_failed(target, conn)
+    }
+
     /// A connection ended: its datamover closes, its tasks waiting for data are aborted, and
     /// a session left without connections goes.
-    fn connection_ended(&self, target: &Target, conn: &Arc<Conn>, reason: &str) {
+    fn connection_ended(self: &Arc<Self>, target: &Arc<Target>, conn: &Arc<Conn>, reason: &str) {
         tracing::info!(peer = %conn.peer, tsih = self.tsih, cid = conn.cid, "connection ended: {reason}");
         let recovered = conn.recovery.summary();
         if !recovered.is_empty() {
             tracing::info!(peer = %conn.peer, tsih = self.tsih, cid = conn.cid, "error recovery on this connection: {recovered}");
         }
         conn.dm.close();
-        self.abort_waiting(|_, e| e.cid == conn.cid);
+        let kept = self.end_tasks_of(target, conn);
         let now_empty = {
             let mut conns = self.conns.lock().expect("conns");
             if conns.get(&conn.cid).is_some_and(|c| Arc::ptr_eq(c, conn)) {
@@ -797,7 +870,7 @@ impl Session {
             }
             conns.is_empty()
         };
-        if now_empty {
+        if now_empty && !kept {
             target.remove_session(self);
         }
     }

@@ -161,6 +161,10 @@ pub mod tmf {
     pub const RSP_COMPLETE: u8 = 0;
     pub const RSP_NO_TASK: u8 = 1;
     pub const RSP_NO_LUN: u8 = 2;
+    /// TASK REASSIGN: the task's connection is still in the session.
+    pub const RSP_STILL_ALLEGIANT: u8 = 3;
+    /// TASK REASSIGN below ErrorRecoveryLevel 2.
+    pub const RSP_REASSIGN_NOT_SUPPORTED: u8 = 4;
     pub const RSP_NOT_SUPPORTED: u8 = 5;
     pub const RSP_REJECTED: u8 = 255;
 }

@@ -34,7 +34,8 @@ pub struct TargetArgs {
     pub tcp_info_interval_ms: u64,
     /// Highest ErrorRecoveryLevel every target agrees to over iSCSI/TCP (overrides the
     /// config's error_recovery_level): 0 drops a connection on a digest error, 1 mends it in
-    /// place (Reject and recovery R2T, SNACK answered).
+    /// place (Reject and recovery R2T, SNACK answered), 2 also keeps a failed connection's
+    /// tasks for TASK REASSIGN on another connection.
     #[arg(long, value_name = "LEVEL")]
     pub error_recovery_level: Option<u8>,
 }

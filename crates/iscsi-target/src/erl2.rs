@@ -1,0 +1,334 @@
+//! ErrorRecoveryLevel 2 on the target: connection recovery (RFC 7143 §6.2.2, §7.2). At
+//! level 2 the session keeps every SCSI task with its connection allegiance until the
+//! initiator acknowledges the task's status (ExpStatSN past it). When a connection fails —
+//! it breaks, is logged out with reason "remove the connection for recovery", or is
+//! reinstated by a login with its CID — its tasks wait DefaultTime2Retain seconds for a
+//! TASK REASSIGN on another connection of the session, which takes them over:
+//! - a task already executed has its response sent again on the new connection (all its
+//!   Data-In from DataSN 0 — the initiator never acknowledges Data-In here, so ExpDataSN
+//!   is 0 — and its status with the new connection's StatSN);
+//! - a write whose data phase the failure cut short asks for all its data again by R2T
+//!   (a reassigned task gets no unsolicited data);
+//! - a task still executing answers on the new connection when it is done.
+//!
+//! A session whose last connection fails stays as long, so that the initiator may log a
+//! connection in to it again (its TSIH) and reassign the tasks. Below level 2 nothing here
+//! runs: TASK REASSIGN gets "allegiance reassignment not supported".
+
+use crate::session::{send_scsi_response, Conn, Session};
+use crate::Target;
+use datamover::{DmError, RecoveryCounters, TaskRef, WriteHandle};
+use iscsi_wire::{tmf, Bhs, Pdu, TaskMgmtRequest, TaskMgmtResponse};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Notify;
+
+/// The SCSI tasks of a level 2 session, by ITT, until their status is acknowledged.
+#[derive(Default)]
+pub(crate) struct Allegiances {
+    tasks: Mutex<HashMap<u32, Arc<KeptTask>>>,
+}
+
+/// One task and the connection it answers on.
+pub(crate) struct KeptTask {
+    task: TaskRef,
+    state: Mutex<KeptState>,
+    /// Woken when the task moves to another connection.
+    moved: Notify,
+}
+
+struct KeptState {
+    conn: Arc<Conn>,
+    /// The response once the task has executed (and the R2Ts its data took): sent again
+    /// when the task is reassigned before the initiator acknowledged it.
+    response: Option<(scsi::Response, u32)>,
+}
+
+impl Allegiances {
+    /// Starts keeping `task`, allegiant to `conn`.
+    pub(crate) fn keep(&self, conn: &Arc<Conn>, task: TaskRef) -> Arc<KeptTask> {
+        let kept = Arc::new(KeptTask {
+            task,
+            state: Mutex::new(KeptState {
+                conn: conn.clone(),
+                response: None,
+            }),
+            moved: Notify::new(),
+        });
+        self.lock().insert(task.itt, kept.clone());
+        kept
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Arc<KeptTask>>> {
+        self.tasks.lock().expect("allegiances")
+    }
+
+    /// Whether `kept` is still kept (not forgotten by task management or Time2Retain).
+    pub(crate) fn holds(&self, kept: &Arc<KeptTask>) -> bool {
+        self.lock()
+            .get(&kept.task.itt)
+            .is_some_and(|k| Arc::ptr_eq(k, kept))
+    }
+
+    /// Forgets `kept` (the task ended without a response, or was aborted).
+    pub(crate) fn forget(&self, kept: &Arc<KeptTask>) {
+        let mut tasks = self.lock();
+        if tasks
+            .get(&kept.task.itt)
+            .is_some_and(|k| Arc::ptr_eq(k, kept))
+        {
+            tasks.remove(&kept.task.itt);
+        }
+        drop(tasks);
+        kept.moved.notify_waiters();
+    }
+
+    /// Forgets the task `itt` (task management aborted it).
+    pub(crate) fn forget_itt(&self, itt: u32) {
+        let kept = self.lock().remove(&itt);
+        if let Some(k) = kept {
+            k.moved.notify_waiters();
+        }
+    }
+
+    /// The initiator acknowledged the status of task `itt` sent on `conn`: it is done.
+    pub(crate) fn acknowledged(&self, conn: &Arc<Conn>, itt: u32) {
+        let mut tasks = self.lock();
+        let done = tasks.get(&itt).is_some_and(|k| {
+            let st = k.state.lock().expect("kept task");
+            Arc::ptr_eq(&st.conn, conn) && st.response.is_some()
+        });
+        if done {
+            tasks.remove(&itt);
+        }
+    }
+
+    /// Forgets every task still allegiant to `conn` (its DefaultTime2Retain ran out).
+    fn expire(&self, conn: &Arc<Conn>) -> usize {
+        let mut gone = Vec::new();
+        self.lock().retain(|_, k| {
+            let stays = !Arc::ptr_eq(&k.state.lock().expect("kept task").conn, conn);
+            if !stays {
+                gone.push(k.clone());
+            }
+            stays
+        });
+        for k in &gone {
+            k.moved.notify_waiters();
+        }
+        gone.len()
+    }
+
+    /// Whether a task is allegiant to a connection with CID `cid`.
+    pub(crate) fn any_on_cid(&self, cid: u16) -> bool {
+        self.lock()
+            .values()
+            .any(|k| k.state.lock().expect("kept task").conn.cid == cid)
+    }
+
+    /// Whether a task is allegiant to `conn`.
+    pub(crate) fn any_on(&self, conn: &Arc<Conn>) -> bool {
+        self.count_on(conn) > 0
+    }
+
+    /// Tasks allegiant to `conn`.
+    fn count_on(&self, conn: &Arc<Conn>) -> usize {
+        self.lock()
+            .values()
+            .filter(|k| Arc::ptr_eq(&k.state.lock().expect("kept task").conn, conn))
+            .count()
+    }
+}
+
+impl KeptTask {
+    /// The task executed: its response is kept, and goes on the connection returned (the
+    /// one the task is allegiant to now).
+    pub(crate) fn executed(&self, response: &scsi::Response, r2ts: u32) -> Arc<Conn> {
+        let mut st = self.state.lock().expect("kept task");
+        st.response = Some((without_note(response), r2ts));
+        st.conn.clone()
+    }
+
+    /// Waits (at most `limit`) until the task is reassigned away from `from`; the new
+    /// connection, or `None` when it is not reassigned in time or is forgotten.
+    async fn wait_moved(
+        &self,
+        sessions: &Allegiances,
+        me: &Arc<KeptTask>,
+        from: &Arc<Conn>,
+        limit: Duration,
+    ) -> Option<Arc<Conn>> {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let notified = self.moved.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let st = self.state.lock().expect("kept task");
+                if !Arc::ptr_eq(&st.conn, from) {
+                    return Some(st.conn.clone());
+                }
+            }
+            if !sessions.holds(me) {
+                return None;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return None;
+            }
+        }
+    }
+}
+
+/// A response as sent again: the note the first connection's buffers left (its digests at
+/// its cut) means nothing to another connection.
+fn without_note(r: &scsi::Response) -> scsi::Response {
+    scsi::Response {
+        data_in_note: None,
+        ..r.clone()
+    }
+}
+
+impl Session {
+    /// DefaultTime2Retain: how long a failed connection's tasks wait for reassignment.
+    pub(crate) fn time2retain(&self) -> Duration {
+        Duration::from_secs(u64::from(self.params.default_time2retain))
+    }
+
+    /// Whether `conn` is still a connection of the session.
+    fn is_live(&self, conn: &Arc<Conn>) -> bool {
+        self.conns
+            .lock()
+            .expect("conns")
+            .get(&conn.cid)
+            .is_some_and(|c| Arc::ptr_eq(c, conn))
+    }
+
+    /// Collects a write's data at level 2: when the connection fails during the data
+    /// phase, the task waits for TASK REASSIGN and asks the new connection for all of it.
+    /// Returns the data, the R2Ts used and the connection that delivered it.
+    pub(crate) async fn collect_write(
+        &self,
+        kept: &Arc<KeptTask>,
+        conn: &Arc<Conn>,
+        write: WriteHandle,
+    ) -> Result<(bytes::Bytes, u32), DmError> {
+        let allegiances = self.erl2.as_ref().expect("level 2");
+        let (task, expected_len) = (kept.task, write.expected_len);
+        let mut conn = conn.clone();
+        let mut write = write;
+        loop {
+            match conn.dm.get_data(task, write).await {
+                Err(DmError::Closed | DmError::Aborted) if allegiances.holds(kept) => {
+                    let next = kept
+                        .wait_moved(allegiances, kept, &conn, self.time2retain())
+                        .await
+                        .ok_or(DmError::Closed)?;
+                    write = next.dm.solicit_write(task, expected_len)?;
+                    conn = next;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// TASK REASSIGN received on `conn`: answers it and, for a task that has executed,
+    /// sends its response again on `conn`.
+    pub(crate) async fn reassign(&self, conn: &Arc<Conn>, t: &TaskMgmtRequest) {
+        let (response, resend) = self.take_allegiance(conn, t);
+        let rsp = TaskMgmtResponse {
+            response,
+            itt: t.itt,
+            ..Default::default()
+        };
+        let _ = conn
+            .dm
+            .send_control(Pdu::new(Bhs::TaskMgmtResponse(rsp), bytes::Bytes::new()))
+            .await;
+        if let Some((task, rsp, r2ts)) = resend {
+            send_scsi_response(conn, task, rsp, r2ts).await;
+        }
+    }
+
+    /// Moves task `t.ref_task_tag` to `conn` when it may move; the TMF response, and the
+    /// response to send again when the task has executed.
+    #[allow(clippy::type_complexity)]
+    fn take_allegiance(
+        &self,
+        conn: &Arc<Conn>,
+        t: &TaskMgmtRequest,
+    ) -> (u8, Option<(TaskRef, scsi::Response, u32)>) {
+        let Some(allegiances) = &self.erl2 else {
+            return (tmf::RSP_REASSIGN_NOT_SUPPORTED, None);
+        };
+        let itt = t.ref_task_tag;
+        let Some(kept) = allegiances.lock().get(&itt).cloned() else {
+            tracing::info!(peer = %conn.peer, tsih = self.tsih, "TASK REASSIGN of ITT 0x{itt:08x}: no such task");
+            return (tmf::RSP_NO_TASK, None);
+        };
+        let mut st = kept.state.lock().expect("kept task");
+        if self.is_live(&st.conn) {
+            return (tmf::RSP_STILL_ALLEGIANT, None);
+        }
+        let from = st.conn.cid;
+        st.conn = conn.clone();
+        let resend = st.response.clone().map(|(r, n)| (kept.task, r, n));
+        drop(st);
+        if let Some(e) = self.tasks.lock().expect("tasks").get_mut(&itt) {
+            e.cid = conn.cid;
+        }
+        kept.moved.notify_waiters();
+        RecoveryCounters::bump(&conn.recovery.task_reassigns);
+        tracing::info!(
+            peer = %conn.peer,
+            tsih = self.tsih,
+            cid = conn.cid,
+            "TASK REASSIGN: ITT 0x{itt:08x} moved from connection {from} ({})",
+            if resend.is_some() { "its response sent again" } else { "in progress" }
+        );
+        (tmf::RSP_COMPLETE, resend)
+    }
+
+    /// Level 2, connection `conn` failed: its tasks wait DefaultTime2Retain for
+    /// reassignment (a write whose data collection ended with the connection sees it is
+    /// still kept, and waits). Returns
+    /// whether any task waits (then a session left without connections stays as long).
+    pub(crate) fn connection_failed(
+        self: &Arc<Self>,
+        target: &Arc<Target>,
+        conn: &Arc<Conn>,
+    ) -> bool {
+        let Some(allegiances) = &self.erl2 else {
+            return false;
+        };
+        let waiting = allegiances.count_on(conn);
+        if waiting == 0 {
+            return false;
+        }
+        let retain = self.time2retain();
+        tracing::info!(
+            peer = %conn.peer,
+            tsih = self.tsih,
+            cid = conn.cid,
+            "{waiting} task(s) kept {} s for TASK REASSIGN (ErrorRecoveryLevel 2)",
+            retain.as_secs()
+        );
+        let (session, target, conn) = (self.clone(), target.clone(), conn.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(retain).await;
+            let Some(allegiances) = &session.erl2 else {
+                return;
+            };
+            let expired = allegiances.expire(&conn);
+            if expired > 0 {
+                tracing::warn!(tsih = session.tsih, cid = conn.cid, "{expired} task(s) of a failed connection were not reassigned within DefaultTime2Retain: dropped");
+            }
+            if session.conns.lock().expect("conns").is_empty()
+                && session.joining.lock().expect("joining").is_empty()
+            {
+                target.remove_session(&session);
+            }
+        });
+        true
+    }
+}
