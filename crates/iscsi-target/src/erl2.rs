@@ -46,8 +46,18 @@ struct KeptState {
 }
 
 impl Allegiances {
-    /// Starts keeping `task`, allegiant to `conn`.
-    pub(crate) fn keep(&self, conn: &Arc<Conn>, task: TaskRef) -> Arc<KeptTask> {
+    /// Starts keeping `task`, arrived on `conn`; `None` when a task with its ITT is still
+    /// in progress (this is a copy of its command, which the CmdSN window turns away). A
+    /// kept task whose response went out is replaced: the initiator reuses an ITT only
+    /// once it has the status (its acknowledgement may come later, on another connection).
+    pub(crate) fn keep(&self, conn: &Arc<Conn>, task: TaskRef) -> Option<Arc<KeptTask>> {
+        let mut tasks = self.lock();
+        if tasks
+            .get(&task.itt)
+            .is_some_and(|k| k.state.lock().expect("kept task").response.is_none())
+        {
+            return None;
+        }
         let kept = Arc::new(KeptTask {
             task,
             state: Mutex::new(KeptState {
@@ -56,8 +66,8 @@ impl Allegiances {
             }),
             moved: Notify::new(),
         });
-        self.lock().insert(task.itt, kept.clone());
-        kept
+        tasks.insert(task.itt, kept.clone());
+        Some(kept)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Arc<KeptTask>>> {
@@ -142,6 +152,11 @@ impl Allegiances {
 }
 
 impl KeptTask {
+    /// The connection the task is allegiant to now.
+    pub(crate) fn conn(&self) -> Arc<Conn> {
+        self.state.lock().expect("kept task").conn.clone()
+    }
+
     /// The task executed: its response is kept, and goes on the connection returned (the
     /// one the task is allegiant to now).
     pub(crate) fn executed(&self, response: &scsi::Response, r2ts: u32) -> Arc<Conn> {

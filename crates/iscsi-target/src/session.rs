@@ -1,6 +1,7 @@
 //! Sessions and connections in full feature phase: command ordering across connections,
 //! SCSI execution, and the answers to NOP-Out, Text, Logout, SNACK and task management.
 
+use crate::erl2::KeptTask;
 use crate::Target;
 use bytes::{BufMut, Bytes, BytesMut};
 use datamover::{
@@ -29,6 +30,9 @@ pub(crate) enum Work {
         cmd: ScsiCommand,
         ahs: Bytes,
         write: Option<WriteHandle>,
+        /// ErrorRecoveryLevel 2: the task, kept from its arrival (TASK REASSIGN finds it
+        /// even while it waits for its turn in CmdSN order).
+        kept: Option<Arc<KeptTask>>,
     },
     Control {
         conn: Arc<Conn>,
@@ -244,13 +248,11 @@ impl Session {
         // flood of large out-of-window WRITEs would hold it until the connection ends. The
         // transports refuse an ITT reused while its write is pending, so the state under this
         // ITT is this command's.
-        let write_state = match &work {
+        let (write_state, kept) = match &work {
             Work::Command {
-                conn,
-                write: Some(h),
-                ..
-            } => Some((conn.clone(), h.itt)),
-            _ => None,
+                conn, write, kept, ..
+            } => (write.as_ref().map(|h| (conn.clone(), h.itt)), kept.clone()),
+            _ => (None, None),
         };
         let ready = {
             let mut w = self.window.lock().expect("window");
@@ -266,6 +268,9 @@ impl Session {
                     drop(w);
                     if let Some((conn, itt)) = write_state {
                         conn.dm.abort_task(itt);
+                    }
+                    if let (Some(allegiances), Some(k)) = (&self.erl2, &kept) {
+                        allegiances.forget(k);
                     }
                     return;
                 }
@@ -289,17 +294,19 @@ impl Session {
                 cmd,
                 ahs,
                 write,
+                kept,
             } => {
                 conn.inflight.fetch_add(1, Ordering::AcqRel);
-                self.tasks.lock().expect("tasks").insert(
-                    cmd.itt,
-                    TaskEntry {
-                        cid: conn.cid,
-                        lun: cmd.lun,
-                    },
-                );
+                // At level 2 it may have moved while it waited for its turn.
+                let cid = kept.as_ref().map_or(conn.cid, |k| k.conn().cid);
+                self.tasks
+                    .lock()
+                    .expect("tasks")
+                    .insert(cmd.itt, TaskEntry { cid, lun: cmd.lun });
                 let s = self.clone();
-                tokio::spawn(async move { s.run_command(conn, cmd, ahs, write, counted).await });
+                tokio::spawn(
+                    async move { s.run_command(conn, cmd, ahs, write, kept, counted).await },
+                );
             }
             Work::Control { conn, pdu } => {
                 self.control(target, &conn, pdu).await;
@@ -316,13 +323,13 @@ impl Session {
         cmd: ScsiCommand,
         ahs: Bytes,
         write: Option<WriteHandle>,
+        kept: Option<Arc<KeptTask>>,
         counted: bool,
     ) {
         let task = TaskRef {
             itt: cmd.itt,
             lun: cmd.lun,
         };
-        let kept = self.erl2.as_ref().map(|a| a.keep(&conn, task));
         let rsp = self
             .execute(&conn, task, &cmd, &ahs, write, kept.as_ref())
             .await;
@@ -788,11 +795,17 @@ impl Session {
                     return None;
                 }
                 let (immediate, cmd_sn) = (cmd.immediate, cmd.cmd_sn);
+                let task = TaskRef {
+                    itt: cmd.itt,
+                    lun: cmd.lun,
+                };
+                let kept = self.erl2.as_ref().and_then(|a| a.keep(conn, task));
                 let work = Work::Command {
                     conn: conn.clone(),
                     cmd,
                     ahs: pdu.pdu.ahs,
                     write,
+                    kept,
                 };
                 self.order(target, immediate, cmd_sn, work).await;
             }

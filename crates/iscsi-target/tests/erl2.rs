@@ -253,3 +253,60 @@ async fn task_reassign_below_level_2_or_of_an_unknown_task_is_refused() {
     assert_eq!(logout_cid(&mut c, 9, 2).await, 1, "CID not found");
     roundtrip(&mut c, 700, 16, 6).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_waiting_for_its_turn_in_cmdsn_order_is_reassigned_too() {
+    let mut c = session(2, 6, "20").await;
+    let data = pattern(16384, 8);
+    // CmdSN N is skipped: the WRITE with N+1 waits in the window, its data not asked for.
+    let missing = c.cmd_sn;
+    c.cmd_sn = missing.wrapping_add(1);
+    let write_cmd_sn = c.cmd_sn;
+    let b = c.scsi_bhs(&write10(900, 32), 0, data.len() as u32, 0);
+    let write_itt = be32(&b[16..20]);
+    c.send(&b, &[]).await;
+    let mut n = join(&c, 0).await; // reinstated
+    drop(c);
+    assert_eq!(n.cmd_sn, missing, "the target still waits for CmdSN N");
+    assert_eq!(
+        task_reassign(&mut n, write_itt, write_cmd_sn).await,
+        0,
+        "found while queued"
+    );
+    // CmdSN N arrives (TEST UNIT READY): both run, the WRITE's data asked for here.
+    let tur = n.scsi_bhs(&[0u8; 6], 0, 0, 0);
+    let tur_itt = be32(&tur[16..20]);
+    n.send(&tur, &[]).await;
+    n.cmd_sn = write_cmd_sn.wrapping_add(1);
+    let mut done = Vec::new();
+    for _ in 0..100 {
+        let r = n.recv().await;
+        match r.opcode() {
+            0x31 => {
+                assert_eq!(r.itt(), write_itt, "R2T for the reassigned WRITE");
+                let (ttt, off, len) = (r.field32(20), r.field32(40), r.field32(44));
+                n.data_out(
+                    write_itt,
+                    ttt,
+                    off,
+                    &data[off as usize..(off + len) as usize],
+                )
+                .await;
+            }
+            0x21 => {
+                assert_eq!(r.bhs[3], 0, "GOOD");
+                n.exp_stat_sn = r.field32(24).wrapping_add(1);
+                done.push(r.itt());
+                if done.len() == 2 {
+                    break;
+                }
+            }
+            op => panic!("unexpected opcode 0x{op:02x}"),
+        }
+    }
+    done.sort();
+    let mut want = vec![tur_itt, write_itt];
+    want.sort();
+    assert_eq!(done, want, "both commands completed");
+    read_back(&mut n, 900, &data).await;
+}
