@@ -86,6 +86,14 @@ pub trait InitiatorDatamover: Send + Sync {
     /// Sends a SCSI Command and takes charge of its data phases until its status arrives
     /// (reported as [`InitiatorNotice::Status`]).
     fn send_command(&self, cmd: CommandOut);
+    /// ErrorRecoveryLevel 2: takes charge of the data phases of a command sent on another
+    /// connection and reassigned to this one (a TASK REASSIGN follows), without sending it:
+    /// its write data goes as the target asks by R2T (from `solicited_from`, which is 0),
+    /// its read data is placed again from the start. Transports that run only at level 0
+    /// (iSER) never get one.
+    fn adopt(&self, cmd: CommandOut) {
+        let _ = cmd;
+    }
     /// Sends any other PDU (Data-Out of unsolicited data, NOP-Out, task management, logout).
     fn send_control(&self, pdu: Pdu);
     /// Drops a command's data-phase state (it was aborted or rejected): data the target

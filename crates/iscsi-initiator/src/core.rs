@@ -144,6 +144,9 @@ pub enum Action<T> {
     Send { conn: usize, pdu: OutPdu },
     /// The command was aborted or rejected: the datamover drops its data-phase state.
     Forget { conn: usize, itt: u32 },
+    /// ErrorRecoveryLevel 2: a command reassigned to the connection (a TASK REASSIGN
+    /// follows); its datamover takes charge of its data phases without sending it.
+    Adopt { conn: usize, cmd: CommandOut },
     Complete {
         token: T,
         result: Result<Reply, TaskError>,
@@ -190,6 +193,9 @@ struct Task<T> {
     kind: Kind,
     /// Times the command was sent again after a Reject for a data digest error.
     retries: u8,
+    /// ErrorRecoveryLevel 2: its connection failed; it waits for a connection to be
+    /// reassigned to.
+    orphaned: bool,
 }
 
 /// A command Rejected for a data digest error (its immediate data was damaged on the way)
@@ -207,8 +213,13 @@ pub struct RecoveryStats {
     pub command_retries: u64,
     /// Commands sent again because the target never got them (ExpCmdSN stuck at them).
     pub lost_commands: u64,
-    /// Session reinstatements after a lost connection (ErrorRecoveryLevel 0).
+    /// Session reinstatements after a lost connection (ErrorRecoveryLevel 0, or when
+    /// connection recovery failed).
     pub reinstatements: u64,
+    /// Connections logged in again after they failed (ErrorRecoveryLevel 2).
+    pub connection_recoveries: u64,
+    /// Commands moved to another connection by TASK REASSIGN (ErrorRecoveryLevel 2).
+    pub task_reassigns: u64,
 }
 
 impl RecoveryStats {
@@ -220,6 +231,8 @@ impl RecoveryStats {
             command_retries: self.command_retries + o.command_retries,
             lost_commands: self.lost_commands + o.lost_commands,
             reinstatements: self.reinstatements + o.reinstatements,
+            connection_recoveries: self.connection_recoveries + o.connection_recoveries,
+            task_reassigns: self.task_reassigns + o.task_reassigns,
         }
     }
 
@@ -233,6 +246,10 @@ impl RecoveryStats {
             command_retries: self.command_retries.saturating_sub(before.command_retries),
             lost_commands: self.lost_commands.saturating_sub(before.lost_commands),
             reinstatements: self.reinstatements.saturating_sub(before.reinstatements),
+            connection_recoveries: self
+                .connection_recoveries
+                .saturating_sub(before.connection_recoveries),
+            task_reassigns: self.task_reassigns.saturating_sub(before.task_reassigns),
         }
     }
 }
@@ -258,6 +275,9 @@ pub struct SessionCore<T> {
     /// The target's ExpCmdSN at the last check for a lost command, when a SCSI command
     /// with that CmdSN was outstanding then.
     stalled_at: Option<u32>,
+    /// ErrorRecoveryLevel 2: the TASK REASSIGN requests outstanding (their ITT → the ITT
+    /// of the command they move); internal, so not in `tasks`, which hold a token.
+    reassigns: HashMap<u32, u32>,
 }
 
 fn max_seg(v: u32) -> u32 {
@@ -280,6 +300,7 @@ impl<T> SessionCore<T> {
             actions: Vec::new(),
             recovery: RecoveryStats::default(),
             stalled_at: None,
+            reassigns: HashMap::new(),
         }
     }
 
@@ -366,7 +387,10 @@ impl<T> SessionCore<T> {
         loop {
             let itt = self.next_itt;
             self.next_itt = self.next_itt.wrapping_add(1);
-            if itt != RESERVED_TAG && !self.tasks.contains_key(&itt) {
+            if itt != RESERVED_TAG
+                && !self.tasks.contains_key(&itt)
+                && !self.reassigns.contains_key(&itt)
+            {
                 return itt;
             }
         }
@@ -395,6 +419,7 @@ impl<T> SessionCore<T> {
                 cmd_sn: 0,
                 kind: Kind::Scsi { req },
                 retries: 0,
+                orphaned: false,
             },
         );
         self.queue.push_back(itt);
@@ -428,6 +453,30 @@ impl<T> SessionCore<T> {
     }
 
     fn send_command(&mut self, conn: usize, itt: u32, cmd_sn: u32, req: &CommandRequest) {
+        let (cmd, immediate, unsolicited_end) = self.command_out(conn, itt, cmd_sn, req);
+        let exp_stat_sn = self.conns[conn].exp_stat_sn;
+        self.actions.push(Action::Command { conn, cmd });
+        let unsolicited = DataOutSequence {
+            itt,
+            lun: iscsi_wire::lun_to_wire(req.lun),
+            ttt: RESERVED_TAG,
+            exp_stat_sn,
+            max_segment: self.conns[conn].max_send_seg,
+        };
+        for pdu in unsolicited.pdus(&req.write, immediate, unsolicited_end) {
+            self.actions.push(Action::Send { conn, pdu });
+        }
+    }
+
+    /// The SCSI Command PDU for `req` on `conn` with what its data phases need, and where
+    /// its immediate and its unsolicited data end.
+    fn command_out(
+        &self,
+        conn: usize,
+        itt: u32,
+        cmd_sn: u32,
+        req: &CommandRequest,
+    ) -> (CommandOut, u32, u32) {
         let lim = self.limits;
         let seg = self.conns[conn].max_send_seg;
         let exp_stat_sn = self.conns[conn].exp_stat_sn;
@@ -476,17 +525,7 @@ impl<T> SessionCore<T> {
             solicited_from: unsolicited_end,
             read_len: req.read_len,
         };
-        self.actions.push(Action::Command { conn, cmd });
-        let unsolicited = DataOutSequence {
-            itt,
-            lun,
-            ttt: RESERVED_TAG,
-            exp_stat_sn,
-            max_segment: seg,
-        };
-        for pdu in unsolicited.pdus(&req.write, immediate, unsolicited_end) {
-            self.actions.push(Action::Send { conn, pdu });
-        }
+        (cmd, immediate, unsolicited_end)
     }
 
     fn send_immediate(
@@ -506,6 +545,7 @@ impl<T> SessionCore<T> {
                 cmd_sn: self.cmd_sn,
                 kind,
                 retries: 0,
+                orphaned: false,
             },
         );
         self.actions.push(Action::Send {
@@ -784,6 +824,10 @@ impl<T> SessionCore<T> {
             }
             Bhs::TaskMgmtResponse(r) => {
                 self.note_target_sns(conn, r.stat_sn, advances, r.exp_cmd_sn, r.max_cmd_sn);
+                if self.on_reassign_response(r.itt, r.response) {
+                    self.pump();
+                    return Ok(());
+                }
                 let Some(Task {
                     kind:
                         Kind::Tmf {
@@ -1021,5 +1065,6 @@ fn residual(under: bool, over: bool, n: u32) -> Residual {
     }
 }
 
+mod erl2;
 #[cfg(test)]
 mod tests;

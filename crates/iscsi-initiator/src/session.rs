@@ -197,6 +197,9 @@ impl SessionConfig {
 type Waiter = oneshot::Sender<Result<Reply, TaskError>>;
 
 struct ConnHandle {
+    /// Unique for the life of the session: notices and timeouts of a connection that has
+    /// since been replaced (at the same index) are told apart by it.
+    epoch: u64,
     dm: Arc<dyn InitiatorDatamover>,
     /// A duplicate of the socket's descriptor, lent out for TCP_INFO sampling.
     socket: Option<std::os::fd::OwnedFd>,
@@ -207,6 +210,8 @@ struct State {
     conns: Vec<Option<ConnHandle>>,
     /// Bumped at every (re)login so tasks of older connections stand down.
     generation: u64,
+    /// The epoch the next connection takes.
+    next_epoch: u64,
     reconnecting: bool,
     /// Set when the session is gone for good.
     failed: Option<String>,
@@ -247,6 +252,11 @@ fn flush(st: &mut State) {
             Action::Forget { conn, itt } => {
                 if let Some(Some(h)) = conns.get(conn) {
                     h.dm.forget(itt);
+                }
+            }
+            Action::Adopt { conn, cmd } => {
+                if let Some(Some(h)) = conns.get(conn) {
+                    h.dm.adopt(cmd);
                 }
             }
             Action::Complete { token, result } => {
@@ -369,35 +379,15 @@ async fn establish(
 /// transport's datamover, its notices fed to the core.
 fn install(inner: &Arc<Inner>, st: &mut State, est: Established) {
     st.generation += 1;
-    let generation = st.generation;
     st.tsih = est.tsih;
     st.params = est.params;
     st.core
         .reset_session(est.limits, est.cmd_sn, est.exp_cmd_sn, est.max_cmd_sn);
     st.conns.clear();
     for (channel, done) in est.conns {
-        let cfg = InitiatorFfpConfig {
-            digests: Digests {
-                header: done.connection.header_digest,
-                data: done.connection.data_digest,
-            },
-            max_recv_data_segment_length: done.connection.max_recv_data_segment_length,
-            max_send_data_segment_length: done.connection.max_send_data_segment_length,
-            max_burst_length: est.limits.max_burst_length,
-            exp_stat_sn: done.exp_stat_sn,
-            max_outstanding_unexpected_pdus: done.connection.max_outstanding_unexpected_pdus_send,
-            error_recovery_level: st.params.error_recovery_level,
-        };
-        let socket = channel.socket().and_then(|fd| fd.try_clone_to_owned().ok());
         let idx = st.conns.len();
-        let weak = Arc::downgrade(inner);
-        let sink: datamover::NoticeSink = Arc::new(move |notices: &mut Vec<InitiatorNotice>| {
-            if let Some(inner) = weak.upgrade() {
-                on_notices(&inner, idx, generation, notices);
-            }
-        });
-        let dm = channel.into_full_feature(cfg, sink);
-        st.conns.push(Some(ConnHandle { dm, socket }));
+        st.conns.push(None);
+        start_connection(inner, st, idx, channel, &done);
         let got = st.core.add_connection(
             done.exp_stat_sn,
             done.connection.max_send_data_segment_length,
@@ -408,11 +398,56 @@ fn install(inner: &Arc<Inner>, st: &mut State, est: Established) {
     flush(st);
 }
 
+/// Puts one logged-in connection to work at index `idx` (its CID) as its transport's
+/// datamover, its notices fed to the core; the core learns of it from the caller.
+fn start_connection(
+    inner: &Arc<Inner>,
+    st: &mut State,
+    idx: usize,
+    channel: Box<dyn InitiatorChannel>,
+    done: &LoginDone,
+) {
+    let cfg = InitiatorFfpConfig {
+        digests: Digests {
+            header: done.connection.header_digest,
+            data: done.connection.data_digest,
+        },
+        max_recv_data_segment_length: done.connection.max_recv_data_segment_length,
+        max_send_data_segment_length: done.connection.max_send_data_segment_length,
+        max_burst_length: st.params.max_burst_length,
+        exp_stat_sn: done.exp_stat_sn,
+        max_outstanding_unexpected_pdus: done.connection.max_outstanding_unexpected_pdus_send,
+        error_recovery_level: st.params.error_recovery_level,
+    };
+    let socket = channel.socket().and_then(|fd| fd.try_clone_to_owned().ok());
+    let epoch = st.next_epoch;
+    st.next_epoch += 1;
+    let weak = Arc::downgrade(inner);
+    let sink: datamover::NoticeSink = Arc::new(move |notices: &mut Vec<InitiatorNotice>| {
+        if let Some(inner) = weak.upgrade() {
+            on_notices(&inner, idx, epoch, notices);
+        }
+    });
+    let dm = channel.into_full_feature(cfg, sink);
+    while st.conns.len() <= idx {
+        st.conns.push(None);
+    }
+    st.conns[idx] = Some(ConnHandle { epoch, dm, socket });
+}
+
+/// Whether connection `idx` is the one with `epoch` (not one that replaced it).
+fn is_current(st: &State, idx: usize, epoch: u64) -> bool {
+    st.conns
+        .get(idx)
+        .and_then(Option::as_ref)
+        .is_some_and(|h| h.epoch == epoch)
+}
+
 /// A batch of notices from connection `idx`'s datamover: all handled under one lock; the
 /// first error (a protocol error, or the connection's end) ends the connection.
-fn on_notices(inner: &Arc<Inner>, idx: usize, generation: u64, notices: &mut Vec<InitiatorNotice>) {
+fn on_notices(inner: &Arc<Inner>, idx: usize, epoch: u64, notices: &mut Vec<InitiatorNotice>) {
     let mut st = inner.lock();
-    if st.generation != generation {
+    if !is_current(&st, idx, epoch) {
         notices.clear();
         return;
     }
@@ -436,21 +471,16 @@ fn on_notices(inner: &Arc<Inner>, idx: usize, generation: u64, notices: &mut Vec
     flush(&mut st);
     drop(st);
     if let Some(e) = failed {
-        connection_lost(
-            inner,
-            idx,
-            generation,
-            &format!("connection {idx}: {}", e.0),
-        );
+        connection_lost(inner, idx, epoch, &format!("connection {idx}: {}", e.0));
     }
 }
 
 /// A connection ended: without `reconnect` the session fails (every command in flight gets
 /// a `ConnectionLost` error); with it, every connection is closed, the commands are queued
 /// again, and a task logs in again with the same ISID (session reinstatement).
-fn connection_lost(inner: &Arc<Inner>, idx: usize, generation: u64, reason: &str) {
+fn connection_lost(inner: &Arc<Inner>, idx: usize, epoch: u64, reason: &str) {
     let mut st = inner.lock();
-    if st.generation != generation || st.conns.get(idx).is_none_or(|c| c.is_none()) {
+    if !is_current(&st, idx, epoch) {
         return;
     }
     let closing = inner.closing.load(Ordering::Acquire);
@@ -464,8 +494,29 @@ fn connection_lost(inner: &Arc<Inner>, idx: usize, generation: u64, reason: &str
         flush(&mut st);
         return;
     }
+    if st.params.error_recovery_level >= 2 {
+        // Connection recovery: only this connection goes; its commands wait for it.
+        if let Some(h) = st.conns[idx].take() {
+            h.dm.abort();
+        }
+        let orphans = st.core.on_connection_failed(idx, reason);
+        tracing::warn!(conn = idx, "{reason}: logging the connection in again, {orphans} command(s) to reassign (ErrorRecoveryLevel 2)");
+        flush(&mut st);
+        tokio::spawn(recover_connection(inner.clone(), idx, reason.to_string()));
+        return;
+    }
+    reinstate_session(inner, &mut st, reason);
+}
+
+/// Every connection is closed, and without `reconnect` the session fails (every command
+/// gets a `ConnectionLost` error); with it, the commands are queued again and a task logs
+/// in again with the same ISID (session reinstatement).
+fn reinstate_session(inner: &Arc<Inner>, st: &mut State, reason: &str) {
     let retry = inner.cfg.reconnect;
-    tracing::warn!(conn = idx, "{reason}");
+    tracing::warn!("{reason}");
+    if retry {
+        st.core.requeue_orphans();
+    }
     for i in 0..st.conns.len() {
         if let Some(h) = st.conns[i].take() {
             h.dm.abort();
@@ -483,7 +534,98 @@ fn connection_lost(inner: &Arc<Inner>, idx: usize, generation: u64, reason: &str
             .fail_all(TaskError::ConnectionLost(reason.to_string()));
         st.failed = Some(reason.to_string());
     }
-    flush(&mut st);
+    flush(st);
+}
+
+/// Connection logins tried before connection recovery gives way to session reinstatement.
+const CONNECTION_RECOVERY_ATTEMPTS: u32 = 3;
+
+/// ErrorRecoveryLevel 2: logs connection `idx` in again (the same CID: the target logs the
+/// failed one out implicitly) after DefaultTime2Wait, then reassigns the orphaned commands
+/// to it. When it cannot log in, the session is reinstated (with `reconnect`) or fails.
+async fn recover_connection(inner: Arc<Inner>, idx: usize, reason: String) {
+    let wait = {
+        let st = inner.lock();
+        Duration::from_secs(u64::from(st.params.default_time2wait).min(5))
+    };
+    let mut last = String::new();
+    for attempt in 0..CONNECTION_RECOVERY_ATTEMPTS {
+        tokio::time::sleep(wait.max(Duration::from_millis(200))).await;
+        let (tsih, cmd_sn) = {
+            let st = inner.lock();
+            if inner.closing.load(Ordering::Acquire) || st.failed.is_some() || st.reconnecting {
+                return;
+            }
+            (st.tsih, st.core.cmd_sn())
+        };
+        match join_connection(&inner, tsih, idx as u16, cmd_sn).await {
+            Ok((channel, done)) => {
+                let mut st = inner.lock();
+                if inner.closing.load(Ordering::Acquire) || st.failed.is_some() || st.reconnecting {
+                    return;
+                }
+                start_connection(&inner, &mut st, idx, channel, &done);
+                st.core.add_connection_at(
+                    idx,
+                    done.exp_stat_sn,
+                    done.connection.max_send_data_segment_length,
+                );
+                st.core.recovery.connection_recoveries += 1;
+                let moved = st.core.reassign_to(idx);
+                tracing::info!(conn = idx, attempt, "connection logged in again after: {reason}; {moved} command(s) reassigned to it (TASK REASSIGN)");
+                flush(&mut st);
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(
+                    conn = idx,
+                    attempt,
+                    "connection recovery: login failed: {e}"
+                );
+                last = e.to_string();
+            }
+        }
+    }
+    let mut st = inner.lock();
+    if st.failed.is_some() || st.reconnecting {
+        return;
+    }
+    reinstate_session(
+        &inner,
+        &mut st,
+        &format!("{reason}; connection recovery failed: {last}"),
+    );
+}
+
+/// Logs connection `cid` in to the session `tsih`.
+async fn join_connection(
+    inner: &Inner,
+    tsih: u16,
+    cid: u16,
+    cmd_sn: u32,
+) -> Result<(Box<dyn InitiatorChannel>, LoginDone), Error> {
+    let cfg = &inner.cfg;
+    let url = &inner.url;
+    let target = url
+        .target
+        .as_deref()
+        .ok_or_else(|| Error::Invalid(format!("{url} names no target")))?;
+    let mut stream = conn::connect(
+        url.transport,
+        cfg.iser_provider,
+        cfg.iser_remote_invalidation,
+        &url.host_port(),
+        cfg.connect_timeout,
+        cfg.trace.as_ref().map(|t| &t.0),
+    )
+    .await?;
+    let done = conn::login(
+        &mut *stream,
+        cfg.login_config(Some(target), inner.isid, tsih, cid, cmd_sn),
+        cfg.login_timeout,
+    )
+    .await?;
+    Ok((stream, done))
 }
 
 async fn reconnect(inner: Arc<Inner>, reason: String) {
@@ -562,22 +704,25 @@ async fn keepalive(inner: std::sync::Weak<Inner>, every: Duration, timeout: Dura
             let generation = st.generation;
             let mut pings = Vec::new();
             for c in st.core.live_connections() {
+                let Some(epoch) = st.conns.get(c).and_then(Option::as_ref).map(|h| h.epoch) else {
+                    continue;
+                };
                 let (tx, rx) = oneshot::channel();
                 if st.core.ping(c, tx).is_ok() {
-                    pings.push((c, rx));
+                    pings.push((c, epoch, rx));
                 }
             }
             flush(&mut st);
             (generation, pings)
         };
         let mut answered = true;
-        for (c, rx) in pings {
+        for (c, epoch, rx) in pings {
             if tokio::time::timeout(timeout, rx).await.is_err() {
                 answered = false;
                 connection_lost(
                     &inner,
                     c,
-                    generation,
+                    epoch,
                     &format!("NOP-Out ping unanswered for {} s", timeout.as_secs()),
                 );
             }
@@ -608,6 +753,7 @@ impl Session {
                 core: SessionCore::new(SessionLimits::default(), 0, 0, 0),
                 conns: Vec::new(),
                 generation: 0,
+                next_epoch: 0,
                 reconnecting: false,
                 failed: None,
                 params: est.params.clone(),
@@ -802,27 +948,25 @@ impl Session {
         flush(&mut st);
     }
 
-    /// Kills every connection without logging out, as a network failure would (tests of
-    /// the reconnect path).
+    /// Kills the first connection without logging out, as a network failure would (tests
+    /// of the recovery paths): at ErrorRecoveryLevel 2 that connection is recovered, below
+    /// it every connection goes (session reinstatement with `reconnect`).
     pub fn break_connections(&self) {
-        let targets: Vec<(usize, u64)> = {
+        let first = {
             let st = self.inner.lock();
-            let g = st.generation;
             st.conns
                 .iter()
                 .enumerate()
-                .filter(|(_, c)| c.is_some())
-                .map(|(i, _)| (i, g))
-                .collect()
+                .find_map(|(i, c)| c.as_ref().map(|h| (i, h.epoch)))
         };
-        if let Some(&(i, g)) = targets.first() {
+        if let Some((i, epoch)) = first {
             {
                 let st = self.inner.lock();
                 if let Some(Some(h)) = st.conns.get(i) {
                     h.dm.abort();
                 }
             }
-            connection_lost(&self.inner, i, g, "connection broken by the caller");
+            connection_lost(&self.inner, i, epoch, "connection broken by the caller");
         }
     }
 

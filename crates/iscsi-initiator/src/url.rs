@@ -37,7 +37,7 @@ pub struct IscsiUrl {
     pub lun: Option<u16>,
     pub header_digest: Option<DigestPreference>,
     pub data_digest: Option<DigestPreference>,
-    /// `error_recovery_level=0|1`: the highest level offered.
+    /// `error_recovery_level=0|1|2`: the highest level offered.
     pub error_recovery_level: Option<u8>,
     /// The transport the scheme names: `iscsi://` is iSCSI over TCP, `iser://` iSCSI over
     /// RDMA (libiscsi's convention).
@@ -259,8 +259,9 @@ impl std::str::FromStr for IscsiUrl {
                     url.error_recovery_level = Some(match v {
                         "0" => 0,
                         "1" => 1,
+                        "2" => 2,
                         _ => return Err(err(s, format!(
-                            "error_recovery_level {v:?}: write 0 (reconnect on errors) or 1 (digest errors recovered with SNACK); level 2 is not implemented yet"
+                            "error_recovery_level {v:?}: write 0 (reconnect on errors), 1 (digest errors recovered with SNACK) or 2 (also a lost connection logged in again and its commands reassigned)"
                         ))),
                     })
                 }
@@ -379,11 +380,15 @@ mod tests {
             .parse()
             .unwrap();
         assert_eq!(u.error_recovery_level, Some(1));
-        let e = "iscsi://h/iqn.x:y/0?error_recovery_level=2"
+        let u: IscsiUrl = "iscsi://h/iqn.x:y/0?error_recovery_level=2"
+            .parse()
+            .unwrap();
+        assert_eq!(u.error_recovery_level, Some(2));
+        let e = "iscsi://h/iqn.x:y/0?error_recovery_level=3"
             .parse::<IscsiUrl>()
             .unwrap_err()
             .to_string();
-        assert!(e.contains("write 0") && e.contains("level 2"), "{e}");
+        assert!(e.contains("write 0") && e.contains("or 2"), "{e}");
     }
 
     #[test]

@@ -41,6 +41,13 @@ error_recovery_level = 1
 [target.lun.0]
 size = "32MiB"
 backend = "memory"
+
+[[target]]
+name = "iqn.2026-11.org.ironsan:erl2"
+error_recovery_level = 2
+[target.lun.0]
+size = "32MiB"
+backend = "memory"
 "#;
 
 const MIB: usize = 1 << 20;
@@ -54,6 +61,7 @@ fn url(addr: SocketAddr, target: &str) -> IscsiUrl {
     let query = match target {
         "digests" => "?header_digest=crc32c&data_digest=crc32c",
         "erl1" => "?header_digest=crc32c&data_digest=crc32c&error_recovery_level=1",
+        "erl2" => "?error_recovery_level=2",
         _ => "",
     };
     IscsiUrl::parse_lun(&format!(
@@ -85,6 +93,8 @@ async fn session(addr: SocketAddr, target: &str, reconnect: bool) -> Session {
     let u = url(addr, target);
     let cfg = SessionConfig {
         reconnect,
+        // Level 2 recovers one connection of several.
+        connections: if target == "erl2" { 2 } else { 1 },
         // A stalled connection is found within a few seconds.
         nop_interval: Some(Duration::from_millis(500)),
         nop_timeout: Duration::from_secs(2),
@@ -371,6 +381,45 @@ async fn a_target_stalled_past_the_nop_timeout_is_left_and_the_commands_finish()
         );
         for (i, (b, d)) in back.iter().zip(&data).enumerate() {
             assert!(b.as_ref().unwrap() == d, "region {i}: read data differs");
+        }
+        s.logout().await.expect("logout");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_erl2_a_cut_connection_is_logged_in_again_and_its_commands_reassigned() {
+    in_time(async {
+        let target = common::start_target(CONFIG).await;
+        // One of the session's two connections is cut 3 MB into its WRITEs: it is logged
+        // in again with its CID and its commands are reassigned to it (TASK REASSIGN; the
+        // target asks for their data again). No reconnect: a session reinstatement or a
+        // failed command would show.
+        let p = proxy(target, &["up:byte=3000000:reset"]);
+        let s = session(p.local_addr(), "erl2", false).await;
+        assert_eq!(s.params().error_recovery_level, 2);
+        let tsih = s.tsih();
+        let written = write_all(&s, 1300).await;
+        all_ok(&written, "a cut connection at ERL 2 (writes)");
+        assert_eq!(fired(&p), ["up:byte=3000000:reset:conn=0"]);
+        let r = s.recovery();
+        assert!(
+            r.connection_recoveries == 1 && r.task_reassigns >= 1 && r.reinstatements == 0,
+            "recovered inside the session: {r:?}"
+        );
+        assert_eq!((s.tsih(), s.connection_count()), (tsih, 2));
+        s.logout().await.expect("logout");
+        verify(target, "erl2", &written).await;
+
+        // Cut at the 13th Data-In: the READs on it are reassigned and their data sent again.
+        let p = proxy(target, &["down:data-in#13:reset"]);
+        let s = session(p.local_addr(), "erl2", false).await;
+        let back = read_all(&s).await;
+        all_ok(&back, "a cut connection at ERL 2 (reads)");
+        assert_eq!(fired(&p).len(), 1);
+        assert_eq!(s.recovery().connection_recoveries, 1, "{:?}", s.recovery());
+        for (i, (b, w)) in back.iter().zip(&written).enumerate() {
+            assert!(b.as_ref().unwrap() == w.as_ref().unwrap(), "region {i}");
         }
         s.logout().await.expect("logout");
     })

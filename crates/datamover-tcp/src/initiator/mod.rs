@@ -113,6 +113,10 @@ impl InitiatorDatamover for TcpInitiatorDatamover {
         let _ = self.tx.send(WriterMsg::Pdu(cmd.pdu));
     }
 
+    fn adopt(&self, cmd: CommandOut) {
+        lock(&self.path).command(&cmd);
+    }
+
     fn send_control(&self, pdu: Pdu) {
         let _ = self.tx.send(WriterMsg::Pdu(pdu));
     }

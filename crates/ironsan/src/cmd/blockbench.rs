@@ -188,6 +188,8 @@ fn point_json(r: &Summary) -> serde_json::Value {
             "command_retries": r.recovery.command_retries,
             "lost_commands": r.recovery.lost_commands,
             "reinstatements": r.recovery.reinstatements,
+            "connection_recoveries": r.recovery.connection_recoveries,
+            "task_reassigns": r.recovery.task_reassigns,
         },
     })
 }

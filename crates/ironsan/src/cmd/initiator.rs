@@ -25,8 +25,9 @@ pub struct LoginOpts {
     #[arg(long, value_name = "DIGEST")]
     pub data_digest: Option<String>,
     /// Highest ErrorRecoveryLevel to offer over iSCSI/TCP (overrides the URL): 0 (a digest
-    /// error ends the connection) or 1 (it is mended in place: SNACK, recovery R2T, retry).
-    #[arg(long, value_name = "0|1")]
+    /// error ends the connection), 1 (it is mended in place: SNACK, recovery R2T, retry) or
+    /// 2 (also a lost connection is logged in again and its commands reassigned to it).
+    #[arg(long, value_name = "0|1|2")]
     pub error_recovery_level: Option<u8>,
     /// When a connection is lost, log in again (session reinstatement) and send the
     /// commands in flight again instead of failing them.

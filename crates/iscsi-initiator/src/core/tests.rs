@@ -507,3 +507,138 @@ proptest! {
         }
     }
 }
+
+fn tmf_response(itt: u32, response: u8, stat_sn: u32) -> InitiatorNotice {
+    control(Bhs::TaskMgmtResponse(iscsi_wire::TaskMgmtResponse {
+        response,
+        itt,
+        stat_sn,
+        exp_cmd_sn: 1,
+        max_cmd_sn: 32,
+    }))
+}
+
+#[test]
+fn erl2_orphans_a_failed_connections_commands_and_reassigns_them_in_cmdsn_order() {
+    let mut c = core(limits(true, false));
+    let read = c.submit(1, CommandRequest::read(0, vec![0x28; 10], 4096));
+    let write = c.submit(
+        2,
+        CommandRequest::write(0, vec![0x2a; 10], Bytes::from(vec![7u8; 32768])),
+    );
+    let ping_rx = c.ping(0, 3).expect("up");
+    c.actions.clear();
+    assert_eq!(c.on_connection_failed(0, "cut"), 2, "both commands wait");
+    // The ping fails; the commands neither fail nor go back to the queue.
+    let done = completions(&mut c);
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].0, 3);
+    assert_eq!((c.queued(), c.outstanding()), (0, 2));
+    let _ = ping_rx;
+
+    c.add_connection_at(0, 40, 8192);
+    assert_eq!(c.reassign_to(0), 2);
+    let mut adopted = Vec::new();
+    let mut tmfs = Vec::new();
+    for a in c.actions.drain(..) {
+        match a {
+            Action::Adopt { conn: 0, cmd } => adopted.push(cmd),
+            Action::Send { conn: 0, pdu } => match pdu.bhs {
+                Bhs::TaskMgmtRequest(t) => tmfs.push(t),
+                other => panic!("unexpected {other:?}"),
+            },
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    // In CmdSN order: the read (CmdSN 1), then the write (2), all its data solicited.
+    assert_eq!(adopted.len(), 2);
+    assert_eq!(adopted[1].solicited_from, 0);
+    assert!(adopted[1].pdu.data.is_empty());
+    assert_eq!(adopted[1].write.len(), 32768);
+    let refs: Vec<(u8, u32, u32, u32, u32)> = tmfs
+        .iter()
+        .map(|t| {
+            (
+                t.function,
+                t.ref_task_tag,
+                t.ref_cmd_sn,
+                t.exp_data_sn,
+                t.exp_stat_sn,
+            )
+        })
+        .collect();
+    assert_eq!(refs, vec![(8, read, 1, 0, 40), (8, write, 2, 0, 40)]);
+    assert!(tmfs.iter().all(|t| t.immediate));
+
+    // The read is taken over; the write never reached the target (its CmdSN not passed):
+    // it is sent again as it was, with its ITT and CmdSN.
+    c.on_notice(0, tmf_response(tmfs[0].itt, 0, 40)).unwrap();
+    c.on_notice(0, tmf_response(tmfs[1].itt, 1, 41)).unwrap();
+    let again = commands(&mut c);
+    assert_eq!(again.len(), 1);
+    let Bhs::ScsiCommand(cmd) = &again[0].pdu.bhs else {
+        panic!()
+    };
+    assert_eq!((cmd.itt, cmd.cmd_sn), (write, 2));
+    assert_eq!(
+        (c.recovery.task_reassigns, c.recovery.lost_commands),
+        (1, 1)
+    );
+
+    // The read completes on the new connection.
+    let rsp = Bhs::ScsiResponse(ScsiResponse {
+        itt: read,
+        stat_sn: 42,
+        exp_cmd_sn: 2,
+        max_cmd_sn: 32,
+        ..Default::default()
+    });
+    c.on_notice(0, status(rsp, vec![], Bytes::from(vec![9u8; 4096])))
+        .unwrap();
+    let done = completions(&mut c);
+    assert!(matches!(&done[..], [(1, Ok(Reply::Scsi(r)))] if r.data.len() == 4096));
+}
+
+#[test]
+fn erl2_a_refused_reassignment_fails_the_command_and_orphans_can_be_queued_again() {
+    let mut c = core(limits(true, false));
+    let a = c.submit(1, CommandRequest::read(0, vec![0x28; 10], 512));
+    c.actions.clear();
+    c.on_connection_failed(0, "cut");
+    c.add_connection_at(0, 7, 8192);
+    c.reassign_to(0);
+    let tmf_itt = sends(&mut c)
+        .into_iter()
+        .find_map(|(_, p)| match p.bhs {
+            Bhs::TaskMgmtRequest(t) => Some(t.itt),
+            _ => None,
+        })
+        .expect("TASK REASSIGN");
+    c.actions.clear();
+    c.on_notice(0, tmf_response(tmf_itt, 4, 7)).unwrap();
+    let done = completions(&mut c);
+    assert!(
+        matches!(&done[..], [(1, Err(TaskError::ConnectionLost(_)))]),
+        "{done:?}"
+    );
+    assert_eq!(c.outstanding(), 0);
+    let _ = a;
+
+    // Connection recovery that fails: the orphan is queued again for a new session.
+    let b = c.submit(2, CommandRequest::read(0, vec![0x28; 10], 512));
+    c.actions.clear();
+    c.on_connection_failed(0, "cut again");
+    c.requeue_orphans();
+    assert_eq!((c.queued(), c.orphans()), (1, 0));
+    c.reset_session(limits(true, false), 9, 9, 40);
+    c.add_connection(1, 8192);
+    let sent = commands(&mut c);
+    let Bhs::ScsiCommand(cmd) = &sent[0].pdu.bhs else {
+        panic!()
+    };
+    assert_eq!(
+        (cmd.itt, cmd.cmd_sn),
+        (b, 9),
+        "sent again in the new session"
+    );
+}

@@ -1,0 +1,172 @@
+//! ErrorRecoveryLevel 2 in the session core: connection recovery (RFC 7143 §6.2.2). When a
+//! connection fails, its SCSI commands are orphaned — kept, neither failed nor queued again.
+//! Once the driver has logged a connection in again it hands it to
+//! [`SessionCore::reassign_to`], which moves each orphan there in CmdSN order: the
+//! connection's datamover adopts the command's data phases (all its write data solicited,
+//! its read data taken again in full) and a TASK REASSIGN asks the target to continue it
+//! (ExpDataSN 0: no Data-In was acknowledged). The target's answer decides the rest:
+//! - "function complete": the command goes on there (R2Ts, Data-In, status);
+//! - "task does not exist" for a command whose CmdSN the target has not passed: it never
+//!   arrived, and is sent again with its ITT and CmdSN;
+//! - anything else fails the command.
+//!
+//! When no connection comes back the driver falls back to session reinstatement
+//! ([`SessionCore::requeue_orphans`]) or fails them.
+
+use super::*;
+
+impl<T> SessionCore<T> {
+    /// Connection `conn` failed at ErrorRecoveryLevel 2: its SCSI commands wait for
+    /// [`SessionCore::reassign_to`]; other requests on it fail. Returns the orphans.
+    pub fn on_connection_failed(&mut self, conn: usize, reason: &str) -> usize {
+        let Some(c) = self.conns.get_mut(conn) else {
+            return 0;
+        };
+        c.alive = false;
+        let on_it: Vec<(u32, bool)> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.conn == Some(conn))
+            .map(|(itt, t)| (*itt, matches!(t.kind, Kind::Scsi { .. })))
+            .collect();
+        for (itt, scsi) in on_it {
+            if scsi {
+                let t = self.tasks.get_mut(&itt).expect("present");
+                t.conn = None;
+                t.orphaned = true;
+            } else {
+                self.finish(itt, Err(TaskError::ConnectionLost(reason.to_string())));
+            }
+        }
+        // A TASK REASSIGN that went out on it is answered no more.
+        let tasks = &self.tasks;
+        self.reassigns
+            .retain(|_, itt| tasks.get(itt).is_some_and(|t| !t.orphaned));
+        self.orphans()
+    }
+
+    /// Commands waiting for a connection to be reassigned to.
+    pub fn orphans(&self) -> usize {
+        self.tasks.values().filter(|t| t.orphaned).count()
+    }
+
+    /// A connection logged in again at index `conn` (its CID) after it failed.
+    pub fn add_connection_at(&mut self, conn: usize, exp_stat_sn: u32, max_send_seg: u32) {
+        while self.conns.len() <= conn {
+            self.conns.push(ConnState {
+                alive: false,
+                exp_stat_sn: 0,
+                max_send_seg: max_seg(0),
+            });
+        }
+        self.conns[conn] = ConnState {
+            alive: true,
+            exp_stat_sn,
+            max_send_seg: max_seg(max_send_seg),
+        };
+        self.pump();
+    }
+
+    /// Moves every orphaned command to connection `conn` (in CmdSN order): its datamover
+    /// adopts the command, then a TASK REASSIGN goes out. Returns how many moved.
+    pub fn reassign_to(&mut self, conn: usize) -> usize {
+        if !self.conns.get(conn).is_some_and(|c| c.alive) {
+            return 0;
+        }
+        let mut orphans: Vec<(u32, u32)> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.orphaned)
+            .map(|(itt, t)| (*itt, t.cmd_sn))
+            .collect();
+        orphans.sort_by(|a, b| serial_order(a.1, b.1));
+        for &(itt, cmd_sn) in &orphans {
+            let t = self.tasks.get_mut(&itt).expect("present");
+            t.orphaned = false;
+            t.conn = Some(conn);
+            let Kind::Scsi { req } = &t.kind else {
+                continue;
+            };
+            let req = req.clone();
+            let (mut cmd, _, _) = self.command_out(conn, itt, cmd_sn, &req);
+            cmd.pdu.data = Bytes::new();
+            cmd.solicited_from = 0;
+            self.actions.push(Action::Adopt { conn, cmd });
+            let tmf_itt = self.alloc_itt();
+            self.reassigns.insert(tmf_itt, itt);
+            let bhs = Bhs::TaskMgmtRequest(TaskMgmtRequest {
+                immediate: true,
+                function: tmf::TASK_REASSIGN,
+                lun: iscsi_wire::lun_to_wire(req.lun),
+                itt: tmf_itt,
+                ref_task_tag: itt,
+                cmd_sn: self.cmd_sn,
+                exp_stat_sn: self.conns[conn].exp_stat_sn,
+                ref_cmd_sn: cmd_sn,
+                exp_data_sn: 0,
+            });
+            self.actions.push(Action::Send {
+                conn,
+                pdu: OutPdu {
+                    bhs,
+                    ahs: Bytes::new(),
+                    data: Bytes::new(),
+                },
+            });
+        }
+        orphans.len()
+    }
+
+    /// The target's answer to a TASK REASSIGN this core sent (`itt` is the request's);
+    /// false when `itt` is no such request.
+    pub(super) fn on_reassign_response(&mut self, itt: u32, response: u8) -> bool {
+        let Some(cmd_itt) = self.reassigns.remove(&itt) else {
+            return false;
+        };
+        let never_arrived = self
+            .tasks
+            .get(&cmd_itt)
+            .is_some_and(|t| !sn_lt(t.cmd_sn, self.exp_cmd_sn));
+        match response {
+            tmf::RSP_COMPLETE => self.recovery.task_reassigns += 1,
+            tmf::RSP_NO_TASK if never_arrived => {
+                if self.resend_command(cmd_itt, iscsi_wire::reject::PROTOCOL_ERROR) {
+                    self.recovery.lost_commands += 1;
+                }
+            }
+            other => self.fail_task(
+                cmd_itt,
+                TaskError::ConnectionLost(format!(
+                    "the target would not reassign the command to another connection (TASK REASSIGN response {other})"
+                )),
+            ),
+        }
+        true
+    }
+
+    /// Connection recovery failed: the orphans go back to the front of the queue (in
+    /// CmdSN order), to be sent again after session reinstatement.
+    pub fn requeue_orphans(&mut self) {
+        let mut orphans: Vec<(u32, u32)> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.orphaned)
+            .map(|(itt, t)| (*itt, t.cmd_sn))
+            .collect();
+        orphans.sort_by(|a, b| serial_order(a.1, b.1));
+        for (itt, _) in orphans.into_iter().rev() {
+            self.tasks.get_mut(&itt).expect("present").orphaned = false;
+            self.queue.push_front(itt);
+        }
+    }
+}
+
+fn serial_order(a: u32, b: u32) -> std::cmp::Ordering {
+    if a == b {
+        std::cmp::Ordering::Equal
+    } else if sn_lt(a, b) {
+        std::cmp::Ordering::Less
+    } else {
+        std::cmp::Ordering::Greater
+    }
+}
