@@ -196,6 +196,9 @@ struct Task<T> {
     /// ErrorRecoveryLevel 2: its connection failed; it waits for a connection to be
     /// reassigned to.
     orphaned: bool,
+    /// TASK REASSIGNs answered "task still allegiant" (the target had not yet seen the old
+    /// connection go).
+    reassign_tries: u8,
 }
 
 /// A command Rejected for a data digest error (its immediate data was damaged on the way)
@@ -278,6 +281,9 @@ pub struct SessionCore<T> {
     /// ErrorRecoveryLevel 2: the TASK REASSIGN requests outstanding (their ITT → the ITT
     /// of the command they move); internal, so not in `tasks`, which hold a token.
     reassigns: HashMap<u32, u32>,
+    /// ErrorRecoveryLevel 2: a TASK REASSIGN came back "task still allegiant"; the driver
+    /// asks again on this connection a little later ([`SessionCore::take_reassign_retry`]).
+    reassign_retry: Option<usize>,
 }
 
 fn max_seg(v: u32) -> u32 {
@@ -301,6 +307,7 @@ impl<T> SessionCore<T> {
             recovery: RecoveryStats::default(),
             stalled_at: None,
             reassigns: HashMap::new(),
+            reassign_retry: None,
         }
     }
 
@@ -420,6 +427,7 @@ impl<T> SessionCore<T> {
                 kind: Kind::Scsi { req },
                 retries: 0,
                 orphaned: false,
+                reassign_tries: 0,
             },
         );
         self.queue.push_back(itt);
@@ -546,6 +554,7 @@ impl<T> SessionCore<T> {
                 kind,
                 retries: 0,
                 orphaned: false,
+                reassign_tries: 0,
             },
         );
         self.actions.push(Action::Send {

@@ -468,8 +468,12 @@ fn on_notices(inner: &Arc<Inner>, idx: usize, epoch: u64, notices: &mut Vec<Init
             failed = st.core.on_notice(idx, n).err();
         }
     }
+    let reassign_again = st.core.take_reassign_retry();
     flush(&mut st);
     drop(st);
+    if let Some(conn) = reassign_again {
+        tokio::spawn(reassign_later(inner.clone(), conn));
+    }
     if let Some(e) = failed {
         connection_lost(inner, idx, epoch, &format!("connection {idx}: {}", e.0));
     }
@@ -595,6 +599,21 @@ async fn recover_connection(inner: Arc<Inner>, idx: usize, reason: String) {
         &mut st,
         &format!("{reason}; connection recovery failed: {last}"),
     );
+}
+
+/// How long to wait before asking again when a TASK REASSIGN was answered "task still
+/// allegiant".
+const REASSIGN_RETRY: Duration = Duration::from_millis(300);
+
+/// Reassigns the orphaned commands to connection `conn` after [`REASSIGN_RETRY`].
+async fn reassign_later(inner: Arc<Inner>, conn: usize) {
+    tokio::time::sleep(REASSIGN_RETRY).await;
+    let mut st = inner.lock();
+    let moved = st.core.reassign_to(conn);
+    if moved > 0 {
+        tracing::info!(conn, "{moved} command(s) reassigned again (the target had answered \"task still allegiant\")");
+    }
+    flush(&mut st);
 }
 
 /// Logs connection `cid` in to the session `tsih`.

@@ -8,12 +8,17 @@
 //! - "function complete": the command goes on there (R2Ts, Data-In, status);
 //! - "task does not exist" for a command whose CmdSN the target has not passed: it never
 //!   arrived, and is sent again with its ITT and CmdSN;
+//! - "task still allegiant": the target has not yet seen the old connection go; the command
+//!   is orphaned again and the driver asks again a little later (a bounded number of times);
 //! - anything else fails the command.
 //!
 //! When no connection comes back the driver falls back to session reinstatement
 //! ([`SessionCore::requeue_orphans`]) or fails them.
 
 use super::*;
+
+/// TASK REASSIGNs of one command answered "task still allegiant" before it fails.
+const MAX_REASSIGN_TRIES: u8 = 10;
 
 impl<T> SessionCore<T> {
     /// Connection `conn` failed at ErrorRecoveryLevel 2: its SCSI commands wait for
@@ -127,8 +132,21 @@ impl<T> SessionCore<T> {
             .tasks
             .get(&cmd_itt)
             .is_some_and(|t| !sn_lt(t.cmd_sn, self.exp_cmd_sn));
+        let still_allegiant = self
+            .tasks
+            .get(&cmd_itt)
+            .and_then(|t| t.conn.filter(|_| t.reassign_tries < MAX_REASSIGN_TRIES));
         match response {
             tmf::RSP_COMPLETE => self.recovery.task_reassigns += 1,
+            tmf::RSP_STILL_ALLEGIANT if still_allegiant.is_some() => {
+                let conn = still_allegiant.expect("checked");
+                let t = self.tasks.get_mut(&cmd_itt).expect("present");
+                t.reassign_tries += 1;
+                t.orphaned = true;
+                t.conn = None;
+                self.actions.push(Action::Forget { conn, itt: cmd_itt });
+                self.reassign_retry = Some(conn);
+            }
             tmf::RSP_NO_TASK if never_arrived => {
                 if self.resend_command(cmd_itt, iscsi_wire::reject::PROTOCOL_ERROR) {
                     self.recovery.lost_commands += 1;
@@ -142,6 +160,12 @@ impl<T> SessionCore<T> {
             ),
         }
         true
+    }
+
+    /// The connection to ask again on, once, when a TASK REASSIGN came back "task still
+    /// allegiant" (the driver waits a moment, then calls [`SessionCore::reassign_to`]).
+    pub fn take_reassign_retry(&mut self) -> Option<usize> {
+        self.reassign_retry.take()
     }
 
     /// Connection recovery failed: the orphans go back to the front of the queue (in

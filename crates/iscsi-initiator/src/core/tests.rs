@@ -642,3 +642,38 @@ fn erl2_a_refused_reassignment_fails_the_command_and_orphans_can_be_queued_again
         "sent again in the new session"
     );
 }
+
+#[test]
+fn erl2_task_still_allegiant_is_asked_again_a_bounded_number_of_times() {
+    let mut c = core(limits(true, false));
+    c.submit(1, CommandRequest::read(0, vec![0x28; 10], 512));
+    c.actions.clear();
+    c.on_connection_failed(0, "cut");
+    c.add_connection_at(0, 7, 8192);
+    let mut asked = 0;
+    loop {
+        assert_eq!(c.reassign_to(0), 1);
+        let tmf_itt = sends(&mut c)
+            .into_iter()
+            .find_map(|(_, p)| match p.bhs {
+                Bhs::TaskMgmtRequest(t) => Some(t.itt),
+                _ => None,
+            })
+            .expect("TASK REASSIGN");
+        asked += 1;
+        c.actions.clear();
+        c.on_notice(0, tmf_response(tmf_itt, tmf::RSP_STILL_ALLEGIANT, 7))
+            .unwrap();
+        if c.take_reassign_retry() != Some(0) {
+            break;
+        }
+        assert_eq!(c.orphans(), 1, "orphaned again until the next try");
+        assert!(asked <= 10, "bounded");
+    }
+    assert_eq!(asked, 11, "ten retries, then the command fails");
+    let done = completions(&mut c);
+    assert!(
+        matches!(&done[..], [(1, Err(TaskError::ConnectionLost(_)))]),
+        "{done:?}"
+    );
+}
