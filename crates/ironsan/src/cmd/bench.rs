@@ -22,6 +22,9 @@ pub enum BenchCommand {
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    // Silent unless asked: IRONSAN_LOG=info shows the initiator's recovery events
+    // (reconnects, connection recovery, SNACKs) as they happen.
+    super::target::init_logging_or("off");
     match args.command {
         Some(BenchCommand::Crc(args)) => super::crc::run(args),
         Some(BenchCommand::VsTgt(args)) => super::bench_tgt::run(args),
