@@ -3,8 +3,10 @@
 //! ([`IscsiUrl`]), discovers targets (SendTargets), logs in with full negotiation, CHAP,
 //! mutual CHAP and CRC32C digests, and runs sessions of one or more connections with many
 //! commands outstanding (up to the target's CmdSN window), immediate, unsolicited and
-//! solicited write data, NOP keepalive, task management, logout and reconnection by
-//! session reinstatement. The protocol logic is the sans-IO [`core::SessionCore`]; a thin
+//! solicited write data, NOP keepalive, task management, logout, reconnection by
+//! session reinstatement, and at ErrorRecoveryLevel 1 and 2 recovery inside the session
+//! (SNACK and command retry; a lost connection logged in again and its commands moved to it
+//! with TASK REASSIGN). The protocol logic is the sans-IO [`core::SessionCore`]; a thin
 //! tokio driver ([`Session`]) hands its commands and PDUs to each connection's
 //! `datamover::InitiatorDatamover` (iSCSI/TCP today), which runs the data phases and reports
 //! statuses with their read data placed. SCSI helpers (INQUIRY, READ

@@ -7,7 +7,9 @@
 //! transport kind, and full feature phase drives the [`datamover::Datamover`] that channel
 //! yields — no socket type appears here; `datamover-tcp` provides the iSCSI/TCP portals.
 //! It also answers NOP, Text (SendTargets), Logout and task management, pings idle
-//! connections, and announces shutdown with an Async Message. For diagnosis, every
+//! connections, and announces shutdown with an Async Message. Error recovery above level 0
+//! has one module per level: `erl1` (SNACK) and `erl2` (a failed connection's tasks kept for
+//! TASK REASSIGN on another). For diagnosis, every
 //! connection's bytes can be recorded into a pcapng trace ([`Bound::trace_to`]) and an
 //! observer can watch each accepted socket (e.g. sample its TCP_INFO) for as long as the
 //! connection lives ([`Bound::observe_connections`]).
