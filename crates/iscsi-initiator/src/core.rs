@@ -557,6 +557,12 @@ impl<T> SessionCore<T> {
                 reassign_tries: 0,
             },
         );
+        self.send_header(conn, bhs);
+        itt
+    }
+
+    /// Sends a PDU that is only a header (no AHS, no data) on `conn`.
+    fn send_header(&mut self, conn: usize, bhs: Bhs) {
         self.actions.push(Action::Send {
             conn,
             pdu: OutPdu {
@@ -565,7 +571,6 @@ impl<T> SessionCore<T> {
                 data: Bytes::new(),
             },
         });
-        itt
     }
 
     /// Pings the target on `conn` with a NOP-Out that asks for a NOP-In.

@@ -91,19 +91,6 @@ async fn start_write(c: &mut RawConn, lba: u32, data: &[u8]) -> (u32, u32) {
     (itt, r2t.field32(20))
 }
 
-/// Reads the final READ(10) of `blocks` at `lba` and checks it equals `want`.
-async fn read_back(c: &mut RawConn, lba: u32, want: &[u8]) {
-    let (st, _, got) = c
-        .command(
-            &read10(lba, (want.len() / 512) as u16),
-            want.len() as u32,
-            &[],
-        )
-        .await;
-    assert_eq!(st, 0, "READ(10) status");
-    assert!(got == want, "read back what was written at LBA {lba}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupted_data_out_is_rejected_and_asked_for_again_by_recovery_r2t() {
     let mut c = erl1_session(1).await;

@@ -118,18 +118,6 @@ async fn start_write(c: &mut RawConn, lba: u32, data: &[u8]) -> (u32, u32, Rx) {
     (be32(&b[16..20]), cmd_sn, r2t)
 }
 
-async fn read_back(c: &mut RawConn, lba: u32, want: &[u8]) {
-    let (st, _, got) = c
-        .command(
-            &read10(lba, (want.len() / 512) as u16),
-            want.len() as u32,
-            &[],
-        )
-        .await;
-    assert_eq!(st, 0, "READ(10) status");
-    assert!(got == want, "read back what was written at LBA {lba}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_cut_by_its_lost_connection_finishes_on_the_reinstated_one() {
     let mut c = session(2, 1, "20").await;

@@ -43,6 +43,15 @@ wait_for() {
   done
   return 1
 }
+# c LABEL CMD...: one check of a host step, printed ok/FAILED; failures counted in $fails.
+c() {
+  local label=$1
+  shift
+  if "$@"; then echo "ok: $label"; else
+    echo "FAILED: $label"
+    fails=$((fails + 1))
+  fi
+}
 listening() { ss -ltnH "sport = :$1" | grep -c . >/dev/null; }
 # free_port: an unused TCP port on the host loopback (random, 20000-29999).
 free_port() {

@@ -59,14 +59,6 @@ guest_main() {
 }
 
 # ----------------------------------------------------------------------------- host side
-c() {
-  local label=$1
-  shift
-  if "$@"; then echo "ok: $label"; else
-    echo "FAILED: $label"
-    fails=$((fails + 1))
-  fi
-}
 
 # erl2_proxy NAME FAULT...: a damaging proxy in front of the port forward; prints its port.
 erl2_proxy() {

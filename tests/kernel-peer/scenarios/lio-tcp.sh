@@ -79,15 +79,6 @@ guest_main() {
 }
 
 # ----------------------------------------------------------------------------- host side
-# c LABEL CMD...: one check; failures counted in $fails.
-c() {
-  local label=$1
-  shift
-  if "$@"; then echo "ok: $label"; else
-    echo "FAILED: $label"
-    fails=$((fails + 1))
-  fi
-}
 sha_of() { sha256sum <"$1" | cut -d' ' -f1; }
 
 # host_initiator_check IQN SHA: reads the whole LUN (must hash to SHA), writes random data,

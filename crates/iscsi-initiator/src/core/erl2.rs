@@ -78,13 +78,7 @@ impl<T> SessionCore<T> {
         if !self.conns.get(conn).is_some_and(|c| c.alive) {
             return 0;
         }
-        let mut orphans: Vec<(u32, u32)> = self
-            .tasks
-            .iter()
-            .filter(|(_, t)| t.orphaned)
-            .map(|(itt, t)| (*itt, t.cmd_sn))
-            .collect();
-        orphans.sort_by(|a, b| serial_order(a.1, b.1));
+        let orphans = self.orphans_in_cmd_sn_order();
         for &(itt, cmd_sn) in &orphans {
             let t = self.tasks.get_mut(&itt).expect("present");
             t.orphaned = false;
@@ -110,14 +104,7 @@ impl<T> SessionCore<T> {
                 ref_cmd_sn: cmd_sn,
                 exp_data_sn: 0,
             });
-            self.actions.push(Action::Send {
-                conn,
-                pdu: OutPdu {
-                    bhs,
-                    ahs: Bytes::new(),
-                    data: Bytes::new(),
-                },
-            });
+            self.send_header(conn, bhs);
         }
         orphans.len()
     }
@@ -168,9 +155,8 @@ impl<T> SessionCore<T> {
         self.reassign_retry.take()
     }
 
-    /// Connection recovery failed: the orphans go back to the front of the queue (in
-    /// CmdSN order), to be sent again after session reinstatement.
-    pub fn requeue_orphans(&mut self) {
+    /// The orphaned commands (ITT, CmdSN), oldest CmdSN first.
+    fn orphans_in_cmd_sn_order(&self) -> Vec<(u32, u32)> {
         let mut orphans: Vec<(u32, u32)> = self
             .tasks
             .iter()
@@ -178,7 +164,13 @@ impl<T> SessionCore<T> {
             .map(|(itt, t)| (*itt, t.cmd_sn))
             .collect();
         orphans.sort_by(|a, b| serial_order(a.1, b.1));
-        for (itt, _) in orphans.into_iter().rev() {
+        orphans
+    }
+
+    /// Connection recovery failed: the orphans go back to the front of the queue (in
+    /// CmdSN order), to be sent again after session reinstatement.
+    pub fn requeue_orphans(&mut self) {
+        for (itt, _) in self.orphans_in_cmd_sn_order().into_iter().rev() {
             self.tasks.get_mut(&itt).expect("present").orphaned = false;
             self.queue.push_front(itt);
         }

@@ -508,6 +508,17 @@ proptest! {
     }
 }
 
+/// The ITT of the TASK REASSIGN among the PDUs sent.
+fn reassign_itt(c: &mut Core) -> u32 {
+    sends(c)
+        .into_iter()
+        .find_map(|(_, p)| match p.bhs {
+            Bhs::TaskMgmtRequest(t) => Some(t.itt),
+            _ => None,
+        })
+        .expect("TASK REASSIGN")
+}
+
 fn tmf_response(itt: u32, response: u8, stat_sn: u32) -> InitiatorNotice {
     control(Bhs::TaskMgmtResponse(iscsi_wire::TaskMgmtResponse {
         response,
@@ -607,13 +618,7 @@ fn erl2_a_refused_reassignment_fails_the_command_and_orphans_can_be_queued_again
     c.on_connection_failed(0, "cut");
     c.add_connection_at(0, 7, 8192);
     c.reassign_to(0);
-    let tmf_itt = sends(&mut c)
-        .into_iter()
-        .find_map(|(_, p)| match p.bhs {
-            Bhs::TaskMgmtRequest(t) => Some(t.itt),
-            _ => None,
-        })
-        .expect("TASK REASSIGN");
+    let tmf_itt = reassign_itt(&mut c);
     c.actions.clear();
     c.on_notice(0, tmf_response(tmf_itt, 4, 7)).unwrap();
     let done = completions(&mut c);
@@ -653,13 +658,7 @@ fn erl2_task_still_allegiant_is_asked_again_a_bounded_number_of_times() {
     let mut asked = 0;
     loop {
         assert_eq!(c.reassign_to(0), 1);
-        let tmf_itt = sends(&mut c)
-            .into_iter()
-            .find_map(|(_, p)| match p.bhs {
-                Bhs::TaskMgmtRequest(t) => Some(t.itt),
-                _ => None,
-            })
-            .expect("TASK REASSIGN");
+        let tmf_itt = reassign_itt(&mut c);
         asked += 1;
         c.actions.clear();
         c.on_notice(0, tmf_response(tmf_itt, tmf::RSP_STILL_ALLEGIANT, 7))

@@ -448,6 +448,19 @@ pub async fn healthy_session(addr: SocketAddr, lba: u32, seed: u8) {
     roundtrip(&mut c, lba, 64, seed).await;
 }
 
+/// Reads the final READ(10) of `blocks` at `lba` and checks it equals `want`.
+pub async fn read_back(c: &mut RawConn, lba: u32, want: &[u8]) {
+    let (st, _, got) = c
+        .command(
+            &read10(lba, (want.len() / 512) as u16),
+            want.len() as u32,
+            &[],
+        )
+        .await;
+    assert_eq!(st, 0, "READ(10) status");
+    assert!(got == want, "read back what was written at LBA {lba}");
+}
+
 pub async fn roundtrip(c: &mut RawConn, lba: u32, blocks: u16, seed: u8) {
     let data = pattern(blocks as usize * 512, seed);
     let (st, _, _) = c.command(&write10(lba, blocks), 0, &data).await;
