@@ -67,7 +67,7 @@ fn analyze_all(frames: &[analyze::capture::Frame]) {
 /// reassembly, iSCSI/iSER decoding and statistics. The frames read are then written again
 /// with pcap-trace's pcapng writer and read back: the same frames must come out.
 pub fn pcap(data: &[u8]) {
-    let Ok(frames) = analyze::capture::read_frames_from(data) else {
+    let Ok(frames) = analyze::capture::read_frames_from_bytes(data) else {
         return;
     };
     analyze_all(&frames);
@@ -82,7 +82,7 @@ pub fn pcap(data: &[u8]) {
         w.write_frame(f.ts_ns, &f.data).expect("writing to memory");
     }
     let bytes = w.into_inner();
-    let again = analyze::capture::read_frames_from(&bytes[..]).expect("own pcapng reads back");
+    let again = analyze::capture::read_frames_from_bytes(&bytes).expect("own pcapng reads back");
     assert_eq!(
         again.len(),
         eth.len(),

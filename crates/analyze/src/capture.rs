@@ -74,11 +74,24 @@ pub fn read_frames(path: &Path) -> Result<Vec<Frame>, CaptureError> {
     read_frames_from(File::open(path)?)
 }
 
+/// The reader's buffer: large enough for one 256 KiB snaplen record (it grows nothing by
+/// itself).
+const READ_BUFFER: usize = 1 << 22;
+
 /// Reads every frame from a pcap or pcapng byte stream.
 pub fn read_frames_from<R: Read>(input: R) -> Result<Vec<Frame>, CaptureError> {
-    // Large enough for one 256 KiB snaplen record; the reader grows nothing by itself.
+    read_frames_buffered(input, READ_BUFFER)
+}
+
+/// Reads every frame of a capture held in memory, with a buffer no larger than it (no block
+/// can be longer than the whole capture): a small capture costs no 4 MiB buffer.
+pub fn read_frames_from_bytes(bytes: &[u8]) -> Result<Vec<Frame>, CaptureError> {
+    read_frames_buffered(bytes, bytes.len().clamp(1 << 16, READ_BUFFER))
+}
+
+fn read_frames_buffered<R: Read>(input: R, buffer: usize) -> Result<Vec<Frame>, CaptureError> {
     let mut reader =
-        create_reader(1 << 22, input).map_err(|e| CaptureError::Format(format!("{e:?}")))?;
+        create_reader(buffer, input).map_err(|e| CaptureError::Format(format!("{e:?}")))?;
     let mut frames = Vec::new();
     // Per pcapng section: (linktype, units per second, offset seconds) per interface.
     let mut interfaces: Vec<(i32, u64, i64)> = Vec::new();
@@ -334,6 +347,31 @@ mod tests {
         let frames = read_frames_from(&file[..]).unwrap();
         assert_eq!(frames[0].ts_ns, 1_700_000_000_123_456_789);
         assert_eq!(tcp_segment(&frames[0]).unwrap().payload, b"hello");
+    }
+
+    #[test]
+    fn a_capture_in_memory_reads_the_same_with_a_buffer_its_size() {
+        let mut w = pcap_trace::PcapngWriter::new(Vec::new()).unwrap();
+        // Records below and above the smallest buffer (64 KiB).
+        for (i, len) in [10usize, 70_000, 200_000, 3].into_iter().enumerate() {
+            let payload: Vec<u8> = (0..len).map(|b| (b * 7 + i) as u8).collect();
+            w.write_frame(1_000 + i as u64, &eth_frame(&payload))
+                .unwrap();
+        }
+        let file = w.into_inner();
+        let streamed = read_frames_from(&file[..]).unwrap();
+        let in_memory = read_frames_from_bytes(&file).unwrap();
+        assert_eq!(in_memory.len(), 4);
+        for (a, b) in streamed.iter().zip(&in_memory) {
+            assert_eq!((a.number, a.ts_ns, &a.data), (b.number, b.ts_ns, &b.data));
+        }
+        assert!(read_frames_from_bytes(b"").is_err());
+        let cut = &file[..file.len() - 5];
+        assert_eq!(
+            read_frames_from(cut).map(|f| f.len()).ok(),
+            read_frames_from_bytes(cut).map(|f| f.len()).ok(),
+            "a truncated capture reads the same way"
+        );
     }
 
     #[test]

@@ -61,12 +61,14 @@ guest_main() {
 # ----------------------------------------------------------------------------- host side
 
 # erl2_proxy NAME FAULT...: a damaging proxy in front of the port forward; prints its port.
+# (The guest parses this file with sh: no arrays; fault specs have no spaces.)
 erl2_proxy() {
-  local name=$1 port args=()
+  local name=$1 port
   shift
   port=$(free_port)
-  for f in "$@"; do args+=(--fault "$f"); done
-  spawn "$name" "$IRONSAN" delay-proxy --listen "127.0.0.1:$port" --upstream "127.0.0.1:$KP_FWD_PORT" "${args[@]}"
+  # shellcheck disable=SC2046 # one word per fault
+  spawn "$name" "$IRONSAN" delay-proxy --listen "127.0.0.1:$port" --upstream "127.0.0.1:$KP_FWD_PORT" \
+    $(printf -- '--fault %s ' "$@")
   wait_for 10 listening "$port" || true
   echo "$port"
 }
