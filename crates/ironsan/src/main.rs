@@ -77,6 +77,17 @@ fn quiet_on_closed_stdout() {
 fn main() {
     quiet_on_closed_stdout();
     let cli = Cli::parse();
+    if matches!(
+        cli.command,
+        Command::Discover(_)
+            | Command::Ls(_)
+            | Command::Inq(_)
+            | Command::Read(_)
+            | Command::Write(_)
+    ) {
+        // Silent unless asked: IRONSAN_LOG=info shows the initiator's recovery events.
+        cmd::target::init_logging_or("off");
+    }
     let result = match cli.command {
         Command::Target(args) => cmd::target::run(args),
         Command::Bench(args) => cmd::bench::run(args),

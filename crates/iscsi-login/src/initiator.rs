@@ -554,7 +554,10 @@ impl InitiatorLogin {
         };
         let offered = self.offered_value(k).map(str::to_string);
         if keys::is_special_reply(v) {
-            if offered.is_none() {
+            // The name keys of the first request count as offered: LIO answers
+            // SessionType=NotUnderstood on a connection joining a session.
+            let named = self.name_keys().iter().any(|(nk, _)| nk == k);
+            if offered.is_none() && !named {
                 return Err(protocol(format!("{k}={v} for a key never offered")));
             }
             // Rejected/irrelevant offers keep their defaults.

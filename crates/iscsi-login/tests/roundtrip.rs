@@ -349,3 +349,32 @@ fn discovery_chap_is_separate_from_target_chap() {
     let (s, _) = check_agreement(run(&mut i, &mut target, 5));
     assert_eq!(s.target_name, None);
 }
+
+#[test]
+fn a_special_reply_to_a_name_key_is_taken_like_lio_joining_a_session() {
+    // LIO answers SessionType=NotUnderstood to a connection joining a session (TSIH set).
+    let mut target = TargetLogin::new(target_config(
+        directory(AuthRequirement::None, AuthRequirement::None),
+        TargetLimits::default(),
+        TransportKind::Tcp,
+    ));
+    let mut initiator =
+        InitiatorLogin::new(InitiatorLoginConfig::new(INITIATOR, Some(TARGET.into())));
+    let mut rng = TestRng(3);
+    let mut req = initiator.first_request();
+    for _ in 0..16 {
+        let mut step = target.on_request(&req, &mut |b: &mut [u8]| rng.fill(b));
+        step.response
+            .data
+            .extend_from_slice(b"SessionType=NotUnderstood\0");
+        if matches!(step.state, iscsi_login::LoginState::Complete(_)) {
+            step.response.tsih = 0x1234;
+        }
+        match initiator.on_response(&step.response, &mut |b: &mut [u8]| rng.fill(b)) {
+            Ok(InitiatorStep::Send(next)) => req = next,
+            Ok(InitiatorStep::Complete { .. }) => return,
+            other => panic!("the login must go on: {other:?}"),
+        }
+    }
+    panic!("login did not finish");
+}

@@ -138,9 +138,14 @@ host_erl2_write() {
   url="iscsi://127.0.0.1:$port/$iqn/0?error_recovery_level=2"
   head -c 32M /dev/urandom >"$d/erl2-write.img"
   IRONSAN_LOG=iscsi_initiator=info timeout 120 "$IRONSAN" write "$url" --offset 16MiB \
-    --input "$d/erl2-write.img" >"$d/erl2-write.log" 2>&1
+    --input "$d/erl2-write.img" --trace "$d/erl2-write.pcapng" --trace-snap 0 >"$d/erl2-write.log" 2>&1
   c "write 32 MiB at ERL 2 through a cut of its only connection" test $? -eq 0
   stop erl2-write-proxy
+  echo "  login keys LIO answered: $(tshark -r "$d/erl2-write.pcapng" -d "tcp.port==$port,iscsi" \
+    -Y 'iscsi.opcode == 0x23' -T fields -e iscsi.keyvalue 2>/dev/null | tr '\n' ' ' | cut -c1-600)"
+  echo "  TMF exchanges: $(tshark -r "$d/erl2-write.pcapng" -d "tcp.port==$port,iscsi" \
+    -Y 'iscsi.opcode == 0x02 || iscsi.opcode == 0x22' -T fields -e iscsi.opcode \
+    -e iscsi.taskmanfun.function -e iscsi.taskmanfun.response 2>/dev/null | tr '\n\t' '; ' | cut -c1-400)"
   grep -E 'WARN|logged in again|reassigned|reinstated' "$d/erl2-write.log" | cut -c28-220 | sed 's/^/  | /' | head -6
   c "the connection was logged in again" grep -q 'connection logged in again' "$d/erl2-write.log"
   rm -f "$d/erl2-back.img"
