@@ -169,6 +169,8 @@ struct ConnState {
     alive: bool,
     exp_stat_sn: u32,
     max_send_seg: u32,
+    /// A SCSI command completed on it since it logged in.
+    completed: bool,
 }
 
 #[derive(Debug)]
@@ -284,6 +286,9 @@ pub struct SessionCore<T> {
     /// ErrorRecoveryLevel 2: a TASK REASSIGN came back "task still allegiant"; the driver
     /// asks again on this connection a little later ([`SessionCore::take_reassign_retry`]).
     reassign_retry: Option<usize>,
+    /// ErrorRecoveryLevel 2, per connection: failures in a row with no command completed
+    /// on it in between ([`SessionCore::failed_in_a_row`]).
+    failed_in_a_row: Vec<u8>,
 }
 
 fn max_seg(v: u32) -> u32 {
@@ -308,6 +313,7 @@ impl<T> SessionCore<T> {
             stalled_at: None,
             reassigns: HashMap::new(),
             reassign_retry: None,
+            failed_in_a_row: Vec::new(),
         }
     }
 
@@ -319,6 +325,7 @@ impl<T> SessionCore<T> {
             alive: true,
             exp_stat_sn,
             max_send_seg: max_seg(max_send_seg),
+            completed: false,
         };
         let idx = match self.conns.iter().position(|c| !c.alive) {
             Some(i) => {
@@ -796,6 +803,14 @@ impl<T> SessionCore<T> {
         residual: Residual,
         mut data: Bytes,
     ) {
+        if let Some(c) = self
+            .tasks
+            .get(&itt)
+            .and_then(|t| t.conn)
+            .and_then(|c| self.conns.get_mut(c))
+        {
+            c.completed = true;
+        }
         if let Residual::Underflow(n) = residual {
             data.truncate(data.len().saturating_sub(n as usize));
         }

@@ -504,6 +504,14 @@ fn connection_lost(inner: &Arc<Inner>, idx: usize, epoch: u64, reason: &str) {
             h.dm.abort();
         }
         let orphans = st.core.on_connection_failed(idx, reason);
+        if st.core.failed_in_a_row(idx) > MAX_FRUITLESS_RECOVERIES {
+            let why = format!(
+                "{reason}; connection {idx} failed {} times in a row with no command completed, connection recovery given up",
+                st.core.failed_in_a_row(idx)
+            );
+            reinstate_session(inner, &mut st, &why);
+            return;
+        }
         tracing::warn!(conn = idx, "{reason}: logging the connection in again, {orphans} command(s) to reassign (ErrorRecoveryLevel 2)");
         flush(&mut st);
         tokio::spawn(recover_connection(inner.clone(), idx, reason.to_string()));
@@ -540,6 +548,11 @@ fn reinstate_session(inner: &Arc<Inner>, st: &mut State, reason: &str) {
     }
     flush(st);
 }
+
+/// Recoveries of one connection in a row with no command completed on it in between before
+/// connection recovery gives way to session reinstatement (a target that drops the
+/// connection again each time must not keep the session in a loop).
+const MAX_FRUITLESS_RECOVERIES: u8 = 3;
 
 /// Connection logins tried before connection recovery gives way to session reinstatement.
 const CONNECTION_RECOVERY_ATTEMPTS: u32 = 3;

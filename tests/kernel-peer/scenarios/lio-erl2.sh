@@ -32,10 +32,13 @@ guest_main() {
     targetcli "/iscsi/$IQN/tpg1" set attribute authentication=0 demo_mode_write_protect=0 \
       generate_node_acls=1 cache_dynamic_acls=1 >/dev/null &&
     targetcli "/iscsi/$IQN/tpg1" set parameter ErrorRecoveryLevel=2 MaxConnections=2 >/dev/null &&
+    # A new session's ErrorRecoveryLevel is the node ACL's default_erl (demo-mode ACLs take
+    # the TPG's), whatever the TPG parameter says.
+    targetcli "/iscsi/$IQN/tpg1" set attribute default_erl=2 >/dev/null &&
     targetcli "/iscsi/$IQN/tpg1/portals" create 10.0.2.15 3260
   check "LIO configured" test $? -eq 0
   tpg=/sys/kernel/config/target/iscsi/$IQN/tpgt_1
-  check "LIO offers ErrorRecoveryLevel 2" test "$(cat "$tpg/param/ErrorRecoveryLevel")" = 2
+  check "LIO offers ErrorRecoveryLevel 2" test "$(cat "$tpg/param/ErrorRecoveryLevel")$(cat "$tpg/attrib/default_erl")" = 22
   echo "  LIO's digests: HeaderDigest=$(cat "$tpg/param/HeaderDigest") DataDigest=$(cat "$tpg/param/DataDigest")"
 
   step "bench --verify at ERL 2, two connections, through the damaging proxy"

@@ -28,6 +28,16 @@ impl<T> SessionCore<T> {
             return 0;
         };
         c.alive = false;
+        let completed = c.completed;
+        if self.failed_in_a_row.len() <= conn {
+            self.failed_in_a_row.resize(conn + 1, 0);
+        }
+        let streak = &mut self.failed_in_a_row[conn];
+        *streak = if completed {
+            1
+        } else {
+            streak.saturating_add(1)
+        };
         let on_it: Vec<(u32, bool)> = self
             .tasks
             .iter()
@@ -50,6 +60,12 @@ impl<T> SessionCore<T> {
         self.orphans()
     }
 
+    /// How many times in a row connection `conn` failed with no command completed on it in
+    /// between: a connection that fails again right after each recovery is given up.
+    pub fn failed_in_a_row(&self, conn: usize) -> u8 {
+        self.failed_in_a_row.get(conn).copied().unwrap_or(0)
+    }
+
     /// Commands waiting for a connection to be reassigned to.
     pub fn orphans(&self) -> usize {
         self.tasks.values().filter(|t| t.orphaned).count()
@@ -62,12 +78,14 @@ impl<T> SessionCore<T> {
                 alive: false,
                 exp_stat_sn: 0,
                 max_send_seg: max_seg(0),
+                completed: false,
             });
         }
         self.conns[conn] = ConnState {
             alive: true,
             exp_stat_sn,
             max_send_seg: max_seg(max_send_seg),
+            completed: false,
         };
         self.pump();
     }

@@ -676,3 +676,28 @@ fn erl2_task_still_allegiant_is_asked_again_a_bounded_number_of_times() {
         "{done:?}"
     );
 }
+
+#[test]
+fn erl2_failures_in_a_row_count_only_connections_that_completed_nothing() {
+    let mut c = core(limits(true, false));
+    let read = c.submit(1, CommandRequest::read(0, vec![0x28; 10], 512));
+    for n in 1..=4 {
+        c.on_connection_failed(0, "cut");
+        assert_eq!(c.failed_in_a_row(0), n);
+        c.add_connection_at(0, 7, 8192);
+        c.reassign_to(0);
+    }
+    c.actions.clear();
+    // A command completes on it: the next failure starts a new count.
+    let rsp = Bhs::ScsiResponse(ScsiResponse {
+        itt: read,
+        stat_sn: 7,
+        exp_cmd_sn: 2,
+        max_cmd_sn: 32,
+        ..Default::default()
+    });
+    c.on_notice(0, status(rsp, vec![], Bytes::from(vec![0u8; 512])))
+        .unwrap();
+    c.on_connection_failed(0, "cut");
+    assert_eq!(c.failed_in_a_row(0), 1);
+}
