@@ -278,6 +278,8 @@ fn an_r2t_is_answered_with_a_data_out_sequence() {
         assert_eq!(d.final_, i == out.len() - 1);
     }
     assert_eq!(at, 40000);
+    // TASK REASSIGN's ExpDataSN for it would be 1: R2TSN 0 came.
+    assert_eq!((p.next_r2t_sn(3), p.next_r2t_sn(99)), (1, 0));
     // The status ends the task; its StatSN moves the Data-Out's ExpStatSN on.
     let rsp = Bhs::ScsiResponse(ScsiResponse {
         itt: 3,

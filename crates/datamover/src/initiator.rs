@@ -94,6 +94,13 @@ pub trait InitiatorDatamover: Send + Sync {
     fn adopt(&self, cmd: CommandOut) {
         let _ = cmd;
     }
+    /// ErrorRecoveryLevel 2: the R2TSN after the highest R2T received for command `itt` on
+    /// this connection (0 when none came, or for a transport without R2Ts), which TASK
+    /// REASSIGN's ExpDataSN carries for a write: R2Ts from it on never arrived.
+    fn next_r2t_sn(&self, itt: u32) -> u32 {
+        let _ = itt;
+        0
+    }
     /// Sends any other PDU (Data-Out of unsolicited data, NOP-Out, task management, logout).
     fn send_control(&self, pdu: Pdu);
     /// Drops a command's data-phase state (it was aborted or rejected): data the target

@@ -201,6 +201,10 @@ struct Task<T> {
     /// TASK REASSIGNs answered "task still allegiant" (the target had not yet seen the old
     /// connection go).
     reassign_tries: u8,
+    /// ErrorRecoveryLevel 2, a write: the R2TSN after the highest R2T received on any of
+    /// its connections (TASK REASSIGN's ExpDataSN: the target re-issues only R2Ts from it
+    /// on, and asks again for what is missing below it).
+    next_r2t_sn: u32,
 }
 
 /// A command Rejected for a data digest error (its immediate data was damaged on the way)
@@ -435,6 +439,7 @@ impl<T> SessionCore<T> {
                 retries: 0,
                 orphaned: false,
                 reassign_tries: 0,
+                next_r2t_sn: 0,
             },
         );
         self.queue.push_back(itt);
@@ -562,6 +567,7 @@ impl<T> SessionCore<T> {
                 retries: 0,
                 orphaned: false,
                 reassign_tries: 0,
+                next_r2t_sn: 0,
             },
         );
         self.send_header(conn, bhs);

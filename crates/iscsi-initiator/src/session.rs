@@ -500,10 +500,13 @@ fn connection_lost(inner: &Arc<Inner>, idx: usize, epoch: u64, reason: &str) {
     }
     if st.params.error_recovery_level >= 2 {
         // Connection recovery: only this connection goes; its commands wait for it.
-        if let Some(h) = st.conns[idx].take() {
+        let failed = st.conns[idx].take();
+        let orphans = st.core.on_connection_failed(idx, reason, |itt| {
+            failed.as_ref().map_or(0, |h| h.dm.next_r2t_sn(itt))
+        });
+        if let Some(h) = failed {
             h.dm.abort();
         }
-        let orphans = st.core.on_connection_failed(idx, reason);
         if st.core.failed_in_a_row(idx) > MAX_FRUITLESS_RECOVERIES {
             let why = format!(
                 "{reason}; connection {idx} failed {} times in a row with no command completed, connection recovery given up",

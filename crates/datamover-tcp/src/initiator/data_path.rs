@@ -29,6 +29,9 @@ struct Task {
     /// The whole read carried by one Data-In, kept as received.
     whole: Option<Bytes>,
     exp_data_sn: u32,
+    /// The R2TSN after the highest R2T received (what TASK REASSIGN's ExpDataSN says for a
+    /// write: R2Ts from it on never arrived).
+    next_r2t_sn: u32,
     /// ERL ≥ 1: DataSNs lost and asked for again with a SNACK.
     missing: Vec<u32>,
     /// SNACKs sent for this command (bounded: a link that corrupts every resend ends the
@@ -93,6 +96,7 @@ impl DataPath {
                 buf: BytesMut::new(),
                 whole: None,
                 exp_data_sn: 0,
+                next_r2t_sn: 0,
                 missing: Vec::new(),
                 snacks: 0,
                 held_status: None,
@@ -103,6 +107,11 @@ impl DataPath {
     /// Drops a command's state (aborted or rejected).
     pub fn forget(&mut self, itt: u32) {
         self.tasks.remove(&itt);
+    }
+
+    /// The R2TSN after the highest R2T received for command `itt` (0 when none came).
+    pub fn next_r2t_sn(&self, itt: u32) -> u32 {
+        self.tasks.get(&itt).map_or(0, |t| t.next_r2t_sn)
     }
 
     /// Commands whose status has not arrived.
@@ -174,9 +183,12 @@ impl DataPath {
     }
 
     fn on_r2t(&mut self, r: &R2t, out: &mut Vec<Pdu>) -> Result<(), String> {
-        let Some(task) = self.tasks.get(&r.itt) else {
+        let Some(task) = self.tasks.get_mut(&r.itt) else {
             return Err(format!("R2T for unknown ITT 0x{:08x}", r.itt));
         };
+        if sn_gt(r.r2t_sn.wrapping_add(1), task.next_r2t_sn) {
+            task.next_r2t_sn = r.r2t_sn.wrapping_add(1);
+        }
         let len = task.write.len();
         let end = r.buffer_offset as u64 + r.desired_len as u64;
         if r.desired_len == 0 || end > len as u64 {

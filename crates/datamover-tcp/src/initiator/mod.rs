@@ -117,6 +117,10 @@ impl InitiatorDatamover for TcpInitiatorDatamover {
         lock(&self.path).command(&cmd);
     }
 
+    fn next_r2t_sn(&self, itt: u32) -> u32 {
+        lock(&self.path).next_r2t_sn(itt)
+    }
+
     fn send_control(&self, pdu: Pdu) {
         let _ = self.tx.send(WriterMsg::Pdu(pdu));
     }

@@ -2,9 +2,12 @@
 //! connection fails, its SCSI commands are orphaned — kept, neither failed nor queued again.
 //! Once the driver has logged a connection in again it hands it to
 //! [`SessionCore::reassign_to`], which moves each orphan there in CmdSN order: the
-//! connection's datamover adopts the command's data phases (all its write data solicited,
-//! its read data taken again in full) and a TASK REASSIGN asks the target to continue it
-//! (ExpDataSN 0: no Data-In was acknowledged). The target's answer decides the rest:
+//! connection's datamover adopts the command's data phases (its write data sent as R2Ts ask,
+//! its read data taken again in full) and a TASK REASSIGN asks the target to continue it:
+//! for a read ExpDataSN is 0 (no Data-In was acknowledged: all of it comes again), for a
+//! write the R2TSN after the highest R2T received (the target re-issues the R2Ts from it on
+//! and asks again for what it is missing below it; LIO drops the connection when asked for
+//! R2Ts whose data it has all). The target's answer decides the rest:
 //! - "function complete": the command goes on there (R2Ts, Data-In, status);
 //! - "task does not exist" for a command whose CmdSN the target has not passed: it never
 //!   arrived, and is sent again with its ITT and CmdSN;
@@ -22,8 +25,15 @@ const MAX_REASSIGN_TRIES: u8 = 10;
 
 impl<T> SessionCore<T> {
     /// Connection `conn` failed at ErrorRecoveryLevel 2: its SCSI commands wait for
-    /// [`SessionCore::reassign_to`]; other requests on it fail. Returns the orphans.
-    pub fn on_connection_failed(&mut self, conn: usize, reason: &str) -> usize {
+    /// [`SessionCore::reassign_to`]; other requests on it fail. `next_r2t_sn` tells, per
+    /// ITT, the R2TSN after the highest R2T the connection received (its datamover's
+    /// `InitiatorDatamover::next_r2t_sn`). Returns the orphans.
+    pub fn on_connection_failed(
+        &mut self,
+        conn: usize,
+        reason: &str,
+        next_r2t_sn: impl Fn(u32) -> u32,
+    ) -> usize {
         let Some(c) = self.conns.get_mut(conn) else {
             return 0;
         };
@@ -49,6 +59,12 @@ impl<T> SessionCore<T> {
                 let t = self.tasks.get_mut(&itt).expect("present");
                 t.conn = None;
                 t.orphaned = true;
+                // R2Ts numbered on from the ExpDataSN of an earlier reassignment may not
+                // have come yet: the count only grows.
+                let got = next_r2t_sn(itt);
+                if sn_gt(got, t.next_r2t_sn) {
+                    t.next_r2t_sn = got;
+                }
             } else {
                 self.finish(itt, Err(TaskError::ConnectionLost(reason.to_string())));
             }
@@ -105,6 +121,12 @@ impl<T> SessionCore<T> {
                 continue;
             };
             let req = req.clone();
+            // A read takes all its data again (ExpDataSN 0); a write says which R2Ts it got.
+            let exp_data_sn = if req.write.is_empty() {
+                0
+            } else {
+                t.next_r2t_sn
+            };
             let (mut cmd, _, _) = self.command_out(conn, itt, cmd_sn, &req);
             cmd.pdu.data = Bytes::new();
             cmd.solicited_from = 0;
@@ -120,7 +142,7 @@ impl<T> SessionCore<T> {
                 cmd_sn: self.cmd_sn,
                 exp_stat_sn: self.conns[conn].exp_stat_sn,
                 ref_cmd_sn: cmd_sn,
-                exp_data_sn: 0,
+                exp_data_sn,
             });
             self.send_header(conn, bhs);
         }

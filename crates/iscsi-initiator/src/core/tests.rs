@@ -539,7 +539,13 @@ fn erl2_orphans_a_failed_connections_commands_and_reassigns_them_in_cmdsn_order(
     );
     let ping_rx = c.ping(0, 3).expect("up");
     c.actions.clear();
-    assert_eq!(c.on_connection_failed(0, "cut"), 2, "both commands wait");
+    // Three R2Ts (R2TSN 0..2) reached the initiator for the write before the cut.
+    let r2ts = |itt| if itt == write { 3 } else { 0 };
+    assert_eq!(
+        c.on_connection_failed(0, "cut", r2ts),
+        2,
+        "both commands wait"
+    );
     // The ping fails; the commands neither fail nor go back to the queue.
     let done = completions(&mut c);
     assert_eq!(done.len(), 1);
@@ -578,7 +584,8 @@ fn erl2_orphans_a_failed_connections_commands_and_reassigns_them_in_cmdsn_order(
             )
         })
         .collect();
-    assert_eq!(refs, vec![(8, read, 1, 0, 40), (8, write, 2, 0, 40)]);
+    // ExpDataSN: 0 for the read (all its data again), the next R2TSN for the write.
+    assert_eq!(refs, vec![(8, read, 1, 0, 40), (8, write, 2, 3, 40)]);
     assert!(tmfs.iter().all(|t| t.immediate));
 
     // The read is taken over; the write never reached the target (its CmdSN not passed):
@@ -615,7 +622,7 @@ fn erl2_a_refused_reassignment_fails_the_command_and_orphans_can_be_queued_again
     let mut c = core(limits(true, false));
     let a = c.submit(1, CommandRequest::read(0, vec![0x28; 10], 512));
     c.actions.clear();
-    c.on_connection_failed(0, "cut");
+    c.on_connection_failed(0, "cut", |_| 0);
     c.add_connection_at(0, 7, 8192);
     c.reassign_to(0);
     let tmf_itt = reassign_itt(&mut c);
@@ -632,7 +639,7 @@ fn erl2_a_refused_reassignment_fails_the_command_and_orphans_can_be_queued_again
     // Connection recovery that fails: the orphan is queued again for a new session.
     let b = c.submit(2, CommandRequest::read(0, vec![0x28; 10], 512));
     c.actions.clear();
-    c.on_connection_failed(0, "cut again");
+    c.on_connection_failed(0, "cut again", |_| 0);
     c.requeue_orphans();
     assert_eq!((c.queued(), c.orphans()), (1, 0));
     c.reset_session(limits(true, false), 9, 9, 40);
@@ -653,7 +660,7 @@ fn erl2_task_still_allegiant_is_asked_again_a_bounded_number_of_times() {
     let mut c = core(limits(true, false));
     c.submit(1, CommandRequest::read(0, vec![0x28; 10], 512));
     c.actions.clear();
-    c.on_connection_failed(0, "cut");
+    c.on_connection_failed(0, "cut", |_| 0);
     c.add_connection_at(0, 7, 8192);
     let mut asked = 0;
     loop {
@@ -682,7 +689,7 @@ fn erl2_failures_in_a_row_count_only_connections_that_completed_nothing() {
     let mut c = core(limits(true, false));
     let read = c.submit(1, CommandRequest::read(0, vec![0x28; 10], 512));
     for n in 1..=4 {
-        c.on_connection_failed(0, "cut");
+        c.on_connection_failed(0, "cut", |_| 0);
         assert_eq!(c.failed_in_a_row(0), n);
         c.add_connection_at(0, 7, 8192);
         c.reassign_to(0);
@@ -698,6 +705,6 @@ fn erl2_failures_in_a_row_count_only_connections_that_completed_nothing() {
     });
     c.on_notice(0, status(rsp, vec![], Bytes::from(vec![0u8; 512])))
         .unwrap();
-    c.on_connection_failed(0, "cut");
+    c.on_connection_failed(0, "cut", |_| 0);
     assert_eq!(c.failed_in_a_row(0), 1);
 }
