@@ -293,6 +293,9 @@ pub struct SessionCore<T> {
     /// ErrorRecoveryLevel 2, per connection: failures in a row with no command completed
     /// on it in between ([`SessionCore::failed_in_a_row`]).
     failed_in_a_row: Vec<u8>,
+    /// TASK REASSIGNs answered "function rejected" and taken as done (LIO's answer to a
+    /// successful one).
+    pub rejected_reassigns: u64,
 }
 
 fn max_seg(v: u32) -> u32 {
@@ -318,6 +321,7 @@ impl<T> SessionCore<T> {
             reassigns: HashMap::new(),
             reassign_retry: None,
             failed_in_a_row: Vec::new(),
+            rejected_reassigns: 0,
         }
     }
 

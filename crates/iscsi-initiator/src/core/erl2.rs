@@ -13,6 +13,8 @@
 //!   arrived, and is sent again with its ITT and CmdSN;
 //! - "task still allegiant": the target has not yet seen the old connection go; the command
 //!   is orphaned again and the driver asks again a little later (a bounded number of times);
+//! - "function rejected" is what LIO answers when it has moved the task (see below): the
+//!   command goes on;
 //! - anything else fails the command.
 //!
 //! When no connection comes back the driver falls back to session reinstatement
@@ -165,6 +167,16 @@ impl<T> SessionCore<T> {
             .and_then(|t| t.conn.filter(|_| t.reassign_tries < MAX_REASSIGN_TRIES));
         match response {
             tmf::RSP_COMPLETE => self.recovery.task_reassigns += 1,
+            // LIO answers every successful TASK REASSIGN with "function rejected": it
+            // stores the iSCSI code for "complete" (0) where its generic layer's codes are
+            // kept, where 0 means "failed", and translates that to 255 — after moving the
+            // task, which goes on. Its real refusals (a connection with other segment
+            // lengths, another LUN) cannot happen here: the connection logs in again with
+            // the same settings and the same LUN. So 255 is taken as done.
+            tmf::RSP_REJECTED => {
+                self.recovery.task_reassigns += 1;
+                self.rejected_reassigns += 1;
+            }
             tmf::RSP_STILL_ALLEGIANT if still_allegiant.is_some() => {
                 let conn = still_allegiant.expect("checked");
                 let t = self.tasks.get_mut(&cmd_itt).expect("present");

@@ -708,3 +708,32 @@ fn erl2_failures_in_a_row_count_only_connections_that_completed_nothing() {
     c.on_connection_failed(0, "cut", |_| 0);
     assert_eq!(c.failed_in_a_row(0), 1);
 }
+
+#[test]
+fn erl2_lio_s_function_rejected_for_a_reassignment_it_made_lets_the_command_go_on() {
+    let mut c = core(limits(true, false));
+    let read = c.submit(1, CommandRequest::read(0, vec![0x28; 10], 512));
+    c.actions.clear();
+    c.on_connection_failed(0, "cut", |_| 0);
+    c.add_connection_at(0, 7, 8192);
+    c.reassign_to(0);
+    let tmf_itt = reassign_itt(&mut c);
+    c.actions.clear();
+    c.on_notice(0, tmf_response(tmf_itt, tmf::RSP_REJECTED, 7))
+        .unwrap();
+    assert!(completions(&mut c).is_empty(), "not failed");
+    assert_eq!((c.rejected_reassigns, c.recovery.task_reassigns), (1, 1));
+    let rsp = Bhs::ScsiResponse(ScsiResponse {
+        itt: read,
+        stat_sn: 8,
+        exp_cmd_sn: 2,
+        max_cmd_sn: 32,
+        ..Default::default()
+    });
+    c.on_notice(0, status(rsp, vec![], Bytes::from(vec![1u8; 512])))
+        .unwrap();
+    assert!(matches!(
+        &completions(&mut c)[..],
+        [(1, Ok(Reply::Scsi(_)))]
+    ));
+}
