@@ -74,5 +74,12 @@ for qd in 1 32; do
   for size in 512 65536 16777216; do verify "$crc_url" "$qd" "$size"; done
 done
 echo "iSER with MPA CRC (insisted on by the target): $points points verified"
+# Reads and writes of the same two 1 MiB chunks at once: read data leaves from the RAM LUN's
+# registered image while overlapping WRITEs change it, and the MPA CRC must still cover the
+# bytes sent (it once did not: the initiator's RNIC answered with a CRC Terminate).
+out=$(timeout 120 "$IRONSAN" bench "$crc_url" --rw mixed --pattern rand --size 1m --qd 8 \
+  --count 600 --span 2m --verify 2>&1) ||
+  { echo "$out" | tail -8 >&2; fail "overlapping reads and writes with MPA CRC"; }
+echo "iSER with MPA CRC: overlapping reads and writes of 2 chunks verified"
 if grep -E "panicked|ERROR" "$work"/*.log; then fail "a target logged an error"; fi
 echo "45-iser-loopback: PASS"

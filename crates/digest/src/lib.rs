@@ -174,6 +174,23 @@ impl Crc32c {
         self.crc = extend_append(self.crc, buf, src);
     }
 
+    /// Appends `src` to `buf` (no zeroing first) and feeds the bytes, in one pass: the bytes
+    /// kept are exactly the bytes the CRC covers, even if `src` changes meanwhile.
+    pub fn update_append(&mut self, buf: &mut Vec<u8>, src: &[u8]) {
+        if !hw::available() {
+            let start = buf.len();
+            buf.extend_from_slice(src);
+            self.update(&buf[start..]);
+            return;
+        }
+        buf.reserve(src.len());
+        self.crc =
+            hw::copy_append_uninit(self.crc, &mut buf.spare_capacity_mut()[..src.len()], src);
+        // SAFETY: `copy_append_uninit` wrote all `src.len()` bytes after the current length,
+        // and `reserve` made room for them.
+        unsafe { buf.set_len(buf.len() + src.len()) };
+    }
+
     /// Feeds `n` zero bytes, arithmetically.
     pub fn update_zeros(&mut self, n: u64) {
         self.crc = crc32c_append_zeros(self.crc, n);

@@ -20,6 +20,11 @@ impl Crc32c {
         self.0.update_copy(dst, src);
         self
     }
+    /// Appends `src` to `buf` and adds it to the CRC in the same pass (no zeroing first).
+    pub fn update_append(&mut self, buf: &mut Vec<u8>, src: &[u8]) -> &mut Self {
+        self.0.update_append(buf, src);
+        self
+    }
     /// The finished CRC value.
     pub fn finalize(&self) -> u32 {
         self.0.finalize()

@@ -607,20 +607,33 @@ impl Conn {
         if let Some(c) = crc.as_mut() {
             c.update(&head);
         }
-        self.push_chunk(Chunk::Bytes(head));
+        // With MPA CRC the payload is copied as its CRC is computed (one fused pass), so the
+        // bytes sent are the bytes the CRC covers even if the region changes meanwhile (a
+        // WRITE landing in a LUN image an overlapping READ is sent from): as a hardware RNIC
+        // reads memory once. Without CRC the payload leaves from the region itself.
+        let mut payload = None;
+        if crc.is_some() {
+            head.reserve_exact(n);
+            payload = Some(head);
+        } else {
+            self.push_chunk(Chunk::Bytes(head));
+        }
         let mut left = n;
         while left > 0 {
             let p = &m.pieces[m.piece_idx];
             let take = (p.len - m.piece_off).min(left);
             if take > 0 {
-                if let Some(c) = crc.as_mut() {
-                    // SAFETY: the piece was bounds-checked against its region when posted and the
-                    // region stays allocated while `p.mr` is held.
-                    c.update(unsafe {
-                        std::slice::from_raw_parts(p.mr.ptr_at(p.off + m.piece_off), take)
-                    });
+                match (crc.as_mut(), payload.as_mut()) {
+                    (Some(c), Some(buf)) => {
+                        // SAFETY: the piece was bounds-checked against its region when posted
+                        // and the region stays allocated while `p.mr` is held.
+                        let src = unsafe {
+                            std::slice::from_raw_parts(p.mr.ptr_at(p.off + m.piece_off), take)
+                        };
+                        c.update_append(buf, src);
+                    }
+                    _ => self.push_chunk(Chunk::Mem(p.mr.clone(), p.off + m.piece_off, take)),
                 }
-                self.push_chunk(Chunk::Mem(p.mr.clone(), p.off + m.piece_off, take));
             }
             m.piece_off += take;
             left -= take;
@@ -632,6 +645,9 @@ impl Conn {
         // Skip zero-length pieces so the index stays on data.
         while m.piece_idx < m.pieces.len() && m.pieces[m.piece_idx].len == 0 {
             m.piece_idx += 1;
+        }
+        if let Some(buf) = payload {
+            self.push_chunk(Chunk::Bytes(buf));
         }
         let (trailer, tl) = fpdu::trailer(&layout, crc.as_mut());
         self.push_chunk(Chunk::Tail(trailer[..tl].to_vec()));
@@ -1231,6 +1247,9 @@ impl Conn {
             return;
         }
         self.errored = true;
+        if let Some(w) = &why {
+            tracing::info!("queue pair in error: {w}");
+        }
         if let Some(m) = self.cur.take() {
             if let Some(wc) = m.done {
                 self.qp.send_cq.push(WcStatus::Flushed.on(wc));

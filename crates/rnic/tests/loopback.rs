@@ -218,3 +218,84 @@ fn peer_to_peer_rtr() {
     let wc = wait_wc(&ea.rcq, T);
     assert_eq!((wc.wr_id, wc.byte_len), (5, 9));
 }
+
+/// With MPA CRC, an RDMA Write whose source region another thread rewrites while the Write is
+/// queued (an iSER target's RAM LUN image under an overlapping WRITE) still arrives with a CRC
+/// that covers its bytes: a hardware RNIC reads memory once, and so must this one. Before, the
+/// CRC was computed when the FPDU was queued and the bytes read again when it was sent, and
+/// the receiver answered with an MPA CRC Terminate.
+#[test]
+fn a_source_rewritten_during_a_crc_protected_write_arrives_intact() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const LEN: usize = 4 << 20;
+    let a = Rnic::new().unwrap();
+    let b = Rnic::new().unwrap();
+    let pda = a.alloc_pd().unwrap();
+    let pdb = b.alloc_pd().unwrap();
+    let params = ConnParams {
+        crc: true,
+        first_fpdu_delay: Duration::ZERO,
+        ..Default::default()
+    };
+    let (ea, eb) = pair(&a, &pda, &b, &pdb, params, |_, _| {});
+    let sink = b
+        .reg_mr(&pdb, LEN, Access::REMOTE_WRITE | Access::LOCAL_WRITE)
+        .unwrap();
+    let src = mr_with(&a, &pda, &pattern(3, LEN), Access::NONE);
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let (x, y) = (pattern(4, 64 << 10), pattern(5, 64 << 10));
+            let deadline = std::time::Instant::now() + T;
+            while !stop.load(Ordering::Relaxed) && std::time::Instant::now() < deadline {
+                for (i, off) in (0..LEN).step_by(x.len()).enumerate() {
+                    src.write_at(off, if i % 2 == 0 { &x } else { &y });
+                }
+            }
+        });
+        for n in 0..16 {
+            ea.qp
+                .post_send(SendWr {
+                    wr_id: n,
+                    op: SendOp::RdmaWrite {
+                        remote_addr: sink.addr(),
+                        rkey: sink.rkey(),
+                    },
+                    sges: vec![src.sge(0, LEN)],
+                    signaled: true,
+                })
+                .unwrap();
+        }
+        for n in 0..16 {
+            let wc = wait_wc(&ea.scq, T);
+            assert_eq!((wc.wr_id, wc.status), (n, WcStatus::Success));
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert!(ea.qp.last_error().is_none(), "{:?}", ea.qp.last_error());
+    assert!(eb.qp.last_error().is_none(), "{:?}", eb.qp.last_error());
+    // The connection carries on: a stable source arrives as it is.
+    let data = pattern(6, LEN);
+    src.write_at(0, &data);
+    ea.qp
+        .post_send(SendWr {
+            wr_id: 99,
+            op: SendOp::RdmaWrite {
+                remote_addr: sink.addr(),
+                rkey: sink.rkey(),
+            },
+            sges: vec![src.sge(0, LEN)],
+            signaled: true,
+        })
+        .unwrap();
+    assert_eq!(wait_wc(&ea.scq, T).status, WcStatus::Success);
+    ea.qp.disconnect();
+    assert!(ea.qp.wait_closed(T));
+    assert!(
+        eb.qp.wait_closed(T),
+        "the receiver took every byte before the close"
+    );
+    let mut got = vec![0u8; LEN];
+    sink.read_at(0, &mut got);
+    assert!(got == data, "the last RDMA Write's bytes differ");
+}

@@ -10,7 +10,7 @@
 
 use core::arch::x86_64::{
     __m128i, _mm_clmulepi64_si128, _mm_crc32_u64, _mm_crc32_u8, _mm_cvtsi128_si64,
-    _mm_cvtsi32_si128, _mm_loadu_si128, _mm_prefetch, _mm_storeu_si128, _MM_HINT_T0,
+    _mm_cvtsi32_si128, _mm_extract_epi64, _mm_prefetch, _mm_storeu_si128, _MM_HINT_T0,
 };
 
 use core::mem::MaybeUninit;
@@ -65,6 +65,27 @@ unsafe fn join<const N: usize>(crc: &[u64; N], words: usize) -> u32 {
 #[inline(always)]
 unsafe fn load_word(p: *const u8) -> u64 {
     u64::from_le(p.cast::<u64>().read_unaligned())
+}
+
+/// 16 bytes at `p` in one load the compiler cannot repeat or split (inline assembly is
+/// opaque to it), so every use of the value sees the same bytes.
+///
+/// # Safety
+/// `p..p + 16` must be readable; SSE2 (every x86_64).
+#[inline(always)]
+unsafe fn load_once(p: *const u8) -> __m128i {
+    let v: __m128i;
+    // SAFETY: the caller guarantees 16 readable bytes at `p`; movdqu takes any alignment and
+    // touches no other memory, stack or flags.
+    unsafe {
+        core::arch::asm!(
+            "movdqu {v}, [{p}]",
+            v = out(xmm_reg) v,
+            p = in(reg) p,
+            options(nostack, preserves_flags, readonly, pure)
+        )
+    };
+    v
 }
 
 /// How far ahead of each stream's reads its cache lines are prefetched, in bytes.
@@ -147,8 +168,8 @@ pub(super) unsafe fn copy_update_1way(reg: u32, dst: &mut [MaybeUninit<u8>], src
     r
 }
 
-/// `N` streams, each copying 16 bytes with one vector load/store while its two words go through
-/// `crc32`; every byte of `dst` is written. `dst.len() == src.len()`, `2 <= N <= MAX_STREAMS`.
+/// `N` streams, each copying 16 bytes as two words that go through `crc32` as they are
+/// stored; every byte of `dst` is written. `dst.len() == src.len()`, `2 <= N <= MAX_STREAMS`.
 #[target_feature(enable = "sse4.2,pclmulqdq")]
 pub(super) unsafe fn copy_update_nway<const N: usize>(
     mut reg: u32,
@@ -172,10 +193,14 @@ pub(super) unsafe fn copy_update_nway<const N: usize>(
                 // SAFETY: i + 16 <= len and s < N, so bytes at..at+16 end at most at N*len <=
                 // src.len() == dst.len(): inside both slices, which do not overlap (one is
                 // borrowed shared, the other exclusively).
-                let v = _mm_loadu_si128(from.add(at).cast::<__m128i>());
+                // Loaded once, then stored and fed to the CRC: a source another thread writes
+                // meanwhile (a LUN image under an overlapping WRITE) still gives a copy its
+                // CRC covers. The load is opaque to the compiler, which would otherwise load
+                // the lanes it extracts from the source a second time.
+                let v = load_once(from.add(at));
                 _mm_storeu_si128(to.add(at).cast::<__m128i>(), v);
-                *c = _mm_crc32_u64(*c, load_word(from.add(at)));
-                *c = _mm_crc32_u64(*c, load_word(from.add(at + 8)));
+                *c = _mm_crc32_u64(*c, _mm_cvtsi128_si64(v) as u64);
+                *c = _mm_crc32_u64(*c, _mm_extract_epi64::<1>(v) as u64);
             }
             i += 16;
         }
