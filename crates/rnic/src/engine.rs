@@ -1,6 +1,7 @@
 //! The progress engine: one thread per RNIC drives every connection (QP) with epoll through mio.
 //! Per connection it runs the transmit side (work requests and Read Responses cut into FPDUs and
-//! written with vectored writes straight from registered memory) and the receive side (FPDU
+//! written with vectored writes straight from registered memory, or from a copy made with the
+//! CRC when MPA CRC is on) and the receive side (FPDU
 //! headers parsed with `iwarp`, checked, then payload read from the socket directly into the
 //! target region).
 
