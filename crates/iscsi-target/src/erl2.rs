@@ -40,6 +40,9 @@ pub(crate) struct KeptTask {
 
 struct KeptState {
     conn: Arc<Conn>,
+    /// The TASK REASSIGN that moved the task to `conn` is answered: its data phase may go
+    /// on there (an R2T must not precede the TMF response, as LIO orders them too).
+    answered: bool,
     /// The response once the task has executed (and the R2Ts its data took): sent again
     /// when the task is reassigned before the initiator acknowledged it.
     response: Option<(scsi::Response, u32)>,
@@ -62,6 +65,7 @@ impl Allegiances {
             task,
             state: Mutex::new(KeptState {
                 conn: conn.clone(),
+                answered: true,
                 response: None,
             }),
             moved: Notify::new(),
@@ -181,7 +185,7 @@ impl KeptTask {
             notified.as_mut().enable();
             {
                 let st = self.state.lock().expect("kept task");
-                if !Arc::ptr_eq(&st.conn, from) {
+                if !Arc::ptr_eq(&st.conn, from) && st.answered {
                     return Some(st.conn.clone());
                 }
             }
@@ -250,7 +254,7 @@ impl Session {
     /// TASK REASSIGN received on `conn`: answers it and, for a task that has executed,
     /// sends its response again on `conn`.
     pub(crate) async fn reassign(&self, conn: &Arc<Conn>, t: &TaskMgmtRequest) {
-        let (response, resend) = self.take_allegiance(conn, t);
+        let (response, moved, resend) = self.take_allegiance(conn, t);
         let rsp = TaskMgmtResponse {
             response,
             itt: t.itt,
@@ -260,39 +264,48 @@ impl Session {
             .dm
             .send_control(Pdu::new(Bhs::TaskMgmtResponse(rsp), bytes::Bytes::new()))
             .await;
+        if let Some(kept) = moved {
+            kept.state.lock().expect("kept task").answered = true;
+            kept.moved.notify_waiters();
+        }
         if let Some((task, rsp, r2ts)) = resend {
             send_scsi_response(conn, task, rsp, r2ts).await;
         }
     }
 
-    /// Moves task `t.ref_task_tag` to `conn` when it may move; the TMF response, and the
-    /// response to send again when the task has executed.
+    /// Moves task `t.ref_task_tag` to `conn` when it may move: the TMF response, the task
+    /// moved (its data phase waits until the response is sent), and the response to send
+    /// again when the task has executed.
     #[allow(clippy::type_complexity)]
     fn take_allegiance(
         &self,
         conn: &Arc<Conn>,
         t: &TaskMgmtRequest,
-    ) -> (u8, Option<(TaskRef, scsi::Response, u32)>) {
+    ) -> (
+        u8,
+        Option<Arc<KeptTask>>,
+        Option<(TaskRef, scsi::Response, u32)>,
+    ) {
         let Some(allegiances) = &self.erl2 else {
-            return (tmf::RSP_REASSIGN_NOT_SUPPORTED, None);
+            return (tmf::RSP_REASSIGN_NOT_SUPPORTED, None, None);
         };
         let itt = t.ref_task_tag;
         let Some(kept) = allegiances.lock().get(&itt).cloned() else {
             tracing::info!(peer = %conn.peer, tsih = self.tsih, "TASK REASSIGN of ITT 0x{itt:08x}: no such task");
-            return (tmf::RSP_NO_TASK, None);
+            return (tmf::RSP_NO_TASK, None, None);
         };
         let mut st = kept.state.lock().expect("kept task");
         if self.is_live(&st.conn) {
-            return (tmf::RSP_STILL_ALLEGIANT, None);
+            return (tmf::RSP_STILL_ALLEGIANT, None, None);
         }
         let from = st.conn.cid;
         st.conn = conn.clone();
+        st.answered = false;
         let resend = st.response.clone().map(|(r, n)| (kept.task, r, n));
         drop(st);
         if let Some(e) = self.tasks.lock().expect("tasks").get_mut(&itt) {
             e.cid = conn.cid;
         }
-        kept.moved.notify_waiters();
         RecoveryCounters::bump(&conn.recovery.task_reassigns);
         tracing::info!(
             peer = %conn.peer,
@@ -301,7 +314,7 @@ impl Session {
             "TASK REASSIGN: ITT 0x{itt:08x} moved from connection {from} ({})",
             if resend.is_some() { "its response sent again" } else { "in progress" }
         );
-        (tmf::RSP_COMPLETE, resend)
+        (tmf::RSP_COMPLETE, Some(kept), resend)
     }
 
     /// Level 2, connection `conn` failed: its tasks wait DefaultTime2Retain for

@@ -414,8 +414,8 @@ async fn login(
                             } else {
                                 existing.clone().expect("non-leading login has a session")
                             };
-                            if session.reserve_connection(outcome.cid) {
-                                Ok(session)
+                            if let Some(ticket) = session.reserve_connection(outcome.cid) {
+                                Ok((session, ticket))
                             } else {
                                 Err((
                                     LoginStatus::TOO_MANY_CONNECTIONS,
@@ -428,7 +428,7 @@ async fn login(
                         }
                     }
                 };
-                let session = match admitted {
+                let (session, ticket) = match admitted {
                     Ok(s) => s,
                     Err((status, why)) => {
                         let fail = iscsi_login::pdu::LoginResponse::failure(&req, status);
@@ -445,7 +445,7 @@ async fn login(
                 let (exp, max) = session.sn.load();
                 rsp.tsih = session.tsih;
                 if let Err(e) = conn.send(&respond(&rsp, exp, max)).await {
-                    session.release_connection(outcome.cid);
+                    session.release_connection(outcome.cid, ticket);
                     return Err(e.to_string());
                 }
                 return Ok(Some(enter_full_feature(
@@ -453,6 +453,7 @@ async fn login(
                     conn,
                     &outcome,
                     stat_sn.wrapping_add(1),
+                    ticket,
                 )));
             }
         }
@@ -629,6 +630,7 @@ fn enter_full_feature(
     conn: Box<dyn LoginChannel>,
     outcome: &iscsi_login::target::LoginOutcome,
     next_stat_sn: u32,
+    ticket: u64,
 ) -> LoggedIn {
     let peer = conn.peer();
     let cp = &outcome.connection;
@@ -686,9 +688,18 @@ fn enter_full_feature(
         status,
         recovery,
     ));
-    if let Some(old) = session.add_connection(c.clone()) {
-        tracing::info!(%peer, cid, "connection reinstatement: closing the old connection");
-        old.dm.close();
+    match session.add_connection(c.clone(), ticket) {
+        Ok(Some(old)) => {
+            tracing::info!(%peer, cid, "connection reinstatement: closing the old connection");
+            old.dm.close();
+        }
+        Ok(None) => {}
+        // Its Login Response went out first, but it got here after the login that
+        // reinstated it: it ends as a reinstated connection does.
+        Err(stale) => {
+            tracing::info!(%peer, cid, "connection reinstated by a later login before it started: closing it");
+            stale.dm.close();
+        }
     }
     tracing::info!(
         %peer,
@@ -757,6 +768,7 @@ fn create_session(
         sn: CmdSnState::new(cmd_sn, cmd_sn.wrapping_add(depth - 1)),
         conns: Mutex::new(HashMap::new()),
         joining: Mutex::new(Default::default()),
+        latest_login: Mutex::new(HashMap::new()),
         tasks: Mutex::new(HashMap::new()),
         erl2: (outcome.session.error_recovery_level >= 2).then(erl2::Allegiances::default),
     });

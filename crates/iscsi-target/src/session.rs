@@ -56,6 +56,10 @@ pub(crate) struct Session {
     pub conns: Mutex<HashMap<u16, Arc<Conn>>>,
     /// CIDs whose login succeeded and whose Login Response is on its way (not in `conns` yet).
     pub joining: Mutex<HashSet<u16>>,
+    /// The latest login of each CID (its reservation ticket): a connection whose Login
+    /// Response went out before a newer login of its CID, but which reaches full feature
+    /// phase after it, must not replace the newer one.
+    pub latest_login: Mutex<HashMap<u16, u64>>,
     pub tasks: Mutex<HashMap<u32, TaskEntry>>,
     /// ErrorRecoveryLevel 2: every SCSI task until its status is acknowledged, for TASK
     /// REASSIGN after its connection fails (`None` below level 2).
@@ -188,16 +192,25 @@ impl Session {
     /// Login Response is sent: false when that would pass MaxConnections (other connections,
     /// joined or still joining; the same CID replaces its old connection). A connection
     /// logging in right after another must see it even before it runs full feature phase.
-    pub fn reserve_connection(&self, cid: u16) -> bool {
+    /// Returns the login's ticket, which `add_connection` and `release_connection` take.
+    pub fn reserve_connection(&self, cid: u16) -> Option<u64> {
         let conns = self.conns.lock().expect("conns");
         let mut joining = self.joining.lock().expect("joining");
         let others = conns.keys().filter(|c| **c != cid).count()
             + joining.iter().filter(|c| **c != cid).count();
         if others >= self.params.max_connections as usize {
-            return false;
+            return None;
         }
         joining.insert(cid);
-        true
+        let mut latest = self.latest_login.lock().expect("latest login");
+        let ticket = latest.values().max().map_or(1, |t| t + 1);
+        latest.insert(cid, ticket);
+        Some(ticket)
+    }
+
+    /// Whether `ticket` is the latest login of `cid`.
+    fn is_latest(&self, cid: u16, ticket: u64) -> bool {
+        self.latest_login.lock().expect("latest login").get(&cid) == Some(&ticket)
     }
 
     /// Connections in the session, joined or still joining.
@@ -214,15 +227,26 @@ impl Session {
     }
 
     /// A reserved connection that never came (its Login Response could not be sent).
-    pub fn release_connection(&self, cid: u16) {
-        self.joining.lock().expect("joining").remove(&cid);
+    pub fn release_connection(&self, cid: u16, ticket: u64) {
+        if self.is_latest(cid, ticket) {
+            self.joining.lock().expect("joining").remove(&cid);
+        }
     }
 
-    /// Add a reserved connection; returns the one it replaces (connection reinstatement).
-    pub fn add_connection(&self, c: Arc<Conn>) -> Option<Arc<Conn>> {
+    /// Adds a reserved connection (login `ticket`): `Ok` with the one it replaces
+    /// (connection reinstatement), or `Err(c)` when a newer login of its CID came after its
+    /// Login Response: that one stands, and `c` is the connection it reinstated.
+    pub fn add_connection(
+        &self,
+        c: Arc<Conn>,
+        ticket: u64,
+    ) -> Result<Option<Arc<Conn>>, Arc<Conn>> {
         let mut conns = self.conns.lock().expect("conns");
+        if !self.is_latest(c.cid, ticket) {
+            return Err(c);
+        }
         self.joining.lock().expect("joining").remove(&c.cid);
-        conns.insert(c.cid, c)
+        Ok(conns.insert(c.cid, c))
     }
 
     pub fn close_all(&self) {

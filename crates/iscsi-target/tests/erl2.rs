@@ -253,6 +253,9 @@ async fn a_task_waiting_for_its_turn_in_cmdsn_order_is_reassigned_too() {
     let b = c.scsi_bhs(&write10(900, 32), 0, data.len() as u32, 0);
     let write_itt = be32(&b[16..20]);
     c.send(&b, &[]).await;
+    // The answer to an immediate ping shows the WRITE was taken in (PDUs are handled in
+    // order) before the connection is reinstated.
+    c.ping(b"taken").await;
     let mut n = join(&c, 0).await; // reinstated
     drop(c);
     assert_eq!(n.cmd_sn, missing, "the target still waits for CmdSN N");
