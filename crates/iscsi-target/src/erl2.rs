@@ -15,7 +15,7 @@
 //! connection in to it again (its TSIH) and reassign the tasks. Below level 2 nothing here
 //! runs: TASK REASSIGN gets "allegiance reassignment not supported".
 
-use crate::session::{send_scsi_response, Conn, Session};
+use crate::session::{send_scsi_response, Allegiances, Conn, KeptState, KeptTask, Session};
 use crate::Target;
 use datamover::{DmError, RecoveryCounters, TaskRef, WriteHandle};
 use iscsi_wire::{tmf, Bhs, Pdu, TaskMgmtRequest, TaskMgmtResponse};
@@ -23,30 +23,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
-
-/// The SCSI tasks of a level 2 session, by ITT, until their status is acknowledged.
-#[derive(Default)]
-pub(crate) struct Allegiances {
-    tasks: Mutex<HashMap<u32, Arc<KeptTask>>>,
-}
-
-/// One task and the connection it answers on.
-pub(crate) struct KeptTask {
-    task: TaskRef,
-    state: Mutex<KeptState>,
-    /// Woken when the task moves to another connection.
-    moved: Notify,
-}
-
-struct KeptState {
-    conn: Arc<Conn>,
-    /// The TASK REASSIGN that moved the task to `conn` is answered: its data phase may go
-    /// on there (an R2T must not precede the TMF response, as LIO orders them too).
-    answered: bool,
-    /// The response once the task has executed (and the R2Ts its data took): sent again
-    /// when the task is reassigned before the initiator acknowledged it.
-    response: Option<(scsi::Response, u32)>,
-}
 
 impl Allegiances {
     /// Starts keeping `task`, arrived on `conn`; `None` when a task with its ITT is still

@@ -770,7 +770,7 @@ fn create_session(
         joining: Mutex::new(Default::default()),
         latest_login: Mutex::new(HashMap::new()),
         tasks: Mutex::new(HashMap::new()),
-        erl2: (outcome.session.error_recovery_level >= 2).then(erl2::Allegiances::default),
+        erl2: (outcome.session.error_recovery_level >= 2).then(session::Allegiances::default),
     });
     sessions.insert(tsih, session.clone());
     session

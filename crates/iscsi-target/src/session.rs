@@ -1,7 +1,6 @@
 //! Sessions and connections in full feature phase: command ordering across connections,
 //! SCSI execution, and the answers to NOP-Out, Text, Logout, SNACK and task management.
 
-use crate::erl2::KeptTask;
 use crate::Target;
 use bytes::{BufMut, Bytes, BytesMut};
 use datamover::{
@@ -63,7 +62,32 @@ pub(crate) struct Session {
     pub tasks: Mutex<HashMap<u32, TaskEntry>>,
     /// ErrorRecoveryLevel 2: every SCSI task until its status is acknowledged, for TASK
     /// REASSIGN after its connection fails (`None` below level 2).
-    pub erl2: Option<crate::erl2::Allegiances>,
+    pub erl2: Option<Allegiances>,
+}
+
+/// The SCSI tasks of a level 2 session, by ITT, until their status is acknowledged (what
+/// is done with them is in `erl2`).
+#[derive(Default)]
+pub(crate) struct Allegiances {
+    pub(crate) tasks: Mutex<HashMap<u32, Arc<KeptTask>>>,
+}
+
+/// One task and the connection it answers on.
+pub(crate) struct KeptTask {
+    pub(crate) task: TaskRef,
+    pub(crate) state: Mutex<KeptState>,
+    /// Woken when the task moves to another connection.
+    pub(crate) moved: tokio::sync::Notify,
+}
+
+pub(crate) struct KeptState {
+    pub(crate) conn: Arc<Conn>,
+    /// The TASK REASSIGN that moved the task to `conn` is answered: its data phase may go
+    /// on there (an R2T must not precede the TMF response, as LIO orders them too).
+    pub(crate) answered: bool,
+    /// The response once the task has executed (and the R2Ts its data took): sent again
+    /// when the task is reassigned before the initiator acknowledged it.
+    pub(crate) response: Option<(scsi::Response, u32)>,
 }
 
 pub(crate) struct Conn {
@@ -389,7 +413,7 @@ impl Session {
         cmd: &ScsiCommand,
         ahs: &Bytes,
         write: Option<WriteHandle>,
-        kept: Option<&Arc<crate::erl2::KeptTask>>,
+        kept: Option<&Arc<KeptTask>>,
     ) -> Option<(scsi::Response, u32)> {
         let collected = match (write, kept) {
             (Some(w), Some(k)) => Some(self.collect_write(k, conn, w).await),
