@@ -83,7 +83,7 @@ pub(crate) struct KeptTask {
 pub(crate) struct KeptState {
     pub(crate) conn: Arc<Conn>,
     /// The TASK REASSIGN that moved the task to `conn` is answered: its data phase may go
-    /// on there (an R2T must not precede the TMF response, as LIO orders them too).
+    /// on there (the initiator learns the task moved before an R2T for it arrives).
     pub(crate) answered: bool,
     /// The response once the task has executed (and the R2Ts its data took): sent again
     /// when the task is reassigned before the initiator acknowledged it.
@@ -226,8 +226,9 @@ impl Session {
             return None;
         }
         joining.insert(cid);
+        // Tickets are only ever compared with others of the same CID.
         let mut latest = self.latest_login.lock().expect("latest login");
-        let ticket = latest.values().max().map_or(1, |t| t + 1);
+        let ticket = latest.get(&cid).map_or(1, |t| t + 1);
         latest.insert(cid, ticket);
         Some(ticket)
     }

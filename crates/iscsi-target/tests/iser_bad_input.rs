@@ -49,12 +49,7 @@ const SEGMENT: usize = 8192;
 /// Starts a target with one 16 MiB RAM LUN 0 behind an `iser://` portal on an ephemeral
 /// loopback port. IRONSAN_LOG=debug shows the target's log when a test fails.
 async fn start_target() -> SocketAddr {
-    if let Ok(f) = std::env::var("IRONSAN_LOG") {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new(f))
-            .with_writer(std::io::stderr)
-            .try_init();
-    }
+    common::log_from_env();
     let text = format!(
         "portals = [\"iser://127.0.0.1:0\"]\nqueue_depth = {QUEUE_DEPTH}\n[[target]]\n\
          name = \"{IQN}\"\n[target.lun.0]\nsize = \"16MiB\"\nbackend = \"memory\"\n"

@@ -605,27 +605,28 @@ impl Conn {
         let h = header.encode_into(&mut head[2..]);
         head[2 + h..].copy_from_slice(&m.body);
         let mut crc = self.crc.then(Crc32c::new);
-        if let Some(c) = crc.as_mut() {
-            c.update(&head);
-        }
         // With MPA CRC the payload is copied as its CRC is computed (one fused pass), so the
         // bytes sent are the bytes the CRC covers even if the region changes meanwhile (a
         // WRITE landing in a LUN image an overlapping READ is sent from): as a hardware RNIC
         // reads memory once. Without CRC the payload leaves from the region itself.
-        let mut payload = None;
-        if crc.is_some() {
-            head.reserve_exact(n);
-            payload = Some(head);
-        } else {
-            self.push_chunk(Chunk::Bytes(head));
-        }
+        let mut fused = match crc.as_mut() {
+            Some(c) => {
+                c.update(&head);
+                head.reserve_exact(n);
+                Some((c, head))
+            }
+            None => {
+                self.push_chunk(Chunk::Bytes(head));
+                None
+            }
+        };
         let mut left = n;
         while left > 0 {
             let p = &m.pieces[m.piece_idx];
             let take = (p.len - m.piece_off).min(left);
             if take > 0 {
-                match (crc.as_mut(), payload.as_mut()) {
-                    (Some(c), Some(buf)) => {
+                match fused.as_mut() {
+                    Some((c, buf)) => {
                         // SAFETY: the piece was bounds-checked against its region when posted
                         // and the region stays allocated while `p.mr` is held.
                         let src = unsafe {
@@ -633,7 +634,7 @@ impl Conn {
                         };
                         c.update_append(buf, src);
                     }
-                    _ => self.push_chunk(Chunk::Mem(p.mr.clone(), p.off + m.piece_off, take)),
+                    None => self.push_chunk(Chunk::Mem(p.mr.clone(), p.off + m.piece_off, take)),
                 }
             }
             m.piece_off += take;
@@ -647,7 +648,7 @@ impl Conn {
         while m.piece_idx < m.pieces.len() && m.pieces[m.piece_idx].len == 0 {
             m.piece_idx += 1;
         }
-        if let Some(buf) = payload {
+        if let Some((_, buf)) = fused {
             self.push_chunk(Chunk::Bytes(buf));
         }
         let (trailer, tl) = fpdu::trailer(&layout, crc.as_mut());
@@ -783,6 +784,7 @@ impl Conn {
                     return false;
                 }
                 Step::Fail(term, why) => {
+                    tracing::info!("queue pair in error: {why}");
                     self.fail(term, Some(why));
                     return false;
                 }
@@ -1229,6 +1231,7 @@ impl Conn {
     }
 
     fn remote_failure(&mut self, why: String) {
+        tracing::info!("queue pair in error: {why}");
         // Outstanding RDMA Reads and sends fail as remote errors; the rest are flushed.
         for e in self.orq.drain(..) {
             self.qp.send_cq.push(self.qp.wc(
@@ -1248,9 +1251,6 @@ impl Conn {
             return;
         }
         self.errored = true;
-        if let Some(w) = &why {
-            tracing::info!("queue pair in error: {w}");
-        }
         if let Some(m) = self.cur.take() {
             if let Some(wc) = m.done {
                 self.qp.send_cq.push(WcStatus::Flushed.on(wc));

@@ -242,6 +242,19 @@ fn a_source_rewritten_during_a_crc_protected_write_arrives_intact() {
         .reg_mr(&pdb, LEN, Access::REMOTE_WRITE | Access::LOCAL_WRITE)
         .unwrap();
     let src = mr_with(&a, &pda, &pattern(3, LEN), Access::NONE);
+    let write_all = |wr_id| {
+        ea.qp
+            .post_send(SendWr {
+                wr_id,
+                op: SendOp::RdmaWrite {
+                    remote_addr: sink.addr(),
+                    rkey: sink.rkey(),
+                },
+                sges: vec![src.sge(0, LEN)],
+                signaled: true,
+            })
+            .unwrap()
+    };
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
         s.spawn(|| {
@@ -254,17 +267,7 @@ fn a_source_rewritten_during_a_crc_protected_write_arrives_intact() {
             }
         });
         for n in 0..16 {
-            ea.qp
-                .post_send(SendWr {
-                    wr_id: n,
-                    op: SendOp::RdmaWrite {
-                        remote_addr: sink.addr(),
-                        rkey: sink.rkey(),
-                    },
-                    sges: vec![src.sge(0, LEN)],
-                    signaled: true,
-                })
-                .unwrap();
+            write_all(n);
         }
         for n in 0..16 {
             let wc = wait_wc(&ea.scq, T);
@@ -277,17 +280,7 @@ fn a_source_rewritten_during_a_crc_protected_write_arrives_intact() {
     // The connection carries on: a stable source arrives as it is.
     let data = pattern(6, LEN);
     src.write_at(0, &data);
-    ea.qp
-        .post_send(SendWr {
-            wr_id: 99,
-            op: SendOp::RdmaWrite {
-                remote_addr: sink.addr(),
-                rkey: sink.rkey(),
-            },
-            sges: vec![src.sge(0, LEN)],
-            signaled: true,
-        })
-        .unwrap();
+    write_all(99);
     assert_eq!(wait_wc(&ea.scq, T).status, WcStatus::Success);
     ea.qp.disconnect();
     assert!(ea.qp.wait_closed(T));

@@ -14,15 +14,19 @@ pub const INITIATOR: &str = "iqn.2026-11.org.ironsan.test:raw-initiator";
 /// Every wait in these tests is bounded by this.
 pub const WAIT: Duration = Duration::from_secs(10);
 
-/// Starts a target with one 64 MiB RAM LUN 0 on an ephemeral loopback port.
-/// IRONSAN_LOG (a filter such as `info`) shows the target's log when a test fails.
-pub async fn start_target(extra_config: &str) -> SocketAddr {
+/// IRONSAN_LOG (a filter such as `info` or `debug`) shows the target's log when a test fails.
+pub fn log_from_env() {
     if let Ok(f) = std::env::var("IRONSAN_LOG") {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::new(f))
             .with_test_writer()
             .try_init();
     }
+}
+
+/// Starts a target with one 64 MiB RAM LUN 0 on an ephemeral loopback port.
+pub async fn start_target(extra_config: &str) -> SocketAddr {
+    log_from_env();
     let text = format!(
         "portals = [\"127.0.0.1:0\"]\n{extra_config}\n[[target]]\nname = \"{IQN}\"\n\
          [target.lun.0]\nsize = \"64MiB\"\nbackend = \"memory\"\n"
