@@ -19,7 +19,7 @@ tgtd_in_netns an50d "$iqn"
 fail=0
 # check_experiment CSV LABEL: 32 KiB points with a delay within 20% of the model (at 0 ms the
 # model is only B/R and the points measure per-command processing, not the delay), and
-# 4 MiB READs within 80% of the raw-socket baseline.
+# 4 MiB READs at least half the raw-socket baseline (a collapse guard: the closing note measures).
 check_experiment() {
   python3 - "$1" "$2" <<'PY'
 import csv, sys
@@ -29,7 +29,7 @@ for r in rows:
     ratio, of_base = float(r["measured/model"]), float(r["of_baseline"])
     if r["block"] == "32 KiB" and float(r["delay_ms"]) > 0 and not 0.8 <= ratio <= 1.2:
         bad.append(f'{r["op"]} 32 KiB at {r["delay_ms"]} ms: measured/model {ratio}')
-    if r["op"] == "read" and r["block"] == "4 MiB" and of_base < 0.8:
+    if r["op"] == "read" and r["block"] == "4 MiB" and of_base < 0.5:
         bad.append(f'read 4 MiB at {r["delay_ms"]} ms: {of_base} of the baseline')
 for b in bad:
     print("FAIL", sys.argv[2], b)
