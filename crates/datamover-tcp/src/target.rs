@@ -221,6 +221,12 @@ enum Out {
         crcs: Option<Arc<digest::SegmentCrcs>>,
         status: Option<CollapsedStatus>,
     },
+    /// A bidirectional command's read data, numbered from `first_data_sn`.
+    BidiDataIn {
+        task: TaskRef,
+        data: Bytes,
+        first_data_sn: u32,
+    },
     R2ts {
         task: TaskRef,
         r2ts: Vec<R2tRequest>,
@@ -278,6 +284,28 @@ impl Datamover for TcpDatamover {
             data,
             crcs,
             status,
+        })
+        .await?;
+        Ok(n as u32)
+    }
+
+    async fn put_bidi_data(
+        &self,
+        task: TaskRef,
+        data: Bytes,
+        first_data_sn: u32,
+    ) -> Result<u32, DmError> {
+        let cfg = &self.shared.cfg;
+        let n = data_in_segments(
+            data.len() as u32,
+            cfg.max_send_data_segment_length,
+            cfg.max_burst_length,
+        )
+        .count();
+        self.enqueue(Out::BidiDataIn {
+            task,
+            data,
+            first_data_sn,
         })
         .await?;
         Ok(n as u32)
@@ -863,6 +891,11 @@ impl Writer {
                         crcs,
                         status,
                     } => self.push_data_in(task, data, crcs, status, &mut batch),
+                    Out::BidiDataIn {
+                        task,
+                        data,
+                        first_data_sn,
+                    } => self.push_bidi_data_in(task, data, first_data_sn, &mut batch),
                     Out::R2ts { task, r2ts } => {
                         for r in r2ts {
                             let bhs = Bhs::R2t(R2t {
@@ -955,6 +988,28 @@ impl Writer {
                 status,
                 stat_sn,
             });
+        }
+    }
+
+    /// A bidirectional command's Data-In, numbered after its R2Ts. (Not kept for Data SNACK:
+    /// a resend would number them from 0.)
+    fn push_bidi_data_in(
+        &mut self,
+        task: TaskRef,
+        data: Bytes,
+        first_data_sn: u32,
+        batch: &mut PduBatch,
+    ) {
+        let segs = data_in_segments(
+            data.len() as u32,
+            self.cfg.max_send_data_segment_length,
+            self.cfg.max_burst_length,
+        );
+        for mut s in segs {
+            let payload = data.slice(s.offset as usize..(s.offset + s.len) as usize);
+            s.data_sn += first_data_sn;
+            let d = data_in_header(task, &s, None);
+            self.push(Bhs::DataIn(d), &[], payload, None, batch);
         }
     }
 

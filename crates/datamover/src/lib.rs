@@ -161,6 +161,19 @@ pub trait Datamover: Send + Sync {
         note: Option<storage::BufNote>,
         status: Option<CollapsedStatus>,
     ) -> Result<u32, DmError>;
+    /// Deliver a bidirectional command's read data, its data PDUs numbered from
+    /// `first_data_sn` (they share one sequence with the command's R2Ts); its status follows
+    /// in a SCSI Response. Returns the number of data PDUs used. A transport without data
+    /// sequence numbers (RDMA Writes) places the data as [`Datamover::put_data`] does.
+    async fn put_bidi_data(
+        &self,
+        task: TaskRef,
+        data: Bytes,
+        first_data_sn: u32,
+    ) -> Result<u32, DmError> {
+        let _ = first_data_sn;
+        self.put_data(task, data, None, None).await
+    }
     /// The buffers this connection lends for read data, when it has a use for them (the
     /// TCP datamover with data digests computes them in the backend's copy; an RDMA one
     /// lends registered memory); `None`: plain buffers will do.

@@ -56,6 +56,11 @@ pub struct CommandRequest {
 }
 
 impl CommandRequest {
+    /// Both data-out and data-in (the read length goes in a Bidirectional Expected
+    /// Read-Data Length AHS).
+    pub fn is_bidi(&self) -> bool {
+        self.read_len > 0 && !self.write.is_empty()
+    }
     /// A command without data.
     pub fn none(lun: u16, cdb: Vec<u8>) -> Self {
         CommandRequest {
@@ -77,6 +82,15 @@ impl CommandRequest {
     pub fn write(lun: u16, cdb: Vec<u8>, data: Bytes) -> Self {
         CommandRequest {
             write: data,
+            ..Self::none(lun, cdb)
+        }
+    }
+    /// A bidirectional command: writes `data` (which must not be empty) and reads up to
+    /// `read_len` bytes.
+    pub fn bidi(lun: u16, cdb: Vec<u8>, data: Bytes, read_len: u32) -> Self {
+        CommandRequest {
+            write: data,
+            read_len,
             ..Self::none(lun, cdb)
         }
     }
@@ -102,7 +116,11 @@ pub struct CommandResult {
     pub data: Bytes,
     /// Sense bytes of a CHECK CONDITION (without the 2-byte length).
     pub sense: Bytes,
+    /// The residual of the expected data transfer length (a bidirectional command's
+    /// data-out).
     pub residual: Residual,
+    /// A bidirectional command's data-in residual; `None` for other commands.
+    pub bidi_read_residual: Option<Residual>,
 }
 
 /// Why a request did not complete with a response.
@@ -205,6 +223,30 @@ struct Task<T> {
     /// its connections (TASK REASSIGN's ExpDataSN: the target re-issues only R2Ts from it
     /// on, and asks again for what is missing below it).
     next_r2t_sn: u32,
+}
+
+impl<T> Task<T> {
+    /// A SCSI command with both data-out and data-in.
+    fn is_bidi(&self) -> bool {
+        matches!(&self.kind, Kind::Scsi { req } if req.is_bidi())
+    }
+}
+
+/// The AHS of a SCSI Command: the CDB's bytes past 16, and a bidirectional command's
+/// expected read length.
+fn command_ahs(req: &CommandRequest) -> Bytes {
+    let mut ahs = Vec::new();
+    if req.cdb.len() > 16 {
+        ahs.push(Ahs::ExtendedCdb(req.cdb[16..].to_vec()));
+    }
+    if req.is_bidi() {
+        ahs.push(Ahs::BidiReadLength(req.read_len));
+    }
+    if ahs.is_empty() {
+        Bytes::new()
+    } else {
+        Bytes::from(iscsi_wire::encode_ahs(&ahs))
+    }
 }
 
 /// A command Rejected for a data digest error (its immediate data was damaged on the way)
@@ -519,13 +561,7 @@ impl<T> SessionCore<T> {
         let mut cdb = [0u8; 16];
         let n = req.cdb.len().min(16);
         cdb[..n].copy_from_slice(&req.cdb[..n]);
-        let ahs = if req.cdb.len() > 16 {
-            Bytes::from(iscsi_wire::encode_ahs(&[Ahs::ExtendedCdb(
-                req.cdb[16..].to_vec(),
-            )]))
-        } else {
-            Bytes::new()
-        };
+        let ahs = command_ahs(req);
         let bhs = Bhs::ScsiCommand(ScsiCommand {
             immediate: false,
             final_: unsolicited_end <= immediate,
@@ -785,14 +821,17 @@ impl<T> SessionCore<T> {
                         Bytes::new()
                     };
                     let residual = residual(r.underflow, r.overflow, r.residual);
-                    self.complete_scsi(r.itt, r.status, sense, residual, read);
+                    let bidi = self.tasks.get(&r.itt).is_some_and(Task::is_bidi).then(|| {
+                        self::residual(r.bidi_underflow, r.bidi_overflow, r.bidi_read_residual)
+                    });
+                    self.complete_scsi(r.itt, r.status, sense, (residual, bidi), read);
                 }
             }
             Bhs::DataIn(d) if d.status_present => {
                 self.scsi_task(conn, d.itt, "Data-In with status")?;
                 self.note_target_sns(conn, d.stat_sn, true, d.exp_cmd_sn, d.max_cmd_sn);
                 let residual = residual(d.underflow, d.overflow, d.residual);
-                self.complete_scsi(d.itt, d.status, Bytes::new(), residual, read);
+                self.complete_scsi(d.itt, d.status, Bytes::new(), (residual, None), read);
             }
             other => {
                 return Err(perr(format!(
@@ -810,7 +849,7 @@ impl<T> SessionCore<T> {
         itt: u32,
         status: u8,
         sense: Bytes,
-        residual: Residual,
+        (residual, bidi_read_residual): (Residual, Option<Residual>),
         mut data: Bytes,
     ) {
         if let Some(c) = self
@@ -821,7 +860,8 @@ impl<T> SessionCore<T> {
         {
             c.completed = true;
         }
-        if let Residual::Underflow(n) = residual {
+        // The data-in's own residual says how much of the read buffer was filled.
+        if let Residual::Underflow(n) = bidi_read_residual.unwrap_or(residual) {
             data.truncate(data.len().saturating_sub(n as usize));
         }
         self.finish(
@@ -831,6 +871,7 @@ impl<T> SessionCore<T> {
                 data,
                 sense,
                 residual,
+                bidi_read_residual,
             })),
         );
     }

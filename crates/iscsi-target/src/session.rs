@@ -437,6 +437,7 @@ impl Session {
                         data_in: Bytes::new(),
                         data_in_note: None,
                         residual: scsi::Residual::None,
+                        bidi_read_residual: None,
                         aborted: false,
                     };
                     return Some((rsp, 0));
@@ -446,9 +447,9 @@ impl Session {
             None => (Bytes::new(), 0),
         };
         let device = self.device.clone()?;
-        let cdb = match iscsi_wire::parse_ahs(ahs) {
-            Ok(a) => iscsi_wire::full_cdb(cmd, &a),
-            Err(_) => cmd.cdb.to_vec(),
+        let (cdb, bidi_read_len) = match iscsi_wire::parse_ahs(ahs) {
+            Ok(a) => (iscsi_wire::full_cdb(cmd, &a), bidi_read_len(cmd, &a)),
+            Err(_) => (cmd.cdb.to_vec(), None),
         };
         let attr = match cmd.attr {
             0 => scsi::TaskAttr::Untagged,
@@ -468,6 +469,7 @@ impl Session {
                 read: cmd.read,
                 write: cmd.write,
                 data_out,
+                bidi_read_len,
                 read_buffers: conn.dm.read_buffers(),
             })
             .await;
@@ -714,12 +716,33 @@ impl Session {
     }
 }
 
-pub(crate) async fn send_scsi_response(conn: &Conn, task: TaskRef, rsp: scsi::Response, r2ts: u32) {
-    let (overflow, underflow, residual) = match rsp.residual {
+/// A bidirectional command's expected data-in length: the R and W bits both set, the length
+/// from the Bidirectional Expected Read-Data Length AHS (0 when the initiator left it out).
+fn bidi_read_len(cmd: &ScsiCommand, ahs: &[iscsi_wire::Ahs]) -> Option<u32> {
+    (cmd.read && cmd.write).then(|| {
+        ahs.iter()
+            .find_map(|a| match a {
+                iscsi_wire::Ahs::BidiReadLength(n) => Some(*n),
+                _ => None,
+            })
+            .unwrap_or(0)
+    })
+}
+
+/// (overflow, underflow, count) as the SCSI Response carries a residual.
+fn residual_flags(r: scsi::Residual) -> (bool, bool, u32) {
+    match r {
         scsi::Residual::None => (false, false, 0),
         scsi::Residual::Underflow(n) => (false, true, n),
         scsi::Residual::Overflow(n) => (true, false, n),
-    };
+    }
+}
+
+pub(crate) async fn send_scsi_response(conn: &Conn, task: TaskRef, rsp: scsi::Response, r2ts: u32) {
+    if let Some(bidi) = rsp.bidi_read_residual {
+        return send_bidi_response(conn, task, rsp, bidi, r2ts).await;
+    }
+    let (overflow, underflow, residual) = residual_flags(rsp.residual);
     let collapsible = rsp.sense.is_none()
         && (rsp.status == scsi::status::GOOD || rsp.status == scsi::status::CONDITION_MET);
     if !rsp.data_in.is_empty() && collapsible {
@@ -743,15 +766,6 @@ pub(crate) async fn send_scsi_response(conn: &Conn, task: TaskRef, rsp: scsi::Re
             .await
             .unwrap_or(0);
     }
-    let data = match rsp.sense {
-        Some(sense) => {
-            let mut b = BytesMut::with_capacity(2 + sense.len());
-            b.put_u16(sense.len() as u16);
-            b.extend_from_slice(&sense);
-            b.freeze()
-        }
-        None => Bytes::new(),
-    };
     let bhs = ScsiResponse {
         overflow,
         underflow,
@@ -762,7 +776,58 @@ pub(crate) async fn send_scsi_response(conn: &Conn, task: TaskRef, rsp: scsi::Re
         residual,
         ..Default::default()
     };
-    conn.send(Bhs::ScsiResponse(bhs), data).await;
+    conn.send(Bhs::ScsiResponse(bhs), sense_segment(rsp.sense))
+        .await;
+}
+
+/// A bidirectional command's data-in and status: the Data-In PDUs are numbered after the
+/// R2Ts (the two share one sequence), and the status always goes in a SCSI Response, which
+/// alone carries both residuals.
+async fn send_bidi_response(
+    conn: &Conn,
+    task: TaskRef,
+    rsp: scsi::Response,
+    bidi: scsi::Residual,
+    r2ts: u32,
+) {
+    let mut data_pdus = r2ts;
+    if !rsp.data_in.is_empty() {
+        data_pdus += conn
+            .dm
+            .put_bidi_data(task, rsp.data_in, r2ts)
+            .await
+            .unwrap_or(0);
+    }
+    let (overflow, underflow, residual) = residual_flags(rsp.residual);
+    let (bidi_overflow, bidi_underflow, bidi_read_residual) = residual_flags(bidi);
+    let bhs = ScsiResponse {
+        bidi_overflow,
+        bidi_underflow,
+        overflow,
+        underflow,
+        response: 0,
+        status: rsp.status,
+        itt: task.itt,
+        exp_data_sn: data_pdus,
+        bidi_read_residual,
+        residual,
+        ..Default::default()
+    };
+    conn.send(Bhs::ScsiResponse(bhs), sense_segment(rsp.sense))
+        .await;
+}
+
+/// The data segment of a SCSI Response: SenseLength and the sense bytes.
+fn sense_segment(sense: Option<Bytes>) -> Bytes {
+    match sense {
+        Some(sense) => {
+            let mut b = BytesMut::with_capacity(2 + sense.len());
+            b.put_u16(sense.len() as u16);
+            b.extend_from_slice(&sense);
+            b.freeze()
+        }
+        None => Bytes::new(),
+    }
 }
 
 /// Drive one connection in full feature phase until it closes.

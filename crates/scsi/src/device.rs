@@ -56,6 +56,9 @@ pub struct Command {
     pub write: bool,
     /// All data-out the initiator sent (length <= `expected_len`).
     pub data_out: Bytes,
+    /// A bidirectional command's expected data-in length (iSCSI's Bidirectional Expected
+    /// Read-Data Length AHS); `expected_len` is then its data-out length.
+    pub bidi_read_len: Option<u32>,
     /// Where READ data is produced, when the transport lends buffers: the backend reads
     /// into one, and what the buffer noted comes back in [`Response::data_in_note`].
     pub read_buffers: Option<std::sync::Arc<dyn storage::ReadBufSource>>,
@@ -73,6 +76,9 @@ pub struct Response {
     /// is exactly what was read into it (no cut made the note stale).
     pub data_in_note: Option<storage::BufNote>,
     pub residual: Residual,
+    /// A bidirectional command's data-in residual (`residual` is then its data-out's);
+    /// `None` for any other command.
+    pub bidi_read_residual: Option<Residual>,
     /// The task was aborted by task management: the transport must not send this.
     pub aborted: bool,
 }
@@ -85,6 +91,7 @@ impl Response {
             data_in: Bytes::new(),
             data_in_note: None,
             residual: Residual::None,
+            bidi_read_residual: None,
             aborted: true,
         }
     }

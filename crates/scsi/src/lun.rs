@@ -227,6 +227,13 @@ impl Lun {
             let s = Sense::illegal(asc::INVALID_OPCODE);
             return finish_error(&cmd, status::CHECK_CONDITION, Some(self.sense_bytes(&s)));
         };
+        if let Some(read_len) = cmd.bidi_read_len {
+            // A block device has no bidirectional commands.
+            let s = Sense::illegal(asc::INVALID_FIELD_IN_CDB);
+            let mut r = finish_error(&cmd, status::CHECK_CONDITION, Some(self.sense_bytes(&s)));
+            r.bidi_read_residual = Some(Residual::Underflow(read_len));
+            return r;
+        }
         let guard = self.tasks.enter(cmd.nexus, cmd.tag, cmd.attr).await;
         if guard.aborted() {
             return Response::aborted();
@@ -344,6 +351,7 @@ pub(crate) fn finish_data_in(cmd: &Command, data: Bytes, st: u8) -> Response {
             data_in: Bytes::new(),
             data_in_note: None,
             residual,
+            bidi_read_residual: None,
             aborted: false,
         };
     }
@@ -357,6 +365,7 @@ pub(crate) fn finish_data_in(cmd: &Command, data: Bytes, st: u8) -> Response {
         data_in: data,
         data_in_note: None,
         residual: residual(wanted, edtl),
+        bidi_read_residual: None,
         aborted: false,
     }
 }
@@ -369,6 +378,7 @@ fn finish_out(cmd: &Command, out_len: u64, st: u8) -> Response {
         data_in: Bytes::new(),
         data_in_note: None,
         residual: residual(out_len, cmd.expected_len as u64),
+        bidi_read_residual: None,
         aborted: false,
     }
 }
@@ -380,6 +390,7 @@ pub(crate) fn finish_error(_cmd: &Command, st: u8, sense: Option<Bytes>) -> Resp
         data_in: Bytes::new(),
         data_in_note: None,
         residual: Residual::None,
+        bidi_read_residual: None,
         aborted: false,
     }
 }

@@ -34,6 +34,7 @@ fn cmd(nexus: u64, cdb: &[u8], data_out: &[u8], edtl: u32) -> Command {
         write: !data_out.is_empty(),
         data_out: Bytes::copy_from_slice(data_out),
         read_buffers: None,
+        bidi_read_len: None,
     }
 }
 

@@ -189,6 +189,10 @@ impl DataPath {
         if sn_gt(r.r2t_sn.wrapping_add(1), task.next_r2t_sn) {
             task.next_r2t_sn = r.r2t_sn.wrapping_add(1);
         }
+        // A bidirectional command's R2Ts and Data-Ins share one sequence.
+        if task.read_len > 0 && sn_gt(r.r2t_sn.wrapping_add(1), task.exp_data_sn) {
+            task.exp_data_sn = r.r2t_sn.wrapping_add(1);
+        }
         let len = task.write.len();
         let end = r.buffer_offset as u64 + r.desired_len as u64;
         if r.desired_len == 0 || end > len as u64 {
