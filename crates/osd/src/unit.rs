@@ -92,6 +92,12 @@ impl OsdUnit {
     }
 }
 
+// The caller shares one unit between connections.
+const _: fn() = || {
+    fn shared<T: Send + Sync>() {}
+    shared::<OsdUnit>();
+};
+
 /// Attributes to get, as the CDB asks.
 enum Gets {
     None,
@@ -382,9 +388,7 @@ impl Command<'_> {
         let last = first
             .checked_add(count - 1)
             .ok_or(SenseCode::quota_error(pid, 0))?;
-        for oid in first..=last {
-            self.store.insert(pid, oid, kind, self.now)?;
-        }
+        self.store.insert_range(pid, first, last, kind, self.now)?;
         let t = self.resolve(pid, last)?;
         Ok(self.done(t, Vec::new()))
     }
