@@ -182,13 +182,10 @@ pub fn list(partition: u64, initial: u64, alloc_len: u32) -> Request {
 
 /// LIST COLLECTION: the members of a collection, or (collection 0) the collections of a partition.
 pub fn list_collection(partition: u64, collection: u64, initial: u64, alloc_len: u32) -> Request {
-    let mut r = list(partition, initial, alloc_len);
-    r.cdb = Cdb {
-        action: A::ListCollection,
-        object: collection,
-        ..r.cdb
-    };
-    r.cdb.capability = Cdb::new(A::ListCollection, partition, collection).capability;
+    let mut r = Request::new(A::ListCollection, partition, collection);
+    r.cdb.length = u64::from(alloc_len);
+    r.cdb.start = initial;
+    r.data_in_len = alloc_len;
     r
 }
 

@@ -82,7 +82,12 @@ impl OsdUnit {
                 cmd.run()
             }
         };
-        if let Some(s) = reply.sense.as_ref().filter(|_| reply.status != GOOD) {
+        // A READ past the end is answered, not refused: it is not logged.
+        let refused = reply
+            .sense
+            .as_ref()
+            .filter(|s| s.key != crate::sense::key::RECOVERED_ERROR);
+        if let Some(s) = refused {
             let action = cdb.get(8..10).map(|b| u16::from_be_bytes([b[0], b[1]]));
             tracing::debug!(?action, key = s.key, asc = s.asc, ascq = s.ascq, field = ?s.field,
                 object = ?s.object, "osd command refused");
@@ -625,4 +630,37 @@ fn place(
     data_in.resize(at, 0);
     data_in.extend_from_slice(&list[..keep]);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn list_data_layout() {
+        let d = list_data(&[0x10001, 0x10002], 0x10003, 7, 0x21);
+        assert_eq!(d.len(), 40);
+        assert_eq!(&d[0..8], &32u64.to_be_bytes());
+        assert_eq!(&d[8..16], &0x10003u64.to_be_bytes());
+        assert_eq!(&d[16..20], &7u32.to_be_bytes());
+        assert_eq!(d[23], 0x84);
+        assert_eq!(&d[24..32], &0x10001u64.to_be_bytes());
+    }
+
+    #[test]
+    fn retrieved_attributes_never_overwrite_command_data() {
+        let mut data = vec![1u8; 10];
+        assert!(place(&mut data, 4, &[9; 8], 100, 64).is_err());
+        place(&mut data, 16, &[9; 8], 20, 64).unwrap();
+        assert_eq!(data.len(), 20, "cut at the expected data-in length");
+        assert_eq!(&data[10..16], &[0; 6]);
+        assert_eq!(&data[16..], &[9; 4]);
+    }
+
+    #[test]
+    fn parameter_data_bounds() {
+        assert!(slice(&[0; 8], 4, 4).is_ok());
+        assert!(slice(&[0; 8], 4, 5).is_err());
+        assert!(slice(&[0; 8], u64::MAX, 2).is_err());
+    }
 }
