@@ -194,6 +194,32 @@ pub fn decode_value_list(buf: &[u8]) -> Result<Vec<Attribute>, ListError> {
     Ok(out)
 }
 
+/// Decodes a retrieved list that may have been cut at the allocation length
+/// (its length field still counts the whole list): the complete entries.
+pub fn decode_retrieved_list(buf: &[u8]) -> Result<Vec<Attribute>, ListError> {
+    if buf.len() < 8 || buf[0] & 0x0F != LIST_VALUES {
+        return Err(ListError { at: 0 });
+    }
+    let mut whole = buf.to_vec();
+    let len = (be32(&buf[4..8]) as usize).min(buf.len() - 8);
+    // Drop a trailing entry the cut left incomplete.
+    let mut complete = 0;
+    while complete + 16 <= len {
+        let value_len = be16(&whole[8 + complete + 14..8 + complete + 16]);
+        let entry = match value_len {
+            UNDEFINED_LEN => 16,
+            n => 16 + n as usize,
+        };
+        if complete + entry > len {
+            break;
+        }
+        complete = (complete + entry.next_multiple_of(8)).min(len);
+    }
+    whole[4..8].copy_from_slice(&(complete as u32).to_be_bytes());
+    whole.truncate(8 + complete);
+    decode_value_list(&whole)
+}
+
 /// The 40-byte page identification (attribute 0 of every page): vendor, then page name.
 pub fn page_identification(name: &str) -> Vec<u8> {
     let mut v = b"IRONSAN ".to_vec();
@@ -252,6 +278,22 @@ mod tests {
         let mut w = encode_value_list(&[Attribute::new(1, 1, vec![0; 4])]);
         w[8 + 15] = 200;
         assert!(decode_value_list(&w).is_err());
+    }
+
+    #[test]
+    fn a_cut_retrieved_list_yields_its_complete_entries() {
+        let attrs = vec![
+            Attribute::new(1, 1, vec![1; 8]),
+            Attribute::new(1, 2, vec![2; 30]),
+        ];
+        let bytes = encode_value_list(&attrs);
+        assert_eq!(decode_retrieved_list(&bytes).unwrap(), attrs);
+        let cut = &bytes[..8 + 24 + 20];
+        assert!(decode_value_list(cut).is_err());
+        assert_eq!(decode_retrieved_list(cut).unwrap(), attrs[..1]);
+        // Exactly the entries without the last pad.
+        let unpadded = &bytes[..bytes.len() - 2];
+        assert_eq!(decode_retrieved_list(unpadded).unwrap(), attrs);
     }
 
     #[test]

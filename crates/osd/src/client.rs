@@ -255,10 +255,11 @@ pub fn parse_list(data_in: &[u8]) -> Result<ListPage, ParseError> {
     })
 }
 
-/// Parses the retrieved attributes list at `at` in data-in.
+/// Parses the retrieved attributes list at `at` in data-in; a list cut at the
+/// allocation length yields its complete entries.
 pub fn parse_retrieved(data_in: &[u8], at: usize) -> Result<Vec<Attribute>, ParseError> {
     let list = data_in.get(at..).unwrap_or(&[]);
-    Ok(attr::decode_value_list(list)?)
+    Ok(attr::decode_retrieved_list(list)?)
 }
 
 /// The current command page's facts.

@@ -473,3 +473,26 @@ proptest! {
         prop_assert!(reply.status == GOOD || reply.sense.is_some());
     }
 }
+
+#[test]
+fn retrieved_list_is_cut_at_the_allocation_length() {
+    let (_d, u) = with_partition();
+    ok(&u, &client::create(P, 0x10000, 1));
+    let ids = [
+        AttrId {
+            page: page::USER_INFO,
+            number: number::PARTITION_ID,
+        },
+        AttrId {
+            page: page::USER_INFO,
+            number: number::OBJECT_ID,
+        },
+    ];
+    let reply = ok(&u, &client::get_attributes(P, 0x10000, &ids, 40));
+    assert_eq!(reply.data_in.len(), 40);
+    // The header still counts both entries; only the complete one is parsed.
+    assert_eq!(&reply.data_in[4..8], &48u32.to_be_bytes());
+    let got = client::parse_retrieved(&reply.data_in, 0).unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].number, number::PARTITION_ID);
+}
