@@ -38,8 +38,13 @@ pub struct AcceptConfig {
 
 /// Login text fits 8 KiB (both Linux peers size their login buffers so); full feature phase
 /// adds immediate and unsolicited data up to TargetRecvDataSegmentLength, also 8 KiB by
-/// default: one buffer size serves both phases.
-pub const DEFAULT_RECV_LEN: usize = iser::ISER_HEADERS_LEN + DEFAULT_RECV_DATA as usize + 52;
+/// default: one buffer size serves both phases. A SCSI Command's AHS (a long CDB's Extended
+/// CDB AHS, a bidirectional command's read length) comes on top of its immediate data.
+pub const DEFAULT_RECV_LEN: usize =
+    iser::ISER_HEADERS_LEN + COMMAND_AHS_MAX + DEFAULT_RECV_DATA as usize + 52;
+/// The largest AHS of a SCSI Command: a 260-byte CDB's Extended CDB AHS (248 bytes) and the
+/// Bidirectional Expected Read-Data Length AHS (8).
+pub const COMMAND_AHS_MAX: usize = 256;
 /// The data segment a Send to the target may carry with [`DEFAULT_RECV_LEN`] buffers
 /// (declared as TargetRecvDataSegmentLength).
 pub const DEFAULT_RECV_DATA: u32 = 8192;
@@ -165,7 +170,7 @@ where
         initiator_flags,
         send_invalidate,
         ird_ord: (info.ird, info.ord),
-        max_recv_data: (cfg.buffers.recv_len - iser::ISER_HEADERS_LEN) as u32,
+        max_recv_data: (cfg.buffers.recv_len - iser::ISER_HEADERS_LEN - COMMAND_AHS_MAX) as u32,
     })
 }
 

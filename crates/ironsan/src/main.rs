@@ -38,6 +38,8 @@ enum Command {
     Read(cmd::initiator::ReadArgs),
     /// Write stdin (or --input) to a LUN.
     Write(cmd::initiator::WriteArgs),
+    /// Object storage (OSD-2) commands on an OSD LUN: partitions, objects, attributes, a bench.
+    Osd(cmd::osd::OsdArgs),
     /// Export a LUN over NBD (qemu-img, qemu-io, nbdinfo, nbd-client).
     Nbd(cmd::nbd::NbdArgs),
     /// Mount a target's LUNs as files (FUSE), e.g. for `losetup --direct-io=on`.
@@ -84,6 +86,7 @@ fn main() {
             | Command::Inq(_)
             | Command::Read(_)
             | Command::Write(_)
+            | Command::Osd(_)
     ) {
         // Silent unless asked: IRONSAN_LOG=info shows the initiator's recovery events.
         cmd::target::init_logging_or("off");
@@ -97,6 +100,7 @@ fn main() {
         Command::Inq(args) => cmd::initiator::inq(args),
         Command::Read(args) => cmd::initiator::read(args),
         Command::Write(args) => cmd::initiator::write(args),
+        Command::Osd(args) => cmd::osd::run(args),
         Command::Nbd(args) => cmd::nbd::run(args),
         Command::Mount(args) => cmd::mount::run(args),
         Command::Rdma(args) => cmd::rdma::run(args),

@@ -110,6 +110,9 @@ impl Sense {
             (0x47, _) => "SCSI parity error",
             (0x4b, _) => "data phase error",
             (0x55, 0x03) => "insufficient resources",
+            (0x2c, 0x0a) => "partition or collection contains user objects",
+            (0x3b, 0x17) => "read past end of user object",
+            (0x55, 0x07) => "quota error",
             _ => return None,
         })
     }
@@ -318,6 +321,7 @@ impl Inquiry {
             0x05 => "CD/DVD device",
             0x0c => "storage array controller",
             0x0d => "enclosure services device",
+            0x11 => "object-based storage device (OSD)",
             0x1f => "unknown or no device",
             _ => "other device type",
         }

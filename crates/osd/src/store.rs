@@ -93,8 +93,11 @@ impl Store {
     pub fn open(dir: &Path, capacity: u64) -> Result<Store, OsdError> {
         fs::create_dir_all(dir.join("data"))?;
         let db = Connection::open(dir.join("osd.db"))?;
-        // Write-ahead logging: one fsync per command instead of two, same durability.
+        // Write-ahead logging without a sync per commit: attributes reach the disk with
+        // the object data they describe, at FLUSH, FUA or a checkpoint, as behind a
+        // write cache (a sync per command cost a READ, which notes its access time, ~1 ms).
         db.pragma_update(None, "journal_mode", "WAL")?;
+        db.pragma_update(None, "synchronous", "NORMAL")?;
         db.execute_batch(SCHEMA)?;
         db.execute(
             "INSERT OR IGNORE INTO settings (name, value) VALUES ('capacity', ?1)",
@@ -468,6 +471,13 @@ impl Store {
     pub fn allocated(&self, pid: u64, oid: u64) -> Result<u64, OsdError> {
         use std::os::unix::fs::MetadataExt;
         Ok(fs::metadata(self.data_path(pid, oid))?.blocks() * 512)
+    }
+
+    /// Makes one object's data and every attribute durable (a WRITE with FUA).
+    pub fn sync_object(&self, pid: u64, oid: u64) -> Result<(), OsdError> {
+        self.data_file(pid, oid)?.sync_data()?;
+        self.db.execute_batch("PRAGMA wal_checkpoint;")?;
+        Ok(())
     }
 
     /// Makes every written byte durable (FLUSH and friends).

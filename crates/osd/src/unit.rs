@@ -10,6 +10,9 @@ use crate::pages::{self, CurrentCommand, SetEffect, Target};
 use crate::sense::SenseCode;
 use crate::store::{Kind, OsdError, Store};
 
+/// CDB byte 10: force unit access (the write is durable before GOOD).
+const FUA: u8 = 0x08;
+
 /// SCSI status GOOD.
 pub const GOOD: u8 = 0x00;
 /// SCSI status CHECK CONDITION.
@@ -442,6 +445,9 @@ impl Command<'_> {
             self.store.set_length(pid, oid, new_len)?;
         }
         self.touch(&t, &["data_modified", "attr_modified"])?;
+        if self.cdb.options & FUA != 0 {
+            self.store.sync_object(pid, oid)?;
+        }
         let mut done = self.done(t, Vec::new());
         done.cc.append_address = append.then_some(start);
         Ok(done)

@@ -107,6 +107,9 @@ pub enum BackendConfig {
     File { path: PathBuf, create: bool },
     /// A block device (O_DIRECT where aligned).
     Block { path: PathBuf },
+    /// An object store in a directory (created if missing): the LUN is a T10 OSD-2 object
+    /// storage device, not a block device; `size` is its capacity.
+    Osd { path: PathBuf },
 }
 
 #[derive(Deserialize)]
@@ -121,6 +124,9 @@ enum BackendTable {
     Block {
         path: PathBuf,
     },
+    Osd {
+        path: PathBuf,
+    },
 }
 
 impl<'de> Deserialize<'de> for BackendConfig {
@@ -129,15 +135,15 @@ impl<'de> Deserialize<'de> for BackendConfig {
         impl<'de> Visitor<'de> for V {
             type Value = BackendConfig;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("\"memory\", or a table { type = \"file\", path = \"...\", create = true } or { type = \"block\", path = \"/dev/...\" }")
+                f.write_str("\"memory\", or a table { type = \"file\", path = \"...\", create = true }, { type = \"block\", path = \"/dev/...\" } or { type = \"osd\", path = \"dir\" }")
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<BackendConfig, E> {
                 match v {
                     "memory" | "ram" => Ok(BackendConfig::Memory),
-                    "file" | "block" => Err(E::custom(format!(
+                    "file" | "block" | "osd" => Err(E::custom(format!(
                         "backend \"{v}\" needs a path: write backend = {{ type = \"{v}\", path = \"...\" }}"
                     ))),
-                    other => Err(E::custom(format!("unknown backend {other:?}: expected memory, file or block"))),
+                    other => Err(E::custom(format!("unknown backend {other:?}: expected memory, file, block or osd"))),
                 }
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<BackendConfig, A::Error> {
@@ -146,6 +152,7 @@ impl<'de> Deserialize<'de> for BackendConfig {
                     BackendTable::Memory => BackendConfig::Memory,
                     BackendTable::File { path, create } => BackendConfig::File { path, create },
                     BackendTable::Block { path } => BackendConfig::Block { path },
+                    BackendTable::Osd { path } => BackendConfig::Osd { path },
                 })
             }
         }
@@ -368,6 +375,16 @@ mod tests {
                 path: "/dev/loop0".into()
             }
         );
+        let c: LunConfig = toml::from_str(
+            "size = \"1GiB\"\nbackend = { type = \"osd\", path = \"/srv/objects\" }",
+        )
+        .unwrap();
+        assert_eq!(
+            c.backend,
+            BackendConfig::Osd {
+                path: "/srv/objects".into()
+            }
+        );
     }
 
     #[test]
@@ -377,6 +394,10 @@ mod tests {
             .to_string();
         assert!(e.contains("unknown unit"), "{e}");
         let e = toml::from_str::<LunConfig>("backend = \"file\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("needs a path"), "{e}");
+        let e = toml::from_str::<LunConfig>("backend = \"osd\"")
             .unwrap_err()
             .to_string();
         assert!(e.contains("needs a path"), "{e}");

@@ -9,6 +9,7 @@ use bytes::Bytes;
 
 use crate::config::{derived_naa, derived_serial, parse_naa, BackendConfig, LunConfig};
 use crate::lun::Lun;
+use crate::object::ObjectLun;
 use crate::sense::{asc, Sense};
 use crate::status;
 
@@ -129,6 +130,8 @@ pub(crate) struct NexusInfo {
 pub struct Device {
     target_name: String,
     luns: BTreeMap<u64, Arc<Lun>>,
+    /// Object-based storage LUNs (OSD), numbered apart from the block LUNs.
+    objects: BTreeMap<u64, Arc<ObjectLun>>,
     nexuses: Mutex<HashMap<NexusId, NexusInfo>>,
 }
 
@@ -149,17 +152,24 @@ impl Device {
         image: &ImageProvider,
     ) -> Result<Device, DeviceError> {
         let mut map = BTreeMap::new();
+        let mut objects = BTreeMap::new();
         for (id, cfg) in luns {
             if id >= 16384 {
                 return Err(DeviceError(format!(
                     "LUN {id}: numbers must be below 16384"
                 )));
             }
-            if map.contains_key(&id) {
+            if map.contains_key(&id) || objects.contains_key(&id) {
                 return Err(DeviceError(format!("LUN {id} is configured twice")));
             }
             cfg.validate()
                 .map_err(|e| DeviceError(format!("LUN {id}: {e}")))?;
+            if let BackendConfig::Osd { path } = &cfg.backend {
+                let lun = open_object_lun(target_name, id, path, &cfg)
+                    .map_err(|e| DeviceError(format!("LUN {id}: {e}")))?;
+                objects.insert(id, Arc::new(lun));
+                continue;
+            }
             let backend =
                 open_backend(id, &cfg, image).map_err(|e| DeviceError(format!("LUN {id}: {e}")))?;
             let size = backend.size();
@@ -184,6 +194,7 @@ impl Device {
         Ok(Device {
             target_name: target_name.to_string(),
             luns: map,
+            objects,
             nexuses: Mutex::new(HashMap::new()),
         })
     }
@@ -193,9 +204,21 @@ impl Device {
         &self.target_name
     }
 
-    /// Configured LUN numbers, ascending.
+    /// Configured LUN numbers (block and object), ascending.
     pub fn luns(&self) -> Vec<u64> {
-        self.luns.keys().copied().collect()
+        let mut all: Vec<u64> = self
+            .luns
+            .keys()
+            .chain(self.objects.keys())
+            .copied()
+            .collect();
+        all.sort_unstable();
+        all
+    }
+
+    /// Whether `lun` is an object-based storage device (OSD).
+    pub fn is_object_lun(&self, lun: u64) -> bool {
+        self.objects.contains_key(&lun)
     }
 
     /// The LUN whose NAA designator (VPD page 0x83) is `naa`, for EXTENDED COPY.
@@ -263,6 +286,9 @@ impl Device {
 
     /// Executes one command to completion.
     pub async fn execute(&self, cmd: Command) -> Response {
+        if let Some(object) = self.objects.get(&cmd.lun) {
+            return object.execute(&self.luns(), cmd).await;
+        }
         let lun = match self.luns.get(&cmd.lun) {
             Some(l) => l.clone(),
             None => return self.no_such_lun(&cmd),
@@ -373,6 +399,25 @@ impl Device {
     }
 }
 
+/// An object store LUN: its capacity is `size` (default 1 GiB).
+fn open_object_lun(
+    target_name: &str,
+    id: u64,
+    dir: &std::path::Path,
+    cfg: &LunConfig,
+) -> Result<ObjectLun, String> {
+    let naa = match &cfg.wwn {
+        Some(w) => parse_naa(w)?,
+        None => derived_naa(target_name, id),
+    };
+    let serial = cfg
+        .serial
+        .clone()
+        .unwrap_or_else(|| derived_serial(target_name, id));
+    let capacity = cfg.size.map_or(1 << 30, |s| s.0);
+    ObjectLun::open(dir, capacity, cfg, serial, naa)
+}
+
 /// Memory for a RAM LUN's image (LUN number, size in bytes), or `None` for the heap.
 pub type ImageProvider = dyn Fn(u64, u64) -> Option<Arc<dyn storage::ImageMemory>>;
 
@@ -399,5 +444,6 @@ fn open_backend(
         BackendConfig::Block { path } => Arc::new(
             storage::BlockBackend::open(path, size, cfg.read_only).map_err(|e| e.to_string())?,
         ),
+        BackendConfig::Osd { .. } => return Err("an object store is not a block backend".into()),
     })
 }

@@ -27,6 +27,7 @@ pub(crate) mod cmds;
 pub mod config;
 mod device;
 mod lun;
+mod object;
 mod pr;
 pub mod sense;
 mod tasks;
@@ -36,6 +37,7 @@ pub use config::{BackendConfig, ByteSize, LunConfig};
 pub use device::{
     Command, Device, DeviceError, ImageProvider, NexusId, ResetKind, Residual, Response, TaskAttr,
 };
+pub use object::OSD_DEVICE_TYPE;
 pub use sense::Sense;
 
 /// SCSI status codes (SAM-5).

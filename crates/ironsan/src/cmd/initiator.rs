@@ -163,6 +163,9 @@ fn yes_no(s: &str) -> Result<bool, String> {
     }
 }
 
+/// Peripheral device type of an object-based storage device.
+const OSD: u8 = 0x11;
+
 fn size(s: &str) -> Result<u64, String> {
     report::parse_size(s).map_err(|e| e.to_string())
 }
@@ -240,6 +243,10 @@ pub fn ls(args: LsArgs) -> anyhow::Result<()> {
                 }
             };
             for lun in luns {
+                if s.inquiry(lun).await.is_ok_and(|i| i.device_type == OSD) {
+                    println!("  Lun: {lun}  object-based storage device (OSD): see `ironsan osd`");
+                    continue;
+                }
                 match s.capacity(lun).await {
                     Ok(c) => println!(
                         "  Lun: {lun}  Size: {} ({} bytes, {} blocks of {} bytes){}",
@@ -301,6 +308,11 @@ pub fn inq(args: InqArgs) -> anyhow::Result<()> {
                     println!("Unit serial number: {sn}");
                 }
             }
+        }
+        if i.device_type == OSD {
+            println!("Objects: see `ironsan osd {} list`", args.url);
+            let _ = s.logout().await;
+            return Ok(());
         }
         let c = s.capacity(lun).await?;
         println!(

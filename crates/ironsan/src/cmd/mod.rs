@@ -9,6 +9,7 @@ pub mod delay;
 pub mod initiator;
 pub mod mount;
 pub mod nbd;
+pub mod osd;
 pub mod rdma;
 pub mod soak;
 pub mod target;
