@@ -6,7 +6,7 @@
 # (missing object, partition still holding objects); the target restarts and every object
 # and attribute is still there; the same commands run over iser://; tshark's OSD dissector
 # decodes the client's own capture (--trace) with no malformed packet; the object bench
-# runs over both transports.
+# runs over both transports; `ironsan analyze` names the OSD commands of a capture.
 # stage-timeout: 600
 set -euo pipefail
 : "${IRONSAN:?set IRONSAN to the ironsan binary}"
@@ -129,6 +129,14 @@ if command -v tshark >/dev/null; then
 else
   fail "tshark is not installed (scripts/install-deps.sh installs it)"
 fi
+
+echo "== ironsan analyze names OSD commands"
+timeout 60 "$IRONSAN" analyze --port "$port" "$work/trace-write.pcapng" >"$work/analyze.txt" 2>&1 || fail "analyze"
+grep -q "OSD WRITE partition 0x20000 object 0x30000 offset 0 len 3000000" "$work/analyze.txt" ||
+  fail "analyze listing: $(grep 'SCSI Command' "$work/analyze.txt" | head -3)"
+timeout 60 "$IRONSAN" analyze --port "$port" "$work/trace-list.pcapng" 2>&1 | grep -q "OSD LIST partition 0x20000" ||
+  fail "analyze: no OSD LIST"
+ok "the listing names service actions, partition and object ids, offset and length"
 
 echo "== object bench over iSCSI/TCP and iSER"
 for u in "$url" "$iurl"; do

@@ -153,12 +153,33 @@ pub fn describe_cdb(cdb: &[u8]) -> String {
         }
         0xa0 => format!("{name} alloc {}", be32(cdb, 6)),
         0x03 => format!("{name} alloc {}", cdb.get(4).copied().unwrap_or(0)),
+        0x7f => describe_osd(cdb),
         0x5e | 0x5f => format!(
             "{name} service action 0x{:02x}",
             cdb.get(1).map_or(0, |s| s & 0x1f)
         ),
         _ => name,
     }
+}
+
+/// An OSD-2 command (variable-length CDB): its service action and the object it names.
+fn describe_osd(cdb: &[u8]) -> String {
+    use osd::cdb::ServiceAction as A;
+    let Ok(c) = osd::cdb::Cdb::parse(cdb) else {
+        return format!("VARIABLE LENGTH service action 0x{:04x}", be16(cdb, 8));
+    };
+    let mut d = format!("OSD {} partition 0x{:x}", c.action.name(), c.partition);
+    if c.object != 0 {
+        d += &format!(" object 0x{:x}", c.object);
+    }
+    match c.action {
+        A::Read | A::Write | A::Clear | A::Punch => {
+            d += &format!(" offset {} len {}", c.start, c.length)
+        }
+        A::Append => d += &format!(" len {}", c.length),
+        _ => {}
+    }
+    d
 }
 
 /// SCSI status byte name.
@@ -222,6 +243,19 @@ mod tests {
             "READ(6) LBA 5 len 256"
         );
         assert_eq!(describe_cdb(&[0xc7]), "opcode 0xc7");
+        let w = osd::client::write(0x10000, 0x10001, 4096, &[0; 100])
+            .cdb
+            .encode();
+        assert_eq!(
+            describe_cdb(&w),
+            "OSD WRITE partition 0x10000 object 0x10001 offset 4096 len 100"
+        );
+        let p = osd::client::create_partition(0x20000).cdb.encode();
+        assert_eq!(describe_cdb(&p), "OSD CREATE PARTITION partition 0x20000");
+        assert_eq!(
+            describe_cdb(&w[..16]),
+            "VARIABLE LENGTH service action 0x8886"
+        );
         assert_eq!(describe_cdb(&[]), "empty CDB");
     }
 

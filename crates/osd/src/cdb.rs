@@ -56,27 +56,27 @@ pub enum ServiceAction {
     FlushOsd,
 }
 
-const ACTIONS: [(ServiceAction, u16); 20] = [
-    (ServiceAction::FormatOsd, 0x8881),
-    (ServiceAction::Create, 0x8882),
-    (ServiceAction::List, 0x8883),
-    (ServiceAction::Punch, 0x8884),
-    (ServiceAction::Read, 0x8885),
-    (ServiceAction::Write, 0x8886),
-    (ServiceAction::Append, 0x8887),
-    (ServiceAction::Flush, 0x8888),
-    (ServiceAction::Clear, 0x8889),
-    (ServiceAction::Remove, 0x888A),
-    (ServiceAction::CreatePartition, 0x888B),
-    (ServiceAction::RemovePartition, 0x888C),
-    (ServiceAction::GetAttributes, 0x888E),
-    (ServiceAction::SetAttributes, 0x888F),
-    (ServiceAction::CreateCollection, 0x8895),
-    (ServiceAction::RemoveCollection, 0x8896),
-    (ServiceAction::ListCollection, 0x8897),
-    (ServiceAction::FlushCollection, 0x889A),
-    (ServiceAction::FlushPartition, 0x889B),
-    (ServiceAction::FlushOsd, 0x889C),
+const ACTIONS: [(ServiceAction, u16, &str); 20] = [
+    (ServiceAction::FormatOsd, 0x8881, "FORMAT OSD"),
+    (ServiceAction::Create, 0x8882, "CREATE"),
+    (ServiceAction::List, 0x8883, "LIST"),
+    (ServiceAction::Punch, 0x8884, "PUNCH"),
+    (ServiceAction::Read, 0x8885, "READ"),
+    (ServiceAction::Write, 0x8886, "WRITE"),
+    (ServiceAction::Append, 0x8887, "APPEND"),
+    (ServiceAction::Flush, 0x8888, "FLUSH"),
+    (ServiceAction::Clear, 0x8889, "CLEAR"),
+    (ServiceAction::Remove, 0x888A, "REMOVE"),
+    (ServiceAction::CreatePartition, 0x888B, "CREATE PARTITION"),
+    (ServiceAction::RemovePartition, 0x888C, "REMOVE PARTITION"),
+    (ServiceAction::GetAttributes, 0x888E, "GET ATTRIBUTES"),
+    (ServiceAction::SetAttributes, 0x888F, "SET ATTRIBUTES"),
+    (ServiceAction::CreateCollection, 0x8895, "CREATE COLLECTION"),
+    (ServiceAction::RemoveCollection, 0x8896, "REMOVE COLLECTION"),
+    (ServiceAction::ListCollection, 0x8897, "LIST COLLECTION"),
+    (ServiceAction::FlushCollection, 0x889A, "FLUSH COLLECTION"),
+    (ServiceAction::FlushPartition, 0x889B, "FLUSH PARTITION"),
+    (ServiceAction::FlushOsd, 0x889C, "FLUSH OSD"),
 ];
 
 impl ServiceAction {
@@ -84,13 +84,24 @@ impl ServiceAction {
     pub fn code(self) -> u16 {
         ACTIONS
             .iter()
-            .find(|(a, _)| *a == self)
-            .map_or(0, |(_, c)| *c)
+            .find(|(a, _, _)| *a == self)
+            .map_or(0, |(_, c, _)| *c)
     }
 
     /// The action for a SERVICE ACTION value, if supported.
     pub fn from_code(code: u16) -> Option<ServiceAction> {
-        ACTIONS.iter().find(|(_, c)| *c == code).map(|(a, _)| *a)
+        ACTIONS
+            .iter()
+            .find(|(_, c, _)| *c == code)
+            .map(|(a, _, _)| *a)
+    }
+
+    /// The command's name in the standard ("CREATE PARTITION").
+    pub fn name(self) -> &'static str {
+        ACTIONS
+            .iter()
+            .find(|(a, _, _)| *a == self)
+            .map_or("", |(_, _, n)| n)
     }
 }
 
@@ -467,9 +478,10 @@ mod tests {
 
     #[test]
     fn every_action_code_round_trips() {
-        for (a, c) in ACTIONS {
+        for (a, c, name) in ACTIONS {
             assert_eq!(a.code(), c);
             assert_eq!(ServiceAction::from_code(c), Some(a));
+            assert_eq!(a.name(), name);
         }
     }
 
