@@ -15,11 +15,13 @@
 
 pub mod input;
 pub mod login;
+pub mod osd_unit;
 pub mod scsi_dev;
 pub mod wire;
 
 pub use input::Input;
 pub use login::{chap, login_initiator, login_target, send_targets, text_keys};
+pub use osd_unit::osd;
 pub use scsi_dev::scsi;
 pub use wire::{ddp_rdmap, iscsi_pdu, iser, mpa};
 
@@ -38,6 +40,7 @@ pub const TARGETS: &[(&str, Harness)] = &[
     ("mpa", mpa),
     ("ddp_rdmap", ddp_rdmap),
     ("scsi", scsi),
+    ("osd", osd),
     ("pcap", pcap),
     ("tcp_stream", tcp_stream),
     ("config", config),

@@ -187,6 +187,7 @@ fn command(nexus: u64, lun: u64, cdb: &[u8], len: u32, read: bool, data: Bytes) 
         write: !data.is_empty(),
         data_out: data,
         read_buffers: None,
+        bidi_read_len: None,
     }
 }
 

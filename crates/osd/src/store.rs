@@ -72,6 +72,31 @@ CREATE TABLE IF NOT EXISTS objects (
 CREATE TABLE IF NOT EXISTS attrs (
     pid INTEGER NOT NULL, oid INTEGER NOT NULL, page INTEGER NOT NULL, number INTEGER NOT NULL,
     value BLOB NOT NULL, PRIMARY KEY (pid, oid, page, number));
+-- Per partition, the logical lengths summed and the objects (user objects and collections,
+-- kinds 0x80 and 0x40) counted, kept by triggers: WRITE and CREATE check capacity and quotas
+-- against these instead of scanning the partition (which grew with the store: 0.5 ms per
+-- 4 KiB write at 2,000 objects).
+CREATE TABLE IF NOT EXISTS usage (
+    pid INTEGER PRIMARY KEY, used INTEGER NOT NULL, objects INTEGER NOT NULL);
+CREATE TRIGGER IF NOT EXISTS usage_insert AFTER INSERT ON objects BEGIN
+    INSERT OR IGNORE INTO usage (pid, used, objects) VALUES (NEW.pid, 0, 0);
+    UPDATE usage SET used = used + NEW.length, objects = objects + (NEW.kind IN (64, 128))
+        WHERE pid = NEW.pid;
+END;
+CREATE TRIGGER IF NOT EXISTS usage_length AFTER UPDATE OF length ON objects BEGIN
+    UPDATE usage SET used = used - OLD.length + NEW.length WHERE pid = NEW.pid;
+END;
+CREATE TRIGGER IF NOT EXISTS usage_delete AFTER DELETE ON objects BEGIN
+    UPDATE usage SET used = used - OLD.length, objects = objects - (OLD.kind IN (64, 128))
+        WHERE pid = OLD.pid;
+END;
+";
+
+/// Rebuilds the sums from the objects (at open: they cannot drift across a crash).
+const RECOUNT_USAGE: &str = "
+DELETE FROM usage;
+INSERT INTO usage (pid, used, objects)
+    SELECT pid, SUM(length), SUM(kind IN (64, 128)) FROM objects GROUP BY pid;
 ";
 
 /// SQLite integers are signed: flipping the top bit keeps u64 order in i64 order.
@@ -99,6 +124,7 @@ impl Store {
         db.pragma_update(None, "journal_mode", "WAL")?;
         db.pragma_update(None, "synchronous", "NORMAL")?;
         db.execute_batch(SCHEMA)?;
+        db.execute_batch(RECOUNT_USAGE)?;
         db.execute(
             "INSERT OR IGNORE INTO settings (name, value) VALUES ('capacity', ?1)",
             params![key(capacity)],
@@ -310,11 +336,10 @@ impl Store {
                 |r| r.get(0),
             )?
         } else {
-            self.db.query_row(
-                "SELECT COUNT(*) FROM objects WHERE pid = ?1 AND oid != ?2",
-                params![key(pid), key(0)],
-                |r| r.get(0),
-            )?
+            let mut stmt = self
+                .db
+                .prepare_cached("SELECT COALESCE(SUM(objects), 0) FROM usage WHERE pid = ?1")?;
+            stmt.query_row(params![key(pid)], |r| r.get(0))?
         };
         Ok(n as u64)
     }
@@ -322,19 +347,15 @@ impl Store {
     /// Sum of user object logical lengths: of one partition, or of all (pid 0).
     pub fn used(&self, pid: u64) -> Result<u64, OsdError> {
         let n: i64 = if pid == 0 {
-            self.db
-                .query_row("SELECT TOTAL(length) FROM objects", [], |r| {
-                    r.get::<_, f64>(0)
-                })
-                .map(|f| f as i64)?
+            let mut stmt = self
+                .db
+                .prepare_cached("SELECT COALESCE(SUM(used), 0) FROM usage")?;
+            stmt.query_row([], |r| r.get(0))?
         } else {
-            self.db
-                .query_row(
-                    "SELECT TOTAL(length) FROM objects WHERE pid = ?1",
-                    params![key(pid)],
-                    |r| r.get::<_, f64>(0),
-                )
-                .map(|f| f as i64)?
+            let mut stmt = self
+                .db
+                .prepare_cached("SELECT COALESCE(SUM(used), 0) FROM usage WHERE pid = ?1")?;
+            stmt.query_row(params![key(pid)], |r| r.get(0))?
         };
         Ok(n as u64)
     }
@@ -541,5 +562,44 @@ mod tests {
         assert_eq!(s.attr(0x10000, 0x10000, 0x10000, 1).unwrap().unwrap(), b"v");
         assert_eq!(s.next_id(0x10000).unwrap(), 0x10001);
         assert_eq!(s.next_id(0).unwrap(), 0x10001);
+    }
+
+    /// The sums the triggers keep equal a scan of the objects, through every change and a
+    /// reopen.
+    #[test]
+    fn usage_sums_follow_every_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let scan = |s: &Store, pid: u64| -> (u64, u64) {
+            let sql = "SELECT COALESCE(SUM(length), 0), COALESCE(SUM(kind IN (64, 128)), 0)
+                       FROM objects WHERE pid = ?1";
+            let (u, n): (i64, i64) =
+                s.db.query_row(sql, params![key(pid)], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .unwrap();
+            (u as u64, n as u64)
+        };
+        let (a, b) = (0x10000, 0x20000);
+        {
+            let mut s = Store::open(dir.path(), 1 << 30).unwrap();
+            s.insert(a, 0, Kind::Partition, 1).unwrap();
+            s.insert(b, 0, Kind::Partition, 1).unwrap();
+            for oid in 0x10000..0x10010 {
+                s.insert(a, oid, Kind::User, 1).unwrap();
+                s.set_length(a, oid, oid - 0xF000).unwrap();
+            }
+            s.insert(a, 0x30000, Kind::Collection, 1).unwrap();
+            s.insert(b, 0x10000, Kind::User, 1).unwrap();
+            s.set_length(b, 0x10000, 5000).unwrap();
+            s.set_length(a, 0x10003, 7).unwrap();
+            s.remove(a, 0x10005).unwrap();
+            for pid in [a, b] {
+                assert_eq!((s.used(pid).unwrap(), s.count(pid).unwrap()), scan(&s, pid));
+            }
+            assert_eq!(s.count(a).unwrap(), 16);
+            assert_eq!(s.used(0).unwrap(), scan(&s, a).0 + scan(&s, b).0);
+        }
+        let s = Store::open(dir.path(), 1 << 30).unwrap();
+        for pid in [a, b] {
+            assert_eq!((s.used(pid).unwrap(), s.count(pid).unwrap()), scan(&s, pid));
+        }
     }
 }
