@@ -72,7 +72,16 @@ struct Store {
 fn store() -> &'static Mutex<Store> {
     static STORE: OnceLock<Mutex<Store>> = OnceLock::new();
     STORE.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("ironsan-fuzz-osd-{}", std::process::id()));
+        // In memory where the machine has it: the store's files and database are rewritten by
+        // every input.
+        let base = Path::new("/dev/shm");
+        let base = if base.is_dir() {
+            base.to_path_buf()
+        } else {
+            std::env::temp_dir()
+        };
+        remove_stale_stores(&base);
+        let dir = base.join(format!("{STORE_PREFIX}{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let unit = OsdUnit::open(&dir, 1 << 20).expect("a store in the temporary directory");
         Mutex::new(Store {
@@ -81,6 +90,21 @@ fn store() -> &'static Mutex<Store> {
             templates: templates(),
         })
     })
+}
+
+const STORE_PREFIX: &str = "ironsan-fuzz-osd-";
+
+/// Stores left by fuzzing processes that have ended (a static is never dropped).
+fn remove_stale_stores(base: &Path) {
+    for e in std::fs::read_dir(base).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix(STORE_PREFIX) else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 pub fn osd(data: &[u8]) {
