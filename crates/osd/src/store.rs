@@ -6,6 +6,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -99,6 +100,13 @@ INSERT INTO usage (pid, used, objects)
     SELECT pid, SUM(length), SUM(kind IN (64, 128)) FROM objects GROUP BY pid;
 ";
 
+/// Milliseconds since 1970, the OSD timestamp unit.
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// SQLite integers are signed: flipping the top bit keeps u64 order in i64 order.
 fn key(id: u64) -> i64 {
     (id ^ (1 << 63)) as i64
@@ -139,7 +147,7 @@ impl Store {
 
     /// The root's row holds only its timestamps.
     fn insert_root(&self) -> Result<(), OsdError> {
-        let now = crate::unit::now_ms() as i64;
+        let now = now_ms() as i64;
         self.db.execute(
             "INSERT OR IGNORE INTO objects (pid, oid, kind, created, attr_accessed, attr_modified,
              data_accessed, data_modified) VALUES (?1, ?1, ?2, ?3, ?3, ?3, ?3, ?3)",

@@ -2,13 +2,12 @@
 
 use std::path::Path;
 use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::attr::{self, AttrId, Attribute};
 use crate::cdb::{field, AttrParams, Cdb, ServiceAction};
 use crate::pages::{self, CurrentCommand, SetEffect, Target};
 use crate::sense::SenseCode;
-use crate::store::{Kind, OsdError, Store};
+use crate::store::{now_ms, Kind, OsdError, Store};
 
 /// CDB byte 10: force unit access (the write is durable before GOOD).
 const FUA: u8 = 0x08;
@@ -50,13 +49,6 @@ impl From<OsdError> for SenseCode {
         tracing::warn!(error = %e, "osd backing store failed");
         SenseCode::internal_failure()
     }
-}
-
-/// Milliseconds since 1970, the OSD timestamp unit.
-pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 impl OsdUnit {
