@@ -69,6 +69,11 @@ pub fn run(args: TargetArgs) -> anyhow::Result<()> {
         .context("starting the runtime")?;
     runtime.block_on(async move {
         let targets: Vec<String> = config.targets.iter().map(|t| t.name.clone()).collect();
+        let first_lun_is_osd = config.targets.first().is_some_and(|t| {
+            t.lun
+                .get("0")
+                .is_some_and(|l| matches!(l.backend, scsi::BackendConfig::Osd { .. }))
+        });
         let bound = Target::bind(config).await.map_err(anyhow::Error::msg)?;
         let trace = match &args.trace {
             Some(path) => {
@@ -112,7 +117,11 @@ pub fn run(args: TargetArgs) -> anyhow::Result<()> {
             println!("ironsan: try:");
             println!("    iscsi-ls -s iscsi://{hp}/");
             println!("    iscsi-inq iscsi://{hp}/{t}/0");
-            println!("    iscsi-readcapacity16 iscsi://{hp}/{t}/0");
+            if first_lun_is_osd {
+                println!("    ironsan osd iscsi://{hp}/{t}/0 list   # an OSD-2 object store");
+            } else {
+                println!("    iscsi-readcapacity16 iscsi://{hp}/{t}/0");
+            }
             println!("    iscsiadm -m discovery -t sendtargets -p {hp}   # Linux open-iscsi");
         }
         let serving = tokio::spawn(bound.serve());
