@@ -89,10 +89,10 @@ impl ObjectLun {
             Bytes::new()
         };
         let allowed = read_len.min(MAX_DATA_IN);
-        let reply = tokio::task::spawn_blocking(move || unit.execute(&cdb, &data_out, allowed))
+        let reply = run_blocking(move || unit.execute(&cdb, &data_out, allowed))
             .await
-            .unwrap_or_else(|e| {
-                tracing::warn!("OSD command failed: {e}");
+            .unwrap_or_else(|why| {
+                tracing::warn!("OSD command failed: {why}");
                 osd::Reply {
                     status: osd::CHECK_CONDITION,
                     sense: Some(osd::SenseCode::internal_failure()),
@@ -169,6 +169,25 @@ impl ObjectLun {
         let mut d = vec![0x01, 0x03, 0x00, self.naa.len() as u8]; // binary, LU, NAA
         d.extend_from_slice(&self.naa);
         d
+    }
+}
+
+/// Runs file and database I/O off the runtime's reactor: on a multi-threaded runtime in place
+/// (the worker's other tasks move to another thread), which spares a command the hand-off to
+/// a blocking thread and back; elsewhere on a blocking thread. A panic becomes an error.
+async fn run_blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, String> {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    let multi =
+        Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread);
+    if multi {
+        tokio::task::block_in_place(|| std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)))
+            .map_err(|_| "the OSD unit panicked".to_string())
+    } else {
+        tokio::task::spawn_blocking(f)
+            .await
+            .map_err(|e| e.to_string())
     }
 }
 

@@ -1075,3 +1075,91 @@ fn read_fills_the_transports_buffer_when_one_is_lent() {
     let r = run(&d, cmd(1, &read10(40, 4), &[], 4 * BS as u32));
     assert_eq!(r.data_in_note, None, "no buffer lent");
 }
+
+/// An OSD LUN beside a block LUN: INQUIRY says device type 0x11, REPORT LUNS lists both,
+/// an OSD command runs bidirectionally (data-out and a retrieved attribute in one command)
+/// with both residuals, block commands are refused; a block LUN refuses a bidirectional
+/// command.
+#[test]
+fn object_lun_beside_a_block_lun() {
+    let dir = std::env::temp_dir().join(format!("ironsan-scsi-osd-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let osd_cfg: LunConfig = toml::from_str(&format!(
+        "size = \"64MiB\"\nbackend = {{ type = \"osd\", path = \"{}\" }}",
+        dir.display()
+    ))
+    .unwrap();
+    let d = Device::new(
+        "iqn.2024-01.test:t",
+        vec![(0, LunConfig::memory(BLOCKS * BS as u64)), (2, osd_cfg)],
+    )
+    .unwrap();
+    assert_eq!(d.luns(), vec![0, 2]);
+    assert!(d.is_object_lun(2) && !d.is_object_lun(0));
+    let on = |lun: u64, mut c: Command| {
+        c.lun = lun;
+        c
+    };
+    let inq = run(&d, on(2, cmd(1, &[0x12, 0, 0, 0, 96, 0], &[], 96)));
+    assert_eq!((inq.status, inq.data_in[0]), (status::GOOD, 0x11));
+    let luns = run(
+        &d,
+        on(
+            2,
+            cmd(1, &[0xA0, 0, 0, 0, 0, 0, 0, 0, 0, 64, 0, 0], &[], 64),
+        ),
+    );
+    assert_eq!(luns.data_in[3], 16, "two LUNs listed");
+    let rc = run(
+        &d,
+        on(2, cmd(1, &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[], 8)),
+    );
+    assert_eq!(decode(&rc).asc, 0x20, "READ CAPACITY is not an OSD command");
+
+    let osd_cmd = |r: &osd::client::Request| {
+        let mut c = on(
+            2,
+            cmd(1, &r.cdb.encode(), &r.data_out, r.data_out.len() as u32),
+        );
+        if r.data_out.is_empty() {
+            c.expected_len = r.data_in_len;
+            c.read = r.data_in_len > 0;
+        } else if r.data_in_len > 0 {
+            c.read = true;
+            c.bidi_read_len = Some(r.data_in_len);
+        }
+        run(&d, c)
+    };
+    assert_eq!(osd_cmd(&osd::client::create_partition(0x10000)).status, 0);
+    assert_eq!(osd_cmd(&osd::client::create(0x10000, 0x10000, 1)).status, 0);
+    let ids = [osd::attr::AttrId {
+        page: osd::attr::page::USER_INFO,
+        number: osd::attr::number::LOGICAL_LENGTH,
+    }];
+    let w = osd::client::write(0x10000, 0x10000, 0, &[9; 3000]).get_list(&ids, 64);
+    let r = osd_cmd(&w);
+    assert_eq!(r.status, status::GOOD);
+    let got = osd::client::parse_retrieved(&r.data_in, w.retrieved_at().unwrap()).unwrap();
+    assert_eq!(got[0].value.as_deref(), Some(&3000u64.to_be_bytes()[..]));
+    assert_eq!(r.residual, Residual::None);
+    assert_eq!(
+        r.bidi_read_residual,
+        Some(Residual::Underflow(w.data_in_len - r.data_in.len() as u32))
+    );
+    // A missing object: descriptor sense, INVALID FIELD IN CDB.
+    let r = osd_cmd(&osd::client::read(0x10000, 0x99999, 0, 16));
+    assert_eq!(r.status, status::CHECK_CONDITION);
+    let sense = r.sense.unwrap();
+    assert_eq!(
+        (sense[0], sense[1] & 0xF, sense[2], sense[3]),
+        (0x72, 5, 0x24, 0)
+    );
+
+    let mut bidi = cmd(1, &[0x2A, 0, 0, 0, 0, 0, 0, 0, 1, 0], &[0; 512], 512);
+    bidi.read = true;
+    bidi.bidi_read_len = Some(512);
+    let r = run(&d, bidi);
+    assert_eq!(decode(&r).asc, 0x24);
+    assert_eq!(r.bidi_read_residual, Some(Residual::Underflow(512)));
+    let _ = std::fs::remove_dir_all(&dir);
+}
