@@ -1,7 +1,7 @@
 //! An object-based storage logical unit (T10 OSD-2, peripheral device type 0x11): the SPC
 //! commands every logical unit answers (INQUIRY, TEST UNIT READY, REQUEST SENSE, REPORT LUNS)
-//! here, and the OSD commands (opcode 0x7F) handed to the `osd` crate's unit on a blocking
-//! thread (it does file and database I/O).
+//! here, and the OSD commands (opcode 0x7F) handed to the `osd` crate's unit, off the
+//! runtime's reactor (it does file and database I/O).
 
 use std::sync::Arc;
 
