@@ -2,7 +2,7 @@
 //! WRITE that also retrieves an attribute carries 1 MiB out (immediate, unsolicited and
 //! R2T-solicited data) and its retrieved attributes in, in one task, over iSCSI/TCP and over
 //! iSER on the software RNIC; both residuals come back; a block LUN refuses a bidirectional
-//! command with INVALID FIELD IN CDB.
+//! command as an unsupported one (INVALID COMMAND OPERATION CODE).
 
 use std::net::SocketAddr;
 
@@ -118,7 +118,7 @@ async fn bidirectional_commands_over_tcp_and_iser() {
         .await
         .expect("command");
     assert_eq!(r.status, 2);
-    assert_eq!((r.sense[2] & 0xF, r.sense[12], r.sense[13]), (5, 0x24, 0));
+    assert_eq!((r.sense[2] & 0xF, r.sense[12], r.sense[13]), (5, 0x20, 0));
     assert_eq!(r.bidi_read_residual, Some(Residual::Underflow(512)));
     for s in [tcp, iser, block] {
         let _ = s.logout().await;

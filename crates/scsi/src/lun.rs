@@ -228,8 +228,9 @@ impl Lun {
             return finish_error(&cmd, status::CHECK_CONDITION, Some(self.sense_bytes(&s)));
         };
         if let Some(read_len) = cmd.bidi_read_len {
-            // A block device has no bidirectional commands.
-            let s = Sense::illegal(asc::INVALID_FIELD_IN_CDB);
+            // This device has no bidirectional commands (SBC's only one, XDWRITEREAD, is
+            // not offered): the answer an unsupported command gets.
+            let s = Sense::illegal(asc::INVALID_OPCODE);
             let mut r = finish_error(&cmd, status::CHECK_CONDITION, Some(self.sense_bytes(&s)));
             r.bidi_read_residual = Some(Residual::Underflow(read_len));
             return r;

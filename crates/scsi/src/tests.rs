@@ -1159,7 +1159,7 @@ fn object_lun_beside_a_block_lun() {
     bidi.read = true;
     bidi.bidi_read_len = Some(512);
     let r = run(&d, bidi);
-    assert_eq!(decode(&r).asc, 0x24);
+    assert_eq!(decode(&r).asc, 0x20);
     assert_eq!(r.bidi_read_residual, Some(Residual::Underflow(512)));
     let _ = std::fs::remove_dir_all(&dir);
 }
