@@ -521,7 +521,8 @@ read_only = true
         let len = readme[start..].find("```").expect("end of the toml block");
         let c = Config::parse(&readme[start..start + len], "README.md").unwrap();
         let luns = Config::luns(&c.targets[0]);
-        assert_eq!(luns.len(), 4);
+        assert_eq!(luns.len(), 5);
+        assert!(matches!(luns[4].1.backend, scsi::BackendConfig::Osd { .. }));
         let lun3 = &luns[3].1;
         assert!(lun3.sanitize && lun3.serial.as_deref() == Some("DISK3-0001"));
         // The derived identities must accept the example's WWN too.
