@@ -252,6 +252,17 @@ impl TcpDatamover {
         self.shared.peer
     }
 
+    /// The Data-In PDUs `data` takes (for ExpDataSN).
+    fn data_in_pdus(&self, data: &Bytes) -> u32 {
+        let cfg = &self.shared.cfg;
+        data_in_segments(
+            data.len() as u32,
+            cfg.max_send_data_segment_length,
+            cfg.max_burst_length,
+        )
+        .count() as u32
+    }
+
     async fn enqueue(&self, out: Out) -> Result<(), DmError> {
         self.shared.out.send(out).await.map_err(|_| DmError::Closed)
     }
@@ -272,13 +283,7 @@ impl Datamover for TcpDatamover {
     ) -> Result<u32, DmError> {
         // CRCs noted by one of our digest buffers, at our cut (others are not ours).
         let crcs = note.and_then(|n| n.0.downcast::<digest::SegmentCrcs>().ok());
-        let cfg = &self.shared.cfg;
-        let n = data_in_segments(
-            data.len() as u32,
-            cfg.max_send_data_segment_length,
-            cfg.max_burst_length,
-        )
-        .count();
+        let n = self.data_in_pdus(&data);
         self.enqueue(Out::DataIn {
             task,
             data,
@@ -286,7 +291,7 @@ impl Datamover for TcpDatamover {
             status,
         })
         .await?;
-        Ok(n as u32)
+        Ok(n)
     }
 
     async fn put_bidi_data(
@@ -295,20 +300,14 @@ impl Datamover for TcpDatamover {
         data: Bytes,
         first_data_sn: u32,
     ) -> Result<u32, DmError> {
-        let cfg = &self.shared.cfg;
-        let n = data_in_segments(
-            data.len() as u32,
-            cfg.max_send_data_segment_length,
-            cfg.max_burst_length,
-        )
-        .count();
+        let n = self.data_in_pdus(&data);
         self.enqueue(Out::BidiDataIn {
             task,
             data,
             first_data_sn,
         })
         .await?;
-        Ok(n as u32)
+        Ok(n)
     }
 
     fn read_buffers(&self) -> Option<Arc<dyn storage::ReadBufSource>> {
@@ -963,17 +962,7 @@ impl Writer {
         status: Option<CollapsedStatus>,
         batch: &mut PduBatch,
     ) {
-        let segs = data_in_segments(
-            data.len() as u32,
-            self.cfg.max_send_data_segment_length,
-            self.cfg.max_burst_length,
-        );
-        for s in segs {
-            let d = data_in_header(task, &s, status);
-            let payload = data.slice(s.offset as usize..(s.offset + s.len) as usize);
-            let crc = crcs.as_ref().and_then(|c| c.get(s.offset, s.len));
-            self.push(Bhs::DataIn(d), &[], payload, crc, batch);
-        }
+        self.push_data_in_segments(task, &data, 0, crcs.as_deref(), status, batch);
         if self.cfg.error_recovery_level >= 1 {
             // Kept for Data SNACK until the status is acknowledged; with status in the last
             // Data-In, that status took the StatSN just before the next one.
@@ -1000,16 +989,31 @@ impl Writer {
         first_data_sn: u32,
         batch: &mut PduBatch,
     ) {
+        self.push_data_in_segments(task, &data, first_data_sn, None, None, batch);
+    }
+
+    /// `data` cut into Data-In PDUs numbered from `first_data_sn`, the last one carrying
+    /// `status` when there is one.
+    fn push_data_in_segments(
+        &mut self,
+        task: TaskRef,
+        data: &Bytes,
+        first_data_sn: u32,
+        crcs: Option<&digest::SegmentCrcs>,
+        status: Option<CollapsedStatus>,
+        batch: &mut PduBatch,
+    ) {
         let segs = data_in_segments(
             data.len() as u32,
             self.cfg.max_send_data_segment_length,
             self.cfg.max_burst_length,
         );
         for mut s in segs {
-            let payload = data.slice(s.offset as usize..(s.offset + s.len) as usize);
             s.data_sn += first_data_sn;
-            let d = data_in_header(task, &s, None);
-            self.push(Bhs::DataIn(d), &[], payload, None, batch);
+            let d = data_in_header(task, &s, status);
+            let payload = data.slice(s.offset as usize..(s.offset + s.len) as usize);
+            let crc = crcs.and_then(|c| c.get(s.offset, s.len));
+            self.push(Bhs::DataIn(d), &[], payload, crc, batch);
         }
     }
 

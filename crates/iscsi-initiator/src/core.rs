@@ -85,9 +85,9 @@ impl CommandRequest {
             ..Self::none(lun, cdb)
         }
     }
-    /// A bidirectional command: writes `data` (which must not be empty) and reads up to
-    /// `read_len` bytes.
-    pub fn bidi(lun: u16, cdb: Vec<u8>, data: Bytes, read_len: u32) -> Self {
+    /// A command writing `data` (none when empty) and reading up to `read_len` bytes (none
+    /// when 0): bidirectional when it does both.
+    pub fn with_data(lun: u16, cdb: Vec<u8>, data: Bytes, read_len: u32) -> Self {
         CommandRequest {
             write: data,
             read_len,

@@ -45,14 +45,15 @@ async fn session(addr: SocketAddr, scheme: &str, lun: u16) -> Session {
 }
 
 fn command(lun: u16, r: &client::Request) -> CommandRequest {
-    let cdb = r.cdb.encode().to_vec();
     let out = Bytes::copy_from_slice(&r.data_out);
-    match (r.data_out.is_empty(), r.data_in_len) {
-        (true, 0) => CommandRequest::none(lun, cdb),
-        (true, n) => CommandRequest::read(lun, cdb, n),
-        (false, 0) => CommandRequest::write(lun, cdb, out),
-        (false, n) => CommandRequest::bidi(lun, cdb, out, n),
-    }
+    CommandRequest::with_data(lun, r.cdb.encode().to_vec(), out, r.data_in_len)
+}
+
+/// Where the retrieved attribute list that starts at `at` ends, by its own header (list
+/// length in bytes 4..8): what the target filled of the data-in.
+fn retrieved_end(data: &[u8], at: usize) -> usize {
+    let len = u32::from_be_bytes(data[at + 4..at + 8].try_into().unwrap());
+    at + 8 + len as usize
 }
 
 async fn osd(s: &Session, r: &client::Request) -> iscsi_initiator::CommandResult {
@@ -79,15 +80,15 @@ async fn write_and_get_length(s: &Session, object: u64, seed: u64) {
         attrs[0].value.as_deref(),
         Some(&(1u64 << 20).to_be_bytes()[..])
     );
-    // The target filled less than the read length it was given: an underflow of the read
-    // part, nothing of the write part.
+    // The target filled the data-in up to the end of the list, less than the read length
+    // it was given: an underflow of the read part, nothing of the write part.
     assert_eq!(got.residual, Residual::None);
-    match got.bidi_read_residual {
-        Some(Residual::Underflow(n)) => {
-            assert_eq!(n as usize, r.data_in_len as usize - got.data.len())
-        }
-        other => panic!("bidirectional read residual {other:?}"),
-    }
+    let unfilled = r.data_in_len as usize - retrieved_end(&got.data, at);
+    assert_eq!(
+        got.bidi_read_residual,
+        Some(Residual::Underflow(unfilled as u32))
+    );
+    assert!(unfilled > 0);
     let back = osd(s, &client::read(P, object, 0, 1 << 20)).await;
     assert_eq!(back.status, 0);
     assert!(back.data == data, "object read back differs");
@@ -114,7 +115,7 @@ async fn bidirectional_commands_over_tcp_and_iser() {
     cdb[0] = 0x2A; // WRITE(10) of one block, sent with a read part too
     cdb[8] = 1;
     let r = block
-        .execute(CommandRequest::bidi(1, cdb, random_bytes(512, 1), 512))
+        .execute(CommandRequest::with_data(1, cdb, random_bytes(512, 1), 512))
         .await
         .expect("command");
     assert_eq!(r.status, 2);

@@ -738,12 +738,14 @@ fn residual_flags(r: scsi::Residual) -> (bool, bool, u32) {
     }
 }
 
+/// A command's data-in and status: in the last Data-In when it went well, else Data-In then
+/// a SCSI Response. A bidirectional command's Data-In is numbered after its R2Ts (the two
+/// share one sequence), and its status always goes in a SCSI Response, which alone carries
+/// both residuals.
 pub(crate) async fn send_scsi_response(conn: &Conn, task: TaskRef, rsp: scsi::Response, r2ts: u32) {
-    if let Some(bidi) = rsp.bidi_read_residual {
-        return send_bidi_response(conn, task, rsp, bidi, r2ts).await;
-    }
     let (overflow, underflow, residual) = residual_flags(rsp.residual);
-    let collapsible = rsp.sense.is_none()
+    let collapsible = rsp.bidi_read_residual.is_none()
+        && rsp.sense.is_none()
         && (rsp.status == scsi::status::GOOD || rsp.status == scsi::status::CONDITION_MET);
     if !rsp.data_in.is_empty() && collapsible {
         let st = CollapsedStatus {
@@ -760,46 +762,17 @@ pub(crate) async fn send_scsi_response(conn: &Conn, task: TaskRef, rsp: scsi::Re
     }
     let mut data_pdus = r2ts;
     if !rsp.data_in.is_empty() {
-        data_pdus += conn
-            .dm
-            .put_data(task, rsp.data_in, rsp.data_in_note, None)
-            .await
-            .unwrap_or(0);
+        let sent = match rsp.bidi_read_residual {
+            Some(_) => conn.dm.put_bidi_data(task, rsp.data_in, r2ts).await,
+            None => {
+                let note = rsp.data_in_note;
+                conn.dm.put_data(task, rsp.data_in, note, None).await
+            }
+        };
+        data_pdus += sent.unwrap_or(0);
     }
-    let bhs = ScsiResponse {
-        overflow,
-        underflow,
-        response: 0,
-        status: rsp.status,
-        itt: task.itt,
-        exp_data_sn: data_pdus,
-        residual,
-        ..Default::default()
-    };
-    conn.send(Bhs::ScsiResponse(bhs), sense_segment(rsp.sense))
-        .await;
-}
-
-/// A bidirectional command's data-in and status: the Data-In PDUs are numbered after the
-/// R2Ts (the two share one sequence), and the status always goes in a SCSI Response, which
-/// alone carries both residuals.
-async fn send_bidi_response(
-    conn: &Conn,
-    task: TaskRef,
-    rsp: scsi::Response,
-    bidi: scsi::Residual,
-    r2ts: u32,
-) {
-    let mut data_pdus = r2ts;
-    if !rsp.data_in.is_empty() {
-        data_pdus += conn
-            .dm
-            .put_bidi_data(task, rsp.data_in, r2ts)
-            .await
-            .unwrap_or(0);
-    }
-    let (overflow, underflow, residual) = residual_flags(rsp.residual);
-    let (bidi_overflow, bidi_underflow, bidi_read_residual) = residual_flags(bidi);
+    let (bidi_overflow, bidi_underflow, bidi_read_residual) =
+        residual_flags(rsp.bidi_read_residual.unwrap_or(scsi::Residual::None));
     let bhs = ScsiResponse {
         bidi_overflow,
         bidi_underflow,

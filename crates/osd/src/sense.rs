@@ -10,6 +10,10 @@ pub mod key {
     pub const DATA_PROTECT: u8 = 0x7;
 }
 
+/// (key, ASC, ASCQ) of a READ past an object's logical length: the data that exists comes
+/// with it, so an initiator takes it as a short read, not a failure.
+pub const READ_PAST_END: (u8, u8, u8) = (key::RECOVERED_ERROR, 0x3B, 0x17);
+
 /// One error (or recovered condition) of a command.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SenseCode {
@@ -77,9 +81,10 @@ impl SenseCode {
 
     /// RECOVERED ERROR, READ PAST END OF USER OBJECT, with the bytes read.
     pub fn read_past_end(partition: u64, object: u64, bytes_read: u64) -> SenseCode {
+        let (k, asc, ascq) = READ_PAST_END;
         SenseCode {
             information: Some(bytes_read),
-            ..SenseCode::new(key::RECOVERED_ERROR, 0x3B, 0x17).about(partition, object)
+            ..SenseCode::new(k, asc, ascq).about(partition, object)
         }
     }
 

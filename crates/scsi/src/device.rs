@@ -178,14 +178,8 @@ impl Device {
                     "LUN {id}: backend of {size} bytes is smaller than one block"
                 )));
             }
-            let naa = match &cfg.wwn {
-                Some(w) => parse_naa(w).map_err(|e| DeviceError(format!("LUN {id}: {e}")))?,
-                None => derived_naa(target_name, id),
-            };
-            let serial = cfg
-                .serial
-                .clone()
-                .unwrap_or_else(|| derived_serial(target_name, id));
+            let (naa, serial) = identities(target_name, id, &cfg)
+                .map_err(|e| DeviceError(format!("LUN {id}: {e}")))?;
             map.insert(
                 id,
                 Arc::new(Lun::new(id, cfg, backend, naa, serial, target_name)),
@@ -399,13 +393,9 @@ impl Device {
     }
 }
 
-/// An object store LUN: its capacity is `size` (default 1 GiB).
-fn open_object_lun(
-    target_name: &str,
-    id: u64,
-    dir: &std::path::Path,
-    cfg: &LunConfig,
-) -> Result<ObjectLun, String> {
+/// A LUN's NAA designator (VPD 0x83) and serial number (VPD 0x80): as configured, or
+/// derived from the target name and LUN number (stable across restarts).
+fn identities(target_name: &str, id: u64, cfg: &LunConfig) -> Result<(Vec<u8>, String), String> {
     let naa = match &cfg.wwn {
         Some(w) => parse_naa(w)?,
         None => derived_naa(target_name, id),
@@ -414,6 +404,17 @@ fn open_object_lun(
         .serial
         .clone()
         .unwrap_or_else(|| derived_serial(target_name, id));
+    Ok((naa, serial))
+}
+
+/// An object store LUN: its capacity is `size` (default 1 GiB).
+fn open_object_lun(
+    target_name: &str,
+    id: u64,
+    dir: &std::path::Path,
+    cfg: &LunConfig,
+) -> Result<ObjectLun, String> {
+    let (naa, serial) = identities(target_name, id, cfg)?;
     let capacity = cfg.size.map_or(1 << 30, |s| s.0);
     ObjectLun::open(dir, capacity, cfg, serial, naa)
 }

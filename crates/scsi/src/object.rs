@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use crate::cmds::inquiry::pad_ascii;
 use crate::cmds::op;
 use crate::device::{Command, Residual, Response};
 use crate::sense::{asc, Sense};
@@ -156,9 +157,9 @@ impl ObjectLun {
         d[3] = 0x12; // HISUP, response data format 2
         d[4] = (d.len() - 5) as u8;
         d[7] = 0x02; // CMDQUE
-        pad(&mut d[8..16], &self.vendor);
-        pad(&mut d[16..32], &self.product);
-        pad(&mut d[32..36], &self.revision);
+        pad_ascii(&mut d[8..16], &self.vendor);
+        pad_ascii(&mut d[16..32], &self.product);
+        pad_ascii(&mut d[32..36], &self.revision);
         for (i, v) in VERSION_DESCRIPTORS.iter().enumerate() {
             d[58 + 2 * i..60 + 2 * i].copy_from_slice(&v.to_be_bytes());
         }
@@ -170,13 +171,6 @@ impl ObjectLun {
         let mut d = vec![0x01, 0x03, 0x00, self.naa.len() as u8]; // binary, LU, NAA
         d.extend_from_slice(&self.naa);
         d
-    }
-}
-
-fn pad(out: &mut [u8], s: &str) {
-    out.fill(b' ');
-    for (o, b) in out.iter_mut().zip(s.bytes()) {
-        *o = b;
     }
 }
 

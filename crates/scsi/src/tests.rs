@@ -1139,12 +1139,17 @@ fn object_lun_beside_a_block_lun() {
     let w = osd::client::write(0x10000, 0x10000, 0, &[9; 3000]).get_list(&ids, 64);
     let r = osd_cmd(&w);
     assert_eq!(r.status, status::GOOD);
-    let got = osd::client::parse_retrieved(&r.data_in, w.retrieved_at().unwrap()).unwrap();
+    let at = w.retrieved_at().unwrap();
+    let got = osd::client::parse_retrieved(&r.data_in, at).unwrap();
     assert_eq!(got[0].value.as_deref(), Some(&3000u64.to_be_bytes()[..]));
     assert_eq!(r.residual, Residual::None);
+    // Filled up to the end of the retrieved list, by the list's own length (bytes 4..8).
+    let list_len = u32::from_be_bytes(r.data_in[at + 4..at + 8].try_into().unwrap());
+    let filled = at as u32 + 8 + list_len;
+    assert!(filled < w.data_in_len);
     assert_eq!(
         r.bidi_read_residual,
-        Some(Residual::Underflow(w.data_in_len - r.data_in.len() as u32))
+        Some(Residual::Underflow(w.data_in_len - filled))
     );
     // A missing object: descriptor sense, INVALID FIELD IN CDB.
     let r = osd_cmd(&osd::client::read(0x10000, 0x99999, 0, 16));

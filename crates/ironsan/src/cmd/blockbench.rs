@@ -235,7 +235,8 @@ fn plot(rows: &[Summary]) -> String {
     .to_svg()
 }
 
-fn write_file(p: &PathBuf, text: &str) -> anyhow::Result<()> {
+/// Writes a report file, naming it in the error.
+pub(crate) fn write_file(p: &PathBuf, text: &str) -> anyhow::Result<()> {
     std::fs::write(p, text).with_context(|| format!("writing {}", p.display()))
 }
 

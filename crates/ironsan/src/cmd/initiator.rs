@@ -163,9 +163,6 @@ fn yes_no(s: &str) -> Result<bool, String> {
     }
 }
 
-/// Peripheral device type of an object-based storage device.
-const OSD: u8 = 0x11;
-
 fn size(s: &str) -> Result<u64, String> {
     report::parse_size(s).map_err(|e| e.to_string())
 }
@@ -243,7 +240,10 @@ pub fn ls(args: LsArgs) -> anyhow::Result<()> {
                 }
             };
             for lun in luns {
-                if s.inquiry(lun).await.is_ok_and(|i| i.device_type == OSD) {
+                if s.inquiry(lun)
+                    .await
+                    .is_ok_and(|i| i.device_type == ::scsi::OSD_DEVICE_TYPE)
+                {
                     println!("  Lun: {lun}  object-based storage device (OSD): see `ironsan osd`");
                     continue;
                 }
@@ -309,7 +309,7 @@ pub fn inq(args: InqArgs) -> anyhow::Result<()> {
                 }
             }
         }
-        if i.device_type == OSD {
+        if i.device_type == ::scsi::OSD_DEVICE_TYPE {
             println!("Objects: see `ironsan osd {} list`", args.url);
             let _ = s.logout().await;
             return Ok(());

@@ -14,6 +14,7 @@ use osd::attr::{number, page, AttrId, Attribute};
 use osd::client::{self, Request};
 use report::{Cell, LinePlot, Series, Table, TickLabels};
 
+use super::blockbench::write_file;
 use super::initiator::{run_with, LoginOpts};
 
 #[derive(clap::Args)]
@@ -81,23 +82,9 @@ pub enum OsdCommand {
         output: Option<PathBuf>,
     },
     /// CLEAR (zero) a byte range of an object.
-    Clear {
-        partition: Id,
-        object: Id,
-        #[arg(long, value_parser = size)]
-        offset: u64,
-        #[arg(long, value_parser = size)]
-        length: u64,
-    },
+    Clear(ObjectRange),
     /// PUNCH (deallocate) a byte range of an object.
-    Punch {
-        partition: Id,
-        object: Id,
-        #[arg(long, value_parser = size)]
-        offset: u64,
-        #[arg(long, value_parser = size)]
-        length: u64,
-    },
+    Punch(ObjectRange),
     /// FLUSH an object, a partition (no object) or the whole OSD (neither).
     Flush {
         partition: Option<Id>,
@@ -124,6 +111,17 @@ pub enum OsdCommand {
     },
     /// Object bench: create, write, read and remove rates per object size.
     Bench(ObjectBenchArgs),
+}
+
+/// A byte range of one object.
+#[derive(clap::Args)]
+pub struct ObjectRange {
+    partition: Id,
+    object: Id,
+    #[arg(long, value_parser = size)]
+    offset: u64,
+    #[arg(long, value_parser = size)]
+    length: u64,
 }
 
 #[derive(clap::Args)]
@@ -188,15 +186,14 @@ struct Osd<'a> {
 
 impl Osd<'_> {
     /// Sends one OSD command; the data-in of a GOOD status (or of a READ past the end).
-    async fn send(&self, what: &str, req: &Request) -> Result<CommandResult> {
-        let cdb = req.cdb.encode().to_vec();
-        let data_out = Bytes::copy_from_slice(&req.data_out);
-        let cmd = match (data_out.is_empty(), req.data_in_len) {
-            (true, 0) => CommandRequest::none(self.lun, cdb),
-            (true, n) => CommandRequest::read(self.lun, cdb, n),
-            (false, 0) => CommandRequest::write(self.lun, cdb, data_out),
-            (false, n) => CommandRequest::bidi(self.lun, cdb, data_out, n),
-        };
+    /// The request's data-out becomes the command's without a copy.
+    async fn send(&self, what: &str, req: Request) -> Result<CommandResult> {
+        let cmd = CommandRequest::with_data(
+            self.lun,
+            req.cdb.encode().to_vec(),
+            Bytes::from(req.data_out),
+            req.data_in_len,
+        );
         let r = self.session.execute(cmd).await?;
         if read_past_end(&r) {
             return Ok(r);
@@ -204,12 +201,17 @@ impl Osd<'_> {
         Ok(r.good(what)?)
     }
 
+    /// Sends a command that retrieves attributes; the attributes.
+    async fn retrieve(&self, what: &str, req: Request) -> Result<Vec<Attribute>> {
+        let at = req.retrieved_at().unwrap_or(0);
+        let r = self.send(what, req).await?;
+        client::parse_retrieved(&r.data, at)
+            .map_err(|e| anyhow::anyhow!("{what}: retrieved attributes: {e:?}"))
+    }
+
     /// The current command page of a command that asked for it: the id it created.
     async fn created(&self, what: &str, req: Request) -> Result<client::CurrentCommand> {
-        let r = self.send(what, &req).await?;
-        let at = req.retrieved_at().unwrap_or(0);
-        let attrs = client::parse_retrieved(&r.data, at)
-            .map_err(|e| anyhow::anyhow!("{what}: retrieved attributes: {e:?}"))?;
+        let attrs = self.retrieve(what, req).await?;
         client::current_command(&attrs)
             .with_context(|| format!("{what}: the target returned no current command page"))
     }
@@ -220,9 +222,7 @@ impl Osd<'_> {
             number: number::LOGICAL_LENGTH,
         }];
         let req = client::get_attributes(partition, object, &ids, 64);
-        let r = self.send("GET ATTRIBUTES", &req).await?;
-        let attrs = client::parse_retrieved(&r.data, req.retrieved_at().unwrap_or(0))
-            .map_err(|e| anyhow::anyhow!("GET ATTRIBUTES: {e:?}"))?;
+        let attrs = self.retrieve("GET ATTRIBUTES", req).await?;
         match attrs.first().and_then(|a| a.value.as_deref()) {
             Some(v) if v.len() == 8 => Ok(u64::from_be_bytes(v.try_into().expect("8 bytes"))),
             _ => bail!("the object's logical length attribute is missing"),
@@ -233,7 +233,7 @@ impl Osd<'_> {
         let mut ids = Vec::new();
         let mut from = 0;
         for _ in 0..100_000 {
-            let r = self.send("LIST", &next(from)).await?;
+            let r = self.send("LIST", next(from)).await?;
             let page =
                 client::parse_list(&r.data).map_err(|e| anyhow::anyhow!("LIST data: {e:?}"))?;
             ids.extend(page.ids);
@@ -249,7 +249,7 @@ impl Osd<'_> {
         use OsdCommand as C;
         match cmd {
             C::Format { capacity } => {
-                self.send("FORMAT OSD", &client::format(capacity)).await?;
+                self.send("FORMAT OSD", client::format(capacity)).await?;
             }
             C::CreatePartition { partition } => {
                 let req = client::create_partition(partition.map_or(0, |p| p.0));
@@ -257,7 +257,7 @@ impl Osd<'_> {
                 println!("0x{:x}", cc.partition);
             }
             C::RemovePartition { partition } => {
-                self.send("REMOVE PARTITION", &client::remove_partition(partition.0))
+                self.send("REMOVE PARTITION", client::remove_partition(partition.0))
                     .await?;
             }
             C::Create { partition, object } => {
@@ -266,7 +266,7 @@ impl Osd<'_> {
                 println!("0x{:x}", cc.object);
             }
             C::Remove { partition, object } => {
-                self.send("REMOVE", &client::remove(partition.0, object.0))
+                self.send("REMOVE", client::remove(partition.0, object.0))
                     .await?;
             }
             C::CreateCollection {
@@ -283,7 +283,7 @@ impl Osd<'_> {
                 force,
             } => {
                 let req = client::remove_collection(partition.0, collection.0, force);
-                self.send("REMOVE COLLECTION", &req).await?;
+                self.send("REMOVE COLLECTION", req).await?;
             }
             C::Write {
                 partition,
@@ -293,7 +293,7 @@ impl Osd<'_> {
             } => {
                 let data = read_input(input.as_ref())?;
                 let req = client::write(partition.0, object.0, offset, &data);
-                self.send("WRITE", &req).await?;
+                self.send("WRITE", req).await?;
             }
             C::Append {
                 partition,
@@ -318,23 +318,13 @@ impl Osd<'_> {
                 self.read(partition.0, object.0, offset, length, output)
                     .await?
             }
-            C::Clear {
-                partition,
-                object,
-                offset,
-                length,
-            } => {
-                let req = client::clear(partition.0, object.0, offset, length);
-                self.send("CLEAR", &req).await?;
+            C::Clear(r) => {
+                let req = client::clear(r.partition.0, r.object.0, r.offset, r.length);
+                self.send("CLEAR", req).await?;
             }
-            C::Punch {
-                partition,
-                object,
-                offset,
-                length,
-            } => {
-                let req = client::punch(partition.0, object.0, offset, length);
-                self.send("PUNCH", &req).await?;
+            C::Punch(r) => {
+                let req = client::punch(r.partition.0, r.object.0, r.offset, r.length);
+                self.send("PUNCH", req).await?;
             }
             C::Flush { partition, object } => {
                 let req = match (partition, object) {
@@ -342,7 +332,7 @@ impl Osd<'_> {
                     (Some(p), None) => client::flush_partition(p.0),
                     _ => client::flush_osd(),
                 };
-                self.send("FLUSH", &req).await?;
+                self.send("FLUSH", req).await?;
             }
             C::List { partition } => {
                 let pid = partition.map_or(0, |p| p.0);
@@ -382,10 +372,7 @@ impl Osd<'_> {
                     }
                     None => client::get_page(partition.0, object.0, page, 64 << 10),
                 };
-                let r = self.send("GET ATTRIBUTES", &req).await?;
-                let attrs = client::parse_retrieved(&r.data, req.retrieved_at().unwrap_or(0))
-                    .map_err(|e| anyhow::anyhow!("retrieved attributes: {e:?}"))?;
-                for a in attrs {
+                for a in self.retrieve("GET ATTRIBUTES", req).await? {
                     println!("{}", describe_attribute(&a));
                 }
             }
@@ -399,7 +386,7 @@ impl Osd<'_> {
                 let value = parse_value(&value)?;
                 let a = Attribute::new(u32_id("page", page)?, u32_id("number", number)?, value);
                 let req = client::set_attributes(partition.0, object.0, &[a]);
-                self.send("SET ATTRIBUTES", &req).await?;
+                self.send("SET ATTRIBUTES", req).await?;
             }
             C::Bench(b) => self.bench(&b).await?,
         }
@@ -432,7 +419,7 @@ impl Osd<'_> {
         while at < len {
             let n = (len - at).min(16 << 20) as u32;
             let r = self
-                .send("READ", &client::read(partition, object, offset + at, n))
+                .send("READ", client::read(partition, object, offset + at, n))
                 .await?;
             out.write_all(&r.data)?;
             if r.data.len() < n as usize {
@@ -473,7 +460,7 @@ impl Osd<'_> {
             series[0].push((f64::from(size), row[1]));
             series[1].push((f64::from(size), row[2]));
         }
-        self.send("REMOVE PARTITION", &client::remove_partition(pid))
+        self.send("REMOVE PARTITION", client::remove_partition(pid))
             .await?;
         print!("{table}");
         write_reports(a, &table, series)
@@ -494,13 +481,12 @@ impl Osd<'_> {
         let create = count as f64 / t.elapsed().as_secs_f64();
         let t = Instant::now();
         for &id in &ids {
-            self.send("WRITE", &client::write(pid, id, 0, &data))
-                .await?;
+            self.send("WRITE", client::write(pid, id, 0, &data)).await?;
         }
         let write = (count * u64::from(size)) as f64 / t.elapsed().as_secs_f64() / 1e6;
         let t = Instant::now();
         for &id in &ids {
-            let r = self.send("READ", &client::read(pid, id, 0, size)).await?;
+            let r = self.send("READ", client::read(pid, id, 0, size)).await?;
             if r.data[..] != data[..] {
                 bail!("object 0x{id:x} read back differs from what was written");
             }
@@ -508,7 +494,7 @@ impl Osd<'_> {
         let read = (count * u64::from(size)) as f64 / t.elapsed().as_secs_f64() / 1e6;
         let t = Instant::now();
         for &id in &ids {
-            self.send("REMOVE", &client::remove(pid, id)).await?;
+            self.send("REMOVE", client::remove(pid, id)).await?;
         }
         let remove = count as f64 / t.elapsed().as_secs_f64();
         Ok([create, write, read, remove])
@@ -517,11 +503,10 @@ impl Osd<'_> {
 
 fn write_reports(a: &ObjectBenchArgs, table: &Table, series: [Vec<(f64, f64)>; 2]) -> Result<()> {
     if let Some(p) = &a.json {
-        std::fs::write(p, table.to_json_string())
-            .with_context(|| format!("writing {}", p.display()))?;
+        write_file(p, &table.to_json_string())?;
     }
     if let Some(p) = &a.csv {
-        std::fs::write(p, table.to_csv()).with_context(|| format!("writing {}", p.display()))?;
+        write_file(p, &table.to_csv())?;
     }
     if let Some(p) = &a.svg {
         let [w, r] = series;
@@ -535,7 +520,7 @@ fn write_reports(a: &ObjectBenchArgs, table: &Table, series: [Vec<(f64, f64)>; 2
             y_ticks: TickLabels::Number,
             series: vec![Series::new("write", w), Series::new("read", r)],
         };
-        std::fs::write(p, plot.to_svg()).with_context(|| format!("writing {}", p.display()))?;
+        write_file(p, &plot.to_svg())?;
     }
     Ok(())
 }
@@ -544,7 +529,7 @@ fn write_reports(a: &ObjectBenchArgs, table: &Table, series: [Vec<(f64, f64)>; 2
 fn read_past_end(r: &CommandResult) -> bool {
     r.status == iscsi_initiator::scsi::status::CHECK_CONDITION
         && iscsi_initiator::scsi::Sense::parse(&r.sense)
-            .is_some_and(|s| (s.key, s.asc, s.ascq) == (0x01, 0x3B, 0x17))
+            .is_some_and(|s| (s.key, s.asc, s.ascq) == osd::sense::READ_PAST_END)
 }
 
 fn read_input(input: Option<&PathBuf>) -> Result<Vec<u8>> {

@@ -17,7 +17,8 @@ const VERSION_DESCRIPTORS: [u16; 4] = [0x00A0, 0x0960, 0x0460, 0x04C0];
 /// Supported VPD pages, ascending.
 const VPD_PAGES: [u8; 6] = [0x00, 0x80, 0x83, 0xB0, 0xB1, 0xB2];
 
-fn pad_ascii(out: &mut [u8], s: &str) {
+/// `s` in `out`, padded with spaces (INQUIRY's vendor, product and revision fields).
+pub(crate) fn pad_ascii(out: &mut [u8], s: &str) {
     out.fill(b' ');
     for (o, b) in out.iter_mut().zip(s.bytes()) {
         *o = b;

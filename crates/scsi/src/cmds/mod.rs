@@ -1,6 +1,6 @@
 //! Command dispatch and the per-opcode handlers.
 
-mod inquiry;
+pub(crate) mod inquiry;
 mod misc;
 mod mode;
 mod rw;
