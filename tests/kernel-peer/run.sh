@@ -47,7 +47,7 @@ SHARE=$KP_RUN/share
 stop_all 2>/dev/null || true
 rm -rf "$KP_RUN"
 mkdir -p "$SHARE"/{guest,scenarios,out,ctl} "$KP_RUN/host" "$KP_RUN/pids"
-cp "$KP_DIR"/guest/runner.sh "$KP_DIR"/guest/lib.sh "$KP_DIR"/guest/kinit.sh "$KP_DIR"/guest/lio.sh "$SHARE/guest/"
+cp "$KP_DIR"/guest/runner.sh "$KP_DIR"/guest/lib.sh "$KP_DIR"/guest/kinit.sh "$KP_DIR"/guest/lio.sh "$KP_DIR"/guest/hostile.py "$SHARE/guest/"
 cp "$KP_DIR"/scenarios/*.sh "$SHARE/scenarios/"
 KP_HOST_PORT=$(free_port)
 KP_FWD_PORT=$(free_port)

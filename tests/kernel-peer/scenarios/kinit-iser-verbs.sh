@@ -3,8 +3,10 @@
 # the guest on siw0 through libibverbs/librdmacm (iser_provider = "rdma-core"), and the kernel's
 # ib_iser logs in to it over siw0: SendTargets over TCP on port 3260, the node on the iser
 # transport on port 3261 (rdma_cm owns that port), iSER login, 32 MiB O_DIRECT pattern, ext4
-# round trip, fio random writes with crc32c verify, logout and login again; no iser/siw error in
-# the kernel log and no error in the target's log.
+# round trip, fio random writes with crc32c verify, logout; then (issue 14: a listener no client
+# can stall) login again while 1,000 idle TCP connections, port probes, bad and silent MPA
+# clients and one trickling a byte every half second hold the rdma_cm port, and once more after
+# they leave; no iser/siw error in the kernel log and no error in the target's log.
 # Measured (1 vCPU guest): 32 MiB O_DIRECT written at 28 MB/s, read at 50 MB/s; fio 64 MiB
 # randwrite verified at 24 MiB/s. Before the completion task polled its queue empty, writes ran
 # at 225 kB/s and fio's QP died: the verbs provider handed over at most 16 completions per poll,
@@ -12,6 +14,38 @@
 # 1 s NOP-Out, the 10 s NOP-In).
 KP_TIMEOUT=600
 host_available() { verbs_ironsan_available; }
+
+# hostile_clients_beside_login: the kernel's iSER initiator logs in and writes a pattern while
+# hostile.py holds the rdma_cm port, within the time the clients are held; the target is alive
+# afterwards and serves one more login.
+hostile_clients_beside_login() {
+  step "hostile clients on $PORTAL (siw's MPA listener, then the target's rdma_cm listener)"
+  python3 /mnt/host/guest/hostile.py 10.0.2.15 3261 1000 40 >/tmp/hostile.out 2>&1 &
+  hostile=$!
+  i=0
+  while ! grep -q '^ready' /tmp/hostile.out && kill -0 $hostile 2>/dev/null && [ $i -lt 300 ]; do
+    sleep 0.1
+    i=$((i + 1))
+  done
+  sed 's/^/  hostile| /' /tmp/hostile.out
+  check "1,000 idle connections and the bad clients are in place" grep -q '^ready: 1000 idle' /tmp/hostile.out
+  t0=$(date +%s)
+  kinit_login "iser-verbs, beside the hostile clients"
+  kinit_pattern "iser-verbs, beside the hostile clients" 8
+  t1=$(date +%s)
+  echo "  login and 8 MiB pattern took $((t1 - t0)) s while the hostile clients were held"
+  check "the login and the pattern finished while the hostile clients were still held" kill -0 $hostile
+  wait $hostile
+  check "the hostile clients ran to their end" test $? -eq 0
+  sed -n 's/^done/  hostile| done/p' /tmp/hostile.out
+  check "the target survived the hostile clients" kill -0 $target
+  # What the target made of the MPA clients rdma_cm passed on (one line per connection).
+  grep -v -E 'login complete|connection ended' /tmp/target.log | grep -i -E 'refused|timed out|dropped|login' |
+    head -5 | sed 's/^/  target| /'
+  kinit_logout
+  kinit_login "iser-verbs, after the hostile clients"
+  kinit_pattern "iser-verbs, after the hostile clients" 4
+}
 
 guest_main() {
   . /mnt/host/guest/kinit.sh
@@ -66,8 +100,7 @@ EOT
   if [ "$FAILS" -eq 0 ]; then
     command -v fio >/dev/null && kinit_fio iser-verbs 64
     kinit_logout
-    kinit_login "iser-verbs, again"
-    kinit_pattern "iser-verbs, again" 8
+    hostile_clients_beside_login
   fi
   kinit_logout
 
