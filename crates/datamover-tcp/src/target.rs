@@ -1108,7 +1108,9 @@ fn data_in_header(
 }
 
 /// What is kept of a status for resending: the PDU itself, or for status collapsed into
-/// Data-In, the SCSI Response that says the same.
+/// Data-In, the SCSI Response that says the same. Its ExpDataSN counts the Data-In sent (the
+/// collapsed one was the last): an initiator that lost that Data-In with its status learns
+/// from it that data is missing too, and asks for it with a Data SNACK.
 fn status_to_keep(bhs: &Bhs, data: &Bytes) -> Pdu {
     match bhs {
         Bhs::DataIn(d) => Pdu::new(
@@ -1121,6 +1123,7 @@ fn status_to_keep(bhs: &Bhs, data: &Bytes) -> Pdu {
                 exp_cmd_sn: d.exp_cmd_sn,
                 max_cmd_sn: d.max_cmd_sn,
                 residual: d.residual,
+                exp_data_sn: d.data_sn.wrapping_add(1),
                 ..Default::default()
             }),
             Bytes::new(),

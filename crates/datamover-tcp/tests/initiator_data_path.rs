@@ -238,6 +238,158 @@ fn at_erl1_a_link_that_corrupts_every_resend_ends_the_connection() {
     assert!(err.unwrap().contains("SNACKs"), "bounded");
 }
 
+/// The Status SNACKs among `out`: (BegRun, RunLength, ExpStatSN).
+fn status_snacks(out: &[Pdu]) -> Vec<(u32, u32, u32)> {
+    out.iter()
+        .filter_map(|p| match &p.bhs {
+            Bhs::SnackRequest(s) if s.snack_type == 1 => {
+                assert_eq!(s.itt, 0xffff_ffff, "a Status SNACK's ITT is reserved");
+                Some((s.beg_run, s.run_length, s.exp_stat_sn))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn response(itt: u32, stat_sn: u32, exp_data_sn: u32) -> Vec<u8> {
+    let rsp = Bhs::ScsiResponse(ScsiResponse {
+        itt,
+        stat_sn,
+        exp_data_sn,
+        exp_cmd_sn: 2,
+        max_cmd_sn: 40,
+        ..Default::default()
+    });
+    wire(rsp, &[], DIGESTS)
+}
+
+#[test]
+fn a_pdu_whose_header_digest_fails_is_left_for_the_reader_to_discard_at_erl1_only() {
+    let mut bad = response(1, 5, 0);
+    bad[20] ^= 0x10;
+    for erl in [0, 1] {
+        let mut p = path_at(DIGESTS, erl);
+        command(&mut p, 1, 0, Bytes::new(), 0);
+        let mut buf = BytesMut::from(&bad[..]);
+        let r = p.receive(&mut buf, &mut Vec::new(), &mut Vec::new());
+        if erl == 0 {
+            assert!(r.unwrap_err().contains("header digest"), "level 0 ends the connection");
+        } else {
+            assert_eq!(r, Ok(false), "left at the front");
+            assert_eq!(buf.len(), bad.len(), "nothing consumed");
+            let mut notices = Vec::new();
+            for _ in 0..4 {
+                p.header_digest_discarded(&mut notices).unwrap();
+            }
+            assert!(matches!(notices[0], InitiatorNotice::HeaderDigestDiscarded));
+            let e = p.header_digest_discarded(&mut notices).unwrap_err();
+            assert!(e.contains("in a row"), "{e}");
+        }
+    }
+}
+
+#[test]
+fn at_erl1_a_statsn_gap_is_asked_for_with_a_status_snack_and_expstatsn_waits_for_it() {
+    let mut p = path_at(DIGESTS, 1);
+    for itt in [1, 2, 3] {
+        command(&mut p, itt, 0, Bytes::new(), 0);
+    }
+    let (out, notices, err) = feed(&mut p, &response(1, 5, 0));
+    assert!(err.is_none() && out.is_empty() && status_read(&notices).is_some());
+    assert_eq!(p.ack_stat_sn(), 6);
+    // StatSN 6 (command 2's status) was discarded: 7 shows the gap.
+    let (out, notices, err) = feed(&mut p, &response(3, 7, 0));
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(status_snacks(&out), [(6, 1, 6)], "a Status SNACK for StatSN 6");
+    assert!(notices.iter().any(|n| matches!(
+        n,
+        InitiatorNotice::SnackSent { what: datamover::SnackFor::Status, beg_run: 6, run_length: 1, .. }
+    )));
+    assert!(status_read(&notices).is_some(), "command 3 ends");
+    assert_eq!(p.ack_stat_sn(), 6, "status 6 is not acknowledged before it comes");
+    // It comes again: command 2 ends and ExpStatSN moves past both.
+    let (out, notices, err) = feed(&mut p, &response(2, 6, 0));
+    assert!(err.is_none() && out.is_empty());
+    assert!(status_read(&notices).is_some(), "command 2 ends");
+    assert_eq!((p.ack_stat_sn(), p.in_flight()), (8, 0));
+    // At level 0 the same gap is not asked for.
+    let mut p = path_at(DIGESTS, 0);
+    command(&mut p, 3, 0, Bytes::new(), 0);
+    let (out, _, err) = feed(&mut p, &response(3, 7, 0));
+    assert!(err.is_none() && out.is_empty());
+}
+
+#[test]
+fn at_erl1_a_response_counting_more_data_in_than_came_asks_for_the_rest() {
+    let mut p = path_at(DIGESTS, 1);
+    let payload = pattern(8000);
+    command(&mut p, 6, 8000, Bytes::new(), 0);
+    let pdu = |sn: u32, off: usize| {
+        wire(
+            Bhs::DataIn(data_in(6, sn, off as u32, false)),
+            &payload[off..off + 4000],
+            DIGESTS,
+        )
+    };
+    // DataSN 1 was discarded; the SCSI Response says two were sent.
+    let mut bytes = pdu(0, 0);
+    bytes.extend_from_slice(&response(6, 5, 2));
+    let (out, notices, err) = feed(&mut p, &bytes);
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(snacks(&out), [(6, 1, 1, 5)], "a Data SNACK for DataSN 1");
+    assert!(status_read(&notices).is_none(), "the status waits");
+    let (_, notices, err) = feed(&mut p, &pdu(1, 4000));
+    assert!(err.is_none(), "{err:?}");
+    let read = status_read(&notices).expect("the command ends");
+    assert!(read[..] == payload[..], "every byte right");
+}
+
+fn r2t(itt: u32, r2t_sn: u32, offset: u32, len: u32) -> Vec<u8> {
+    let r = Bhs::R2t(R2t {
+        itt,
+        ttt: 100 + r2t_sn,
+        r2t_sn,
+        buffer_offset: offset,
+        desired_len: len,
+        stat_sn: 5,
+        exp_cmd_sn: 2,
+        max_cmd_sn: 32,
+        ..Default::default()
+    });
+    wire(r, &[], DIGESTS)
+}
+
+#[test]
+fn at_erl1_an_r2tsn_gap_and_a_write_left_waiting_are_asked_for_with_r2t_snacks() {
+    let mut p = path_at(DIGESTS, 1);
+    let data = Bytes::from(pattern(12000));
+    command(&mut p, 8, 0, data.clone(), 0);
+    // R2TSN 0 (bytes 0..4000) was discarded: R2TSN 1 is answered and shows the gap.
+    let (out, _, err) = feed(&mut p, &r2t(8, 1, 4000, 4000));
+    assert!(err.is_none(), "{err:?}");
+    assert!(out.iter().any(|p| matches!(&p.bhs, Bhs::DataOut(d) if d.buffer_offset == 4000)));
+    assert_eq!(snacks(&out), [(8, 0, 1, 5)], "an R2T SNACK for R2TSN 0");
+    // The resent R2T 0 is answered; the last, R2TSN 2, is lost for good: after a few quiet
+    // ticks the probe asks for every R2T from 2 on.
+    let (out, _, _) = feed(&mut p, &r2t(8, 0, 0, 4000));
+    assert!(out.iter().any(|p| matches!(&p.bhs, Bhs::DataOut(d) if d.buffer_offset == 0)));
+    let (mut out, mut notices) = (Vec::new(), Vec::new());
+    let mut stalled = false;
+    for _ in 0..4 {
+        stalled |= p.probe(&mut out, &mut notices);
+    }
+    assert!(stalled);
+    assert_eq!(snacks(&out), [(8, 2, 0, 5)], "R2T SNACK from R2TSN 2, run 0: all");
+    // Answered: the write is whole and the probe asks nothing more.
+    let (out, _, _) = feed(&mut p, &r2t(8, 2, 8000, 4000));
+    assert!(out.iter().any(|p| matches!(&p.bhs, Bhs::DataOut(d) if d.buffer_offset == 8000)));
+    let mut out = Vec::new();
+    for _ in 0..8 {
+        p.probe(&mut out, &mut notices);
+    }
+    assert!(snacks(&out).is_empty(), "nothing owed: no SNACK, {out:?}");
+}
+
 #[test]
 fn an_r2t_is_answered_with_a_data_out_sequence() {
     let mut p = path(PLAIN);

@@ -40,17 +40,33 @@ pub enum InitiatorNotice {
     /// ExpCmdSN and MaxCmdSN from PDUs the transport consumed itself (Data-In without
     /// status, R2T): the command window may have opened.
     Window { exp_cmd_sn: u32, max_cmd_sn: u32 },
-    /// ErrorRecoveryLevel ≥ 1: the transport asked the target for Data-In of command `itt`
-    /// again (a Data SNACK from DataSN `beg_run`, `run_length` of them), for the session's
-    /// recovery counters and log.
+    /// ErrorRecoveryLevel ≥ 1: the transport asked the target for something again with a
+    /// SNACK: `run_length` of `what` from `beg_run` (0: all from it), for command `itt`
+    /// (reserved for a Status SNACK). For the session's recovery counters and log; a Status
+    /// SNACK also holds the session's ExpStatSN at `beg_run` until those statuses come.
     SnackSent {
+        what: SnackFor,
         itt: u32,
         beg_run: u32,
         run_length: u32,
     },
+    /// ErrorRecoveryLevel ≥ 1: a PDU whose header digest failed was discarded (by the
+    /// length its header claims); what it carried is asked for again once a gap shows.
+    HeaderDigestDiscarded,
     /// The connection ended (the target closed it, an I/O error, or a protocol or digest
     /// error from the target); no notice follows.
     Closed(String),
+}
+
+/// What a SNACK asks for again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SnackFor {
+    /// Data-In, by DataSN (a Data SNACK).
+    DataIn,
+    /// R2Ts, by R2TSN (an R2T SNACK).
+    R2t,
+    /// Statuses, by StatSN (a Status SNACK).
+    Status,
 }
 
 /// Where a connection's notices go: called from the transport's receiving task with a batch
@@ -106,6 +122,15 @@ pub trait InitiatorDatamover: Send + Sync {
     /// Drops a command's data-phase state (it was aborted or rejected): data the target
     /// still sends for it is discarded.
     fn forget(&self, itt: u32);
+    /// ErrorRecoveryLevel ≥ 1, called on the session's recovery tick (a quarter second):
+    /// a transport that can lose PDUs to header digest errors asks again for what a stalled
+    /// command still waits for (an R2T SNACK for a write that heard nothing since the last
+    /// few ticks and still has data the target never asked for). Returns the notices of what
+    /// it did, and whether a command is stalled (the session then pings: the answer's StatSN
+    /// shows a lost status).
+    fn probe(&self) -> (Vec<InitiatorNotice>, bool) {
+        (Vec::new(), false)
+    }
     /// Closes the connection once everything queued has been sent.
     fn close(&self);
     /// Drops the connection now, sending nothing more and reporting nothing more.

@@ -24,7 +24,7 @@ pub mod initiator;
 pub mod login_pdu;
 
 pub use initiator::{
-    CommandOut, InitiatorDatamover, InitiatorFfpConfig, InitiatorNotice, NoticeSink,
+    CommandOut, InitiatorDatamover, InitiatorFfpConfig, InitiatorNotice, NoticeSink, SnackFor,
 };
 
 use async_trait::async_trait;

@@ -13,7 +13,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use bytes::Bytes;
-use datamover::{CommandOut, InitiatorNotice};
+use datamover::{CommandOut, InitiatorNotice, SnackFor};
 use iscsi_session::DataOutSequence;
 use iscsi_wire::serial::{sn_gt, sn_le, sn_lt};
 use iscsi_wire::{
@@ -186,9 +186,32 @@ fn perr(m: impl Into<String>) -> ConnError {
 struct ConnState {
     alive: bool,
     exp_stat_sn: u32,
+    /// ERL ≥ 1: StatSNs the datamover asked for again with a Status SNACK that have not
+    /// come: the ExpStatSN sent stays at the first of them, so the target keeps them.
+    stat_holes: Vec<u32>,
     max_send_seg: u32,
     /// A SCSI command completed on it since it logged in.
     completed: bool,
+}
+
+impl ConnState {
+    fn new(alive: bool, exp_stat_sn: u32, max_send_seg: u32) -> ConnState {
+        ConnState {
+            alive,
+            exp_stat_sn,
+            stat_holes: Vec::new(),
+            max_send_seg: max_seg(max_send_seg),
+            completed: false,
+        }
+    }
+
+    /// The first status asked for again and not yet come, else the StatSN after the last.
+    fn ack_stat_sn(&self) -> u32 {
+        self.stat_holes
+            .iter()
+            .copied()
+            .fold(self.exp_stat_sn, |a, h| if sn_lt(h, a) { h } else { a })
+    }
 }
 
 #[derive(Debug)]
@@ -258,6 +281,12 @@ const MAX_COMMAND_RETRIES: u8 = 4;
 pub struct RecoveryStats {
     /// Data SNACKs sent for Data-In lost or damaged on the way.
     pub data_snacks: u64,
+    /// R2T SNACKs sent for R2Ts lost on the way.
+    pub r2t_snacks: u64,
+    /// Status SNACKs sent for statuses lost on the way.
+    pub status_snacks: u64,
+    /// PDUs from the target discarded for a header digest error.
+    pub header_digest_discards: u64,
     /// Data-Out the target Rejected for a data digest error (it asks again by R2T).
     pub data_out_rejects: u64,
     /// Commands sent again after a Reject for a data digest error.
@@ -278,6 +307,9 @@ impl RecoveryStats {
     pub fn plus(self, o: RecoveryStats) -> RecoveryStats {
         RecoveryStats {
             data_snacks: self.data_snacks + o.data_snacks,
+            r2t_snacks: self.r2t_snacks + o.r2t_snacks,
+            status_snacks: self.status_snacks + o.status_snacks,
+            header_digest_discards: self.header_digest_discards + o.header_digest_discards,
             data_out_rejects: self.data_out_rejects + o.data_out_rejects,
             command_retries: self.command_retries + o.command_retries,
             lost_commands: self.lost_commands + o.lost_commands,
@@ -291,6 +323,11 @@ impl RecoveryStats {
     pub fn since(self, before: RecoveryStats) -> RecoveryStats {
         RecoveryStats {
             data_snacks: self.data_snacks.saturating_sub(before.data_snacks),
+            r2t_snacks: self.r2t_snacks.saturating_sub(before.r2t_snacks),
+            status_snacks: self.status_snacks.saturating_sub(before.status_snacks),
+            header_digest_discards: self
+                .header_digest_discards
+                .saturating_sub(before.header_digest_discards),
             data_out_rejects: self
                 .data_out_rejects
                 .saturating_sub(before.data_out_rejects),
@@ -371,12 +408,7 @@ impl<T> SessionCore<T> {
     /// `exp_stat_sn` is the StatSN after the last Login Response; `max_send_seg` the
     /// target's MaxRecvDataSegmentLength.
     pub fn add_connection(&mut self, exp_stat_sn: u32, max_send_seg: u32) -> usize {
-        let c = ConnState {
-            alive: true,
-            exp_stat_sn,
-            max_send_seg: max_seg(max_send_seg),
-            completed: false,
-        };
+        let c = ConnState::new(true, exp_stat_sn, max_send_seg);
         let idx = match self.conns.iter().position(|c| !c.alive) {
             Some(i) => {
                 self.conns[i] = c;
@@ -443,7 +475,7 @@ impl<T> SessionCore<T> {
 
     /// ExpStatSN of a connection.
     pub fn exp_stat_sn(&self, conn: usize) -> u32 {
-        self.conns.get(conn).map_or(0, |c| c.exp_stat_sn)
+        self.conns.get(conn).map_or(0, |c| c.ack_stat_sn())
     }
 
     fn alloc_itt(&mut self) -> u32 {
@@ -520,7 +552,7 @@ impl<T> SessionCore<T> {
 
     fn send_command(&mut self, conn: usize, itt: u32, cmd_sn: u32, req: &CommandRequest) {
         let (cmd, immediate, unsolicited_end) = self.command_out(conn, itt, cmd_sn, req);
-        let exp_stat_sn = self.conns[conn].exp_stat_sn;
+        let exp_stat_sn = self.ack_stat_sn(conn);
         self.actions.push(Action::Command { conn, cmd });
         let unsolicited = DataOutSequence {
             itt,
@@ -545,7 +577,7 @@ impl<T> SessionCore<T> {
     ) -> (CommandOut, u32, u32) {
         let lim = self.limits;
         let seg = self.conns[conn].max_send_seg;
-        let exp_stat_sn = self.conns[conn].exp_stat_sn;
+        let exp_stat_sn = self.ack_stat_sn(conn);
         let wlen = req.write.len() as u32;
         let lun = iscsi_wire::lun_to_wire(req.lun);
         let immediate = if lim.immediate_data && wlen > 0 {
@@ -596,7 +628,7 @@ impl<T> SessionCore<T> {
         build: impl FnOnce(u32, u32, u32) -> Bhs,
     ) -> u32 {
         let itt = self.alloc_itt();
-        let bhs = build(itt, self.cmd_sn, self.conns[conn].exp_stat_sn);
+        let bhs = build(itt, self.cmd_sn, self.ack_stat_sn(conn));
         self.tasks.insert(
             itt,
             Task {
@@ -737,9 +769,15 @@ impl<T> SessionCore<T> {
         )
     }
 
+    /// The ExpStatSN connection `conn`'s PDUs carry.
+    fn ack_stat_sn(&self, conn: usize) -> u32 {
+        self.conns[conn].ack_stat_sn()
+    }
+
     fn note_target_sns(&mut self, conn: usize, stat_sn: u32, advances: bool, exp: u32, max: u32) {
         if advances {
             let c = &mut self.conns[conn];
+            c.stat_holes.retain(|h| *h != stat_sn);
             let next = stat_sn.wrapping_add(1);
             if sn_gt(next, c.exp_stat_sn) {
                 c.exp_stat_sn = next;
@@ -784,13 +822,31 @@ impl<T> SessionCore<T> {
                 max_cmd_sn,
             } => {
                 self.check_conn(conn)?;
-                let stat_sn = self.conns[conn].exp_stat_sn;
+                let stat_sn = self.ack_stat_sn(conn);
                 self.note_target_sns(conn, stat_sn, false, exp_cmd_sn, max_cmd_sn);
                 self.pump();
                 Ok(())
             }
-            InitiatorNotice::SnackSent { .. } => {
-                self.recovery.data_snacks += 1;
+            InitiatorNotice::SnackSent {
+                what,
+                beg_run,
+                run_length,
+                ..
+            } => {
+                match what {
+                    SnackFor::DataIn => self.recovery.data_snacks += 1,
+                    SnackFor::R2t => self.recovery.r2t_snacks += 1,
+                    SnackFor::Status => {
+                        self.recovery.status_snacks += 1;
+                        let c = &mut self.conns[conn];
+                        c.stat_holes
+                            .extend((0..run_length).map(|i| beg_run.wrapping_add(i)));
+                    }
+                }
+                Ok(())
+            }
+            InitiatorNotice::HeaderDigestDiscarded => {
+                self.recovery.header_digest_discards += 1;
                 Ok(())
             }
             InitiatorNotice::Closed(why) => Err(ConnError(why)),
@@ -1013,7 +1069,7 @@ impl<T> SessionCore<T> {
             itt: RESERVED_TAG,
             ttt: n.ttt,
             cmd_sn: self.cmd_sn,
-            exp_stat_sn: self.conns[conn].exp_stat_sn,
+            exp_stat_sn: self.ack_stat_sn(conn),
         });
         self.actions.push(Action::Send {
             conn,

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use datamover::{InitiatorChannel, InitiatorDatamover, InitiatorFfpConfig, InitiatorNotice};
+use datamover::{InitiatorChannel, InitiatorDatamover, InitiatorFfpConfig, InitiatorNotice, SnackFor};
 use iscsi_login::{
     ChapAlgorithm, ChapCredentials, DesiredSession, DigestPreference, DiscoveredTarget,
     InitiatorAuth, InitiatorLoginConfig, SessionParams,
@@ -454,15 +454,18 @@ fn on_notices(inner: &Arc<Inner>, idx: usize, epoch: u64, notices: &mut Vec<Init
     let mut failed = None;
     for n in notices.drain(..) {
         if let InitiatorNotice::SnackSent {
+            what,
             itt,
             beg_run,
             run_length,
         } = n
         {
-            tracing::info!(
-                conn = idx,
-                "Data SNACK for ITT 0x{itt:08x}: Data-In from DataSN {beg_run} ({run_length}) asked for again"
-            );
+            let asked = match what {
+                SnackFor::DataIn => format!("Data SNACK for ITT 0x{itt:08x}: Data-In from DataSN {beg_run}"),
+                SnackFor::R2t => format!("R2T SNACK for ITT 0x{itt:08x}: R2Ts from R2TSN {beg_run}"),
+                SnackFor::Status => format!("Status SNACK: statuses from StatSN {beg_run}"),
+            };
+            tracing::info!(conn = idx, "{asked} ({run_length}, 0: all) asked for again");
         }
         if failed.is_none() {
             failed = st.core.on_notice(idx, n).err();
@@ -731,7 +734,8 @@ async fn keepalive(inner: std::sync::Weak<Inner>, every: Duration, timeout: Dura
             let mut st = inner.lock();
             let recovery = st.params.error_recovery_level >= 1;
             tick = tick_for(st.params.error_recovery_level);
-            let probe = recovery && st.core.waiting_at_exp_cmd_sn().is_some();
+            let stalled = recovery && probe_datamovers(&mut st);
+            let probe = recovery && (stalled || st.core.waiting_at_exp_cmd_sn().is_some());
             if last_ping.elapsed() < every && !probe {
                 continue;
             }
@@ -774,6 +778,27 @@ async fn keepalive(inner: std::sync::Weak<Inner>, every: Duration, timeout: Dura
             flush(&mut st);
         }
     }
+}
+
+/// ErrorRecoveryLevel ≥ 1: each live connection's datamover asks again for what a stalled
+/// command waits for (`InitiatorDatamover::probe`); its notices go to the core. True when a
+/// command is stalled: a ping's answer then shows any status lost on the way.
+fn probe_datamovers(st: &mut State) -> bool {
+    let mut stalled = false;
+    for c in st.core.live_connections() {
+        let Some(h) = st.conns.get(c).and_then(Option::as_ref) else {
+            continue;
+        };
+        let (notices, s) = h.dm.probe();
+        stalled |= s;
+        for n in notices {
+            if let InitiatorNotice::SnackSent { itt, beg_run, .. } = n {
+                tracing::info!(conn = c, "R2T SNACK for ITT 0x{itt:08x}: a write heard nothing, R2Ts from R2TSN {beg_run} asked for again");
+            }
+            let _ = st.core.on_notice(c, n);
+        }
+    }
+    stalled
 }
 
 impl Session {

@@ -360,6 +360,62 @@ async fn at_erl1_corrupted_data_is_sent_again_inside_the_connection() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_erl1_target_pdus_with_corrupted_headers_are_discarded_and_asked_for_again() {
+    in_time(async {
+        let target = common::start_target(CONFIG).await;
+        // Header bytes flipped (each PDU fails its header digest and is discarded by the
+        // length it claims): an R2T (the write hears nothing more: the probe asks again by
+        // R2T SNACK), a SCSI Response in the middle (the next StatSN shows the gap: Status
+        // SNACK) and the last one (found by a ping's answer). No reconnect: a dropped
+        // connection would fail commands.
+        let p = proxy(
+            target,
+            &[
+                "down:r2t#2:corrupt=20",
+                "down:scsi-resp#3:corrupt=20",
+                "down:scsi-resp#8:corrupt=20",
+            ],
+        );
+        let s = session(p.local_addr(), "erl1", false).await;
+        let tsih = s.tsih();
+        let written = write_all(&s, 1200).await;
+        all_ok(&written, "corrupted headers of target PDUs during WRITEs at ERL 1");
+        assert_eq!(fired(&p).len(), 3, "every fault fired: {:?}", fired(&p));
+        let r = s.recovery();
+        assert!(
+            r.header_digest_discards >= 3 && r.status_snacks >= 2 && r.r2t_snacks >= 1,
+            "discarded and asked for again: {r:?}"
+        );
+        assert_eq!(s.tsih(), tsih, "same session");
+        s.logout().await.expect("logout");
+        verify(target, "erl1", &written).await;
+
+        // Reads: a Data-In in the middle of a command (the next DataSN shows the gap: Data
+        // SNACK) and Data-In that end commands (their status lost with them: the next
+        // StatSN shows it, and the resent status's ExpDataSN shows the data missing).
+        let p = proxy(
+            target,
+            &[
+                "down:data-in#5:corrupt=20",
+                "down:data-in#16:corrupt=20",
+                "down:data-in#32:corrupt=20",
+            ],
+        );
+        let s = session(p.local_addr(), "erl1", false).await;
+        let back = read_all(&s).await;
+        all_ok(&back, "corrupted headers of Data-In at ERL 1");
+        assert_eq!(fired(&p).len(), 3, "every fault fired: {:?}", fired(&p));
+        let r = s.recovery();
+        assert!(r.header_digest_discards >= 3 && r.data_snacks >= 1, "{r:?}");
+        for (i, (b, w)) in back.iter().zip(&written).enumerate() {
+            assert!(b.as_ref().unwrap() == w.as_ref().unwrap(), "region {i}");
+        }
+        s.logout().await.expect("logout");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_target_stalled_past_the_nop_timeout_is_left_and_the_commands_finish() {
     in_time(async {
         let target = common::start_target(CONFIG).await;

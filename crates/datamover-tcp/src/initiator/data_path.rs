@@ -6,17 +6,22 @@
 //!
 //! At ErrorRecoveryLevel 1 a Data-In that fails its data digest, or the Data-In a DataSN
 //! gap shows were lost (to a header digest error), are asked for again with a Data SNACK;
-//! the command's status waits until they have come (RFC 7143 §7.8).
+//! the command's status waits until they have come (RFC 7143 §7.8). A PDU whose header
+//! digest fails is discarded (the reader skips it by its claimed length) and what it carried
+//! shows as a gap, asked for again: a StatSN gap by a Status SNACK (ExpStatSN stays at the
+//! first missing status until it comes), an R2TSN gap by an R2T SNACK, Data-In missing
+//! before a SCSI Response by its ExpDataSN and a Data SNACK. A write that hears nothing while
+//! the target still owes it R2Ts is probed with an R2T SNACK ([`DataPath::probe`]).
 
 use std::collections::HashMap;
 
 use bytes::{Buf, Bytes, BytesMut};
-use datamover::{CommandOut, InitiatorFfpConfig, InitiatorNotice};
+use datamover::{CommandOut, InitiatorFfpConfig, InitiatorNotice, SnackFor};
 use iscsi_session::DataOutSequence;
-use iscsi_wire::serial::sn_gt;
+use iscsi_wire::serial::{sn_gt, sn_lt};
 use iscsi_wire::{Bhs, DataIn, Pdu, R2t, SnackRequest, RESERVED_TAG};
 
-use crate::frame::{complete_frame, Frame};
+use crate::frame::{complete_frame, Frame, FrameError};
 
 /// A command's data phases.
 #[derive(Debug)]
@@ -40,12 +45,28 @@ struct Task {
     /// Status (a Data-In with status or a SCSI Response) that came while data was still
     /// missing: delivered when the last hole fills.
     held_status: Option<Pdu>,
+    /// Where solicited write data begins, and how much of it R2Ts have asked for so far
+    /// (each R2TSN counted once: `r2ts_seen`).
+    solicited_from: u32,
+    solicited: u64,
+    r2ts_seen: Vec<u32>,
+    /// Recovery ticks since a PDU for this command last came ([`DataPath::probe`]).
+    quiet_ticks: u32,
 }
 
 /// Data SNACKs one command may send before its connection is given up.
 const MAX_SNACKS_PER_COMMAND: u32 = 16;
 /// A DataSN ahead of the expected one by at most this is a gap (Data-In lost on the way).
 const MAX_DATA_SN_GAP: u32 = 4096;
+/// A StatSN or R2TSN ahead of the expected one by at most this is a gap; further ahead, the
+/// stream cannot be trusted.
+const MAX_SN_GAP: u32 = 1024;
+/// PDUs discarded for header digest errors one after another before the stream is taken
+/// for lost (the claimed lengths were wrong too).
+const MAX_DISCARDS_IN_A_ROW: u32 = 4;
+/// Recovery ticks (a quarter second each) a write still owed R2Ts waits, hearing nothing,
+/// before it asks with an R2T SNACK.
+const QUIET_TICKS_BEFORE_R2T_SNACK: u32 = 4;
 
 impl Task {
     /// The read data as the command ends with it: bytes never sent read as zeros.
@@ -65,8 +86,14 @@ impl Task {
 #[derive(Debug)]
 pub struct DataPath {
     cfg: InitiatorFfpConfig,
-    /// StatSN expected next (for the ExpStatSN of Data-Out).
+    /// StatSN after the highest one seen.
     exp_stat_sn: u32,
+    /// StatSNs below it whose status has not gone up: held while their command's data is
+    /// asked for again, or (ERL ≥ 1) lost and asked for with a Status SNACK. ExpStatSN stays
+    /// at the first of them, so the target keeps them.
+    undelivered: Vec<u32>,
+    /// PDUs discarded for header digest errors since the last sound one.
+    discarded_in_a_row: u32,
     tasks: HashMap<u32, Task>,
     /// ExpCmdSN/MaxCmdSN of consumed PDUs not yet reported.
     window: Option<(u32, u32)>,
@@ -77,6 +104,8 @@ impl DataPath {
         DataPath {
             cfg,
             exp_stat_sn: cfg.exp_stat_sn,
+            undelivered: Vec::new(),
+            discarded_in_a_row: 0,
             tasks: HashMap::new(),
             window: None,
         }
@@ -100,6 +129,10 @@ impl DataPath {
                 missing: Vec::new(),
                 snacks: 0,
                 held_status: None,
+                solicited_from: cmd.solicited_from,
+                solicited: 0,
+                r2ts_seen: Vec::new(),
+                quiet_ticks: 0,
             },
         );
     }
@@ -119,30 +152,39 @@ impl DataPath {
         self.tasks.len()
     }
 
+    /// The ExpStatSN this connection's PDUs carry: the first status asked for again and not
+    /// yet come, else the StatSN after the highest seen.
+    pub fn ack_stat_sn(&self) -> u32 {
+        self.undelivered
+            .iter()
+            .copied()
+            .fold(self.exp_stat_sn, |a, h| if sn_lt(h, a) { h } else { a })
+    }
+
     /// Handles the PDU at the front of `rbuf` if it is complete: Ok(false) means more bytes
-    /// are needed. Data-Out to send go to `out`, notices to `notices`; an error is a
-    /// protocol or digest error from the target that ends the connection.
+    /// are needed, or (at ERL ≥ 1) that the PDU at the front failed its header digest and is
+    /// for the reader to discard ([`DataPath::header_digest_discarded`]). Data-Out and
+    /// SNACKs to send go to `out`, notices to `notices`; an error is a protocol or digest
+    /// error from the target that ends the connection.
     pub fn receive(
         &mut self,
         rbuf: &mut BytesMut,
         out: &mut Vec<Pdu>,
         notices: &mut Vec<InitiatorNotice>,
     ) -> Result<bool, String> {
-        let Some(frame) = complete_frame(rbuf, self.cfg.digests, self.max_recv())
-            .map_err(|e| format!("from the target: {e}"))?
-        else {
-            return Ok(false);
+        let frame = match complete_frame(rbuf, self.cfg.digests, self.max_recv()) {
+            Ok(Some(frame)) => frame,
+            Ok(None) => return Ok(false),
+            Err(FrameError::HeaderDigest { .. }) if self.recovery() => return Ok(false),
+            Err(e) => return Err(format!("from the target: {e}")),
         };
+        self.discarded_in_a_row = 0;
         let bhs = Bhs::decode(&frame.head)
             .map_err(|e| format!("protocol error from the target: {e}"))?
             .bhs;
-        // A command's status counts once its data is all in (below): a status that must
-        // come again, or waits for data asked for again, is not acknowledged yet.
-        if bhs.advances_stat_sn() && !matches!(bhs, Bhs::DataIn(_) | Bhs::ScsiResponse(_)) {
-            let stat_sn = u32::from_be_bytes(frame.head[24..28].try_into().expect("4 bytes"));
-            if sn_gt(stat_sn.wrapping_add(1), self.exp_stat_sn) {
-                self.exp_stat_sn = stat_sn.wrapping_add(1);
-            }
+        self.see_stat_sn(&bhs, out, notices)?;
+        if let Some(task) = self.tasks.get_mut(&bhs.itt()) {
+            task.quiet_ticks = 0;
         }
         if let Bhs::DataIn(d) = bhs {
             // The frame leaves the receive buffer as shared bytes, so a payload that is a
@@ -158,9 +200,10 @@ impl DataPath {
         let ahs = Bytes::copy_from_slice(&rbuf[frame.ahs_range()]);
         rbuf.advance(frame.total_len());
         match bhs {
-            Bhs::R2t(r) => self.on_r2t(&r, out)?,
+            Bhs::R2t(r) => self.on_r2t(&r, out, notices)?,
             Bhs::ScsiResponse(ref r) => {
                 let itt = r.itt;
+                self.data_missing_before(itt, r.exp_data_sn, out, notices)?;
                 self.status(itt, Pdu { bhs, ahs, data }, notices);
             }
             _ => notices.push(InitiatorNotice::Control(Pdu { bhs, ahs, data })),
@@ -178,14 +221,168 @@ impl DataPath {
             })
     }
 
+    /// ERL ≥ 1: the reader discarded a PDU whose header digest failed. Too many in a row
+    /// mean the claimed lengths were wrong too: the stream is lost.
+    pub fn header_digest_discarded(
+        &mut self,
+        notices: &mut Vec<InitiatorNotice>,
+    ) -> Result<(), String> {
+        self.discarded_in_a_row += 1;
+        if self.discarded_in_a_row > MAX_DISCARDS_IN_A_ROW {
+            return Err(format!(
+                "{} PDUs in a row failed their header digest: the stream is lost",
+                self.discarded_in_a_row
+            ));
+        }
+        notices.push(InitiatorNotice::HeaderDigestDiscarded);
+        Ok(())
+    }
+
+    /// ERL ≥ 1, on the session's recovery tick: a write that heard nothing for a few ticks
+    /// while the target still owes it R2Ts (the last R2T may have been discarded) asks for
+    /// them with an R2T SNACK (all from the next R2TSN). SNACKs go to `out`. Returns whether
+    /// any command is stalled.
+    pub fn probe(&mut self, out: &mut Vec<Pdu>, notices: &mut Vec<InitiatorNotice>) -> bool {
+        if !self.recovery() {
+            return false;
+        }
+        let mut stalled = false;
+        let mut ask = Vec::new();
+        for (itt, t) in self.tasks.iter_mut() {
+            t.quiet_ticks += 1;
+            if t.quiet_ticks < QUIET_TICKS_BEFORE_R2T_SNACK {
+                continue;
+            }
+            stalled = true;
+            let owed = (t.write.len() as u64).saturating_sub(t.solicited_from as u64);
+            if t.solicited < owed {
+                t.quiet_ticks = 0;
+                ask.push((*itt, t.next_r2t_sn));
+            }
+        }
+        for (itt, beg_run) in ask {
+            // The bound on SNACKs per command ends the connection if R2Ts never come.
+            if self.snack(SnackFor::R2t, itt, beg_run, 0, out, notices).is_err() {
+                self.tasks.remove(&itt);
+            }
+        }
+        stalled
+    }
+
+    fn recovery(&self) -> bool {
+        self.cfg.error_recovery_level >= 1
+    }
+
     fn max_recv(&self) -> u32 {
         self.cfg.max_recv_data_segment_length.max(512)
     }
 
-    fn on_r2t(&mut self, r: &R2t, out: &mut Vec<Pdu>) -> Result<(), String> {
+    /// Notes the StatSN of a PDU that carries status: a command's status stays undelivered
+    /// until it goes up ([`DataPath::status`]). At ERL ≥ 1 a StatSN past the expected one
+    /// shows statuses lost on the way (their PDUs discarded): a Status SNACK asks for them;
+    /// any other PDU that fills such a hole closes it.
+    fn see_stat_sn(
+        &mut self,
+        bhs: &Bhs,
+        out: &mut Vec<Pdu>,
+        notices: &mut Vec<InitiatorNotice>,
+    ) -> Result<(), String> {
+        if !bhs.advances_stat_sn() {
+            return Ok(());
+        }
+        let Some(stat_sn) = bhs.stat_sn() else {
+            return Ok(());
+        };
+        let command_status = matches!(bhs, Bhs::DataIn(_) | Bhs::ScsiResponse(_));
+        if self.undelivered.contains(&stat_sn) {
+            if !command_status {
+                self.undelivered.retain(|h| *h != stat_sn);
+            }
+            return Ok(());
+        }
+        let ahead = stat_sn.wrapping_sub(self.exp_stat_sn);
+        if self.recovery() && sn_gt(stat_sn, self.exp_stat_sn) {
+            if ahead > MAX_SN_GAP {
+                return Err(format!(
+                    "StatSN {stat_sn} where {} was expected",
+                    self.exp_stat_sn
+                ));
+            }
+            let beg_run = self.exp_stat_sn;
+            self.undelivered
+                .extend((0..ahead).map(|i| beg_run.wrapping_add(i)));
+            out.push(self.snack_pdu(iscsi_session::erl1::snack_type::STATUS, 0, RESERVED_TAG, beg_run, ahead));
+            notices.push(InitiatorNotice::SnackSent {
+                what: SnackFor::Status,
+                itt: RESERVED_TAG,
+                beg_run,
+                run_length: ahead,
+            });
+        }
+        if sn_gt(stat_sn.wrapping_add(1), self.exp_stat_sn) {
+            self.exp_stat_sn = stat_sn.wrapping_add(1);
+            if command_status {
+                self.undelivered.push(stat_sn);
+            }
+        }
+        Ok(())
+    }
+
+    /// ERL ≥ 1: a SCSI Response whose ExpDataSN counts more Data-In than came (the last ones
+    /// lost to header digest errors) asks for the rest with a Data SNACK; the status then
+    /// waits for them.
+    fn data_missing_before(
+        &mut self,
+        itt: u32,
+        exp_data_sn: u32,
+        out: &mut Vec<Pdu>,
+        notices: &mut Vec<InitiatorNotice>,
+    ) -> Result<(), String> {
+        if !self.recovery() {
+            return Ok(());
+        }
+        let Some(task) = self.tasks.get_mut(&itt) else {
+            return Ok(());
+        };
+        let ahead = exp_data_sn.wrapping_sub(task.exp_data_sn);
+        if task.read_len == 0 || !sn_gt(exp_data_sn, task.exp_data_sn) || ahead > MAX_DATA_SN_GAP {
+            return Ok(());
+        }
+        let beg_run = task.exp_data_sn;
+        task.missing.extend((0..ahead).map(|i| beg_run.wrapping_add(i)));
+        task.exp_data_sn = exp_data_sn;
+        self.snack(SnackFor::DataIn, itt, beg_run, ahead, out, notices)
+    }
+
+    fn on_r2t(
+        &mut self,
+        r: &R2t,
+        out: &mut Vec<Pdu>,
+        notices: &mut Vec<InitiatorNotice>,
+    ) -> Result<(), String> {
+        let recovery = self.recovery();
+        let ack_stat_sn = self.ack_stat_sn();
         let Some(task) = self.tasks.get_mut(&r.itt) else {
             return Err(format!("R2T for unknown ITT 0x{:08x}", r.itt));
         };
+        // ERL ≥ 1: R2Ts skipped over were lost on the way (a bidirectional command's R2Ts
+        // share their numbers with its Data-In, whose gaps the Data-In path finds).
+        let lost = if recovery && task.read_len == 0 && sn_gt(r.r2t_sn, task.next_r2t_sn) {
+            let ahead = r.r2t_sn.wrapping_sub(task.next_r2t_sn);
+            if ahead > MAX_SN_GAP {
+                return Err(format!(
+                    "R2TSN {} where {} was expected (ITT 0x{:08x})",
+                    r.r2t_sn, task.next_r2t_sn, r.itt
+                ));
+            }
+            Some((task.next_r2t_sn, ahead))
+        } else {
+            None
+        };
+        if !task.r2ts_seen.contains(&r.r2t_sn) {
+            task.r2ts_seen.push(r.r2t_sn);
+            task.solicited += r.desired_len as u64;
+        }
         if sn_gt(r.r2t_sn.wrapping_add(1), task.next_r2t_sn) {
             task.next_r2t_sn = r.r2t_sn.wrapping_add(1);
         }
@@ -211,11 +408,14 @@ impl DataPath {
             itt: r.itt,
             lun: task.lun,
             ttt: r.ttt,
-            exp_stat_sn: self.exp_stat_sn,
+            exp_stat_sn: ack_stat_sn,
             max_segment: self.cfg.max_send_data_segment_length.max(512),
         };
         out.extend(seq.pdus(&task.write, r.buffer_offset, end as u32));
         self.window = Some((r.exp_cmd_sn, r.max_cmd_sn));
+        if let Some((beg_run, run_length)) = lost {
+            self.snack(SnackFor::R2t, r.itt, beg_run, run_length, out, notices)?;
+        }
         Ok(())
     }
 
@@ -237,7 +437,7 @@ impl DataPath {
             None => (digest::crc32c(&payload), None),
         };
         if let Some((beg_run, run_length)) = gap {
-            self.snack(d.itt, beg_run, run_length, out, notices)?;
+            self.snack(SnackFor::DataIn, d.itt, beg_run, run_length, out, notices)?;
         }
         if let Err(e) = frame.check_data_digest(bytes, crc) {
             let why = format!(
@@ -253,7 +453,7 @@ impl DataPath {
                 if !task.missing.contains(&d.data_sn) {
                     task.missing.push(d.data_sn);
                 }
-                self.snack(d.itt, d.data_sn, 1, out, notices)?;
+                self.snack(SnackFor::DataIn, d.itt, d.data_sn, 1, out, notices)?;
             }
             return Ok(());
         }
@@ -288,9 +488,7 @@ impl DataPath {
             }
         }
         if let Some(stat_sn) = pdu.bhs.stat_sn() {
-            if sn_gt(stat_sn.wrapping_add(1), self.exp_stat_sn) {
-                self.exp_stat_sn = stat_sn.wrapping_add(1);
-            }
+            self.undelivered.retain(|h| *h != stat_sn);
         }
         let read = self
             .tasks
@@ -310,9 +508,11 @@ impl DataPath {
         }
     }
 
-    /// Asks for Data-In `beg_run`.. (`run_length` of them) of command `itt` again.
+    /// Asks for Data-In or R2Ts `beg_run`.. (`run_length` of them, 0: all) of command `itt`
+    /// again, with a Data/R2T SNACK.
     fn snack(
         &mut self,
+        what: SnackFor,
         itt: u32,
         beg_run: u32,
         run_length: u32,
@@ -325,27 +525,35 @@ impl DataPath {
         task.snacks += 1;
         if task.snacks > MAX_SNACKS_PER_COMMAND {
             return Err(format!(
-                "Data-In of ITT 0x{itt:08x} still lost after {MAX_SNACKS_PER_COMMAND} SNACKs"
+                "{} of ITT 0x{itt:08x} still lost after {MAX_SNACKS_PER_COMMAND} SNACKs",
+                if what == SnackFor::R2t { "R2Ts" } else { "Data-In" }
             ));
         }
-        out.push(Pdu::new(
-            Bhs::SnackRequest(SnackRequest {
-                snack_type: iscsi_session::erl1::snack_type::DATA_R2T,
-                lun: task.lun,
-                itt,
-                ttt: RESERVED_TAG,
-                exp_stat_sn: self.exp_stat_sn,
-                beg_run,
-                run_length,
-            }),
-            Bytes::new(),
-        ));
+        let lun = task.lun;
+        let data_r2t = iscsi_session::erl1::snack_type::DATA_R2T;
+        out.push(self.snack_pdu(data_r2t, lun, itt, beg_run, run_length));
         notices.push(InitiatorNotice::SnackSent {
+            what,
             itt,
             beg_run,
             run_length,
         });
         Ok(())
+    }
+
+    fn snack_pdu(&self, snack_type: u8, lun: u64, itt: u32, beg_run: u32, run_length: u32) -> Pdu {
+        Pdu::new(
+            Bhs::SnackRequest(SnackRequest {
+                snack_type,
+                lun,
+                itt,
+                ttt: RESERVED_TAG,
+                exp_stat_sn: self.ack_stat_sn(),
+                beg_run,
+                run_length,
+            }),
+            Bytes::new(),
+        )
     }
 }
 

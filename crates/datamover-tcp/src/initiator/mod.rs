@@ -129,6 +129,15 @@ impl InitiatorDatamover for TcpInitiatorDatamover {
         lock(&self.path).forget(itt);
     }
 
+    fn probe(&self) -> (Vec<InitiatorNotice>, bool) {
+        let (mut out, mut notices) = (Vec::new(), Vec::new());
+        let stalled = lock(&self.path).probe(&mut out, &mut notices);
+        for pdu in out {
+            let _ = self.tx.send(WriterMsg::Pdu(pdu));
+        }
+        (notices, stalled)
+    }
+
     fn close(&self) {
         let _ = self.tx.send(WriterMsg::Close);
     }
@@ -160,15 +169,32 @@ async fn reader(
     let mut out = Vec::new();
     let mut notices = Vec::new();
     let reason = loop {
-        if let Err(e) = rd
+        match rd
             .next_frame(cfg.digests, cfg.max_recv_data_segment_length.max(512))
             .await
         {
-            break match e {
-                FrameError::Eof => "the target closed the connection".to_string(),
-                FrameError::Io(e) => format!("connection error: {e}"),
-                e => format!("from the target: {e}"),
-            };
+            Ok(_) => {}
+            // ERL ≥ 1: the PDU is skipped by the length its header claims; the gap it
+            // leaves is asked for again (the data path's SNACKs).
+            Err(FrameError::HeaderDigest { claimed_len, .. }) if cfg.error_recovery_level >= 1 => {
+                if let Err(why) = lock(&path).header_digest_discarded(&mut notices) {
+                    break why;
+                }
+                tracing::warn!("header digest error from the target: PDU of {claimed_len} bytes discarded (ErrorRecoveryLevel 1)");
+                sink(&mut notices);
+                match rd.discard(claimed_len).await {
+                    Ok(()) => continue,
+                    Err(FrameError::Eof) => break "the target closed the connection".to_string(),
+                    Err(e) => break format!("connection error: {e}"),
+                }
+            }
+            Err(e) => {
+                break match e {
+                    FrameError::Eof => "the target closed the connection".to_string(),
+                    FrameError::Io(e) => format!("connection error: {e}"),
+                    e => format!("from the target: {e}"),
+                };
+            }
         }
         let mut failed = None;
         {

@@ -184,6 +184,9 @@ fn point_json(r: &Summary) -> serde_json::Value {
         "verified_bytes": r.verified_bytes,
         "recovery": {
             "data_snacks": r.recovery.data_snacks,
+            "r2t_snacks": r.recovery.r2t_snacks,
+            "status_snacks": r.recovery.status_snacks,
+            "header_digest_discards": r.recovery.header_digest_discards,
             "data_out_rejects": r.recovery.data_out_rejects,
             "command_retries": r.recovery.command_retries,
             "lost_commands": r.recovery.lost_commands,

@@ -92,19 +92,9 @@ impl<T> SessionCore<T> {
     /// A connection logged in again at index `conn` (its CID) after it failed.
     pub fn add_connection_at(&mut self, conn: usize, exp_stat_sn: u32, max_send_seg: u32) {
         while self.conns.len() <= conn {
-            self.conns.push(ConnState {
-                alive: false,
-                exp_stat_sn: 0,
-                max_send_seg: max_seg(0),
-                completed: false,
-            });
+            self.conns.push(ConnState::new(false, 0, 0));
         }
-        self.conns[conn] = ConnState {
-            alive: true,
-            exp_stat_sn,
-            max_send_seg: max_seg(max_send_seg),
-            completed: false,
-        };
+        self.conns[conn] = ConnState::new(true, exp_stat_sn, max_send_seg);
         self.pump();
     }
 
