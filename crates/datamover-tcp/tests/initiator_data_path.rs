@@ -273,7 +273,10 @@ fn a_pdu_whose_header_digest_fails_is_left_for_the_reader_to_discard_at_erl1_onl
         let mut buf = BytesMut::from(&bad[..]);
         let r = p.receive(&mut buf, &mut Vec::new(), &mut Vec::new());
         if erl == 0 {
-            assert!(r.unwrap_err().contains("header digest"), "level 0 ends the connection");
+            assert!(
+                r.unwrap_err().contains("header digest"),
+                "level 0 ends the connection"
+            );
         } else {
             assert_eq!(r, Ok(false), "left at the front");
             assert_eq!(buf.len(), bad.len(), "nothing consumed");
@@ -300,13 +303,32 @@ fn at_erl1_a_statsn_gap_is_asked_for_with_a_status_snack_and_expstatsn_waits_for
     // StatSN 6 (command 2's status) was discarded: 7 shows the gap.
     let (out, notices, err) = feed(&mut p, &response(3, 7, 0));
     assert!(err.is_none(), "{err:?}");
-    assert_eq!(status_snacks(&out), [(6, 1, 6)], "a Status SNACK for StatSN 6");
+    assert_eq!(
+        status_snacks(&out),
+        [(6, 1, 6)],
+        "a Status SNACK for StatSN 6"
+    );
     assert!(notices.iter().any(|n| matches!(
         n,
-        InitiatorNotice::SnackSent { what: datamover::SnackFor::Status, beg_run: 6, run_length: 1, .. }
+        InitiatorNotice::SnackSent {
+            what: datamover::SnackFor::Status,
+            beg_run: 6,
+            run_length: 1,
+            ..
+        }
     )));
     assert!(status_read(&notices).is_some(), "command 3 ends");
-    assert_eq!(p.ack_stat_sn(), 6, "status 6 is not acknowledged before it comes");
+    assert_eq!(
+        p.ack_stat_sn(),
+        6,
+        "status 6 is not acknowledged before it comes"
+    );
+    // The SNACK (or its answer) is lost too: a few quiet ticks later it is asked for again.
+    let (mut out, mut notices) = (Vec::new(), Vec::new());
+    for _ in 0..4 {
+        p.probe(&mut out, &mut notices).unwrap();
+    }
+    assert_eq!(status_snacks(&out), [(6, 1, 6)], "asked for again");
     // It comes again: command 2 ends and ExpStatSN moves past both.
     let (out, notices, err) = feed(&mut p, &response(2, 6, 0));
     assert!(err.is_none() && out.is_empty());
@@ -367,25 +389,35 @@ fn at_erl1_an_r2tsn_gap_and_a_write_left_waiting_are_asked_for_with_r2t_snacks()
     // R2TSN 0 (bytes 0..4000) was discarded: R2TSN 1 is answered and shows the gap.
     let (out, _, err) = feed(&mut p, &r2t(8, 1, 4000, 4000));
     assert!(err.is_none(), "{err:?}");
-    assert!(out.iter().any(|p| matches!(&p.bhs, Bhs::DataOut(d) if d.buffer_offset == 4000)));
+    assert!(out
+        .iter()
+        .any(|p| matches!(&p.bhs, Bhs::DataOut(d) if d.buffer_offset == 4000)));
     assert_eq!(snacks(&out), [(8, 0, 1, 5)], "an R2T SNACK for R2TSN 0");
     // The resent R2T 0 is answered; the last, R2TSN 2, is lost for good: after a few quiet
     // ticks the probe asks for every R2T from 2 on.
     let (out, _, _) = feed(&mut p, &r2t(8, 0, 0, 4000));
-    assert!(out.iter().any(|p| matches!(&p.bhs, Bhs::DataOut(d) if d.buffer_offset == 0)));
+    assert!(out
+        .iter()
+        .any(|p| matches!(&p.bhs, Bhs::DataOut(d) if d.buffer_offset == 0)));
     let (mut out, mut notices) = (Vec::new(), Vec::new());
     let mut stalled = false;
     for _ in 0..4 {
-        stalled |= p.probe(&mut out, &mut notices);
+        stalled |= p.probe(&mut out, &mut notices).unwrap();
     }
     assert!(stalled);
-    assert_eq!(snacks(&out), [(8, 2, 0, 5)], "R2T SNACK from R2TSN 2, run 0: all");
+    assert_eq!(
+        snacks(&out),
+        [(8, 2, 0, 5)],
+        "R2T SNACK from R2TSN 2, run 0: all"
+    );
     // Answered: the write is whole and the probe asks nothing more.
     let (out, _, _) = feed(&mut p, &r2t(8, 2, 8000, 4000));
-    assert!(out.iter().any(|p| matches!(&p.bhs, Bhs::DataOut(d) if d.buffer_offset == 8000)));
+    assert!(out
+        .iter()
+        .any(|p| matches!(&p.bhs, Bhs::DataOut(d) if d.buffer_offset == 8000)));
     let mut out = Vec::new();
     for _ in 0..8 {
-        p.probe(&mut out, &mut notices);
+        p.probe(&mut out, &mut notices).unwrap();
     }
     assert!(snacks(&out).is_empty(), "nothing owed: no SNACK, {out:?}");
 }

@@ -186,9 +186,6 @@ fn perr(m: impl Into<String>) -> ConnError {
 struct ConnState {
     alive: bool,
     exp_stat_sn: u32,
-    /// ERL ≥ 1: StatSNs the datamover asked for again with a Status SNACK that have not
-    /// come: the ExpStatSN sent stays at the first of them, so the target keeps them.
-    stat_holes: Vec<u32>,
     max_send_seg: u32,
     /// A SCSI command completed on it since it logged in.
     completed: bool,
@@ -199,18 +196,9 @@ impl ConnState {
         ConnState {
             alive,
             exp_stat_sn,
-            stat_holes: Vec::new(),
             max_send_seg: max_seg(max_send_seg),
             completed: false,
         }
-    }
-
-    /// The first status asked for again and not yet come, else the StatSN after the last.
-    fn ack_stat_sn(&self) -> u32 {
-        self.stat_holes
-            .iter()
-            .copied()
-            .fold(self.exp_stat_sn, |a, h| if sn_lt(h, a) { h } else { a })
     }
 }
 
@@ -475,7 +463,7 @@ impl<T> SessionCore<T> {
 
     /// ExpStatSN of a connection.
     pub fn exp_stat_sn(&self, conn: usize) -> u32 {
-        self.conns.get(conn).map_or(0, |c| c.ack_stat_sn())
+        self.conns.get(conn).map_or(0, |c| c.exp_stat_sn)
     }
 
     fn alloc_itt(&mut self) -> u32 {
@@ -552,7 +540,7 @@ impl<T> SessionCore<T> {
 
     fn send_command(&mut self, conn: usize, itt: u32, cmd_sn: u32, req: &CommandRequest) {
         let (cmd, immediate, unsolicited_end) = self.command_out(conn, itt, cmd_sn, req);
-        let exp_stat_sn = self.ack_stat_sn(conn);
+        let exp_stat_sn = self.conns[conn].exp_stat_sn;
         self.actions.push(Action::Command { conn, cmd });
         let unsolicited = DataOutSequence {
             itt,
@@ -577,7 +565,7 @@ impl<T> SessionCore<T> {
     ) -> (CommandOut, u32, u32) {
         let lim = self.limits;
         let seg = self.conns[conn].max_send_seg;
-        let exp_stat_sn = self.ack_stat_sn(conn);
+        let exp_stat_sn = self.conns[conn].exp_stat_sn;
         let wlen = req.write.len() as u32;
         let lun = iscsi_wire::lun_to_wire(req.lun);
         let immediate = if lim.immediate_data && wlen > 0 {
@@ -628,7 +616,7 @@ impl<T> SessionCore<T> {
         build: impl FnOnce(u32, u32, u32) -> Bhs,
     ) -> u32 {
         let itt = self.alloc_itt();
-        let bhs = build(itt, self.cmd_sn, self.ack_stat_sn(conn));
+        let bhs = build(itt, self.cmd_sn, self.conns[conn].exp_stat_sn);
         self.tasks.insert(
             itt,
             Task {
@@ -769,15 +757,9 @@ impl<T> SessionCore<T> {
         )
     }
 
-    /// The ExpStatSN connection `conn`'s PDUs carry.
-    fn ack_stat_sn(&self, conn: usize) -> u32 {
-        self.conns[conn].ack_stat_sn()
-    }
-
     fn note_target_sns(&mut self, conn: usize, stat_sn: u32, advances: bool, exp: u32, max: u32) {
         if advances {
             let c = &mut self.conns[conn];
-            c.stat_holes.retain(|h| *h != stat_sn);
             let next = stat_sn.wrapping_add(1);
             if sn_gt(next, c.exp_stat_sn) {
                 c.exp_stat_sn = next;
@@ -822,26 +804,16 @@ impl<T> SessionCore<T> {
                 max_cmd_sn,
             } => {
                 self.check_conn(conn)?;
-                let stat_sn = self.ack_stat_sn(conn);
+                let stat_sn = self.conns[conn].exp_stat_sn;
                 self.note_target_sns(conn, stat_sn, false, exp_cmd_sn, max_cmd_sn);
                 self.pump();
                 Ok(())
             }
-            InitiatorNotice::SnackSent {
-                what,
-                beg_run,
-                run_length,
-                ..
-            } => {
+            InitiatorNotice::SnackSent { what, .. } => {
                 match what {
                     SnackFor::DataIn => self.recovery.data_snacks += 1,
                     SnackFor::R2t => self.recovery.r2t_snacks += 1,
-                    SnackFor::Status => {
-                        self.recovery.status_snacks += 1;
-                        let c = &mut self.conns[conn];
-                        c.stat_holes
-                            .extend((0..run_length).map(|i| beg_run.wrapping_add(i)));
-                    }
+                    SnackFor::Status => self.recovery.status_snacks += 1,
                 }
                 Ok(())
             }
@@ -1069,7 +1041,7 @@ impl<T> SessionCore<T> {
             itt: RESERVED_TAG,
             ttt: n.ttt,
             cmd_sn: self.cmd_sn,
-            exp_stat_sn: self.ack_stat_sn(conn),
+            exp_stat_sn: self.conns[conn].exp_stat_sn,
         });
         self.actions.push(Action::Send {
             conn,

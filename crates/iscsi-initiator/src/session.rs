@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use datamover::{InitiatorChannel, InitiatorDatamover, InitiatorFfpConfig, InitiatorNotice, SnackFor};
+use datamover::{
+    InitiatorChannel, InitiatorDatamover, InitiatorFfpConfig, InitiatorNotice, SnackFor,
+};
 use iscsi_login::{
     ChapAlgorithm, ChapCredentials, DesiredSession, DigestPreference, DiscoveredTarget,
     InitiatorAuth, InitiatorLoginConfig, SessionParams,
@@ -443,6 +445,27 @@ fn is_current(st: &State, idx: usize, epoch: u64) -> bool {
         .is_some_and(|h| h.epoch == epoch)
 }
 
+/// One log line for a SNACK a datamover sent.
+fn log_snack(conn: usize, n: &InitiatorNotice, why: &str) {
+    let InitiatorNotice::SnackSent {
+        what,
+        itt,
+        beg_run,
+        run_length,
+    } = n
+    else {
+        return;
+    };
+    let asked = match what {
+        SnackFor::DataIn => {
+            format!("Data SNACK for ITT 0x{itt:08x}: Data-In from DataSN {beg_run}")
+        }
+        SnackFor::R2t => format!("R2T SNACK for ITT 0x{itt:08x}: R2Ts from R2TSN {beg_run}"),
+        SnackFor::Status => format!("Status SNACK: statuses from StatSN {beg_run}"),
+    };
+    tracing::info!(conn, "{why}{asked} ({run_length}, 0: all) asked for again");
+}
+
 /// A batch of notices from connection `idx`'s datamover: all handled under one lock; the
 /// first error (a protocol error, or the connection's end) ends the connection.
 fn on_notices(inner: &Arc<Inner>, idx: usize, epoch: u64, notices: &mut Vec<InitiatorNotice>) {
@@ -453,20 +476,7 @@ fn on_notices(inner: &Arc<Inner>, idx: usize, epoch: u64, notices: &mut Vec<Init
     }
     let mut failed = None;
     for n in notices.drain(..) {
-        if let InitiatorNotice::SnackSent {
-            what,
-            itt,
-            beg_run,
-            run_length,
-        } = n
-        {
-            let asked = match what {
-                SnackFor::DataIn => format!("Data SNACK for ITT 0x{itt:08x}: Data-In from DataSN {beg_run}"),
-                SnackFor::R2t => format!("R2T SNACK for ITT 0x{itt:08x}: R2Ts from R2TSN {beg_run}"),
-                SnackFor::Status => format!("Status SNACK: statuses from StatSN {beg_run}"),
-            };
-            tracing::info!(conn = idx, "{asked} ({run_length}, 0: all) asked for again");
-        }
+        log_snack(idx, &n, "");
         if failed.is_none() {
             failed = st.core.on_notice(idx, n).err();
         }
@@ -792,9 +802,7 @@ fn probe_datamovers(st: &mut State) -> bool {
         let (notices, s) = h.dm.probe();
         stalled |= s;
         for n in notices {
-            if let InitiatorNotice::SnackSent { itt, beg_run, .. } = n {
-                tracing::info!(conn = c, "R2T SNACK for ITT 0x{itt:08x}: a write heard nothing, R2Ts from R2TSN {beg_run} asked for again");
-            }
+            log_snack(c, &n, "heard nothing for a second: ");
             let _ = st.core.on_notice(c, n);
         }
     }

@@ -379,7 +379,10 @@ async fn at_erl1_target_pdus_with_corrupted_headers_are_discarded_and_asked_for_
         let s = session(p.local_addr(), "erl1", false).await;
         let tsih = s.tsih();
         let written = write_all(&s, 1200).await;
-        all_ok(&written, "corrupted headers of target PDUs during WRITEs at ERL 1");
+        all_ok(
+            &written,
+            "corrupted headers of target PDUs during WRITEs at ERL 1",
+        );
         assert_eq!(fired(&p).len(), 3, "every fault fired: {:?}", fired(&p));
         let r = s.recovery();
         assert!(
@@ -392,19 +395,22 @@ async fn at_erl1_target_pdus_with_corrupted_headers_are_discarded_and_asked_for_
 
         // Reads: a Data-In in the middle of a command (the next DataSN shows the gap: Data
         // SNACK) and Data-In that end commands (their status lost with them: the next
-        // StatSN shows it, and the resent status's ExpDataSN shows the data missing).
+        // StatSN shows it, and the resent status's ExpDataSN shows the data missing); the
+        // first SNACK is discarded by the target and asked for again after a quiet second.
         let p = proxy(
             target,
             &[
                 "down:data-in#5:corrupt=20",
                 "down:data-in#16:corrupt=20",
                 "down:data-in#32:corrupt=20",
+                // The first SNACK is lost on its way (the target discards it): asked again.
+                "up:snack#1:corrupt=20",
             ],
         );
         let s = session(p.local_addr(), "erl1", false).await;
         let back = read_all(&s).await;
         all_ok(&back, "corrupted headers of Data-In at ERL 1");
-        assert_eq!(fired(&p).len(), 3, "every fault fired: {:?}", fired(&p));
+        assert_eq!(fired(&p).len(), 4, "every fault fired: {:?}", fired(&p));
         let r = s.recovery();
         assert!(r.header_digest_discards >= 3 && r.data_snacks >= 1, "{r:?}");
         for (i, (b, w)) in back.iter().zip(&written).enumerate() {

@@ -905,6 +905,21 @@ impl Bhs {
         })
     }
 
+    /// The ExpStatSN field of an initiator→target PDU, to change it (`None` for other PDUs).
+    pub fn initiator_exp_stat_sn_mut(&mut self) -> Option<&mut u32> {
+        Some(match self {
+            Bhs::ScsiCommand(p) => &mut p.exp_stat_sn,
+            Bhs::DataOut(p) => &mut p.exp_stat_sn,
+            Bhs::NopOut(p) => &mut p.exp_stat_sn,
+            Bhs::TaskMgmtRequest(p) => &mut p.exp_stat_sn,
+            Bhs::LoginRequest(p) => &mut p.exp_stat_sn,
+            Bhs::TextRequest(p) => &mut p.exp_stat_sn,
+            Bhs::LogoutRequest(p) => &mut p.exp_stat_sn,
+            Bhs::SnackRequest(p) => &mut p.exp_stat_sn,
+            _ => return None,
+        })
+    }
+
     /// Whether sending this target→initiator PDU consumes a StatSN (it carries status).
     /// R2T, Data-In without status and target-initiated NOP-In carry the next StatSN
     /// without advancing it.

@@ -64,9 +64,10 @@ const MAX_SN_GAP: u32 = 1024;
 /// PDUs discarded for header digest errors one after another before the stream is taken
 /// for lost (the claimed lengths were wrong too).
 const MAX_DISCARDS_IN_A_ROW: u32 = 4;
-/// Recovery ticks (a quarter second each) a write still owed R2Ts waits, hearing nothing,
-/// before it asks with an R2T SNACK.
-const QUIET_TICKS_BEFORE_R2T_SNACK: u32 = 4;
+/// Recovery ticks (a quarter second each) a command waits, hearing nothing, before it asks
+/// again for what it still waits for (R2Ts never sent, Data-In or statuses asked for whose
+/// SNACK or answer was lost too).
+const QUIET_TICKS_BEFORE_ASKING_AGAIN: u32 = 4;
 
 impl Task {
     /// The read data as the command ends with it: bytes never sent read as zeros.
@@ -92,6 +93,11 @@ pub struct DataPath {
     /// asked for again, or (ERL ≥ 1) lost and asked for with a Status SNACK. ExpStatSN stays
     /// at the first of them, so the target keeps them.
     undelivered: Vec<u32>,
+    /// Of those, the statuses lost and asked for with a Status SNACK; the recovery ticks
+    /// since a status last came, and the Status SNACKs sent for them (bounded).
+    lost_status: Vec<u32>,
+    status_quiet_ticks: u32,
+    status_snacks: u32,
     /// PDUs discarded for header digest errors since the last sound one.
     discarded_in_a_row: u32,
     tasks: HashMap<u32, Task>,
@@ -105,6 +111,9 @@ impl DataPath {
             cfg,
             exp_stat_sn: cfg.exp_stat_sn,
             undelivered: Vec::new(),
+            lost_status: Vec::new(),
+            status_quiet_ticks: 0,
+            status_snacks: 0,
             discarded_in_a_row: 0,
             tasks: HashMap::new(),
             window: None,
@@ -238,35 +247,84 @@ impl DataPath {
         Ok(())
     }
 
-    /// ERL ≥ 1, on the session's recovery tick: a write that heard nothing for a few ticks
-    /// while the target still owes it R2Ts (the last R2T may have been discarded) asks for
-    /// them with an R2T SNACK (all from the next R2TSN). SNACKs go to `out`. Returns whether
-    /// any command is stalled.
-    pub fn probe(&mut self, out: &mut Vec<Pdu>, notices: &mut Vec<InitiatorNotice>) -> bool {
+    /// ERL ≥ 1, on the session's recovery tick: what heard nothing for a few ticks asks
+    /// again. A write the target still owes R2Ts (the last R2T may have been discarded) sends
+    /// an R2T SNACK (all from the next R2TSN); Data-In asked for and not come (the SNACK or
+    /// its answer lost too) are asked for again, as are lost statuses. SNACKs go to `out`.
+    /// Returns whether any command is stalled; an error (SNACKs past their bound) ends the
+    /// connection.
+    pub fn probe(
+        &mut self,
+        out: &mut Vec<Pdu>,
+        notices: &mut Vec<InitiatorNotice>,
+    ) -> Result<bool, String> {
         if !self.recovery() {
-            return false;
+            return Ok(false);
         }
-        let mut stalled = false;
+        let mut stalled = self.probe_lost_status(out, notices)?;
         let mut ask = Vec::new();
         for (itt, t) in self.tasks.iter_mut() {
             t.quiet_ticks += 1;
-            if t.quiet_ticks < QUIET_TICKS_BEFORE_R2T_SNACK {
+            if t.quiet_ticks < QUIET_TICKS_BEFORE_ASKING_AGAIN {
                 continue;
             }
             stalled = true;
             let owed = (t.write.len() as u64).saturating_sub(t.solicited_from as u64);
             if t.solicited < owed {
                 t.quiet_ticks = 0;
-                ask.push((*itt, t.next_r2t_sn));
+                ask.push((SnackFor::R2t, *itt, t.next_r2t_sn, 0));
+            } else if !t.missing.is_empty() {
+                t.quiet_ticks = 0;
+                ask.extend(t.missing.iter().map(|sn| (SnackFor::DataIn, *itt, *sn, 1)));
             }
         }
-        for (itt, beg_run) in ask {
-            // The bound on SNACKs per command ends the connection if R2Ts never come.
-            if self.snack(SnackFor::R2t, itt, beg_run, 0, out, notices).is_err() {
-                self.tasks.remove(&itt);
-            }
+        for (what, itt, beg_run, run_length) in ask {
+            self.snack(what, itt, beg_run, run_length, out, notices)?;
         }
-        stalled
+        Ok(stalled)
+    }
+
+    /// Statuses asked for with a Status SNACK that still have not come after a few quiet
+    /// ticks are asked for again.
+    fn probe_lost_status(
+        &mut self,
+        out: &mut Vec<Pdu>,
+        notices: &mut Vec<InitiatorNotice>,
+    ) -> Result<bool, String> {
+        self.status_quiet_ticks += 1;
+        if self.lost_status.is_empty() || self.status_quiet_ticks < QUIET_TICKS_BEFORE_ASKING_AGAIN
+        {
+            return Ok(false);
+        }
+        self.status_quiet_ticks = 0;
+        self.status_snacks += 1;
+        if self.status_snacks > MAX_SNACKS_PER_COMMAND {
+            return Err(format!(
+                "StatSN {} still lost after {MAX_SNACKS_PER_COMMAND} Status SNACKs",
+                self.lost_status[0]
+            ));
+        }
+        for sn in self.lost_status.clone() {
+            self.status_snack(sn, 1, out, notices);
+        }
+        Ok(true)
+    }
+
+    fn status_snack(
+        &mut self,
+        beg_run: u32,
+        run_length: u32,
+        out: &mut Vec<Pdu>,
+        notices: &mut Vec<InitiatorNotice>,
+    ) {
+        let status = iscsi_session::erl1::snack_type::STATUS;
+        out.push(self.snack_pdu(status, 0, RESERVED_TAG, beg_run, run_length));
+        notices.push(InitiatorNotice::SnackSent {
+            what: SnackFor::Status,
+            itt: RESERVED_TAG,
+            beg_run,
+            run_length,
+        });
     }
 
     fn recovery(&self) -> bool {
@@ -294,6 +352,8 @@ impl DataPath {
             return Ok(());
         };
         let command_status = matches!(bhs, Bhs::DataIn(_) | Bhs::ScsiResponse(_));
+        self.status_quiet_ticks = 0;
+        self.lost_status.retain(|h| *h != stat_sn);
         if self.undelivered.contains(&stat_sn) {
             if !command_status {
                 self.undelivered.retain(|h| *h != stat_sn);
@@ -309,15 +369,10 @@ impl DataPath {
                 ));
             }
             let beg_run = self.exp_stat_sn;
-            self.undelivered
-                .extend((0..ahead).map(|i| beg_run.wrapping_add(i)));
-            out.push(self.snack_pdu(iscsi_session::erl1::snack_type::STATUS, 0, RESERVED_TAG, beg_run, ahead));
-            notices.push(InitiatorNotice::SnackSent {
-                what: SnackFor::Status,
-                itt: RESERVED_TAG,
-                beg_run,
-                run_length: ahead,
-            });
+            let lost = (0..ahead).map(|i| beg_run.wrapping_add(i));
+            self.undelivered.extend(lost.clone());
+            self.lost_status.extend(lost);
+            self.status_snack(beg_run, ahead, out, notices);
         }
         if sn_gt(stat_sn.wrapping_add(1), self.exp_stat_sn) {
             self.exp_stat_sn = stat_sn.wrapping_add(1);
@@ -349,7 +404,8 @@ impl DataPath {
             return Ok(());
         }
         let beg_run = task.exp_data_sn;
-        task.missing.extend((0..ahead).map(|i| beg_run.wrapping_add(i)));
+        task.missing
+            .extend((0..ahead).map(|i| beg_run.wrapping_add(i)));
         task.exp_data_sn = exp_data_sn;
         self.snack(SnackFor::DataIn, itt, beg_run, ahead, out, notices)
     }
@@ -526,7 +582,11 @@ impl DataPath {
         if task.snacks > MAX_SNACKS_PER_COMMAND {
             return Err(format!(
                 "{} of ITT 0x{itt:08x} still lost after {MAX_SNACKS_PER_COMMAND} SNACKs",
-                if what == SnackFor::R2t { "R2Ts" } else { "Data-In" }
+                if what == SnackFor::R2t {
+                    "R2Ts"
+                } else {
+                    "Data-In"
+                }
             ));
         }
         let lun = task.lun;

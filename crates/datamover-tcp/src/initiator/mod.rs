@@ -108,8 +108,12 @@ fn lock(path: &Mutex<DataPath>) -> MutexGuard<'_, DataPath> {
 }
 
 impl InitiatorDatamover for TcpInitiatorDatamover {
-    fn send_command(&self, cmd: CommandOut) {
-        lock(&self.path).command(&cmd);
+    fn send_command(&self, mut cmd: CommandOut) {
+        {
+            let mut path = lock(&self.path);
+            path.command(&cmd);
+            hold_exp_stat_sn(&path, &mut cmd.pdu);
+        }
         let _ = self.tx.send(WriterMsg::Pdu(cmd.pdu));
     }
 
@@ -121,7 +125,8 @@ impl InitiatorDatamover for TcpInitiatorDatamover {
         lock(&self.path).next_r2t_sn(itt)
     }
 
-    fn send_control(&self, pdu: Pdu) {
+    fn send_control(&self, mut pdu: Pdu) {
+        hold_exp_stat_sn(&lock(&self.path), &mut pdu);
         let _ = self.tx.send(WriterMsg::Pdu(pdu));
     }
 
@@ -131,11 +136,19 @@ impl InitiatorDatamover for TcpInitiatorDatamover {
 
     fn probe(&self) -> (Vec<InitiatorNotice>, bool) {
         let (mut out, mut notices) = (Vec::new(), Vec::new());
-        let stalled = lock(&self.path).probe(&mut out, &mut notices);
+        let probed = lock(&self.path).probe(&mut out, &mut notices);
         for pdu in out {
             let _ = self.tx.send(WriterMsg::Pdu(pdu));
         }
-        (notices, stalled)
+        match probed {
+            Ok(stalled) => (notices, stalled),
+            Err(why) => {
+                // The reader reports the connection's end once the writer closes it.
+                tracing::warn!("{why}: closing the connection");
+                let _ = self.tx.send(WriterMsg::Close);
+                (notices, false)
+            }
+        }
     }
 
     fn close(&self) {
@@ -151,6 +164,19 @@ impl InitiatorDatamover for TcpInitiatorDatamover {
 impl Drop for TcpInitiatorDatamover {
     fn drop(&mut self) {
         self.reader.abort();
+    }
+}
+
+/// An ExpStatSN never acknowledges a status the data path has not delivered (one held while
+/// its command's data is asked for again, or lost and asked for with a Status SNACK): the
+/// target would free what the SNACK asks for. The session core counts statuses as it gets
+/// them; the data path knows which are still missing.
+fn hold_exp_stat_sn(path: &DataPath, pdu: &mut Pdu) {
+    let ack = path.ack_stat_sn();
+    if let Some(exp) = pdu.bhs.initiator_exp_stat_sn_mut() {
+        if iscsi_wire::serial::sn_lt(ack, *exp) {
+            *exp = ack;
+        }
     }
 }
 
