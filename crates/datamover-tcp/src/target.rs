@@ -186,6 +186,8 @@ struct SentRead {
     /// The StatSN of the task's status once it is sent (in the last Data-In or a SCSI
     /// Response): when the initiator acknowledges it, the data is forgotten.
     stat_sn: Option<u32>,
+    /// Data-In before this DataSN were acknowledged by DataACK: not sent again.
+    acked: u32,
 }
 
 type SentReads = Arc<Mutex<HashMap<u32, SentRead>>>;
@@ -385,11 +387,21 @@ impl Datamover for TcpDatamover {
             cfg.max_burst_length,
         )
         .count() as u32;
-        let run: Vec<u32> = iscsi_session::erl1::snack_run(beg_run, run_length, 0, sent)
+        let run: Vec<u32> = iscsi_session::erl1::snack_run(beg_run, run_length, read.acked, sent)
             .map_err(refused)?
             .collect();
         let run = run[0]..run[run.len() - 1] + 1;
         self.enqueue(Out::DataInAgain { read, run }).await
+    }
+
+    fn data_acked(&self, ttt: u32, beg_run: u32) {
+        // The acknowledgement request's tag is the read's ITT (`data_in_header`).
+        let mut reads = self.shared.sent_reads.lock().expect("sent reads");
+        if let Some(r) = reads.get_mut(&ttt) {
+            if iscsi_wire::serial::sn_gt(beg_run, r.acked) {
+                r.acked = beg_run;
+            }
+        }
     }
 
     async fn resend_status(&self, pdu: Pdu) -> Result<(), DmError> {
@@ -962,7 +974,8 @@ impl Writer {
         status: Option<CollapsedStatus>,
         batch: &mut PduBatch,
     ) {
-        self.push_data_in_segments(task, &data, 0, crcs.as_deref(), status, batch);
+        let ack = self.cfg.error_recovery_level >= 1;
+        self.push_data_in_segments(task, &data, 0, crcs.as_deref(), status, ack, batch);
         if self.cfg.error_recovery_level >= 1 {
             // Kept for Data SNACK until the status is acknowledged; with status in the last
             // Data-In, that status took the StatSN just before the next one.
@@ -976,6 +989,7 @@ impl Writer {
                 crcs,
                 status,
                 stat_sn,
+                acked: 0,
             });
         }
     }
@@ -989,11 +1003,12 @@ impl Writer {
         first_data_sn: u32,
         batch: &mut PduBatch,
     ) {
-        self.push_data_in_segments(task, &data, first_data_sn, None, None, batch);
+        self.push_data_in_segments(task, &data, first_data_sn, None, None, false, batch);
     }
 
     /// `data` cut into Data-In PDUs numbered from `first_data_sn`, the last one carrying
-    /// `status` when there is one.
+    /// `status` when there is one; with `ack`, the last of each sequence asks for a DataACK.
+    #[allow(clippy::too_many_arguments)]
     fn push_data_in_segments(
         &mut self,
         task: TaskRef,
@@ -1001,6 +1016,7 @@ impl Writer {
         first_data_sn: u32,
         crcs: Option<&digest::SegmentCrcs>,
         status: Option<CollapsedStatus>,
+        ack: bool,
         batch: &mut PduBatch,
     ) {
         let segs = data_in_segments(
@@ -1010,7 +1026,7 @@ impl Writer {
         );
         for mut s in segs {
             s.data_sn += first_data_sn;
-            let d = data_in_header(task, &s, status);
+            let d = data_in_header(task, &s, status, ack);
             let payload = data.slice(s.offset as usize..(s.offset + s.len) as usize);
             let crc = crcs.and_then(|c| c.get(s.offset, s.len));
             self.push(Bhs::DataIn(d), &[], payload, crc, batch);
@@ -1063,7 +1079,7 @@ impl Writer {
             self.cfg.max_burst_length,
         );
         for s in segs.filter(|s| run.contains(&s.data_sn)) {
-            let mut bhs = Bhs::DataIn(data_in_header(read.task, &s, read.status));
+            let mut bhs = Bhs::DataIn(data_in_header(read.task, &s, read.status, true));
             let stat_sn = match (s.last, read.stat_sn) {
                 (true, Some(sn)) if read.status.is_some() => sn,
                 _ => next_stat_sn,
@@ -1079,11 +1095,14 @@ impl Writer {
 }
 
 /// The header of one Data-In segment (the SNs are stamped when sent); the last segment
-/// carries collapsed status when there is one.
+/// carries collapsed status when there is one. With `ack` (ErrorRecoveryLevel ≥ 1) the last
+/// Data-In of each sequence without status asks for a DataACK (the A bit, with the read's
+/// ITT as its tag), so the initiator says what it has.
 fn data_in_header(
     task: TaskRef,
     s: &iscsi_session::DataSegment,
     status: Option<CollapsedStatus>,
+    ack: bool,
 ) -> DataIn {
     let mut d = DataIn {
         final_: s.final_,
@@ -1103,6 +1122,10 @@ fn data_in_header(
             d.underflow = st.underflow;
             d.residual = st.residual;
         }
+    }
+    if ack && d.final_ && !d.status_present {
+        d.ack = true;
+        d.ttt = task.itt;
     }
     d
 }

@@ -423,6 +423,48 @@ fn at_erl1_an_r2tsn_gap_and_a_write_left_waiting_are_asked_for_with_r2t_snacks()
 }
 
 #[test]
+fn at_erl1_a_data_in_asking_for_acknowledgement_is_answered_with_a_dataack() {
+    let payload = pattern(8000);
+    let asking = |sn: u32, off: usize| {
+        let mut d = data_in(3, sn, off as u32, false);
+        d.final_ = true;
+        d.ack = true;
+        d.ttt = 0x77;
+        d.lun = 0x0001_0000_0000_0000;
+        wire(Bhs::DataIn(d), &payload[off..off + 4000], DIGESTS)
+    };
+    let dataacks = |out: &[Pdu]| -> Vec<(u32, u32, u32, u32)> {
+        out.iter()
+            .filter_map(|p| match &p.bhs {
+                Bhs::SnackRequest(s) if s.snack_type == 2 => {
+                    Some((s.itt, s.ttt, s.beg_run, s.run_length))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let mut p = path_at(DIGESTS, 1);
+    command(&mut p, 3, 8000, Bytes::new(), 0);
+    let (out, _, err) = feed(&mut p, &asking(0, 0));
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(
+        dataacks(&out),
+        [(0xffff_ffff, 0x77, 1, 0)],
+        "DataSN 0 acknowledged"
+    );
+    // DataSN 1 lost (asked for with a Data SNACK): DataSN 2's request is not answered, as
+    // that would acknowledge DataSN 1 too.
+    let (out, _, _) = feed(&mut p, &asking(2, 4000));
+    assert_eq!(snacks(&out), [(3, 1, 1, 5)]);
+    assert!(dataacks(&out).is_empty());
+    // At level 0 the A bit is not answered.
+    let mut p = path_at(DIGESTS, 0);
+    command(&mut p, 3, 8000, Bytes::new(), 0);
+    let (out, _, err) = feed(&mut p, &asking(0, 0));
+    assert!(err.is_none() && dataacks(&out).is_empty());
+}
+
+#[test]
 fn an_r2t_is_answered_with_a_data_out_sequence() {
     let mut p = path(PLAIN);
     let data = Bytes::from(pattern(40000));

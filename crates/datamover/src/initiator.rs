@@ -67,6 +67,8 @@ pub enum SnackFor {
     R2t,
     /// Statuses, by StatSN (a Status SNACK).
     Status,
+    /// Nothing: a DataACK, the answer to a Data-In's acknowledgement request (A bit).
+    DataAck,
 }
 
 /// Where a connection's notices go: called from the transport's receiving task with a batch

@@ -190,6 +190,13 @@ pub trait Datamover: Send + Sync {
             "this transport runs at ErrorRecoveryLevel 0".into(),
         ))
     }
+    /// ErrorRecoveryLevel ≥ 1, a DataACK SNACK: the initiator has every Data-In before
+    /// DataSN `beg_run` of the read whose acknowledgement request (A bit) carried `ttt`; they
+    /// need not be kept for Data SNACK any more. A tag that names no kept read is ignored
+    /// (its status may have been acknowledged first).
+    fn data_acked(&self, ttt: u32, beg_run: u32) {
+        let _ = (ttt, beg_run);
+    }
     /// ErrorRecoveryLevel ≥ 1, a Status SNACK: send a retained status PDU again with its
     /// StatSN unchanged (ExpCmdSN and MaxCmdSN current).
     async fn resend_status(&self, pdu: Pdu) -> Result<(), DmError> {

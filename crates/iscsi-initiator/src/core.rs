@@ -275,6 +275,8 @@ pub struct RecoveryStats {
     pub status_snacks: u64,
     /// PDUs from the target discarded for a header digest error.
     pub header_digest_discards: u64,
+    /// DataACKs sent, answering the target's acknowledgement requests (A bit).
+    pub data_acks: u64,
     /// Data-Out the target Rejected for a data digest error (it asks again by R2T).
     pub data_out_rejects: u64,
     /// Commands sent again after a Reject for a data digest error.
@@ -298,6 +300,7 @@ impl RecoveryStats {
             r2t_snacks: self.r2t_snacks + o.r2t_snacks,
             status_snacks: self.status_snacks + o.status_snacks,
             header_digest_discards: self.header_digest_discards + o.header_digest_discards,
+            data_acks: self.data_acks + o.data_acks,
             data_out_rejects: self.data_out_rejects + o.data_out_rejects,
             command_retries: self.command_retries + o.command_retries,
             lost_commands: self.lost_commands + o.lost_commands,
@@ -316,6 +319,7 @@ impl RecoveryStats {
             header_digest_discards: self
                 .header_digest_discards
                 .saturating_sub(before.header_digest_discards),
+            data_acks: self.data_acks.saturating_sub(before.data_acks),
             data_out_rejects: self
                 .data_out_rejects
                 .saturating_sub(before.data_out_rejects),
@@ -814,6 +818,7 @@ impl<T> SessionCore<T> {
                     SnackFor::DataIn => self.recovery.data_snacks += 1,
                     SnackFor::R2t => self.recovery.r2t_snacks += 1,
                     SnackFor::Status => self.recovery.status_snacks += 1,
+                    SnackFor::DataAck => self.recovery.data_acks += 1,
                 }
                 Ok(())
             }

@@ -462,6 +462,8 @@ fn log_snack(conn: usize, n: &InitiatorNotice, why: &str) {
         }
         SnackFor::R2t => format!("R2T SNACK for ITT 0x{itt:08x}: R2Ts from R2TSN {beg_run}"),
         SnackFor::Status => format!("Status SNACK: statuses from StatSN {beg_run}"),
+        // Routine (asked for by the target), not a recovery: no log line.
+        SnackFor::DataAck => return,
     };
     tracing::info!(conn, "{why}{asked} ({run_length}, 0: all) asked for again");
 }

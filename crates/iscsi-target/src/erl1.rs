@@ -1,6 +1,6 @@
 //! ErrorRecoveryLevel 1 on the target, the iSCSI layer's part: answering SNACKs. A Status
 //! SNACK resends retained status with its StatSN; a Data/R2T SNACK has the datamover resend
-//! a read's Data-In or a write's outstanding R2Ts; a DataACK is counted. A SNACK for what
+//! a read's Data-In or a write's outstanding R2Ts; a DataACK frees the Data-In before it. A SNACK for what
 //! was never sent or is already acknowledged gets a Reject (Protocol Error), and any SNACK
 //! in a session at level 0 a Reject (SNACK Reject). Which runs a SNACK covers is decided by
 //! `iscsi_session::erl1`; discarding PDUs with digest errors and recovery R2Ts for lost
@@ -36,9 +36,11 @@ impl Session {
                     Err(_) => {} // the connection is going
                 }
             }
-            // The target never asks for acknowledgements (no A bit): nothing is held for a
-            // DataACK to free, so it is only counted.
-            snack_type::DATA_ACK => RecoveryCounters::bump(&conn.recovery.data_acks),
+            // The answer to an A bit: Data-In before BegRun need not be kept any more.
+            snack_type::DATA_ACK => {
+                RecoveryCounters::bump(&conn.recovery.data_acks);
+                conn.dm.data_acked(s.ttt, s.beg_run);
+            }
             other => {
                 let why = match other {
                     snack_type::R_DATA => "R-Data SNACK is not supported (MaxRecvDataSegmentLength never changes on a connection here)".to_string(),

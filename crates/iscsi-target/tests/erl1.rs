@@ -306,6 +306,55 @@ async fn data_snack_resends_data_in_as_first_sent_until_the_status_is_acknowledg
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_data_in_of_a_sequence_asks_for_a_dataack_which_frees_what_came_before() {
+    let mut c = erl1_session(9).await;
+    let data = pattern(131072, 3);
+    let (st, _, _) = c.command(&write10(900, 256), 0, &data).await;
+    assert_eq!(st, 0);
+    // A 128 KiB READ in 64 KiB bursts of 8 KiB Data-In: the last of the first sequence
+    // (DataSN 7) asks for acknowledgement with the A bit and a tag; the last of all carries
+    // the status and asks nothing (the status's acknowledgement covers it).
+    let b = c.scsi_bhs(&read10(900, 256), 131072, 0, 0);
+    let itt = be32(&b[16..20]);
+    c.send(&b, &[]).await;
+    let mut got = Vec::new();
+    for _ in 0..16 {
+        let d = c.recv().await;
+        assert_eq!(d.opcode(), 0x25);
+        got.push(d);
+    }
+    let acks: Vec<_> = got.iter().filter(|d| d.bhs[1] & 0x40 != 0).collect();
+    assert_eq!(acks.len(), 1, "one acknowledgement request");
+    assert_eq!(
+        acks[0].field32(36),
+        7,
+        "on the last Data-In of the first sequence"
+    );
+    let tag = acks[0].field32(20);
+    assert_ne!(tag, u32::MAX, "with a tag to echo");
+    assert!(got[15].bhs[1] & 0x01 != 0 && got[15].bhs[1] & 0x40 == 0);
+    c.exp_stat_sn = got[15].field32(24);
+    // DataACK (SNACK type 2, ITT reserved, the tag, BegRun 8): DataSN 0-7 are no longer
+    // kept; 8 on still are, until the status is acknowledged.
+    let mut ack = snack(&c, 2, u32::MAX, 8, 0);
+    ack[20..24].copy_from_slice(&tag.to_be_bytes());
+    c.send(&ack, &[]).await;
+    c.send(&snack(&c, 0, itt, 3, 1), &[]).await;
+    let reject = c.recv().await;
+    assert_eq!(
+        (reject.opcode(), reject.bhs[2]),
+        (0x3f, 0x04),
+        "an acknowledged Data-In is not sent again"
+    );
+    c.send(&snack(&c, 0, itt, 9, 1), &[]).await;
+    let d = c.recv().await;
+    assert_eq!((d.opcode(), d.field32(36)), (0x25, 9));
+    assert!(d.data == got[9].data, "the same bytes");
+    c.exp_stat_sn = c.exp_stat_sn.wrapping_add(1);
+    read_back(&mut c, 900, &data).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn r2t_snack_resends_an_outstanding_r2t() {
     let mut c = erl1_session(6).await;
     let data = pattern(16384, 8);

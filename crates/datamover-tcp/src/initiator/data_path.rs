@@ -17,6 +17,7 @@ use std::collections::HashMap;
 
 use bytes::{Buf, Bytes, BytesMut};
 use datamover::{CommandOut, InitiatorFfpConfig, InitiatorNotice, SnackFor};
+use iscsi_session::erl1::snack_type;
 use iscsi_session::DataOutSequence;
 use iscsi_wire::serial::{sn_gt, sn_lt};
 use iscsi_wire::{Bhs, DataIn, Pdu, R2t, SnackRequest, RESERVED_TAG};
@@ -317,7 +318,7 @@ impl DataPath {
         out: &mut Vec<Pdu>,
         notices: &mut Vec<InitiatorNotice>,
     ) {
-        let status = iscsi_session::erl1::snack_type::STATUS;
+        let status = snack_type::STATUS;
         out.push(self.snack_pdu(status, 0, RESERVED_TAG, beg_run, run_length));
         notices.push(InitiatorNotice::SnackSent {
             what: SnackFor::Status,
@@ -516,6 +517,9 @@ impl DataPath {
         if let Some(task) = self.tasks.get_mut(&d.itt) {
             task.missing.retain(|sn| *sn != d.data_sn);
         }
+        if d.ack && recovery {
+            self.data_ack(&d, out, notices);
+        }
         if !d.status_present {
             self.window = Some((d.exp_cmd_sn, d.max_cmd_sn));
             self.release_held(d.itt, notices);
@@ -590,7 +594,7 @@ impl DataPath {
             ));
         }
         let lun = task.lun;
-        let data_r2t = iscsi_session::erl1::snack_type::DATA_R2T;
+        let data_r2t = snack_type::DATA_R2T;
         out.push(self.snack_pdu(data_r2t, lun, itt, beg_run, run_length));
         notices.push(InitiatorNotice::SnackSent {
             what,
@@ -599,6 +603,31 @@ impl DataPath {
             run_length,
         });
         Ok(())
+    }
+
+    /// ERL ≥ 1: a Data-In asking for acknowledgement (A bit) is answered with a DataACK
+    /// naming the DataSN after it, once every Data-In before it has come (with some still
+    /// asked for again, the next request acknowledges them all).
+    fn data_ack(&mut self, d: &DataIn, out: &mut Vec<Pdu>, notices: &mut Vec<InitiatorNotice>) {
+        let complete = self
+            .tasks
+            .get(&d.itt)
+            .is_none_or(|t| t.missing.iter().all(|m| !sn_lt(*m, d.data_sn)));
+        if !complete {
+            return;
+        }
+        let beg_run = d.data_sn.wrapping_add(1);
+        let mut pdu = self.snack_pdu(snack_type::DATA_ACK, d.lun, RESERVED_TAG, beg_run, 0);
+        if let Bhs::SnackRequest(s) = &mut pdu.bhs {
+            s.ttt = d.ttt;
+        }
+        out.push(pdu);
+        notices.push(InitiatorNotice::SnackSent {
+            what: SnackFor::DataAck,
+            itt: d.itt,
+            beg_run,
+            run_length: 0,
+        });
     }
 
     fn snack_pdu(&self, snack_type: u8, lun: u64, itt: u32, beg_run: u32, run_length: u32) -> Pdu {
