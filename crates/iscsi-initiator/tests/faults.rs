@@ -417,6 +417,21 @@ async fn at_erl1_target_pdus_with_corrupted_headers_are_discarded_and_asked_for_
             assert!(b.as_ref().unwrap() == w.as_ref().unwrap(), "region {i}");
         }
         s.logout().await.expect("logout");
+
+        // The first ping is discarded by the target and the second ping's answer by the
+        // initiator: a ping unanswered for half the NOP timeout goes again, and the
+        // connection outlives both (without reconnect, losing it would fail the reads).
+        let p = proxy(
+            target,
+            &["up:nop-out#1:corrupt=20", "down:nop-in#2:corrupt=20"],
+        );
+        let s = session(p.local_addr(), "erl1", false).await;
+        tokio::time::sleep(Duration::from_millis(3500)).await;
+        assert_eq!(fired(&p).len(), 2, "both pings damaged: {:?}", fired(&p));
+        let back = read_all(&s).await;
+        all_ok(&back, "reads after lost pings at ERL 1");
+        assert_eq!(s.recovery().reinstatements, 0);
+        s.logout().await.expect("logout");
     })
     .await;
 }
