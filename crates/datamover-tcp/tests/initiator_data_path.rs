@@ -465,6 +465,30 @@ fn at_erl1_a_data_in_asking_for_acknowledgement_is_answered_with_a_dataack() {
 }
 
 #[test]
+fn at_erl2_an_adopted_write_takes_r2ts_from_what_task_reassign_said_came() {
+    let mut p = path_at(DIGESTS, 2);
+    let data = Bytes::from(pattern(12000));
+    let mut cmd = datamover::conformance::initiator::command(8, 0, data, 0);
+    if let Bhs::ScsiCommand(c) = &mut cmd.pdu.bhs {
+        c.lun = 0x0001_0000_0000_0000;
+    }
+    // R2TSN 0 and 1 came on the failed connection: the target re-issues from 2.
+    p.adopt(&cmd, 2);
+    let (out, _, err) = feed(&mut p, &r2t(8, 2, 8000, 4000));
+    assert!(err.is_none(), "{err:?}");
+    assert!(out
+        .iter()
+        .any(|p| matches!(&p.bhs, Bhs::DataOut(d) if d.buffer_offset == 8000)));
+    assert!(snacks(&out).is_empty(), "no gap below R2TSN 2: {out:?}");
+    // While the reassignment runs its course the probe asks for no R2T.
+    let (mut out, mut notices) = (Vec::new(), Vec::new());
+    for _ in 0..8 {
+        p.probe(&mut out, &mut notices).unwrap();
+    }
+    assert!(snacks(&out).is_empty(), "{out:?}");
+}
+
+#[test]
 fn an_r2t_is_answered_with_a_data_out_sequence() {
     let mut p = path(PLAIN);
     let data = Bytes::from(pattern(40000));

@@ -106,11 +106,12 @@ pub trait InitiatorDatamover: Send + Sync {
     fn send_command(&self, cmd: CommandOut);
     /// ErrorRecoveryLevel 2: takes charge of the data phases of a command sent on another
     /// connection and reassigned to this one (a TASK REASSIGN follows), without sending it:
-    /// its write data goes as the target asks by R2T (from `solicited_from`, which is 0),
-    /// its read data is placed again from the start. Transports that run only at level 0
-    /// (iSER) never get one.
-    fn adopt(&self, cmd: CommandOut) {
-        let _ = cmd;
+    /// its write data goes as the target asks by R2T (from `solicited_from`, which is 0), the
+    /// R2Ts numbered from `next_r2t_sn` (what the TASK REASSIGN's ExpDataSN says came), its
+    /// read data is placed again from the start. Transports that run only at level 0 (iSER)
+    /// never get one.
+    fn adopt(&self, cmd: CommandOut, next_r2t_sn: u32) {
+        let _ = (cmd, next_r2t_sn);
     }
     /// ErrorRecoveryLevel 2: the R2TSN after the highest R2T received for command `itt` on
     /// this connection (0 when none came, or for a transport without R2Ts), which TASK

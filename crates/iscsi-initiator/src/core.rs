@@ -164,7 +164,11 @@ pub enum Action<T> {
     Forget { conn: usize, itt: u32 },
     /// ErrorRecoveryLevel 2: a command reassigned to the connection (a TASK REASSIGN
     /// follows); its datamover takes charge of its data phases without sending it.
-    Adopt { conn: usize, cmd: CommandOut },
+    Adopt {
+        conn: usize,
+        cmd: CommandOut,
+        next_r2t_sn: u32,
+    },
     Complete {
         token: T,
         result: Result<Reply, TaskError>,

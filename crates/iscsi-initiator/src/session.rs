@@ -256,9 +256,13 @@ fn flush(st: &mut State) {
                     h.dm.forget(itt);
                 }
             }
-            Action::Adopt { conn, cmd } => {
+            Action::Adopt {
+                conn,
+                cmd,
+                next_r2t_sn,
+            } => {
                 if let Some(Some(h)) = conns.get(conn) {
-                    h.dm.adopt(cmd);
+                    h.dm.adopt(cmd, next_r2t_sn);
                 }
             }
             Action::Complete { token, result } => {

@@ -53,6 +53,10 @@ struct Task {
     r2ts_seen: Vec<u32>,
     /// Recovery ticks since a PDU for this command last came ([`DataPath::probe`]).
     quiet_ticks: u32,
+    /// Reassigned here from a failed connection (ERL 2): the target re-issues the R2Ts it
+    /// owes after TASK REASSIGN, and the reassignment has its own retries, so the probe asks
+    /// for none.
+    adopted: bool,
 }
 
 /// Data SNACKs one command may send before its connection is given up.
@@ -143,8 +147,21 @@ impl DataPath {
                 solicited: 0,
                 r2ts_seen: Vec::new(),
                 quiet_ticks: 0,
+                adopted: false,
             },
         );
+    }
+
+    /// ERL 2: a command reassigned to this connection; R2Ts before `next_r2t_sn` came on the
+    /// old one (the TASK REASSIGN says so), so they are no gap here.
+    pub fn adopt(&mut self, cmd: &CommandOut, next_r2t_sn: u32) {
+        self.command(cmd);
+        if let Bhs::ScsiCommand(c) = &cmd.pdu.bhs {
+            if let Some(t) = self.tasks.get_mut(&c.itt) {
+                t.next_r2t_sn = next_r2t_sn;
+                t.adopted = true;
+            }
+        }
     }
 
     /// Drops a command's state (aborted or rejected).
@@ -271,7 +288,7 @@ impl DataPath {
             }
             stalled = true;
             let owed = (t.write.len() as u64).saturating_sub(t.solicited_from as u64);
-            if t.solicited < owed {
+            if t.solicited < owed && !t.adopted {
                 t.quiet_ticks = 0;
                 ask.push((SnackFor::R2t, *itt, t.next_r2t_sn, 0));
             } else if !t.missing.is_empty() {

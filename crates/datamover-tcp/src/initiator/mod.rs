@@ -117,8 +117,8 @@ impl InitiatorDatamover for TcpInitiatorDatamover {
         let _ = self.tx.send(WriterMsg::Pdu(cmd.pdu));
     }
 
-    fn adopt(&self, cmd: CommandOut) {
-        lock(&self.path).command(&cmd);
+    fn adopt(&self, cmd: CommandOut, next_r2t_sn: u32) {
+        lock(&self.path).adopt(&cmd, next_r2t_sn);
     }
 
     fn next_r2t_sn(&self, itt: u32) -> u32 {

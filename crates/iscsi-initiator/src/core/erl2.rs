@@ -122,7 +122,11 @@ impl<T> SessionCore<T> {
             let (mut cmd, _, _) = self.command_out(conn, itt, cmd_sn, &req);
             cmd.pdu.data = Bytes::new();
             cmd.solicited_from = 0;
-            self.actions.push(Action::Adopt { conn, cmd });
+            self.actions.push(Action::Adopt {
+                conn,
+                cmd,
+                next_r2t_sn: exp_data_sn,
+            });
             let tmf_itt = self.alloc_itt();
             self.reassigns.insert(tmf_itt, itt);
             let bhs = Bhs::TaskMgmtRequest(TaskMgmtRequest {

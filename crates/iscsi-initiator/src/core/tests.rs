@@ -559,7 +559,11 @@ fn erl2_orphans_a_failed_connections_commands_and_reassigns_them_in_cmdsn_order(
     let mut tmfs = Vec::new();
     for a in c.actions.drain(..) {
         match a {
-            Action::Adopt { conn: 0, cmd } => adopted.push(cmd),
+            Action::Adopt {
+                conn: 0,
+                cmd,
+                next_r2t_sn,
+            } => adopted.push((cmd, next_r2t_sn)),
             Action::Send { conn: 0, pdu } => match pdu.bhs {
                 Bhs::TaskMgmtRequest(t) => tmfs.push(t),
                 other => panic!("unexpected {other:?}"),
@@ -569,9 +573,11 @@ fn erl2_orphans_a_failed_connections_commands_and_reassigns_them_in_cmdsn_order(
     }
     // In CmdSN order: the read (CmdSN 1), then the write (2), all its data solicited.
     assert_eq!(adopted.len(), 2);
-    assert_eq!(adopted[1].solicited_from, 0);
-    assert!(adopted[1].pdu.data.is_empty());
-    assert_eq!(adopted[1].write.len(), 32768);
+    assert_eq!(adopted[1].0.solicited_from, 0);
+    assert!(adopted[1].0.pdu.data.is_empty());
+    assert_eq!(adopted[1].0.write.len(), 32768);
+    // The adopting datamover numbers R2Ts from what the TASK REASSIGN says came (below).
+    assert_eq!((adopted[0].1, adopted[1].1), (0, 3));
     let refs: Vec<(u8, u32, u32, u32, u32)> = tmfs
         .iter()
         .map(|t| {
