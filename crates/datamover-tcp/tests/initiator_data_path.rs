@@ -480,12 +480,26 @@ fn at_erl2_an_adopted_write_takes_r2ts_from_what_task_reassign_said_came() {
         .iter()
         .any(|p| matches!(&p.bhs, Bhs::DataOut(d) if d.buffer_offset == 8000)));
     assert!(snacks(&out).is_empty(), "no gap below R2TSN 2: {out:?}");
-    // While the reassignment runs its course the probe asks for no R2T.
+    // An R2T came since the reassignment: the probe asks for none.
     let (mut out, mut notices) = (Vec::new(), Vec::new());
-    for _ in 0..8 {
+    for _ in 0..40 {
         p.probe(&mut out, &mut notices).unwrap();
     }
     assert!(snacks(&out).is_empty(), "{out:?}");
+    // One that hears nothing at all after TASK REASSIGN asks, after 4 s, from the R2TSN the
+    // reassignment named (never below it: LIO calls that a protocol error).
+    let mut cmd = datamover::conformance::initiator::command(9, 0, Bytes::from(pattern(8000)), 0);
+    if let Bhs::ScsiCommand(c) = &mut cmd.pdu.bhs {
+        c.lun = 0x0001_0000_0000_0000;
+    }
+    p.adopt(&cmd, 1);
+    let mut out = Vec::new();
+    for _ in 0..15 {
+        p.probe(&mut out, &mut notices).unwrap();
+    }
+    assert!(snacks(&out).is_empty(), "not before 4 s: {out:?}");
+    p.probe(&mut out, &mut notices).unwrap();
+    assert_eq!(snacks(&out), [(9, 1, 0, 5)]);
 }
 
 #[test]

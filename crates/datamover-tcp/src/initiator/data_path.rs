@@ -55,7 +55,7 @@ struct Task {
     quiet_ticks: u32,
     /// Reassigned here from a failed connection (ERL 2): the target re-issues the R2Ts it
     /// owes after TASK REASSIGN, and the reassignment has its own retries, so the probe asks
-    /// for none.
+    /// only when none came for a long while.
     adopted: bool,
 }
 
@@ -66,6 +66,10 @@ const MAX_DATA_SN_GAP: u32 = 4096;
 /// A StatSN or R2TSN ahead of the expected one by at most this is a gap; further ahead, the
 /// stream cannot be trusted.
 const MAX_SN_GAP: u32 = 1024;
+/// Recovery ticks a write reassigned here (ERL 2) waits for its first R2T before it asks
+/// with an R2T SNACK from the R2TSN its TASK REASSIGN named: the reassignment's own retries
+/// (10 at 300 ms) come first.
+const ADOPTED_QUIET_TICKS: u32 = 16;
 /// PDUs discarded for header digest errors one after another before the stream is taken
 /// for lost (the claimed lengths were wrong too).
 const MAX_DISCARDS_IN_A_ROW: u32 = 4;
@@ -288,7 +292,16 @@ impl DataPath {
             }
             stalled = true;
             let owed = (t.write.len() as u64).saturating_sub(t.solicited_from as u64);
-            if t.solicited < owed && !t.adopted {
+            let r2ts_owed = if t.adopted {
+                // What came on the old connection is not counted here: ask only when no
+                // R2T came since TASK REASSIGN, and only after its retries had their time.
+                t.r2ts_seen.is_empty()
+                    && t.quiet_ticks >= ADOPTED_QUIET_TICKS
+                    && !t.write.is_empty()
+            } else {
+                t.solicited < owed
+            };
+            if r2ts_owed {
                 t.quiet_ticks = 0;
                 ask.push((SnackFor::R2t, *itt, t.next_r2t_sn, 0));
             } else if !t.missing.is_empty() {
