@@ -10,6 +10,16 @@ bad() {
   FAILS=$((FAILS + 1))
 }
 step() { echo "--- $* ---"; }
+
+# wait_line FILE PATTERN PID TENTHS: waits until FILE has a line matching PATTERN, while PID
+# lives, at most TENTHS tenths of a second.
+wait_line() {
+  _i=0
+  while ! grep -q "$2" "$1" && kill -0 "$3" 2>/dev/null && [ $_i -lt "$4" ]; do
+    sleep 0.1
+    _i=$((_i + 1))
+  done
+}
 # check LABEL CMD...: runs CMD, records ok/bad under LABEL.
 check() {
   label=$1

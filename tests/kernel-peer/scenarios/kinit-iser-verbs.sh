@@ -22,11 +22,7 @@ hostile_clients_beside_login() {
   step "hostile clients on $PORTAL (siw's MPA listener, then the target's rdma_cm listener)"
   python3 /mnt/host/guest/hostile.py 10.0.2.15 3261 1000 40 >/tmp/hostile.out 2>&1 &
   hostile=$!
-  i=0
-  while ! grep -q '^ready' /tmp/hostile.out && kill -0 $hostile 2>/dev/null && [ $i -lt 300 ]; do
-    sleep 0.1
-    i=$((i + 1))
-  done
+  wait_line /tmp/hostile.out '^ready' $hostile 300
   sed 's/^/  hostile| /' /tmp/hostile.out
   check "1,000 idle connections and the bad clients are in place" grep -q '^ready: 1000 idle' /tmp/hostile.out
   t0=$(date +%s)
@@ -71,11 +67,7 @@ EOT
   ulimit -l unlimited
   IRONSAN_LOG=info,datamover_iser=debug /mnt/host/bin/ironsan-verbs target --config /tmp/iser-verbs.toml >/tmp/target.log 2>&1 &
   target=$!
-  i=0
-  while ! grep -q "serving iSCSI on 10.0.2.15:3261" /tmp/target.log && kill -0 $target 2>/dev/null && [ $i -lt 100 ]; do
-    sleep 0.1
-    i=$((i + 1))
-  done
+  wait_line /tmp/target.log "serving iSCSI on 10.0.2.15:3261" $target 100
   sed 's/^/  target| /' /tmp/target.log
   check "the target serves iSER on 10.0.2.15:3261 through rdma-core" grep -q "serving iSCSI on 10.0.2.15:3261 (iSER on verbs (rdma-core device siw0))" /tmp/target.log
 
