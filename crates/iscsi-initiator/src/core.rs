@@ -1006,6 +1006,17 @@ impl<T> SessionCore<T> {
                     // was (command retry); any other rejected command or request will
                     // never get a response.
                     let digest = r.reason == iscsi_wire::reject::DATA_DIGEST_ERROR;
+                    if op == 0x10 {
+                        // What a SNACK asked for is no longer kept (a target's retention is
+                        // bounded: a 5-minute run damaging 1 PDU in 10^4 met it once): it
+                        // cannot be mended in place. The connection ends, and the session's
+                        // recovery (connection recovery at level 2, reinstatement with
+                        // reconnect) takes its commands over.
+                        return Err(perr(format!(
+                            "the target refused a SNACK (Reject reason 0x{:02x}): what it asked for is no longer kept",
+                            r.reason
+                        )));
+                    }
                     if op == 0x05 && digest {
                         self.recovery.data_out_rejects += 1;
                     }

@@ -387,6 +387,36 @@ fn a_command_rejected_for_a_data_digest_error_is_sent_again_as_it_was() {
 }
 
 #[test]
+fn a_refused_snack_ends_the_connection_rather_than_the_command() {
+    let mut c = core(limits(true, false));
+    let itt = c.submit(1, CommandRequest::read(0, vec![0x28; 10], 4096));
+    let _ = commands(&mut c);
+    let snack = Bhs::SnackRequest(iscsi_wire::SnackRequest {
+        itt,
+        ttt: RESERVED_TAG,
+        ..Default::default()
+    })
+    .encode(0, 0)
+    .to_vec();
+    let refused = c.on_notice(
+        0,
+        InitiatorNotice::Control(Pdu {
+            bhs: Bhs::Reject(iscsi_wire::Reject {
+                reason: iscsi_wire::reject::PROTOCOL_ERROR,
+                stat_sn: 5,
+                exp_cmd_sn: 2,
+                max_cmd_sn: 32,
+                ..Default::default()
+            }),
+            ahs: Bytes::new(),
+            data: Bytes::from(snack),
+        }),
+    );
+    assert!(refused.unwrap_err().0.contains("refused a SNACK"));
+    assert!(completions(&mut c).is_empty(), "the command is not failed");
+}
+
+#[test]
 fn a_command_the_target_never_got_is_sent_again_once_its_cmdsn_stalls() {
     let mut c = core(limits(true, false));
     let a = c.submit(1, CommandRequest::read(0, vec![0x28; 10], 512));
