@@ -380,13 +380,7 @@ impl Datamover for TcpDatamover {
                 return Err(not_kept());
             }
         }
-        let cfg = &self.shared.cfg;
-        let sent = data_in_segments(
-            read.data.len() as u32,
-            cfg.max_send_data_segment_length,
-            cfg.max_burst_length,
-        )
-        .count() as u32;
+        let sent = self.data_in_pdus(&read.data);
         let run: Vec<u32> = iscsi_session::erl1::snack_run(beg_run, run_length, read.acked, sent)
             .map_err(refused)?
             .collect();

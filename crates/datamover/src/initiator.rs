@@ -42,8 +42,8 @@ pub enum InitiatorNotice {
     Window { exp_cmd_sn: u32, max_cmd_sn: u32 },
     /// ErrorRecoveryLevel ≥ 1: the transport asked the target for something again with a
     /// SNACK: `run_length` of `what` from `beg_run` (0: all from it), for command `itt`
-    /// (reserved for a Status SNACK). For the session's recovery counters and log; a Status
-    /// SNACK also holds the session's ExpStatSN at `beg_run` until those statuses come.
+    /// (reserved for a Status SNACK). For the session's recovery counters and log (the
+    /// transport itself keeps every ExpStatSN it sends below a status still missing).
     SnackSent {
         what: SnackFor,
         itt: u32,
@@ -127,10 +127,10 @@ pub trait InitiatorDatamover: Send + Sync {
     fn forget(&self, itt: u32);
     /// ErrorRecoveryLevel ≥ 1, called on the session's recovery tick (a quarter second):
     /// a transport that can lose PDUs to header digest errors asks again for what a stalled
-    /// command still waits for (an R2T SNACK for a write that heard nothing since the last
-    /// few ticks and still has data the target never asked for). Returns the notices of what
-    /// it did, and whether a command is stalled (the session then pings: the answer's StatSN
-    /// shows a lost status).
+    /// command still waits for (an R2T SNACK for a write the target still owes R2Ts; Data-In
+    /// or statuses whose SNACK or answer was lost too). Returns the notices of what it did,
+    /// and whether a command is stalled (the session then pings: the answer's StatSN shows
+    /// a lost status).
     fn probe(&self) -> (Vec<InitiatorNotice>, bool) {
         (Vec::new(), false)
     }

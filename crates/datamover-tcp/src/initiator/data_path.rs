@@ -214,8 +214,10 @@ impl DataPath {
             .map_err(|e| format!("protocol error from the target: {e}"))?
             .bhs;
         self.see_stat_sn(&bhs, out, notices)?;
-        if let Some(task) = self.tasks.get_mut(&bhs.itt()) {
-            task.quiet_ticks = 0;
+        if self.recovery() {
+            if let Some(task) = self.tasks.get_mut(&bhs.itt()) {
+                task.quiet_ticks = 0;
+            }
         }
         if let Bhs::DataIn(d) = bhs {
             // The frame leaves the receive buffer as shared bytes, so a payload that is a
@@ -348,8 +350,15 @@ impl DataPath {
         out: &mut Vec<Pdu>,
         notices: &mut Vec<InitiatorNotice>,
     ) {
-        let status = snack_type::STATUS;
-        out.push(self.snack_pdu(status, 0, RESERVED_TAG, beg_run, run_length));
+        let pdu = self.snack_pdu(
+            snack_type::STATUS,
+            0,
+            RESERVED_TAG,
+            RESERVED_TAG,
+            beg_run,
+            run_length,
+        );
+        out.push(pdu);
         notices.push(InitiatorNotice::SnackSent {
             what: SnackFor::Status,
             itt: RESERVED_TAG,
@@ -391,14 +400,11 @@ impl DataPath {
             }
             return Ok(());
         }
-        let ahead = stat_sn.wrapping_sub(self.exp_stat_sn);
-        if self.recovery() && sn_gt(stat_sn, self.exp_stat_sn) {
-            if ahead > MAX_SN_GAP {
-                return Err(format!(
-                    "StatSN {stat_sn} where {} was expected",
-                    self.exp_stat_sn
-                ));
-            }
+        let ahead = match self.recovery() {
+            true => sn_gap("StatSN", stat_sn, self.exp_stat_sn)?,
+            false => 0,
+        };
+        if ahead > 0 {
             let beg_run = self.exp_stat_sn;
             let lost = (0..ahead).map(|i| beg_run.wrapping_add(i));
             self.undelivered.extend(lost.clone());
@@ -407,7 +413,8 @@ impl DataPath {
         }
         if sn_gt(stat_sn.wrapping_add(1), self.exp_stat_sn) {
             self.exp_stat_sn = stat_sn.wrapping_add(1);
-            if command_status {
+            // Only at ERL ≥ 1 can a status be held back (at level 0 it goes up at once).
+            if command_status && self.recovery() {
                 self.undelivered.push(stat_sn);
             }
         }
@@ -454,19 +461,14 @@ impl DataPath {
         };
         // ERL ≥ 1: R2Ts skipped over were lost on the way (a bidirectional command's R2Ts
         // share their numbers with its Data-In, whose gaps the Data-In path finds).
-        let lost = if recovery && task.read_len == 0 && sn_gt(r.r2t_sn, task.next_r2t_sn) {
-            let ahead = r.r2t_sn.wrapping_sub(task.next_r2t_sn);
-            if ahead > MAX_SN_GAP {
-                return Err(format!(
-                    "R2TSN {} where {} was expected (ITT 0x{:08x})",
-                    r.r2t_sn, task.next_r2t_sn, r.itt
-                ));
-            }
-            Some((task.next_r2t_sn, ahead))
-        } else {
-            None
+        let ahead = match recovery && task.read_len == 0 {
+            true => sn_gap("R2TSN", r.r2t_sn, task.next_r2t_sn)
+                .map_err(|e| format!("{e} (ITT 0x{:08x})", r.itt))?,
+            false => 0,
         };
-        if !task.r2ts_seen.contains(&r.r2t_sn) {
+        let lost = (ahead > 0).then_some((task.next_r2t_sn, ahead));
+        // What R2Ts have asked for, for the probe (ERL ≥ 1 only: no bookkeeping at level 0).
+        if recovery && !task.r2ts_seen.contains(&r.r2t_sn) {
             task.r2ts_seen.push(r.r2t_sn);
             task.solicited += r.desired_len as u64;
         }
@@ -624,8 +626,15 @@ impl DataPath {
             ));
         }
         let lun = task.lun;
-        let data_r2t = snack_type::DATA_R2T;
-        out.push(self.snack_pdu(data_r2t, lun, itt, beg_run, run_length));
+        let pdu = self.snack_pdu(
+            snack_type::DATA_R2T,
+            lun,
+            itt,
+            RESERVED_TAG,
+            beg_run,
+            run_length,
+        );
+        out.push(pdu);
         notices.push(InitiatorNotice::SnackSent {
             what,
             itt,
@@ -647,10 +656,7 @@ impl DataPath {
             return;
         }
         let beg_run = d.data_sn.wrapping_add(1);
-        let mut pdu = self.snack_pdu(snack_type::DATA_ACK, d.lun, RESERVED_TAG, beg_run, 0);
-        if let Bhs::SnackRequest(s) = &mut pdu.bhs {
-            s.ttt = d.ttt;
-        }
+        let pdu = self.snack_pdu(snack_type::DATA_ACK, d.lun, RESERVED_TAG, d.ttt, beg_run, 0);
         out.push(pdu);
         notices.push(InitiatorNotice::SnackSent {
             what: SnackFor::DataAck,
@@ -660,13 +666,21 @@ impl DataPath {
         });
     }
 
-    fn snack_pdu(&self, snack_type: u8, lun: u64, itt: u32, beg_run: u32, run_length: u32) -> Pdu {
+    fn snack_pdu(
+        &self,
+        snack_type: u8,
+        lun: u64,
+        itt: u32,
+        ttt: u32,
+        beg_run: u32,
+        run_length: u32,
+    ) -> Pdu {
         Pdu::new(
             Bhs::SnackRequest(SnackRequest {
                 snack_type,
                 lun,
                 itt,
-                ttt: RESERVED_TAG,
+                ttt,
                 exp_stat_sn: self.ack_stat_sn(),
                 beg_run,
                 run_length,
@@ -674,6 +688,20 @@ impl DataPath {
             Bytes::new(),
         )
     }
+}
+
+/// How many numbers a PDU numbered `got` shows were skipped while `expected` was due (serial
+/// arithmetic; 0 when it is not ahead). Further ahead than [`MAX_SN_GAP`] the stream cannot
+/// be trusted: an error naming `what`.
+fn sn_gap(what: &str, got: u32, expected: u32) -> Result<u32, String> {
+    if !sn_gt(got, expected) {
+        return Ok(0);
+    }
+    let ahead = got.wrapping_sub(expected);
+    if ahead > MAX_SN_GAP {
+        return Err(format!("{what} {got} where {expected} was expected"));
+    }
+    Ok(ahead)
 }
 
 /// Places a Data-In payload in its task's read buffer; returns the payload's CRC32C when

@@ -87,6 +87,7 @@ impl InitiatorChannel for TcpInitiatorConnection {
         let reader = tokio::spawn(reader(rd, cfg, path.clone(), tx.clone(), sink)).abort_handle();
         Arc::new(TcpInitiatorDatamover {
             path,
+            recovery: cfg.error_recovery_level >= 1,
             tx,
             reader,
             writer,
@@ -98,6 +99,9 @@ impl InitiatorChannel for TcpInitiatorConnection {
 /// queued for the writer, so their Data-In and R2Ts always find them.
 pub struct TcpInitiatorDatamover {
     path: Arc<Mutex<DataPath>>,
+    /// ErrorRecoveryLevel ≥ 1: statuses can be held, so ExpStatSN is checked against the
+    /// data path (`hold_exp_stat_sn`); at level 0 no PDU takes its lock for that.
+    recovery: bool,
     tx: mpsc::UnboundedSender<WriterMsg>,
     reader: AbortHandle,
     writer: AbortHandle,
@@ -112,7 +116,9 @@ impl InitiatorDatamover for TcpInitiatorDatamover {
         {
             let mut path = lock(&self.path);
             path.command(&cmd);
-            hold_exp_stat_sn(&path, &mut cmd.pdu);
+            if self.recovery {
+                hold_exp_stat_sn(&path, &mut cmd.pdu);
+            }
         }
         let _ = self.tx.send(WriterMsg::Pdu(cmd.pdu));
     }
@@ -126,7 +132,9 @@ impl InitiatorDatamover for TcpInitiatorDatamover {
     }
 
     fn send_control(&self, mut pdu: Pdu) {
-        hold_exp_stat_sn(&lock(&self.path), &mut pdu);
+        if self.recovery {
+            hold_exp_stat_sn(&lock(&self.path), &mut pdu);
+        }
         let _ = self.tx.send(WriterMsg::Pdu(pdu));
     }
 
