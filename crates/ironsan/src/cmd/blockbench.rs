@@ -354,7 +354,7 @@ pub fn run(a: BlockBenchArgs) -> anyhow::Result<()> {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?;
             let steps = bench::parse_script(&text).map_err(anyhow::Error::msg)?;
-            rt.block_on(run_script(&a, steps))?
+            super::initiator::block_on_interruptible(&rt, run_script(&a, steps))
         }
         None => {
             let Some(u) = &a.url else {
@@ -370,7 +370,7 @@ pub fn run(a: BlockBenchArgs) -> anyhow::Result<()> {
                 (None, Some(_)) => None,
                 (None, None) => Some(Duration::from_secs(5)),
             };
-            rt.block_on(async {
+            super::initiator::block_on_interruptible(&rt, async {
                 let sessions = connect_all(&url, &a.login, a.sessions).await?;
                 let samplers = start_tcp_info(&a, &sessions)?;
                 let mut rows = Vec::new();
@@ -395,11 +395,12 @@ pub fn run(a: BlockBenchArgs) -> anyhow::Result<()> {
                 finish_tcp_info(&a, samplers)?;
                 logout_all(sessions).await;
                 anyhow::Ok(rows)
-            })?
+            })
         }
     };
     drop(rt);
     a.login.finish_trace()?;
+    let rows = rows?;
     // With the JSON on stdout, stdout carries nothing else (a script parses it): the table
     // and the verify line go to stderr.
     let json_to_stdout = a.json.as_deref().is_some_and(|p| p.as_os_str() == "-");

@@ -139,10 +139,31 @@ pub fn run_with<T>(
     f: impl std::future::Future<Output = anyhow::Result<T>>,
 ) -> anyhow::Result<T> {
     let rt = runtime()?;
-    let r = rt.block_on(f);
+    let r = block_on_interruptible(&rt, f);
     drop(rt);
     login.finish_trace()?;
     r
+}
+
+/// Runs `f` on `rt` until it ends or the process gets SIGINT (Ctrl-C) or SIGTERM. An
+/// interrupted run is an error; the caller still drops the runtime and flushes the trace,
+/// so a run stopped because it hangs leaves the PDUs that show why.
+pub fn block_on_interruptible<T>(
+    rt: &tokio::runtime::Runtime,
+    f: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
+    use tokio::signal::unix::{signal, SignalKind};
+    rt.block_on(async {
+        let (mut int, mut term) = (
+            signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+            signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+        );
+        tokio::select! {
+            r = f => r,
+            _ = int.recv() => anyhow::bail!("interrupted (SIGINT) before the run ended"),
+            _ = term.recv() => anyhow::bail!("terminated (SIGTERM) before the run ended"),
+        }
+    })
 }
 
 /// One thread: the initiator's work per command is small, and keeping the reader, the
