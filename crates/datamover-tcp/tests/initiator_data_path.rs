@@ -423,6 +423,35 @@ fn at_erl1_an_r2tsn_gap_and_a_write_left_waiting_are_asked_for_with_r2t_snacks()
 }
 
 #[test]
+fn at_erl1_a_recovery_r2t_does_not_count_twice_and_unanswered_r2t_snacks_end_the_connection() {
+    let mut p = path_at(DIGESTS, 1);
+    let data = Bytes::from(pattern(12000));
+    command(&mut p, 8, 0, data, 0);
+    // R2TSN 0 and 1 ask for bytes 0..8000; a damaged Data-Out brings recovery R2TSN 2 for
+    // 4000..8000 again. 4,000 bytes are still owed, though the R2Ts' lengths add up to 12,000.
+    for (sn, off) in [(0, 0), (1, 4000), (2, 4000)] {
+        let (_, _, err) = feed(&mut p, &r2t(8, sn, off, 4000));
+        assert!(err.is_none(), "{err:?}");
+    }
+    let (mut out, mut notices) = (Vec::new(), Vec::new());
+    for _ in 0..8 {
+        p.probe(&mut out, &mut notices).unwrap();
+    }
+    assert_eq!(
+        snacks(&out),
+        [(8, 3, 0, 5), (8, 3, 0, 5)],
+        "R2T SNACKs from R2TSN 3"
+    );
+    // A target that lost track of the write answers none: the third quiet probe gives the
+    // connection up (connection recovery takes the write over at level 2).
+    let err = (0..4)
+        .map(|_| p.probe(&mut out, &mut notices))
+        .find_map(Result::err)
+        .expect("the connection is given up");
+    assert!(err.contains("no R2T for the 4000 bytes"), "{err}");
+}
+
+#[test]
 fn at_erl1_a_data_in_asking_for_acknowledgement_is_answered_with_a_dataack() {
     let payload = pattern(8000);
     let asking = |sn: u32, off: usize| {

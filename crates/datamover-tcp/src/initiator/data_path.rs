@@ -46,11 +46,15 @@ struct Task {
     /// Status (a Data-In with status or a SCSI Response) that came while data was still
     /// missing: delivered when the last hole fills.
     held_status: Option<Pdu>,
-    /// Where solicited write data begins, and how much of it R2Ts have asked for so far
-    /// (each R2TSN counted once: `r2ts_seen`).
+    /// Where solicited write data begins, and the byte ranges R2Ts have asked for so far.
+    /// A recovery R2T asks again for a range an earlier R2T asked for, so what is owed is
+    /// what no range covers, not a sum of lengths.
     solicited_from: u32,
-    solicited: u64,
+    r2t_ranges: Vec<(u32, u32)>,
     r2ts_seen: Vec<u32>,
+    /// R2T SNACKs sent for R2Ts that then did not come: a target that sends nothing for
+    /// them has lost track of the write, and only connection recovery gets it back.
+    r2t_snacks_unanswered: u32,
     /// Recovery ticks since a PDU for this command last came ([`DataPath::probe`]).
     quiet_ticks: u32,
     /// Reassigned here from a failed connection (ERL 2): the target re-issues the R2Ts it
@@ -61,6 +65,11 @@ struct Task {
 
 /// Data SNACKs one command may send before its connection is given up.
 const MAX_SNACKS_PER_COMMAND: u32 = 16;
+/// R2T SNACKs a write may send, none of them answered by an R2T, before its connection is
+/// given up (at ErrorRecoveryLevel 2, TASK REASSIGN then has the target ask afresh). LIO
+/// 6.1 sends no further R2T after a recovery R2T for a damaged Data-Out, and ignores an R2T
+/// SNACK for an R2TSN it has not sent.
+const MAX_UNANSWERED_R2T_SNACKS: u32 = 2;
 /// A DataSN ahead of the expected one by at most this is a gap (Data-In lost on the way).
 const MAX_DATA_SN_GAP: u32 = 4096;
 /// A StatSN or R2TSN ahead of the expected one by at most this is a gap; further ahead, the
@@ -148,8 +157,9 @@ impl DataPath {
                 snacks: 0,
                 held_status: None,
                 solicited_from: cmd.solicited_from,
-                solicited: 0,
+                r2t_ranges: Vec::new(),
                 r2ts_seen: Vec::new(),
+                r2t_snacks_unanswered: 0,
                 quiet_ticks: 0,
                 adopted: false,
             },
@@ -301,10 +311,18 @@ impl DataPath {
                     && t.quiet_ticks >= ADOPTED_QUIET_TICKS
                     && !t.write.is_empty()
             } else {
-                t.solicited < owed
+                covered(&t.r2t_ranges) < owed
             };
             if r2ts_owed {
                 t.quiet_ticks = 0;
+                t.r2t_snacks_unanswered += 1;
+                if t.r2t_snacks_unanswered > MAX_UNANSWERED_R2T_SNACKS {
+                    return Err(format!(
+                        "write ITT 0x{itt:08x}: no R2T for the {} bytes it still owes after \
+                         {MAX_UNANSWERED_R2T_SNACKS} R2T SNACKs (the target lost track of it)",
+                        owed - covered(&t.r2t_ranges)
+                    ));
+                }
                 ask.push((SnackFor::R2t, *itt, t.next_r2t_sn, 0));
             } else if !t.missing.is_empty() {
                 t.quiet_ticks = 0;
@@ -470,7 +488,8 @@ impl DataPath {
         // What R2Ts have asked for, for the probe (ERL ≥ 1 only: no bookkeeping at level 0).
         if recovery && !task.r2ts_seen.contains(&r.r2t_sn) {
             task.r2ts_seen.push(r.r2t_sn);
-            task.solicited += r.desired_len as u64;
+            task.r2t_ranges.push((r.buffer_offset, r.desired_len));
+            task.r2t_snacks_unanswered = 0;
         }
         if sn_gt(r.r2t_sn.wrapping_add(1), task.next_r2t_sn) {
             task.next_r2t_sn = r.r2t_sn.wrapping_add(1);
@@ -779,4 +798,22 @@ fn place_bytes(task: &mut Task, off: usize, end: usize, payload: &Bytes, crc: bo
     }
     dst.copy_from_slice(payload);
     0
+}
+
+/// Bytes the ranges (offset, length) cover, each byte counted once.
+fn covered(ranges: &[(u32, u32)]) -> u64 {
+    let mut r: Vec<(u64, u64)> = ranges
+        .iter()
+        .map(|&(o, n)| (o as u64, o as u64 + n as u64))
+        .collect();
+    r.sort_unstable();
+    let (mut total, mut end) = (0, 0);
+    for (b, e) in r {
+        let b = b.max(end);
+        if e > b {
+            total += e - b;
+            end = e;
+        }
+    }
+    total
 }
