@@ -105,7 +105,9 @@ impl TcpConnection {
         let (notice_tx, notice_rx) = mpsc::channel(NOTICE_QUEUE);
         let (stop_tx, stop_rx) = watch::channel(false);
         let sent_reads = SentReads::default();
+        let max_send = Arc::new(AtomicU32::new(cfg.max_send_data_segment_length));
         let shared = Arc::new(Shared {
+            max_send: max_send.clone(),
             slots: Mutex::new(HashMap::new()),
             sent_reads: sent_reads.clone(),
             out: out_tx,
@@ -120,6 +122,7 @@ impl TcpConnection {
             cfg,
             sn,
             sent_reads,
+            max_send,
         };
         tokio::spawn(writer.run(write, out_rx, stop_rx.clone()));
         if shared.cfg.error_recovery_level >= 1 {
@@ -188,11 +191,49 @@ struct SentRead {
     stat_sn: Option<u32>,
     /// Data-In before this DataSN were acknowledged by DataACK: not sent again.
     acked: u32,
+    /// How the data is cut into Data-In (changed by an R-Data SNACK).
+    layout: ReadLayout,
+    /// The tag of the last R-Data SNACK: the read's status carries it from then on.
+    snack_tag: Option<u32>,
+}
+
+/// How a kept read's Data-In are numbered: DataSN `first_sn` on carry `data[from..]` in
+/// segments of at most `max_seg` bytes (`first_sn` and `from` are 0 until an R-Data SNACK
+/// resends from a DataACK on, cut anew).
+#[derive(Clone, Copy)]
+struct ReadLayout {
+    first_sn: u32,
+    from: u32,
+    max_seg: u32,
+}
+
+impl SentRead {
+    /// The read's Data-In segments as it numbers them now (offsets into `data`).
+    fn segments(&self, max_burst: u32) -> impl Iterator<Item = iscsi_session::DataSegment> {
+        let ReadLayout {
+            first_sn,
+            from,
+            max_seg,
+        } = self.layout;
+        data_in_segments(self.data.len() as u32 - from, max_seg, max_burst).map(move |mut s| {
+            s.data_sn += first_sn;
+            s.offset += from;
+            s
+        })
+    }
+
+    /// The Data-In count (the DataSN after the last).
+    fn data_in_count(&self, max_burst: u32) -> u32 {
+        self.layout.first_sn + self.segments(max_burst).count() as u32
+    }
 }
 
 type SentReads = Arc<Mutex<HashMap<u32, SentRead>>>;
 
 struct Shared {
+    /// The initiator's MaxRecvDataSegmentLength: data PDUs are cut to it (a Text
+    /// negotiation in full feature phase may change it).
+    max_send: Arc<AtomicU32>,
     slots: Mutex<HashMap<u32, WriteSlot>>,
     sent_reads: SentReads,
     out: mpsc::Sender<Out>,
@@ -241,6 +282,12 @@ enum Out {
     },
     /// A retained status PDU, its StatSN kept.
     StatusAgain(Pdu),
+    /// An R-Data SNACK for read `itt`: its Data-In from the last DataACK on, cut anew,
+    /// then its status carrying `snack_tag`.
+    Resegment {
+        itt: u32,
+        snack_tag: u32,
+    },
     Close,
 }
 
@@ -256,13 +303,29 @@ impl TcpDatamover {
 
     /// The Data-In PDUs `data` takes (for ExpDataSN).
     fn data_in_pdus(&self, data: &Bytes) -> u32 {
-        let cfg = &self.shared.cfg;
         data_in_segments(
             data.len() as u32,
-            cfg.max_send_data_segment_length,
-            cfg.max_burst_length,
+            self.shared.max_send.load(Ordering::Relaxed),
+            self.shared.cfg.max_burst_length,
         )
         .count() as u32
+    }
+
+    /// The read `itt` kept for SNACKs, unless its status was acknowledged (then the data
+    /// is only waiting to be forgotten).
+    fn kept_read(&self, itt: u32) -> Result<SentRead, DmError> {
+        let not_kept = || DmError::NotRetained(format!("ITT 0x{itt:08x}: no data kept"));
+        let read = {
+            let reads = self.shared.sent_reads.lock().expect("sent reads");
+            reads.get(&itt).cloned().ok_or_else(not_kept)?
+        };
+        if let Some(sn) = read.stat_sn {
+            let status = self.shared.cfg.status.lock().expect("status");
+            if status.retained(sn).is_none() {
+                return Err(not_kept());
+            }
+        }
+        Ok(read)
     }
 
     async fn enqueue(&self, out: Out) -> Result<(), DmError> {
@@ -367,25 +430,26 @@ impl Datamover for TcpDatamover {
                 })
                 .await;
         }
-        // A read: its Data-In PDUs, unless its status was acknowledged (then the data is
-        // only waiting to be forgotten).
-        let not_kept = || DmError::NotRetained(format!("ITT 0x{itt:08x}: no data kept"));
-        let read = {
-            let reads = self.shared.sent_reads.lock().expect("sent reads");
-            reads.get(&itt).cloned().ok_or_else(not_kept)?
-        };
-        if let Some(sn) = read.stat_sn {
-            let status = self.shared.cfg.status.lock().expect("status");
-            if status.retained(sn).is_none() {
-                return Err(not_kept());
-            }
-        }
-        let sent = self.data_in_pdus(&read.data);
+        // A read: its Data-In PDUs.
+        let read = self.kept_read(itt)?;
+        let sent = read.data_in_count(self.shared.cfg.max_burst_length);
         let run: Vec<u32> = iscsi_session::erl1::snack_run(beg_run, run_length, read.acked, sent)
             .map_err(refused)?
             .collect();
         let run = run[0]..run[run.len() - 1] + 1;
         self.enqueue(Out::DataInAgain { read, run }).await
+    }
+
+    async fn resegment_data(&self, itt: u32, snack_tag: u32) -> Result<(), DmError> {
+        if self.shared.cfg.error_recovery_level == 0 {
+            return Err(DmError::NotRetained("ErrorRecoveryLevel is 0".into()));
+        }
+        self.kept_read(itt)?;
+        self.enqueue(Out::Resegment { itt, snack_tag }).await
+    }
+
+    fn set_max_send_data_segment_length(&self, len: u32) {
+        self.shared.max_send.store(len, Ordering::Relaxed);
     }
 
     fn data_acked(&self, ttt: u32, beg_run: u32) {
@@ -857,6 +921,8 @@ struct Writer {
     sn: Arc<CmdSnState>,
     /// Read data kept for Data SNACK (ErrorRecoveryLevel ≥ 1 only).
     sent_reads: SentReads,
+    /// The initiator's MaxRecvDataSegmentLength as of now (`Shared::max_send`).
+    max_send: Arc<AtomicU32>,
 }
 
 impl Writer {
@@ -880,11 +946,14 @@ impl Writer {
             let mut close = false;
             for m in queued.drain(..) {
                 match m {
-                    Out::Pdu(p) => {
-                        if let Bhs::ScsiResponse(r) = &p.bhs {
-                            self.status_sent_for(r.itt);
+                    Out::Pdu(mut p) => {
+                        if let Bhs::ScsiResponse(r) = &mut p.bhs {
+                            self.status_sent_for(r);
                         }
                         self.push(p.bhs, &p.ahs, p.data, None, &mut batch)
+                    }
+                    Out::Resegment { itt, snack_tag } => {
+                        self.push_resegmented(itt, snack_tag, &mut batch)
                     }
                     Out::StatusAgain(p) => self.push_again(p, &mut batch),
                     Out::DataInAgain { read, run } => {
@@ -977,6 +1046,7 @@ impl Writer {
                 let next = self.cfg.status.lock().expect("status").next();
                 next.wrapping_sub(1)
             });
+            let max_seg = self.max_send();
             self.keep_read(SentRead {
                 task,
                 data,
@@ -984,6 +1054,12 @@ impl Writer {
                 status,
                 stat_sn,
                 acked: 0,
+                layout: ReadLayout {
+                    first_sn: 0,
+                    from: 0,
+                    max_seg,
+                },
+                snack_tag: None,
             });
         }
     }
@@ -1015,14 +1091,14 @@ impl Writer {
     ) {
         let segs = data_in_segments(
             data.len() as u32,
-            self.cfg.max_send_data_segment_length,
+            self.max_send(),
             self.cfg.max_burst_length,
         );
         for mut s in segs {
             s.data_sn += first_data_sn;
             let d = data_in_header(task, &s, status, ack);
             let payload = data.slice(s.offset as usize..(s.offset + s.len) as usize);
-            let crc = crcs.and_then(|c| c.get(s.offset, s.len));
+            let crc = crcs.and_then(|c| c.get(s.offset, s.len, data.len() as u32));
             self.push(Bhs::DataIn(d), &[], payload, crc, batch);
         }
     }
@@ -1036,15 +1112,75 @@ impl Writer {
         reads.insert(read.task.itt, read);
     }
 
-    /// A SCSI Response for `itt` is about to take the next StatSN: a read's kept data now
-    /// lives until that status is acknowledged.
-    fn status_sent_for(&mut self, itt: u32) {
+    fn max_send(&self) -> u32 {
+        self.max_send.load(Ordering::Relaxed)
+    }
+
+    /// A SCSI Response is about to take the next StatSN: a read's kept data now lives
+    /// until that status is acknowledged. A read resent for an R-Data SNACK has its status
+    /// carry the SNACK's tag and count the Data-In as now numbered.
+    fn status_sent_for(&mut self, rsp: &mut iscsi_wire::ScsiResponse) {
         if self.cfg.error_recovery_level == 0 {
             return;
         }
         let next = self.cfg.status.lock().expect("status").next();
-        if let Some(r) = self.sent_reads.lock().expect("sent reads").get_mut(&itt) {
+        if let Some(r) = self
+            .sent_reads
+            .lock()
+            .expect("sent reads")
+            .get_mut(&rsp.itt)
+        {
             r.stat_sn = Some(next);
+            if let Some(tag) = r.snack_tag {
+                rsp.snack_tag = tag;
+                rsp.exp_data_sn = r.data_in_count(self.cfg.max_burst_length);
+            }
+        }
+    }
+
+    /// An R-Data SNACK: the read's Data-In from the last DataACK on, cut for the current
+    /// MaxRecvDataSegmentLength and numbered from that DataACK, then (when the status was
+    /// sent) the status again as a SCSI Response with the SNACK's tag and its StatSN. A
+    /// status not yet sent will carry the tag ([`Writer::status_sent_for`]).
+    fn push_resegmented(&mut self, itt: u32, snack_tag: u32, batch: &mut PduBatch) {
+        let burst = self.cfg.max_burst_length;
+        let read = {
+            let mut reads = self.sent_reads.lock().expect("sent reads");
+            let Some(r) = reads.get_mut(&itt) else {
+                return; // its status was acknowledged meanwhile: nothing is owed
+            };
+            let from = r
+                .segments(burst)
+                .find(|s| s.data_sn == r.acked)
+                .map_or(r.data.len() as u32, |s| s.offset);
+            r.layout = ReadLayout {
+                first_sn: r.acked,
+                from,
+                max_seg: self.max_send(),
+            };
+            // The status goes in a SCSI Response of its own from now on.
+            r.status = None;
+            r.snack_tag = Some(snack_tag);
+            r.clone()
+        };
+        let end = read.data_in_count(burst);
+        self.push_data_in_again(&read, read.acked..end, batch);
+        let Some(stat_sn) = read.stat_sn else {
+            return;
+        };
+        let again = {
+            let mut status = self.cfg.status.lock().expect("status");
+            status.retained_mut(stat_sn).and_then(|kept| {
+                let Bhs::ScsiResponse(r) = &mut kept.bhs else {
+                    return None;
+                };
+                r.snack_tag = snack_tag;
+                r.exp_data_sn = end;
+                Some(kept.clone())
+            })
+        };
+        if let Some(pdu) = again {
+            self.push_again(pdu, batch);
         }
     }
 
@@ -1067,11 +1203,7 @@ impl Writer {
     ) {
         let (exp, max) = self.sn.load();
         let next_stat_sn = self.cfg.status.lock().expect("status").next();
-        let segs = data_in_segments(
-            read.data.len() as u32,
-            self.cfg.max_send_data_segment_length,
-            self.cfg.max_burst_length,
-        );
+        let segs = read.segments(self.cfg.max_burst_length);
         for s in segs.filter(|s| run.contains(&s.data_sn)) {
             let mut bhs = Bhs::DataIn(data_in_header(read.task, &s, read.status, true));
             let stat_sn = match (s.last, read.stat_sn) {
@@ -1082,7 +1214,10 @@ impl Writer {
             let payload = read
                 .data
                 .slice(s.offset as usize..(s.offset + s.len) as usize);
-            let crc = read.crcs.as_ref().and_then(|c| c.get(s.offset, s.len));
+            let crc = read
+                .crcs
+                .as_ref()
+                .and_then(|c| c.get(s.offset, s.len, read.data.len() as u32));
             batch.push(&bhs, &[], payload, self.cfg.digests, crc);
         }
     }

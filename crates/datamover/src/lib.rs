@@ -190,6 +190,24 @@ pub trait Datamover: Send + Sync {
             "this transport runs at ErrorRecoveryLevel 0".into(),
         ))
     }
+    /// ErrorRecoveryLevel ≥ 1, an R-Data SNACK (the initiator changed its
+    /// MaxRecvDataSegmentLength and drops what it has not acknowledged): resend the read
+    /// `itt`'s Data-In from the last DataACK on, cut for the current
+    /// [`Datamover::set_max_send_data_segment_length`] and numbered from that DataACK's
+    /// BegRun (0 without one), then its status again as a SCSI Response carrying
+    /// `snack_tag`, with its StatSN unchanged.
+    async fn resegment_data(&self, itt: u32, snack_tag: u32) -> Result<(), DmError> {
+        let _ = (itt, snack_tag);
+        Err(DmError::NotRetained(
+            "this transport does not cut data by MaxRecvDataSegmentLength".into(),
+        ))
+    }
+    /// The initiator declared a new MaxRecvDataSegmentLength in full feature phase (a Text
+    /// negotiation): data PDUs sent from now on are cut to it. Transports whose data
+    /// moves otherwise (RDMA) ignore it.
+    fn set_max_send_data_segment_length(&self, len: u32) {
+        let _ = len;
+    }
     /// ErrorRecoveryLevel ≥ 1, a DataACK SNACK: the initiator has every Data-In before
     /// DataSN `beg_run` of the read whose acknowledgement request (A bit) carried `ttt`; they
     /// need not be kept for Data SNACK any more. A tag that names no kept read is ignored

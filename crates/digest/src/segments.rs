@@ -29,17 +29,17 @@ impl SegmentCrcs {
         }
     }
 
-    /// The CRC of the piece at byte `offset` with `len` bytes, if it is one of the pieces.
-    pub fn get(&self, offset: u32, len: u32) -> Option<u32> {
-        if !offset.is_multiple_of(self.seg_len) || len > self.seg_len {
+    /// The CRC of the piece at byte `offset` with `len` bytes of a `total`-byte buffer, if
+    /// it is one of the pieces (a cut at another length, even one that only shortens the
+    /// last piece, gets `None`).
+    pub fn get(&self, offset: u32, len: u32, total: u32) -> Option<u32> {
+        if !offset.is_multiple_of(self.seg_len) || offset >= total {
+            return None;
+        }
+        if len != self.seg_len.min(total - offset) {
             return None;
         }
         let i = (offset / self.seg_len) as usize;
-        let is_last = i + 1 == self.crcs.len();
-        // Only the last piece may be short; a short piece elsewhere means another cut.
-        if len < self.seg_len && !is_last {
-            return None;
-        }
         self.crcs.get(i).copied()
     }
 }
@@ -152,10 +152,11 @@ mod tests {
     fn lookup_accepts_only_the_cut_it_was_made_for() {
         let data: Vec<u8> = (0..2500u32).map(|i| i as u8).collect();
         let s = SegmentCrcs::of(&data, 1000);
-        assert_eq!(s.get(0, 1000), Some(crate::crc32c(&data[..1000])));
-        assert_eq!(s.get(2000, 500), Some(crate::crc32c(&data[2000..])));
-        assert_eq!(s.get(1000, 500), None, "a short piece in the middle");
-        assert_eq!(s.get(500, 1000), None, "unaligned");
-        assert_eq!(s.get(3000, 10), None, "past the end");
+        assert_eq!(s.get(0, 1000, 2500), Some(crate::crc32c(&data[..1000])));
+        assert_eq!(s.get(2000, 500, 2500), Some(crate::crc32c(&data[2000..])));
+        assert_eq!(s.get(1000, 500, 2500), None, "a short piece in the middle");
+        assert_eq!(s.get(500, 1000, 2500), None, "unaligned");
+        assert_eq!(s.get(3000, 10, 2500), None, "past the end");
+        assert_eq!(s.get(2000, 250, 2500), None, "the last piece cut shorter");
     }
 }

@@ -77,6 +77,15 @@ impl<T> StatusSeq<T> {
             .map(|(_, t)| t)
     }
 
+    /// The retained status numbered `stat_sn`, to change what a later Status SNACK resends
+    /// (an R-Data SNACK's tag).
+    pub fn retained_mut(&mut self, stat_sn: u32) -> Option<&mut T> {
+        self.retained
+            .iter_mut()
+            .find(|(sn, _)| *sn == stat_sn)
+            .map(|(_, t)| t)
+    }
+
     /// The oldest StatSN still retained (`next()` when none is).
     pub fn first_retained(&self) -> u32 {
         self.retained.front().map_or(self.next, |(sn, _)| *sn)

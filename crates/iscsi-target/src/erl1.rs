@@ -1,7 +1,8 @@
 //! ErrorRecoveryLevel 1 on the target, the iSCSI layer's part: answering SNACKs. A Status
 //! SNACK resends retained status with its StatSN; a Data/R2T SNACK has the datamover resend
 //! a read's Data-In or a write's outstanding R2Ts; after a DataACK the Data-In before it are
-//! not sent again. A SNACK for what was never sent or is already acknowledged gets a Reject
+//! not sent again; an R-Data SNACK (after the initiator changed its
+//! MaxRecvDataSegmentLength) has them resent cut anew, then the status with its tag. A SNACK for what was never sent or is already acknowledged gets a Reject
 //! (Protocol Error), and any SNACK in a session at level 0 a Reject (SNACK Reject). Which
 //! runs a SNACK covers is decided by `iscsi_session::erl1`; discarding PDUs with digest
 //! errors and recovery R2Ts for lost write data are the datamover's (decided by
@@ -42,13 +43,38 @@ impl Session {
                 RecoveryCounters::bump(&conn.recovery.data_acks);
                 conn.dm.data_acked(s.ttt, s.beg_run);
             }
+            snack_type::R_DATA => self.r_data_snack(conn, s, raw).await,
             other => {
-                let why = match other {
-                    snack_type::R_DATA => "R-Data SNACK is not supported (MaxRecvDataSegmentLength never changes on a connection here)".to_string(),
-                    t => format!("unknown SNACK type {t}"),
-                };
+                let why = format!("unknown SNACK type {other}");
                 conn.reject(reject::SNACK_REJECT, raw, &why).await
             }
+        }
+    }
+
+    /// An R-Data SNACK (the initiator's MaxRecvDataSegmentLength changed): the read's
+    /// unacknowledged Data-In again, cut anew, then its status with the SNACK's tag (its
+    /// TTT field). BegRun and RunLength must be 0: it always asks for all of them.
+    async fn r_data_snack(&self, conn: &Conn, s: &SnackRequest, raw: [u8; 48]) {
+        RecoveryCounters::bump(&conn.recovery.data_snacks);
+        if s.beg_run != 0 || s.run_length != 0 {
+            let why = format!(
+                "R-Data SNACK with BegRun {} and RunLength {} (both must be 0)",
+                s.beg_run, s.run_length
+            );
+            return conn.reject(reject::PROTOCOL_ERROR, raw, &why).await;
+        }
+        match conn.dm.resegment_data(s.itt, s.ttt).await {
+            Ok(()) => tracing::info!(
+                peer = %conn.peer,
+                "R-Data SNACK for ITT 0x{:08x}: its Data-In resent for a {}-byte \
+                 MaxRecvDataSegmentLength, then its status with SNACK Tag 0x{:08x}",
+                s.itt, conn.max_send(), s.ttt
+            ),
+            Err(DmError::NotRetained(why)) => {
+                let why = format!("R-Data SNACK refused: {why}");
+                conn.reject(reject::PROTOCOL_ERROR, raw, &why).await
+            }
+            Err(_) => {} // the connection is going
         }
     }
 

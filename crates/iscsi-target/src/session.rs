@@ -96,8 +96,9 @@ pub(crate) struct Conn {
     /// The transport this connection runs over (Text negotiation answers its keys).
     pub transport: TransportKind,
     pub dm: Arc<dyn Datamover>,
-    /// The initiator's MaxRecvDataSegmentLength (bounds NOP-In and Text data).
-    pub max_send: u32,
+    /// The initiator's MaxRecvDataSegmentLength (bounds NOP-In and Text data); a Text
+    /// negotiation in full feature phase may change it.
+    max_send: AtomicU32,
     inflight: AtomicUsize,
     idle: Notify,
     ping_ttt: AtomicU32,
@@ -112,6 +113,20 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
+    /// The initiator's MaxRecvDataSegmentLength as of now.
+    pub fn max_send(&self) -> u32 {
+        self.max_send.load(Ordering::Relaxed)
+    }
+
+    /// The initiator declared a new MaxRecvDataSegmentLength (Text, full feature phase):
+    /// PDUs sent from now on are cut to it.
+    fn set_max_send(&self, len: u32) {
+        if self.max_send.swap(len, Ordering::Relaxed) != len {
+            tracing::info!(peer = %self.peer, cid = self.cid, "the initiator's MaxRecvDataSegmentLength is now {len}");
+            self.dm.set_max_send_data_segment_length(len);
+        }
+    }
+
     pub fn new(
         cid: u16,
         peer: SocketAddr,
@@ -126,7 +141,7 @@ impl Conn {
             peer,
             transport,
             dm,
-            max_send,
+            max_send: AtomicU32::new(max_send),
             inflight: AtomicUsize::new(0),
             idle: Notify::new(),
             ping_ttt: AtomicU32::new(RESERVED_TAG),
@@ -483,7 +498,7 @@ impl Session {
                     return; // a ping answer or an ExpStatSN update: no reply
                 }
                 let mut data = pdu.pdu.data.clone();
-                data.truncate(conn.max_send as usize);
+                data.truncate(conn.max_send() as usize);
                 let nop = NopIn {
                     lun: n.lun,
                     itt: n.itt,
@@ -598,7 +613,7 @@ impl Session {
             };
             let mut sp = self.params.clone();
             let mut cp = iscsi_login::params::ConnectionParams {
-                max_send_data_segment_length: conn.max_send,
+                max_send_data_segment_length: conn.max_send(),
                 ..Default::default()
             };
             let ctx = TextContext {
@@ -607,8 +622,9 @@ impl Session {
                 our_max_recv_data_segment_length: target.base_limits().max_recv_data_segment_length,
             };
             let reply = iscsi_login::textneg::negotiate_text(&pairs, &mut sp, &mut cp, &ctx);
+            conn.set_max_send(cp.max_send_data_segment_length);
             let data = iscsi_login::text::encode(&reply);
-            let mut r = TextResponder::new(data, conn.max_send, t.itt ^ 0x5a5a_0000);
+            let mut r = TextResponder::new(data, conn.max_send(), t.itt ^ 0x5a5a_0000);
             let first = r.first_piece();
             *conn.text.lock().expect("text") = if first.final_ { None } else { Some((t.itt, r)) };
             Some(first)

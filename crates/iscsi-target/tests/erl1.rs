@@ -355,6 +355,84 @@ async fn the_last_data_in_of_a_sequence_asks_for_a_dataack_which_frees_what_came
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_smaller_max_recv_data_segment_length_an_r_data_snack_resends_the_read_cut_anew() {
+    let mut c = erl1_session(12).await;
+    let data = pattern(65536, 11);
+    let (st, _, _) = c.command(&write10(600, 128), 0, &data).await;
+    assert_eq!(st, 0);
+    // A 64 KiB READ in 8 KiB Data-In, status in the last; the status stays unacknowledged.
+    let b = c.scsi_bhs(&read10(600, 128), 65536, 0, 0);
+    let itt = be32(&b[16..20]);
+    c.send(&b, &[]).await;
+    let mut status_sn = 0;
+    for _ in 0..8 {
+        let d = c.recv().await;
+        assert_eq!((d.opcode(), d.data.len()), (0x25, 8192));
+        status_sn = d.field32(24);
+    }
+    // The initiator now takes 4 KiB segments (a Text negotiation in full feature phase).
+    let keys = key_values(&[("MaxRecvDataSegmentLength", "4096")]);
+    let mut t = bhs(0x04, 0x80, keys.len(), c.itt());
+    t[20..24].copy_from_slice(&u32::MAX.to_be_bytes());
+    t[24..28].copy_from_slice(&c.cmd_sn.to_be_bytes());
+    t[28..32].copy_from_slice(&status_sn.to_be_bytes());
+    c.cmd_sn = c.cmd_sn.wrapping_add(1);
+    c.send(&t, &keys).await;
+    let r = c.recv().await;
+    assert_eq!(r.opcode(), 0x24, "Text Response");
+    assert!(parse_keys(&r.data).contains_key("MaxRecvDataSegmentLength"));
+    c.exp_stat_sn = status_sn;
+    // R-Data SNACK (type 3, the SNACK Tag in the TTT field): all 16 Data-In again at 4 KiB,
+    // none with status, then a SCSI Response with the tag, the status's StatSN and
+    // ExpDataSN 16.
+    let mut rd = snack(&c, 3, itt, 0, 0);
+    rd[20..24].copy_from_slice(&0x5eed_0001u32.to_be_bytes());
+    c.send(&rd, &[]).await;
+    let mut got = Vec::new();
+    for sn in 0..16 {
+        let d = c.recv().await;
+        assert_eq!(d.opcode(), 0x25);
+        assert_eq!(
+            (d.field32(36), d.field32(40)),
+            (sn, sn * 4096),
+            "DataSN, offset"
+        );
+        assert_eq!(d.data.len(), 4096);
+        assert_eq!(d.bhs[1] & 0x01, 0, "no status in a resent Data-In");
+        got.extend_from_slice(&d.data);
+    }
+    assert!(got == data, "the same bytes, cut anew");
+    let rsp = c.recv().await;
+    assert_eq!(rsp.opcode(), 0x21, "SCSI Response");
+    assert_eq!(
+        (
+            rsp.bhs[3],
+            rsp.field32(20),
+            rsp.field32(24),
+            rsp.field32(36)
+        ),
+        (0, 0x5eed_0001, status_sn, 16),
+        "GOOD, SNACK Tag, StatSN as first sent, ExpDataSN"
+    );
+    // A Status SNACK now gets that Response, tag and all.
+    c.send(&snack(&c, 1, u32::MAX, status_sn, 1), &[]).await;
+    let again = c.recv().await;
+    assert_eq!((again.opcode(), again.field32(20)), (0x21, 0x5eed_0001));
+    // BegRun and RunLength must be 0 in an R-Data SNACK.
+    let mut bad = snack(&c, 3, itt, 1, 0);
+    bad[20..24].copy_from_slice(&7u32.to_be_bytes());
+    c.send(&bad, &[]).await;
+    let reject = c.recv().await;
+    assert_eq!(
+        (reject.opcode(), reject.bhs[2]),
+        (0x3f, 0x04),
+        "Reject, protocol error"
+    );
+    c.exp_stat_sn = reject.field32(24).wrapping_add(1);
+    read_back(&mut c, 600, &data).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn r2t_snack_resends_an_outstanding_r2t() {
     let mut c = erl1_session(6).await;
     let data = pattern(16384, 8);
