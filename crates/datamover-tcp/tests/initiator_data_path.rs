@@ -451,6 +451,150 @@ fn at_erl1_a_recovery_r2t_does_not_count_twice_and_unanswered_r2t_snacks_end_the
     assert!(err.contains("no R2T for the 4000 bytes"), "{err}");
 }
 
+/// The R-Data SNACKs among `out`: (ITT, SNACK Tag, BegRun, RunLength).
+fn r_data_snacks(out: &[Pdu]) -> Vec<(u32, u32, u32, u32)> {
+    out.iter()
+        .filter_map(|p| match &p.bhs {
+            Bhs::SnackRequest(s) if s.snack_type == 3 => {
+                Some((s.itt, s.ttt, s.beg_run, s.run_length))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn at_erl1_data_in_lost_after_max_recv_data_segment_length_changed_takes_an_r_data_snack() {
+    let mut p = path_at(DIGESTS, 1);
+    let payload = pattern(24000);
+    command(&mut p, 11, 24000, Bytes::new(), 0);
+    let pdu = |sn: u32, off: usize, len: usize, status: bool| {
+        wire(
+            Bhs::DataIn(data_in(11, sn, off as u32, status)),
+            &payload[off..off + len],
+            DIGESTS,
+        )
+    };
+    let (_, _, err) = feed(&mut p, &pdu(0, 0, 8000, false));
+    assert!(err.is_none(), "{err:?}");
+    // 4 KiB segments from now on (the Text Request is out): DataSN 1, still cut at 8000,
+    // arrives damaged. It was cut the old way: an R-Data SNACK asks for the read again.
+    p.set_max_recv_data_segment_length(4096, false);
+    let mut bad = pdu(1, 8000, 8000, false);
+    bad[48 + 4 + 100] ^= 0x40;
+    let (out, _, err) = feed(&mut p, &bad);
+    assert!(err.is_none(), "{err:?}");
+    let asked = r_data_snacks(&out);
+    assert_eq!(asked.len(), 1, "{out:?}");
+    let (itt, tag, beg_run, run_length) = asked[0];
+    assert_eq!(
+        (itt, beg_run, run_length),
+        (11, 0, 0),
+        "all of it, from BegRun 0"
+    );
+    assert!(snacks(&out).is_empty(), "no plain Data SNACK");
+    // The old last Data-In with status was on its way: its status is not the one awaited.
+    let (_, notices, err) = feed(&mut p, &pdu(2, 16000, 8000, true));
+    assert!(err.is_none(), "{err:?}");
+    assert!(status_read(&notices).is_none(), "the old status is dropped");
+    // Negotiated: the resent read in 4000-byte Data-In, then the Response with the tag.
+    p.set_max_recv_data_segment_length(4096, true);
+    let mut resent = Vec::new();
+    for sn in 0..6 {
+        resent.extend_from_slice(&pdu(sn, sn as usize * 4000, 4000, false));
+    }
+    let (_, notices, err) = feed(&mut p, &resent);
+    assert!(err.is_none() && status_read(&notices).is_none(), "{err:?}");
+    let untagged = response(11, 5, 6);
+    let (_, notices, _) = feed(&mut p, &untagged);
+    assert!(
+        status_read(&notices).is_none(),
+        "a Response without the tag is not it"
+    );
+    let tagged = wire(
+        Bhs::ScsiResponse(ScsiResponse {
+            itt: 11,
+            snack_tag: tag,
+            stat_sn: 5,
+            exp_data_sn: 6,
+            exp_cmd_sn: 2,
+            max_cmd_sn: 40,
+            ..Default::default()
+        }),
+        &[],
+        DIGESTS,
+    );
+    let (_, notices, err) = feed(&mut p, &tagged);
+    assert!(err.is_none(), "{err:?}");
+    let read = status_read(&notices).expect("the tagged Response ends the command");
+    assert!(read[..] == payload[..], "every byte right");
+    // The new limit holds: an 8000-byte Data-In is refused now.
+    command(&mut p, 12, 8000, Bytes::new(), 0);
+    let big = wire(
+        Bhs::DataIn(data_in(12, 0, 0, true)),
+        &payload[..8000],
+        DIGESTS,
+    );
+    let (_, _, err) = feed(&mut p, &big);
+    assert!(
+        err.is_some(),
+        "a segment over 4096 bytes is a protocol error"
+    );
+}
+
+#[test]
+fn at_erl1_an_r_data_resend_that_misses_bytes_is_asked_for_again() {
+    let mut p = path_at(DIGESTS, 1);
+    let payload = pattern(16000);
+    command(&mut p, 13, 16000, Bytes::new(), 0);
+    let pdu = |sn: u32, off: usize, len: usize| {
+        wire(
+            Bhs::DataIn(data_in(13, sn, off as u32, false)),
+            &payload[off..off + len],
+            DIGESTS,
+        )
+    };
+    p.set_max_recv_data_segment_length(4096, true);
+    let mut bad = pdu(0, 0, 4000);
+    bad[48 + 4 + 10] ^= 1;
+    let (out, _, _) = feed(&mut p, &bad);
+    let (_, tag, _, _) = r_data_snacks(&out)[0];
+    // Only three of the four resent Data-In come through; the tagged Response then asks
+    // for all of it again under a new tag.
+    let mut resent = pdu(0, 0, 4000);
+    resent.extend_from_slice(&pdu(1, 4000, 4000));
+    resent.extend_from_slice(&pdu(3, 12000, 4000));
+    feed(&mut p, &resent);
+    let tagged = |tag: u32| {
+        wire(
+            Bhs::ScsiResponse(ScsiResponse {
+                itt: 13,
+                snack_tag: tag,
+                stat_sn: 5,
+                exp_data_sn: 4,
+                exp_cmd_sn: 2,
+                max_cmd_sn: 40,
+                ..Default::default()
+            }),
+            &[],
+            DIGESTS,
+        )
+    };
+    let (out, notices, _) = feed(&mut p, &tagged(tag));
+    assert!(status_read(&notices).is_none());
+    let again = r_data_snacks(&out);
+    assert_eq!(again.len(), 1);
+    assert_ne!(again[0].1, tag, "a new tag");
+    let mut all = Vec::new();
+    for sn in 0..4 {
+        all.extend_from_slice(&pdu(sn, sn as usize * 4000, 4000));
+    }
+    all.extend_from_slice(&tagged(again[0].1));
+    let (_, notices, err) = feed(&mut p, &all);
+    assert!(err.is_none(), "{err:?}");
+    assert!(status_read(&notices).expect("done")[..] == payload[..]);
+}
+
 #[test]
 fn at_erl1_a_data_in_asking_for_acknowledgement_is_answered_with_a_dataack() {
     let payload = pattern(8000);

@@ -69,6 +69,9 @@ pub enum SnackFor {
     Status,
     /// Nothing: a DataACK, the answer to a Data-In's acknowledgement request (A bit).
     DataAck,
+    /// All of a read's unacknowledged Data-In, cut anew (an R-Data SNACK, after our
+    /// MaxRecvDataSegmentLength changed).
+    RData,
 }
 
 /// Where a connection's notices go: called from the transport's receiving task with a batch
@@ -133,6 +136,14 @@ pub trait InitiatorDatamover: Send + Sync {
     /// a lost status).
     fn probe(&self) -> (Vec<InitiatorNotice>, bool) {
         (Vec::new(), false)
+    }
+    /// Our MaxRecvDataSegmentLength changes to `len` by a Text negotiation in full feature
+    /// phase: before the target answers (`settled` false) the transport accepts segments of
+    /// the old and the new size, after it only the new; read data cut the old way that must
+    /// be asked for again then takes an R-Data SNACK. Transports without data segments
+    /// (iSER) ignore it.
+    fn set_max_recv_data_segment_length(&self, len: u32, settled: bool) {
+        let _ = (len, settled);
     }
     /// Closes the connection once everything queued has been sent.
     fn close(&self);

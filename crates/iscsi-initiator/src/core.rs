@@ -148,6 +148,8 @@ pub enum Reply {
     Nop(Bytes),
     /// Logout response code (0 success).
     Logout(u8),
+    /// Data of the Text Response to a negotiation in full feature phase.
+    Text(Bytes),
 }
 
 /// A PDU to send on a connection (digests and framing are the transport's).
@@ -218,6 +220,7 @@ enum Kind {
     },
     Nop,
     Logout,
+    Text,
 }
 
 #[derive(Debug)]
@@ -281,6 +284,9 @@ pub struct RecoveryStats {
     pub header_digest_discards: u64,
     /// DataACKs sent, answering the target's acknowledgement requests (A bit).
     pub data_acks: u64,
+    /// R-Data SNACKs sent: reads asked for again cut anew after our
+    /// MaxRecvDataSegmentLength changed (also counted in `data_snacks`).
+    pub r_data_snacks: u64,
     /// Data-Out the target Rejected for a data digest error (it asks again by R2T).
     pub data_out_rejects: u64,
     /// Commands sent again after a Reject for a data digest error.
@@ -305,6 +311,7 @@ impl RecoveryStats {
             status_snacks: self.status_snacks + o.status_snacks,
             header_digest_discards: self.header_digest_discards + o.header_digest_discards,
             data_acks: self.data_acks + o.data_acks,
+            r_data_snacks: self.r_data_snacks + o.r_data_snacks,
             data_out_rejects: self.data_out_rejects + o.data_out_rejects,
             command_retries: self.command_retries + o.command_retries,
             lost_commands: self.lost_commands + o.lost_commands,
@@ -324,6 +331,7 @@ impl RecoveryStats {
                 .header_digest_discards
                 .saturating_sub(before.header_digest_discards),
             data_acks: self.data_acks.saturating_sub(before.data_acks),
+            r_data_snacks: self.r_data_snacks.saturating_sub(before.r_data_snacks),
             data_out_rejects: self
                 .data_out_rejects
                 .saturating_sub(before.data_out_rejects),
@@ -674,6 +682,31 @@ impl<T> SessionCore<T> {
         )
     }
 
+    /// A Text Request (immediate, final) carrying `keys` on `conn`: a negotiation in full
+    /// feature phase, answered by one Text Response.
+    pub fn text(&mut self, conn: usize, keys: Bytes, token: T) -> Result<u32, T> {
+        if !self.conns.get(conn).is_some_and(|c| c.alive) {
+            return Err(token);
+        }
+        let itt = self.send_immediate(conn, token, Kind::Text, |itt, cmd_sn, exp_stat_sn| {
+            Bhs::TextRequest(iscsi_wire::TextRequest {
+                immediate: true,
+                final_: true,
+                cont: false,
+                lun: 0,
+                itt,
+                ttt: RESERVED_TAG,
+                cmd_sn,
+                exp_stat_sn,
+            })
+        });
+        // send_immediate queued the header alone: give it its data.
+        if let Some(Action::Send { pdu, .. }) = self.actions.last_mut() {
+            pdu.data = keys;
+        }
+        Ok(itt)
+    }
+
     /// ABORT TASK for the command `itt` (sent on the command's connection).
     /// Gives the token back when there is no such command or no connection.
     pub fn abort_task(&mut self, itt: u32, token: T) -> Result<u32, T> {
@@ -820,6 +853,10 @@ impl<T> SessionCore<T> {
             InitiatorNotice::SnackSent { what, .. } => {
                 match what {
                     SnackFor::DataIn => self.recovery.data_snacks += 1,
+                    SnackFor::RData => {
+                        self.recovery.data_snacks += 1;
+                        self.recovery.r_data_snacks += 1;
+                    }
                     SnackFor::R2t => self.recovery.r2t_snacks += 1,
                     SnackFor::Status => self.recovery.status_snacks += 1,
                     SnackFor::DataAck => self.recovery.data_acks += 1,
@@ -1042,7 +1079,15 @@ impl<T> SessionCore<T> {
                     bhs.opcode().name()
                 )))
             }
-            Bhs::TextResponse(_) => return Err(perr("unexpected Text Response")),
+            Bhs::TextResponse(t) => {
+                self.note_target_sns(conn, t.stat_sn, advances, t.exp_cmd_sn, t.max_cmd_sn);
+                match self.tasks.get(&t.itt) {
+                    Some(task) if matches!(task.kind, Kind::Text) && t.final_ && !t.cont => {
+                        self.finish(t.itt, Ok(Reply::Text(data)))
+                    }
+                    _ => return Err(perr("unexpected Text Response")),
+                }
+            }
             other => {
                 return Err(perr(format!(
                     "unexpected {} from the target",

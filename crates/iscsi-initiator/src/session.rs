@@ -466,6 +466,7 @@ fn log_snack(conn: usize, n: &InitiatorNotice, why: &str) {
         }
         SnackFor::R2t => format!("R2T SNACK for ITT 0x{itt:08x}: R2Ts from R2TSN {beg_run}"),
         SnackFor::Status => format!("Status SNACK: statuses from StatSN {beg_run}"),
+        SnackFor::RData => format!("R-Data SNACK for ITT 0x{itt:08x}: its Data-In cut anew"),
         // Routine (asked for by the target), not a recovery: no log line.
         SnackFor::DataAck => return,
     };
@@ -988,6 +989,51 @@ impl Session {
             Ok(Ok(Err(e))) => Err(Error::Task(e)),
             Ok(Ok(Ok(r))) => Ok(r),
         }
+    }
+
+    /// Declares a new MaxRecvDataSegmentLength on every live connection by a Text
+    /// negotiation in full feature phase (RFC 7143 §13.12: the key may change at any time).
+    /// Until the target answers, Data-In of the old and the new size are accepted; then
+    /// only the new. At ErrorRecoveryLevel ≥ 1 a read begun before whose Data-In must be
+    /// asked for again takes an R-Data SNACK (the target resends them cut anew).
+    /// Connections logged in later declare the session's configured value.
+    pub async fn set_max_recv_data_segment_length(&self, len: u32) -> Result<(), Error> {
+        if !(512..=16_777_215).contains(&len) {
+            return Err(Error::Invalid(format!(
+                "MaxRecvDataSegmentLength {len} is outside 512..16777215"
+            )));
+        }
+        let keys = Bytes::from(format!("MaxRecvDataSegmentLength={len}\0"));
+        let conns = self.inner.lock().core.live_connections();
+        for c in conns {
+            let dm = {
+                let st = self.inner.lock();
+                st.conns
+                    .get(c)
+                    .and_then(Option::as_ref)
+                    .map(|h| h.dm.clone())
+            };
+            let Some(dm) = dm else { continue };
+            dm.set_max_recv_data_segment_length(len, false);
+            let keys = keys.clone();
+            let reply = self
+                .immediate(|core, t| core.text(c, keys, t), Duration::from_secs(30))
+                .await?;
+            let Reply::Text(data) = reply else {
+                return Err(Error::Protocol(format!("unexpected reply {reply:?}")));
+            };
+            let answer = String::from_utf8_lossy(&data).to_string();
+            if answer.contains("MaxRecvDataSegmentLength=Reject")
+                || answer.contains("MaxRecvDataSegmentLength=NotUnderstood")
+            {
+                return Err(Error::Protocol(format!(
+                    "the target refused MaxRecvDataSegmentLength={len}: {}",
+                    answer.replace('\0', " ")
+                )));
+            }
+            dm.set_max_recv_data_segment_length(len, true);
+        }
+        Ok(())
     }
 
     /// ABORT TASK for a command from [`Session::submit`]; returns the TMF response code

@@ -360,6 +360,39 @@ async fn at_erl1_corrupted_data_is_sent_again_inside_the_connection() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_erl1_a_smaller_max_recv_data_segment_length_mid_read_and_a_damaged_data_in_take_an_r_data_snack(
+) {
+    in_time(async {
+        let target = common::start_target(CONFIG).await;
+        let written = fill(target, "erl1", 77).await;
+        // Eight 1 MiB READs in flight, then 4 KiB segments declared by Text: the target cuts
+        // what is left at 4 KiB. Data-In #200 exists only at the new cut (the old one makes
+        // 32 for all eight); it is damaged, and its read, begun before the change, is asked
+        // for again with an R-Data SNACK.
+        let p = proxy(target, &["down:data-in#200:corrupt=data+7"]);
+        let s = session(p.local_addr(), "erl1", false).await;
+        let pending: Vec<_> = (0..COMMANDS)
+            .map(|i| {
+                let cdb = scsi::read_write(false, lba(i), (MIB / BLOCK as usize) as u32, false);
+                s.submit(CommandRequest::read(0, cdb, MIB as u32))
+            })
+            .collect();
+        s.set_max_recv_data_segment_length(4096)
+            .await
+            .expect("MaxRecvDataSegmentLength=4096 by Text");
+        for (i, cmd) in pending.into_iter().enumerate() {
+            let r = cmd.wait().await.expect("read");
+            assert!(r.data == written[i], "region {i}: every byte right");
+        }
+        assert_eq!(fired(&p).len(), 1, "the fault fired: {:?}", fired(&p));
+        let r = s.recovery();
+        assert!(r.r_data_snacks >= 1 && r.reinstatements == 0, "{r:?}");
+        s.logout().await.expect("logout");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_erl1_target_pdus_with_corrupted_headers_are_discarded_and_asked_for_again() {
     in_time(async {
         let target = common::start_target(CONFIG).await;

@@ -11,7 +11,10 @@
 //! shows as a gap, asked for again: a StatSN gap by a Status SNACK (ExpStatSN stays at the
 //! first missing status until it comes), an R2TSN gap by an R2T SNACK, Data-In missing
 //! before a SCSI Response by its ExpDataSN and a Data SNACK. A write that hears nothing while
-//! the target still owes it R2Ts is probed with an R2T SNACK ([`DataPath::probe`]).
+//! the target still owes it R2Ts is probed with an R2T SNACK ([`DataPath::probe`]). After our
+//! MaxRecvDataSegmentLength changes ([`DataPath::set_max_recv_data_segment_length`]), a read
+//! begun before is asked for again with an R-Data SNACK: the target resends it cut anew and
+//! ends it with a SCSI Response carrying the SNACK's tag.
 
 use std::collections::HashMap;
 
@@ -61,6 +64,24 @@ struct Task {
     /// owes after TASK REASSIGN, and the reassignment has its own retries, so the probe asks
     /// only when none came for a long while.
     adopted: bool,
+    /// The data path's `segment_epoch` when the command's Data-In started: a Data-In asked
+    /// for again after MaxRecvDataSegmentLength changed takes an R-Data SNACK.
+    epoch: u32,
+    /// Read bytes before this offset were acknowledged with a DataACK (an R-Data SNACK has
+    /// the target resend from there).
+    acked_bytes: u32,
+    /// An R-Data SNACK is out: the data comes again cut anew.
+    r_data: Option<RData>,
+}
+
+/// A read being resent after an R-Data SNACK (RFC 7143 §11.16): Data-In from before the
+/// SNACK may still arrive, numbered the old way, so data is placed by offset and counted by
+/// the bytes it covers; only the SCSI Response carrying `tag` ends the command, and only
+/// when every byte from `acked_bytes` on came with a sound digest.
+#[derive(Debug)]
+struct RData {
+    tag: u32,
+    placed: Vec<(u32, u32)>,
 }
 
 /// Data SNACKs one command may send before its connection is given up.
@@ -121,6 +142,13 @@ pub struct DataPath {
     tasks: HashMap<u32, Task>,
     /// ExpCmdSN/MaxCmdSN of consumed PDUs not yet reported.
     window: Option<(u32, u32)>,
+    /// The largest data segment accepted now (our MaxRecvDataSegmentLength; while a change
+    /// is being negotiated, the larger of the old and new values).
+    recv_limit: u32,
+    /// Counts settled changes of MaxRecvDataSegmentLength.
+    segment_epoch: u32,
+    /// The next R-Data SNACK's tag.
+    next_snack_tag: u32,
 }
 
 impl DataPath {
@@ -135,7 +163,27 @@ impl DataPath {
             discarded_in_a_row: 0,
             tasks: HashMap::new(),
             window: None,
+            recv_limit: cfg.max_recv_data_segment_length,
+            segment_epoch: 0,
+            next_snack_tag: 1,
         }
+    }
+
+    /// Our MaxRecvDataSegmentLength changes to `len` by a Text negotiation in full feature
+    /// phase. Before the target's answer (`settled` false) segments up to the larger of the
+    /// two values are accepted; once settled, `len` is the limit. From the start, Data-In of
+    /// commands begun before are asked for again with an R-Data SNACK (they were cut the
+    /// old way, and the target may already cut the new way).
+    pub fn set_max_recv_data_segment_length(&mut self, len: u32, settled: bool) {
+        if len != self.cfg.max_recv_data_segment_length {
+            // From the Text Request on, a Data-In asked for again may come cut either way.
+            self.cfg.max_recv_data_segment_length = len;
+            self.segment_epoch = self.segment_epoch.wrapping_add(1);
+        }
+        self.recv_limit = match settled {
+            false => self.recv_limit.max(len),
+            true => len,
+        };
     }
 
     /// A command is about to be sent: its data phases start.
@@ -162,6 +210,9 @@ impl DataPath {
                 r2t_snacks_unanswered: 0,
                 quiet_ticks: 0,
                 adopted: false,
+                epoch: self.segment_epoch,
+                acked_bytes: 0,
+                r_data: None,
             },
         );
     }
@@ -246,6 +297,10 @@ impl DataPath {
             Bhs::R2t(r) => self.on_r2t(&r, out, notices)?,
             Bhs::ScsiResponse(ref r) => {
                 let itt = r.itt;
+                if self.tasks.get(&itt).is_some_and(|t| t.r_data.is_some()) {
+                    let r = r.clone();
+                    return self.resent_status(&r, Pdu { bhs, ahs, data }, out, notices);
+                }
                 self.data_missing_before(itt, r.exp_data_sn, out, notices)?;
                 self.status(itt, Pdu { bhs, ahs, data }, notices);
             }
@@ -297,6 +352,7 @@ impl DataPath {
         }
         let mut stalled = self.probe_lost_status(out, notices)?;
         let mut ask = Vec::new();
+        let mut r_data_again = Vec::new();
         for (itt, t) in self.tasks.iter_mut() {
             t.quiet_ticks += 1;
             if t.quiet_ticks < QUIET_TICKS_BEFORE_ASKING_AGAIN {
@@ -313,6 +369,11 @@ impl DataPath {
             } else {
                 covered(&t.r2t_ranges) < owed
             };
+            if t.r_data.is_some() {
+                t.quiet_ticks = 0;
+                r_data_again.push(*itt);
+                continue;
+            }
             if r2ts_owed {
                 t.quiet_ticks = 0;
                 t.r2t_snacks_unanswered += 1;
@@ -331,6 +392,9 @@ impl DataPath {
         }
         for (what, itt, beg_run, run_length) in ask {
             self.snack(what, itt, beg_run, run_length, out, notices)?;
+        }
+        for itt in r_data_again {
+            self.r_data_snack(itt, out, notices)?;
         }
         Ok(stalled)
     }
@@ -390,7 +454,7 @@ impl DataPath {
     }
 
     fn max_recv(&self) -> u32 {
-        self.cfg.max_recv_data_segment_length.max(512)
+        self.recv_limit.max(512)
     }
 
     /// Notes the StatSN of a PDU that carries status: a command's status stays undelivered
@@ -539,6 +603,9 @@ impl DataPath {
     ) -> Result<(), String> {
         let recovery = self.cfg.error_recovery_level >= 1;
         let payload = bytes.slice(frame.data_range());
+        if self.tasks.get(&d.itt).is_some_and(|t| t.r_data.is_some()) {
+            return self.on_resent_data_in(d, frame, bytes, &payload, out, notices);
+        }
         let (crc, gap) = match self.tasks.get_mut(&d.itt) {
             Some(task) => place(task, &d, &payload, frame.has_data_digest(), recovery)?,
             // Data for a task we forgot: checked, then dropped.
@@ -569,7 +636,7 @@ impl DataPath {
             task.missing.retain(|sn| *sn != d.data_sn);
         }
         if d.ack && recovery {
-            self.data_ack(&d, out, notices);
+            self.data_ack(&d, payload.len() as u32, out, notices);
         }
         if !d.status_present {
             self.window = Some((d.exp_cmd_sn, d.max_cmd_sn));
@@ -630,9 +697,13 @@ impl DataPath {
         out: &mut Vec<Pdu>,
         notices: &mut Vec<InitiatorNotice>,
     ) -> Result<(), String> {
+        let epoch = self.segment_epoch;
         let Some(task) = self.tasks.get_mut(&itt) else {
             return Ok(());
         };
+        if what == SnackFor::DataIn && task.epoch != epoch {
+            return self.r_data_snack(itt, out, notices);
+        }
         task.snacks += 1;
         if task.snacks > MAX_SNACKS_PER_COMMAND {
             return Err(format!(
@@ -663,16 +734,134 @@ impl DataPath {
         Ok(())
     }
 
+    /// An R-Data SNACK for read `itt` (its Data-In were cut for a MaxRecvDataSegmentLength
+    /// that has changed since): the target resends them from our last DataACK on, cut
+    /// anew, then its status with the SNACK's tag. What came so far after that DataACK no
+    /// longer counts, and the status already held is dropped (the tagged one replaces it).
+    fn r_data_snack(
+        &mut self,
+        itt: u32,
+        out: &mut Vec<Pdu>,
+        notices: &mut Vec<InitiatorNotice>,
+    ) -> Result<(), String> {
+        let tag = self.next_snack_tag;
+        self.next_snack_tag = self.next_snack_tag.wrapping_add(1).max(1);
+        let epoch = self.segment_epoch;
+        let Some(task) = self.tasks.get_mut(&itt) else {
+            return Ok(());
+        };
+        task.snacks += 1;
+        if task.snacks > MAX_SNACKS_PER_COMMAND {
+            return Err(format!(
+                "Data-In of ITT 0x{itt:08x} still lost after {MAX_SNACKS_PER_COMMAND} SNACKs"
+            ));
+        }
+        task.epoch = epoch;
+        task.missing.clear();
+        task.held_status = None;
+        task.r_data = Some(RData {
+            tag,
+            placed: Vec::new(),
+        });
+        let lun = task.lun;
+        out.push(self.snack_pdu(snack_type::R_DATA, lun, itt, tag, 0, 0));
+        notices.push(InitiatorNotice::SnackSent {
+            what: SnackFor::RData,
+            itt,
+            beg_run: 0,
+            run_length: 0,
+        });
+        Ok(())
+    }
+
+    /// A Data-In while an R-Data SNACK is out: placed by its offset (old and resent Data-In
+    /// carry the same bytes at the same offsets), counted when its digest is sound, its
+    /// range no longer counted when not. A status in it is the old one: dropped.
+    fn on_resent_data_in(
+        &mut self,
+        d: DataIn,
+        frame: &Frame,
+        bytes: &Bytes,
+        payload: &Bytes,
+        out: &mut Vec<Pdu>,
+        notices: &mut Vec<InitiatorNotice>,
+    ) -> Result<(), String> {
+        let task = self.tasks.get_mut(&d.itt).expect("an R-Data task");
+        let read_len = task.read_len as usize;
+        let off = d.buffer_offset as usize;
+        let Some(end) = off.checked_add(payload.len()).filter(|&e| e <= read_len) else {
+            return Err(format!(
+                "Data-In at offset {} length {} overruns the {read_len}-byte read (ITT 0x{:08x})",
+                d.buffer_offset,
+                payload.len(),
+                d.itt
+            ));
+        };
+        let crc = place_bytes(task, off, end, payload, frame.has_data_digest());
+        let sound = frame.check_data_digest(bytes, crc).is_ok();
+        let range = (d.buffer_offset, payload.len() as u32);
+        let r = task.r_data.as_mut().expect("R-Data");
+        r.placed
+            .retain(|&(o, n)| o + n <= range.0 || range.0 + range.1 <= o);
+        if sound {
+            r.placed.push(range);
+            if d.ack {
+                self.data_ack(&d, payload.len() as u32, out, notices);
+            }
+        }
+        self.window = Some((d.exp_cmd_sn, d.max_cmd_sn));
+        Ok(())
+    }
+
+    /// A SCSI Response while an R-Data SNACK is out: only the one carrying its tag ends the
+    /// command, once every byte the read returns came again; short of that, another R-Data
+    /// SNACK asks for all of it again.
+    fn resent_status(
+        &mut self,
+        r: &iscsi_wire::ScsiResponse,
+        pdu: Pdu,
+        out: &mut Vec<Pdu>,
+        notices: &mut Vec<InitiatorNotice>,
+    ) -> Result<bool, String> {
+        self.window = Some((r.exp_cmd_sn, r.max_cmd_sn));
+        let task = self.tasks.get_mut(&r.itt).expect("an R-Data task");
+        let rd = task.r_data.as_ref().expect("R-Data");
+        if r.snack_tag != rd.tag {
+            return Ok(true); // the status as first sent: the tagged one follows
+        }
+        let returned = match r.underflow {
+            true => task.read_len.saturating_sub(r.residual),
+            false => task.read_len,
+        };
+        let from = task.acked_bytes.min(returned);
+        let mut have: Vec<(u32, u32)> = rd.placed.clone();
+        have.push((0, from));
+        if covered(&have) < returned as u64 {
+            self.r_data_snack(r.itt, out, notices)?;
+            return Ok(true);
+        }
+        if let Some(t) = self.tasks.get_mut(&r.itt) {
+            t.r_data = None;
+        }
+        self.status(r.itt, pdu, notices);
+        Ok(true)
+    }
+
     /// ERL ≥ 1: a Data-In asking for acknowledgement (A bit) is answered with a DataACK
     /// naming the DataSN after it, once every Data-In before it has come (with some still
     /// asked for again, the next request acknowledges them all).
-    fn data_ack(&mut self, d: &DataIn, out: &mut Vec<Pdu>, notices: &mut Vec<InitiatorNotice>) {
-        let complete = self
-            .tasks
-            .get(&d.itt)
-            .is_none_or(|t| t.missing.iter().all(|m| !sn_lt(*m, d.data_sn)));
-        if !complete {
-            return;
+    fn data_ack(
+        &mut self,
+        d: &DataIn,
+        len: u32,
+        out: &mut Vec<Pdu>,
+        notices: &mut Vec<InitiatorNotice>,
+    ) {
+        if let Some(t) = self.tasks.get_mut(&d.itt) {
+            if t.missing.iter().any(|m| sn_lt(*m, d.data_sn)) {
+                return;
+            }
+            t.acked_bytes = t.acked_bytes.max(d.buffer_offset.saturating_add(len));
         }
         let beg_run = d.data_sn.wrapping_add(1);
         let pdu = self.snack_pdu(snack_type::DATA_ACK, d.lun, RESERVED_TAG, d.ttt, beg_run, 0);

@@ -142,6 +142,10 @@ impl InitiatorDatamover for TcpInitiatorDatamover {
         lock(&self.path).forget(itt);
     }
 
+    fn set_max_recv_data_segment_length(&self, len: u32, settled: bool) {
+        lock(&self.path).set_max_recv_data_segment_length(len, settled);
+    }
+
     fn probe(&self) -> (Vec<InitiatorNotice>, bool) {
         let (mut out, mut notices) = (Vec::new(), Vec::new());
         let probed = lock(&self.path).probe(&mut out, &mut notices);

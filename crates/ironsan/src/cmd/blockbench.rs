@@ -188,6 +188,7 @@ fn point_json(r: &Summary) -> serde_json::Value {
             "status_snacks": r.recovery.status_snacks,
             "header_digest_discards": r.recovery.header_digest_discards,
             "data_acks": r.recovery.data_acks,
+            "r_data_snacks": r.recovery.r_data_snacks,
             "data_out_rejects": r.recovery.data_out_rejects,
             "command_retries": r.recovery.command_retries,
             "lost_commands": r.recovery.lost_commands,
