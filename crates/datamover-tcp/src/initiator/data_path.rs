@@ -787,16 +787,7 @@ impl DataPath {
         notices: &mut Vec<InitiatorNotice>,
     ) -> Result<(), String> {
         let task = self.tasks.get_mut(&d.itt).expect("an R-Data task");
-        let read_len = task.read_len as usize;
-        let off = d.buffer_offset as usize;
-        let Some(end) = off.checked_add(payload.len()).filter(|&e| e <= read_len) else {
-            return Err(format!(
-                "Data-In at offset {} length {} overruns the {read_len}-byte read (ITT 0x{:08x})",
-                d.buffer_offset,
-                payload.len(),
-                d.itt
-            ));
-        };
+        let (off, end) = data_in_range(task, &d, payload)?;
         let crc = place_bytes(task, off, end, payload, frame.has_data_digest());
         let sound = frame.check_data_digest(bytes, crc).is_ok();
         let range = (d.buffer_offset, payload.len() as u32);
@@ -923,7 +914,6 @@ fn place(
     crc: bool,
     recovery: bool,
 ) -> Result<(u32, Option<(u32, u32)>), String> {
-    let read_len = task.read_len as usize;
     let mut gap = None;
     let resent = recovery && task.missing.contains(&d.data_sn);
     if d.data_sn != task.exp_data_sn && !resent {
@@ -938,20 +928,28 @@ fn place(
         gap = Some((task.exp_data_sn, ahead));
         task.exp_data_sn = d.data_sn;
     }
-    let off = d.buffer_offset as usize;
-    let Some(end) = off.checked_add(payload.len()).filter(|&e| e <= read_len) else {
-        return Err(format!(
-            "Data-In at offset {} length {} overruns the {read_len}-byte read (ITT 0x{:08x})",
-            d.buffer_offset,
-            payload.len(),
-            d.itt
-        ));
-    };
+    let (off, end) = data_in_range(task, d, payload)?;
     if !resent {
         task.exp_data_sn = task.exp_data_sn.wrapping_add(1);
     }
     let crc = place_bytes(task, off, end, payload, crc);
     Ok((crc, gap))
+}
+
+/// The bytes `off..end` of the task's read buffer a Data-In's payload goes to; past the
+/// end of the read is a protocol error.
+fn data_in_range(task: &Task, d: &DataIn, payload: &Bytes) -> Result<(usize, usize), String> {
+    let read_len = task.read_len as usize;
+    let off = d.buffer_offset as usize;
+    match off.checked_add(payload.len()).filter(|&e| e <= read_len) {
+        Some(end) => Ok((off, end)),
+        None => Err(format!(
+            "Data-In at offset {} length {} overruns the {read_len}-byte read (ITT 0x{:08x})",
+            d.buffer_offset,
+            payload.len(),
+            d.itt
+        )),
+    }
 }
 
 /// Copies a checked Data-In payload to bytes `off..end` of the task's read buffer.
