@@ -218,12 +218,9 @@ impl Store {
                 params![key(pid), key(oid), kind.code(), now as i64],
             )?;
         }
+        // A user object's data file is made with its first write: one CREATE may make up to
+        // 65,535 objects, and that must not cost as many files.
         tx.commit()?;
-        if kind == Kind::User {
-            for oid in first..=last {
-                File::create(self.data_path(pid, oid))?;
-            }
-        }
         Ok(())
     }
 
@@ -486,9 +483,13 @@ impl Store {
         Ok(())
     }
 
-    /// Reads up to `len` bytes at `offset`, stopping at the end of the data.
+    /// Reads up to `len` bytes at `offset`, stopping at the end of the data (an object
+    /// never written has none).
     pub fn read(&self, pid: u64, oid: u64, offset: u64, len: usize) -> Result<Vec<u8>, OsdError> {
-        let file = self.data_file(pid, oid)?;
+        let file = match File::open(self.data_path(pid, oid)) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            f => f?,
+        };
         let end = file.metadata()?.len();
         let n = end.saturating_sub(offset).min(len as u64) as usize;
         let mut buf = vec![0u8; n];
@@ -499,12 +500,18 @@ impl Store {
     /// Bytes the file system holds for an object's data.
     pub fn allocated(&self, pid: u64, oid: u64) -> Result<u64, OsdError> {
         use std::os::unix::fs::MetadataExt;
-        Ok(fs::metadata(self.data_path(pid, oid))?.blocks() * 512)
+        match fs::metadata(self.data_path(pid, oid)) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0), // never written
+            m => Ok(m?.blocks() * 512),
+        }
     }
 
     /// Makes one object's data and every attribute durable (a WRITE with FUA).
     pub fn sync_object(&self, pid: u64, oid: u64) -> Result<(), OsdError> {
-        self.data_file(pid, oid)?.sync_data()?;
+        match File::open(self.data_path(pid, oid)) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {} // no data yet
+            f => f?.sync_data()?,
+        }
         self.db.execute_batch("PRAGMA wal_checkpoint;")?;
         Ok(())
     }
@@ -550,6 +557,35 @@ mod tests {
         assert!(key(1) < key(u64::MAX));
         assert!(key(0x7FFF_FFFF_FFFF_FFFF) < key(0x8000_0000_0000_0000));
         assert_eq!(unkey(key(u64::MAX)), u64::MAX);
+    }
+
+    #[test]
+    fn objects_take_no_file_until_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = Store::open(dir.path(), 1 << 20).unwrap();
+        s.insert(0x10000, 0, Kind::Partition, 5).unwrap();
+        s.insert_range(0x10000, 0x10000, 0x10000 + 65_534, Kind::User, 5)
+            .unwrap();
+        assert_eq!(s.count(0x10000).unwrap(), 65_535);
+        assert_eq!(walk_files(&dir.path().join("data")), 0, "no data file yet");
+        assert!(s.read(0x10000, 0x10005, 0, 100).unwrap().is_empty());
+        assert_eq!(s.allocated(0x10000, 0x10005).unwrap(), 0);
+        s.sync_object(0x10000, 0x10005).unwrap();
+        s.write(0x10000, 0x10005, 0, b"abc").unwrap();
+        assert_eq!(s.read(0x10000, 0x10005, 0, 100).unwrap(), b"abc");
+        s.remove(0x10000, 0x10006).unwrap();
+    }
+
+    /// Regular files under `d`, recursively.
+    fn walk_files(d: &Path) -> usize {
+        fs::read_dir(d).map_or(0, |it| {
+            it.flatten()
+                .map(|e| match e.file_type() {
+                    Ok(t) if t.is_dir() => walk_files(&e.path()),
+                    _ => 1,
+                })
+                .sum()
+        })
     }
 
     #[test]
