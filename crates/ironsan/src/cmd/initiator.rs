@@ -133,8 +133,22 @@ impl LoginOpts {
 }
 
 /// Runs `f` on a fresh runtime, drops the runtime (ending every connection task), then
-/// flushes the trace of `login`.
+/// flushes the trace of `login`. For commands that handle SIGINT and SIGTERM themselves
+/// (`mount`, `nbd`: a clean unmount or shutdown).
 pub fn run_with<T>(
+    login: &LoginOpts,
+    f: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
+    let rt = runtime()?;
+    let r = rt.block_on(f);
+    drop(rt);
+    login.finish_trace()?;
+    r
+}
+
+/// [`run_with`] for a command that runs to its end: SIGINT or SIGTERM stops it as an error
+/// ([`block_on_interruptible`]), the trace still flushed.
+pub fn run_interruptible<T>(
     login: &LoginOpts,
     f: impl std::future::Future<Output = anyhow::Result<T>>,
 ) -> anyhow::Result<T> {
@@ -199,7 +213,7 @@ pub struct DiscoverArgs {
 pub fn discover(args: DiscoverArgs) -> anyhow::Result<()> {
     let url = IscsiUrl::from_portal_or_url(&args.portal)?;
     let cfg = args.login.config(&url)?;
-    let targets = run_with(&args.login, async {
+    let targets = run_interruptible(&args.login, async {
         Ok(iscsi_initiator::discover(&url, &cfg).await?)
     })?;
     for t in targets {
@@ -233,7 +247,7 @@ pub struct LsArgs {
 pub fn ls(args: LsArgs) -> anyhow::Result<()> {
     let url = IscsiUrl::from_portal_or_url(&args.url)?;
     let cfg = args.login.config(&url)?;
-    run_with(&args.login, async {
+    run_interruptible(&args.login, async {
         let targets = iscsi_initiator::discover(&url, &cfg).await?;
         let mut failed = 0;
         for t in &targets {
@@ -300,7 +314,7 @@ pub struct InqArgs {
 pub fn inq(args: InqArgs) -> anyhow::Result<()> {
     let url = IscsiUrl::parse_lun(&args.url)?;
     let cfg = args.login.config(&url)?;
-    run_with(&args.login, async {
+    run_interruptible(&args.login, async {
         let s = Session::connect(&url, cfg).await?;
         let lun = s.default_lun();
         let i = s.inquiry(lun).await?;
@@ -384,7 +398,7 @@ pub fn read(args: ReadArgs) -> anyhow::Result<()> {
         )),
         None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
     };
-    run_with(&args.login, async {
+    run_interruptible(&args.login, async {
         let s = Session::connect(&url, cfg).await?;
         let lun = s.default_lun();
         s.test_unit_ready(lun).await?;
@@ -470,7 +484,7 @@ pub fn write(args: WriteArgs) -> anyhow::Result<()> {
         }
         None => (Box::new(std::io::stdin().lock()), None),
     };
-    run_with(&args.login, async {
+    run_interruptible(&args.login, async {
         let s = Session::connect(&url, cfg).await?;
         let lun = s.default_lun();
         s.test_unit_ready(lun).await?;

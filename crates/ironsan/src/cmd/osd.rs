@@ -15,7 +15,7 @@ use osd::client::{self, Request};
 use report::{Cell, LinePlot, Series, Table, TickLabels};
 
 use super::blockbench::write_file;
-use super::initiator::{run_with, LoginOpts};
+use super::initiator::{run_interruptible, LoginOpts};
 
 #[derive(clap::Args)]
 pub struct OsdArgs {
@@ -167,7 +167,7 @@ fn u32_id(what: &str, id: Id) -> Result<u32> {
 pub fn run(args: OsdArgs) -> Result<()> {
     let url = IscsiUrl::parse_lun(&args.url)?;
     let cfg = args.login.config(&url)?;
-    run_with(&args.login, async {
+    run_interruptible(&args.login, async {
         let s = Session::connect(&url, cfg).await?;
         let osd = Osd {
             lun: s.default_lun(),
