@@ -1003,7 +1003,8 @@ impl Session {
                 "MaxRecvDataSegmentLength {len} is outside 512..16777215"
             )));
         }
-        let keys = Bytes::from(format!("MaxRecvDataSegmentLength={len}\0"));
+        const KEY: &str = "MaxRecvDataSegmentLength";
+        let keys = Bytes::from(iscsi_login::text::encode(&[(KEY, len.to_string())]));
         let conns = self.inner.lock().core.live_connections();
         for c in conns {
             let dm = {
@@ -1022,13 +1023,14 @@ impl Session {
             let Reply::Text(data) = reply else {
                 return Err(Error::Protocol(format!("unexpected reply {reply:?}")));
             };
-            let answer = String::from_utf8_lossy(&data).to_string();
-            if answer.contains("MaxRecvDataSegmentLength=Reject")
-                || answer.contains("MaxRecvDataSegmentLength=NotUnderstood")
+            let answer = iscsi_login::text::parse(&data)
+                .map_err(|e| Error::Protocol(format!("bad Text Response: {e}")))?;
+            if let Some((_, v)) = answer
+                .iter()
+                .find(|(k, v)| k == KEY && (v == "Reject" || v == "NotUnderstood"))
             {
                 return Err(Error::Protocol(format!(
-                    "the target refused MaxRecvDataSegmentLength={len}: {}",
-                    answer.replace('\0', " ")
+                    "the target answered {KEY}={len} with {v}"
                 )));
             }
             dm.set_max_recv_data_segment_length(len, true);

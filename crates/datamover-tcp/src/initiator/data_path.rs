@@ -49,12 +49,11 @@ struct Task {
     /// Status (a Data-In with status or a SCSI Response) that came while data was still
     /// missing: delivered when the last hole fills.
     held_status: Option<Pdu>,
-    /// Where solicited write data begins, and the byte ranges R2Ts have asked for so far.
-    /// A recovery R2T asks again for a range an earlier R2T asked for, so what is owed is
-    /// what no range covers, not a sum of lengths.
+    /// Where solicited write data begins, and the R2Ts received so far: (R2TSN, (offset,
+    /// length)), each R2TSN once. A recovery R2T asks again for a range an earlier R2T asked
+    /// for, so what is owed is what no range covers, not a sum of lengths.
     solicited_from: u32,
-    r2t_ranges: Vec<(u32, u32)>,
-    r2ts_seen: Vec<u32>,
+    r2ts_seen: Vec<(u32, (u32, u32))>,
     /// R2T SNACKs sent for R2Ts that then did not come: a target that sends nothing for
     /// them has lost track of the write, and only connection recovery gets it back.
     r2t_snacks_unanswered: u32,
@@ -205,7 +204,6 @@ impl DataPath {
                 snacks: 0,
                 held_status: None,
                 solicited_from: cmd.solicited_from,
-                r2t_ranges: Vec::new(),
                 r2ts_seen: Vec::new(),
                 r2t_snacks_unanswered: 0,
                 quiet_ticks: 0,
@@ -359,7 +357,13 @@ impl DataPath {
                 continue;
             }
             stalled = true;
+            if t.r_data.is_some() {
+                t.quiet_ticks = 0;
+                r_data_again.push(*itt);
+                continue;
+            }
             let owed = (t.write.len() as u64).saturating_sub(t.solicited_from as u64);
+            let asked = covered(t.r2ts_seen.iter().map(|r| r.1));
             let r2ts_owed = if t.adopted {
                 // What came on the old connection is not counted here: ask only when no
                 // R2T came since TASK REASSIGN, and only after its retries had their time.
@@ -367,13 +371,8 @@ impl DataPath {
                     && t.quiet_ticks >= ADOPTED_QUIET_TICKS
                     && !t.write.is_empty()
             } else {
-                covered(&t.r2t_ranges) < owed
+                asked < owed
             };
-            if t.r_data.is_some() {
-                t.quiet_ticks = 0;
-                r_data_again.push(*itt);
-                continue;
-            }
             if r2ts_owed {
                 t.quiet_ticks = 0;
                 t.r2t_snacks_unanswered += 1;
@@ -381,7 +380,7 @@ impl DataPath {
                     return Err(format!(
                         "write ITT 0x{itt:08x}: no R2T for the {} bytes it still owes after \
                          {MAX_UNANSWERED_R2T_SNACKS} R2T SNACKs (the target lost track of it)",
-                        owed - covered(&t.r2t_ranges)
+                        owed - asked
                     ));
                 }
                 ask.push((SnackFor::R2t, *itt, t.next_r2t_sn, 0));
@@ -550,9 +549,9 @@ impl DataPath {
         };
         let lost = (ahead > 0).then_some((task.next_r2t_sn, ahead));
         // What R2Ts have asked for, for the probe (ERL ≥ 1 only: no bookkeeping at level 0).
-        if recovery && !task.r2ts_seen.contains(&r.r2t_sn) {
-            task.r2ts_seen.push(r.r2t_sn);
-            task.r2t_ranges.push((r.buffer_offset, r.desired_len));
+        if recovery && !task.r2ts_seen.iter().any(|s| s.0 == r.r2t_sn) {
+            task.r2ts_seen
+                .push((r.r2t_sn, (r.buffer_offset, r.desired_len)));
             task.r2t_snacks_unanswered = 0;
         }
         if sn_gt(r.r2t_sn.wrapping_add(1), task.next_r2t_sn) {
@@ -704,17 +703,7 @@ impl DataPath {
         if what == SnackFor::DataIn && task.epoch != epoch {
             return self.r_data_snack(itt, out, notices);
         }
-        task.snacks += 1;
-        if task.snacks > MAX_SNACKS_PER_COMMAND {
-            return Err(format!(
-                "{} of ITT 0x{itt:08x} still lost after {MAX_SNACKS_PER_COMMAND} SNACKs",
-                if what == SnackFor::R2t {
-                    "R2Ts"
-                } else {
-                    "Data-In"
-                }
-            ));
-        }
+        count_snack(task, itt, what)?;
         let lun = task.lun;
         let pdu = self.snack_pdu(
             snack_type::DATA_R2T,
@@ -750,12 +739,7 @@ impl DataPath {
         let Some(task) = self.tasks.get_mut(&itt) else {
             return Ok(());
         };
-        task.snacks += 1;
-        if task.snacks > MAX_SNACKS_PER_COMMAND {
-            return Err(format!(
-                "Data-In of ITT 0x{itt:08x} still lost after {MAX_SNACKS_PER_COMMAND} SNACKs"
-            ));
-        }
+        count_snack(task, itt, SnackFor::RData)?;
         task.epoch = epoch;
         task.missing.clear();
         task.held_status = None;
@@ -824,10 +808,9 @@ impl DataPath {
             true => task.read_len.saturating_sub(r.residual),
             false => task.read_len,
         };
-        let from = task.acked_bytes.min(returned);
-        let mut have: Vec<(u32, u32)> = rd.placed.clone();
-        have.push((0, from));
-        if covered(&have) < returned as u64 {
+        let acked = (0, task.acked_bytes.min(returned));
+        let have = covered(rd.placed.iter().copied().chain(std::iter::once(acked)));
+        if have < returned as u64 {
             self.r_data_snack(r.itt, out, notices)?;
             return Ok(true);
         }
@@ -987,11 +970,27 @@ fn place_bytes(task: &mut Task, off: usize, end: usize, payload: &Bytes, crc: bo
     0
 }
 
+/// Counts a SNACK `task` (ITT `itt`) sends; past [`MAX_SNACKS_PER_COMMAND`] the link is
+/// taken for one that damages every resend, and the connection is given up.
+fn count_snack(task: &mut Task, itt: u32, what: SnackFor) -> Result<(), String> {
+    task.snacks += 1;
+    if task.snacks <= MAX_SNACKS_PER_COMMAND {
+        return Ok(());
+    }
+    let lost = if what == SnackFor::R2t {
+        "R2Ts"
+    } else {
+        "Data-In"
+    };
+    Err(format!(
+        "{lost} of ITT 0x{itt:08x} still lost after {MAX_SNACKS_PER_COMMAND} SNACKs"
+    ))
+}
+
 /// Bytes the ranges (offset, length) cover, each byte counted once.
-fn covered(ranges: &[(u32, u32)]) -> u64 {
+fn covered(ranges: impl Iterator<Item = (u32, u32)>) -> u64 {
     let mut r: Vec<(u64, u64)> = ranges
-        .iter()
-        .map(|&(o, n)| (o as u64, o as u64 + n as u64))
+        .map(|(o, n)| (o as u64, o as u64 + n as u64))
         .collect();
     r.sort_unstable();
     let (mut total, mut end) = (0, 0);
