@@ -631,6 +631,18 @@ impl<T> SessionCore<T> {
         kind: Kind,
         build: impl FnOnce(u32, u32, u32) -> Bhs,
     ) -> u32 {
+        self.send_immediate_with_data(conn, token, kind, Bytes::new(), build)
+    }
+
+    /// [`SessionCore::send_immediate`] with a data segment (a Text Request's keys).
+    fn send_immediate_with_data(
+        &mut self,
+        conn: usize,
+        token: T,
+        kind: Kind,
+        data: Bytes,
+        build: impl FnOnce(u32, u32, u32) -> Bhs,
+    ) -> u32 {
         let itt = self.alloc_itt();
         let bhs = build(itt, self.cmd_sn, self.conns[conn].exp_stat_sn);
         self.tasks.insert(
@@ -646,7 +658,14 @@ impl<T> SessionCore<T> {
                 next_r2t_sn: 0,
             },
         );
-        self.send_header(conn, bhs);
+        self.actions.push(Action::Send {
+            conn,
+            pdu: OutPdu {
+                bhs,
+                ahs: Bytes::new(),
+                data,
+            },
+        });
         itt
     }
 
@@ -688,7 +707,7 @@ impl<T> SessionCore<T> {
         if !self.conns.get(conn).is_some_and(|c| c.alive) {
             return Err(token);
         }
-        let itt = self.send_immediate(conn, token, Kind::Text, |itt, cmd_sn, exp_stat_sn| {
+        let build = |itt, cmd_sn, exp_stat_sn| {
             Bhs::TextRequest(iscsi_wire::TextRequest {
                 immediate: true,
                 final_: true,
@@ -699,12 +718,8 @@ impl<T> SessionCore<T> {
                 cmd_sn,
                 exp_stat_sn,
             })
-        });
-        // send_immediate queued the header alone: give it its data.
-        if let Some(Action::Send { pdu, .. }) = self.actions.last_mut() {
-            pdu.data = keys;
-        }
-        Ok(itt)
+        };
+        Ok(self.send_immediate_with_data(conn, token, Kind::Text, keys, build))
     }
 
     /// ABORT TASK for the command `itt` (sent on the command's connection).
