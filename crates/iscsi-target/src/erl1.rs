@@ -2,8 +2,9 @@
 //! SNACK resends retained status with its StatSN; a Data/R2T SNACK has the datamover resend
 //! a read's Data-In or a write's outstanding R2Ts; after a DataACK the Data-In before it are
 //! not sent again; an R-Data SNACK (after the initiator changed its
-//! MaxRecvDataSegmentLength) has them resent cut anew, then the status with its tag. A SNACK for what was never sent or is already acknowledged gets a Reject
-//! (Protocol Error), and any SNACK in a session at level 0 a Reject (SNACK Reject). Which
+//! MaxRecvDataSegmentLength) has them resent cut anew, then the status with its tag. A
+//! SNACK for what was never sent or is already acknowledged gets a Reject (Protocol
+//! Error), and any SNACK in a session at level 0 a Reject (SNACK Reject). Which
 //! runs a SNACK covers is decided by `iscsi_session::erl1`; discarding PDUs with digest
 //! errors and recovery R2Ts for lost write data are the datamover's (decided by
 //! `iscsi_session::write`).
