@@ -658,26 +658,21 @@ impl<T> SessionCore<T> {
                 next_r2t_sn: 0,
             },
         );
-        self.actions.push(Action::Send {
-            conn,
-            pdu: OutPdu {
-                bhs,
-                ahs: Bytes::new(),
-                data,
-            },
-        });
+        self.send_pdu(conn, bhs, data);
         itt
     }
 
     /// Sends a PDU that is only a header (no AHS, no data) on `conn`.
     fn send_header(&mut self, conn: usize, bhs: Bhs) {
+        self.send_pdu(conn, bhs, Bytes::new());
+    }
+
+    /// Sends a PDU with a data segment and no AHS on `conn`.
+    fn send_pdu(&mut self, conn: usize, bhs: Bhs, data: Bytes) {
+        let ahs = Bytes::new();
         self.actions.push(Action::Send {
             conn,
-            pdu: OutPdu {
-                bhs,
-                ahs: Bytes::new(),
-                data: Bytes::new(),
-            },
+            pdu: OutPdu { bhs, ahs, data },
         });
     }
 
@@ -1123,14 +1118,7 @@ impl<T> SessionCore<T> {
             cmd_sn: self.cmd_sn,
             exp_stat_sn: self.conns[conn].exp_stat_sn,
         });
-        self.actions.push(Action::Send {
-            conn,
-            pdu: OutPdu {
-                bhs,
-                ahs: Bytes::new(),
-                data,
-            },
-        });
+        self.send_pdu(conn, bhs, data);
     }
 
     /// ErrorRecoveryLevel ≥ 1, called at intervals after the target's ExpCmdSN was brought
