@@ -522,6 +522,14 @@ async fn at_erl2_a_cut_connection_is_logged_in_again_and_its_commands_reassigned
             r.connection_recoveries == 1 && r.task_reassigns >= 1 && r.reinstatements == 0,
             "recovered inside the session: {r:?}"
         );
+        // The writes may all complete on the other connection before the cut one is
+        // logged in again (after DefaultTime2Wait): wait for it, bounded.
+        for _ in 0..100 {
+            if s.connection_count() == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         assert_eq!((s.tsih(), s.connection_count()), (tsih, 2));
         s.logout().await.expect("logout");
         verify(target, "erl2", &written).await;
