@@ -74,10 +74,19 @@ impl Allegiances {
         kept.moved.notify_waiters();
     }
 
-    /// Forgets the task `itt` (task management aborted it).
-    pub(crate) fn forget_itt(&self, itt: u32) {
+    /// Forgets the task `itt` (task management aborted it); false when it was not kept.
+    pub(crate) fn forget_itt(&self, itt: u32) -> bool {
         let kept = self.lock().remove(&itt);
-        if let Some(k) = kept {
+        if let Some(k) = &kept {
+            k.moved.notify_waiters();
+        }
+        kept.is_some()
+    }
+
+    /// Forgets every task (the session was logged out).
+    pub(crate) fn forget_all(&self) {
+        let gone: Vec<Arc<KeptTask>> = self.lock().drain().map(|(_, k)| k).collect();
+        for k in gone {
             k.moved.notify_waiters();
         }
     }
@@ -108,6 +117,11 @@ impl Allegiances {
             k.moved.notify_waiters();
         }
         gone.len()
+    }
+
+    /// Whether any task is kept.
+    pub(crate) fn any(&self) -> bool {
+        !self.lock().is_empty()
     }
 
     /// Whether a task is allegiant to a connection with CID `cid`.
@@ -327,8 +341,10 @@ impl Session {
             if expired > 0 {
                 tracing::warn!(tsih = session.tsih, cid = conn.cid, "{expired} task(s) of a failed connection were not reassigned within DefaultTime2Retain: dropped");
             }
+            // Tasks of another failed connection may still wait for their own end.
             if session.conns.lock().expect("conns").is_empty()
                 && session.joining.lock().expect("joining").is_empty()
+                && !allegiances.any()
             {
                 target.remove_session(&session);
             }

@@ -532,6 +532,10 @@ impl Session {
                 match (l.reason, response) {
                     (0, _) => {
                         target.remove_session(self);
+                        // The session is closed: nothing of it can be reassigned.
+                        if let Some(allegiances) = &self.erl2 {
+                            allegiances.forget_all();
+                        }
                         for c in self.connections() {
                             c.dm.close_after_logout();
                         }
@@ -657,7 +661,7 @@ impl Session {
         for (itt, e) in self.tasks.lock().expect("tasks").iter() {
             if pred(*itt, e) {
                 if let Some(allegiances) = &self.erl2 {
-                    allegiances.forget_itt(*itt);
+                    let _ = allegiances.forget_itt(*itt);
                 }
                 if let Some(c) = conns.get(&e.cid) {
                     c.dm.abort_task(*itt);
@@ -683,9 +687,18 @@ impl Session {
                     .lock()
                     .expect("tasks")
                     .contains_key(&t.ref_task_tag);
+                // At level 2 a task of a failed connection is kept after it executed (its
+                // response waiting for reassignment): aborting it forgets it, so the
+                // initiator may send the command again with its ITT.
+                let kept = self
+                    .erl2
+                    .as_ref()
+                    .is_some_and(|a| a.forget_itt(t.ref_task_tag));
                 if known {
                     self.abort_waiting(|itt, _| itt == t.ref_task_tag);
                     device.abort_task(self.nexus, t.ref_task_tag as u64).await;
+                    tmf::RSP_COMPLETE
+                } else if kept {
                     tmf::RSP_COMPLETE
                 } else if iscsi_wire::serial::sn_le(self.sn.load().0, t.ref_cmd_sn) {
                     // Not arrived yet: it will be dropped when it comes, if ever.
@@ -978,7 +991,9 @@ impl Session {
             tracing::info!(peer = %conn.peer, tsih = self.tsih, cid = conn.cid, "error recovery on this connection: {recovered}");
         }
         conn.dm.close();
-        let kept = self.end_tasks_of(target, conn);
+        // Tasks kept from any failed connection keep the session (a connection logged in
+        // again in a failed one's place may fail before a task is reassigned to it).
+        let kept = self.end_tasks_of(target, conn) || self.erl2.as_ref().is_some_and(|a| a.any());
         let now_empty = {
             let mut conns = self.conns.lock().expect("conns");
             if conns.get(&conn.cid).is_some_and(|c| Arc::ptr_eq(c, conn)) {
