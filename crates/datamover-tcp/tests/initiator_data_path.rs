@@ -3,7 +3,7 @@
 //! notices and errors come out.
 
 use bytes::{Bytes, BytesMut};
-use datamover::{InitiatorFfpConfig, InitiatorNotice};
+use datamover::{InitiatorFfpConfig, InitiatorNotice, Resume};
 use datamover_tcp::initiator::DataPath;
 use iscsi_wire::{Bhs, DataIn, Digests, NopIn, Pdu, R2t, ScsiResponse};
 use proptest::prelude::*;
@@ -451,6 +451,48 @@ fn at_erl1_a_recovery_r2t_does_not_count_twice_and_unanswered_r2t_snacks_end_the
     assert!(err.contains("no R2T for the 4000 bytes"), "{err}");
 }
 
+#[test]
+fn at_erl1_a_write_the_target_has_not_taken_up_in_cmdsn_order_is_owed_no_r2t_yet() {
+    let mut p = path_at(DIGESTS, 1);
+    let mut cmd = datamover::conformance::initiator::command(9, 0, Bytes::from(pattern(8000)), 0);
+    if let Bhs::ScsiCommand(c) = &mut cmd.pdu.bhs {
+        c.cmd_sn = 7;
+    }
+    p.command(&cmd);
+    let nop_in = |exp_cmd_sn| {
+        let n = NopIn {
+            itt: 0xffff_ffff,
+            ttt: 0xffff_ffff,
+            stat_sn: 5,
+            exp_cmd_sn,
+            max_cmd_sn: exp_cmd_sn + 32,
+            ..Default::default()
+        };
+        wire(Bhs::NopIn(n), &[], DIGESTS)
+    };
+    // ExpCmdSN stays at 7 (CmdSN 6 went with another connection): the target holds the
+    // write, and an R2T SNACK would ask for R2Ts it never sent.
+    feed(&mut p, &nop_in(7));
+    let (mut out, mut notices) = (Vec::new(), Vec::new());
+    for _ in 0..8 {
+        p.probe(&mut out, &mut notices).unwrap();
+    }
+    assert!(snacks(&out).is_empty(), "{out:?}");
+    // Once ExpCmdSN passes it, a write that heard nothing asks for its R2Ts.
+    feed(&mut p, &nop_in(8));
+    for _ in 0..4 {
+        p.probe(&mut out, &mut notices).unwrap();
+    }
+    assert_eq!(snacks(&out), [(9, 0, 0, 5)]);
+}
+
+fn resume_at(exp_data_sn: u32) -> Resume {
+    Resume {
+        exp_data_sn,
+        read_prefix: Bytes::new(),
+    }
+}
+
 /// The R-Data SNACKs among `out`: (ITT, SNACK Tag, BegRun, RunLength).
 fn r_data_snacks(out: &[Pdu]) -> Vec<(u32, u32, u32, u32)> {
     out.iter()
@@ -638,6 +680,94 @@ fn at_erl1_a_data_in_asking_for_acknowledgement_is_answered_with_a_dataack() {
 }
 
 #[test]
+fn at_erl2_a_read_resumes_after_the_data_in_it_acknowledged() {
+    let payload = pattern(16000);
+    let piece = |sn: u32, ack: bool, status: bool| {
+        let off = sn as usize * 4000;
+        let mut d = data_in(3, sn, off as u32, status);
+        d.final_ |= ack;
+        d.ack = ack;
+        d.ttt = if ack { 0x77 } else { 0xffff_ffff };
+        wire(Bhs::DataIn(d), &payload[off..off + 4000], DIGESTS)
+    };
+    let mut p = path_at(DIGESTS, 2);
+    command(&mut p, 3, 16000, Bytes::new(), 0);
+    assert_eq!(
+        p.resume_point(3),
+        Resume::default(),
+        "nothing acknowledged yet"
+    );
+    for (sn, ack) in [(0, false), (1, true), (2, false)] {
+        let (_, _, err) = feed(&mut p, &piece(sn, ack, false));
+        assert!(err.is_none(), "{err:?}");
+    }
+    // DataSN 0 and 1 were acknowledged (DataSN 2 came after): TASK REASSIGN will say
+    // ExpDataSN 2, and the first 8,000 bytes are kept.
+    let resume = p.resume_point(3);
+    assert_eq!(resume.exp_data_sn, 2);
+    assert!(resume.read_prefix[..] == payload[..8000]);
+    // On the new connection the target resends from DataSN 2.
+    let mut q = path_at(DIGESTS, 2);
+    let cmd = datamover::conformance::initiator::command(3, 16000, Bytes::new(), 0);
+    q.adopt(&cmd, resume);
+    let (_, _, err) = feed(&mut q, &piece(2, false, false));
+    assert!(err.is_none(), "{err:?}");
+    let (_, notices, err) = feed(&mut q, &piece(3, false, true));
+    assert!(err.is_none(), "{err:?}");
+    let read = status_read(&notices).expect("the read ends");
+    assert!(read[..] == payload[..], "every byte right");
+}
+
+#[test]
+fn at_erl1_a_write_whose_data_out_was_rejected_and_then_hears_nothing_is_given_up_as_lost() {
+    let stalled = |notices: &[InitiatorNotice]| -> Vec<u32> {
+        notices
+            .iter()
+            .filter_map(|n| match n {
+                InitiatorNotice::Stalled { itt } => Some(*itt),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut p = path_at(DIGESTS, 1);
+    command(&mut p, 8, 0, Bytes::from(pattern(4000)), 0);
+    command(&mut p, 9, 0, Bytes::from(pattern(4000)), 0);
+    for itt in [8, 9] {
+        let (out, _, err) = feed(&mut p, &r2t(itt, 0, 0, 4000));
+        assert!(err.is_none() && !out.is_empty(), "{err:?}");
+    }
+    // The target Rejects write 8's Data-Out (data digest), then answers nothing more:
+    // neither a recovery R2T nor a status. Write 9 is only slow.
+    let rejected = Bhs::DataOut(iscsi_wire::DataOut {
+        itt: 8,
+        ..Default::default()
+    })
+    .encode(0, 4000);
+    let reject = Bhs::Reject(iscsi_wire::Reject {
+        reason: iscsi_wire::reject::DATA_DIGEST_ERROR,
+        stat_sn: 5,
+        exp_cmd_sn: 2,
+        max_cmd_sn: 32,
+        data_sn: 0,
+    });
+    let (_, notices, err) = feed(&mut p, &wire(reject, &rejected, DIGESTS));
+    assert!(err.is_none(), "{err:?}");
+    assert!(stalled(&notices).is_empty());
+    let (mut out, mut notices) = (Vec::new(), Vec::new());
+    for _ in 0..23 {
+        p.probe(&mut out, &mut notices).unwrap();
+    }
+    assert!(stalled(&notices).is_empty(), "not before six seconds");
+    for _ in 0..8 {
+        p.probe(&mut out, &mut notices).unwrap();
+    }
+    assert_eq!(stalled(&notices), [8], "only the write in recovery");
+    assert!(snacks(&out).is_empty(), "{out:?}");
+    // Its state is gone: a late PDU for it is not placed.
+    assert_eq!(p.resume_point(8), Resume::default());
+}
+
+#[test]
 fn at_erl2_an_adopted_write_takes_r2ts_from_what_task_reassign_said_came() {
     let mut p = path_at(DIGESTS, 2);
     let data = Bytes::from(pattern(12000));
@@ -646,7 +776,7 @@ fn at_erl2_an_adopted_write_takes_r2ts_from_what_task_reassign_said_came() {
         c.lun = 0x0001_0000_0000_0000;
     }
     // R2TSN 0 and 1 came on the failed connection: the target re-issues from 2.
-    p.adopt(&cmd, 2);
+    p.adopt(&cmd, resume_at(2));
     let (out, _, err) = feed(&mut p, &r2t(8, 2, 8000, 4000));
     assert!(err.is_none(), "{err:?}");
     assert!(out
@@ -665,7 +795,7 @@ fn at_erl2_an_adopted_write_takes_r2ts_from_what_task_reassign_said_came() {
     if let Bhs::ScsiCommand(c) = &mut cmd.pdu.bhs {
         c.lun = 0x0001_0000_0000_0000;
     }
-    p.adopt(&cmd, 1);
+    p.adopt(&cmd, resume_at(1));
     let mut out = Vec::new();
     for _ in 0..15 {
         p.probe(&mut out, &mut notices).unwrap();
@@ -716,7 +846,10 @@ fn an_r2t_is_answered_with_a_data_out_sequence() {
     }
     assert_eq!(at, 40000);
     // TASK REASSIGN's ExpDataSN for it would be 1: R2TSN 0 came.
-    assert_eq!((p.next_r2t_sn(3), p.next_r2t_sn(99)), (1, 0));
+    assert_eq!(
+        (p.resume_point(3).exp_data_sn, p.resume_point(99)),
+        (1, Resume::default())
+    );
     // The status ends the task; its StatSN moves the Data-Out's ExpStatSN on.
     let rsp = Bhs::ScsiResponse(ScsiResponse {
         itt: 3,

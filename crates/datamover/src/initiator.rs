@@ -53,6 +53,11 @@ pub enum InitiatorNotice {
     /// ErrorRecoveryLevel ≥ 1: a PDU whose header digest failed was discarded (by the
     /// length its header claims); what it carried is asked for again once a gap shows.
     HeaderDigestDiscarded,
+    /// ErrorRecoveryLevel ≥ 1: a command that went through a recovery (its Data-Out was
+    /// Rejected, or it was reassigned here) has heard nothing for long, and SNACKs did not
+    /// help: the target lost track of it. The datamover has dropped its state; the session
+    /// aborts it and sends it again as a new task.
+    Stalled { itt: u32 },
     /// The connection ended (the target closed it, an I/O error, or a protocol or digest
     /// error from the target); no notice follows.
     Closed(String),
@@ -101,6 +106,18 @@ pub struct InitiatorFfpConfig {
     pub error_recovery_level: u8,
 }
 
+/// ErrorRecoveryLevel 2: how far a command got on a failed connection, which TASK
+/// REASSIGN's ExpDataSN tells the target, and what of its read data is kept.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Resume {
+    /// A write: the R2TSN after the highest R2T received (R2Ts from it on never arrived).
+    /// A read: the DataSN after the Data-In acknowledged by a DataACK (the target may have
+    /// let them go, and resends from here), 0 when none was.
+    pub exp_data_sn: u32,
+    /// A read: its bytes from offset 0 up to the end of the Data-In acknowledged.
+    pub read_prefix: Bytes,
+}
+
 /// The operations the initiator's session core uses on one connection in full feature
 /// phase. None blocks: each queues for the transport's sending side.
 pub trait InitiatorDatamover: Send + Sync {
@@ -110,18 +127,18 @@ pub trait InitiatorDatamover: Send + Sync {
     /// ErrorRecoveryLevel 2: takes charge of the data phases of a command sent on another
     /// connection and reassigned to this one (a TASK REASSIGN follows), without sending it:
     /// its write data goes as the target asks by R2T (from `solicited_from`, which is 0), the
-    /// R2Ts numbered from `next_r2t_sn` (what the TASK REASSIGN's ExpDataSN says came), its
-    /// read data is placed again from the start. Transports that run only at level 0 (iSER)
-    /// never get one.
-    fn adopt(&self, cmd: CommandOut, next_r2t_sn: u32) {
-        let _ = (cmd, next_r2t_sn);
+    /// R2Ts numbered from `resume.exp_data_sn`; its read data is placed again from
+    /// `resume.exp_data_sn` on, after the bytes `resume.read_prefix` keeps. Transports that
+    /// run only at level 0 (iSER) never get one.
+    fn adopt(&self, cmd: CommandOut, resume: Resume) {
+        let _ = (cmd, resume);
     }
-    /// ErrorRecoveryLevel 2: the R2TSN after the highest R2T received for command `itt` on
-    /// this connection (0 when none came, or for a transport without R2Ts), which TASK
-    /// REASSIGN's ExpDataSN carries for a write: R2Ts from it on never arrived.
-    fn next_r2t_sn(&self, itt: u32) -> u32 {
+    /// ErrorRecoveryLevel 2: how far command `itt` got on this connection, for TASK
+    /// REASSIGN's ExpDataSN ([`Resume`]; the default for a transport without R2Ts or
+    /// DataACKs).
+    fn resume_point(&self, itt: u32) -> Resume {
         let _ = itt;
-        0
+        Resume::default()
     }
     /// Sends any other PDU (Data-Out of unsolicited data, NOP-Out, task management, logout).
     fn send_control(&self, pdu: Pdu);

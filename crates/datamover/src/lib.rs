@@ -24,7 +24,8 @@ pub mod initiator;
 pub mod login_pdu;
 
 pub use initiator::{
-    CommandOut, InitiatorDatamover, InitiatorFfpConfig, InitiatorNotice, NoticeSink, SnackFor,
+    CommandOut, InitiatorDatamover, InitiatorFfpConfig, InitiatorNotice, NoticeSink, Resume,
+    SnackFor,
 };
 
 use async_trait::async_trait;

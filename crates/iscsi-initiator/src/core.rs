@@ -13,7 +13,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use bytes::Bytes;
-use datamover::{CommandOut, InitiatorNotice, SnackFor};
+use datamover::{CommandOut, InitiatorNotice, Resume, SnackFor};
 use iscsi_session::DataOutSequence;
 use iscsi_wire::serial::{sn_gt, sn_le, sn_lt};
 use iscsi_wire::{
@@ -169,7 +169,7 @@ pub enum Action<T> {
     Adopt {
         conn: usize,
         cmd: CommandOut,
-        next_r2t_sn: u32,
+        resume: Resume,
     },
     Complete {
         token: T,
@@ -237,10 +237,10 @@ struct Task<T> {
     /// TASK REASSIGNs answered "task still allegiant" (the target had not yet seen the old
     /// connection go).
     reassign_tries: u8,
-    /// ErrorRecoveryLevel 2, a write: the R2TSN after the highest R2T received on any of
-    /// its connections (TASK REASSIGN's ExpDataSN: the target re-issues only R2Ts from it
-    /// on, and asks again for what is missing below it).
-    next_r2t_sn: u32,
+    /// ErrorRecoveryLevel 2: how far it got on the connections it was on (TASK REASSIGN's
+    /// ExpDataSN: for a write the target re-issues only R2Ts from it on, and asks again for
+    /// what is missing below it; for a read it resends the Data-In not acknowledged).
+    resume: Resume,
 }
 
 impl<T> Task<T> {
@@ -300,6 +300,9 @@ pub struct RecoveryStats {
     pub connection_recoveries: u64,
     /// Commands moved to another connection by TASK REASSIGN (ErrorRecoveryLevel 2).
     pub task_reassigns: u64,
+    /// Commands aborted and sent again as new tasks on another connection of the session
+    /// when their connection could not be recovered (ErrorRecoveryLevel 2).
+    pub reissued_commands: u64,
 }
 
 impl RecoveryStats {
@@ -318,6 +321,7 @@ impl RecoveryStats {
             reinstatements: self.reinstatements + o.reinstatements,
             connection_recoveries: self.connection_recoveries + o.connection_recoveries,
             task_reassigns: self.task_reassigns + o.task_reassigns,
+            reissued_commands: self.reissued_commands + o.reissued_commands,
         }
     }
 
@@ -342,6 +346,9 @@ impl RecoveryStats {
                 .connection_recoveries
                 .saturating_sub(before.connection_recoveries),
             task_reassigns: self.task_reassigns.saturating_sub(before.task_reassigns),
+            reissued_commands: self
+                .reissued_commands
+                .saturating_sub(before.reissued_commands),
         }
     }
 }
@@ -367,9 +374,10 @@ pub struct SessionCore<T> {
     /// The target's ExpCmdSN at the last check for a lost command, when a SCSI command
     /// with that CmdSN was outstanding then.
     stalled_at: Option<u32>,
-    /// ErrorRecoveryLevel 2: the TASK REASSIGN requests outstanding (their ITT → the ITT
-    /// of the command they move); internal, so not in `tasks`, which hold a token.
-    reassigns: HashMap<u32, u32>,
+    /// ErrorRecoveryLevel 2: the task management requests of connection recovery
+    /// outstanding (their ITT → what they ask, and of which command); internal, so not in
+    /// `tasks`, which hold a token.
+    recovery_tmfs: HashMap<u32, RecoveryTmf>,
     /// ErrorRecoveryLevel 2: a TASK REASSIGN came back "task still allegiant"; the driver
     /// asks again on this connection a little later ([`SessionCore::take_reassign_retry`]).
     reassign_retry: Option<usize>,
@@ -401,7 +409,7 @@ impl<T> SessionCore<T> {
             actions: Vec::new(),
             recovery: RecoveryStats::default(),
             stalled_at: None,
-            reassigns: HashMap::new(),
+            recovery_tmfs: HashMap::new(),
             reassign_retry: None,
             failed_in_a_row: Vec::new(),
             rejected_reassigns: 0,
@@ -489,7 +497,7 @@ impl<T> SessionCore<T> {
             self.next_itt = self.next_itt.wrapping_add(1);
             if itt != RESERVED_TAG
                 && !self.tasks.contains_key(&itt)
-                && !self.reassigns.contains_key(&itt)
+                && !self.recovery_tmfs.contains_key(&itt)
             {
                 return itt;
             }
@@ -521,7 +529,7 @@ impl<T> SessionCore<T> {
                 retries: 0,
                 orphaned: false,
                 reassign_tries: 0,
-                next_r2t_sn: 0,
+                resume: Resume::default(),
             },
         );
         self.queue.push_back(itt);
@@ -655,7 +663,7 @@ impl<T> SessionCore<T> {
                 retries: 0,
                 orphaned: false,
                 reassign_tries: 0,
-                next_r2t_sn: 0,
+                resume: Resume::default(),
             },
         );
         self.send_pdu(conn, bhs, data);
@@ -877,6 +885,16 @@ impl<T> SessionCore<T> {
                 self.recovery.header_digest_discards += 1;
                 Ok(())
             }
+            InitiatorNotice::Stalled { itt } => {
+                if self
+                    .tasks
+                    .get(&itt)
+                    .is_some_and(|t| t.conn == Some(conn) && matches!(t.kind, Kind::Scsi { .. }))
+                {
+                    self.abort_to_reissue(itt);
+                }
+                Ok(())
+            }
             InitiatorNotice::Closed(why) => Err(ConnError(why)),
         }
     }
@@ -988,7 +1006,7 @@ impl<T> SessionCore<T> {
             }
             Bhs::TaskMgmtResponse(r) => {
                 self.note_target_sns(conn, r.stat_sn, advances, r.exp_cmd_sn, r.max_cmd_sn);
-                if self.on_reassign_response(r.itt, r.response) {
+                if self.on_recovery_tmf_response(r.itt, r.response) {
                     self.pump();
                     return Ok(());
                 }
@@ -1242,5 +1260,6 @@ fn residual(under: bool, over: bool, n: u32) -> Residual {
 }
 
 mod erl2;
+use erl2::RecoveryTmf;
 #[cfg(test)]
 mod tests;

@@ -256,13 +256,9 @@ fn flush(st: &mut State) {
                     h.dm.forget(itt);
                 }
             }
-            Action::Adopt {
-                conn,
-                cmd,
-                next_r2t_sn,
-            } => {
+            Action::Adopt { conn, cmd, resume } => {
                 if let Some(Some(h)) = conns.get(conn) {
-                    h.dm.adopt(cmd, next_r2t_sn);
+                    h.dm.adopt(cmd, resume);
                 }
             }
             Action::Complete { token, result } => {
@@ -484,6 +480,9 @@ fn on_notices(inner: &Arc<Inner>, idx: usize, epoch: u64, notices: &mut Vec<Init
     let mut failed = None;
     for n in notices.drain(..) {
         log_snack(idx, &n, "");
+        if let InitiatorNotice::Stalled { itt } = n {
+            tracing::warn!(conn = idx, "ITT 0x{itt:08x} heard nothing for long after a recovery and SNACKs did not help: the target lost it; aborted, to be sent again as a new task");
+        }
         if failed.is_none() {
             failed = st.core.on_notice(idx, n).err();
         }
@@ -522,7 +521,9 @@ fn connection_lost(inner: &Arc<Inner>, idx: usize, epoch: u64, reason: &str) {
         // Connection recovery: only this connection goes; its commands wait for it.
         let failed = st.conns[idx].take();
         let orphans = st.core.on_connection_failed(idx, reason, |itt| {
-            failed.as_ref().map_or(0, |h| h.dm.next_r2t_sn(itt))
+            failed
+                .as_ref()
+                .map_or_else(Default::default, |h| h.dm.resume_point(itt))
         });
         if let Some(h) = failed {
             h.dm.abort();
@@ -532,7 +533,7 @@ fn connection_lost(inner: &Arc<Inner>, idx: usize, epoch: u64, reason: &str) {
                 "{reason}; connection {idx} failed {} times in a row with no command completed, connection recovery given up",
                 st.core.failed_in_a_row(idx)
             );
-            reinstate_session(inner, &mut st, &why);
+            give_up_connection_recovery(inner, &mut st, idx, &why);
             return;
         }
         tracing::warn!(conn = idx, "{reason}: logging the connection in again, {orphans} command(s) to reassign (ErrorRecoveryLevel 2)");
@@ -627,14 +628,31 @@ async fn recover_connection(inner: Arc<Inner>, idx: usize, reason: String) {
         }
     }
     let mut st = inner.lock();
-    if st.failed.is_some() || st.reconnecting {
+    if inner.closing.load(Ordering::Acquire) || st.failed.is_some() || st.reconnecting {
         return;
     }
-    reinstate_session(
+    give_up_connection_recovery(
         &inner,
         &mut st,
+        idx,
         &format!("{reason}; connection recovery failed: {last}"),
     );
+}
+
+/// Connection `idx` cannot be recovered: its commands go on as new tasks on the session's
+/// other connections (each aborted first, see `SessionCore::reissue_orphans`), and `idx`
+/// stays down. With no other connection up, the session is reinstated (or fails).
+fn give_up_connection_recovery(inner: &Arc<Inner>, st: &mut State, idx: usize, why: &str) {
+    if st.core.live_connections().is_empty() {
+        reinstate_session(inner, st, why);
+        return;
+    }
+    let moved = st.core.reissue_orphans();
+    tracing::warn!(
+        conn = idx,
+        "{why}; {moved} command(s) aborted and sent again as new tasks on the session's other connection(s), which carry on without it"
+    );
+    flush(st);
 }
 
 /// How long to wait before asking again when a TASK REASSIGN was answered "task still

@@ -548,3 +548,53 @@ async fn at_erl2_a_cut_connection_is_logged_in_again_and_its_commands_reassigned
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_erl2_a_connection_that_cannot_be_recovered_leaves_its_commands_to_the_other_connection()
+{
+    in_time(async {
+        let target = common::start_target(CONFIG).await;
+        // Connection 0 is cut 3 MB into its WRITEs, and each connection logged in again in
+        // its place (accept order 2, 3, 4) is cut at its TASK REASSIGN: after the fourth
+        // failure in a row connection recovery is given up, and the commands are aborted on
+        // the session's other connection and sent there as new tasks. No reconnect: a
+        // session reinstatement or a failed command would show.
+        let cut_reassigns = [
+            "up:tmf-req#1:reset:conn=2",
+            "up:tmf-req#1:reset:conn=3",
+            "up:tmf-req#1:reset:conn=4",
+        ];
+        let mut faults = vec!["up:byte=3000000:reset"];
+        faults.extend(cut_reassigns);
+        let p = proxy(target, &faults);
+        let s = session(p.local_addr(), "erl2", false).await;
+        let tsih = s.tsih();
+        let written = write_all(&s, 1700).await;
+        all_ok(&written, "an unrecoverable connection at ERL 2 (writes)");
+        assert_eq!(fired(&p).len(), 4, "{:?}", fired(&p));
+        let r = s.recovery();
+        assert!(
+            r.reissued_commands >= 1 && r.reinstatements == 0,
+            "sent again inside the session: {r:?}"
+        );
+        assert_eq!((s.tsih(), s.connection_count()), (tsih, 1));
+        s.logout().await.expect("logout");
+        verify(target, "erl2", &written).await;
+
+        // The same with READs cut at their 13th Data-In.
+        let mut faults = vec!["down:data-in#13:reset"];
+        faults.extend(cut_reassigns);
+        let p = proxy(target, &faults);
+        let s = session(p.local_addr(), "erl2", false).await;
+        let back = read_all(&s).await;
+        all_ok(&back, "an unrecoverable connection at ERL 2 (reads)");
+        assert_eq!(fired(&p).len(), 4, "{:?}", fired(&p));
+        let r = s.recovery();
+        assert!(r.reissued_commands >= 1 && r.reinstatements == 0, "{r:?}");
+        for (i, (b, w)) in back.iter().zip(&written).enumerate() {
+            assert!(b.as_ref().unwrap() == w.as_ref().unwrap(), "region {i}");
+        }
+        s.logout().await.expect("logout");
+    })
+    .await;
+}

@@ -890,6 +890,23 @@ impl Bhs {
         })
     }
 
+    /// The ExpCmdSN a target→initiator PDU carries (`None` for other PDUs).
+    pub fn target_exp_cmd_sn(&self) -> Option<u32> {
+        Some(match self {
+            Bhs::NopIn(p) => p.exp_cmd_sn,
+            Bhs::ScsiResponse(p) => p.exp_cmd_sn,
+            Bhs::TaskMgmtResponse(p) => p.exp_cmd_sn,
+            Bhs::LoginResponse(p) => p.exp_cmd_sn,
+            Bhs::TextResponse(p) => p.exp_cmd_sn,
+            Bhs::DataIn(p) => p.exp_cmd_sn,
+            Bhs::LogoutResponse(p) => p.exp_cmd_sn,
+            Bhs::R2t(p) => p.exp_cmd_sn,
+            Bhs::AsyncMessage(p) => p.exp_cmd_sn,
+            Bhs::Reject(p) => p.exp_cmd_sn,
+            _ => return None,
+        })
+    }
+
     /// The ExpStatSN an initiator→target PDU acknowledges (`None` for other PDUs).
     pub fn initiator_exp_stat_sn(&self) -> Option<u32> {
         Some(match self {

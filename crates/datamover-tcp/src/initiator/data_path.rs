@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 
 use bytes::{Buf, Bytes, BytesMut};
-use datamover::{CommandOut, InitiatorFfpConfig, InitiatorNotice, SnackFor};
+use datamover::{CommandOut, InitiatorFfpConfig, InitiatorNotice, Resume, SnackFor};
 use iscsi_session::erl1::snack_type;
 use iscsi_session::DataOutSequence;
 use iscsi_wire::serial::{sn_gt, sn_lt};
@@ -59,6 +59,12 @@ struct Task {
     r2t_snacks_unanswered: u32,
     /// Recovery ticks since a PDU for this command last came ([`DataPath::probe`]).
     quiet_ticks: u32,
+    /// Its CmdSN: until the target's ExpCmdSN passes it, the target has not taken it up
+    /// (an earlier command is missing), and owes it no R2T yet.
+    cmd_sn: u32,
+    /// It went through a recovery (a Data-Out Rejected, or reassigned here): hearing
+    /// nothing for long, it is given up as lost by the target.
+    recovered: bool,
     /// Reassigned here from a failed connection (ERL 2): the target re-issues the R2Ts it
     /// owes after TASK REASSIGN, and the reassignment has its own retries, so the probe asks
     /// only when none came for a long while.
@@ -67,8 +73,10 @@ struct Task {
     /// for again after MaxRecvDataSegmentLength changed takes an R-Data SNACK.
     epoch: u32,
     /// Read bytes before this offset were acknowledged with a DataACK (an R-Data SNACK has
-    /// the target resend from there).
+    /// the target resend from there), and the DataSN after the Data-In acknowledged (TASK
+    /// REASSIGN's ExpDataSN for the read).
     acked_bytes: u32,
+    acked_data_sn: u32,
     /// An R-Data SNACK is out: the data comes again cut anew.
     r_data: Option<RData>,
 }
@@ -102,6 +110,11 @@ const ADOPTED_QUIET_TICKS: u32 = 16;
 /// PDUs discarded for header digest errors one after another before the stream is taken
 /// for lost (the claimed lengths were wrong too).
 const MAX_DISCARDS_IN_A_ROW: u32 = 4;
+/// Recovery ticks a command that went through a recovery waits, hearing nothing and owing
+/// nothing, before it is given up as lost by the target ([`InitiatorNotice::Stalled`]):
+/// LIO (6.1) loses a write whose Data-Out it Rejected once the initiator's ExpStatSN passes
+/// the Reject, and answers a TASK REASSIGN for a task it no longer has as if it moved it.
+const STALLED_AFTER_RECOVERY_TICKS: u32 = 24;
 /// Recovery ticks (a quarter second each) a command waits, hearing nothing, before it asks
 /// again for what it still waits for (R2Ts never sent, Data-In or statuses asked for whose
 /// SNACK or answer was lost too).
@@ -148,6 +161,8 @@ pub struct DataPath {
     segment_epoch: u32,
     /// The next R-Data SNACK's tag.
     next_snack_tag: u32,
+    /// The highest ExpCmdSN the target sent on this connection.
+    exp_cmd_sn: Option<u32>,
 }
 
 impl DataPath {
@@ -165,6 +180,7 @@ impl DataPath {
             recv_limit: cfg.max_recv_data_segment_length,
             segment_epoch: 0,
             next_snack_tag: 1,
+            exp_cmd_sn: None,
         }
     }
 
@@ -207,23 +223,37 @@ impl DataPath {
                 r2ts_seen: Vec::new(),
                 r2t_snacks_unanswered: 0,
                 quiet_ticks: 0,
+                cmd_sn: c.cmd_sn,
+                recovered: false,
                 adopted: false,
                 epoch: self.segment_epoch,
                 acked_bytes: 0,
+                acked_data_sn: 0,
                 r_data: None,
             },
         );
     }
 
-    /// ERL 2: a command reassigned to this connection; R2Ts before `next_r2t_sn` came on the
-    /// old one (the TASK REASSIGN says so), so they are no gap here.
-    pub fn adopt(&mut self, cmd: &CommandOut, next_r2t_sn: u32) {
+    /// ERL 2: a command reassigned to this connection. For a write, R2Ts before
+    /// `resume.exp_data_sn` came on the old one (the TASK REASSIGN says so), so they are no
+    /// gap here; a read's Data-In come again from that DataSN on, after the bytes kept.
+    pub fn adopt(&mut self, cmd: &CommandOut, resume: Resume) {
         self.command(cmd);
-        if let Bhs::ScsiCommand(c) = &cmd.pdu.bhs {
-            if let Some(t) = self.tasks.get_mut(&c.itt) {
-                t.next_r2t_sn = next_r2t_sn;
-                t.adopted = true;
-            }
+        let Bhs::ScsiCommand(c) = &cmd.pdu.bhs else {
+            return;
+        };
+        let Some(t) = self.tasks.get_mut(&c.itt) else {
+            return;
+        };
+        t.adopted = true;
+        t.recovered = true;
+        if !t.write.is_empty() {
+            t.next_r2t_sn = resume.exp_data_sn;
+        } else if resume.exp_data_sn != 0 && resume.read_prefix.len() <= t.read_len as usize {
+            t.exp_data_sn = resume.exp_data_sn;
+            t.acked_data_sn = resume.exp_data_sn;
+            t.acked_bytes = resume.read_prefix.len() as u32;
+            t.buf = BytesMut::from(&resume.read_prefix[..]);
         }
     }
 
@@ -232,9 +262,29 @@ impl DataPath {
         self.tasks.remove(&itt);
     }
 
-    /// The R2TSN after the highest R2T received for command `itt` (0 when none came).
-    pub fn next_r2t_sn(&self, itt: u32) -> u32 {
-        self.tasks.get(&itt).map_or(0, |t| t.next_r2t_sn)
+    /// ERL 2: how far command `itt` got here ([`Resume`]): for a write the R2TSN after the
+    /// highest R2T received, for a read the DataSN after the Data-In acknowledged with a
+    /// DataACK and the bytes before them (nothing when none was).
+    pub fn resume_point(&self, itt: u32) -> Resume {
+        let Some(t) = self.tasks.get(&itt) else {
+            return Resume::default();
+        };
+        if !t.write.is_empty() {
+            return Resume {
+                exp_data_sn: t.next_r2t_sn,
+                read_prefix: Bytes::new(),
+            };
+        }
+        let kept = t.acked_bytes as usize;
+        let read_prefix = match &t.whole {
+            Some(w) if w.len() >= kept => w.slice(..kept),
+            _ if t.buf.len() >= kept => Bytes::copy_from_slice(&t.buf[..kept]),
+            _ => return Resume::default(),
+        };
+        Resume {
+            exp_data_sn: t.acked_data_sn,
+            read_prefix,
+        }
     }
 
     /// Commands whose status has not arrived.
@@ -273,6 +323,11 @@ impl DataPath {
             .map_err(|e| format!("protocol error from the target: {e}"))?
             .bhs;
         self.see_stat_sn(&bhs, out, notices)?;
+        if let Some(e) = bhs.target_exp_cmd_sn() {
+            if self.exp_cmd_sn.is_none_or(|seen| sn_gt(e, seen)) {
+                self.exp_cmd_sn = Some(e);
+            }
+        }
         if self.recovery() {
             if let Some(task) = self.tasks.get_mut(&bhs.itt()) {
                 task.quiet_ticks = 0;
@@ -301,6 +356,16 @@ impl DataPath {
                 }
                 self.data_missing_before(itt, r.exp_data_sn, out, notices)?;
                 self.status(itt, Pdu { bhs, ahs, data }, notices);
+            }
+            Bhs::Reject(_) => {
+                // A Data-Out Rejected (its header is the data): its write is in recovery.
+                if data.len() >= 48 && data[0] & 0x3f == 0x05 {
+                    let itt = u32::from_be_bytes([data[16], data[17], data[18], data[19]]);
+                    if let Some(t) = self.tasks.get_mut(&itt) {
+                        t.recovered = true;
+                    }
+                }
+                notices.push(InitiatorNotice::Control(Pdu { bhs, ahs, data }));
             }
             _ => notices.push(InitiatorNotice::Control(Pdu { bhs, ahs, data })),
         }
@@ -351,6 +416,7 @@ impl DataPath {
         let mut stalled = self.probe_lost_status(out, notices)?;
         let mut ask = Vec::new();
         let mut r_data_again = Vec::new();
+        let mut lost = Vec::new();
         for (itt, t) in self.tasks.iter_mut() {
             t.quiet_ticks += 1;
             if t.quiet_ticks < QUIET_TICKS_BEFORE_ASKING_AGAIN {
@@ -371,11 +437,19 @@ impl DataPath {
                     && t.quiet_ticks >= ADOPTED_QUIET_TICKS
                     && !t.write.is_empty()
             } else {
-                asked < owed
+                // A write with no R2T yet that the target has not taken up in CmdSN order
+                // (an earlier command is missing: lost with another connection, or
+                // discarded) is owed nothing yet: a SNACK would be Rejected.
+                let taken_up = self.exp_cmd_sn.is_some_and(|e| sn_lt(t.cmd_sn, e));
+                asked < owed && (taken_up || !t.r2ts_seen.is_empty())
             };
             if r2ts_owed {
                 t.quiet_ticks = 0;
                 t.r2t_snacks_unanswered += 1;
+                if t.r2t_snacks_unanswered > MAX_UNANSWERED_R2T_SNACKS && t.recovered {
+                    lost.push(*itt);
+                    continue;
+                }
                 if t.r2t_snacks_unanswered > MAX_UNANSWERED_R2T_SNACKS {
                     return Err(format!(
                         "write ITT 0x{itt:08x}: no R2T for the {} bytes it still owes after \
@@ -387,7 +461,13 @@ impl DataPath {
             } else if !t.missing.is_empty() {
                 t.quiet_ticks = 0;
                 ask.extend(t.missing.iter().map(|sn| (SnackFor::DataIn, *itt, *sn, 1)));
+            } else if t.recovered && t.quiet_ticks >= STALLED_AFTER_RECOVERY_TICKS {
+                lost.push(*itt);
             }
+        }
+        for itt in lost {
+            self.tasks.remove(&itt);
+            notices.push(InitiatorNotice::Stalled { itt });
         }
         for (what, itt, beg_run, run_length) in ask {
             self.snack(what, itt, beg_run, run_length, out, notices)?;
@@ -836,6 +916,7 @@ impl DataPath {
                 return;
             }
             t.acked_bytes = t.acked_bytes.max(d.buffer_offset.saturating_add(len));
+            t.acked_data_sn = d.data_sn.wrapping_add(1);
         }
         let beg_run = d.data_sn.wrapping_add(1);
         let pdu = self.snack_pdu(snack_type::DATA_ACK, d.lun, RESERVED_TAG, d.ttt, beg_run, 0);

@@ -14,7 +14,7 @@ use crate::trace::Traced;
 use async_trait::async_trait;
 use datamover::{
     CommandOut, InPdu, InitiatorChannel, InitiatorDatamover, InitiatorFfpConfig, InitiatorNotice,
-    LoginRecvError, NoticeSink, TransportKind,
+    LoginRecvError, NoticeSink, Resume, TransportKind,
 };
 use iscsi_wire::{Digests, Pdu};
 use pcap_trace::{PduTrace, Side};
@@ -123,12 +123,12 @@ impl InitiatorDatamover for TcpInitiatorDatamover {
         let _ = self.tx.send(WriterMsg::Pdu(cmd.pdu));
     }
 
-    fn adopt(&self, cmd: CommandOut, next_r2t_sn: u32) {
-        lock(&self.path).adopt(&cmd, next_r2t_sn);
+    fn adopt(&self, cmd: CommandOut, resume: Resume) {
+        lock(&self.path).adopt(&cmd, resume);
     }
 
-    fn next_r2t_sn(&self, itt: u32) -> u32 {
-        lock(&self.path).next_r2t_sn(itt)
+    fn resume_point(&self, itt: u32) -> Resume {
+        lock(&self.path).resume_point(itt)
     }
 
     fn send_control(&self, mut pdu: Pdu) {

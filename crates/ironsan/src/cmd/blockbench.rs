@@ -195,6 +195,7 @@ fn point_json(r: &Summary) -> serde_json::Value {
             "reinstatements": r.recovery.reinstatements,
             "connection_recoveries": r.recovery.connection_recoveries,
             "task_reassigns": r.recovery.task_reassigns,
+            "reissued_commands": r.recovery.reissued_commands,
         },
     })
 }

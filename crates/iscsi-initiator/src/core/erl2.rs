@@ -3,11 +3,13 @@
 //! Once the driver has logged a connection in again it hands it to
 //! [`SessionCore::reassign_to`], which moves each orphan there in CmdSN order: the
 //! connection's datamover adopts the command's data phases (its write data sent as R2Ts ask,
-//! its read data taken again in full) and a TASK REASSIGN asks the target to continue it:
-//! for a read ExpDataSN is 0 (no Data-In was acknowledged: all of it comes again), for a
-//! write the R2TSN after the highest R2T received (the target re-issues the R2Ts from it on
-//! and asks again for what it is missing below it; LIO drops the connection when asked for
-//! R2Ts whose data it has all). The target's answer decides the rest:
+//! its read data taken again after what was acknowledged) and a TASK REASSIGN asks the
+//! target to continue it: for a read ExpDataSN is the DataSN after the Data-In acknowledged
+//! by DataACK, 0 when none was (the target may have let acknowledged Data-In go, and LIO
+//! drops the connection when asked for them again), for a write the R2TSN after the highest
+//! R2T received (the target re-issues the R2Ts from it on and asks again for what it is
+//! missing below it; LIO drops the connection when asked for R2Ts whose data it has all).
+//! The target's answer decides the rest:
 //! - "function complete": the command goes on there (R2Ts, Data-In, status);
 //! - "task does not exist" for a command whose CmdSN the target has not passed: it never
 //!   arrived, and is sent again with its ITT and CmdSN;
@@ -15,10 +17,17 @@
 //!   is orphaned again and the driver asks again a little later (a bounded number of times);
 //! - "function rejected" is what LIO answers when it has moved the task (see below): the
 //!   command goes on;
-//! - anything else fails the command.
+//! - "task does not exist" for one it has passed: the target holds no such task (it may
+//!   have finished it, its status lost with the connection); it is sent again as a new task;
+//! - anything else: the command is aborted and sent again (below).
 //!
-//! When no connection comes back the driver falls back to session reinstatement
-//! ([`SessionCore::requeue_orphans`]) or fails them.
+//! When the connection cannot be recovered (it fails again after each login, or no login
+//! succeeds) while another connection of the session is up, the orphans go on there as new
+//! tasks ([`SessionCore::reissue_orphans`]): each is first aborted by ABORT TASK on that
+//! connection, so that the target's copy cannot run after the new one (a write above all),
+//! and queued again with its ITT once the target has answered. With no connection left the
+//! driver falls back to session reinstatement ([`SessionCore::requeue_orphans`]) or fails
+//! them.
 
 use super::*;
 
@@ -27,14 +36,14 @@ const MAX_REASSIGN_TRIES: u8 = 10;
 
 impl<T> SessionCore<T> {
     /// Connection `conn` failed at ErrorRecoveryLevel 2: its SCSI commands wait for
-    /// [`SessionCore::reassign_to`]; other requests on it fail. `next_r2t_sn` tells, per
-    /// ITT, the R2TSN after the highest R2T the connection received (its datamover's
-    /// `InitiatorDatamover::next_r2t_sn`). Returns the orphans.
+    /// [`SessionCore::reassign_to`]; other requests on it fail. `resume_point` tells, per
+    /// ITT, how far the command got there (its datamover's
+    /// `InitiatorDatamover::resume_point`). Returns the orphans.
     pub fn on_connection_failed(
         &mut self,
         conn: usize,
         reason: &str,
-        next_r2t_sn: impl Fn(u32) -> u32,
+        resume_point: impl Fn(u32) -> Resume,
     ) -> usize {
         let Some(c) = self.conns.get_mut(conn) else {
             return 0;
@@ -61,20 +70,20 @@ impl<T> SessionCore<T> {
                 let t = self.tasks.get_mut(&itt).expect("present");
                 t.conn = None;
                 t.orphaned = true;
-                // R2Ts numbered on from the ExpDataSN of an earlier reassignment may not
-                // have come yet: the count only grows.
-                let got = next_r2t_sn(itt);
-                if sn_gt(got, t.next_r2t_sn) {
-                    t.next_r2t_sn = got;
+                // R2Ts or Data-In numbered on from the ExpDataSN of an earlier reassignment
+                // may not have come yet: the point only moves on.
+                let got = resume_point(itt);
+                if sn_gt(got.exp_data_sn, t.resume.exp_data_sn) {
+                    t.resume = got;
                 }
             } else {
                 self.finish(itt, Err(TaskError::ConnectionLost(reason.to_string())));
             }
         }
-        // A TASK REASSIGN that went out on it is answered no more.
+        // A TASK REASSIGN or ABORT TASK that went out on it is answered no more.
         let tasks = &self.tasks;
-        self.reassigns
-            .retain(|_, itt| tasks.get(itt).is_some_and(|t| !t.orphaned));
+        self.recovery_tmfs
+            .retain(|_, tmf| tasks.get(&tmf.itt()).is_some_and(|t| !t.orphaned));
         self.orphans()
     }
 
@@ -113,22 +122,15 @@ impl<T> SessionCore<T> {
                 continue;
             };
             let req = req.clone();
-            // A read takes all its data again (ExpDataSN 0); a write says which R2Ts it got.
-            let exp_data_sn = if req.write.is_empty() {
-                0
-            } else {
-                t.next_r2t_sn
-            };
+            let resume = t.resume.clone();
+            let exp_data_sn = resume.exp_data_sn;
             let (mut cmd, _, _) = self.command_out(conn, itt, cmd_sn, &req);
             cmd.pdu.data = Bytes::new();
             cmd.solicited_from = 0;
-            self.actions.push(Action::Adopt {
-                conn,
-                cmd,
-                next_r2t_sn: exp_data_sn,
-            });
+            self.actions.push(Action::Adopt { conn, cmd, resume });
             let tmf_itt = self.alloc_itt();
-            self.reassigns.insert(tmf_itt, itt);
+            self.recovery_tmfs
+                .insert(tmf_itt, RecoveryTmf::Reassign(itt));
             let bhs = Bhs::TaskMgmtRequest(TaskMgmtRequest {
                 immediate: true,
                 function: tmf::TASK_REASSIGN,
@@ -145,12 +147,20 @@ impl<T> SessionCore<T> {
         orphans.len()
     }
 
-    /// The target's answer to a TASK REASSIGN this core sent (`itt` is the request's);
-    /// false when `itt` is no such request.
-    pub(super) fn on_reassign_response(&mut self, itt: u32, response: u8) -> bool {
-        let Some(cmd_itt) = self.reassigns.remove(&itt) else {
-            return false;
-        };
+    /// The target's answer to a TASK REASSIGN or ABORT TASK this core sent in connection
+    /// recovery (`itt` is the request's); false when `itt` is no such request.
+    pub(super) fn on_recovery_tmf_response(&mut self, itt: u32, response: u8) -> bool {
+        match self.recovery_tmfs.remove(&itt) {
+            Some(RecoveryTmf::Reassign(cmd_itt)) => self.on_reassign_response(cmd_itt, response),
+            Some(RecoveryTmf::AbortToReissue(cmd_itt)) => {
+                self.on_abort_to_reissue_response(cmd_itt, response)
+            }
+            None => return false,
+        }
+        true
+    }
+
+    fn on_reassign_response(&mut self, cmd_itt: u32, response: u8) {
         let never_arrived = self
             .tasks
             .get(&cmd_itt)
@@ -185,14 +195,96 @@ impl<T> SessionCore<T> {
                     self.recovery.lost_commands += 1;
                 }
             }
+            // The target holds no such task: nothing of it can run later.
+            tmf::RSP_NO_TASK => self.queue_again_as_new_task(cmd_itt),
+            _ => self.abort_to_reissue(cmd_itt),
+        }
+    }
+
+    /// Connection recovery was given up: every orphan is aborted on a live connection and
+    /// then sent again as a new task ([`SessionCore::abort_to_reissue`]). Returns how many;
+    /// 0 when no connection is up (the caller reinstates the session).
+    pub fn reissue_orphans(&mut self) -> usize {
+        if self.live_connections().is_empty() {
+            return 0;
+        }
+        let orphans = self.orphans_in_cmd_sn_order();
+        for &(itt, _) in &orphans {
+            self.tasks.get_mut(&itt).expect("present").orphaned = false;
+            self.abort_to_reissue(itt);
+        }
+        orphans.len()
+    }
+
+    /// Aborts command `itt` (ABORT TASK on a live connection), to send it again as a new
+    /// task once the target has answered. Until then it is on that connection: if that
+    /// one fails too, the command is orphaned again. With no connection up it fails.
+    pub(super) fn abort_to_reissue(&mut self, itt: u32) {
+        let Some(conn) = self.pick_conn() else {
+            self.fail_task(
+                itt,
+                TaskError::ConnectionLost(
+                    "the command's connection could not be recovered and no other is up"
+                        .to_string(),
+                ),
+            );
+            return;
+        };
+        let Some(t) = self.tasks.get_mut(&itt) else {
+            return;
+        };
+        let Kind::Scsi { req } = &t.kind else {
+            return;
+        };
+        if let Some(old) = t.conn.replace(conn) {
+            self.actions.push(Action::Forget { conn: old, itt });
+        }
+        let (lun, ref_cmd_sn) = (iscsi_wire::lun_to_wire(req.lun), t.cmd_sn);
+        let tmf_itt = self.alloc_itt();
+        self.recovery_tmfs
+            .insert(tmf_itt, RecoveryTmf::AbortToReissue(itt));
+        let bhs = Bhs::TaskMgmtRequest(TaskMgmtRequest {
+            immediate: true,
+            function: tmf::ABORT_TASK,
+            lun,
+            itt: tmf_itt,
+            ref_task_tag: itt,
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: self.conns[conn].exp_stat_sn,
+            ref_cmd_sn,
+            exp_data_sn: 0,
+        });
+        self.send_header(conn, bhs);
+    }
+
+    fn on_abort_to_reissue_response(&mut self, cmd_itt: u32, response: u8) {
+        match response {
+            // Aborted, or the target holds no such task: either way none of it runs later.
+            tmf::RSP_COMPLETE | tmf::RSP_NO_TASK => self.queue_again_as_new_task(cmd_itt),
             other => self.fail_task(
                 cmd_itt,
                 TaskError::ConnectionLost(format!(
-                    "the target would not reassign the command to another connection (TASK REASSIGN response {other})"
+                    "the command's connection could not be recovered, and the target would not abort it to let it be sent again (ABORT TASK response {other})"
                 )),
             ),
         }
-        true
+    }
+
+    /// Queues command `itt` to go out again with a new CmdSN (its ITT is free at the
+    /// target now), its data phases from the start.
+    fn queue_again_as_new_task(&mut self, itt: u32) {
+        let Some(t) = self.tasks.get_mut(&itt) else {
+            return;
+        };
+        if let Some(conn) = t.conn.take() {
+            self.actions.push(Action::Forget { conn, itt });
+        }
+        t.orphaned = false;
+        t.reassign_tries = 0;
+        t.resume = Resume::default();
+        self.recovery.reissued_commands += 1;
+        self.queue.push_back(itt);
+        self.pump();
     }
 
     /// The connection to ask again on, once, when a TASK REASSIGN came back "task still
@@ -219,6 +311,24 @@ impl<T> SessionCore<T> {
         for (itt, _) in self.orphans_in_cmd_sn_order().into_iter().rev() {
             self.tasks.get_mut(&itt).expect("present").orphaned = false;
             self.queue.push_front(itt);
+        }
+    }
+}
+
+/// A task management request the core sends for itself in connection recovery, with the
+/// ITT of the command it is about.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum RecoveryTmf {
+    /// TASK REASSIGN: the command goes on on the connection it is sent on.
+    Reassign(u32),
+    /// ABORT TASK, after which the command is sent again as a new task.
+    AbortToReissue(u32),
+}
+
+impl RecoveryTmf {
+    pub(super) fn itt(self) -> u32 {
+        match self {
+            RecoveryTmf::Reassign(itt) | RecoveryTmf::AbortToReissue(itt) => itt,
         }
     }
 }

@@ -538,6 +538,13 @@ proptest! {
     }
 }
 
+fn resume_at(exp_data_sn: u32) -> Resume {
+    Resume {
+        exp_data_sn,
+        read_prefix: Bytes::new(),
+    }
+}
+
 /// The ITT of the TASK REASSIGN among the PDUs sent.
 fn reassign_itt(c: &mut Core) -> u32 {
     sends(c)
@@ -570,7 +577,7 @@ fn erl2_orphans_a_failed_connections_commands_and_reassigns_them_in_cmdsn_order(
     let ping_rx = c.ping(0, 3).expect("up");
     c.actions.clear();
     // Three R2Ts (R2TSN 0..2) reached the initiator for the write before the cut.
-    let r2ts = |itt| if itt == write { 3 } else { 0 };
+    let r2ts = |itt| resume_at(if itt == write { 3 } else { 0 });
     assert_eq!(
         c.on_connection_failed(0, "cut", r2ts),
         2,
@@ -592,8 +599,8 @@ fn erl2_orphans_a_failed_connections_commands_and_reassigns_them_in_cmdsn_order(
             Action::Adopt {
                 conn: 0,
                 cmd,
-                next_r2t_sn,
-            } => adopted.push((cmd, next_r2t_sn)),
+                resume,
+            } => adopted.push((cmd, resume.exp_data_sn)),
             Action::Send { conn: 0, pdu } => match pdu.bhs {
                 Bhs::TaskMgmtRequest(t) => tmfs.push(t),
                 other => panic!("unexpected {other:?}"),
@@ -653,42 +660,167 @@ fn erl2_orphans_a_failed_connections_commands_and_reassigns_them_in_cmdsn_order(
     assert!(matches!(&done[..], [(1, Ok(Reply::Scsi(r)))] if r.data.len() == 4096));
 }
 
+/// The one ABORT TASK among the PDUs sent: (connection, request).
+fn abort_task(c: &mut Core) -> (usize, iscsi_wire::TaskMgmtRequest) {
+    let mut aborts: Vec<_> = sends(c)
+        .into_iter()
+        .filter_map(|(conn, p)| match p.bhs {
+            Bhs::TaskMgmtRequest(t) if t.function == tmf::ABORT_TASK => Some((conn, t)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(aborts.len(), 1, "{aborts:?}");
+    aborts.pop().expect("one")
+}
+
 #[test]
-fn erl2_a_refused_reassignment_fails_the_command_and_orphans_can_be_queued_again() {
+fn erl2_a_refused_reassignment_aborts_the_command_and_sends_it_again_as_a_new_task() {
     let mut c = core(limits(true, false));
     let a = c.submit(1, CommandRequest::read(0, vec![0x28; 10], 512));
     c.actions.clear();
-    c.on_connection_failed(0, "cut", |_| 0);
+    c.on_connection_failed(0, "cut", |_| Resume::default());
     c.add_connection_at(0, 7, 8192);
     c.reassign_to(0);
     let tmf_itt = reassign_itt(&mut c);
     c.actions.clear();
-    c.on_notice(0, tmf_response(tmf_itt, 4, 7)).unwrap();
-    let done = completions(&mut c);
-    assert!(
-        matches!(&done[..], [(1, Err(TaskError::ConnectionLost(_)))]),
-        "{done:?}"
-    );
-    assert_eq!(c.outstanding(), 0);
-    let _ = a;
-
-    // Connection recovery that fails: the orphan is queued again for a new session.
-    let b = c.submit(2, CommandRequest::read(0, vec![0x28; 10], 512));
-    c.actions.clear();
-    c.on_connection_failed(0, "cut again", |_| 0);
-    c.requeue_orphans();
-    assert_eq!((c.queued(), c.orphans()), (1, 0));
-    c.reset_session(limits(true, false), 9, 9, 40);
-    c.add_connection(1, 8192);
+    c.on_notice(0, tmf_response(tmf_itt, tmf::RSP_REASSIGN_NOT_SUPPORTED, 7))
+        .unwrap();
+    assert!(completions(&mut c).is_empty(), "not failed");
+    let (conn, abort) = abort_task(&mut c);
+    assert_eq!((conn, abort.ref_task_tag, abort.ref_cmd_sn), (0, a, 1));
+    assert!(abort.immediate);
+    // Until the target answers, the command is not sent again.
+    assert!(commands(&mut c).is_empty());
+    c.on_notice(0, tmf_response(abort.itt, tmf::RSP_COMPLETE, 8))
+        .unwrap();
     let sent = commands(&mut c);
     let Bhs::ScsiCommand(cmd) = &sent[0].pdu.bhs else {
         panic!()
     };
-    assert_eq!(
-        (cmd.itt, cmd.cmd_sn),
-        (b, 9),
-        "sent again in the new session"
+    assert_eq!((cmd.itt, cmd.cmd_sn), (a, 2), "a new task: the next CmdSN");
+    assert_eq!(c.recovery.reissued_commands, 1);
+    let rsp = Bhs::ScsiResponse(ScsiResponse {
+        itt: a,
+        stat_sn: 9,
+        exp_cmd_sn: 3,
+        max_cmd_sn: 32,
+        ..Default::default()
+    });
+    c.on_notice(0, status(rsp, vec![], Bytes::from(vec![1u8; 512])))
+        .unwrap();
+    assert!(matches!(
+        &completions(&mut c)[..],
+        [(1, Ok(Reply::Scsi(_)))]
+    ));
+    assert_eq!(c.outstanding(), 0);
+}
+
+#[test]
+fn erl2_a_command_the_target_will_not_abort_fails_and_one_with_no_connection_left_fails() {
+    let mut c = core(limits(true, false));
+    c.submit(1, CommandRequest::read(0, vec![0x28; 10], 512));
+    c.actions.clear();
+    c.on_connection_failed(0, "cut", |_| Resume::default());
+    c.add_connection_at(0, 7, 8192);
+    c.reassign_to(0);
+    let tmf_itt = reassign_itt(&mut c);
+    c.actions.clear();
+    c.on_notice(0, tmf_response(tmf_itt, tmf::RSP_NOT_SUPPORTED, 7))
+        .unwrap();
+    let (_, abort) = abort_task(&mut c);
+    c.on_notice(0, tmf_response(abort.itt, tmf::RSP_REJECTED, 8))
+        .unwrap();
+    let done = completions(&mut c);
+    assert!(
+        matches!(&done[..], [(1, Err(TaskError::ConnectionLost(e)))] if e.contains("would not abort")),
+        "{done:?}"
     );
+
+    // Given up with no connection up: nothing is sent; the caller reinstates the session.
+    c.submit(2, CommandRequest::read(0, vec![0x28; 10], 512));
+    c.actions.clear();
+    c.on_connection_failed(0, "cut again", |_| Resume::default());
+    assert_eq!(c.reissue_orphans(), 0);
+    assert_eq!(c.orphans(), 1);
+    c.requeue_orphans();
+    assert_eq!((c.queued(), c.orphans()), (1, 0));
+}
+
+#[test]
+fn erl2_given_up_connection_recovery_aborts_the_orphans_on_another_connection_then_sends_them_as_new_tasks(
+) {
+    let mut c = core(limits(false, true));
+    let second = c.add_connection(3, 8192);
+    let read = c.submit(1, CommandRequest::read(0, vec![0x28; 10], 4096));
+    let write = c.submit(
+        2,
+        CommandRequest::write(0, vec![0x2a; 10], Bytes::from(vec![7u8; 32768])),
+    );
+    let on_first: Vec<u32> = [read, write]
+        .into_iter()
+        .filter(|itt| c.tasks[itt].conn == Some(0))
+        .collect();
+    c.actions.clear();
+    assert_eq!(
+        c.on_connection_failed(0, "cut", |_| resume_at(2)),
+        on_first.len()
+    );
+    assert_eq!(c.reissue_orphans(), on_first.len());
+    let mut aborts: Vec<(usize, iscsi_wire::TaskMgmtRequest)> = sends(&mut c)
+        .into_iter()
+        .filter_map(|(conn, p)| match p.bhs {
+            Bhs::TaskMgmtRequest(t) => Some((conn, t)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(aborts.len(), on_first.len());
+    assert!(aborts
+        .iter()
+        .all(|(conn, t)| *conn == second && t.function == tmf::ABORT_TASK));
+    assert!(
+        commands(&mut c).is_empty(),
+        "nothing sent again before the answers"
+    );
+    // The second connection fails before an answer: the commands wait again, and go
+    // through the same steps once it is back.
+    c.on_connection_failed(second, "cut", |_| Resume::default());
+    assert_eq!(c.orphans(), 2, "both commands wait again");
+    c.add_connection_at(second, 9, 8192);
+    assert_eq!(c.reissue_orphans(), 2);
+    aborts = sends(&mut c)
+        .into_iter()
+        .filter_map(|(conn, p)| match p.bhs {
+            Bhs::TaskMgmtRequest(t) => Some((conn, t)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(aborts.len(), 2);
+    for (conn, t) in aborts {
+        // "Task does not exist" lets it go again as well as "function complete".
+        let response = if t.ref_task_tag == read {
+            tmf::RSP_NO_TASK
+        } else {
+            tmf::RSP_COMPLETE
+        };
+        c.on_notice(conn, tmf_response(t.itt, response, 10))
+            .unwrap();
+    }
+    let sent = commands(&mut c);
+    assert_eq!(sent.len(), 2, "both sent again");
+    for cmd in &sent {
+        let Bhs::ScsiCommand(bhs) = &cmd.pdu.bhs else {
+            panic!()
+        };
+        assert!(sn_le(3, bhs.cmd_sn), "new CmdSNs: {}", bhs.cmd_sn);
+        if bhs.itt == write {
+            assert_eq!(
+                cmd.solicited_from, 0,
+                "its data from the start, as R2Ts ask"
+            );
+            assert_eq!(cmd.write.len(), 32768);
+        }
+    }
+    assert_eq!(c.recovery.reissued_commands, 2);
 }
 
 #[test]
@@ -696,7 +828,7 @@ fn erl2_task_still_allegiant_is_asked_again_a_bounded_number_of_times() {
     let mut c = core(limits(true, false));
     c.submit(1, CommandRequest::read(0, vec![0x28; 10], 512));
     c.actions.clear();
-    c.on_connection_failed(0, "cut", |_| 0);
+    c.on_connection_failed(0, "cut", |_| Resume::default());
     c.add_connection_at(0, 7, 8192);
     let mut asked = 0;
     loop {
@@ -712,12 +844,13 @@ fn erl2_task_still_allegiant_is_asked_again_a_bounded_number_of_times() {
         assert_eq!(c.orphans(), 1, "orphaned again until the next try");
         assert!(asked <= 10, "bounded");
     }
-    assert_eq!(asked, 11, "ten retries, then the command fails");
-    let done = completions(&mut c);
-    assert!(
-        matches!(&done[..], [(1, Err(TaskError::ConnectionLost(_)))]),
-        "{done:?}"
+    assert_eq!(
+        asked, 11,
+        "ten retries, then the command is aborted to go again"
     );
+    assert!(completions(&mut c).is_empty());
+    let (conn, _) = abort_task(&mut c);
+    assert_eq!(conn, 0);
 }
 
 #[test]
@@ -725,7 +858,7 @@ fn erl2_failures_in_a_row_count_only_connections_that_completed_nothing() {
     let mut c = core(limits(true, false));
     let read = c.submit(1, CommandRequest::read(0, vec![0x28; 10], 512));
     for n in 1..=4 {
-        c.on_connection_failed(0, "cut", |_| 0);
+        c.on_connection_failed(0, "cut", |_| Resume::default());
         assert_eq!(c.failed_in_a_row(0), n);
         c.add_connection_at(0, 7, 8192);
         c.reassign_to(0);
@@ -741,7 +874,7 @@ fn erl2_failures_in_a_row_count_only_connections_that_completed_nothing() {
     });
     c.on_notice(0, status(rsp, vec![], Bytes::from(vec![0u8; 512])))
         .unwrap();
-    c.on_connection_failed(0, "cut", |_| 0);
+    c.on_connection_failed(0, "cut", |_| Resume::default());
     assert_eq!(c.failed_in_a_row(0), 1);
 }
 
@@ -750,7 +883,7 @@ fn erl2_lio_s_function_rejected_for_a_reassignment_it_made_lets_the_command_go_o
     let mut c = core(limits(true, false));
     let read = c.submit(1, CommandRequest::read(0, vec![0x28; 10], 512));
     c.actions.clear();
-    c.on_connection_failed(0, "cut", |_| 0);
+    c.on_connection_failed(0, "cut", |_| Resume::default());
     c.add_connection_at(0, 7, 8192);
     c.reassign_to(0);
     let tmf_itt = reassign_itt(&mut c);
@@ -772,4 +905,29 @@ fn erl2_lio_s_function_rejected_for_a_reassignment_it_made_lets_the_command_go_o
         &completions(&mut c)[..],
         [(1, Ok(Reply::Scsi(_)))]
     ));
+}
+
+#[test]
+fn a_command_its_datamover_gives_up_as_lost_is_aborted_and_sent_again_as_a_new_task() {
+    let mut c = core(limits(true, false));
+    let w = c.submit(
+        1,
+        CommandRequest::write(0, vec![0x2a; 10], Bytes::from(vec![7u8; 4096])),
+    );
+    c.actions.clear();
+    c.on_notice(0, InitiatorNotice::Stalled { itt: w }).unwrap();
+    let (conn, abort) = abort_task(&mut c);
+    assert_eq!((conn, abort.ref_task_tag, abort.ref_cmd_sn), (0, w, 1));
+    c.on_notice(0, tmf_response(abort.itt, tmf::RSP_NO_TASK, 5))
+        .unwrap();
+    let sent = commands(&mut c);
+    let Bhs::ScsiCommand(cmd) = &sent[0].pdu.bhs else {
+        panic!()
+    };
+    assert_eq!((cmd.itt, cmd.cmd_sn), (w, 2));
+    assert_eq!(c.recovery.reissued_commands, 1);
+    // A notice for a command no longer there (or another connection's) changes nothing.
+    c.on_notice(0, InitiatorNotice::Stalled { itt: 999 })
+        .unwrap();
+    assert!(sends(&mut c).is_empty());
 }
