@@ -592,14 +592,16 @@ async fn recover_connection(inner: Arc<Inner>, idx: usize, reason: String) {
     let mut last = String::new();
     for attempt in 0..CONNECTION_RECOVERY_ATTEMPTS {
         tokio::time::sleep(wait.max(Duration::from_millis(200))).await;
-        let (tsih, cmd_sn) = {
+        let (tsih, cmd_sn, exp_stat_sn) = {
             let st = inner.lock();
             if inner.closing.load(Ordering::Acquire) || st.failed.is_some() || st.reconnecting {
                 return;
             }
-            (st.tsih, st.core.cmd_sn())
+            // The login restarts connection `idx`: its ExpStatSN acknowledges the old
+            // connection's statuses (a target may keep them for reassignment otherwise).
+            (st.tsih, st.core.cmd_sn(), st.core.exp_stat_sn(idx))
         };
-        match join_connection(&inner, tsih, idx as u16, cmd_sn).await {
+        match join_connection(&inner, tsih, idx as u16, cmd_sn, exp_stat_sn).await {
             Ok((channel, done)) => {
                 let mut st = inner.lock();
                 if inner.closing.load(Ordering::Acquire) || st.failed.is_some() || st.reconnecting {
@@ -670,12 +672,14 @@ async fn reassign_later(inner: Arc<Inner>, conn: usize) {
     flush(&mut st);
 }
 
-/// Logs connection `cid` in to the session `tsih`.
+/// Logs connection `cid` in to the session `tsih`; `exp_stat_sn` is the ExpStatSN of the
+/// connection it restarts (0 for a new one).
 async fn join_connection(
     inner: &Inner,
     tsih: u16,
     cid: u16,
     cmd_sn: u32,
+    exp_stat_sn: u32,
 ) -> Result<(Box<dyn InitiatorChannel>, LoginDone), Error> {
     let cfg = &inner.cfg;
     let url = &inner.url;
@@ -692,12 +696,9 @@ async fn join_connection(
         cfg.trace.as_ref().map(|t| &t.0),
     )
     .await?;
-    let done = conn::login(
-        &mut *stream,
-        cfg.login_config(Some(target), inner.isid, tsih, cid, cmd_sn),
-        cfg.login_timeout,
-    )
-    .await?;
+    let mut login = cfg.login_config(Some(target), inner.isid, tsih, cid, cmd_sn);
+    login.exp_stat_sn = exp_stat_sn;
+    let done = conn::login(&mut *stream, login, cfg.login_timeout).await?;
     Ok((stream, done))
 }
 

@@ -102,6 +102,11 @@ pub struct InitiatorLoginConfig {
     pub tsih: u16,
     pub cid: u16,
     pub cmd_sn: u32,
+    /// ExpStatSN of the first Login Request: when the login restarts a connection (its CID
+    /// logged in again after it failed), the old connection's ExpStatSN, which acknowledges
+    /// its statuses (RFC 7143 §11.12.8); otherwise 0. Later requests acknowledge the Login
+    /// Responses.
+    pub exp_stat_sn: u32,
     /// ITT of the login task.
     pub itt: u32,
     pub auth: InitiatorAuth,
@@ -125,6 +130,7 @@ impl InitiatorLoginConfig {
             tsih: 0,
             cid: 0,
             cmd_sn: 1,
+            exp_stat_sn: 0,
             itt: 0,
             auth: InitiatorAuth::None,
             header_digest: DigestPreference::None,
@@ -224,6 +230,8 @@ pub struct InitiatorLogin {
     last_transit: bool,
     last_nsg: Stage,
     peer_declared_recv: bool,
+    /// The next request's ExpStatSN.
+    exp_stat_sn: u32,
 }
 
 fn protocol(m: impl Into<String>) -> LoginError {
@@ -256,6 +264,7 @@ impl InitiatorLogin {
             exchanges: 0,
             last_transit: false,
             last_nsg: Stage::Security,
+            exp_stat_sn: config.exp_stat_sn,
             peer_declared_recv: false,
             config,
         }
@@ -280,7 +289,7 @@ impl InitiatorLogin {
             itt: self.config.itt,
             cid: self.config.cid,
             cmd_sn: self.config.cmd_sn,
-            exp_stat_sn: 0,
+            exp_stat_sn: self.exp_stat_sn,
             data: text::encode(pairs),
         }
     }
@@ -425,6 +434,7 @@ impl InitiatorLogin {
         if resp.isid != self.config.isid || resp.itt != self.config.itt {
             return Err(protocol("response ISID/ITT does not match the request"));
         }
+        self.exp_stat_sn = resp.stat_sn.wrapping_add(1);
         if resp.transit && resp.cont {
             return Err(protocol("T and C both set"));
         }

@@ -65,6 +65,8 @@ pub struct LoginResponse {
     pub isid: [u8; 6],
     pub tsih: u16,
     pub itt: u32,
+    /// The StatSN it carried (set by the target's runtime when it goes out: 0 here).
+    pub stat_sn: u32,
     pub status_class: u8,
     pub status_detail: u8,
     pub data: Vec<u8>,
@@ -86,6 +88,7 @@ impl LoginResponse {
             isid: req.isid,
             tsih: req.tsih,
             itt: req.itt,
+            stat_sn: 0,
             status_class: status.class,
             status_detail: status.detail,
             data: Vec::new(),

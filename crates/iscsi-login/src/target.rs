@@ -275,6 +275,7 @@ impl TargetLogin {
             isid: req.isid,
             tsih: if self.leading() { 0 } else { req.tsih },
             itt: req.itt,
+            stat_sn: 0,
             status_class: 0,
             status_detail: 0,
             data: Vec::new(),

@@ -378,3 +378,36 @@ fn a_special_reply_to_a_name_key_is_taken_like_lio_joining_a_session() {
     }
     panic!("login did not finish");
 }
+
+#[test]
+fn a_restarted_connection_s_login_acknowledges_the_old_statuses_then_the_login_responses() {
+    let mut target = TargetLogin::new(target_config(
+        directory(AuthRequirement::None, AuthRequirement::None),
+        TargetLimits::default(),
+        TransportKind::Tcp,
+    ));
+    let mut cfg = InitiatorLoginConfig::new(INITIATOR, Some(TARGET.into()));
+    // The old connection's ExpStatSN (RFC 7143 §11.12.8): valid in the first request only.
+    cfg.exp_stat_sn = 41;
+    let mut initiator = InitiatorLogin::new(cfg);
+    let mut req = initiator.first_request();
+    assert_eq!(req.exp_stat_sn, 41);
+    let mut rng = |b: &mut [u8]| b.fill(7);
+    for stat_sn in 77..90 {
+        let mut step = target.on_request(&req, &mut rng);
+        // The target's runtime numbers its Login Responses and gives the TSIH.
+        step.response.stat_sn = stat_sn;
+        if matches!(step.state, iscsi_login::LoginState::Complete(_)) {
+            step.response.tsih = 0x1234;
+        }
+        match initiator.on_response(&step.response, &mut rng) {
+            Ok(InitiatorStep::Send(next)) => {
+                assert_eq!(next.exp_stat_sn, stat_sn + 1, "the response acknowledged");
+                req = next;
+            }
+            Ok(InitiatorStep::Complete { .. }) => return,
+            other => panic!("{other:?}"),
+        }
+    }
+    panic!("login did not finish");
+}

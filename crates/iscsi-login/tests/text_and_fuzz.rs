@@ -275,7 +275,7 @@ proptest! {
         for (transit, cont, csg, nsg, class, detail, data) in resps {
             let resp = LoginResponse {
                 transit, cont, csg, nsg, version_max: 0, version_active: 0,
-                isid: first.isid, tsih: 1, itt: first.itt,
+                isid: first.isid, tsih: 1, itt: first.itt, stat_sn: 0,
                 status_class: class % 4, status_detail: detail, data,
             };
             if i.on_response(&resp, &mut |b: &mut [u8]| rng.fill(b)).is_err() {
@@ -331,6 +331,7 @@ DataDigest=None\0MaxRecvDataSegmentLength=8192\0"
             isid: first.isid,
             tsih: 1,
             itt: first.itt,
+            stat_sn: 0,
             status_class: 0,
             status_detail: 0,
             data: answer,
