@@ -128,21 +128,8 @@ impl<T> SessionCore<T> {
             cmd.pdu.data = Bytes::new();
             cmd.solicited_from = 0;
             self.actions.push(Action::Adopt { conn, cmd, resume });
-            let tmf_itt = self.alloc_itt();
-            self.recovery_tmfs
-                .insert(tmf_itt, RecoveryTmf::Reassign(itt));
-            let bhs = Bhs::TaskMgmtRequest(TaskMgmtRequest {
-                immediate: true,
-                function: tmf::TASK_REASSIGN,
-                lun: iscsi_wire::lun_to_wire(req.lun),
-                itt: tmf_itt,
-                ref_task_tag: itt,
-                cmd_sn: self.cmd_sn,
-                exp_stat_sn: self.conns[conn].exp_stat_sn,
-                ref_cmd_sn: cmd_sn,
-                exp_data_sn,
-            });
-            self.send_header(conn, bhs);
+            let lun = iscsi_wire::lun_to_wire(req.lun);
+            self.send_recovery_tmf(conn, RecoveryTmf::Reassign(itt), lun, cmd_sn, exp_data_sn);
         }
         orphans.len()
     }
@@ -240,19 +227,35 @@ impl<T> SessionCore<T> {
             self.actions.push(Action::Forget { conn: old, itt });
         }
         let (lun, ref_cmd_sn) = (iscsi_wire::lun_to_wire(req.lun), t.cmd_sn);
+        self.send_recovery_tmf(conn, RecoveryTmf::AbortToReissue(itt), lun, ref_cmd_sn, 0);
+    }
+
+    /// Sends the task management request `request` (immediate) about the command it names
+    /// on `conn`, and keeps it for its answer.
+    fn send_recovery_tmf(
+        &mut self,
+        conn: usize,
+        request: RecoveryTmf,
+        lun: u64,
+        ref_cmd_sn: u32,
+        exp_data_sn: u32,
+    ) {
         let tmf_itt = self.alloc_itt();
-        self.recovery_tmfs
-            .insert(tmf_itt, RecoveryTmf::AbortToReissue(itt));
+        self.recovery_tmfs.insert(tmf_itt, request);
+        let function = match request {
+            RecoveryTmf::Reassign(_) => tmf::TASK_REASSIGN,
+            RecoveryTmf::AbortToReissue(_) => tmf::ABORT_TASK,
+        };
         let bhs = Bhs::TaskMgmtRequest(TaskMgmtRequest {
             immediate: true,
-            function: tmf::ABORT_TASK,
+            function,
             lun,
             itt: tmf_itt,
-            ref_task_tag: itt,
+            ref_task_tag: request.itt(),
             cmd_sn: self.cmd_sn,
             exp_stat_sn: self.conns[conn].exp_stat_sn,
             ref_cmd_sn,
-            exp_data_sn: 0,
+            exp_data_sn,
         });
         self.send_header(conn, bhs);
     }

@@ -538,6 +538,21 @@ proptest! {
     }
 }
 
+/// A good status for the 512-byte read `itt` (token 1) arrives on connection 0 and
+/// completes it.
+fn read_completes(c: &mut Core, itt: u32, stat_sn: u32, exp_cmd_sn: u32) {
+    let rsp = Bhs::ScsiResponse(ScsiResponse {
+        itt,
+        stat_sn,
+        exp_cmd_sn,
+        max_cmd_sn: 32,
+        ..Default::default()
+    });
+    c.on_notice(0, status(rsp, vec![], Bytes::from(vec![1u8; 512])))
+        .unwrap();
+    assert!(matches!(&completions(c)[..], [(1, Ok(Reply::Scsi(_)))]));
+}
+
 fn resume_at(exp_data_sn: u32) -> Resume {
     Resume {
         exp_data_sn,
@@ -699,19 +714,7 @@ fn erl2_a_refused_reassignment_aborts_the_command_and_sends_it_again_as_a_new_ta
     };
     assert_eq!((cmd.itt, cmd.cmd_sn), (a, 2), "a new task: the next CmdSN");
     assert_eq!(c.recovery.reissued_commands, 1);
-    let rsp = Bhs::ScsiResponse(ScsiResponse {
-        itt: a,
-        stat_sn: 9,
-        exp_cmd_sn: 3,
-        max_cmd_sn: 32,
-        ..Default::default()
-    });
-    c.on_notice(0, status(rsp, vec![], Bytes::from(vec![1u8; 512])))
-        .unwrap();
-    assert!(matches!(
-        &completions(&mut c)[..],
-        [(1, Ok(Reply::Scsi(_)))]
-    ));
+    read_completes(&mut c, a, 9, 3);
     assert_eq!(c.outstanding(), 0);
 }
 
@@ -892,19 +895,7 @@ fn erl2_lio_s_function_rejected_for_a_reassignment_it_made_lets_the_command_go_o
         .unwrap();
     assert!(completions(&mut c).is_empty(), "not failed");
     assert_eq!((c.rejected_reassigns, c.recovery.task_reassigns), (1, 1));
-    let rsp = Bhs::ScsiResponse(ScsiResponse {
-        itt: read,
-        stat_sn: 8,
-        exp_cmd_sn: 2,
-        max_cmd_sn: 32,
-        ..Default::default()
-    });
-    c.on_notice(0, status(rsp, vec![], Bytes::from(vec![1u8; 512])))
-        .unwrap();
-    assert!(matches!(
-        &completions(&mut c)[..],
-        [(1, Ok(Reply::Scsi(_)))]
-    ));
+    read_completes(&mut c, read, 8, 2);
 }
 
 #[test]
