@@ -445,8 +445,12 @@ fn is_current(st: &State, idx: usize, epoch: u64) -> bool {
         .is_some_and(|h| h.epoch == epoch)
 }
 
-/// One log line for a SNACK a datamover sent.
-fn log_snack(conn: usize, n: &InitiatorNotice, why: &str) {
+/// One log line for a SNACK a datamover sent, or a command it gave up as lost.
+fn log_recovery_notice(conn: usize, n: &InitiatorNotice, why: &str) {
+    if let InitiatorNotice::Stalled { itt } = n {
+        tracing::warn!(conn, "ITT 0x{itt:08x} heard nothing for long after a recovery, and SNACKs did not help: the target lost it; aborted, to be sent again as a new task");
+        return;
+    }
     let InitiatorNotice::SnackSent {
         what,
         itt,
@@ -479,10 +483,7 @@ fn on_notices(inner: &Arc<Inner>, idx: usize, epoch: u64, notices: &mut Vec<Init
     }
     let mut failed = None;
     for n in notices.drain(..) {
-        log_snack(idx, &n, "");
-        if let InitiatorNotice::Stalled { itt } = n {
-            tracing::warn!(conn = idx, "ITT 0x{itt:08x} heard nothing for long after a recovery and SNACKs did not help: the target lost it; aborted, to be sent again as a new task");
-        }
+        log_recovery_notice(idx, &n, "");
         if failed.is_none() {
             failed = st.core.on_notice(idx, n).err();
         }
@@ -860,7 +861,7 @@ fn probe_datamovers(st: &mut State) -> bool {
         let (notices, s) = h.dm.probe();
         stalled |= s;
         for n in notices {
-            log_snack(c, &n, "heard nothing for a second: ");
+            log_recovery_notice(c, &n, "heard nothing for a second: ");
             let _ = st.core.on_notice(c, n);
         }
     }
