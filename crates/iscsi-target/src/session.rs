@@ -701,7 +701,9 @@ impl Session {
                 } else if kept {
                     tmf::RSP_COMPLETE
                 } else if iscsi_wire::serial::sn_le(self.sn.load().0, t.ref_cmd_sn) {
-                    // Not arrived yet: it will be dropped when it comes, if ever.
+                    // Not arrived yet: nothing to abort. Its CmdSN is not counted as
+                    // received (RFC 7143 §11.5.1 would), so the initiator, seeing ExpCmdSN
+                    // still at it, sends the command again with that CmdSN, and it runs.
                     tmf::RSP_COMPLETE
                 } else {
                     tmf::RSP_NO_TASK

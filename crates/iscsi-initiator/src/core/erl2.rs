@@ -261,7 +261,20 @@ impl<T> SessionCore<T> {
     }
 
     fn on_abort_to_reissue_response(&mut self, cmd_itt: u32, response: u8) {
+        // A command that never arrived leaves a hole in the CmdSN sequence. A target that
+        // counted its CmdSN as received on the abort (RFC 7143 §11.5.1) shows it in the
+        // response's ExpCmdSN; one that did not still waits for it, and every later
+        // command waits behind the hole: the command goes again with its CmdSN.
+        let hole = self
+            .tasks
+            .get(&cmd_itt)
+            .is_some_and(|t| !sn_lt(t.cmd_sn, self.exp_cmd_sn));
         match response {
+            tmf::RSP_COMPLETE | tmf::RSP_NO_TASK if hole => {
+                if self.resend_command(cmd_itt, iscsi_wire::reject::PROTOCOL_ERROR) {
+                    self.recovery.lost_commands += 1;
+                }
+            }
             // Aborted, or the target holds no such task: either way none of it runs later.
             tmf::RSP_COMPLETE | tmf::RSP_NO_TASK => self.queue_again_as_new_task(cmd_itt),
             other => self.fail_task(

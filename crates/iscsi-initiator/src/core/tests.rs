@@ -572,11 +572,15 @@ fn reassign_itt(c: &mut Core) -> u32 {
 }
 
 fn tmf_response(itt: u32, response: u8, stat_sn: u32) -> InitiatorNotice {
+    tmf_response_at(itt, response, stat_sn, 1)
+}
+
+fn tmf_response_at(itt: u32, response: u8, stat_sn: u32, exp_cmd_sn: u32) -> InitiatorNotice {
     control(Bhs::TaskMgmtResponse(iscsi_wire::TaskMgmtResponse {
         response,
         itt,
         stat_sn,
-        exp_cmd_sn: 1,
+        exp_cmd_sn,
         max_cmd_sn: 32,
     }))
 }
@@ -706,7 +710,8 @@ fn erl2_a_refused_reassignment_aborts_the_command_and_sends_it_again_as_a_new_ta
     assert!(abort.immediate);
     // Until the target answers, the command is not sent again.
     assert!(commands(&mut c).is_empty());
-    c.on_notice(0, tmf_response(abort.itt, tmf::RSP_COMPLETE, 8))
+    // The target had taken the command up (ExpCmdSN 2 passed its CmdSN 1).
+    c.on_notice(0, tmf_response_at(abort.itt, tmf::RSP_COMPLETE, 8, 2))
         .unwrap();
     let sent = commands(&mut c);
     let Bhs::ScsiCommand(cmd) = &sent[0].pdu.bhs else {
@@ -805,7 +810,8 @@ fn erl2_given_up_connection_recovery_aborts_the_orphans_on_another_connection_th
         } else {
             tmf::RSP_COMPLETE
         };
-        c.on_notice(conn, tmf_response(t.itt, response, 10))
+        // Both had arrived: ExpCmdSN 3 passed CmdSN 1 and 2.
+        c.on_notice(conn, tmf_response_at(t.itt, response, 10, 3))
             .unwrap();
     }
     let sent = commands(&mut c);
@@ -909,7 +915,8 @@ fn a_command_its_datamover_gives_up_as_lost_is_aborted_and_sent_again_as_a_new_t
     c.on_notice(0, InitiatorNotice::Stalled { itt: w }).unwrap();
     let (conn, abort) = abort_task(&mut c);
     assert_eq!((conn, abort.ref_task_tag, abort.ref_cmd_sn), (0, w, 1));
-    c.on_notice(0, tmf_response(abort.itt, tmf::RSP_NO_TASK, 5))
+    // The target had taken it up (ExpCmdSN 2), then lost it.
+    c.on_notice(0, tmf_response_at(abort.itt, tmf::RSP_NO_TASK, 5, 2))
         .unwrap();
     let sent = commands(&mut c);
     let Bhs::ScsiCommand(cmd) = &sent[0].pdu.bhs else {
@@ -921,4 +928,31 @@ fn a_command_its_datamover_gives_up_as_lost_is_aborted_and_sent_again_as_a_new_t
     c.on_notice(0, InitiatorNotice::Stalled { itt: 999 })
         .unwrap();
     assert!(sends(&mut c).is_empty());
+}
+
+#[test]
+fn erl2_an_aborted_command_that_never_arrived_fills_its_cmdsn_hole_unless_the_target_counted_it() {
+    for target_counted_it in [false, true] {
+        let mut c = core(limits(true, false));
+        let second = c.add_connection(3, 8192);
+        // CmdSN 1 goes on connection 0 and is lost with it; the target's ExpCmdSN stays 1.
+        let lost = c.submit(1, CommandRequest::read(0, vec![0x28; 10], 512));
+        assert_eq!(c.tasks[&lost].conn, Some(0));
+        c.actions.clear();
+        c.on_connection_failed(0, "cut", |_| Resume::default());
+        assert_eq!(c.reissue_orphans(), 1);
+        let (conn, abort) = abort_task(&mut c);
+        assert_eq!((conn, abort.ref_cmd_sn), (second, 1));
+        let exp_cmd_sn = if target_counted_it { 2 } else { 1 };
+        let rsp = tmf_response_at(abort.itt, tmf::RSP_COMPLETE, 3, exp_cmd_sn);
+        c.on_notice(second, rsp).unwrap();
+        let sent = commands(&mut c);
+        let Bhs::ScsiCommand(cmd) = &sent[0].pdu.bhs else {
+            panic!()
+        };
+        // Counted as received: a new task with the next CmdSN; else its own CmdSN again,
+        // or every later command would wait behind the hole.
+        let want = if target_counted_it { 2 } else { 1 };
+        assert_eq!((cmd.itt, cmd.cmd_sn), (lost, want), "{target_counted_it}");
+    }
 }
