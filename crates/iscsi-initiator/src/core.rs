@@ -1062,9 +1062,7 @@ impl<T> SessionCore<T> {
             Bhs::Reject(r) => {
                 self.note_target_sns(conn, r.stat_sn, advances, r.exp_cmd_sn, r.max_cmd_sn);
                 // The data segment holds the rejected PDU's header.
-                if data.len() >= 48 {
-                    let itt = u32::from_be_bytes([data[16], data[17], data[18], data[19]]);
-                    let op = data[0] & 0x3f;
+                if let Some((op, itt)) = iscsi_wire::reject::rejected_pdu(&data) {
                     // A rejected Data-Out leaves its command to end with a response (at
                     // ErrorRecoveryLevel 1 a recovery R2T asks for its data again); a
                     // command whose immediate data failed its digest is sent again as it

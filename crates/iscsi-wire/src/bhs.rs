@@ -304,6 +304,16 @@ pub struct Reject {
 
 /// Reject reason codes.
 pub mod reject {
+    /// The rejected PDU a Reject's data segment carries (its header): (opcode, ITT);
+    /// `None` when the segment is shorter than a header.
+    pub fn rejected_pdu(data: &[u8]) -> Option<(u8, u32)> {
+        let h = data.get(..48)?;
+        Some((
+            h[0] & 0x3f,
+            u32::from_be_bytes([h[16], h[17], h[18], h[19]]),
+        ))
+    }
+
     pub const DATA_DIGEST_ERROR: u8 = 0x02;
     pub const SNACK_REJECT: u8 = 0x03;
     pub const PROTOCOL_ERROR: u8 = 0x04;

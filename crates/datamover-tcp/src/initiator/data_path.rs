@@ -359,8 +359,7 @@ impl DataPath {
             }
             Bhs::Reject(_) => {
                 // A Data-Out Rejected (its header is the data): its write is in recovery.
-                if data.len() >= 48 && data[0] & 0x3f == 0x05 {
-                    let itt = u32::from_be_bytes([data[16], data[17], data[18], data[19]]);
+                if let Some((0x05, itt)) = iscsi_wire::reject::rejected_pdu(&data) {
                     if let Some(t) = self.tasks.get_mut(&itt) {
                         t.recovered = true;
                     }
