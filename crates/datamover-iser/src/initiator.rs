@@ -4,8 +4,10 @@
 //! the target's RDMA Writes (Read STag/VA) and one holding the write data for its RDMA Reads
 //! (Write STag, VA at the first solicited byte, as LIO reads from it exactly); the SCSI
 //! Response arrives after the data is placed, and the read data goes up as a view of the
-//! registered buffer (no copy). Regions come from pools and carry a fresh STag per command;
-//! a region's STag is invalidated before its bytes are read or it goes back to the pool.
+//! registered buffer (no copy). The write data is the caller's own bytes, registered in place
+//! through a registration cache ([`crate::write_regs`]): no copy either. Read regions come
+//! from a pool; every command's regions carry STags of their own, invalidated before read
+//! data is looked at or a region is used again.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -29,6 +31,7 @@ use crate::endpoint::{Buffers, ConnEnd, Device, Endpoint, Received};
 use crate::lent;
 use crate::mr_pool::{MrPool, PooledMr};
 use crate::target::DEFAULT_RECV_LEN;
+use crate::write_regs::{WriteReg, WriteRegistrations};
 
 /// Sends and receives the initiator keeps: a command window of this many commands, each with
 /// its unsolicited Data-Out, fits.
@@ -52,6 +55,9 @@ fn unsolicited_limit(declared: u32) -> usize {
 
 /// Idle bytes each buffer pool keeps for reuse.
 const POOL_IDLE_BYTES: usize = 32 << 20;
+/// Bytes of the caller's write data the registration cache keeps registered while idle (and
+/// holds on to: freed only when evicted or the connection ends).
+const WRITE_CACHE_IDLE_BYTES: usize = 64 << 20;
 
 /// An iSER connection in the login phase.
 pub struct IserInitiatorConnection<P: Device> {
@@ -146,7 +152,7 @@ impl<P: Device> InitiatorChannel for IserInitiatorConnection<P> {
         let local = me.ep.source_pool();
         let shared = Arc::new(Shared {
             reads: local.sibling(Access::LOCAL_WRITE | Access::REMOTE_WRITE, POOL_IDLE_BYTES),
-            writes: local.sibling(Access::REMOTE_READ, POOL_IDLE_BYTES),
+            writes: local.write_registrations(WRITE_CACHE_IDLE_BYTES),
             ep: me.ep,
             commands: Mutex::new(HashMap::new()),
             peer: me.peer,
@@ -169,15 +175,15 @@ struct CommandBuffers<P: Device> {
     stags: Vec<u32>,
     read: Option<(Arc<PooledMr<P>>, usize)>,
     /// Held so the target can RDMA Read it until the status.
-    _write: Option<PooledMr<P>>,
+    _write: Option<WriteReg<P>>,
 }
 
 struct Shared<P: Device> {
     ep: Arc<Endpoint<P>>,
     /// Regions the target RDMA-Writes read data into.
     reads: Arc<MrPool<P>>,
-    /// Regions holding write data for the target's RDMA Reads.
-    writes: Arc<MrPool<P>>,
+    /// The caller's write data, registered for the target's RDMA Reads.
+    writes: Arc<WriteRegistrations<P>>,
     commands: Mutex<HashMap<u32, CommandBuffers<P>>>,
     peer: SocketAddr,
     /// Remote invalidation was negotiated (see [`IserInitiatorConnection`]).
@@ -264,6 +270,10 @@ impl<P: Device> InitiatorDatamover for IserInitiatorDatamover<P> {
         }
     }
 
+    fn write_registrations(&self) -> datamover::RegistrationStats {
+        self.shared.writes.stats()
+    }
+
     fn close(&self) {
         if self.tx.send(Out::Close).is_err() {
             self.shared.ep.close();
@@ -320,14 +330,13 @@ async fn send_command<P: Device>(sh: &Shared<P>, cmd: CommandOut) -> Result<(), 
         None
     };
     let write = if cmd.write.len() > cmd.solicited_from as usize {
-        let region = sh
+        let reg = sh
             .writes
-            .take(cmd.write.len())
+            .take(&cmd.write)
             .map_err(|e| format!("registering: {e}"))?;
-        region.mr().write_at(0, &cmd.write);
-        let va = region.mr().addr() + u64::from(cmd.solicited_from);
-        header.write = Some((region.mr().rkey(), va));
-        Some(region)
+        let va = reg.mr().addr() + u64::from(cmd.solicited_from);
+        header.write = Some((reg.mr().rkey(), va));
+        Some(reg)
     } else {
         None
     };

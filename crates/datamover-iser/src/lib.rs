@@ -10,7 +10,8 @@
 //! [`portal`] serves `iser://` on the software RNIC, alone or sharing a port with iSCSI/TCP;
 //! [`device_portal`] on a provider's own listener (rdma-core). [`initiator`] is the initiator's
 //! end: connection, login in Sends, and a datamover advertising a registered buffer per
-//! command. [`regcost`] measures what registration costs per command. [`target_device`] keeps a
+//! command, the caller's own write data registered in place through [`write_regs`] (a
+//! registration cache). [`regcost`] measures what registration costs per command. [`target_device`] keeps a
 //! target's connections on a device in one protection domain, where a RAM LUN's image is
 //! registered once and read data leaves straight from it.
 
@@ -24,6 +25,7 @@ pub mod portal;
 pub mod regcost;
 pub mod target;
 pub mod target_device;
+pub mod write_regs;
 
 pub use device_portal::DevicePortal;
 pub use initiator::IserInitiatorConnection;

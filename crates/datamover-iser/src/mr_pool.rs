@@ -87,6 +87,19 @@ impl<P: Provider> MrPool<P> {
         MrPool::new(self.dev.clone(), self.pd.clone(), access, max_idle_bytes)
     }
 
+    /// A registration cache for the caller's write data on the same device and protection
+    /// domain.
+    pub fn write_registrations(
+        &self,
+        max_idle_bytes: usize,
+    ) -> Arc<crate::write_regs::WriteRegistrations<P>> {
+        crate::write_regs::WriteRegistrations::new(
+            self.dev.clone(),
+            self.pd.clone(),
+            max_idle_bytes,
+        )
+    }
+
     fn remote(&self) -> bool {
         self.access.contains(Access::REMOTE_READ) || self.access.contains(Access::REMOTE_WRITE)
     }

@@ -118,6 +118,31 @@ pub struct Resume {
     pub read_prefix: Bytes,
 }
 
+/// Write data a transport registered in place for the target's RDMA Reads (iSER): how often
+/// a registration made for an earlier command served again, and how often one was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RegistrationStats {
+    pub hits: u64,
+    pub misses: u64,
+}
+
+impl RegistrationStats {
+    /// Field by field sum (over connections and sessions).
+    pub fn plus(self, o: RegistrationStats) -> RegistrationStats {
+        RegistrationStats {
+            hits: self.hits + o.hits,
+            misses: self.misses + o.misses,
+        }
+    }
+    /// What happened since `before` (counters of the same connections).
+    pub fn since(self, before: RegistrationStats) -> RegistrationStats {
+        RegistrationStats {
+            hits: self.hits.saturating_sub(before.hits),
+            misses: self.misses.saturating_sub(before.misses),
+        }
+    }
+}
+
 /// The operations the initiator's session core uses on one connection in full feature
 /// phase. None blocks: each queues for the transport's sending side.
 pub trait InitiatorDatamover: Send + Sync {
@@ -161,6 +186,11 @@ pub trait InitiatorDatamover: Send + Sync {
     /// (iSER) ignore it.
     fn set_max_recv_data_segment_length(&self, len: u32, settled: bool) {
         let _ = (len, settled);
+    }
+    /// The registration cache's counters ([`RegistrationStats`]); zeros for a transport that
+    /// registers no memory (TCP hands the caller's bytes to the socket as they are).
+    fn write_registrations(&self) -> RegistrationStats {
+        RegistrationStats::default()
     }
     /// Closes the connection once everything queued has been sent.
     fn close(&self);

@@ -24,8 +24,8 @@ pub mod initiator;
 pub mod login_pdu;
 
 pub use initiator::{
-    CommandOut, InitiatorDatamover, InitiatorFfpConfig, InitiatorNotice, NoticeSink, Resume,
-    SnackFor,
+    CommandOut, InitiatorDatamover, InitiatorFfpConfig, InitiatorNotice, NoticeSink,
+    RegistrationStats, Resume, SnackFor,
 };
 
 use async_trait::async_trait;

@@ -101,6 +101,9 @@ pub struct Summary {
     pub verified_bytes: u64,
     /// Error recovery during the point, summed over its sessions.
     pub recovery: crate::RecoveryStats,
+    /// Write data registered in place (iSER) during the point: registrations that served
+    /// again, and registrations made.
+    pub write_registrations: datamover::RegistrationStats,
 }
 
 /// Fills `buf` (whole blocks starting at `lba`) with the pattern of `seed`.
@@ -419,6 +422,14 @@ async fn run_phase(
             .fold(crate::RecoveryStats::default(), |a, s| a.plus(s.recovery()))
     };
     let recovery_before = recovery_of(sessions);
+    let registrations_of = |sessions: &[Arc<Session>]| {
+        sessions
+            .iter()
+            .fold(datamover::RegistrationStats::default(), |a, s| {
+                a.plus(s.write_registrations())
+            })
+    };
+    let registrations_before = registrations_of(sessions);
     let start = Instant::now();
     let deadline = w.duration.map(|d| start + d);
     let mut handles = Vec::new();
@@ -488,6 +499,7 @@ async fn run_phase(
         lat_max_us: lat.last().map_or(0.0, |&v| v as f64 / 1000.0),
         verified_bytes: verified,
         recovery: recovery_of(sessions).since(recovery_before),
+        write_registrations: registrations_of(sessions).since(registrations_before),
     })
 }
 

@@ -926,6 +926,15 @@ impl Session {
         self.inner.lock().core.recovery
     }
 
+    /// The registration caches of the connections up now: how often a write's data had been
+    /// registered for an earlier command (iSER; zeros over TCP).
+    pub fn write_registrations(&self) -> datamover::RegistrationStats {
+        let st = self.inner.lock();
+        st.conns.iter().flatten().fold(Default::default(), |a, h| {
+            a.plus(h.dm.write_registrations())
+        })
+    }
+
     pub fn tsih(&self) -> u16 {
         self.inner.lock().tsih
     }

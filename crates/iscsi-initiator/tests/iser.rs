@@ -137,3 +137,61 @@ async fn iser_login_variants_carry_verified_data() {
     .await
     .expect("in time");
 }
+
+/// Zero-copy writes: the target's RDMA Reads take the caller's bytes where they lie, and
+/// bytes written again (one buffer to many blocks, with many commands in flight, each under
+/// an STag of its own) take the registrations made earlier. Slices of one buffer are other
+/// bytes: each is registered and written right. Every write reads back verified.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recurring_write_buffers_hit_the_registration_cache() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let addr = start().await;
+        let u = url(addr, "iser");
+        let s = std::sync::Arc::new(
+            Session::connect(&u, SessionConfig::from_url(&u))
+                .await
+                .expect("iSER login"),
+        );
+        let one = random_bytes(1 << 20, 7);
+        for round in 0..3u64 {
+            let mut tasks = Vec::new();
+            for k in 0..8u64 {
+                let (s, data) = (s.clone(), one.clone());
+                tasks.push(tokio::spawn(async move {
+                    s.write(0, (round * 8 + k) * 2048, 512, data)
+                        .await
+                        .expect("write")
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+        }
+        let regs = s.write_registrations();
+        assert!(
+            regs.misses <= 8 && regs.hits + regs.misses == 24 && regs.hits >= 16,
+            "8 in flight at most need 8 registrations; the rest are hits: {regs:?}"
+        );
+        for lba in (0..24u64).map(|i| i * 2048) {
+            let back = s.read(0, lba, 2048, 512).await.unwrap();
+            assert!(back == one, "the buffer written at LBA {lba} reads back");
+        }
+        let big = random_bytes(4 << 20, 8);
+        for (i, part) in big.chunks(1 << 20).enumerate() {
+            let slice = big.slice_ref(part);
+            s.write(0, 100_000 + i as u64 * 2048, 512, slice)
+                .await
+                .unwrap();
+        }
+        let back = s.read(0, 100_000, 8192, 512).await.unwrap();
+        assert!(
+            back == big,
+            "slices of one buffer, each its own registration"
+        );
+        assert_eq!(s.write_registrations().misses, regs.misses + 4);
+        let s = std::sync::Arc::try_unwrap(s).ok().unwrap();
+        s.logout().await.unwrap();
+    })
+    .await
+    .expect("in time");
+}

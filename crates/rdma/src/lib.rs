@@ -312,6 +312,16 @@ pub trait MemoryRegion: Send + Sync {
     fn is_valid(&self) -> bool;
 }
 
+/// Refuses write rights for memory registered from immutable bytes ([`Provider::reg_bytes`]).
+pub fn check_read_only(access: Access) -> Result<()> {
+    if access.contains(Access::LOCAL_WRITE) || access.contains(Access::REMOTE_WRITE) {
+        return Err(Error::Invalid(
+            "bytes registered in place are read-only: ask for REMOTE_READ or no rights".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// A completion queue.
 pub trait CompletionQueue: Send + Sync {
     /// Moves up to `out.len()` completions into `out`; returns how many. A provider may move
@@ -394,6 +404,23 @@ pub trait Provider: Send + Sync {
     fn alloc_pd(&self) -> Result<Self::Pd>;
     /// Allocates and registers `len` zeroed bytes.
     fn reg_mr(&self, pd: &Self::Pd, len: usize, access: Access) -> Result<Self::Mr>;
+    /// Registers bytes the caller already holds, for a peer's RDMA Reads and local sends:
+    /// zero-copy write data. `data` is immutable, so only read rights may be asked for
+    /// (`REMOTE_READ` or none); `LOCAL_WRITE` or `REMOTE_WRITE` is refused. The region keeps
+    /// `data` alive until it is dropped, so its address can never come to name other bytes.
+    /// A provider that cannot register memory it did not allocate registers a copy (this
+    /// default); [`Provider::registers_in_place`] says which it does.
+    fn reg_bytes(&self, pd: &Self::Pd, data: bytes::Bytes, access: Access) -> Result<Self::Mr> {
+        check_read_only(access)?;
+        let mr = self.reg_mr(pd, data.len(), access)?;
+        mr.write_at(0, &data);
+        Ok(mr)
+    }
+    /// Whether [`Provider::reg_bytes`] registers the caller's bytes where they lie (true) or
+    /// a copy of them (false, the default).
+    fn registers_in_place(&self) -> bool {
+        false
+    }
     fn create_channel(&self) -> Result<Self::Channel>;
     fn create_cq(&self, depth: u32, channel: Option<&Self::Channel>) -> Result<Self::Cq>;
     fn create_qp(

@@ -145,6 +145,15 @@ impl Provider for Rnic {
         Ok(Mr { inner })
     }
 
+    fn reg_bytes(&self, pd: &Pd, data: bytes::Bytes, access: Access) -> Result<Mr> {
+        let inner = self.inner.stags.register_bytes(pd.id, data, access)?;
+        Ok(Mr { inner })
+    }
+
+    fn registers_in_place(&self) -> bool {
+        true
+    }
+
     fn create_channel(&self) -> Result<Channel> {
         Channel::new()
     }

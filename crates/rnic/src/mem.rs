@@ -13,6 +13,10 @@ use std::sync::{Arc, RwLock};
 pub struct MrInner {
     ptr: *mut u8,
     len: usize,
+    /// The caller's bytes when the region was registered in place (`register_bytes`): held so
+    /// they outlive every access, and never written (such a region has no write rights).
+    /// `None`: the region owns its allocation.
+    borrowed: Option<bytes::Bytes>,
     pub(crate) pd: u32,
     pub(crate) access: Access,
     stag: AtomicU32,
@@ -22,8 +26,9 @@ pub struct MrInner {
     table: Arc<StagTable>,
 }
 
-// SAFETY: the raw pointer is owned exclusively by this struct (allocated in `new`, freed in Drop);
-// all accesses copy through raw pointers without creating long-lived references, and concurrent
+// SAFETY: the raw pointer is owned exclusively by this struct (allocated in `register`, freed in
+// Drop), or points into the `Bytes` it holds (`register_bytes`, never written: no write rights, and
+// the writing methods refuse it; `Bytes` is itself Send + Sync); all accesses copy through raw pointers without creating long-lived references, and concurrent
 // access to the same bytes by the local user and a remote peer is a race the ULP must avoid, as
 // with any RDMA device.
 unsafe impl Send for MrInner {}
@@ -43,6 +48,10 @@ impl MrInner {
     pub(crate) fn invalidate(&self) {
         self.valid.store(false, Ordering::Release);
     }
+    /// Whether the memory is the caller's immutable bytes (no one may write it).
+    pub(crate) fn read_only(&self) -> bool {
+        self.borrowed.is_some()
+    }
     /// Pointer to byte `offset`; the caller has bounds-checked `offset + len <= self.len`.
     pub(crate) fn ptr_at(&self, offset: usize) -> *mut u8 {
         debug_assert!(offset <= self.len);
@@ -53,6 +62,10 @@ impl MrInner {
 
 impl Drop for MrInner {
     fn drop(&mut self) {
+        if self.borrowed.is_some() {
+            // The caller's bytes: dropping the field lets them go.
+            return;
+        }
         // SAFETY: ptr/len came from alloc_zeroed with Layout::array::<u8>(len) in
         // `StagTable::register` (the layout of a Box<[u8]> of len bytes) and are freed once.
         unsafe {
@@ -120,11 +133,42 @@ impl StagTable {
         if ptr.is_null() {
             return None;
         }
+        Some(self.insert(ptr, len, None, pd, access))
+    }
+
+    /// Registers the caller's bytes where they lie (zero-copy write data), read-only: the
+    /// engine writes only into regions with write rights, and those are refused here.
+    pub fn register_bytes(
+        self: &Arc<Self>,
+        pd: u32,
+        data: bytes::Bytes,
+        access: Access,
+    ) -> rdma::Result<Arc<MrInner>> {
+        rdma::check_read_only(access)?;
+        if data.is_empty() {
+            return Err(rdma::Error::Invalid("no bytes to register".into()));
+        }
+        // The pointer is only ever read through (the region has no write rights, and
+        // `Mr::write_at` / `with_bytes_mut` refuse a read-only region).
+        let ptr = data.as_ptr() as *mut u8;
+        let len = data.len();
+        Ok(self.insert(ptr, len, Some(data), pd, access))
+    }
+
+    fn insert(
+        self: &Arc<Self>,
+        ptr: *mut u8,
+        len: usize,
+        borrowed: Option<bytes::Bytes>,
+        pd: u32,
+        access: Access,
+    ) -> Arc<MrInner> {
         let index = self.next_index.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff;
         let stag = (index << 8) | 0x01;
         let mr = Arc::new(MrInner {
             ptr,
             len,
+            borrowed,
             pd,
             access,
             stag: AtomicU32::new(stag),
@@ -133,7 +177,7 @@ impl StagTable {
             table: self.clone(),
         });
         self.map.write().unwrap().insert(index, mr.clone());
-        Some(mr)
+        mr
     }
 
     pub fn deregister(&self, stag: u32) {
@@ -218,6 +262,10 @@ impl Mr {
     }
     /// Fill the region (or part of it) through a closure.
     pub fn with_bytes_mut<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> R {
+        assert!(
+            !self.inner.read_only(),
+            "the region is the caller's read-only bytes"
+        );
         // SAFETY: as above; the mutable borrow lasts only for the closure, and the engine only
         // writes into the region when a remote peer targets it, which the ULP sequences.
         let s = unsafe { std::slice::from_raw_parts_mut(self.inner.ptr, self.inner.len) };
@@ -265,6 +313,10 @@ impl MemoryRegion for Mr {
                 .checked_add(data.len())
                 .is_some_and(|e| e <= self.inner.len),
             "write outside the region"
+        );
+        assert!(
+            !self.inner.read_only(),
+            "the region is the caller's read-only bytes"
         );
         // SAFETY: bounds checked above.
         unsafe {
@@ -371,6 +423,56 @@ mod tests {
             mr.addr(),
             "the SGE address is the view's"
         );
+    }
+
+    #[test]
+    fn bytes_registered_in_place_are_read_only_and_not_copied() {
+        let t = StagTable::new();
+        let data = bytes::Bytes::from(vec![7u8; 10000]).slice(100..9100);
+        for rights in [
+            Access::LOCAL_WRITE,
+            Access::REMOTE_WRITE | Access::REMOTE_READ,
+        ] {
+            assert!(t.register_bytes(1, data.clone(), rights).is_err());
+        }
+        assert!(t
+            .register_bytes(1, bytes::Bytes::new(), Access::REMOTE_READ)
+            .is_err());
+        let mr = Mr {
+            inner: t
+                .register_bytes(1, data.clone(), Access::REMOTE_READ)
+                .unwrap(),
+        };
+        assert_eq!(
+            mr.addr(),
+            data.as_ptr() as u64,
+            "the caller's bytes, where they lie"
+        );
+        assert_eq!(mr.as_bytes(), &data[..]);
+        let stag = mr.rkey();
+        assert!(t
+            .check(stag, 1, Access::REMOTE_READ, mr.addr(), 9000)
+            .is_ok());
+        assert_eq!(
+            t.check(stag, 1, Access::REMOTE_WRITE, mr.addr(), 1).err(),
+            Some(AccessError::Rights),
+            "no peer may write into them"
+        );
+        assert_eq!(
+            t.check(stag, 1, Access::LOCAL_WRITE, mr.addr(), 1).err(),
+            Some(AccessError::Rights),
+            "nor may a receive or a Read Response land in them"
+        );
+        let writing =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| mr.write_at(0, b"x")));
+        assert!(writing.is_err(), "write_at refuses them");
+        // The region holds the bytes: they outlive the caller's handle.
+        let addr = mr.addr();
+        drop(data);
+        assert_eq!(mr.bytes_at(0, 4), &[7, 7, 7, 7]);
+        assert_eq!(mr.addr(), addr);
+        drop(mr);
+        assert_eq!(t.registered(), 0);
     }
 
     proptest! {

@@ -146,11 +146,14 @@ impl Drop for PdInner {
     }
 }
 
-/// A registered memory region owning its bytes.
+/// A registered memory region owning its bytes, or holding the caller's (`reg_bytes`).
 pub struct Mr {
     pd: Pd,
     buf: *mut u8,
     len: usize,
+    /// The caller's bytes when registered in place: held so they outlive the registration,
+    /// never written (read rights only; `write_at` refuses). `None`: `buf` is our allocation.
+    borrowed: Option<bytes::Bytes>,
     access: Access,
     mr: Mutex<*mut ibv_mr>,
     /// lkey << 32 | rkey of the current registration.
@@ -158,7 +161,8 @@ pub struct Mr {
     /// Bytes from the start the current registration covers (all, or a command's length).
     reg_len: std::sync::atomic::AtomicUsize,
 }
-// SAFETY: the buffer is owned by this struct (freed in Drop); the ibv_mr handle is guarded by the
+// SAFETY: the buffer is owned by this struct (freed in Drop) or is the `Bytes` it holds (Send +
+// Sync, only read); the ibv_mr handle is guarded by the
 // mutex; copies in and out use raw pointers without long-lived references.
 unsafe impl Send for Mr {}
 // SAFETY: see above.
@@ -209,6 +213,9 @@ impl Mr {
 impl Drop for Mr {
     fn drop(&mut self) {
         self.deregister();
+        if self.borrowed.is_some() {
+            return;
+        }
         // SAFETY: buf/len came from Box<[u8]>::into_raw in reg_mr and are freed once, after the
         // registration is gone.
         unsafe {
@@ -250,7 +257,11 @@ impl MemoryRegion for Mr {
                 .is_some_and(|e| e <= self.len),
             "write outside the region"
         );
-        // SAFETY: bounds checked above.
+        assert!(
+            self.borrowed.is_none(),
+            "the region is the caller's read-only bytes"
+        );
+        // SAFETY: bounds checked above; the region owns its buffer (checked above).
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.buf.add(offset), data.len()) };
     }
     fn as_bytes(&self) -> &[u8] {
@@ -932,12 +943,42 @@ impl Provider for Verbs {
             buf,
             len,
             access,
+            borrowed: None,
             mr: Mutex::new(std::ptr::null_mut()),
             keys: AtomicU64::new(0),
             reg_len: std::sync::atomic::AtomicUsize::new(len),
         };
         mr.register()?;
         Ok(mr)
+    }
+    fn reg_bytes(&self, pd: &Pd, data: bytes::Bytes, access: Access) -> Result<Mr> {
+        rdma::check_read_only(access)?;
+        if data.is_empty() {
+            return Err(rdma::Error::Invalid("no bytes to register".into()));
+        }
+        let mr = Mr {
+            pd: pd.clone(),
+            // Only read through: the registration has no write rights (checked above).
+            buf: data.as_ptr() as *mut u8,
+            len: data.len(),
+            access,
+            borrowed: Some(data.clone()),
+            mr: Mutex::new(std::ptr::null_mut()),
+            keys: AtomicU64::new(0),
+            reg_len: std::sync::atomic::AtomicUsize::new(data.len()),
+        };
+        match mr.register() {
+            Ok(()) => Ok(mr),
+            // A device that will not pin these pages (read-only memory, say) gets a copy.
+            Err(_) => {
+                let copy = self.reg_mr(pd, data.len(), access)?;
+                copy.write_at(0, &data);
+                Ok(copy)
+            }
+        }
+    }
+    fn registers_in_place(&self) -> bool {
+        true
     }
     fn create_channel(&self) -> Result<Channel> {
         // SAFETY: a live context.

@@ -197,6 +197,10 @@ fn point_json(r: &Summary) -> serde_json::Value {
             "task_reassigns": r.recovery.task_reassigns,
             "reissued_commands": r.recovery.reissued_commands,
         },
+        "write_registrations": {
+            "hits": r.write_registrations.hits,
+            "misses": r.write_registrations.misses,
+        },
     })
 }
 
