@@ -3,9 +3,9 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use serde_json::{json, Value};
+use serde::Serialize;
 
-use crate::analysis::Analysis;
+use crate::analysis::{Analysis, Connection};
 use crate::iscsi::PduRecord;
 use crate::iser::RdmaKind;
 
@@ -162,17 +162,30 @@ pub fn opcode_counts(a: &Analysis) -> BTreeMap<u8, (String, usize)> {
     m
 }
 
-/// The JSON document: `{"pdus": [...], "connections": [...], "opcode_counts": {...}}`.
-pub fn json(a: &Analysis) -> Value {
-    let counts: serde_json::Map<String, Value> = opcode_counts(a)
-        .into_iter()
-        .map(|(op, (_, n))| (format!("0x{op:02x}"), json!(n)))
-        .collect();
-    json!({
-        "frames": a.frames,
-        "tcp_segments": a.tcp_segments,
-        "connections": a.connections,
-        "opcode_counts": counts,
-        "pdus": a.pdus,
-    })
+/// The JSON document's listing part: `{"frames", "tcp_segments", "connections",
+/// "opcode_counts", "pdus"}`, serialized straight to its writer. It was built as a
+/// `serde_json::Value` first: a tree of maps many times the size of the text for a large
+/// capture, and most of what `ironsan analyze --json` cost (fuzzing's profile showed it).
+#[derive(Serialize)]
+pub struct JsonListing<'a> {
+    pub frames: u64,
+    pub tcp_segments: u64,
+    pub connections: &'a [Connection],
+    /// PDUs per opcode, keyed `0xNN`.
+    pub opcode_counts: BTreeMap<String, usize>,
+    pub pdus: &'a [PduRecord],
+}
+
+/// The listing part of the JSON document (see [`JsonListing`]).
+pub fn json(a: &Analysis) -> JsonListing<'_> {
+    JsonListing {
+        frames: a.frames,
+        tcp_segments: a.tcp_segments,
+        connections: &a.connections,
+        opcode_counts: opcode_counts(a)
+            .into_iter()
+            .map(|(op, (_, n))| (format!("0x{op:02x}"), n))
+            .collect(),
+        pdus: &a.pdus,
+    }
 }

@@ -1,6 +1,7 @@
 //! `ironsan analyze`: translate a capture (pcap/pcapng, or an ironsan `--trace` file) into
 //! one line per iSCSI/iSER PDU, per-command and per-connection statistics, and a timeline.
 
+use std::io::Write as _;
 use std::path::PathBuf;
 
 use analyze::stats::{self, StatsOptions};
@@ -103,6 +104,26 @@ fn read_tcp_info(paths: &[PathBuf]) -> anyhow::Result<Vec<analyze::timeline::Tcp
     Ok(out)
 }
 
+/// `ironsan analyze --json`: the listing's fields, then the statistics, phases and series.
+#[derive(serde::Serialize)]
+struct JsonDoc<'a> {
+    #[serde(flatten)]
+    listing: listing::JsonListing<'a>,
+    commands: &'a [stats::CommandStat],
+    connection_stats: &'a [stats::ConnectionStat],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    explain: Option<explain::Diagnosis>,
+    phases: JsonPhases<'a>,
+    time_series: Vec<series::ConnectionSeries>,
+}
+
+#[derive(serde::Serialize)]
+struct JsonPhases<'a> {
+    summary: Vec<phases::PhaseSummary>,
+    write_data: phases::WriteDataSplit,
+    commands: &'a [phases::CommandPhases],
+}
+
 pub fn run(args: AnalyzeArgs) -> anyhow::Result<()> {
     let opts = Options {
         ports: args.ports.clone(),
@@ -130,19 +151,25 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<()> {
         std::fs::write(path, html).with_context(|| format!("writing {}", path.display()))?;
     }
     if args.json {
-        let mut doc = listing::json(&a);
-        doc["commands"] = serde_json::to_value(&cmds)?;
-        doc["connection_stats"] = serde_json::to_value(&conns)?;
-        if args.explain {
-            doc["explain"] = serde_json::to_value(explain::explain_phases(&a, &phases, &sopts))?;
-        }
-        doc["phases"] = serde_json::json!({
-            "summary": phases::summary(&phases),
-            "write_data": phases::write_data_split(&phases),
-            "commands": phases,
-        });
-        doc["time_series"] = serde_json::to_value(series::connection_series(&a, &phases))?;
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        let doc = JsonDoc {
+            listing: listing::json(&a),
+            commands: &cmds,
+            connection_stats: &conns,
+            explain: args
+                .explain
+                .then(|| explain::explain_phases(&a, &phases, &sopts)),
+            phases: JsonPhases {
+                summary: phases::summary(&phases),
+                write_data: phases::write_data_split(&phases),
+                commands: &phases,
+            },
+            time_series: series::connection_series(&a, &phases),
+        };
+        // Written as it is serialized: no document tree in memory (see listing::JsonListing).
+        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+        serde_json::to_writer_pretty(&mut out, &doc)?;
+        writeln!(out)?;
+        out.flush()?;
         return Ok(());
     }
     let listing_on =
