@@ -59,7 +59,8 @@ fn analyze_all(frames: &[analyze::capture::Frame]) {
     };
     let a = analyze::analyze_frames(frames, &opts);
     let _ = analyze::listing::text(&a);
-    let _ = analyze::listing::json(&a);
+    serde_json::to_writer(std::io::sink(), &analyze::listing::json(&a))
+        .expect("serializing the listing");
     let _ = analyze::listing::opcode_counts(&a);
     let sopts = analyze::stats::StatsOptions::default();
     let cmds = analyze::stats::commands(&a, &sopts);
