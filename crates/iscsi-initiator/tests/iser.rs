@@ -37,6 +37,14 @@ async fn start() -> SocketAddr {
     common::start_target(&CONFIG.replace("PORT", &port.to_string())).await
 }
 
+/// A session over iSER to the target at `addr`, with the URL's default settings.
+async fn iser_session(addr: SocketAddr) -> Session {
+    let u = url(addr, "iser");
+    Session::connect(&u, SessionConfig::from_url(&u))
+        .await
+        .expect("iSER login")
+}
+
 async fn write_read_verify(s: &Session, lba: u64, len: usize, seed: u64) {
     let data = random_bytes(len, seed);
     s.write(0, lba, 512, data.clone()).await.expect("write");
@@ -48,12 +56,7 @@ async fn write_read_verify(s: &Session, lba: u64, len: usize, seed: u64) {
 async fn iser_login_and_verified_data_both_ways() {
     tokio::time::timeout(Duration::from_secs(60), async {
         let addr = start().await;
-        let u = url(addr, "iser");
-        let s = std::sync::Arc::new(
-            Session::connect(&u, SessionConfig::from_url(&u))
-                .await
-                .expect("iSER login"),
-        );
+        let s = std::sync::Arc::new(iser_session(addr).await);
         let cap = s.read_capacity16(0).await.unwrap();
         assert_eq!((cap.bytes(), cap.block_size), (64 << 20, 512));
         assert_eq!(s.inquiry(0).await.unwrap().device_type, 0);
@@ -146,12 +149,7 @@ async fn iser_login_variants_carry_verified_data() {
 async fn recurring_write_buffers_hit_the_registration_cache() {
     tokio::time::timeout(Duration::from_secs(60), async {
         let addr = start().await;
-        let u = url(addr, "iser");
-        let s = std::sync::Arc::new(
-            Session::connect(&u, SessionConfig::from_url(&u))
-                .await
-                .expect("iSER login"),
-        );
+        let s = std::sync::Arc::new(iser_session(addr).await);
         let one = random_bytes(1 << 20, 7);
         for round in 0..3u64 {
             let mut tasks = Vec::new();
