@@ -97,9 +97,19 @@ fn read_frames_buffered<R: Read>(input: R, buffer: usize) -> Result<Vec<Frame>, 
     let mut interfaces: Vec<(i32, u64, i64)> = Vec::new();
     let mut legacy: (i32, u64) = (linktype::ETHERNET, 1_000_000);
     let mut number = 0u64;
+    // The byte order of the pcapng section being read (None: no section yet, or legacy pcap).
+    let mut section_big_endian: Option<bool> = None;
     // Each iteration consumes a block or refills; a stuck reader fails instead of looping.
     let mut stalls = 0;
     loop {
+        if let Some(big_endian) = section_big_endian {
+            if let Some(len) = too_short_pcapng_block(reader.data(), big_endian) {
+                return Err(CaptureError::Format(format!(
+                    "a pcapng block claims to be {len} bytes long, less than the 12 of a \
+                     block's type and two length fields"
+                )));
+            }
+        }
         match reader.next() {
             Ok((offset, block)) => {
                 stalls = 0;
@@ -122,7 +132,10 @@ fn read_frames_buffered<R: Read>(input: R, buffer: usize) -> Result<Vec<Frame>, 
                             data: b.data[..(b.caplen as usize).min(b.data.len())].to_vec(),
                         });
                     }
-                    PcapBlockOwned::NG(Block::SectionHeader(_)) => interfaces.clear(),
+                    PcapBlockOwned::NG(Block::SectionHeader(shb)) => {
+                        section_big_endian = Some(shb.big_endian());
+                        interfaces.clear();
+                    }
                     PcapBlockOwned::NG(Block::InterfaceDescription(idb)) => {
                         let units = idb.ts_resolution().unwrap_or(1_000_000);
                         interfaces.push((idb.linktype.0, units, idb.ts_offset()));
@@ -170,6 +183,26 @@ fn read_frames_buffered<R: Read>(input: R, buffer: usize) -> Result<Vec<Frame>, 
         }
     }
     Ok(frames)
+}
+
+/// The length a pcapng block (other than a Section Header, which the parser checks itself)
+/// at the start of `data` claims, if it is shorter than any block can be. pcap-parser 0.16
+/// takes `length - 12` bytes of content without checking for a Process Information Block
+/// (its minimum is 4): a shorter length overflowed (a panic with overflow checks, found by
+/// the pcap fuzz target; a wrapped, huge length without).
+fn too_short_pcapng_block(data: &[u8], big_endian: bool) -> Option<u32> {
+    const SECTION_HEADER: [u8; 4] = [0x0a, 0x0d, 0x0d, 0x0a];
+    let head: [u8; 8] = data.get(..8)?.try_into().ok()?;
+    if head[..4] == SECTION_HEADER {
+        return None;
+    }
+    let len_bytes = [head[4], head[5], head[6], head[7]];
+    let len = if big_endian {
+        u32::from_be_bytes(len_bytes)
+    } else {
+        u32::from_le_bytes(len_bytes)
+    };
+    (len < 12).then_some(len)
 }
 
 /// Nanoseconds since the epoch of a pcapng timestamp of `units` per second with the
@@ -372,6 +405,59 @@ mod tests {
             read_frames_from_bytes(cut).map(|f| f.len()).ok(),
             "a truncated capture reads the same way"
         );
+    }
+
+    #[test]
+    fn a_pcapng_block_shorter_than_12_bytes_is_an_error_not_a_panic() {
+        let mut w = pcap_trace::PcapngWriter::new(Vec::new()).unwrap();
+        w.write_frame(1_000, &eth_frame(b"first")).unwrap();
+        let good = w.into_inner();
+        for big_endian in [false, true] {
+            for len in [4u32, 8, 11] {
+                let mut file = if big_endian {
+                    be_section_header()
+                } else {
+                    good.clone()
+                };
+                // A Process Information Block (type 0x80000001, 4-byte minimum in
+                // pcap-parser) that claims fewer bytes than any block has.
+                let to_bytes = |v: u32| {
+                    if big_endian {
+                        v.to_be_bytes()
+                    } else {
+                        v.to_le_bytes()
+                    }
+                };
+                file.extend_from_slice(&to_bytes(0x8000_0001));
+                file.extend_from_slice(&to_bytes(len));
+                file.extend_from_slice(&[0xff; 12]);
+                let err = read_frames_from_bytes(&file).expect_err("a damaged block");
+                assert!(
+                    err.to_string().contains(&format!("{len} bytes long")),
+                    "{err}"
+                );
+                assert!(read_frames_from(&file[..]).is_err());
+            }
+        }
+        // The regression input the fuzzer found.
+        let found = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../fuzz/regressions/pcap/pcapng-process-information-block-too-short"
+        ))
+        .unwrap();
+        assert!(read_frames_from_bytes(&found).is_err());
+    }
+
+    /// A big-endian pcapng Section Header, nothing after it.
+    fn be_section_header() -> Vec<u8> {
+        let mut out = vec![0x0a, 0x0d, 0x0d, 0x0a];
+        out.extend_from_slice(&28u32.to_be_bytes());
+        out.extend_from_slice(&0x1a2b_3c4du32.to_be_bytes());
+        out.extend_from_slice(&1u16.to_be_bytes());
+        out.extend_from_slice(&0u16.to_be_bytes());
+        out.extend_from_slice(&(-1i64).to_be_bytes());
+        out.extend_from_slice(&28u32.to_be_bytes());
+        out
     }
 
     #[test]
