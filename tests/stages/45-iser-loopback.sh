@@ -36,7 +36,8 @@ EOT
   cat "$work/$1.log" >&2
   fail "target $1 did not start"
 }
-port=$((20000 + RANDOM % 20000))
+# Below Linux's ephemeral ports (32768 and up), which a connection may hold at any moment.
+port=$((20000 + RANDOM % 12000))
 start_target plain "$port"
 start_target crc "$((port + 1))" "iser_mpa_crc = true"
 

@@ -22,7 +22,8 @@ fail() {
 }
 ok() { echo "  ok: $*"; }
 iqn=iqn.2026-11.org.ironsan:objects
-port=$((20000 + RANDOM % 20000))
+# Below Linux's ephemeral ports (32768 and up), which a connection may hold at any moment.
+port=$((20000 + RANDOM % 12000))
 cat >"$work/target.toml" <<EOT
 portals = ["tcp://127.0.0.1:$port", "iser://127.0.0.1:$port"]
 [[target]]
