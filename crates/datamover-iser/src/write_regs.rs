@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-pub use datamover::RegistrationStats as CacheStats;
+use datamover::RegistrationStats;
 use rdma::{Access, MemoryRegion, Provider};
 
 /// Where a buffer lies and how long it is: what a cached registration is found by.
@@ -77,12 +77,11 @@ impl<P: Provider> WriteRegistrations<P> {
         let key = (data.as_ptr() as usize, data.len());
         let cached = {
             let mut idle = self.idle.lock().expect("registration cache");
-            let found = idle.by_key.get_mut(&key).and_then(|(_, regs)| regs.pop());
-            if idle
-                .by_key
-                .get(&key)
-                .is_some_and(|(_, regs)| regs.is_empty())
-            {
+            let (found, emptied) = match idle.by_key.get_mut(&key) {
+                Some((_, regs)) => (regs.pop(), regs.is_empty()),
+                None => (None, false),
+            };
+            if emptied {
                 idle.by_key.remove(&key);
                 idle.bytes -= key.1;
             }
@@ -111,8 +110,8 @@ impl<P: Provider> WriteRegistrations<P> {
         })
     }
 
-    pub fn stats(&self) -> CacheStats {
-        CacheStats {
+    pub fn stats(&self) -> RegistrationStats {
+        RegistrationStats {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
         }
@@ -197,7 +196,7 @@ mod tests {
         assert_eq!(again.mr().addr(), data.as_ptr() as u64);
         assert_ne!(again.mr().rkey(), stag, "an earlier command's key is dead");
         assert!(dev.stags().lookup(again.mr().rkey()).is_some());
-        assert_eq!(cache.stats(), CacheStats { hits: 1, misses: 1 });
+        assert_eq!(cache.stats(), RegistrationStats { hits: 1, misses: 1 });
     }
 
     #[test]
@@ -215,7 +214,7 @@ mod tests {
         drop((a, b));
         let c = cache.take(&data).unwrap();
         let d = cache.take(&data).unwrap();
-        assert_eq!(cache.stats(), CacheStats { hits: 2, misses: 2 });
+        assert_eq!(cache.stats(), RegistrationStats { hits: 2, misses: 2 });
         assert_ne!(c.mr().rkey(), d.mr().rkey());
     }
 
@@ -252,10 +251,10 @@ mod tests {
         drop(held);
         assert_eq!(cache.idle_bytes(), 3 * 4096);
         assert_eq!(dev.stags().registered(), 6);
-        assert_eq!(cache.stats(), CacheStats { hits: 1, misses: 8 });
+        assert_eq!(cache.stats(), RegistrationStats { hits: 1, misses: 8 });
         drop(cache.take(&bufs[4]).unwrap());
         drop(cache.take(&bufs[0]).unwrap());
-        assert_eq!(cache.stats(), CacheStats { hits: 2, misses: 9 });
+        assert_eq!(cache.stats(), RegistrationStats { hits: 2, misses: 9 });
         assert_eq!(cache.idle_bytes(), 3 * 4096);
         assert_eq!(
             dev.stags().registered(),

@@ -416,20 +416,17 @@ async fn run_phase(
         progress,
     });
     let wl = Arc::new(w.clone());
-    let recovery_of = |sessions: &[Arc<Session>]| {
-        sessions
-            .iter()
-            .fold(crate::RecoveryStats::default(), |a, s| a.plus(s.recovery()))
+    // Error recovery and registration cache counters, summed over the sessions.
+    let counters_of = |sessions: &[Arc<Session>]| {
+        sessions.iter().fold(
+            (
+                crate::RecoveryStats::default(),
+                datamover::RegistrationStats::default(),
+            ),
+            |(r, g), s| (r.plus(s.recovery()), g.plus(s.write_registrations())),
+        )
     };
-    let recovery_before = recovery_of(sessions);
-    let registrations_of = |sessions: &[Arc<Session>]| {
-        sessions
-            .iter()
-            .fold(datamover::RegistrationStats::default(), |a, s| {
-                a.plus(s.write_registrations())
-            })
-    };
-    let registrations_before = registrations_of(sessions);
+    let (recovery_before, registrations_before) = counters_of(sessions);
     let start = Instant::now();
     let deadline = w.duration.map(|d| start + d);
     let mut handles = Vec::new();
@@ -476,6 +473,7 @@ async fn run_phase(
     lat.sort_unstable();
     let ops = reads + writes;
     let bytes = ops * w.size as u64;
+    let (recovery_after, registrations_after) = counters_of(sessions);
     Ok(Summary {
         size: w.size,
         rw: match force {
@@ -498,8 +496,8 @@ async fn run_phase(
         lat_p99_us: percentile(&lat, 0.99),
         lat_max_us: lat.last().map_or(0.0, |&v| v as f64 / 1000.0),
         verified_bytes: verified,
-        recovery: recovery_of(sessions).since(recovery_before),
-        write_registrations: registrations_of(sessions).since(registrations_before),
+        recovery: recovery_after.since(recovery_before),
+        write_registrations: registrations_after.since(registrations_before),
     })
 }
 

@@ -312,14 +312,30 @@ pub trait MemoryRegion: Send + Sync {
     fn is_valid(&self) -> bool;
 }
 
-/// Refuses write rights for memory registered from immutable bytes ([`Provider::reg_bytes`]).
-pub fn check_read_only(access: Access) -> Result<()> {
+/// What [`Provider::reg_bytes`] accepts: some bytes, and no write rights (they are immutable).
+pub fn check_reg_bytes(data: &[u8], access: Access) -> Result<()> {
     if access.contains(Access::LOCAL_WRITE) || access.contains(Access::REMOTE_WRITE) {
         return Err(Error::Invalid(
             "bytes registered in place are read-only: ask for REMOTE_READ or no rights".into(),
         ));
     }
+    if data.is_empty() {
+        return Err(Error::Invalid("no bytes to register".into()));
+    }
     Ok(())
+}
+
+/// A region of `provider`'s own holding a copy of `data`: [`Provider::reg_bytes`] for a
+/// provider (or a device) that cannot register memory it did not allocate.
+pub fn reg_copy<P: Provider + ?Sized>(
+    provider: &P,
+    pd: &P::Pd,
+    data: &[u8],
+    access: Access,
+) -> Result<P::Mr> {
+    let mr = provider.reg_mr(pd, data.len(), access)?;
+    mr.write_at(0, data);
+    Ok(mr)
 }
 
 /// A completion queue.
@@ -409,17 +425,10 @@ pub trait Provider: Send + Sync {
     /// (`REMOTE_READ` or none); `LOCAL_WRITE` or `REMOTE_WRITE` is refused. The region keeps
     /// `data` alive until it is dropped, so its address can never come to name other bytes.
     /// A provider that cannot register memory it did not allocate registers a copy (this
-    /// default); [`Provider::registers_in_place`] says which it does.
+    /// default, [`reg_copy`]).
     fn reg_bytes(&self, pd: &Self::Pd, data: bytes::Bytes, access: Access) -> Result<Self::Mr> {
-        check_read_only(access)?;
-        let mr = self.reg_mr(pd, data.len(), access)?;
-        mr.write_at(0, &data);
-        Ok(mr)
-    }
-    /// Whether [`Provider::reg_bytes`] registers the caller's bytes where they lie (true) or
-    /// a copy of them (false, the default).
-    fn registers_in_place(&self) -> bool {
-        false
+        check_reg_bytes(&data, access)?;
+        reg_copy(self, pd, &data, access)
     }
     fn create_channel(&self) -> Result<Self::Channel>;
     fn create_cq(&self, depth: u32, channel: Option<&Self::Channel>) -> Result<Self::Cq>;

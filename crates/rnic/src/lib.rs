@@ -150,10 +150,6 @@ impl Provider for Rnic {
         Ok(Mr { inner })
     }
 
-    fn registers_in_place(&self) -> bool {
-        true
-    }
-
     fn create_channel(&self) -> Result<Channel> {
         Channel::new()
     }

@@ -27,9 +27,9 @@ pub struct MrInner {
 }
 
 // SAFETY: the raw pointer is owned exclusively by this struct (allocated in `register`, freed in
-// Drop), or points into the `Bytes` it holds (`register_bytes`, never written: no write rights, and
-// the writing methods refuse it; `Bytes` is itself Send + Sync); all accesses copy through raw pointers without creating long-lived references, and concurrent
-// access to the same bytes by the local user and a remote peer is a race the ULP must avoid, as
+// Drop), or points into the `Bytes` it holds (`register_bytes`, never written: no write rights,
+// and the writing methods refuse it; `Bytes` is itself Send + Sync); all accesses copy through
+// raw pointers without creating long-lived references, and concurrent access to the same bytes by the local user and a remote peer is a race the ULP must avoid, as
 // with any RDMA device.
 unsafe impl Send for MrInner {}
 // SAFETY: see above.
@@ -48,9 +48,12 @@ impl MrInner {
     pub(crate) fn invalidate(&self) {
         self.valid.store(false, Ordering::Release);
     }
-    /// Whether the memory is the caller's immutable bytes (no one may write it).
-    pub(crate) fn read_only(&self) -> bool {
-        self.borrowed.is_some()
+    /// Panics if the memory is the caller's immutable bytes (no one may write it).
+    fn assert_writable(&self) {
+        assert!(
+            self.borrowed.is_none(),
+            "the region is the caller's read-only bytes"
+        );
     }
     /// Pointer to byte `offset`; the caller has bounds-checked `offset + len <= self.len`.
     pub(crate) fn ptr_at(&self, offset: usize) -> *mut u8 {
@@ -144,10 +147,7 @@ impl StagTable {
         data: bytes::Bytes,
         access: Access,
     ) -> rdma::Result<Arc<MrInner>> {
-        rdma::check_read_only(access)?;
-        if data.is_empty() {
-            return Err(rdma::Error::Invalid("no bytes to register".into()));
-        }
+        rdma::check_reg_bytes(&data, access)?;
         // The pointer is only ever read through (the region has no write rights, and
         // `Mr::write_at` / `with_bytes_mut` refuse a read-only region).
         let ptr = data.as_ptr() as *mut u8;
@@ -262,10 +262,7 @@ impl Mr {
     }
     /// Fill the region (or part of it) through a closure.
     pub fn with_bytes_mut<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> R {
-        assert!(
-            !self.inner.read_only(),
-            "the region is the caller's read-only bytes"
-        );
+        self.inner.assert_writable();
         // SAFETY: as above; the mutable borrow lasts only for the closure, and the engine only
         // writes into the region when a remote peer targets it, which the ULP sequences.
         let s = unsafe { std::slice::from_raw_parts_mut(self.inner.ptr, self.inner.len) };
@@ -314,10 +311,7 @@ impl MemoryRegion for Mr {
                 .is_some_and(|e| e <= self.inner.len),
             "write outside the region"
         );
-        assert!(
-            !self.inner.read_only(),
-            "the region is the caller's read-only bytes"
-        );
+        self.inner.assert_writable();
         // SAFETY: bounds checked above.
         unsafe {
             std::ptr::copy_nonoverlapping(data.as_ptr(), self.inner.ptr_at(offset), data.len())
@@ -427,8 +421,22 @@ mod tests {
 
     #[test]
     fn bytes_registered_in_place_are_read_only_and_not_copied() {
+        /// Bytes that say when their memory is let go.
+        struct Owned(Vec<u8>, Arc<AtomicBool>);
+        impl AsRef<[u8]> for Owned {
+            fn as_ref(&self) -> &[u8] {
+                &self.0
+            }
+        }
+        impl Drop for Owned {
+            fn drop(&mut self) {
+                self.1.store(true, Ordering::SeqCst);
+            }
+        }
+        let freed = Arc::new(AtomicBool::new(false));
         let t = StagTable::new();
-        let data = bytes::Bytes::from(vec![7u8; 10000]).slice(100..9100);
+        let data =
+            bytes::Bytes::from_owner(Owned(vec![7u8; 10000], freed.clone())).slice(100..9100);
         for rights in [
             Access::LOCAL_WRITE,
             Access::REMOTE_WRITE | Access::REMOTE_READ,
@@ -466,13 +474,13 @@ mod tests {
         let writing =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| mr.write_at(0, b"x")));
         assert!(writing.is_err(), "write_at refuses them");
-        // The region holds the bytes: they outlive the caller's handle.
-        let addr = mr.addr();
+        // The region holds the bytes: they outlive the caller's handle, and go with the region.
         drop(data);
+        assert!(!freed.load(Ordering::SeqCst), "held while registered");
         assert_eq!(mr.bytes_at(0, 4), &[7, 7, 7, 7]);
-        assert_eq!(mr.addr(), addr);
         drop(mr);
         assert_eq!(t.registered(), 0);
+        assert!(freed.load(Ordering::SeqCst), "let go with the region");
     }
 
     proptest! {

@@ -162,8 +162,8 @@ pub struct Mr {
     reg_len: std::sync::atomic::AtomicUsize,
 }
 // SAFETY: the buffer is owned by this struct (freed in Drop) or is the `Bytes` it holds (Send +
-// Sync, only read); the ibv_mr handle is guarded by the
-// mutex; copies in and out use raw pointers without long-lived references.
+// Sync, only read); the ibv_mr handle is guarded by the mutex; copies in and out use raw
+// pointers without long-lived references.
 unsafe impl Send for Mr {}
 // SAFETY: see above.
 unsafe impl Sync for Mr {}
@@ -952,33 +952,26 @@ impl Provider for Verbs {
         Ok(mr)
     }
     fn reg_bytes(&self, pd: &Pd, data: bytes::Bytes, access: Access) -> Result<Mr> {
-        rdma::check_read_only(access)?;
-        if data.is_empty() {
-            return Err(rdma::Error::Invalid("no bytes to register".into()));
-        }
+        rdma::check_reg_bytes(&data, access)?;
         let mr = Mr {
             pd: pd.clone(),
             // Only read through: the registration has no write rights (checked above).
             buf: data.as_ptr() as *mut u8,
             len: data.len(),
             access,
-            borrowed: Some(data.clone()),
             mr: Mutex::new(std::ptr::null_mut()),
             keys: AtomicU64::new(0),
             reg_len: std::sync::atomic::AtomicUsize::new(data.len()),
+            borrowed: Some(data),
         };
         match mr.register() {
             Ok(()) => Ok(mr),
             // A device that will not pin these pages (read-only memory, say) gets a copy.
             Err(_) => {
-                let copy = self.reg_mr(pd, data.len(), access)?;
-                copy.write_at(0, &data);
-                Ok(copy)
+                let data = mr.borrowed.as_deref().expect("set above");
+                rdma::reg_copy(self, pd, data, access)
             }
         }
-    }
-    fn registers_in_place(&self) -> bool {
-        true
     }
     fn create_channel(&self) -> Result<Channel> {
         // SAFETY: a live context.
