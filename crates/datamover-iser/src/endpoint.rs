@@ -19,7 +19,7 @@ use rdma::{
 };
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
 /// An RDMA provider whose objects can move into tasks (every provider in this tree).
 pub trait Device:
@@ -74,6 +74,9 @@ pub struct Endpoint<P: Provider> {
     ///
     /// [`TargetDevice::domain`]: crate::target_device::TargetDevice::domain
     domain: usize,
+    /// Becomes true when the completion task ends: the queue pair is closed (or failed) and
+    /// its work requests flushed.
+    ended: watch::Sender<bool>,
     // The pools hold the device and the protection domain, which must live as long as the
     // queue pair that uses them (a provider's progress may stop when its last handle goes).
 }
@@ -195,6 +198,7 @@ impl<P: Device> Endpoint<P> {
             sources: MrPool::new(dev.clone(), pd.clone(), Access::NONE, POOL_IDLE_BYTES),
             sinks: MrPool::new(dev, pd, Access::LOCAL_WRITE, POOL_IDLE_BYTES),
             domain,
+            ended: watch::Sender::new(false),
         });
         for slot in 0..buffers.recv_slots {
             ep.post_recv(slot)?;
@@ -351,6 +355,15 @@ impl<P: Device> Endpoint<P> {
         self.qp.disconnect();
     }
 
+    /// Resolves once the connection is over: closed by both sides (or failed), its work
+    /// requests flushed. A process that exits before then may cut the close handshake short.
+    pub fn when_ended(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut ended = self.ended.subscribe();
+        async move {
+            let _ = ended.wait_for(|e| *e).await;
+        }
+    }
+
     /// A received Send in receive slot `slot`: its bytes, and the slot posted again.
     fn take_recv(&self, slot: u32, len: u32) -> Result<Bytes, ConnEnd> {
         let len = (len as usize).min(self.buffers.recv_len);
@@ -404,6 +417,7 @@ impl<P: Device> Poller<P> {
         for t in waiters {
             ep.finish(t, WcStatus::Flushed);
         }
+        ep.ended.send_replace(true);
         let _ = tx.send(Err(reason));
     }
 }

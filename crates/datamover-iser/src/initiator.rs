@@ -280,6 +280,10 @@ impl<P: Device> InitiatorDatamover for IserInitiatorDatamover<P> {
         }
     }
 
+    fn when_closed(&self) -> datamover::ClosedFuture {
+        Box::pin(self.shared.ep.when_ended())
+    }
+
     fn abort(&self) {
         // Nothing more is reported.
         self.shared.closed.store(true, Ordering::Release);

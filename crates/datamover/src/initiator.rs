@@ -12,6 +12,9 @@ use bytes::Bytes;
 use iscsi_wire::{Digests, Pdu};
 use std::sync::Arc;
 
+/// What [`InitiatorDatamover::when_closed`] returns.
+pub type ClosedFuture = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
 /// A SCSI Command to send, with what its data phases need.
 #[derive(Debug, Clone)]
 pub struct CommandOut {
@@ -194,6 +197,12 @@ pub trait InitiatorDatamover: Send + Sync {
     }
     /// Closes the connection once everything queued has been sent.
     fn close(&self);
+    /// Resolves once a [`close`](Self::close) has run its course on the wire, so that a
+    /// process may exit without cutting it short (iSER's close is a handshake the RNIC runs
+    /// after the last Send; TCP's is the kernel's and needs no wait).
+    fn when_closed(&self) -> ClosedFuture {
+        Box::pin(std::future::ready(()))
+    }
     /// Drops the connection now, sending nothing more and reporting nothing more.
     fn abort(&self);
 }

@@ -24,7 +24,7 @@ pub mod initiator;
 pub mod login_pdu;
 
 pub use initiator::{
-    CommandOut, InitiatorDatamover, InitiatorFfpConfig, InitiatorNotice, NoticeSink,
+    ClosedFuture, CommandOut, InitiatorDatamover, InitiatorFfpConfig, InitiatorNotice, NoticeSink,
     RegistrationStats, Resume, SnackFor,
 };
 

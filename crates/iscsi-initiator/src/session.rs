@@ -31,6 +31,10 @@ use crate::Error;
 /// The initiator name used unless the caller sets one.
 pub const DEFAULT_INITIATOR_NAME: &str = "iqn.2026-11.org.ironsan:initiator";
 
+/// How long a logout waits for its connections' close to finish on the wire (iSER: the
+/// RNIC's FIN handshake after the last Send) before it returns anyway.
+const LOGOUT_CLOSE_WAIT: Duration = Duration::from_secs(2);
+
 /// How to log in and run a session.
 #[derive(Debug, Clone)]
 pub struct SessionConfig {
@@ -1107,7 +1111,15 @@ impl Session {
         let r = self
             .immediate(|c, t| c.logout(t), Duration::from_secs(10))
             .await;
-        self.shutdown();
+        let closing = self.shutdown();
+        // Bounded: a peer that never finishes the close costs this much, not a hang.
+        // All close at once; waiting on each in turn takes as long as the slowest.
+        let _ = tokio::time::timeout(LOGOUT_CLOSE_WAIT, async {
+            for dm in &closing {
+                dm.when_closed().await;
+            }
+        })
+        .await;
         match r? {
             Reply::Logout(0) => Ok(()),
             Reply::Logout(code) => Err(Error::Protocol(format!(
@@ -1117,18 +1129,26 @@ impl Session {
         }
     }
 
-    fn shutdown(&self) {
+    /// Closes every connection and fails what is left; returns the datamovers closing.
+    fn shutdown(&self) -> Vec<Arc<dyn InitiatorDatamover>> {
         self.inner.closing.store(true, Ordering::Release);
         let mut st = self.inner.lock();
         st.generation += 1;
-        for h in st.conns.iter_mut().filter_map(Option::take) {
-            h.dm.close();
+        let closing: Vec<_> = st
+            .conns
+            .iter_mut()
+            .filter_map(Option::take)
+            .map(|h| h.dm)
+            .collect();
+        for dm in &closing {
+            dm.close();
         }
         st.core
             .fail_all(TaskError::ConnectionLost("the session was closed".into()));
         st.failed
             .get_or_insert_with(|| "the session was closed".into());
         flush(&mut st);
+        closing
     }
 
     /// Kills the first connection without logging out, as a network failure would (tests
