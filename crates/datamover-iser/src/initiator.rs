@@ -53,6 +53,9 @@ fn unsolicited_limit(declared: u32) -> usize {
     n.max(1) as usize
 }
 
+/// How long a target may take to close its end after our logout before we close ours.
+const LOGOUT_TARGET_GRACE: Duration = Duration::from_millis(100);
+
 /// Idle bytes each buffer pool keeps for reuse.
 const POOL_IDLE_BYTES: usize = 32 << 20;
 /// Bytes of the caller's write data the registration cache keeps registered while idle (and
@@ -278,6 +281,22 @@ impl<P: Device> InitiatorDatamover for IserInitiatorDatamover<P> {
         if self.tx.send(Out::Close).is_err() {
             self.shared.ep.close();
         }
+    }
+
+    /// Linux LIO closes its end once its Logout Response is sent, and its siw fails that
+    /// Send (a fatal QP error, and a WARNING in LIO's command release) when our FIN arrives
+    /// before siw has finished with it. So the target gets [`LOGOUT_TARGET_GRACE`] to close
+    /// first. ironsan's own target waits for the initiator instead; it costs that much there.
+    fn close_after_logout(&self) {
+        let ended = self.shared.ep.when_ended();
+        let tx = self.tx.clone();
+        let ep = self.shared.ep.clone();
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(LOGOUT_TARGET_GRACE, ended).await;
+            if tx.send(Out::Close).is_err() {
+                ep.close();
+            }
+        });
     }
 
     fn when_closed(&self) -> datamover::ClosedFuture {

@@ -197,6 +197,11 @@ pub trait InitiatorDatamover: Send + Sync {
     }
     /// Closes the connection once everything queued has been sent.
     fn close(&self);
+    /// Closes the connection after a successful logout: a target that closes its end once its
+    /// Logout Response is sent may be given a moment to close first.
+    fn close_after_logout(&self) {
+        self.close()
+    }
     /// Resolves once a [`close`](Self::close) has run its course on the wire, so that a
     /// process may exit without cutting it short (iSER's close is a handshake the RNIC runs
     /// after the last Send; TCP's is the kernel's and needs no wait).

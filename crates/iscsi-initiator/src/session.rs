@@ -1111,7 +1111,7 @@ impl Session {
         let r = self
             .immediate(|c, t| c.logout(t), Duration::from_secs(10))
             .await;
-        let closing = self.shutdown();
+        let closing = self.shutdown(matches!(r, Ok(Reply::Logout(0))));
         // Bounded: a peer that never finishes the close costs this much, not a hang.
         // All close at once; waiting on each in turn takes as long as the slowest.
         let _ = tokio::time::timeout(LOGOUT_CLOSE_WAIT, async {
@@ -1129,8 +1129,9 @@ impl Session {
         }
     }
 
-    /// Closes every connection and fails what is left; returns the datamovers closing.
-    fn shutdown(&self) -> Vec<Arc<dyn InitiatorDatamover>> {
+    /// Closes every connection (`logged_out`: the target answered a logout) and fails what is
+    /// left; returns the datamovers closing.
+    fn shutdown(&self, logged_out: bool) -> Vec<Arc<dyn InitiatorDatamover>> {
         self.inner.closing.store(true, Ordering::Release);
         let mut st = self.inner.lock();
         st.generation += 1;
@@ -1141,7 +1142,11 @@ impl Session {
             .map(|h| h.dm)
             .collect();
         for dm in &closing {
-            dm.close();
+            if logged_out {
+                dm.close_after_logout();
+            } else {
+                dm.close();
+            }
         }
         st.core
             .fail_all(TaskError::ConnectionLost("the session was closed".into()));
@@ -1348,7 +1353,7 @@ impl Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        self.shutdown();
+        self.shutdown(false);
     }
 }
 

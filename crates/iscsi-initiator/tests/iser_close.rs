@@ -175,21 +175,25 @@ impl MpaPeer {
 }
 
 /// Serves one connection: login, logout, then waits for the initiator's FIN and closes its
-/// own end `hold` later. Reports when it saw the FIN.
-fn serve_and_hold_the_close(hold: Duration) -> (SocketAddr, mpsc::Receiver<Result<(), String>>) {
+/// own end `hold` later. Reports how long after sending the Logout Response the FIN came.
+fn serve_and_hold_the_close(
+    hold: Duration,
+) -> (SocketAddr, mpsc::Receiver<Result<Duration, String>>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let outcome = MpaPeer::accept(&listener).and_then(|mut peer| {
             peer.login()?;
+            let answered = Instant::now();
             peer.answer_logout()?;
             if let Some(pdu) = peer.recv_pdu()? {
                 return Err(format!("a PDU after the logout: {:?}", pdu.bhs));
             }
+            let fin_after = answered.elapsed();
             std::thread::sleep(hold);
             // Dropping the socket closes our end.
-            Ok(())
+            Ok(fin_after)
         });
         let _ = tx.send(outcome);
     });
@@ -210,8 +214,9 @@ async fn connect(addr: SocketAddr) -> Session {
         .expect("iSER login to the MPA peer")
 }
 
-/// How long a logout took, the peer holding its close back for `hold` after our FIN.
-async fn logout_against(hold: Duration) -> Duration {
+/// How long a logout took, the peer holding its close back for `hold` after our FIN, and
+/// how long after the peer's Logout Response our FIN came.
+async fn logout_against(hold: Duration) -> (Duration, Duration) {
     let (addr, served) = serve_and_hold_the_close(hold);
     let s = connect(addr).await;
     let start = Instant::now();
@@ -220,17 +225,17 @@ async fn logout_against(hold: Duration) -> Duration {
         .expect("logout in time")
         .expect("logout answered");
     let took = start.elapsed();
-    served
+    let fin_after = served
         .recv_timeout(T + T)
         .expect("the peer ended")
         .expect("the peer saw login, logout, then our FIN");
-    took
+    (took, fin_after)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logout_waits_for_the_peer_to_close_its_end() {
     let hold = Duration::from_millis(600);
-    let took = logout_against(hold).await;
+    let (took, _) = logout_against(hold).await;
     assert!(
         took >= hold,
         "logout returned after {took:?}, before the peer closed its end ({hold:?} after our FIN)"
@@ -239,9 +244,54 @@ async fn logout_waits_for_the_peer_to_close_its_end() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logout_returns_in_bounded_time_when_the_peer_never_closes() {
-    let took = logout_against(Duration::from_secs(3)).await;
+    let (took, _) = logout_against(Duration::from_secs(3)).await;
     assert!(
         took >= Duration::from_millis(1900) && took < Duration::from_secs(5),
         "logout took {took:?}: it waits about 2 s for a peer that does not close, then returns"
     );
+}
+
+/// A target that closes its end once its Logout Response is sent (Linux LIO) gets a moment to
+/// do so before our FIN: LIO's siw fails a Send still finishing when the peer's FIN arrives.
+/// (Measured at the peer from before it sent the response, so a slow peer thread only makes
+/// the interval longer.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_logout_the_target_is_given_a_moment_to_close_first() {
+    let (_, fin_after) = logout_against(Duration::ZERO).await;
+    assert!(
+        fin_after >= Duration::from_millis(90),
+        "our FIN came {fin_after:?} after the Logout Response: the target had no time to close first"
+    );
+}
+
+/// A target that does close first is met at once: the logout returns without waiting out the
+/// grace, and our end closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_closing_first_after_the_logout_ends_the_connection() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, served) = mpsc::channel();
+    std::thread::spawn(move || {
+        let outcome = MpaPeer::accept(&listener).and_then(|mut peer| {
+            peer.login()?;
+            peer.answer_logout()?;
+            peer.sock
+                .shutdown(std::net::Shutdown::Write)
+                .map_err(|e| e.to_string())?;
+            match peer.recv_pdu()? {
+                None => Ok(()),
+                Some(pdu) => Err(format!("a PDU after the logout: {:?}", pdu.bhs)),
+            }
+        });
+        let _ = tx.send(outcome);
+    });
+    let s = connect(addr).await;
+    tokio::time::timeout(T, s.logout())
+        .await
+        .expect("logout in time")
+        .expect("logout answered");
+    served
+        .recv_timeout(T)
+        .expect("the peer ended")
+        .expect("the peer saw our end close after its own");
 }
