@@ -20,7 +20,7 @@ DEFAULT_SCENARIOS=(
   kinit-basic@tgtd
   kinit-basic kinit-chap kinit-mutual-chap kinit-digests kinit-two-luns kinit-reconnect kinit-fio
   kinit-iser kinit-iser-verbs
-  lio-tcp@libiscsi lio-tcp lio-iser lio-iser-verbs
+  lio-tcp@libiscsi lio-tcp lio-iser@variants lio-iser-verbs
 )
 # shellcheck source=lib/host.sh
 source "$KP_DIR/lib/host.sh"
