@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use iscsi_initiator::{scsi, CommandRequest, Error, IscsiUrl, Session, SessionConfig, TaskError};
-use iscsi_wire::{Bhs, LoginResponse, NopIn, Pdu, ScsiCommand, ScsiResponse, Stage};
+use iscsi_wire::{Bhs, NopIn, Pdu, ScsiCommand, ScsiResponse};
 use iser::IserHeader;
 use iwarp::TerminateCode;
 use rdma::{
@@ -28,7 +28,7 @@ use tokio::sync::mpsc;
 
 #[allow(dead_code)] // start_target is for the tests against ironsan's own target
 mod common;
-use common::random_bytes;
+use common::{iser_login_response, random_bytes, raw_target_send};
 
 /// The bound on any single wait (generous for a busy 2-core machine, short enough for CI).
 const T: Duration = Duration::from_secs(10);
@@ -183,18 +183,9 @@ impl RawConn {
     }
 
     /// Posts `pdu` in a Send (`op`: Send or Send with Invalidate), stamped with our numbers.
-    fn send_pdu(&mut self, mut pdu: Pdu, op: SendOp) -> Result<(), String> {
-        pdu.bhs.set_target_sns(
-            self.stat_sn,
-            self.exp_cmd_sn,
-            self.exp_cmd_sn.wrapping_add(63),
-        );
-        if pdu.bhs.advances_stat_sn() {
-            self.stat_sn = self.stat_sn.wrapping_add(1);
-        }
-        let len = iser::send_len(&pdu);
-        let mut bytes = vec![0u8; len];
-        iser::encode_send(&IserHeader::CONTROL, &pdu, &mut bytes);
+    fn send_pdu(&mut self, pdu: Pdu, op: SendOp) -> Result<(), String> {
+        let bytes = raw_target_send(pdu, &mut self.stat_sn, self.exp_cmd_sn);
+        let len = bytes.len();
         let at = (self.next_send % SLOTS) * SLOT_LEN;
         self.next_send += 1;
         self.send.write_at(at, &bytes);
@@ -240,27 +231,7 @@ impl RawConn {
         }
         self.stat_sn = 0;
         self.exp_cmd_sn = r.cmd_sn;
-        let rsp = Bhs::LoginResponse(LoginResponse {
-            transit: true,
-            cont: false,
-            csg: Stage::Operational,
-            nsg: Stage::FullFeature,
-            version_max: 0,
-            version_active: 0,
-            isid: r.isid,
-            tsih: 1,
-            itt: r.itt,
-            // Stamped by send_pdu.
-            stat_sn: 0,
-            exp_cmd_sn: 0,
-            max_cmd_sn: 0,
-            status_class: 0,
-            status_detail: 0,
-        });
-        let keys: &[u8] = b"RDMAExtensions=Yes\0TargetRecvDataSegmentLength=8192\0\
-            InitialR2T=Yes\0ImmediateData=Yes\0MaxBurstLength=262144\0FirstBurstLength=8192\0\
-            MaxConnections=1\0ErrorRecoveryLevel=0\0DataPDUInOrder=Yes\0DataSequenceInOrder=Yes\0";
-        self.send_pdu(Pdu::new(rsp, Bytes::from_static(keys)), SendOp::Send)
+        self.send_pdu(iser_login_response(&r), SendOp::Send)
     }
 
     /// The next READ command (other PDUs, such as a NOP-Out, are skipped).

@@ -13,10 +13,12 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use iscsi_initiator::{IscsiUrl, Session, SessionConfig};
-use iscsi_wire::{Bhs, LoginResponse, LogoutResponse, Pdu, Stage};
-use iser::IserHeader;
+use iscsi_wire::{Bhs, LogoutResponse, Pdu};
 use iwarp::ddp::{DdpHeader, Opcode, UntaggedHeader, QN_SEND};
 use iwarp::{fpdu, mpa};
+
+#[allow(dead_code)] // start_target is for the tests against ironsan's own target
+mod common;
 
 /// The bound on any single wait.
 const T: Duration = Duration::from_secs(10);
@@ -105,17 +107,8 @@ impl MpaPeer {
     }
 
     /// Sends `pdu` in one Send, stamped with our numbers.
-    fn send_pdu(&mut self, mut pdu: Pdu) -> Result<(), String> {
-        pdu.bhs.set_target_sns(
-            self.stat_sn,
-            self.exp_cmd_sn,
-            self.exp_cmd_sn.wrapping_add(63),
-        );
-        if pdu.bhs.advances_stat_sn() {
-            self.stat_sn = self.stat_sn.wrapping_add(1);
-        }
-        let mut send = vec![0u8; iser::send_len(&pdu)];
-        iser::encode_send(&IserHeader::CONTROL, &pdu, &mut send);
+    fn send_pdu(&mut self, pdu: Pdu) -> Result<(), String> {
+        let send = common::raw_target_send(pdu, &mut self.stat_sn, self.exp_cmd_sn);
         let header = DdpHeader::Untagged(UntaggedHeader {
             last: true,
             opcode: Opcode::Send,
@@ -137,26 +130,7 @@ impl MpaPeer {
             return Err(format!("expected a Login Request, got {:?}", pdu.bhs));
         };
         self.exp_cmd_sn = r.cmd_sn;
-        let rsp = Bhs::LoginResponse(LoginResponse {
-            transit: true,
-            cont: false,
-            csg: Stage::Operational,
-            nsg: Stage::FullFeature,
-            version_max: 0,
-            version_active: 0,
-            isid: r.isid,
-            tsih: 1,
-            itt: r.itt,
-            stat_sn: 0,
-            exp_cmd_sn: 0,
-            max_cmd_sn: 0,
-            status_class: 0,
-            status_detail: 0,
-        });
-        let keys: &[u8] = b"RDMAExtensions=Yes\0TargetRecvDataSegmentLength=8192\0\
-            InitialR2T=Yes\0ImmediateData=Yes\0MaxBurstLength=262144\0FirstBurstLength=8192\0\
-            MaxConnections=1\0ErrorRecoveryLevel=0\0DataPDUInOrder=Yes\0DataSequenceInOrder=Yes\0";
-        self.send_pdu(Pdu::new(rsp, Bytes::from_static(keys)))
+        self.send_pdu(common::iser_login_response(&r))
     }
 
     /// Answers the Logout Request (other PDUs are skipped).
