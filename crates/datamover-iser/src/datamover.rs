@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -74,9 +74,6 @@ struct Shared<P: Device> {
     reads: Semaphore,
     next_ttt: AtomicU32,
     peer: SocketAddr,
-    /// Set, and `ended` notified, when the receive stream ends (the peer closed, or failed).
-    has_ended: AtomicBool,
-    ended: tokio::sync::Notify,
     /// Read data is produced into registered regions (see [`lent`]).
     read_buffers: Arc<RegisteredReadBuffers<P>>,
 }
@@ -122,8 +119,6 @@ pub(crate) fn start<P: Device>(
         reads: Semaphore::new(usize::from(s.ord.max(1))),
         next_ttt: AtomicU32::new(1),
         peer: s.peer,
-        has_ended: AtomicBool::new(false),
-        ended: tokio::sync::Notify::new(),
     });
     let (tx, rx) = mpsc::channel(256);
     tokio::spawn(receive(shared.clone(), s.received, tx, s.max_recv_data));
@@ -392,14 +387,10 @@ impl<P: Device> Datamover for IserDatamover<P> {
     /// whatever it still has on its queue (Linux siw then reports a fatal QP error). So it
     /// gets [`LOGOUT_GRACE`] to close before this end does.
     fn close_after_logout(&self) {
-        let sh = self.shared.clone();
-        tokio::spawn(async move {
-            let ended = sh.ended.notified();
-            if !sh.has_ended.load(Ordering::Acquire) {
-                let _ = tokio::time::timeout(LOGOUT_GRACE, ended).await;
-            }
-            sh.ep.close();
-        });
+        let ep = self.shared.ep.clone();
+        self.shared
+            .ep
+            .close_after_peer_or(LOGOUT_GRACE, move || ep.close());
     }
 }
 
@@ -457,8 +448,6 @@ async fn receive<P: Device>(
         }
     };
     tracing::debug!(peer = %sh.peer, "iSER connection ended: {reason}");
-    sh.has_ended.store(true, Ordering::Release);
-    sh.ended.notify_waiters();
     sh.ep.close();
     // Waiters for unsolicited data hear of the end as their senders go.
     sh.slots.lock().expect("slots").clear();

@@ -364,6 +364,20 @@ impl<P: Device> Endpoint<P> {
         }
     }
 
+    /// Runs `close` once the peer has ended the connection or `grace` has passed, whichever
+    /// is first: after a logout, the side that is to close second gives the other its turn.
+    pub fn close_after_peer_or(
+        &self,
+        grace: std::time::Duration,
+        close: impl FnOnce() + Send + 'static,
+    ) {
+        let ended = self.when_ended();
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(grace, ended).await;
+            close();
+        });
+    }
+
     /// A received Send in receive slot `slot`: its bytes, and the slot posted again.
     fn take_recv(&self, slot: u32, len: u32) -> Result<Bytes, ConnEnd> {
         let len = (len as usize).min(self.buffers.recv_len);

@@ -278,9 +278,7 @@ impl<P: Device> InitiatorDatamover for IserInitiatorDatamover<P> {
     }
 
     fn close(&self) {
-        if self.tx.send(Out::Close).is_err() {
-            self.shared.ep.close();
-        }
+        close_via(&self.tx, &self.shared.ep);
     }
 
     /// Linux LIO closes its end once its Logout Response is sent, and its siw fails that
@@ -288,15 +286,10 @@ impl<P: Device> InitiatorDatamover for IserInitiatorDatamover<P> {
     /// before siw has finished with it. So the target gets [`LOGOUT_TARGET_GRACE`] to close
     /// first. ironsan's own target waits for the initiator instead; it costs that much there.
     fn close_after_logout(&self) {
-        let ended = self.shared.ep.when_ended();
-        let tx = self.tx.clone();
-        let ep = self.shared.ep.clone();
-        tokio::spawn(async move {
-            let _ = tokio::time::timeout(LOGOUT_TARGET_GRACE, ended).await;
-            if tx.send(Out::Close).is_err() {
-                ep.close();
-            }
-        });
+        let (tx, ep) = (self.tx.clone(), self.shared.ep.clone());
+        self.shared
+            .ep
+            .close_after_peer_or(LOGOUT_TARGET_GRACE, move || close_via(&tx, &ep));
     }
 
     fn when_closed(&self) -> datamover::ClosedFuture {
@@ -307,6 +300,13 @@ impl<P: Device> InitiatorDatamover for IserInitiatorDatamover<P> {
         // Nothing more is reported.
         self.shared.closed.store(true, Ordering::Release);
         self.shared.ep.close();
+    }
+}
+
+/// Closes after what the send loop has queued, or at once if the loop is gone.
+fn close_via<P: Device>(tx: &mpsc::UnboundedSender<Out>, ep: &Endpoint<P>) {
+    if tx.send(Out::Close).is_err() {
+        ep.close();
     }
 }
 

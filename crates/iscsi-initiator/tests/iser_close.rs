@@ -133,6 +133,14 @@ impl MpaPeer {
         self.send_pdu(common::iser_login_response(&r))
     }
 
+    /// The initiator's FIN, with no PDU before it.
+    fn expect_fin(&mut self) -> Result<(), String> {
+        match self.recv_pdu()? {
+            None => Ok(()),
+            Some(pdu) => Err(format!("a PDU after the logout: {:?}", pdu.bhs)),
+        }
+    }
+
     /// Answers the Logout Request (other PDUs are skipped).
     fn answer_logout(&mut self) -> Result<(), String> {
         loop {
@@ -148,11 +156,14 @@ impl MpaPeer {
     }
 }
 
-/// Serves one connection: login, logout, then waits for the initiator's FIN and closes its
-/// own end `hold` later. Reports how long after sending the Logout Response the FIN came.
-fn serve_and_hold_the_close(
-    hold: Duration,
-) -> (SocketAddr, mpsc::Receiver<Result<Duration, String>>) {
+/// The report of a peer thread: what its script returned, or why it failed.
+type Served<R> = mpsc::Receiver<Result<R, String>>;
+
+/// Serves one connection on a thread of its own: login, the logout answered, then `after`
+/// (given when the Logout Response went out); reports what `after` returned.
+fn serve_logout<R: Send + 'static>(
+    after: impl FnOnce(&mut MpaPeer, Instant) -> Result<R, String> + Send + 'static,
+) -> (SocketAddr, Served<R>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = mpsc::channel();
@@ -161,13 +172,7 @@ fn serve_and_hold_the_close(
             peer.login()?;
             let answered = Instant::now();
             peer.answer_logout()?;
-            if let Some(pdu) = peer.recv_pdu()? {
-                return Err(format!("a PDU after the logout: {:?}", pdu.bhs));
-            }
-            let fin_after = answered.elapsed();
-            std::thread::sleep(hold);
-            // Dropping the socket closes our end.
-            Ok(fin_after)
+            after(&mut peer, answered)
         });
         let _ = tx.send(outcome);
     });
@@ -188,10 +193,9 @@ async fn connect(addr: SocketAddr) -> Session {
         .expect("iSER login to the MPA peer")
 }
 
-/// How long a logout took, the peer holding its close back for `hold` after our FIN, and
-/// how long after the peer's Logout Response our FIN came.
-async fn logout_against(hold: Duration) -> (Duration, Duration) {
-    let (addr, served) = serve_and_hold_the_close(hold);
+/// Logs in to the peer at `addr` and out again: how long the logout took, and what the peer
+/// reported.
+async fn logout_from<R>(addr: SocketAddr, served: Served<R>) -> (Duration, R) {
     let s = connect(addr).await;
     let start = Instant::now();
     tokio::time::timeout(T, s.logout())
@@ -199,11 +203,24 @@ async fn logout_against(hold: Duration) -> (Duration, Duration) {
         .expect("logout in time")
         .expect("logout answered");
     let took = start.elapsed();
-    let fin_after = served
+    let report = served
         .recv_timeout(T + T)
         .expect("the peer ended")
         .expect("the peer saw login, logout, then our FIN");
-    (took, fin_after)
+    (took, report)
+}
+
+/// How long a logout took, the peer closing its end `hold` after our FIN, and how long after
+/// the peer's Logout Response our FIN came.
+async fn logout_against(hold: Duration) -> (Duration, Duration) {
+    let (addr, served) = serve_logout(move |peer, answered| {
+        peer.expect_fin()?;
+        let fin_after = answered.elapsed();
+        std::thread::sleep(hold);
+        // Dropping the socket closes our end.
+        Ok(fin_after)
+    });
+    logout_from(addr, served).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -238,34 +255,15 @@ async fn after_a_logout_the_target_is_given_a_moment_to_close_first() {
     );
 }
 
-/// A target that does close first is met at once: the logout returns without waiting out the
-/// grace, and our end closes.
+/// A target that does close first (right after its Logout Response) is met cleanly: the
+/// logout succeeds, and our end closes after its own with nothing sent in between.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_target_closing_first_after_the_logout_ends_the_connection() {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (tx, served) = mpsc::channel();
-    std::thread::spawn(move || {
-        let outcome = MpaPeer::accept(&listener).and_then(|mut peer| {
-            peer.login()?;
-            peer.answer_logout()?;
-            peer.sock
-                .shutdown(std::net::Shutdown::Write)
-                .map_err(|e| e.to_string())?;
-            match peer.recv_pdu()? {
-                None => Ok(()),
-                Some(pdu) => Err(format!("a PDU after the logout: {:?}", pdu.bhs)),
-            }
-        });
-        let _ = tx.send(outcome);
+    let (addr, served) = serve_logout(|peer, _| {
+        peer.sock
+            .shutdown(std::net::Shutdown::Write)
+            .map_err(|e| e.to_string())?;
+        peer.expect_fin()
     });
-    let s = connect(addr).await;
-    tokio::time::timeout(T, s.logout())
-        .await
-        .expect("logout in time")
-        .expect("logout answered");
-    served
-        .recv_timeout(T)
-        .expect("the peer ended")
-        .expect("the peer saw our end close after its own");
+    logout_from(addr, served).await;
 }

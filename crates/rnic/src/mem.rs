@@ -29,8 +29,8 @@ pub struct MrInner {
 // SAFETY: the raw pointer is owned exclusively by this struct (allocated in `register`, freed in
 // Drop), or points into the `Bytes` it holds (`register_bytes`, never written: no write rights,
 // and the writing methods refuse it; `Bytes` is itself Send + Sync); all accesses copy through
-// raw pointers without creating long-lived references, and concurrent access to the same bytes by the local user and a remote peer is a race the ULP must avoid, as
-// with any RDMA device.
+// raw pointers without creating long-lived references, and concurrent access to the same bytes
+// by the local user and a remote peer is a race the ULP must avoid, as with any RDMA device.
 unsafe impl Send for MrInner {}
 // SAFETY: see above.
 unsafe impl Sync for MrInner {}

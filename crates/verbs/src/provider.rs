@@ -962,15 +962,13 @@ impl Provider for Verbs {
             mr: Mutex::new(std::ptr::null_mut()),
             keys: AtomicU64::new(0),
             reg_len: std::sync::atomic::AtomicUsize::new(data.len()),
-            borrowed: Some(data),
+            // A reference, not a copy: the region holds the bytes alive.
+            borrowed: Some(data.clone()),
         };
         match mr.register() {
             Ok(()) => Ok(mr),
             // A device that will not pin these pages (read-only memory, say) gets a copy.
-            Err(_) => {
-                let data = mr.borrowed.as_deref().expect("set above");
-                rdma::reg_copy(self, pd, data, access)
-            }
+            Err(_) => rdma::reg_copy(self, pd, &data, access),
         }
     }
     fn create_channel(&self) -> Result<Channel> {
