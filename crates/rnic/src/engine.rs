@@ -1,9 +1,9 @@
 //! The progress engine: one thread per RNIC drives every connection (QP) with epoll through mio.
 //! Per connection it runs the transmit side (work requests and Read Responses cut into FPDUs and
 //! written with vectored writes straight from registered memory, or from a copy made with the
-//! CRC when MPA CRC is on) and the receive side (FPDU
-//! headers parsed with `iwarp`, checked, then payload read from the socket directly into the
-//! target region).
+//! CRC when MPA CRC is on) and the receive side (bytes read ahead into a stage, FPDU headers
+//! parsed with `iwarp` and checked, then short payloads copied from the stage and long ones
+//! read from the socket directly into the target region).
 
 use crate::mem::{AccessError, MrInner};
 use crate::qp::{Piece, PostedRecv, PostedSend, QpShared};
@@ -27,6 +27,11 @@ const OUT_HIGH_WATER: usize = 4 << 20;
 /// Read at most this much per connection per turn, so one busy QP cannot starve the others.
 const RX_TURN_BYTES: usize = 8 << 20;
 const MAX_IOVECS: usize = 512;
+/// Bytes a connection reads ahead of its receive state (see `Conn::stage`).
+const STAGE_LEN: usize = 64 << 10;
+/// Payloads at least this long, when nothing is staged, are read from the socket straight
+/// into their destination; shorter ones are copied from the stage.
+const DIRECT_MIN: usize = 8 << 10;
 /// After our FIN, how long to wait for the peer's before closing anyway.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
@@ -276,6 +281,12 @@ struct Conn {
     rx: Rx,
     ctl: [u8; 96],
     ctl_have: usize,
+    /// Bytes read from the socket ahead of the receive state: one read takes whatever has
+    /// arrived (many small FPDUs at once), and headers, trailers and small payloads are
+    /// taken from here. `stage[stage_pos..stage_len]` is unconsumed.
+    stage: Box<[u8]>,
+    stage_pos: usize,
+    stage_len: usize,
     hdr_len: usize,
     dst: Dst,
     recv_cur: Option<RecvInProgress>,
@@ -347,6 +358,9 @@ impl Conn {
             rx: Rx::Header { need: 16 },
             ctl: [0; 96],
             ctl_have: 0,
+            stage: vec![0; STAGE_LEN].into_boxed_slice(),
+            stage_pos: 0,
+            stage_len: 0,
             hdr_len: 0,
             dst: Dst::None,
             recv_cur: None,
@@ -792,20 +806,49 @@ impl Conn {
         }
     }
 
+    /// Unconsumed staged bytes.
+    fn staged(&self) -> &[u8] {
+        &self.stage[self.stage_pos..self.stage_len]
+    }
+
+    fn consume_staged(&mut self, n: usize) {
+        self.stage_pos += n;
+        if self.stage_pos == self.stage_len {
+            self.stage_pos = 0;
+            self.stage_len = 0;
+        }
+    }
+
+    /// Reads what the socket has (up to the stage's size) into the empty stage.
+    fn fill_stage(&mut self) -> Result<usize, Step> {
+        debug_assert_eq!(self.stage_len, 0);
+        // SAFETY: reads into our own stage buffer, within its length.
+        let n = unsafe {
+            libc::read(
+                self.fd,
+                self.stage.as_mut_ptr() as *mut libc::c_void,
+                self.stage.len(),
+            )
+        };
+        read_result(n).inspect(|&n| self.stage_len = n)
+    }
+
+    /// Fills the control buffer up to `upto` bytes from the stage (reading the socket when
+    /// the stage is empty); returns the bytes taken.
     fn read_ctl(&mut self, upto: usize) -> Result<usize, Step> {
         let upto = upto.min(self.ctl.len());
         if self.ctl_have >= upto {
             return Ok(0);
         }
-        // SAFETY: reads into the unused tail of our own control buffer.
-        let n = unsafe {
-            libc::read(
-                self.fd,
-                self.ctl.as_mut_ptr().add(self.ctl_have) as *mut libc::c_void,
-                upto - self.ctl_have,
-            )
-        };
-        read_result(n).inspect(|&n| self.ctl_have += n)
+        if self.staged().is_empty() {
+            self.fill_stage()?;
+        }
+        let take = (upto - self.ctl_have).min(self.staged().len());
+        let at = self.stage_pos;
+        self.ctl[self.ctl_have..self.ctl_have + take].copy_from_slice(&self.stage[at..at + take]);
+        self.ctl_have += take;
+        self.consume_staged(take);
+        Ok(take)
     }
 
     fn rx_header(&mut self, need: usize) -> Step {
@@ -1016,31 +1059,7 @@ impl Conn {
                 "no room for payload".into(),
             );
         }
-        // When this read can finish the segment's payload, the same syscall also takes the
-        // trailer and the next header's first bytes into the control buffer (empty while a
-        // payload is read): one read per FPDU instead of two, and fewer window updates.
-        let tail = if room == left && !matches!(self.dst, Dst::Scratch(_)) {
-            debug_assert_eq!(self.ctl_have, 0);
-            (FpduLayout::new(self.seg_len).trailer_len() + 16).min(self.ctl.len())
-        } else {
-            0
-        };
-        let iov = [
-            libc::iovec {
-                iov_base: ptr as *mut libc::c_void,
-                iov_len: room,
-            },
-            libc::iovec {
-                iov_base: self.ctl.as_mut_ptr() as *mut libc::c_void,
-                iov_len: tail,
-            },
-        ];
-        // SAFETY: ptr..ptr+room was bounds-checked against the registered region (or our own
-        // scratch vector) when the segment header was accepted; the region is kept alive by the
-        // Arc held in `dst`/`recv_cur`; the second iovec is our own control buffer (`tail` bytes
-        // fit in it). Reading straight from the socket into the region is the one copy.
-        let n = unsafe { libc::readv(self.fd, iov.as_ptr(), if tail > 0 { 2 } else { 1 }) };
-        let n = match read_result(n) {
+        let n = match self.read_payload(ptr, room) {
             Ok(n) => n,
             Err(s) => {
                 if let Dst::Scratch(v) = &mut self.dst {
@@ -1049,15 +1068,11 @@ impl Conn {
                 return s;
             }
         };
-        // Bytes past the payload went to the control buffer (trailer and lookahead).
-        let extra = n.saturating_sub(room);
-        let n = n - extra;
-        self.ctl_have += extra;
         if let Dst::Scratch(v) = &mut self.dst {
             v.truncate(v.len() - (left - n));
         }
         if self.crc {
-            // SAFETY: these n bytes were just written by read(2) into the checked range.
+            // SAFETY: these n bytes were just placed in the checked range.
             self.rx_crc
                 .update(unsafe { std::slice::from_raw_parts(ptr, n) });
         }
@@ -1072,13 +1087,44 @@ impl Conn {
         } else {
             Rx::Payload { left }
         };
-        Step::Progress(n + extra)
+        Step::Progress(n)
+    }
+
+    /// Puts up to `room` payload bytes at `ptr`: from the stage, or, when nothing is staged
+    /// and the payload is long, straight from the socket with whatever follows it going to
+    /// the stage in the same call (the one copy into the region). Returns the bytes placed.
+    fn read_payload(&mut self, ptr: *mut u8, room: usize) -> Result<usize, Step> {
+        if self.staged().is_empty() && room < DIRECT_MIN {
+            self.fill_stage()?;
+        }
+        if !self.staged().is_empty() {
+            let n = room.min(self.staged().len());
+            // SAFETY: the caller's ptr..ptr+room is writable (see `rx_payload`) and n <= room;
+            // the source is our own stage; they do not overlap.
+            unsafe { std::ptr::copy_nonoverlapping(self.staged().as_ptr(), ptr, n) };
+            self.consume_staged(n);
+            return Ok(n);
+        }
+        let iov = [
+            libc::iovec {
+                iov_base: ptr as *mut libc::c_void,
+                iov_len: room,
+            },
+            libc::iovec {
+                iov_base: self.stage.as_mut_ptr() as *mut libc::c_void,
+                iov_len: self.stage.len(),
+            },
+        ];
+        // SAFETY: ptr..ptr+room is writable (see `rx_payload`); the second iovec is our own
+        // empty stage.
+        let n = read_result(unsafe { libc::readv(self.fd, iov.as_ptr(), 2) })?;
+        self.stage_len = n.saturating_sub(room);
+        Ok(n - self.stage_len)
     }
 
     fn rx_trailer(&mut self, need: usize) -> Step {
         if self.ctl_have < need {
-            // Also take the next FPDU's first 16 bytes if they are there: every FPDU is longer.
-            match self.read_ctl(need + 16) {
+            match self.read_ctl(need) {
                 Ok(n) if self.ctl_have < need => return Step::Progress(n),
                 Ok(_) => {}
                 Err(s) => return s,

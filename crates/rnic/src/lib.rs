@@ -18,10 +18,11 @@
 //! when the ULP changes the region meanwhile, as a hardware RNIC reads memory once). On network
 //! paths each FPDU is its own message ending in MSG_EOR, so that TCP starts every FPDU in a new
 //! segment (RFC 5044's alignment, what siw does, what tshark's MPA dissector needs); on loopback FPDUs
-//! are packed unless [`Rnic::align_fpdus_on_loopback`] asks for alignment. Inbound FPDU headers are
-//! read into a small buffer, checked (STag validity, protection domain, access rights, bounds, MSN,
-//! receive buffer length), and only then is the payload read from the socket directly into the
-//! target region. Any violation sends a Terminate with the matching error code and moves the QP to
+//! are packed unless [`Rnic::align_fpdus_on_loopback`] asks for alignment. Inbound bytes are read
+//! ahead into a per-connection stage (one read takes every small FPDU that has arrived); FPDU
+//! headers are checked (STag validity, protection domain, access rights, bounds, MSN, receive
+//! buffer length) before any payload is placed, and then short payloads are copied from the
+//! stage while long ones are read from the socket directly into the target region. Any violation sends a Terminate with the matching error code and moves the QP to
 //! the error state, flushing all outstanding work requests. MPA CRC32C is computed and checked when
 //! negotiated; markers are always refused.
 
