@@ -847,15 +847,29 @@ pub(crate) async fn run_full_feature(
     let mut stop = target.shutdown.subscribe();
     let mut ping_sent: Option<tokio::time::Instant> = None;
     let mut next_ttt: u32 = 1;
-    let reason = loop {
-        let wait = match ping_sent {
+    // One timer for the connection, moved only when it fires early: setting a new one for
+    // every PDU re-registered it with the runtime's timer each time (a wake-up of a parked
+    // worker, per command).
+    let mut heard = tokio::time::Instant::now();
+    let deadline =
+        |ping_sent: Option<tokio::time::Instant>, heard: tokio::time::Instant| match ping_sent {
             Some(at) => at + ping_timeout,
+            // No pings: the timer only ever moves on.
             None if ping_every.is_zero() => tokio::time::Instant::now() + Duration::from_secs(3600),
-            None => tokio::time::Instant::now() + ping_every,
+            None => heard + ping_every,
         };
+    let timer = tokio::time::sleep_until(deadline(ping_sent, heard));
+    tokio::pin!(timer);
+    let reason = loop {
         let notice = tokio::select! {
             n = notices.recv() => n,
-            _ = tokio::time::sleep_until(wait) => {
+            _ = &mut timer => {
+                let due = deadline(ping_sent, heard);
+                if due > tokio::time::Instant::now() {
+                    // The peer was heard from since the timer was set.
+                    timer.as_mut().reset(due);
+                    continue;
+                }
                 if ping_sent.is_some() {
                     break "no answer to NOP-In ping".to_string();
                 }
@@ -870,12 +884,17 @@ pub(crate) async fn run_full_feature(
                     }
                     ping_sent = Some(tokio::time::Instant::now());
                 }
+                timer.as_mut().reset(deadline(ping_sent, heard));
                 continue;
             }
             _ = stop.changed() => break "target shutting down".to_string(),
         };
         // Any PDU shows the peer is alive.
-        ping_sent = None;
+        heard = tokio::time::Instant::now();
+        if ping_sent.take().is_some() {
+            // The ping's timeout may be later than the next ping is due.
+            timer.as_mut().reset(deadline(None, heard));
+        }
         let Some(notice) = notice else {
             break "connection closed".to_string();
         };
