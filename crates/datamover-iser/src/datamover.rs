@@ -25,7 +25,7 @@ use iser::IserHeader;
 use rdma::{MemoryRegion, SendOp, SendWr};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use crate::endpoint::{ConnEnd, Device, Endpoint, Received};
+use crate::endpoint::{ConnEnd, Device, Endpoint, Inbound, Received};
 use crate::lent::{self, RegisteredReadBuffers};
 use crate::mr_pool::PooledMr;
 
@@ -121,7 +121,15 @@ pub(crate) fn start<P: Device>(
         peer: s.peer,
     });
     let (tx, rx) = mpsc::channel(256);
-    tokio::spawn(receive(shared.clone(), s.received, tx, s.max_recv_data));
+    let receiver = Receiver {
+        sh: shared.clone(),
+        notices: NoticeOut {
+            tx,
+            backlog: Arc::default(),
+        },
+        max_recv_data: s.max_recv_data,
+    };
+    receiver.deliver(&shared.ep, s.received);
     (Arc::new(IserDatamover { shared }), rx)
 }
 
@@ -277,10 +285,12 @@ impl<P: Device> Datamover for IserDatamover<P> {
                 sges: vec![mr.sge(offset, data.len())],
                 signaled: true,
             };
+            // Not waited for: the status Send follows it on the queue pair, so the data is
+            // placed before the initiator sees the status (waiting cost a completion's
+            // round trip through the completion task per read).
             self.shared
                 .ep
-                .post_and_wait(wr)
-                .await
+                .post_holding(wr, Box::new((lease, data)))
                 .map_err(|_| DmError::Closed)?;
             ops = 1;
         }
@@ -397,35 +407,54 @@ impl<P: Device> Datamover for IserDatamover<P> {
 /// How long the initiator may take to close its end after a Logout Response.
 const LOGOUT_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// The receiving task: every Send becomes a notice (commands register their STags and write
-/// state first); a malformed Send ends the connection.
-async fn receive<P: Device>(
+/// Received Sends, taken on the endpoint's completion task: every Send becomes a notice
+/// (commands register their STags and write state first); a malformed Send ends the
+/// connection.
+struct Receiver<P: Device> {
     sh: Arc<Shared<P>>,
-    mut received: Received,
-    notices: mpsc::Sender<Notice>,
+    notices: NoticeOut,
     max_recv_data: u32,
-) {
-    let reason = loop {
-        let bytes = match received.recv().await {
+}
+
+impl<P: Device> Receiver<P> {
+    fn deliver(mut self, ep: &Endpoint<P>, received: Received) {
+        ep.deliver_to(received, Box::new(move |item| self.on_inbound(item)));
+    }
+
+    /// False once the connection has ended (the session has been told).
+    fn on_inbound(&mut self, item: Result<Inbound, ConnEnd>) -> bool {
+        let why = match item {
             // An initiator has no business invalidating the target's STags (it knows none).
-            Some(Ok(inbound)) if inbound.invalidated.is_some() => {
-                break "a Send with Invalidate from the initiator".to_string()
+            Ok(inbound) if inbound.invalidated.is_some() => {
+                "a Send with Invalidate from the initiator".to_string()
             }
-            Some(Ok(inbound)) => inbound.bytes,
-            Some(Err(e)) => break e.to_string(),
-            None => break ConnEnd::Closed.to_string(),
+            Ok(inbound) => match self.on_send(&inbound.bytes) {
+                Ok(()) => return true,
+                Err(why) => why,
+            },
+            Err(e) => e.to_string(),
         };
-        let send = match iser::parse_send(&bytes, max_recv_data) {
-            Ok(s) => s,
-            Err(e) => break format!("from the initiator: {e}"),
-        };
+        let sh = &self.sh;
+        tracing::debug!(peer = %sh.peer, "iSER connection ended: {why}");
+        sh.ep.close();
+        // Waiters for unsolicited data hear of the end as their senders go.
+        sh.slots.lock().expect("slots").clear();
+        self.notices.push(Notice::Closed(why));
+        false
+    }
+
+    fn on_send(&mut self, bytes: &Bytes) -> Result<(), String> {
+        let sh = &self.sh;
+        let send = iser::parse_send(bytes, self.max_recv_data)
+            .map_err(|e| format!("from the initiator: {e}"))?;
         let pdu = InPdu {
             pdu: send.pdu,
             raw_bhs: send.raw_bhs,
         };
         let notice = match &pdu.pdu.bhs {
-            Bhs::ScsiCommand(c) => match on_command(&sh, c, &send.header, &pdu.pdu.data) {
-                Ok(write) => Notice::Command {
+            Bhs::ScsiCommand(c) => {
+                let write = on_command(sh, c, &send.header, &pdu.pdu.data)?;
+                Notice::Command {
                     pdu: InPdu {
                         pdu: Pdu {
                             data: Bytes::new(),
@@ -434,24 +463,71 @@ async fn receive<P: Device>(
                         raw_bhs: pdu.raw_bhs,
                     },
                     write,
-                },
-                Err(e) => break e,
-            },
+                }
+            }
             Bhs::DataOut(d) => {
-                on_data_out(&sh, d, &pdu.pdu.data, pdu.raw_bhs);
-                continue;
+                on_data_out(sh, d, &pdu.pdu.data, pdu.raw_bhs);
+                return Ok(());
             }
             _ => Notice::Control(pdu),
         };
-        if notices.send(notice).await.is_err() {
-            break "the session stopped".to_string();
+        if self.notices.push(notice) {
+            Ok(())
+        } else {
+            Err("the session stopped".to_string())
         }
-    };
-    tracing::debug!(peer = %sh.peer, "iSER connection ended: {reason}");
-    sh.ep.close();
-    // Waiters for unsolicited data hear of the end as their senders go.
-    sh.slots.lock().expect("slots").clear();
-    let _ = notices.send(Notice::Closed(reason)).await;
+    }
+}
+
+/// Notices to the session, in order, from code that cannot wait: when the channel is full
+/// the rest queue in a backlog a task feeds in (the session is that far behind; rare).
+struct NoticeOut {
+    tx: mpsc::Sender<Notice>,
+    /// Some while the feeding task runs: notices go behind it.
+    backlog: Arc<Mutex<Option<std::collections::VecDeque<Notice>>>>,
+}
+
+impl NoticeOut {
+    /// False once the session has stopped taking notices.
+    fn push(&self, notice: Notice) -> bool {
+        let mut backlog = self.backlog.lock().expect("backlog");
+        if let Some(queued) = backlog.as_mut() {
+            queued.push_back(notice);
+            return true;
+        }
+        match self.tx.try_send(notice) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+            Err(mpsc::error::TrySendError::Full(notice)) => {
+                *backlog = Some([notice].into());
+                tokio::spawn(feed_backlog(self.tx.clone(), self.backlog.clone()));
+                true
+            }
+        }
+    }
+}
+
+/// Sends the backlog in order, waiting for room; once it is empty, notices go straight
+/// to the channel again.
+async fn feed_backlog(
+    tx: mpsc::Sender<Notice>,
+    backlog: Arc<Mutex<Option<std::collections::VecDeque<Notice>>>>,
+) {
+    loop {
+        let next = {
+            let mut b = backlog.lock().expect("backlog");
+            match b.as_mut().and_then(|q| q.pop_front()) {
+                Some(n) => n,
+                None => {
+                    *b = None;
+                    return;
+                }
+            }
+        };
+        if tx.send(next).await.is_err() {
+            return;
+        }
+    }
 }
 
 /// A SCSI Command: its STags kept for the data and the status; a write's buffer and

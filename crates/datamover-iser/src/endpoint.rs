@@ -1,12 +1,16 @@
-//! One RDMA connection as the iSER layer uses it: a queue pair, one completion queue whose
-//! channel wakes a tokio task, a ring of registered receive buffers (each received Send comes
-//! out as `Bytes` and its buffer is posted again at once), and a pool of registered send
-//! buffers (a Send takes one and its completion gives it back). The completion task is the
-//! only poller; whoever waits for an operation gets its status through a oneshot.
-
+//! One RDMA connection as the iSER layer uses it: a queue pair, a ring of registered receive
+//! buffers (each received Send comes out as `Bytes` and its buffer is posted again at once),
+//! a pool of registered send buffers (a Send takes one and its completion gives it back), and
+//! a completion task woken by the channel, the only poller. Received Sends go through a
+//! channel in the login phase and, in full feature phase, to the datamover's handler on the
+//! completion task itself ([`Endpoint::deliver_to`]). The receive and send queues have a CQ
+//! each: the send CQ is polled whenever the task runs but armed only while someone waits for
+//! one of its completions (an RDMA Read's issuer, a sender out of buffers), since most of
+//! them only give a buffer back. While completions keep coming the task polls again after the
+//! tasks they woke have run, and arms the CQs only when it finds them empty.
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::mr_pool::{MrPool, PooledMr};
@@ -19,7 +23,7 @@ use rdma::{
 };
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
-use tokio::sync::{mpsc, oneshot, watch, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, Notify, Semaphore, TryAcquireError};
 
 /// An RDMA provider whose objects can move into tasks (every provider in this tree).
 pub trait Device:
@@ -51,6 +55,8 @@ enum Pending {
     Send(u32),
     /// An operation someone waits for.
     Waiter(oneshot::Sender<WcStatus>),
+    /// An operation nobody waits for: what it reads from is held until it completes.
+    Holding(Box<dyn Send>),
 }
 
 /// A connected (or about to be connected) queue pair with its buffers.
@@ -77,6 +83,16 @@ pub struct Endpoint<P: Provider> {
     /// Becomes true when the completion task ends: the queue pair is closed (or failed) and
     /// its work requests flushed.
     ended: watch::Sender<bool>,
+    /// Where the completion task puts what the peer sent.
+    delivery: Mutex<Delivery>,
+    /// The send queue's completions. The completion task polls them whenever it runs, but
+    /// arms them (lets them wake it) only while someone waits for one: most end a Send whose
+    /// buffer can wait to come back, and waking for each cost a wake-up per command.
+    send_cq: P::Cq,
+    /// How many wait for a send-queue completion (see [`SendWatch`]).
+    send_watchers: AtomicUsize,
+    /// Makes the completion task poll at once (a new watcher whose completion may be in).
+    poll_now: Notify,
     // The pools hold the device and the protection domain, which must live as long as the
     // queue pair that uses them (a provider's progress may stop when its last handle goes).
 }
@@ -105,6 +121,34 @@ impl std::fmt::Display for ConnEnd {
 /// What the peer sent, in order; an error ends the stream (the connection is gone).
 pub type Received = mpsc::UnboundedReceiver<Result<Inbound, ConnEnd>>;
 type ReceivedTx = mpsc::UnboundedSender<Result<Inbound, ConnEnd>>;
+
+/// Takes what the peer sent, in order, on the completion task itself (see
+/// [`Endpoint::deliver_to`]); false when it wants nothing more (the connection is ending).
+pub type Deliver = Box<dyn FnMut(Result<Inbound, ConnEnd>) -> bool + Send>;
+
+/// Where received Sends go: a channel in the login phase, a handler in full feature phase.
+enum Delivery {
+    Channel(ReceivedTx),
+    Handler(Deliver),
+    /// The handler wanted nothing more.
+    Done,
+}
+
+impl Delivery {
+    fn deliver(&mut self, item: Result<Inbound, ConnEnd>) {
+        match self {
+            Delivery::Channel(tx) => {
+                let _ = tx.send(item);
+            }
+            Delivery::Handler(h) => {
+                if !h(item) {
+                    *self = Delivery::Done;
+                }
+            }
+            Delivery::Done => {}
+        }
+    }
+}
 
 /// The next login-phase PDU from `received` (both roles): a Send that is no valid iSER
 /// control message, or that invalidates an STag, ends the connection (`Bad`).
@@ -167,14 +211,15 @@ impl<P: Device> Endpoint<P> {
         buffers: Buffers,
     ) -> rdma::Result<(Arc<Self>, Received, Poller<P>)> {
         let channel = dev.create_channel()?;
-        let depth = 2 * (buffers.recv_slots + buffers.send_slots) + 64;
-        let cq = dev.create_cq(depth, Some(&channel))?;
         let caps = rdma::QpCaps {
             max_send_wr: buffers.send_slots + 64,
             max_recv_wr: buffers.recv_slots,
             max_sge: 4,
         };
-        let qp = dev.create_qp(&pd, &cq, &cq, caps)?;
+        // Room for every work request's completion: the send CQ may wait to be polled.
+        let recv_cq = dev.create_cq(caps.max_recv_wr + 64, Some(&channel))?;
+        let send_cq = dev.create_cq(caps.max_send_wr + 64, Some(&channel))?;
+        let qp = dev.create_qp(&pd, &send_cq, &recv_cq, caps)?;
         let recv_mr = dev.reg_mr(
             &pd,
             buffers.recv_slots as usize * buffers.recv_len,
@@ -185,6 +230,7 @@ impl<P: Device> Endpoint<P> {
             buffers.send_slots as usize * buffers.send_len,
             Access::NONE,
         )?;
+        let (tx, rx) = mpsc::unbounded_channel();
         let ep = Arc::new(Endpoint {
             qp,
             recv_mr,
@@ -199,19 +245,21 @@ impl<P: Device> Endpoint<P> {
             sinks: MrPool::new(dev, pd, Access::LOCAL_WRITE, POOL_IDLE_BYTES),
             domain,
             ended: watch::Sender::new(false),
+            delivery: Mutex::new(Delivery::Channel(tx)),
+            send_cq,
+            send_watchers: AtomicUsize::new(0),
+            poll_now: Notify::new(),
         });
         for slot in 0..buffers.recv_slots {
             ep.post_recv(slot)?;
         }
-        let (tx, rx) = mpsc::unbounded_channel();
         Ok((
             ep.clone(),
             rx,
             Poller {
                 ep,
-                cq,
+                recv_cq,
                 channel,
-                tx,
             },
         ))
     }
@@ -258,11 +306,19 @@ impl<P: Device> Endpoint<P> {
                 self.buffers.send_len
             ));
         }
-        let permit = self
-            .send_permits
-            .acquire()
-            .await
-            .map_err(|_| "connection closed".to_string())?;
+        let permit = match self.send_permits.try_acquire() {
+            Ok(permit) => permit,
+            Err(TryAcquireError::Closed) => return Err("connection closed".to_string()),
+            Err(TryAcquireError::NoPermits) => {
+                // Buffers come back with send completions: have them polled, and wake us.
+                let _watch = self.watch_sends();
+                self.poll_now.notify_one();
+                self.send_permits
+                    .acquire()
+                    .await
+                    .map_err(|_| "connection closed".to_string())?
+            }
+        };
         permit.forget();
         let slot = self
             .send_free
@@ -319,6 +375,8 @@ impl<P: Device> Endpoint<P> {
         let (tx, rx) = oneshot::channel();
         wr.wr_id = self.ticket(Pending::Waiter(tx));
         let ticket = wr.wr_id;
+        // Armed before the post, so its completion wakes the completion task.
+        let _watch = self.watch_sends();
         let posted = {
             let _order = self.post_lock.lock().expect("post lock");
             self.qp.post_send(wr)
@@ -334,7 +392,33 @@ impl<P: Device> Endpoint<P> {
         }
     }
 
-    /// Ends a ticket: a Send's buffer goes back, a waiter hears the status.
+    /// Posts `wr` (its `wr_id` is replaced) without waiting for it: `held` (what its local
+    /// memory belongs to) is dropped when it completes. For an RDMA Write whose end nobody
+    /// needs to see: a Send posted after it reaches the peer after its data (queue pair
+    /// order), and a failure fails the connection.
+    pub fn post_holding(&self, mut wr: SendWr, held: Box<dyn Send>) -> Result<(), String> {
+        wr.wr_id = self.ticket(Pending::Holding(held));
+        let ticket = wr.wr_id;
+        let posted = {
+            let _order = self.post_lock.lock().expect("post lock");
+            self.qp.post_send(wr)
+        };
+        posted.map_err(|e| {
+            self.finish(ticket, WcStatus::Flushed);
+            format!("posting a work request: {e}")
+        })
+    }
+
+    /// Counts a waiter for a send-queue completion while the guard lives, and arms the send
+    /// CQ (the completion task re-arms it as long as anyone waits).
+    fn watch_sends(&self) -> SendWatch<'_, P> {
+        self.send_watchers.fetch_add(1, Ordering::SeqCst);
+        self.send_cq.req_notify(false);
+        SendWatch(self)
+    }
+
+    /// Ends a ticket: a Send's buffer goes back, a waiter hears the status, what an
+    /// operation held is let go.
     fn finish(&self, ticket: u64, status: WcStatus) {
         let Some(p) = self.pending.lock().expect("pending").remove(&ticket) else {
             return;
@@ -347,6 +431,7 @@ impl<P: Device> Endpoint<P> {
             Pending::Waiter(tx) => {
                 let _ = tx.send(status);
             }
+            Pending::Holding(held) => drop(held),
         }
     }
 
@@ -378,6 +463,25 @@ impl<P: Device> Endpoint<P> {
         });
     }
 
+    /// From now on the completion task hands what the peer sends to `deliver` itself, first
+    /// what `received` still holds: full feature phase takes each Send where it is polled,
+    /// without waking another task for it.
+    pub fn deliver_to(&self, mut received: Received, mut deliver: Deliver) {
+        let mut delivery = self.delivery.lock().expect("delivery");
+        // Under the lock, so nothing the completion task polls meanwhile overtakes these.
+        while let Ok(item) = received.try_recv() {
+            if !deliver(item) {
+                *delivery = Delivery::Done;
+                return;
+            }
+        }
+        *delivery = Delivery::Handler(deliver);
+    }
+
+    fn deliver(&self, item: Result<Inbound, ConnEnd>) {
+        self.delivery.lock().expect("delivery").deliver(item);
+    }
+
     /// A received Send in receive slot `slot`: its bytes, and the slot posted again.
     fn take_recv(&self, slot: u32, len: u32) -> Result<Bytes, ConnEnd> {
         let len = (len as usize).min(self.buffers.recv_len);
@@ -390,12 +494,20 @@ impl<P: Device> Endpoint<P> {
     }
 }
 
+/// A waiter for a send-queue completion (see [`Endpoint::watch_sends`]).
+struct SendWatch<'a, P: Provider>(&'a Endpoint<P>);
+
+impl<P: Provider> Drop for SendWatch<'_, P> {
+    fn drop(&mut self) {
+        self.0.send_watchers.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// The completion task's parts, started once the connection is up.
 pub struct Poller<P: Provider> {
     ep: Arc<Endpoint<P>>,
-    cq: P::Cq,
+    recv_cq: P::Cq,
     channel: P::Channel,
-    tx: ReceivedTx,
 }
 
 impl<P: Device> Poller<P> {
@@ -407,9 +519,8 @@ impl<P: Device> Poller<P> {
     async fn run(self) {
         let Poller {
             ep,
-            cq,
+            recv_cq,
             channel,
-            tx,
         } = self;
         // SAFETY: the descriptor belongs to `channel`, which is declared before the AsyncFd and
         // so outlives it (the AsyncFd is dropped at the end of this match); the descriptor is
@@ -417,7 +528,7 @@ impl<P: Device> Poller<P> {
         let registered =
             unsafe { AsyncFd::register_with_interest(ChannelFd(channel.fd()), Interest::READABLE) };
         let reason = match registered {
-            Ok(afd) => poll_until_closed(&ep, &cq, &channel, &afd, &tx).await,
+            Ok(afd) => poll_until_closed(&ep, &recv_cq, &channel, &afd).await,
             Err(e) => ConnEnd::Failed(format!("completion channel: {e}")),
         };
         ep.send_permits.close();
@@ -432,53 +543,88 @@ impl<P: Device> Poller<P> {
             ep.finish(t, WcStatus::Flushed);
         }
         ep.ended.send_replace(true);
-        let _ = tx.send(Err(reason));
+        ep.deliver(Err(reason));
     }
 }
 
-/// Re-arms, polls until empty, dispatches; sleeps on the channel; until the connection ends.
+/// Re-arms, polls until empty, dispatches; sleeps on the channel (or until a new watcher of
+/// send completions asks for a poll); until the connection ends.
 async fn poll_until_closed<P: Device>(
     ep: &Endpoint<P>,
-    cq: &P::Cq,
+    recv_cq: &P::Cq,
     channel: &P::Channel,
     afd: &AsyncFd<ChannelFd>,
-    tx: &ReceivedTx,
 ) -> ConnEnd {
     let mut wcs = [Wc::EMPTY; 32];
     loop {
-        // Re-arm, then poll: a completion landing between the two still wakes us.
-        cq.req_notify(false);
-        // Until the queue is empty: a provider may hand over fewer than asked for while more
-        // wait (the verbs provider gave 16 of 32), and what is left would only surface with
-        // the next completion's event (writes stalled for seconds on rdma-core before this).
-        loop {
-            let n = cq.poll(&mut wcs);
-            if n == 0 {
-                break;
-            }
-            for wc in &wcs[..n] {
-                if let Err(why) = dispatch(ep, wc, tx) {
-                    return why;
+        // While completions keep coming, poll again after the tasks they woke have run,
+        // and leave the CQs unarmed: an armed CQ costs the provider a channel write and
+        // this task a wake-up per completion (one per command on the software RNIC).
+        let mut found = true;
+        while found {
+            found = false;
+            for cq in [&ep.send_cq, recv_cq] {
+                match drain(ep, cq, &mut wcs) {
+                    Ok(n) => found |= n > 0,
+                    Err(why) => return why,
                 }
             }
-        }
-        match afd.readable().await {
-            Ok(mut guard) => {
-                guard.clear_ready();
-                let _ = channel.get_events(Some(std::time::Duration::ZERO));
+            if found {
+                tokio::task::yield_now().await;
             }
-            Err(e) => return ConnEnd::Failed(format!("completion channel: {e}")),
+        }
+        // Quiet: arm, then poll, so a completion landing between the two still wakes us.
+        recv_cq.req_notify(false);
+        if ep.send_watchers.load(Ordering::SeqCst) > 0 {
+            ep.send_cq.req_notify(false);
+        }
+        let mut found = 0;
+        for cq in [&ep.send_cq, recv_cq] {
+            match drain(ep, cq, &mut wcs) {
+                Ok(n) => found += n,
+                Err(why) => return why,
+            }
+        }
+        if found > 0 {
+            continue;
+        }
+        tokio::select! {
+            ready = afd.readable() => match ready {
+                Ok(mut guard) => {
+                    guard.clear_ready();
+                    let _ = channel.get_events(Some(std::time::Duration::ZERO));
+                }
+                Err(e) => return ConnEnd::Failed(format!("completion channel: {e}")),
+            },
+            _ = ep.poll_now.notified() => {}
         }
     }
 }
 
-fn dispatch<P: Device>(ep: &Endpoint<P>, wc: &Wc, tx: &ReceivedTx) -> Result<(), ConnEnd> {
+/// Polls `cq` until it is empty: a provider may hand over fewer than asked for while more
+/// wait (the verbs provider gave 16 of 32), and what is left would only surface with the
+/// next completion's event (writes stalled for seconds on rdma-core before this).
+fn drain<P: Device>(ep: &Endpoint<P>, cq: &P::Cq, wcs: &mut [Wc]) -> Result<usize, ConnEnd> {
+    let mut total = 0;
+    loop {
+        let n = cq.poll(wcs);
+        if n == 0 {
+            return Ok(total);
+        }
+        total += n;
+        for wc in &wcs[..n] {
+            dispatch(ep, wc)?;
+        }
+    }
+}
+
+fn dispatch<P: Device>(ep: &Endpoint<P>, wc: &Wc) -> Result<(), ConnEnd> {
     if wc.opcode == WcOpcode::Recv && wc.wr_id < TICKET_BASE {
         if wc.status != WcStatus::Success {
             return Err(connection_error(wc.status));
         }
         let bytes = ep.take_recv(wc.wr_id as u32, wc.byte_len)?;
-        let _ = tx.send(Ok(Inbound {
+        ep.deliver(Ok(Inbound {
             bytes,
             invalidated: wc.invalidated_rkey,
         }));
