@@ -292,3 +292,98 @@ fn a_source_rewritten_during_a_crc_protected_write_arrives_intact() {
     sink.read_at(0, &mut got);
     assert!(got == data, "the last RDMA Write's bytes differ");
 }
+
+/// Many small Sends with RDMA Writes of sizes around the direct-read threshold between
+/// them, posted at once: the receiver reads them ahead in bulk (headers, trailers and short
+/// payloads from its stage; long payloads partly from the stage, the rest straight from the
+/// socket), and every byte lands where it belongs, in order.
+fn burst_of_mixed_sizes(crc: bool) {
+    const SENDS: usize = 300;
+    const RECV_LEN: usize = 512;
+    let write_sizes = [1, 100, 8191, 8192, 8193, 70_000, 300_000];
+    let a = Rnic::new().unwrap();
+    let b = Rnic::new().unwrap();
+    let pda = a.alloc_pd().unwrap();
+    let pdb = b.alloc_pd().unwrap();
+    let rbuf = b
+        .reg_mr(&pdb, SENDS * RECV_LEN, Access::LOCAL_WRITE)
+        .unwrap();
+    let sink_len: usize = write_sizes.iter().sum::<usize>() * (SENDS / 10 / write_sizes.len() + 1);
+    let sink = b
+        .reg_mr(&pdb, sink_len, Access::REMOTE_WRITE | Access::LOCAL_WRITE)
+        .unwrap();
+    let params = ConnParams {
+        crc,
+        first_fpdu_delay: Duration::ZERO,
+        ..Default::default()
+    };
+    let (ea, eb) = pair(&a, &pda, &b, &pdb, params, |_, qb| {
+        for i in 0..SENDS {
+            qb.post_recv(RecvWr {
+                wr_id: i as u64,
+                sges: vec![rbuf.sge(i * RECV_LEN, RECV_LEN)],
+            })
+            .unwrap();
+        }
+    });
+    let src_data = pattern(7, 400_000);
+    let src = mr_with(&a, &pda, &src_data, Access::NONE);
+    // (offset in the sink, length, offset in the source) of every Write.
+    let mut writes = Vec::new();
+    let mut at = 0;
+    for i in 0..SENDS {
+        if i % 10 == 5 {
+            let len = write_sizes[writes.len() % write_sizes.len()];
+            let from = (writes.len() * 977) % (src_data.len() - len);
+            ea.qp
+                .post_send(SendWr {
+                    wr_id: 1_000 + i as u64,
+                    op: SendOp::RdmaWrite {
+                        remote_addr: sink.addr() + at as u64,
+                        rkey: sink.rkey(),
+                    },
+                    sges: vec![src.sge(from, len)],
+                    signaled: false,
+                })
+                .unwrap();
+            writes.push((at, len, from));
+            at += len;
+        }
+        let len = 1 + i % RECV_LEN;
+        ea.qp
+            .post_send(SendWr {
+                wr_id: i as u64,
+                op: SendOp::Send,
+                sges: vec![src.sge(i, len)],
+                signaled: false,
+            })
+            .unwrap();
+    }
+    for i in 0..SENDS {
+        let wc = wait_wc(&eb.rcq, T);
+        let len = 1 + i % RECV_LEN;
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.byte_len as usize),
+            (i as u64, WcStatus::Success, len),
+            "receive {i}"
+        );
+        let mut got = vec![0u8; len];
+        rbuf.read_at(i * RECV_LEN, &mut got);
+        assert!(got == src_data[i..i + len], "Send {i} payload");
+    }
+    for (n, &(at, len, from)) in writes.iter().enumerate() {
+        let mut got = vec![0u8; len];
+        sink.read_at(at, &mut got);
+        assert!(got == src_data[from..from + len], "RDMA Write {n} ({len} bytes)");
+    }
+}
+
+#[test]
+fn a_burst_of_mixed_sizes_lands_intact_crc_off() {
+    burst_of_mixed_sizes(false);
+}
+
+#[test]
+fn a_burst_of_mixed_sizes_lands_intact_crc_on() {
+    burst_of_mixed_sizes(true);
+}
