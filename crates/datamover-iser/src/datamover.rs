@@ -638,3 +638,56 @@ fn on_data_out<P: Device>(sh: &Shared<P>, d: &DataOut, data: &Bytes, raw_bhs: [u
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ping(itt: u32) -> Notice {
+        Notice::Control(InPdu {
+            pdu: Pdu::new(
+                Bhs::NopOut(iscsi_wire::NopOut {
+                    itt,
+                    ..Default::default()
+                }),
+                Bytes::new(),
+            ),
+            raw_bhs: [0; 48],
+        })
+    }
+
+    /// More notices than the channel holds, while the session is not reading: none is lost
+    /// and they arrive in order, whether pushed before or while the backlog is fed.
+    #[tokio::test]
+    async fn notices_beyond_the_channel_queue_in_order() {
+        let (tx, mut rx) = mpsc::channel(4);
+        let out = NoticeOut {
+            tx,
+            backlog: Arc::default(),
+        };
+        for itt in 0..20 {
+            assert!(out.push(ping(itt)));
+        }
+        let mut got = Vec::new();
+        while got.len() < 40 {
+            let next = tokio::time::timeout(std::time::Duration::from_secs(5), rx.recv())
+                .await
+                .expect("a notice within 5 s")
+                .expect("the channel open");
+            let Notice::Control(pdu) = next else {
+                panic!("a control notice")
+            };
+            got.push(pdu.pdu.bhs.itt());
+            if got.len() == 10 {
+                for itt in 20..40 {
+                    assert!(out.push(ping(itt)));
+                }
+            }
+        }
+        assert_eq!(got, (0..40).collect::<Vec<u32>>());
+        drop(rx);
+        // Once the session is gone, pushing says so (after the backlog has drained).
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        assert!(!out.push(ping(40)));
+    }
+}

@@ -5,6 +5,7 @@
 
 mod common;
 use common::*;
+use std::time::Duration;
 
 const NOT_A_LOGIN_FIRST: [u8; 48] = {
     let mut b = [0u8; 48];
@@ -498,4 +499,48 @@ async fn join_session(
     all.extend_from_slice(keys);
     let r = b.login_request(1, 3, true, &key_values(&all)).await;
     (b, r)
+}
+
+/// The target pings an initiator it has not heard from for nop_interval_secs and drops one
+/// that leaves the ping unanswered; one that keeps talking is never pinged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_silent_initiator_is_pinged_and_one_that_stays_silent_is_dropped() {
+    let addr = start_target("nop_interval_secs = 1\nnop_timeout_secs = 1").await;
+    let mut busy = RawConn::connect(addr).await;
+    busy.isid[5] = 7;
+    busy.login(1, &plain_keys()).await;
+    let mut quiet = RawConn::connect(addr).await;
+    quiet.isid[5] = 8;
+    quiet.login(1, &plain_keys()).await;
+
+    // A ping of our own every 300 ms for 2.5 s: the only PDUs back are the answers.
+    let since = std::time::Instant::now();
+    while since.elapsed() < Duration::from_millis(2500) {
+        let itt = busy.itt();
+        let mut b = bhs(0x40, 0x80, 0, itt);
+        b[20..24].copy_from_slice(&u32::MAX.to_be_bytes());
+        b[24..28].copy_from_slice(&busy.cmd_sn.to_be_bytes());
+        b[28..32].copy_from_slice(&busy.exp_stat_sn.to_be_bytes());
+        busy.send(&b, &[]).await;
+        let r = busy.recv().await;
+        assert_eq!(
+            (r.opcode(), r.itt()),
+            (0x20, itt),
+            "an initiator heard from every 300 ms is not pinged"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+
+    // The silent one was pinged about a second after login, and dropped a second later.
+    let ping = quiet
+        .recv_within(Duration::from_millis(500))
+        .await
+        .expect("a NOP-In ping by now");
+    assert_eq!((ping.opcode(), ping.itt()), (0x20, u32::MAX));
+    assert_ne!(
+        ping.field32(20),
+        u32::MAX,
+        "the ping asks for an answer (TTT)"
+    );
+    assert!(quiet.closed_by_target(0).await, "dropped for not answering");
 }

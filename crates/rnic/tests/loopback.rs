@@ -374,7 +374,10 @@ fn burst_of_mixed_sizes(crc: bool) {
     for (n, &(at, len, from)) in writes.iter().enumerate() {
         let mut got = vec![0u8; len];
         sink.read_at(at, &mut got);
-        assert!(got == src_data[from..from + len], "RDMA Write {n} ({len} bytes)");
+        assert!(
+            got == src_data[from..from + len],
+            "RDMA Write {n} ({len} bytes)"
+        );
     }
 }
 
