@@ -32,6 +32,10 @@ const STAGE_LEN: usize = 64 << 10;
 /// Payloads at least this long, when nothing is staged, are read from the socket straight
 /// into their destination; shorter ones are copied from the stage.
 const DIRECT_MIN: usize = 8 << 10;
+/// After a long FPDU, read ahead only this much: enough for the next FPDU's header (or a
+/// small Send whole), not so much that a long payload after it lands in the stage, to be
+/// copied from there instead of being read into its place.
+const SHORT_LOOKAHEAD: usize = 256;
 /// After our FIN, how long to wait for the peer's before closing anyway.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
@@ -287,6 +291,9 @@ struct Conn {
     stage: Box<[u8]>,
     stage_pos: usize,
     stage_len: usize,
+    /// How much one read into the stage asks for: all of it while FPDUs are short,
+    /// [`SHORT_LOOKAHEAD`] after a long one.
+    lookahead: usize,
     hdr_len: usize,
     dst: Dst,
     recv_cur: Option<RecvInProgress>,
@@ -361,6 +368,7 @@ impl Conn {
             stage: vec![0; STAGE_LEN].into_boxed_slice(),
             stage_pos: 0,
             stage_len: 0,
+            lookahead: STAGE_LEN,
             hdr_len: 0,
             dst: Dst::None,
             recv_cur: None,
@@ -827,7 +835,7 @@ impl Conn {
             libc::read(
                 self.fd,
                 self.stage.as_mut_ptr() as *mut libc::c_void,
-                self.stage.len(),
+                self.lookahead.min(self.stage.len()),
             )
         };
         read_result(n).inspect(|&n| self.stage_len = n)
@@ -1083,6 +1091,11 @@ impl Conn {
         }
         let left = left - n;
         self.rx = if left == 0 {
+            self.lookahead = if self.seg_len >= DIRECT_MIN {
+                SHORT_LOOKAHEAD
+            } else {
+                STAGE_LEN
+            };
             self.trailer_state()
         } else {
             Rx::Payload { left }
@@ -1112,7 +1125,7 @@ impl Conn {
             },
             libc::iovec {
                 iov_base: self.stage.as_mut_ptr() as *mut libc::c_void,
-                iov_len: self.stage.len(),
+                iov_len: SHORT_LOOKAHEAD,
             },
         ];
         // SAFETY: ptr..ptr+room is writable (see `rx_payload`); the second iovec is our own
