@@ -27,7 +27,7 @@ use iser::{CmFlags, IserHeader};
 use rdma::{Access, ConnParams, MemoryRegion, QueuePair, SendOp};
 use tokio::sync::{mpsc, Semaphore};
 
-use crate::endpoint::{Buffers, ConnEnd, Device, Endpoint, Received};
+use crate::endpoint::{Buffers, Device, Endpoint, Inbound, Received};
 use crate::lent;
 use crate::mr_pool::{MrPool, PooledMr};
 use crate::target::DEFAULT_RECV_LEN;
@@ -167,7 +167,7 @@ impl<P: Device> InitiatorChannel for IserInitiatorConnection<P> {
         });
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(send_loop(shared.clone(), rx));
-        tokio::spawn(receive_loop(shared.clone(), me.received, cfg));
+        receive_on_completions(shared.clone(), me.received, cfg);
         Arc::new(IserInitiatorDatamover { shared, tx })
     }
 }
@@ -379,81 +379,98 @@ async fn send_command<P: Device>(sh: &Shared<P>, cmd: CommandOut) -> Result<(), 
     sh.ep.send(&header, &cmd.pdu, SendOp::Send).await
 }
 
-/// Turns every Send from the target into a notice: a SCSI Response brings its command's read
-/// data along (placed by the target's RDMA Writes before the response was sent).
-async fn receive_loop<P: Device>(
+/// Turns every Send from the target into a notice, on the endpoint's completion task: a SCSI
+/// Response brings its command's read data along (placed by the target's RDMA Writes before
+/// the response was sent).
+fn receive_on_completions<P: Device>(
     sh: Arc<Shared<P>>,
-    mut received: Received,
+    received: Received,
     cfg: InitiatorFfpConfig,
 ) {
     let max_data = cfg.max_recv_data_segment_length.max(iser::LOGIN_DATA_MAX);
-    let reason = loop {
-        let (bytes, invalidated) = match received.recv().await {
-            Some(Ok(inbound)) => (inbound.bytes, inbound.invalidated),
-            Some(Err(e)) => break e.to_string(),
-            None => break ConnEnd::Closed.to_string(),
-        };
-        // Linux ib_iser fails the connection so too (-EPROTO).
-        if let (Some(stag), false) = (invalidated, sh.remote_invalidation) {
-            break format!(
-                "the target invalidated STag 0x{stag:08x} with a Send, though its CM reply refused remote invalidation"
-            );
+    let ep = sh.ep.clone();
+    ep.deliver_to(
+        received,
+        Box::new(move |item| {
+            let why = match item {
+                Ok(inbound) => match on_send(&sh, inbound, max_data) {
+                    Ok(notice) => {
+                        sh.notify(notice);
+                        return true;
+                    }
+                    Err(why) => why,
+                },
+                Err(e) => e.to_string(),
+            };
+            tracing::debug!(peer = %sh.peer, "iSER connection ended: {why}");
+            sh.end(why);
+            false
+        }),
+    );
+}
+
+/// One Send from the target as a notice, or why it ends the connection.
+fn on_send<P: Device>(
+    sh: &Shared<P>,
+    inbound: Inbound,
+    max_data: u32,
+) -> Result<InitiatorNotice, String> {
+    let (bytes, invalidated) = (inbound.bytes, inbound.invalidated);
+    // Linux ib_iser fails the connection so too (-EPROTO).
+    if let (Some(stag), false) = (invalidated, sh.remote_invalidation) {
+        return Err(format!(
+            "the target invalidated STag 0x{stag:08x} with a Send, though its CM reply refused remote invalidation"
+        ));
+    }
+    let send = iser::parse_send(&bytes, max_data).map_err(|e| format!("from the target: {e}"))?;
+    let notice = match &send.pdu.bhs {
+        Bhs::ScsiResponse(r) => {
+            sh.release_unsolicited(r.itt);
+            let bufs = sh.commands.lock().expect("commands").remove(&r.itt);
+            // Remote invalidation only of this command's own STag (Linux ib_iser's rule).
+            if let Some(stag) = invalidated {
+                if !bufs.as_ref().is_some_and(|b| b.stags.contains(&stag)) {
+                    return Err(format!(
+                        "the target invalidated STag 0x{stag:08x}, not one of ITT 0x{:08x}",
+                        r.itt
+                    ));
+                }
+            }
+            let read = match bufs.and_then(|b| b.read) {
+                Some((region, len)) => {
+                    // No further RDMA Write may land once the bytes are handed over.
+                    if region.mr().is_valid() {
+                        region.mr().invalidate();
+                    }
+                    lent::view(region, len)
+                }
+                None => Bytes::new(),
+            };
+            InitiatorNotice::Status {
+                pdu: send.pdu,
+                read,
+            }
         }
-        let send = match iser::parse_send(&bytes, max_data) {
-            Ok(s) => s,
-            Err(e) => break format!("from the target: {e}"),
-        };
-        let notice = match &send.pdu.bhs {
-            Bhs::ScsiResponse(r) => {
-                sh.release_unsolicited(r.itt);
-                let bufs = sh.commands.lock().expect("commands").remove(&r.itt);
-                // Remote invalidation only of this command's own STag (Linux ib_iser's rule).
-                if let Some(stag) = invalidated {
-                    if !bufs.as_ref().is_some_and(|b| b.stags.contains(&stag)) {
-                        break format!(
-                            "the target invalidated STag 0x{stag:08x}, not one of ITT 0x{:08x}",
-                            r.itt
-                        );
-                    }
-                }
-                let read = match bufs.and_then(|b| b.read) {
-                    Some((region, len)) => {
-                        // No further RDMA Write may land once the bytes are handed over.
-                        if region.mr().is_valid() {
-                            region.mr().invalidate();
-                        }
-                        lent::view(region, len)
-                    }
-                    None => Bytes::new(),
-                };
-                InitiatorNotice::Status {
-                    pdu: send.pdu,
-                    read,
-                }
-            }
-            Bhs::DataIn(_) | Bhs::R2t(_) => {
-                break "the target sent a Data-In or R2T PDU over iSER".to_string();
-            }
-            // Linux LIO's isert sends a Reject of a command in a Send with Invalidate of that
-            // command's STag (seen when it refused immediate data): taken when the STag is the
-            // rejected command's, whose buffers stay held until the command is forgotten.
-            Bhs::Reject(_)
-                if invalidated.is_some_and(|stag| rejected_stag(&sh, &send.pdu.data, stag)) =>
-            {
-                InitiatorNotice::Control(send.pdu)
-            }
-            other if invalidated.is_some() => {
-                break format!(
-                    "a Send with Invalidate that is no SCSI Response: {}",
-                    describe(other)
-                );
-            }
-            _ => InitiatorNotice::Control(send.pdu),
-        };
-        sh.notify(notice);
+        Bhs::DataIn(_) | Bhs::R2t(_) => {
+            return Err("the target sent a Data-In or R2T PDU over iSER".to_string());
+        }
+        // Linux LIO's isert sends a Reject of a command in a Send with Invalidate of that
+        // command's STag (seen when it refused immediate data): taken when the STag is the
+        // rejected command's, whose buffers stay held until the command is forgotten.
+        Bhs::Reject(_)
+            if invalidated.is_some_and(|stag| rejected_stag(sh, &send.pdu.data, stag)) =>
+        {
+            InitiatorNotice::Control(send.pdu)
+        }
+        other if invalidated.is_some() => {
+            return Err(format!(
+                "a Send with Invalidate that is no SCSI Response: {}",
+                describe(other)
+            ));
+        }
+        _ => InitiatorNotice::Control(send.pdu),
     };
-    tracing::debug!(peer = %sh.peer, "iSER connection ended: {reason}");
-    sh.end(reason);
+    Ok(notice)
 }
 
 /// A PDU named for an error message: its opcode and task tag (a Reject's reason too).
