@@ -159,10 +159,7 @@ async fn a_data_out_lost_to_a_header_digest_error_leaves_a_gap_that_is_asked_for
     // A NOP-Out ping with a bad header is dropped without an answer; the next is answered.
     c.corrupt_next = Some(Corrupt::Header);
     let itt = c.itt();
-    let mut p = bhs(0x40, 0x80, 0, itt);
-    p[20..24].copy_from_slice(&u32::MAX.to_be_bytes());
-    p[24..28].copy_from_slice(&c.cmd_sn.to_be_bytes());
-    p[28..32].copy_from_slice(&c.exp_stat_sn.to_be_bytes());
+    let p = c.nop_out(itt, 0);
     c.send(&p, &[]).await;
     let pong = c.ping(b"after").await;
     assert_eq!(pong.data, b"after");

@@ -517,10 +517,7 @@ async fn only_a_silent_initiator_is_pinged_and_one_that_stays_silent_is_dropped(
     let since = std::time::Instant::now();
     while since.elapsed() < Duration::from_millis(2500) {
         let itt = busy.itt();
-        let mut b = bhs(0x40, 0x80, 0, itt);
-        b[20..24].copy_from_slice(&u32::MAX.to_be_bytes());
-        b[24..28].copy_from_slice(&busy.cmd_sn.to_be_bytes());
-        b[28..32].copy_from_slice(&busy.exp_stat_sn.to_be_bytes());
+        let b = busy.nop_out(itt, 0);
         busy.send(&b, &[]).await;
         let r = busy.recv().await;
         assert_eq!(

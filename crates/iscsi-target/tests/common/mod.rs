@@ -392,13 +392,20 @@ impl RawConn {
         }
     }
 
-    /// NOP-Out ping (immediate) with a payload; returns the NOP-In echo.
-    pub async fn ping(&mut self, payload: &[u8]) -> Rx {
-        let itt = self.itt();
-        let mut b = bhs(0x40, 0x80, payload.len(), itt);
+    /// The BHS of an immediate NOP-Out that wants an answer (TTT 0xffffffff), with this
+    /// connection's CmdSN and ExpStatSN.
+    pub fn nop_out(&self, itt: u32, data_len: usize) -> [u8; 48] {
+        let mut b = bhs(0x40, 0x80, data_len, itt);
         b[20..24].copy_from_slice(&u32::MAX.to_be_bytes());
         b[24..28].copy_from_slice(&self.cmd_sn.to_be_bytes());
         b[28..32].copy_from_slice(&self.exp_stat_sn.to_be_bytes());
+        b
+    }
+
+    /// NOP-Out ping (immediate) with a payload; returns the NOP-In echo.
+    pub async fn ping(&mut self, payload: &[u8]) -> Rx {
+        let itt = self.itt();
+        let b = self.nop_out(itt, payload.len());
         self.send(&b, payload).await;
         for _ in 0..1000 {
             let r = self.recv().await;
