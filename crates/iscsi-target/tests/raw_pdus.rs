@@ -505,7 +505,7 @@ async fn join_session(
 /// that leaves the ping unanswered; one that keeps talking is never pinged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_a_silent_initiator_is_pinged_and_one_that_stays_silent_is_dropped() {
-    let addr = start_target("nop_interval_secs = 1\nnop_timeout_secs = 1").await;
+    let addr = start_target("nop_interval_secs = 2\nnop_timeout_secs = 1").await;
     let mut busy = RawConn::connect(addr).await;
     busy.isid[5] = 7;
     busy.login(1, &plain_keys()).await;
@@ -513,9 +513,10 @@ async fn only_a_silent_initiator_is_pinged_and_one_that_stays_silent_is_dropped(
     quiet.isid[5] = 8;
     quiet.login(1, &plain_keys()).await;
 
-    // A ping of our own every 300 ms for 2.5 s: the only PDUs back are the answers.
+    // A ping of our own every 200 ms for 4 s (a stall of 1.8 s would be needed for the
+    // target to ping): the only PDUs back are the answers.
     let since = std::time::Instant::now();
-    while since.elapsed() < Duration::from_millis(2500) {
+    while since.elapsed() < Duration::from_secs(4) {
         let itt = busy.itt();
         let b = busy.nop_out(itt, 0);
         busy.send(&b, &[]).await;
@@ -523,12 +524,12 @@ async fn only_a_silent_initiator_is_pinged_and_one_that_stays_silent_is_dropped(
         assert_eq!(
             (r.opcode(), r.itt()),
             (0x20, itt),
-            "an initiator heard from every 300 ms is not pinged"
+            "an initiator heard from every 200 ms is not pinged"
         );
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
-    // The silent one was pinged about a second after login, and dropped a second later.
+    // The silent one was pinged about 2 s after login, and dropped a second later.
     let ping = quiet
         .recv_within(Duration::from_millis(500))
         .await
