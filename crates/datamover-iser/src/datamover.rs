@@ -25,7 +25,7 @@ use iser::IserHeader;
 use rdma::{MemoryRegion, SendOp, SendWr};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use crate::endpoint::{ConnEnd, Device, Endpoint, Inbound, Received};
+use crate::endpoint::{Device, Endpoint, Inbound, Received};
 use crate::lent::{self, RegisteredReadBuffers};
 use crate::mr_pool::PooledMr;
 
@@ -418,34 +418,27 @@ struct Receiver<P: Device> {
 
 impl<P: Device> Receiver<P> {
     fn deliver(mut self, ep: &Endpoint<P>, received: Received) {
-        ep.deliver_to(received, Box::new(move |item| self.on_inbound(item)));
-    }
-
-    /// False once the connection has ended (the session has been told).
-    fn on_inbound(&mut self, item: Result<Inbound, ConnEnd>) -> bool {
-        let why = match item {
-            // An initiator has no business invalidating the target's STags (it knows none).
-            Ok(inbound) if inbound.invalidated.is_some() => {
-                "a Send with Invalidate from the initiator".to_string()
-            }
-            Ok(inbound) => match self.on_send(&inbound.bytes) {
-                Ok(()) => return true,
-                Err(why) => why,
+        let (sh, notices) = (self.sh.clone(), self.notices.clone());
+        ep.deliver_sends(
+            received,
+            move |inbound| self.on_send(inbound),
+            move |why| {
+                tracing::debug!(peer = %sh.peer, "iSER connection ended: {why}");
+                sh.ep.close();
+                // Waiters for unsolicited data hear of the end as their senders go.
+                sh.slots.lock().expect("slots").clear();
+                notices.push(Notice::Closed(why));
             },
-            Err(e) => e.to_string(),
-        };
-        let sh = &self.sh;
-        tracing::debug!(peer = %sh.peer, "iSER connection ended: {why}");
-        sh.ep.close();
-        // Waiters for unsolicited data hear of the end as their senders go.
-        sh.slots.lock().expect("slots").clear();
-        self.notices.push(Notice::Closed(why));
-        false
+        );
     }
 
-    fn on_send(&mut self, bytes: &Bytes) -> Result<(), String> {
+    fn on_send(&mut self, inbound: Inbound) -> Result<(), String> {
+        // An initiator has no business invalidating the target's STags (it knows none).
+        if inbound.invalidated.is_some() {
+            return Err("a Send with Invalidate from the initiator".to_string());
+        }
         let sh = &self.sh;
-        let send = iser::parse_send(bytes, self.max_recv_data)
+        let send = iser::parse_send(&inbound.bytes, self.max_recv_data)
             .map_err(|e| format!("from the initiator: {e}"))?;
         let pdu = InPdu {
             pdu: send.pdu,
@@ -481,11 +474,14 @@ impl<P: Device> Receiver<P> {
 
 /// Notices to the session, in order, from code that cannot wait: when the channel is full
 /// the rest queue in a backlog a task feeds in (the session is that far behind; rare).
+#[derive(Clone)]
 struct NoticeOut {
     tx: mpsc::Sender<Notice>,
-    /// Some while the feeding task runs: notices go behind it.
-    backlog: Arc<Mutex<Option<std::collections::VecDeque<Notice>>>>,
+    backlog: Backlog,
 }
+
+/// Some while the feeding task runs: notices go behind it.
+type Backlog = Arc<Mutex<Option<std::collections::VecDeque<Notice>>>>;
 
 impl NoticeOut {
     /// False once the session has stopped taking notices.
@@ -509,10 +505,7 @@ impl NoticeOut {
 
 /// Sends the backlog in order, waiting for room; once it is empty, notices go straight
 /// to the channel again.
-async fn feed_backlog(
-    tx: mpsc::Sender<Notice>,
-    backlog: Arc<Mutex<Option<std::collections::VecDeque<Notice>>>>,
-) {
+async fn feed_backlog(tx: mpsc::Sender<Notice>, backlog: Backlog) {
     loop {
         let next = {
             let mut b = backlog.lock().expect("backlog");

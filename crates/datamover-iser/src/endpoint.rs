@@ -371,20 +371,11 @@ impl<P: Device> Endpoint<P> {
 
     /// Posts `wr` (its `wr_id` is replaced) and waits for its completion: an RDMA Read or
     /// Write whose end the caller must know.
-    pub async fn post_and_wait(&self, mut wr: SendWr) -> Result<(), String> {
+    pub async fn post_and_wait(&self, wr: SendWr) -> Result<(), String> {
         let (tx, rx) = oneshot::channel();
-        wr.wr_id = self.ticket(Pending::Waiter(tx));
-        let ticket = wr.wr_id;
         // Armed before the post, so its completion wakes the completion task.
         let _watch = self.watch_sends();
-        let posted = {
-            let _order = self.post_lock.lock().expect("post lock");
-            self.qp.post_send(wr)
-        };
-        if let Err(e) = posted {
-            self.finish(ticket, WcStatus::Flushed);
-            return Err(format!("posting a work request: {e}"));
-        }
+        self.post_ticketed(wr, Pending::Waiter(tx))?;
         match rx.await {
             Ok(WcStatus::Success) => Ok(()),
             Ok(status) => Err(connection_error(status).to_string()),
@@ -396,8 +387,14 @@ impl<P: Device> Endpoint<P> {
     /// memory belongs to) is dropped when it completes. For an RDMA Write whose end nobody
     /// needs to see: a Send posted after it reaches the peer after its data (queue pair
     /// order), and a failure fails the connection.
-    pub fn post_holding(&self, mut wr: SendWr, held: Box<dyn Send>) -> Result<(), String> {
-        wr.wr_id = self.ticket(Pending::Holding(held));
+    pub fn post_holding(&self, wr: SendWr, held: Box<dyn Send>) -> Result<(), String> {
+        self.post_ticketed(wr, Pending::Holding(held))
+    }
+
+    /// Posts `wr` in posting order under a ticket for `what` (its `wr_id`); a failed post
+    /// ends the ticket at once.
+    fn post_ticketed(&self, mut wr: SendWr, what: Pending) -> Result<(), String> {
+        wr.wr_id = self.ticket(what);
         let ticket = wr.wr_id;
         let posted = {
             let _order = self.post_lock.lock().expect("post lock");
@@ -476,6 +473,31 @@ impl<P: Device> Endpoint<P> {
             }
         }
         *delivery = Delivery::Handler(deliver);
+    }
+
+    /// Full feature phase's delivery as both roles take it ([`Endpoint::deliver_to`]): each
+    /// Send goes to `on_send`; the first error it returns, or the end of the connection,
+    /// goes to `on_end`, once, and nothing is delivered after it.
+    pub fn deliver_sends(
+        &self,
+        received: Received,
+        mut on_send: impl FnMut(Inbound) -> Result<(), String> + Send + 'static,
+        on_end: impl FnOnce(String) + Send + 'static,
+    ) {
+        let mut on_end = Some(on_end);
+        self.deliver_to(
+            received,
+            Box::new(move |item| {
+                let why = match item.map_err(|end| end.to_string()).and_then(&mut on_send) {
+                    Ok(()) => return true,
+                    Err(why) => why,
+                };
+                if let Some(end) = on_end.take() {
+                    end(why);
+                }
+                false
+            }),
+        );
     }
 
     fn deliver(&self, item: Result<Inbound, ConnEnd>) {
@@ -560,17 +582,11 @@ async fn poll_until_closed<P: Device>(
         // While completions keep coming, poll again after the tasks they woke have run,
         // and leave the CQs unarmed: an armed CQ costs the provider a channel write and
         // this task a wake-up per completion (one per command on the software RNIC).
-        let mut found = true;
-        while found {
-            found = false;
-            for cq in [&ep.send_cq, recv_cq] {
-                match drain(ep, cq, &mut wcs) {
-                    Ok(n) => found |= n > 0,
-                    Err(why) => return why,
-                }
-            }
-            if found {
-                tokio::task::yield_now().await;
+        loop {
+            match drain_both(ep, recv_cq, &mut wcs) {
+                Ok(0) => break,
+                Ok(_) => tokio::task::yield_now().await,
+                Err(why) => return why,
             }
         }
         // Quiet: arm, then poll, so a completion landing between the two still wakes us.
@@ -578,15 +594,10 @@ async fn poll_until_closed<P: Device>(
         if ep.send_watchers.load(Ordering::SeqCst) > 0 {
             ep.send_cq.req_notify(false);
         }
-        let mut found = 0;
-        for cq in [&ep.send_cq, recv_cq] {
-            match drain(ep, cq, &mut wcs) {
-                Ok(n) => found += n,
-                Err(why) => return why,
-            }
-        }
-        if found > 0 {
-            continue;
+        match drain_both(ep, recv_cq, &mut wcs) {
+            Ok(0) => {}
+            Ok(_) => continue,
+            Err(why) => return why,
         }
         tokio::select! {
             ready = afd.readable() => match ready {
@@ -599,6 +610,15 @@ async fn poll_until_closed<P: Device>(
             _ = ep.poll_now.notified() => {}
         }
     }
+}
+
+/// Drains the send CQ, then the receive CQ; returns how many completions there were.
+fn drain_both<P: Device>(
+    ep: &Endpoint<P>,
+    recv_cq: &P::Cq,
+    wcs: &mut [Wc],
+) -> Result<usize, ConnEnd> {
+    Ok(drain(ep, &ep.send_cq, wcs)? + drain(ep, recv_cq, wcs)?)
 }
 
 /// Polls `cq` until it is empty: a provider may hand over fewer than asked for while more

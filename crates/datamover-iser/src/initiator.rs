@@ -388,24 +388,14 @@ fn receive_on_completions<P: Device>(
     cfg: InitiatorFfpConfig,
 ) {
     let max_data = cfg.max_recv_data_segment_length.max(iser::LOGIN_DATA_MAX);
-    let ep = sh.ep.clone();
-    ep.deliver_to(
+    let (ep, ended) = (sh.ep.clone(), sh.clone());
+    ep.deliver_sends(
         received,
-        Box::new(move |item| {
-            let why = match item {
-                Ok(inbound) => match on_send(&sh, inbound, max_data) {
-                    Ok(notice) => {
-                        sh.notify(notice);
-                        return true;
-                    }
-                    Err(why) => why,
-                },
-                Err(e) => e.to_string(),
-            };
-            tracing::debug!(peer = %sh.peer, "iSER connection ended: {why}");
-            sh.end(why);
-            false
-        }),
+        move |inbound| on_send(&sh, inbound, max_data).map(|notice| sh.notify(notice)),
+        move |why| {
+            tracing::debug!(peer = %ended.peer, "iSER connection ended: {why}");
+            ended.end(why);
+        },
     );
 }
 

@@ -1079,11 +1079,6 @@ impl Conn {
         if let Dst::Scratch(v) = &mut self.dst {
             v.truncate(v.len() - (left - n));
         }
-        if self.crc {
-            // SAFETY: these n bytes were just placed in the checked range.
-            self.rx_crc
-                .update(unsafe { std::slice::from_raw_parts(ptr, n) });
-        }
         match &mut self.dst {
             Dst::Region { off, .. } => *off += n,
             Dst::Recv => self.recv_cur.as_mut().unwrap().placed += n,
@@ -1103,18 +1098,27 @@ impl Conn {
         Step::Progress(n)
     }
 
-    /// Puts up to `room` payload bytes at `ptr`: from the stage, or, when nothing is staged
-    /// and the payload is long, straight from the socket with whatever follows it going to
-    /// the stage in the same call (the one copy into the region). Returns the bytes placed.
+    /// Puts up to `room` payload bytes at `ptr`, with MPA CRC taken over them: from the
+    /// stage (the CRC fused with that copy), or, when nothing is staged and the payload is
+    /// long, straight from the socket with whatever follows it going to the stage in the
+    /// same call (the one copy into the region). Returns the bytes placed.
     fn read_payload(&mut self, ptr: *mut u8, room: usize) -> Result<usize, Step> {
         if self.staged().is_empty() && room < DIRECT_MIN {
             self.fill_stage()?;
         }
         if !self.staged().is_empty() {
             let n = room.min(self.staged().len());
-            // SAFETY: the caller's ptr..ptr+room is writable (see `rx_payload`) and n <= room;
-            // the source is our own stage; they do not overlap.
-            unsafe { std::ptr::copy_nonoverlapping(self.staged().as_ptr(), ptr, n) };
+            let src = &self.stage[self.stage_pos..self.stage_pos + n];
+            if self.crc {
+                // SAFETY: the caller's ptr..ptr+room is writable (see `rx_payload`), n <= room,
+                // and nothing else in this process writes there while the FPDU is placed; the
+                // stage is our own buffer, so the two do not overlap.
+                let dst = unsafe { std::slice::from_raw_parts_mut(ptr, n) };
+                self.rx_crc.update_copy(dst, src);
+            } else {
+                // SAFETY: as above.
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), ptr, n) };
+            }
             self.consume_staged(n);
             return Ok(n);
         }
@@ -1132,7 +1136,13 @@ impl Conn {
         // empty stage.
         let n = read_result(unsafe { libc::readv(self.fd, iov.as_ptr(), 2) })?;
         self.stage_len = n.saturating_sub(room);
-        Ok(n - self.stage_len)
+        let placed = n - self.stage_len;
+        if self.crc {
+            // SAFETY: these bytes were just placed in the checked range.
+            self.rx_crc
+                .update(unsafe { std::slice::from_raw_parts(ptr, placed) });
+        }
+        Ok(placed)
     }
 
     fn rx_trailer(&mut self, need: usize) -> Step {
