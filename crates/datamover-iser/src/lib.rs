@@ -23,6 +23,7 @@ pub mod lent;
 pub mod mr_pool;
 pub mod portal;
 pub mod regcost;
+pub mod rnic_task;
 pub mod target;
 pub mod target_device;
 pub mod write_regs;

@@ -17,7 +17,7 @@ use iscsi_login::{
 use iscsi_wire::{Bhs, Digests, Pdu};
 use pcap_trace::PduTrace;
 use rnic::Rnic;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use crate::Error;
 
@@ -96,7 +96,7 @@ async fn rdma_core_connect(
     timeout: Duration,
     remote_invalidation: bool,
 ) -> Result<Box<Channel>, String> {
-    static DEV: OnceLock<Arc<verbs::Verbs>> = OnceLock::new();
+    static DEV: std::sync::OnceLock<Arc<verbs::Verbs>> = std::sync::OnceLock::new();
     let dev = match DEV.get() {
         Some(d) => d.clone(),
         None => {
@@ -120,15 +120,10 @@ async fn rdma_core_connect(
     Err("the rdma-core provider needs ironsan built with the rdma-core feature (cargo build --release --features rdma-core; Debian: libibverbs-dev librdmacm-dev)".into())
 }
 
-/// The process's software iWARP RNIC, started on first use (one progress thread serves
-/// every iSER connection).
+/// A software iWARP RNIC for one connection, its engine a task of the caller's runtime (the
+/// connection's tasks run there too): posting and completing then cost no thread switch.
 fn software_rnic() -> std::io::Result<Arc<Rnic>> {
-    static DEV: OnceLock<Arc<Rnic>> = OnceLock::new();
-    if let Some(d) = DEV.get() {
-        return Ok(d.clone());
-    }
-    let dev = Arc::new(Rnic::new().map_err(std::io::Error::other)?);
-    Ok(DEV.get_or_init(|| dev).clone())
+    Ok(Arc::new(datamover_iser::rnic_task::spawn_software_rnic()?))
 }
 
 /// Sends one PDU.

@@ -63,6 +63,9 @@ pub(crate) enum Cmd {
 
 pub(crate) struct EngineShared {
     waker: Waker,
+    /// Called instead of `waker` when the engine is driven by its owner's event loop (see
+    /// [`Driver`]): that loop's own wake-up, so that posting from it costs no system call.
+    kick: Option<Box<dyn Fn() + Send + Sync>>,
     inbox: Mutex<Vec<Cmd>>,
     /// Align FPDUs with TCP segments on loopback connections too (see `Conn::align_fpdus`).
     pub(crate) align_on_loopback: AtomicBool,
@@ -71,110 +74,212 @@ pub(crate) struct EngineShared {
 impl EngineShared {
     pub(crate) fn send(&self, cmd: Cmd) {
         self.inbox.lock().unwrap().push(cmd);
-        let _ = self.waker.wake();
+        match &self.kick {
+            Some(kick) => kick(),
+            None => {
+                let _ = self.waker.wake();
+            }
+        }
     }
 }
 
+/// Starts an engine on its own progress thread.
 pub(crate) fn start() -> std::io::Result<(Arc<EngineShared>, std::thread::JoinHandle<()>)> {
-    let poll = Poll::new()?;
-    let waker = Waker::new(poll.registry(), WAKER)?;
-    let shared = Arc::new(EngineShared {
-        waker,
-        inbox: Mutex::new(Vec::new()),
-        align_on_loopback: AtomicBool::new(false),
-    });
-    let s2 = shared.clone();
+    let engine = Engine::new(None)?;
+    let shared = engine.shared.clone();
     let handle = std::thread::Builder::new()
         .name("rnic-progress".into())
-        .spawn(move || run(poll, s2))?;
+        .spawn(move || run(engine))?;
     Ok((shared, handle))
 }
 
-fn run(mut poll: Poll, shared: Arc<EngineShared>) {
-    let mut events = Events::with_capacity(256);
-    let mut conns: HashMap<u32, Conn> = HashMap::new();
-    let mut again: Vec<u32> = Vec::new();
+fn run(mut engine: Engine) {
     loop {
-        let timeout = if again.is_empty() {
+        let timeout = if engine.again.is_empty() {
             Duration::from_millis(100)
         } else {
             Duration::ZERO
         };
-        if let Err(e) = poll.poll(&mut events, Some(timeout)) {
+        if let Turn::Stopped = engine.turn(timeout) {
+            return;
+        }
+    }
+}
+
+/// What one engine turn left behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Turn {
+    /// Nothing is left to do until a connection's socket is ready, a verb is posted or
+    /// [`Driver::TICK`] has passed (closing connections wait for deadlines).
+    Idle,
+    /// Some connection has more to do now (a turn takes a bounded share of each).
+    More,
+    /// The RNIC was dropped (or its poller failed): the engine has ended every connection.
+    Stopped,
+}
+
+/// The engine's state: every attached connection and the poller they are registered with.
+pub(crate) struct Engine {
+    poll: Poll,
+    events: Events,
+    conns: HashMap<u32, Conn>,
+    again: Vec<u32>,
+    pub(crate) shared: Arc<EngineShared>,
+}
+
+/// Readiness events taken per turn.
+const EVENTS_PER_TURN: usize = 256;
+
+impl Engine {
+    pub(crate) fn new(kick: Option<Box<dyn Fn() + Send + Sync>>) -> std::io::Result<Engine> {
+        let poll = Poll::new()?;
+        let waker = Waker::new(poll.registry(), WAKER)?;
+        let shared = Arc::new(EngineShared {
+            waker,
+            kick,
+            inbox: Mutex::new(Vec::new()),
+            align_on_loopback: AtomicBool::new(false),
+        });
+        Ok(Engine {
+            poll,
+            events: Events::with_capacity(EVENTS_PER_TURN),
+            conns: HashMap::new(),
+            again: Vec::new(),
+            shared,
+        })
+    }
+
+    pub(crate) fn poll_fd(&self) -> RawFd {
+        self.poll.as_raw_fd()
+    }
+
+    /// Waits up to `timeout` for readiness, then takes posted commands and serves every
+    /// connection that is ready or had more to do.
+    pub(crate) fn turn(&mut self, timeout: Duration) -> Turn {
+        if let Err(e) = self.poll.poll(&mut self.events, Some(timeout)) {
             if e.kind() != std::io::ErrorKind::Interrupted {
-                return;
+                tracing::warn!("RNIC progress engine: polling failed: {e}");
+                self.stop("RNIC poller failed");
+                return Turn::Stopped;
             }
         }
-        let mut ready: Vec<u32> = std::mem::take(&mut again);
-        for ev in events.iter() {
+        let mut ready: Vec<u32> = std::mem::take(&mut self.again);
+        for ev in self.events.iter() {
             if ev.token() != WAKER {
                 ready.push(ev.token().0 as u32);
             }
         }
-        let cmds = std::mem::take(&mut *shared.inbox.lock().unwrap());
+        // A full batch of events may have left some behind.
+        let events_left = self.events.iter().count() == EVENTS_PER_TURN;
+        let cmds = std::mem::take(&mut *self.shared.inbox.lock().unwrap());
         for cmd in cmds {
-            match cmd {
-                Cmd::Stop => {
-                    for (_, mut c) in conns.drain() {
-                        c.fail(None, Some("RNIC stopped".into()));
-                    }
-                    return;
-                }
-                Cmd::Attach(a) => {
-                    let num = a.qp.num;
-                    let align_on_loopback = shared.align_on_loopback.load(Ordering::Relaxed);
-                    match Conn::new(*a, &poll, align_on_loopback) {
-                        Ok(c) => {
-                            conns.insert(num, c);
-                            ready.push(num);
-                        }
-                        Err((qp, e)) => qp.flush_all(Some(format!("attach failed: {e}"))),
-                    }
-                }
-                Cmd::Kick(n) => {
-                    if let Some(c) = conns.get(&n) {
-                        c.qp.kick.store(false, Ordering::Release);
-                        ready.push(n);
-                    }
-                }
-                Cmd::Disconnect(n) => {
-                    if let Some(c) = conns.get_mut(&n) {
-                        c.closing = true;
-                        ready.push(n);
-                    }
-                }
-                Cmd::Fail(n, why) => {
-                    if let Some(c) = conns.get_mut(&n) {
-                        c.fail(None, Some(why));
-                        ready.push(n);
-                    }
-                }
-                Cmd::Abort(n) => {
-                    if let Some(mut c) = conns.remove(&n) {
-                        c.fail(None, Some("QP destroyed".into()));
-                        let _ = poll.registry().deregister(&mut c.sock);
-                    }
-                }
+            if let Cmd::Stop = cmd {
+                self.stop("RNIC stopped");
+                return Turn::Stopped;
             }
+            self.command(cmd, &mut ready);
         }
         ready.sort_unstable();
         ready.dedup();
         let now = Instant::now();
-        for (n, c) in conns.iter_mut() {
+        for (n, c) in self.conns.iter_mut() {
             if c.close_deadline.is_some_and(|d| now >= d) && !ready.contains(n) {
                 ready.push(*n);
             }
         }
         for n in ready {
-            let Some(c) = conns.get_mut(&n) else { continue };
+            let Some(c) = self.conns.get_mut(&n) else {
+                continue;
+            };
             let more = c.service();
             if c.finished() {
-                let mut c = conns.remove(&n).unwrap();
-                let _ = poll.registry().deregister(&mut c.sock);
+                let mut c = self.conns.remove(&n).unwrap();
+                let _ = self.poll.registry().deregister(&mut c.sock);
             } else if more {
-                again.push(n);
+                self.again.push(n);
             }
         }
+        if self.again.is_empty() && !events_left {
+            Turn::Idle
+        } else {
+            Turn::More
+        }
+    }
+
+    fn stop(&mut self, why: &str) {
+        for (_, mut c) in self.conns.drain() {
+            c.fail(None, Some(why.into()));
+        }
+    }
+
+    fn command(&mut self, cmd: Cmd, ready: &mut Vec<u32>) {
+        match cmd {
+            Cmd::Stop => unreachable!("handled by turn"),
+            Cmd::Attach(a) => {
+                let num = a.qp.num;
+                let align_on_loopback = self.shared.align_on_loopback.load(Ordering::Relaxed);
+                match Conn::new(*a, &self.poll, align_on_loopback) {
+                    Ok(c) => {
+                        self.conns.insert(num, c);
+                        ready.push(num);
+                    }
+                    Err((qp, e)) => qp.flush_all(Some(format!("attach failed: {e}"))),
+                }
+            }
+            Cmd::Kick(n) => {
+                if let Some(c) = self.conns.get(&n) {
+                    c.qp.kick.store(false, Ordering::Release);
+                    ready.push(n);
+                }
+            }
+            Cmd::Disconnect(n) => {
+                if let Some(c) = self.conns.get_mut(&n) {
+                    c.closing = true;
+                    ready.push(n);
+                }
+            }
+            Cmd::Fail(n, why) => {
+                if let Some(c) = self.conns.get_mut(&n) {
+                    c.fail(None, Some(why));
+                    ready.push(n);
+                }
+            }
+            Cmd::Abort(n) => {
+                if let Some(mut c) = self.conns.remove(&n) {
+                    c.fail(None, Some("QP destroyed".into()));
+                    let _ = self.poll.registry().deregister(&mut c.sock);
+                }
+            }
+        }
+    }
+}
+
+/// Runs an RNIC's engine from its owner's event loop instead of a thread of its own (see
+/// [`crate::Rnic::new_driven`]): the owner calls [`Driver::turn`] when [`Driver::fd`] is
+/// readable, when the RNIC's kick is called, after a turn that returned [`Turn::More`], and at
+/// least every [`Driver::TICK`]. Verbs posted from that loop then reach the engine, and the
+/// engine's completions reach their pollers, without a thread switch.
+pub struct Driver {
+    engine: Engine,
+}
+
+impl Driver {
+    /// The longest a driven engine may go without a turn (closing connections keep
+    /// deadlines).
+    pub const TICK: Duration = Duration::from_millis(100);
+
+    pub(crate) fn new(engine: Engine) -> Driver {
+        Driver { engine }
+    }
+
+    /// A descriptor (the engine's epoll) that becomes readable when a connection has I/O.
+    pub fn fd(&self) -> RawFd {
+        self.engine.poll_fd()
+    }
+
+    /// One pass over whatever is ready; never blocks.
+    pub fn turn(&mut self) -> Turn {
+        self.engine.turn(Duration::ZERO)
     }
 }
 

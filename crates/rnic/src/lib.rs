@@ -2,14 +2,17 @@
 //! Linux kernel's soft-iWARP (siw) and hardware iWARP RNICs, implementing the `rdma` API.
 //!
 //! # Threading model
-//! Each [`Rnic`] owns one progress thread that drives all of its queue pairs through epoll (mio):
-//! many QPs on one thread. Verbs calls (`post_send`, `post_recv`, `poll`, `req_notify`) run in the
+//! Each [`Rnic`] has one progress engine that drives all of its queue pairs through epoll (mio):
+//! many QPs on one engine. [`Rnic::new`] gives the engine a thread of its own;
+//! [`Rnic::new_driven`] hands it to the caller as a [`Driver`] to run from an event loop, so
+//! that an async runtime's worker that posts a verb also runs the engine, with no thread
+//! switch between the two. Verbs calls (`post_send`, `post_recv`, `poll`, `req_notify`) run in the
 //! caller's thread and only touch the QP's queues under a short mutex; `post_send` wakes the
-//! progress thread once per batch. Completions are pushed to CQs by the progress thread, which
-//! signals a completion channel (an eventfd, usable with epoll or tokio's `AsyncFd`) when the CQ was
+//! engine once per batch (its thread's eventfd, or the driver's kick). Completions are pushed to
+//! CQs by the engine, which signals a completion channel (an eventfd, usable with epoll or tokio's `AsyncFd`) when the CQ was
 //! armed. Connecting (TCP + MPA Request/Reply) runs blocking in the caller's thread with
 //! timeouts; the listener reads every accepted connection's MPA Request without blocking on any
-//! one (a silent client delays no other); then the socket is handed to the progress thread.
+//! one (a silent client delays no other); then the socket is handed to the engine.
 //!
 //! # Data path
 //! Outbound messages are cut into FPDUs sized to the TCP MSS (as siw does; 32 KiB or more on
@@ -35,6 +38,7 @@ pub mod tools;
 
 pub use cm::{Request, RnicListener, MAX_PENDING_REQUESTS, MAX_PRIVATE_DATA, REQUEST_TIMEOUT};
 pub use cq::{Channel, Cq};
+pub use engine::{Driver, Turn};
 /// The fixed part of an MPA Request or Reply (key, flags, revision, private data length).
 pub use iwarp::mpa::HEADER_LEN as MPA_HEADER_LEN;
 pub use mem::{AccessError, Mr, StagTable};
@@ -78,7 +82,7 @@ impl Drop for RnicInner {
     }
 }
 
-/// One software RNIC instance (one progress thread).
+/// One software RNIC instance (one progress thread, or a [`Driver`] run by its owner).
 #[derive(Clone)]
 pub struct Rnic {
     inner: Arc<RnicInner>,
@@ -96,6 +100,25 @@ impl Rnic {
                 next_qp: AtomicU32::new(1),
             }),
         })
+    }
+
+    /// An RNIC without a progress thread: the returned [`Driver`] runs its engine from the
+    /// caller's event loop (an async runtime's task, say), and `kick` is how posting a verb
+    /// asks that loop for a turn. Verbs posted on the loop's own thread then cost no thread
+    /// switch, and neither do the completions they lead to. The engine ends when the RNIC is
+    /// dropped (the next turn returns [`Turn::Stopped`]).
+    pub fn new_driven(kick: impl Fn() + Send + Sync + 'static) -> Result<(Rnic, Driver)> {
+        let engine = engine::Engine::new(Some(Box::new(kick)))?;
+        let rnic = Rnic {
+            inner: Arc::new(RnicInner {
+                engine: engine.shared.clone(),
+                thread: Mutex::new(None),
+                stags: StagTable::new(),
+                next_pd: AtomicU32::new(1),
+                next_qp: AtomicU32::new(1),
+            }),
+        };
+        Ok((rnic, Driver::new(engine)))
     }
 
     /// Aligns FPDUs with TCP segments on loopback connections too (network paths always are),
