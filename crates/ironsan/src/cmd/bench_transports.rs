@@ -132,6 +132,7 @@ pub fn run(a: TransportsArgs) -> Result<()> {
             sessions.push(Arc::new(s));
         }
         let cap = sessions[0].capacity(0).await?;
+        fill_lun(&sessions[0], cap, lun_bytes).await?;
         let mut points = vec![vec![[Point::default(), Point::default()]; sizes.len()]; rws.len()];
         for round in 0..a.rounds {
             for (r, &rw) in rws.iter().enumerate() {
@@ -271,6 +272,38 @@ fn cpu_seconds(pid: u32) -> Result<f64> {
         (Some(user), Some(sys)) => Ok((user + sys) / TICKS_PER_SEC),
         _ => bail!("/proc/{pid}/stat: no CPU times"),
     }
+}
+
+/// Writes the whole span once before measuring: a RAM LUN allocates its memory on first write,
+/// and the kernel's zeroing of fresh pages would otherwise be charged to whichever transport
+/// writes first (on this kind of machine it took most of a first 2-second write point).
+async fn fill_lun(
+    session: &Arc<Session>,
+    cap: iscsi_initiator::scsi::Capacity,
+    lun_bytes: u64,
+) -> Result<()> {
+    const FILL: u32 = 1 << 20;
+    let w = Workload {
+        rw: Rw::Write,
+        pattern: Pattern::Seq,
+        size: FILL,
+        qd: 8,
+        duration: None,
+        count: Some(lun_bytes.div_ceil(u64::from(FILL))),
+        span: Some(lun_bytes),
+        verify: false,
+        seed: 1,
+    };
+    bench::run(
+        std::slice::from_ref(session),
+        0,
+        cap,
+        &w,
+        Arc::new(Progress::default()),
+    )
+    .await
+    .context("writing the LUN once before measuring")?;
+    Ok(())
 }
 
 fn start_target(port: u16, lun_bytes: u64, mpa_crc: bool, register_lun: bool) -> Result<Reaped> {
