@@ -472,12 +472,11 @@ fn describe(bhs: &Bhs) -> String {
 }
 
 /// Whether `stag` is one advertised by the command a Reject names (its data segment carries
-/// the rejected BHS, whose ITT is at bytes 16..20).
+/// the rejected PDU's header).
 fn rejected_stag<P: Device>(sh: &Shared<P>, data: &[u8], stag: u32) -> bool {
-    let Some(itt) = data.get(16..20) else {
+    let Some((_, itt)) = iscsi_wire::reject::rejected_pdu(data) else {
         return false;
     };
-    let itt = u32::from_be_bytes(itt.try_into().expect("4 bytes"));
     sh.commands
         .lock()
         .expect("commands")
