@@ -27,6 +27,11 @@ pub struct SessionLimits {
     pub initial_r2t: bool,
     pub first_burst_length: u32,
     pub max_burst_length: u32,
+    /// Send a write's data unsolicited only when all of it fits in the command PDU as
+    /// immediate data; a larger write goes with none (F set) and the target fetches all of it.
+    /// Over iSER that is one RDMA Read into place instead of a first part in Sends that both
+    /// ends copy (through registered send and receive buffers).
+    pub unsolicited_only_whole: bool,
 }
 
 impl Default for SessionLimits {
@@ -37,6 +42,7 @@ impl Default for SessionLimits {
             initial_r2t: true,
             first_burst_length: 65_536,
             max_burst_length: 262_144,
+            unsolicited_only_whole: false,
         }
     }
 }
@@ -597,10 +603,13 @@ impl<T> SessionCore<T> {
         } else {
             0
         };
-        let unsolicited_end = if !lim.initial_r2t && wlen > 0 {
-            wlen.min(lim.first_burst_length)
+        let (immediate, unsolicited_end) = if lim.unsolicited_only_whole {
+            let whole = if immediate == wlen { immediate } else { 0 };
+            (whole, whole)
+        } else if !lim.initial_r2t && wlen > 0 {
+            (immediate, wlen.min(lim.first_burst_length))
         } else {
-            immediate
+            (immediate, immediate)
         };
         let mut cdb = [0u8; 16];
         let n = req.cdb.len().min(16);

@@ -78,6 +78,12 @@ pub struct SessionConfig {
     /// iSER: the target may end a command with Send with Invalidate of the command's STag
     /// (otherwise it is asked for plain Sends and the initiator invalidates its own STags).
     pub iser_remote_invalidation: bool,
+    /// iSER: send a write's data unsolicited only when all of it fits in the command's Send
+    /// (immediate data); the target fetches a larger write whole with one RDMA Read, in place,
+    /// rather than taking its first part through Sends copied on both sides (128 KiB writes
+    /// at QD 32: 1.4x). Off: send unsolicited data as ImmediateData, InitialR2T and
+    /// FirstBurstLength allow.
+    pub iser_unsolicited_only_whole: bool,
 }
 
 /// A pcapng trace shared by the connections of one or more sessions (`--trace FILE`).
@@ -128,6 +134,7 @@ impl Default for SessionConfig {
             trace: None,
             iser_provider: IserProvider::Software,
             iser_remote_invalidation: true,
+            iser_unsolicited_only_whole: true,
         }
     }
 }
@@ -347,6 +354,8 @@ async fn establish(
         initial_r2t: params.initial_r2t,
         first_burst_length: params.first_burst_length,
         max_burst_length: params.max_burst_length,
+        unsolicited_only_whole: url.transport == iscsi_login::TransportKind::Iser
+            && cfg.iser_unsolicited_only_whole,
     };
     let cmd_sn = lead.exp_cmd_sn;
     let (exp_cmd_sn, max_cmd_sn, tsih) = (lead.exp_cmd_sn, lead.max_cmd_sn, lead.tsih);

@@ -104,7 +104,8 @@ async fn iser_login_and_verified_data_both_ways() {
 }
 
 /// The login shapes a user can ask for: no unsolicited data at all (InitialR2T=Yes, no
-/// immediate data: every byte by RDMA Read), a 64 KiB first burst, and remote invalidation
+/// immediate data: every byte by RDMA Read), a 64 KiB first burst sent as negotiated
+/// (immediate data, then unsolicited Data-Out in Sends), and remote invalidation
 /// refused in the CM word (the target answers with plain Sends, the initiator invalidates its
 /// own STags): each writes and reads verified data.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -118,10 +119,14 @@ async fn iser_login_variants_carry_verified_data() {
                 c.initial_r2t = true;
                 c.immediate_data = false;
             }),
-            ("FirstBurstLength 64 KiB", |c| {
-                c.initial_r2t = false;
-                c.first_burst_length = 65536;
-            }),
+            (
+                "FirstBurstLength 64 KiB, unsolicited Data-Out in Sends",
+                |c| {
+                    c.initial_r2t = false;
+                    c.first_burst_length = 65536;
+                    c.iser_unsolicited_only_whole = false;
+                },
+            ),
             ("no remote invalidation", |c| {
                 c.iser_remote_invalidation = false
             }),

@@ -47,7 +47,9 @@ pub struct LoginOpts {
     /// with the rdma-core feature).
     #[arg(long, value_name = "PROVIDER", default_value = "software")]
     pub rdma_provider: iscsi_initiator::IserProvider,
-    /// Offer ImmediateData (yes or no; the target's answer decides).
+    /// Offer ImmediateData (yes or no; the target's answer decides). Any of these three
+    /// options also makes iser:// send unsolicited data as negotiated; by default it sends a
+    /// write unsolicited only when the whole write fits in the command's Send.
     #[arg(long, value_name = "yes|no", value_parser = yes_no)]
     pub immediate_data: Option<bool>,
     /// Offer InitialR2T (yes: every write waits for the target's R2T or RDMA Read; no:
@@ -73,6 +75,14 @@ impl LoginOpts {
         c.connections = self.connections.max(1);
         c.iser_provider = self.rdma_provider;
         c.iser_remote_invalidation = !self.no_remote_invalidation;
+        // Asking for unsolicited data explicitly means sending it as negotiated, over iSER too
+        // (whose default sends only writes that fit whole in the command's Send).
+        if self.immediate_data.is_some()
+            || self.initial_r2t.is_some()
+            || self.first_burst_length.is_some()
+        {
+            c.iser_unsolicited_only_whole = false;
+        }
         if let Some(v) = self.immediate_data {
             c.immediate_data = v;
         }

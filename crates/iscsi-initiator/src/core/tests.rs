@@ -10,6 +10,7 @@ fn limits(immediate: bool, initial_r2t: bool) -> SessionLimits {
         initial_r2t,
         first_burst_length: 16384,
         max_burst_length: 65536,
+        unsolicited_only_whole: false,
     }
 }
 
@@ -178,6 +179,32 @@ fn the_datamover_gets_the_whole_write_and_where_solicited_data_begins() {
     let mut c = core(limits(false, true));
     c.submit(1, CommandRequest::write(0, vec![0x2a; 10], data));
     assert_eq!(commands(&mut c)[0].solicited_from, 0);
+}
+
+#[test]
+fn only_whole_writes_go_unsolicited_when_the_transport_fetches_the_rest() {
+    // ImmediateData=Yes, InitialR2T=No, FirstBurstLength 16 KiB, 8 KiB segments: a write
+    // that fits the command PDU goes whole as immediate data; a larger one goes with none,
+    // F set and no Data-Out, and the datamover is told all of it is solicited.
+    let mut c = core(SessionLimits {
+        unsolicited_only_whole: true,
+        ..limits(true, false)
+    });
+    for (len, immediate) in [(4096usize, 4096usize), (8192, 8192), (12288, 0), (40000, 0)] {
+        c.submit(
+            1,
+            CommandRequest::write(0, vec![0x2a; 10], Bytes::from(vec![3u8; len])),
+        );
+        let cmds = commands(&mut c);
+        assert_eq!(cmds.len(), 1, "{len}: the command alone");
+        let Bhs::ScsiCommand(cmd) = &cmds[0].pdu.bhs else {
+            panic!()
+        };
+        assert!(cmd.final_, "{len}: F set");
+        assert_eq!(cmds[0].pdu.data.len(), immediate, "{len}: immediate data");
+        assert_eq!(cmds[0].solicited_from as usize, immediate, "{len}");
+        assert!(sends(&mut c).is_empty(), "{len}: no unsolicited Data-Out");
+    }
 }
 
 #[test]
