@@ -1,8 +1,9 @@
 //! The software RNIC's progress engine as a task of the current tokio runtime rather than a
-//! thread of its own. The worker that posts a verb then also runs the engine, and the
-//! completions it produces wake tasks on the same worker: where a progress thread took a
-//! thread switch each way per command (two processes with five threads on two cores spent
-//! most of their time switching), a busy connection now takes almost none.
+//! thread of its own: the thread that posts a verb also runs the engine, and the completions it
+//! produces wake tasks on that thread, with no switch to and from a progress thread in between.
+//! Initiator connections run their RNIC so (128 KiB reads at QD 32: 1.2x, with less initiator
+//! CPU per command); the target keeps the thread, since on its multi-threaded runtime the engine
+//! as a task made reads slower.
 
 use rnic::{Driver, Rnic, Turn};
 use std::os::fd::{AsRawFd, RawFd};

@@ -1,4 +1,5 @@
-//! The progress engine: one thread per RNIC drives every connection (QP) with epoll through mio.
+//! The progress engine: one per RNIC drives every connection (QP) with epoll through mio, on a
+//! thread of its own or from its owner's event loop (`Driver`).
 //! Per connection it runs the transmit side (work requests and Read Responses cut into FPDUs and
 //! written with vectored writes straight from registered memory, or from a copy made with the
 //! CRC when MPA CRC is on) and the receive side (bytes read ahead into a stage, FPDU headers
