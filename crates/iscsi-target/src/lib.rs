@@ -556,8 +556,9 @@ async fn bind_portals(
                         format!("cannot start the software RNIC for iSER: {e}")
                     };
                     // The engine keeps a thread of its own here: on the target's
-                    // multi-threaded runtime, as a task, it made reads slower (128 KiB and 1 MiB
-                    // at QD 8: 0.7-0.85x), where the initiator's one-thread runtime gains.
+                    // multi-threaded runtime, as a task, it made 1 MiB reads at QD 8 slower
+                    // (0.56-0.87x in four runs; 128 KiB mixed, 0.69-1.06x), where the
+                    // initiator's one-thread runtime gains.
                     let d = rnic::Rnic::new().map_err(|e| cannot(&e))?;
                     d.align_fpdus_on_loopback(config.iser_align_loopback);
                     let d = TargetDevice::new(Arc::new(d)).map_err(|e| cannot(&e))?;

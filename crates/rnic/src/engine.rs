@@ -63,10 +63,7 @@ pub(crate) enum Cmd {
 }
 
 pub(crate) struct EngineShared {
-    waker: Waker,
-    /// Called instead of `waker` when the engine is driven by its owner's event loop (see
-    /// [`Driver`]): that loop's own wake-up, so that posting from it costs no system call.
-    kick: Option<Box<dyn Fn() + Send + Sync>>,
+    wake: Wake,
     inbox: Mutex<Vec<Cmd>>,
     /// Align FPDUs with TCP segments on loopback connections too (see `Conn::align_fpdus`).
     pub(crate) align_on_loopback: AtomicBool,
@@ -75,13 +72,22 @@ pub(crate) struct EngineShared {
 impl EngineShared {
     pub(crate) fn send(&self, cmd: Cmd) {
         self.inbox.lock().unwrap().push(cmd);
-        match &self.kick {
-            Some(kick) => kick(),
-            None => {
-                let _ = self.waker.wake();
+        match &self.wake {
+            Wake::Thread(waker) => {
+                let _ = waker.wake();
             }
+            Wake::Kick(kick) => kick(),
         }
     }
+}
+
+/// How a posted command reaches the engine.
+enum Wake {
+    /// Its own thread sleeps in epoll: an eventfd registered there.
+    Thread(Waker),
+    /// It is driven by its owner's event loop (see [`Driver`]): that loop's own wake-up, so
+    /// that posting from it costs no system call.
+    Kick(Box<dyn Fn() + Send + Sync>),
 }
 
 /// Starts an engine on its own progress thread.
@@ -97,7 +103,7 @@ pub(crate) fn start() -> std::io::Result<(Arc<EngineShared>, std::thread::JoinHa
 fn run(mut engine: Engine) {
     loop {
         let timeout = if engine.again.is_empty() {
-            Duration::from_millis(100)
+            Driver::TICK
         } else {
             Duration::ZERO
         };
@@ -134,10 +140,12 @@ const EVENTS_PER_TURN: usize = 256;
 impl Engine {
     pub(crate) fn new(kick: Option<Box<dyn Fn() + Send + Sync>>) -> std::io::Result<Engine> {
         let poll = Poll::new()?;
-        let waker = Waker::new(poll.registry(), WAKER)?;
+        let wake = match kick {
+            Some(kick) => Wake::Kick(kick),
+            None => Wake::Thread(Waker::new(poll.registry(), WAKER)?),
+        };
         let shared = Arc::new(EngineShared {
-            waker,
-            kick,
+            wake,
             inbox: Mutex::new(Vec::new()),
             align_on_loopback: AtomicBool::new(false),
         });
@@ -165,20 +173,20 @@ impl Engine {
             }
         }
         let mut ready: Vec<u32> = std::mem::take(&mut self.again);
+        let mut events = 0;
         for ev in self.events.iter() {
+            events += 1;
             if ev.token() != WAKER {
                 ready.push(ev.token().0 as u32);
             }
         }
         // A full batch of events may have left some behind.
-        let events_left = self.events.iter().count() == EVENTS_PER_TURN;
+        let events_left = events == EVENTS_PER_TURN;
         let cmds = std::mem::take(&mut *self.shared.inbox.lock().unwrap());
         for cmd in cmds {
-            if let Cmd::Stop = cmd {
-                self.stop("RNIC stopped");
+            if !self.command(cmd, &mut ready) {
                 return Turn::Stopped;
             }
-            self.command(cmd, &mut ready);
         }
         ready.sort_unstable();
         ready.dedup();
@@ -213,9 +221,13 @@ impl Engine {
         }
     }
 
-    fn command(&mut self, cmd: Cmd, ready: &mut Vec<u32>) {
+    /// Carries out one posted command; false once it stopped the engine.
+    fn command(&mut self, cmd: Cmd, ready: &mut Vec<u32>) -> bool {
         match cmd {
-            Cmd::Stop => unreachable!("handled by turn"),
+            Cmd::Stop => {
+                self.stop("RNIC stopped");
+                return false;
+            }
             Cmd::Attach(a) => {
                 let num = a.qp.num;
                 let align_on_loopback = self.shared.align_on_loopback.load(Ordering::Relaxed);
@@ -252,6 +264,7 @@ impl Engine {
                 }
             }
         }
+        true
     }
 }
 
