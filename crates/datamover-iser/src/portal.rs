@@ -3,7 +3,10 @@
 //! bytes: an MPA Request begins with the key "MPA ID Req Frame", a Login PDU with its opcode.
 //! (Linux cannot do this: LIO's iSER and TCP listeners collide on one address and port.) Each
 //! connection is sorted, and its MPA Request read and accepted, in a task of its own, so a
-//! client that stalls delays no other login.
+//! client that stalls delays no other login. Bound with a [`Reactor`]
+//! ([`IserPortal::bind_on_reactor`]), the portal sets up each iWARP connection on the reactor's
+//! thread, where the RNIC's engine runs, and asks that the connection run there
+//! ([`LoginChannel::runtime`]); iSCSI/TCP connections stay on the caller's runtime.
 
 use std::io;
 use std::net::SocketAddr;
@@ -19,6 +22,7 @@ use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Mutex};
 
+use crate::rnic_task::Reactor;
 use crate::target::{accept, AcceptConfig};
 use crate::target_device::TargetDevice;
 
@@ -40,6 +44,8 @@ pub struct IserPortal {
     local: SocketAddr,
     also_tcp: bool,
     arrivals: Mutex<mpsc::Receiver<Arrival>>,
+    /// Held so that the reactor its connections run on lives as long as the portal.
+    _reactor: Option<Arc<Reactor>>,
 }
 
 impl IserPortal {
@@ -51,14 +57,38 @@ impl IserPortal {
         cfg: AcceptConfig,
         also_tcp: bool,
     ) -> io::Result<IserPortal> {
+        Self::bind_with(addr, dev, None, cfg, also_tcp).await
+    }
+
+    /// [`IserPortal::bind`] for an RNIC driven on `reactor` (see [`Reactor::start`]): iSER
+    /// connections are set up, log in and run on the reactor's thread.
+    pub async fn bind_on_reactor(
+        addr: SocketAddr,
+        dev: Arc<TargetDevice<Rnic>>,
+        reactor: Arc<Reactor>,
+        cfg: AcceptConfig,
+        also_tcp: bool,
+    ) -> io::Result<IserPortal> {
+        Self::bind_with(addr, dev, Some(reactor), cfg, also_tcp).await
+    }
+
+    async fn bind_with(
+        addr: SocketAddr,
+        dev: Arc<TargetDevice<Rnic>>,
+        reactor: Option<Arc<Reactor>>,
+        cfg: AcceptConfig,
+        also_tcp: bool,
+    ) -> io::Result<IserPortal> {
         let listener = TcpListener::bind(addr).await?;
         let local = listener.local_addr()?;
         let (tx, rx) = mpsc::channel(64);
-        tokio::spawn(accept_loop(listener, dev, cfg, also_tcp, tx));
+        let on = reactor.as_ref().map(|r| r.handle().clone());
+        tokio::spawn(accept_loop(listener, dev, on, cfg, also_tcp, tx));
         Ok(IserPortal {
             local,
             also_tcp,
             arrivals: Mutex::new(rx),
+            _reactor: reactor,
         })
     }
 }
@@ -102,6 +132,7 @@ impl Portal for IserPortal {
 async fn accept_loop(
     listener: TcpListener,
     dev: Arc<TargetDevice<Rnic>>,
+    reactor: Option<tokio::runtime::Handle>,
     cfg: AcceptConfig,
     also_tcp: bool,
     tx: mpsc::Sender<Arrival>,
@@ -120,11 +151,11 @@ async fn accept_loop(
         if tx.is_closed() {
             return;
         }
-        let (dev, arrivals) = (dev.clone(), tx.clone());
+        let (dev, reactor, arrivals) = (dev.clone(), reactor.clone(), tx.clone());
         let mut admitted = sorting.admit();
         tokio::spawn(async move {
             let sorted = tokio::select! {
-                r = sort(stream, peer, dev, cfg, also_tcp) => r,
+                r = sort(stream, peer, dev, reactor, cfg, also_tcp) => r,
                 _ = admitted.evicted() => Err(format!(
                     "the longest waiting of {} being sorted (max_pending_logins)",
                     cfg.max_sorting
@@ -144,10 +175,12 @@ async fn accept_loop(
 /// Reads enough of a new connection to tell iWARP from iSCSI/TCP, then sets it up. The first
 /// bytes and, for iWARP, the whole MPA Request must come within [`SORT_TIMEOUT`]; they are read
 /// asynchronously, so a connection that stalls or trickles (one byte a second) holds no thread.
+/// An iWARP connection is accepted on `reactor` when there is one.
 async fn sort(
     mut stream: TcpStream,
     peer: SocketAddr,
     dev: Arc<TargetDevice<Rnic>>,
+    reactor: Option<tokio::runtime::Handle>,
     cfg: AcceptConfig,
     also_tcp: bool,
 ) -> Result<Arrival, String> {
@@ -176,7 +209,17 @@ async fn sort(
     let std = stream.into_std().map_err(|e| e.to_string())?;
     std.set_nonblocking(false).map_err(|e| e.to_string())?;
     let req = rnic::Request::from_frame(std, peer, &frame).map_err(|e| e.to_string())?;
-    let login = accept(dev, req, cfg).await?;
+    let login = match reactor {
+        Some(on) => {
+            let mut login = on
+                .spawn(accept(dev, req, cfg))
+                .await
+                .map_err(|e| format!("accept task on the reactor: {e}"))??;
+            login.run_on(on);
+            login
+        }
+        None => accept(dev, req, cfg).await?,
+    };
     Ok(Arrival::Iser(Box::new(login)))
 }
 

@@ -99,6 +99,8 @@ pub struct IserLogin<P: Device> {
     max_recv_data: u32,
     /// Closes the connection if the login phase ends without full feature phase.
     close_unless_kept: CloseUnlessKept<P>,
+    /// The runtime the connection's work belongs on (see [`IserLogin::run_on`]).
+    runs_on: Option<tokio::runtime::Handle>,
 }
 
 /// Closes the connection when the login channel is dropped before full feature phase (a
@@ -171,10 +173,17 @@ where
         send_invalidate,
         ird_ord: (info.ird, info.ord),
         max_recv_data: (cfg.buffers.recv_len - iser::ISER_HEADERS_LEN - COMMAND_AHS_MAX) as u32,
+        runs_on: None,
     })
 }
 
 impl<P: Device> IserLogin<P> {
+    /// Asks that the connection's login and full feature phase run on `runtime` (the
+    /// RNIC's reactor, where its completion task runs), not on the accepting caller's.
+    pub fn run_on(&mut self, runtime: tokio::runtime::Handle) {
+        self.runs_on = Some(runtime);
+    }
+
     /// Closes the connection.
     pub fn close(&self) {
         self.ep.close();
@@ -193,6 +202,10 @@ impl<P: Device> LoginChannel for IserLogin<P> {
 
     fn socket(&self) -> Option<BorrowedFd<'_>> {
         None
+    }
+
+    fn runtime(&self) -> Option<tokio::runtime::Handle> {
+        self.runs_on.clone()
     }
 
     /// The next PDU from the initiator. A Send that is no valid iSER control message ends the

@@ -361,6 +361,12 @@ pub trait LoginChannel: Send {
     fn socket(&self) -> Option<BorrowedFd<'_>>;
     /// The next PDU from the initiator.
     async fn recv(&mut self) -> Result<InPdu, LoginRecvError>;
+    /// The runtime this connection's login and full feature phase should run on, where the
+    /// transport has one of its own (the software RNIC's reactor thread: its commands then
+    /// never leave the thread its completions arrive on); None: the caller's.
+    fn runtime(&self) -> Option<tokio::runtime::Handle> {
+        None
+    }
     /// Sends a login-phase PDU (a Login Response).
     async fn send(&mut self, pdu: &Pdu) -> std::io::Result<()>;
     /// Enters full feature phase with the negotiated parameters and the session's command

@@ -29,12 +29,59 @@ fn url(addr: SocketAddr, scheme: &str) -> IscsiUrl {
 
 /// The in-process target, serving iSCSI/TCP and iSER on a free port.
 async fn start() -> SocketAddr {
+    start_with("").await
+}
+
+/// [`start`] with `settings` (top-level config lines) added.
+async fn start_with(settings: &str) -> SocketAddr {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    common::start_target(&CONFIG.replace("PORT", &port.to_string())).await
+    let config = format!("{settings}\n{}", CONFIG.replace("PORT", &port.to_string()));
+    common::start_target(&config).await
+}
+
+/// Whether a thread of this process is named `name`.
+fn thread_named(name: &str) -> bool {
+    std::fs::read_dir("/proc/self/task").unwrap().any(|t| {
+        std::fs::read_to_string(t.unwrap().path().join("comm")).is_ok_and(|c| c.trim() == name)
+    })
+}
+
+/// The target's two ways of running iSER on the software RNIC serve the same data: its
+/// connections on the RNIC's reactor thread (the default), or on the target's runtime with
+/// the engine on a thread of its own (`iser_reactor = false`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn iser_connections_on_the_reactor_or_the_targets_runtime_carry_verified_data() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        for (settings, thread) in [
+            ("", "iser-reactor"),
+            ("iser_reactor = false", "rnic-progress"),
+        ] {
+            let addr = start_with(settings).await;
+            assert!(
+                thread_named(thread),
+                "{settings:?}: a thread named {thread}"
+            );
+            let s = std::sync::Arc::new(iser_session(addr).await);
+            let mut tasks = Vec::new();
+            for k in 0..8u64 {
+                let s = s.clone();
+                tasks.push(tokio::spawn(async move {
+                    write_read_verify(&s, k * 1024, (4 << 10) << (k % 6), 300 + k).await;
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+            let s = std::sync::Arc::try_unwrap(s).ok().unwrap();
+            s.logout().await.unwrap();
+        }
+    })
+    .await
+    .expect("in time");
 }
 
 /// A session over iSER to the target at `addr`, with the URL's default settings.

@@ -97,6 +97,9 @@ fn default_nop_interval() -> u64 {
 fn default_nop_timeout() -> u64 {
     30
 }
+fn yes() -> bool {
+    true
+}
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -142,6 +145,13 @@ pub struct Config {
     /// user-mode network in front of a guest, that a dissector decodes.
     #[serde(default)]
     pub iser_align_loopback: bool,
+    /// iSER over the software RNIC runs on a thread of its own (a reactor): the RNIC's engine,
+    /// the connections' completions and their commands, so that a command crosses no thread
+    /// between its Send arriving and its status leaving. Off: the engine has a thread of its
+    /// own and iSER connections run on the target's multi-threaded runtime like iSCSI/TCP's
+    /// (for comparing the two; more than one core's worth of iSER work may need it).
+    #[serde(default = "yes")]
+    pub iser_reactor: bool,
     /// What serves iser:// portals: ironsan's software iWARP RNIC (the default; it can share
     /// a port with iSCSI/TCP), or the first rdma-core device (a build with the rdma-core
     /// feature; rdma_cm owns the port, so iSCSI/TCP needs another).
@@ -236,6 +246,7 @@ impl Config {
             login_deadline_secs: default_login_deadline(),
             iser_mpa_crc: false,
             iser_align_loopback: false,
+            iser_reactor: true,
             iser_provider: IserProvider::Software,
             iser_register_ram_luns: None,
             discovery: DiscoveryConfig::default(),

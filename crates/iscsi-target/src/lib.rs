@@ -260,9 +260,16 @@ impl Bound {
                                 // Counted in arrival order, so the longest waiting goes first.
                                 let admitted = target.logging_in.admit();
                                 let t = target.clone();
-                                tokio::spawn(async move {
+                                // Where the transport wants its connections run (iSER on
+                                // the software RNIC's reactor), else here.
+                                let on = channel.runtime();
+                                let handled = async move {
                                     handle_connection(t, channel, portal, admitted).await
-                                });
+                                };
+                                match on {
+                                    Some(rt) => drop(rt.spawn(handled)),
+                                    None => drop(tokio::spawn(handled)),
+                                }
                             }
                             Err(e) => {
                                 tracing::warn!("accept failed on {}: {e}", portal.address);
@@ -521,7 +528,7 @@ async fn bind_portals(
 > {
     use TransportKind::{Iser, Tcp};
     let listed = |kind, address| specs.iter().any(|s| s.kind == kind && s.address == address);
-    let mut rnic: Option<Arc<TargetDevice<rnic::Rnic>>> = None;
+    let mut rnic: Option<SoftwareRnic> = None;
     let mut images = None;
     let mut portals: Vec<Arc<dyn datamover::Portal>> = Vec::new();
     let mut bound = HashSet::new();
@@ -549,27 +556,22 @@ async fn bind_portals(
                 images = images.or(Some(device_images));
                 continue;
             }
-            let dev = match &rnic {
+            let (dev, reactor) = match &rnic {
                 Some(d) => d.clone(),
                 None => {
-                    let cannot = |e: &dyn std::fmt::Display| {
-                        format!("cannot start the software RNIC for iSER: {e}")
-                    };
-                    // The engine keeps a thread of its own here: on the target's
-                    // multi-threaded runtime, as a task, it made 1 MiB reads at QD 8 slower
-                    // (0.56-0.87x in four runs; 128 KiB mixed, 0.69-1.06x), where the
-                    // initiator's one-thread runtime gains.
-                    let d = rnic::Rnic::new().map_err(|e| cannot(&e))?;
-                    d.align_fpdus_on_loopback(config.iser_align_loopback);
-                    let d = TargetDevice::new(Arc::new(d)).map_err(|e| cannot(&e))?;
+                    let d = software_rnic(config)?;
                     rnic = Some(d.clone());
-                    images = Some(image_provider(d.clone()));
                     d
                 }
             };
-            let p = datamover_iser::IserPortal::bind(spec.address, dev, cfg, also_tcp)
-                .await
-                .map_err(cannot)?;
+            let p = match reactor {
+                Some(r) => {
+                    datamover_iser::IserPortal::bind_on_reactor(spec.address, dev, r, cfg, also_tcp)
+                        .await
+                }
+                None => datamover_iser::IserPortal::bind(spec.address, dev, cfg, also_tcp).await,
+            }
+            .map_err(cannot)?;
             portals.push(Arc::new(p));
         } else {
             let p = datamover_tcp::TcpPortal::bind(spec.address)
@@ -579,12 +581,35 @@ async fn bind_portals(
         }
     }
     // The software RNIC's device comes first: it serves every software iser:// portal.
-    let images = rnic.map(image_provider).or(images);
+    let images = rnic.map(|(d, _)| image_provider(d)).or(images);
     Ok((portals, images))
 }
 
 /// Registers a RAM LUN's image with `dev` (a LUN whose image cannot be registered lives in
 /// ordinary memory, and the log says why).
+/// The software RNIC iSER portals share, and the reactor it runs on (none: its own thread).
+type SoftwareRnic = (
+    Arc<TargetDevice<rnic::Rnic>>,
+    Option<Arc<datamover_iser::rnic_task::Reactor>>,
+);
+
+/// Starts the software RNIC: on a reactor thread with the connections (`iser_reactor`), or
+/// with an engine thread of its own while connections run on the target's runtime.
+fn software_rnic(config: &Config) -> Result<SoftwareRnic, String> {
+    let cannot =
+        |e: &dyn std::fmt::Display| format!("cannot start the software RNIC for iSER: {e}");
+    let (d, reactor) = if config.iser_reactor {
+        let (reactor, d) =
+            datamover_iser::rnic_task::Reactor::start("iser-reactor").map_err(|e| cannot(&e))?;
+        (d, Some(reactor))
+    } else {
+        (rnic::Rnic::new().map_err(|e| cannot(&e))?, None)
+    };
+    d.align_fpdus_on_loopback(config.iser_align_loopback);
+    let d = TargetDevice::new(Arc::new(d)).map_err(|e| cannot(&e))?;
+    Ok((d, reactor))
+}
+
 fn image_provider<P: datamover_iser::endpoint::Device>(
     dev: Arc<TargetDevice<P>>,
 ) -> Box<scsi::ImageProvider> {
