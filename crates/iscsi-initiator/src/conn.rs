@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use crate::SessionConfig;
 use bytes::Bytes;
 use datamover::login_pdu::LOGIN_MAX_DATA;
 use datamover::{InitiatorChannel, LoginRecvError};
@@ -15,7 +16,6 @@ use iscsi_login::{
     ConnectionParams, InitiatorLogin, InitiatorLoginConfig, InitiatorStep, SessionParams,
 };
 use iscsi_wire::{Bhs, Digests, Pdu};
-use pcap_trace::PduTrace;
 use rnic::Rnic;
 use std::sync::Arc;
 
@@ -48,16 +48,17 @@ impl std::str::FromStr for IserProvider {
     }
 }
 
-/// Opens a connection of `transport` to `addr` (`host:port`), bounded by `timeout`; an
-/// iSCSI/TCP one is traced into `trace` when given, an iSER one runs on `provider`.
+/// Opens a connection of `transport` to `addr` (`host:port`), bounded by `cfg`'s connect
+/// timeout; an iSCSI/TCP one is traced into `cfg`'s trace when given, an iSER one runs on
+/// `cfg`'s provider with its iSER settings.
 pub(crate) async fn connect(
     transport: TransportKind,
-    provider: IserProvider,
-    remote_invalidation: bool,
     addr: &str,
-    timeout: Duration,
-    trace: Option<&PduTrace>,
+    cfg: &SessionConfig,
 ) -> Result<Box<Channel>, Error> {
+    let timeout = cfg.connect_timeout;
+    let trace = cfg.trace.as_ref().map(|t| &t.0);
+    let remote_invalidation = cfg.iser_remote_invalidation;
     let failed = |why: String| Error::Connect {
         addr: addr.to_string(),
         why,
@@ -73,9 +74,9 @@ pub(crate) async fn connect(
                 .map_err(|e| failed(e.to_string()))?
                 .next()
                 .ok_or_else(|| failed("no address".into()))?;
-            let connected = match provider {
+            let connected = match cfg.iser_provider {
                 IserProvider::Software => {
-                    let dev = software_rnic().map_err(|e| failed(e.to_string()))?;
+                    let dev = software_rnic(cfg.iser_poll).map_err(|e| failed(e.to_string()))?;
                     IserInitiatorConnection::connect(dev, sockaddr, timeout, remote_invalidation)
                         .await
                         .map(|c| Box::new(c) as Box<Channel>)
@@ -121,9 +122,12 @@ async fn rdma_core_connect(
 }
 
 /// A software iWARP RNIC for one connection, its engine a task of the caller's runtime (the
-/// connection's tasks run there too): posting and completing then cost no thread switch.
-fn software_rnic() -> std::io::Result<Arc<Rnic>> {
-    Ok(Arc::new(datamover_iser::rnic_task::spawn_software_rnic()?))
+/// connection's tasks run there too): posting and completing then cost no thread switch. It
+/// polls for `poll` after its last work before it sleeps.
+fn software_rnic(poll: Duration) -> std::io::Result<Arc<Rnic>> {
+    Ok(Arc::new(datamover_iser::rnic_task::spawn_software_rnic(
+        poll,
+    )?))
 }
 
 /// Sends one PDU.

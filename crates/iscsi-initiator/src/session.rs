@@ -84,6 +84,9 @@ pub struct SessionConfig {
     /// at QD 32: 1.4x). Off: send unsolicited data as ImmediateData, InitialR2T and
     /// FirstBurstLength allow.
     pub iser_unsolicited_only_whole: bool,
+    /// iSER on the software RNIC: how long its engine polls on after its last work before
+    /// it sleeps (zero: at once); see `datamover_iser::rnic_task::DEFAULT_POLL`.
+    pub iser_poll: Duration,
 }
 
 /// A pcapng trace shared by the connections of one or more sessions (`--trace FILE`).
@@ -135,6 +138,7 @@ impl Default for SessionConfig {
             iser_provider: IserProvider::Software,
             iser_remote_invalidation: true,
             iser_unsolicited_only_whole: true,
+            iser_poll: datamover_iser::rnic_task::DEFAULT_POLL,
         }
     }
 }
@@ -333,15 +337,7 @@ async fn establish(
         .as_deref()
         .ok_or_else(|| Error::Invalid(format!("{url} names no target")))?;
     let addr = url.host_port();
-    let mut stream = conn::connect(
-        url.transport,
-        cfg.iser_provider,
-        cfg.iser_remote_invalidation,
-        &addr,
-        cfg.connect_timeout,
-        cfg.trace.as_ref().map(|t| &t.0),
-    )
-    .await?;
+    let mut stream = conn::connect(url.transport, &addr, cfg).await?;
     let lead = conn::login(
         &mut *stream,
         cfg.login_config(Some(target), isid, 0, 0, 1),
@@ -362,15 +358,7 @@ async fn establish(
     let want = cfg.connections.max(1).min(params.max_connections.max(1));
     let mut conns: Vec<(Box<dyn InitiatorChannel>, LoginDone)> = vec![(stream, lead)];
     for cid in 1..want {
-        let mut s = conn::connect(
-            url.transport,
-            cfg.iser_provider,
-            cfg.iser_remote_invalidation,
-            &addr,
-            cfg.connect_timeout,
-            cfg.trace.as_ref().map(|t| &t.0),
-        )
-        .await?;
+        let mut s = conn::connect(url.transport, &addr, cfg).await?;
         let done = conn::login(
             &mut *s,
             cfg.login_config(Some(target), isid, tsih, cid, cmd_sn),
@@ -701,15 +689,7 @@ async fn join_connection(
         .target
         .as_deref()
         .ok_or_else(|| Error::Invalid(format!("{url} names no target")))?;
-    let mut stream = conn::connect(
-        url.transport,
-        cfg.iser_provider,
-        cfg.iser_remote_invalidation,
-        &url.host_port(),
-        cfg.connect_timeout,
-        cfg.trace.as_ref().map(|t| &t.0),
-    )
-    .await?;
+    let mut stream = conn::connect(url.transport, &url.host_port(), cfg).await?;
     let mut login = cfg.login_config(Some(target), inner.isid, tsih, cid, cmd_sn);
     login.exp_stat_sn = exp_stat_sn;
     let done = conn::login(&mut *stream, login, cfg.login_timeout).await?;
@@ -1372,15 +1352,7 @@ pub async fn discover(url: &IscsiUrl, cfg: &SessionConfig) -> Result<Vec<Discove
     // Discovery runs over TCP whatever the URL's transport (as Linux does it): an iser://
     // portal is asked on the same address.
     let addr = url.host_port();
-    let mut stream = conn::connect(
-        iscsi_login::TransportKind::Tcp,
-        cfg.iser_provider,
-        cfg.iser_remote_invalidation,
-        &addr,
-        cfg.connect_timeout,
-        cfg.trace.as_ref().map(|t| &t.0),
-    )
-    .await?;
+    let mut stream = conn::connect(iscsi_login::TransportKind::Tcp, &addr, cfg).await?;
     let mut r = [0u8; 4];
     rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut r);
     let isid = [0x80, 0x00, r[0], r[1], r[2], r[3]];

@@ -100,6 +100,9 @@ fn default_nop_timeout() -> u64 {
 fn yes() -> bool {
     true
 }
+fn default_iser_poll_us() -> u64 {
+    datamover_iser::rnic_task::DEFAULT_POLL.as_micros() as u64
+}
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -152,6 +155,11 @@ pub struct Config {
     /// (for comparing the two; more than one core's worth of iSER work may need it).
     #[serde(default = "yes")]
     pub iser_reactor: bool,
+    /// Microseconds the reactor's RNIC engine polls on after its last work before it sleeps
+    /// (0: sleeps at once). Polling catches a busy initiator's next commands awake, which
+    /// costs less than a sleep and a wake-up; an idle target stops polling after this long.
+    #[serde(default = "default_iser_poll_us")]
+    pub iser_poll_us: u64,
     /// What serves iser:// portals: ironsan's software iWARP RNIC (the default; it can share
     /// a port with iSCSI/TCP), or the first rdma-core device (a build with the rdma-core
     /// feature; rdma_cm owns the port, so iSCSI/TCP needs another).
@@ -247,6 +255,7 @@ impl Config {
             iser_mpa_crc: false,
             iser_align_loopback: false,
             iser_reactor: true,
+            iser_poll_us: default_iser_poll_us(),
             iser_provider: IserProvider::Software,
             iser_register_ram_luns: None,
             discovery: DiscoveryConfig::default(),

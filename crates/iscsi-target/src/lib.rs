@@ -599,8 +599,9 @@ fn software_rnic(config: &Config) -> Result<SoftwareRnic, String> {
     let cannot =
         |e: &dyn std::fmt::Display| format!("cannot start the software RNIC for iSER: {e}");
     let (d, reactor) = if config.iser_reactor {
-        let (reactor, d) =
-            datamover_iser::rnic_task::Reactor::start("iser-reactor").map_err(|e| cannot(&e))?;
+        let poll = Duration::from_micros(config.iser_poll_us);
+        let (reactor, d) = datamover_iser::rnic_task::Reactor::start("iser-reactor", poll)
+            .map_err(|e| cannot(&e))?;
         (d, Some(reactor))
     } else {
         (rnic::Rnic::new().map_err(|e| cannot(&e))?, None)

@@ -132,6 +132,8 @@ pub(crate) struct Engine {
     conns: HashMap<u32, Conn>,
     again: Vec<u32>,
     pub(crate) shared: Arc<EngineShared>,
+    /// Whether the last turn found events or commands.
+    worked: bool,
 }
 
 /// Readiness events taken per turn.
@@ -155,6 +157,7 @@ impl Engine {
             conns: HashMap::new(),
             again: Vec::new(),
             shared,
+            worked: false,
         })
     }
 
@@ -183,6 +186,7 @@ impl Engine {
         // A full batch of events may have left some behind.
         let events_left = events == EVENTS_PER_TURN;
         let cmds = std::mem::take(&mut *self.shared.inbox.lock().unwrap());
+        self.worked = events > 0 || !cmds.is_empty();
         for cmd in cmds {
             if !self.command(cmd, &mut ready) {
                 return Turn::Stopped;
@@ -294,6 +298,11 @@ impl Driver {
     /// One pass over whatever is ready; never blocks.
     pub fn turn(&mut self) -> Turn {
         self.engine.turn(Duration::ZERO)
+    }
+
+    /// Whether the last turn found anything to do.
+    pub fn worked(&self) -> bool {
+        self.engine.worked
     }
 }
 

@@ -47,6 +47,11 @@ pub struct LoginOpts {
     /// with the rdma-core feature).
     #[arg(long, value_name = "PROVIDER", default_value = "software")]
     pub rdma_provider: iscsi_initiator::IserProvider,
+    /// iser:// on the software RNIC: microseconds its engine polls on after its last work
+    /// before it sleeps (0: at once; polling costs less than a sleep and a wake-up while
+    /// commands keep coming, and stops when they do).
+    #[arg(long, value_name = "US", default_value_t = datamover_iser::rnic_task::DEFAULT_POLL.as_micros() as u64)]
+    pub rdma_poll_us: u64,
     /// Offer ImmediateData (yes or no; the target's answer decides). Any of these three
     /// options also makes iser:// send unsolicited data as negotiated; by default it sends a
     /// write unsolicited only when the whole write fits in the command's Send.
@@ -74,6 +79,7 @@ impl LoginOpts {
         c.initiator_name = self.initiator_name.clone();
         c.connections = self.connections.max(1);
         c.iser_provider = self.rdma_provider;
+        c.iser_poll = std::time::Duration::from_micros(self.rdma_poll_us);
         c.iser_remote_invalidation = !self.no_remote_invalidation;
         // Asking for unsolicited data explicitly means sending it as negotiated, over iSER too
         // (whose default sends only writes that fit whole in the command's Send).
