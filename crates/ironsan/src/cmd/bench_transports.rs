@@ -43,6 +43,10 @@ pub struct TransportsArgs {
     /// the LUN once saves.
     #[arg(long)]
     pub iser_lun_copy: bool,
+    /// Microseconds the software RNIC's engines (target and initiator) poll on after their
+    /// last work before they sleep (0: at once).
+    #[arg(long, value_name = "US", default_value_t = datamover_iser::rnic_task::DEFAULT_POLL.as_micros() as u64)]
+    pub rdma_poll_us: u64,
     /// Seconds per point and transport in each round.
     #[arg(long, default_value_t = 1.0)]
     pub duration: f64,
@@ -100,7 +104,7 @@ pub fn run(a: TransportsArgs) -> Result<()> {
         p => bail!("--pattern {p}: say rand or seq"),
     };
     let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let target = start_target(port, lun_bytes, a.protect, !a.iser_lun_copy)?;
+    let target = start_target(port, lun_bytes, a.protect, !a.iser_lun_copy, a.rdma_poll_us)?;
     let target_pid = target.0.id();
     eprintln!(
         "bench transports: ironsan target (pid {target_pid}, RAM LUN {}) on 127.0.0.1:{port}, iscsi:// and iser://{}, {} qd {}, {} s per point x {} rounds",
@@ -122,6 +126,7 @@ pub fn run(a: TransportsArgs) -> Result<()> {
         for t in TRANSPORTS {
             let url = IscsiUrl::parse_lun(&format!("{t}://127.0.0.1:{port}/{IQN}/0"))?;
             let mut cfg = SessionConfig::from_url(&url);
+            cfg.iser_poll = Duration::from_micros(a.rdma_poll_us);
             if a.protect && t == "iscsi" {
                 cfg.header_digest = iscsi_initiator::DigestPreference::Crc32c;
                 cfg.data_digest = iscsi_initiator::DigestPreference::Crc32c;
@@ -306,7 +311,13 @@ async fn fill_lun(
     Ok(())
 }
 
-fn start_target(port: u16, lun_bytes: u64, mpa_crc: bool, register_lun: bool) -> Result<Reaped> {
+fn start_target(
+    port: u16,
+    lun_bytes: u64,
+    mpa_crc: bool,
+    register_lun: bool,
+    poll_us: u64,
+) -> Result<Reaped> {
     let dir = std::env::temp_dir().join(format!("ironsan-bench-transports.{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let config = dir.join("target.toml");
@@ -315,7 +326,8 @@ fn start_target(port: u16, lun_bytes: u64, mpa_crc: bool, register_lun: bool) ->
         format!(
             "portals = [\"tcp://127.0.0.1:{port}\", \"iser://127.0.0.1:{port}\"]\n\
              iser_mpa_crc = {mpa_crc}\n\
-             iser_register_ram_luns = {register_lun}\n\n\
+             iser_register_ram_luns = {register_lun}\n\
+             iser_poll_us = {poll_us}\n\n\
              [[target]]\nname = \"{IQN}\"\n\n[target.lun.0]\nsize = \"{lun_bytes}\"\nbackend = \"memory\"\n"
         ),
     )?;
