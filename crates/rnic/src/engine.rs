@@ -755,36 +755,41 @@ impl Conn {
         let h = header.encode_into(&mut head[2..]);
         head[2 + h..].copy_from_slice(&m.body);
         let mut crc = self.crc.then(Crc32c::new);
-        // With MPA CRC the payload is copied as its CRC is computed (one fused pass), so the
-        // bytes sent are the bytes the CRC covers even if the region changes meanwhile (a
-        // WRITE landing in a LUN image an overlapping READ is sent from): as a hardware RNIC
-        // reads memory once. Without CRC the payload leaves from the region itself.
-        let mut fused = match crc.as_mut() {
-            Some(c) => {
-                c.update(&head);
-                head.reserve_exact(n);
-                Some((c, head))
-            }
-            None => {
-                self.push_chunk(Chunk::Bytes(head));
-                None
-            }
-        };
+        if let Some(c) = crc.as_mut() {
+            c.update(&head);
+        }
+        // With MPA CRC a payload that could change is copied as its CRC is computed (one
+        // fused pass), so the bytes sent are the bytes the CRC covers even if the region
+        // changes meanwhile (a WRITE landing in a LUN image an overlapping READ is sent from):
+        // as a hardware RNIC reads memory once. Immutable bytes (a caller's registered
+        // `Bytes`) and, without CRC, any payload leave from the region itself. `copied` holds
+        // the FPDU's bytes not yet queued: its header, then copied payload.
+        let mut copied = head;
         let mut left = n;
         while left > 0 {
             let p = &m.pieces[m.piece_idx];
             let take = (p.len - m.piece_off).min(left);
             if take > 0 {
-                match fused.as_mut() {
-                    Some((c, buf)) => {
+                let at = p.off + m.piece_off;
+                match crc.as_mut() {
+                    Some(c) if !p.mr.immutable() => {
                         // SAFETY: the piece was bounds-checked against its region when posted
                         // and the region stays allocated while `p.mr` is held.
-                        let src = unsafe {
-                            std::slice::from_raw_parts(p.mr.ptr_at(p.off + m.piece_off), take)
-                        };
-                        c.update_append(buf, src);
+                        let src = unsafe { std::slice::from_raw_parts(p.mr.ptr_at(at), take) };
+                        copied.reserve(left);
+                        c.update_append(&mut copied, src);
                     }
-                    None => self.push_chunk(Chunk::Mem(p.mr.clone(), p.off + m.piece_off, take)),
+                    _ => {
+                        if let Some(c) = crc.as_mut() {
+                            // SAFETY: as above; the bytes are immutable, so the CRC taken
+                            // here covers the bytes sent from them.
+                            c.update(unsafe { std::slice::from_raw_parts(p.mr.ptr_at(at), take) });
+                        }
+                        if !copied.is_empty() {
+                            self.push_chunk(Chunk::Bytes(std::mem::take(&mut copied)));
+                        }
+                        self.push_chunk(Chunk::Mem(p.mr.clone(), at, take));
+                    }
                 }
             }
             m.piece_off += take;
@@ -798,8 +803,8 @@ impl Conn {
         while m.piece_idx < m.pieces.len() && m.pieces[m.piece_idx].len == 0 {
             m.piece_idx += 1;
         }
-        if let Some((_, buf)) = fused {
-            self.push_chunk(Chunk::Bytes(buf));
+        if !copied.is_empty() {
+            self.push_chunk(Chunk::Bytes(copied));
         }
         let (trailer, tl) = fpdu::trailer(&layout, crc.as_mut());
         self.push_chunk(Chunk::Tail(trailer[..tl].to_vec()));

@@ -48,6 +48,11 @@ impl MrInner {
     pub(crate) fn invalidate(&self) {
         self.valid.store(false, Ordering::Release);
     }
+    /// Whether the memory is the caller's immutable bytes ([`StagTable::register_bytes`]):
+    /// nothing can change them while the region holds them.
+    pub(crate) fn immutable(&self) -> bool {
+        self.borrowed.is_some()
+    }
     /// Panics if the memory is the caller's immutable bytes (no one may write it).
     fn assert_writable(&self) {
         assert!(
