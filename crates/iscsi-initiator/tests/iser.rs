@@ -43,11 +43,19 @@ async fn start_with(settings: &str) -> SocketAddr {
     common::start_target(&config).await
 }
 
-/// Whether a thread of this process is named `name`.
-fn thread_named(name: &str) -> bool {
-    std::fs::read_dir("/proc/self/task").unwrap().any(|t| {
-        std::fs::read_to_string(t.unwrap().path().join("comm")).is_ok_and(|c| c.trim() == name)
-    })
+/// Whether a thread of this process is named `name` within 2 s (a new thread names itself
+/// once it runs).
+async fn thread_named(name: &str) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        let found = std::fs::read_dir("/proc/self/task").unwrap().any(|t| {
+            std::fs::read_to_string(t.unwrap().path().join("comm")).is_ok_and(|c| c.trim() == name)
+        });
+        if found || std::time::Instant::now() > deadline {
+            return found;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// The target's two ways of running iSER on the software RNIC serve the same data: its
@@ -62,7 +70,7 @@ async fn iser_connections_on_the_reactor_or_the_targets_runtime_carry_verified_d
         ] {
             let addr = start_with(settings).await;
             assert!(
-                thread_named(thread),
+                thread_named(thread).await,
                 "{settings:?}: a thread named {thread}"
             );
             let s = std::sync::Arc::new(iser_session(addr).await);
