@@ -20,9 +20,9 @@
 
 use core::arch::x86_64::{
     __m128i, __m512i, _mm512_castsi512_si128, _mm512_clmulepi64_epi128, _mm512_extracti32x4_epi32,
-    _mm512_loadu_si512, _mm512_set_epi64, _mm512_storeu_si512, _mm512_ternarylogic_epi64,
-    _mm512_xor_si512, _mm_clmulepi64_si128, _mm_crc32_u64, _mm_cvtsi128_si64, _mm_extract_epi64,
-    _mm_prefetch, _mm_set_epi64x, _mm_xor_si128, _MM_HINT_T0,
+    _mm512_set_epi64, _mm512_storeu_si512, _mm512_ternarylogic_epi64, _mm512_xor_si512,
+    _mm_clmulepi64_si128, _mm_crc32_u64, _mm_cvtsi128_si64, _mm_extract_epi64, _mm_prefetch,
+    _mm_set_epi64x, _mm_xor_si128, _MM_HINT_T0,
 };
 use core::mem::MaybeUninit;
 
@@ -104,6 +104,31 @@ fn reduce128(x: __m128i) -> u32 {
     _mm_crc32_u64(_mm_crc32_u64(0, first), second) as u32
 }
 
+/// 64 bytes at `p` in one load the compiler cannot repeat or split (inline assembly is opaque
+/// to it): the value stored in a copy and the value folded into the CRC are the same bytes even
+/// while another thread rewrites the source. With an intrinsic load the compiler may read the
+/// block again as a memory operand of the fold, and a copy then disagreed with its CRC (the
+/// digest test that rewrites the source failed at once on an AVX-512 machine).
+///
+/// # Safety
+/// `p..p + 64` must be readable; AVX-512F.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn load_once(p: *const u8) -> __m512i {
+    let v: __m512i;
+    // SAFETY: the caller guarantees 64 readable bytes at `p`; vmovdqu64 takes any alignment
+    // and touches no other memory, stack or flags.
+    unsafe {
+        core::arch::asm!(
+            "vmovdqu64 {v}, [{p}]",
+            v = out(zmm_reg) v,
+            p = in(reg) p,
+            options(nostack, preserves_flags, readonly, pure)
+        )
+    };
+    v
+}
+
 /// Folds the whole 64-byte blocks of `data` (at least `MIN_LEN` bytes) starting from raw
 /// register `reg`; returns the raw register after them and how many bytes that was. With an
 /// output pointer (valid for `data.len()` bytes, not overlapping `data`), every block read is
@@ -121,7 +146,7 @@ unsafe fn fold(reg: u32, data: &[u8], out: Option<*mut u8>) -> (u32, usize) {
             let b: usize = $b;
             debug_assert!(b < blocks);
             // SAFETY: b < blocks = data.len() / 64, so the 64 bytes are inside `data`.
-            let v = unsafe { _mm512_loadu_si512(src.add(64 * b).cast()) };
+            let v = unsafe { load_once(src.add(64 * b)) };
             if let Some(o) = out {
                 // SAFETY: the output is valid for data.len() bytes and does not overlap it.
                 unsafe { _mm512_storeu_si512(o.add(64 * b).cast(), v) };
