@@ -219,6 +219,40 @@ fn peer_to_peer_rtr() {
     assert_eq!((wc.wr_id, wc.byte_len), (5, 9));
 }
 
+/// Two RNICs, a protection domain on each, and a queue pair between them with MPA CRC on
+/// (and RDMA Reads allowed both ways).
+struct CrcPair {
+    a: Rnic,
+    b: Rnic,
+    pda: rnic::Pd,
+    pdb: rnic::Pd,
+    ea: End,
+    eb: End,
+}
+
+fn crc_pair() -> CrcPair {
+    let a = Rnic::new().unwrap();
+    let b = Rnic::new().unwrap();
+    let pda = a.alloc_pd().unwrap();
+    let pdb = b.alloc_pd().unwrap();
+    let params = ConnParams {
+        crc: true,
+        first_fpdu_delay: Duration::ZERO,
+        ird: 4,
+        ord: 4,
+        ..Default::default()
+    };
+    let (ea, eb) = pair(&a, &pda, &b, &pdb, params, |_, _| {});
+    CrcPair {
+        a,
+        b,
+        pda,
+        pdb,
+        ea,
+        eb,
+    }
+}
+
 /// With MPA CRC, an RDMA Write whose source region another thread rewrites while the Write is
 /// queued (an iSER target's RAM LUN image under an overlapping WRITE) still arrives with a CRC
 /// that covers its bytes: a hardware RNIC reads memory once, and so must this one. Before, the
@@ -228,16 +262,14 @@ fn peer_to_peer_rtr() {
 fn a_source_rewritten_during_a_crc_protected_write_arrives_intact() {
     use std::sync::atomic::{AtomicBool, Ordering};
     const LEN: usize = 4 << 20;
-    let a = Rnic::new().unwrap();
-    let b = Rnic::new().unwrap();
-    let pda = a.alloc_pd().unwrap();
-    let pdb = b.alloc_pd().unwrap();
-    let params = ConnParams {
-        crc: true,
-        first_fpdu_delay: Duration::ZERO,
-        ..Default::default()
-    };
-    let (ea, eb) = pair(&a, &pda, &b, &pdb, params, |_, _| {});
+    let CrcPair {
+        a,
+        b,
+        pda,
+        pdb,
+        ea,
+        eb,
+    } = crc_pair();
     let sink = b
         .reg_mr(&pdb, LEN, Access::REMOTE_WRITE | Access::LOCAL_WRITE)
         .unwrap();
@@ -304,7 +336,7 @@ fn burst_of_mixed_sizes(crc: bool) {
 fn burst_of_mixed_sizes_on(a: &Rnic, b: &Rnic, crc: bool) {
     const SENDS: usize = 300;
     const RECV_LEN: usize = 512;
-    let write_sizes = [1, 100, 8191, 8192, 8193, 70_000, 300_000];
+    let write_sizes = [1, 100, 8192, 16_383, 16_384, 16_385, 70_000, 300_000];
     let pda = a.alloc_pd().unwrap();
     let pdb = b.alloc_pd().unwrap();
     let rbuf = b
@@ -437,18 +469,14 @@ fn driven_engines_serve_a_burst_and_stop_with_their_rnics() {
 #[test]
 fn crc_protected_payload_from_immutable_and_ordinary_regions_arrives_intact() {
     const PART: usize = 100_000;
-    let a = Rnic::new().unwrap();
-    let b = Rnic::new().unwrap();
-    let pda = a.alloc_pd().unwrap();
-    let pdb = b.alloc_pd().unwrap();
-    let params = ConnParams {
-        crc: true,
-        first_fpdu_delay: Duration::ZERO,
-        ird: 4,
-        ord: 4,
-        ..Default::default()
-    };
-    let (ea, eb) = pair(&a, &pda, &b, &pdb, params, |_, _| {});
+    let CrcPair {
+        a,
+        b,
+        pda,
+        pdb,
+        ea,
+        eb,
+    } = crc_pair();
     let fixed = bytes::Bytes::from(pattern(7, PART));
     let fixed_mr = a
         .reg_bytes(&pda, fixed.clone(), Access::REMOTE_READ)
