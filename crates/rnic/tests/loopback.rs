@@ -220,17 +220,8 @@ fn peer_to_peer_rtr() {
 }
 
 /// Two RNICs, a protection domain on each, and a queue pair between them with MPA CRC on
-/// (and RDMA Reads allowed both ways).
-struct CrcPair {
-    a: Rnic,
-    b: Rnic,
-    pda: rnic::Pd,
-    pdb: rnic::Pd,
-    ea: End,
-    eb: End,
-}
-
-fn crc_pair() -> CrcPair {
+/// (and RDMA Reads allowed both ways): (a, b, a's PD, b's PD, a's end, b's end).
+fn crc_pair() -> (Rnic, Rnic, rnic::Pd, rnic::Pd, End, End) {
     let a = Rnic::new().unwrap();
     let b = Rnic::new().unwrap();
     let pda = a.alloc_pd().unwrap();
@@ -243,14 +234,7 @@ fn crc_pair() -> CrcPair {
         ..Default::default()
     };
     let (ea, eb) = pair(&a, &pda, &b, &pdb, params, |_, _| {});
-    CrcPair {
-        a,
-        b,
-        pda,
-        pdb,
-        ea,
-        eb,
-    }
+    (a, b, pda, pdb, ea, eb)
 }
 
 /// With MPA CRC, an RDMA Write whose source region another thread rewrites while the Write is
@@ -262,14 +246,7 @@ fn crc_pair() -> CrcPair {
 fn a_source_rewritten_during_a_crc_protected_write_arrives_intact() {
     use std::sync::atomic::{AtomicBool, Ordering};
     const LEN: usize = 4 << 20;
-    let CrcPair {
-        a,
-        b,
-        pda,
-        pdb,
-        ea,
-        eb,
-    } = crc_pair();
+    let (a, b, pda, pdb, ea, eb) = crc_pair();
     let sink = b
         .reg_mr(&pdb, LEN, Access::REMOTE_WRITE | Access::LOCAL_WRITE)
         .unwrap();
@@ -469,14 +446,7 @@ fn driven_engines_serve_a_burst_and_stop_with_their_rnics() {
 #[test]
 fn crc_protected_payload_from_immutable_and_ordinary_regions_arrives_intact() {
     const PART: usize = 100_000;
-    let CrcPair {
-        a,
-        b,
-        pda,
-        pdb,
-        ea,
-        eb,
-    } = crc_pair();
+    let (a, b, pda, pdb, ea, eb) = crc_pair();
     let fixed = bytes::Bytes::from(pattern(7, PART));
     let fixed_mr = a
         .reg_bytes(&pda, fixed.clone(), Access::REMOTE_READ)
