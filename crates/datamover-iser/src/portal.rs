@@ -4,7 +4,7 @@
 //! (Linux cannot do this: LIO's iSER and TCP listeners collide on one address and port.) Each
 //! connection is sorted, and its MPA Request read and accepted, in a task of its own, so a
 //! client that stalls delays no other login. Bound with a [`Reactor`]
-//! ([`IserPortal::bind_on_reactor`]), the portal sets up each iWARP connection on the reactor's
+//! ([`IserPortal::bind_on`]), the portal sets up each iWARP connection on the reactor's
 //! thread, where the RNIC's engine runs, and asks that the connection run there
 //! ([`LoginChannel::runtime`]); iSCSI/TCP connections stay on the caller's runtime.
 
@@ -57,22 +57,13 @@ impl IserPortal {
         cfg: AcceptConfig,
         also_tcp: bool,
     ) -> io::Result<IserPortal> {
-        Self::bind_with(addr, dev, None, cfg, also_tcp).await
+        Self::bind_on(addr, dev, None, cfg, also_tcp).await
     }
 
-    /// [`IserPortal::bind`] for an RNIC driven on `reactor` (see [`Reactor::start`]): iSER
-    /// connections are set up, log in and run on the reactor's thread.
-    pub async fn bind_on_reactor(
-        addr: SocketAddr,
-        dev: Arc<TargetDevice<Rnic>>,
-        reactor: Arc<Reactor>,
-        cfg: AcceptConfig,
-        also_tcp: bool,
-    ) -> io::Result<IserPortal> {
-        Self::bind_with(addr, dev, Some(reactor), cfg, also_tcp).await
-    }
-
-    async fn bind_with(
+    /// [`IserPortal::bind`] for an RNIC driven on `reactor` when given (see
+    /// [`Reactor::start`]): iSER connections are then set up, log in and run on the reactor's
+    /// thread; without one, on the caller's runtime.
+    pub async fn bind_on(
         addr: SocketAddr,
         dev: Arc<TargetDevice<Rnic>>,
         reactor: Option<Arc<Reactor>>,

@@ -61,6 +61,8 @@ async fn thread_named(name: &str) -> bool {
 /// The target's two ways of running iSER on the software RNIC serve the same data: its
 /// connections on the RNIC's reactor thread (the default), or on the target's runtime with
 /// the engine on a thread of its own (`iser_reactor = false`).
+/// (The thread check tells the two apart only for the engine thread: the other tests of this
+/// binary, running alongside, start reactors of their own.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn iser_connections_on_the_reactor_or_the_targets_runtime_carry_verified_data() {
     tokio::time::timeout(Duration::from_secs(60), async {

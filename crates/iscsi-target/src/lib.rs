@@ -262,14 +262,12 @@ impl Bound {
                                 let t = target.clone();
                                 // Where the transport wants its connections run (iSER on
                                 // the software RNIC's reactor), else here.
-                                let on = channel.runtime();
-                                let handled = async move {
+                                let on = channel
+                                    .runtime()
+                                    .unwrap_or_else(tokio::runtime::Handle::current);
+                                on.spawn(async move {
                                     handle_connection(t, channel, portal, admitted).await
-                                };
-                                match on {
-                                    Some(rt) => drop(rt.spawn(handled)),
-                                    None => drop(tokio::spawn(handled)),
-                                }
+                                });
                             }
                             Err(e) => {
                                 tracing::warn!("accept failed on {}: {e}", portal.address);
@@ -564,14 +562,9 @@ async fn bind_portals(
                     d
                 }
             };
-            let p = match reactor {
-                Some(r) => {
-                    datamover_iser::IserPortal::bind_on_reactor(spec.address, dev, r, cfg, also_tcp)
-                        .await
-                }
-                None => datamover_iser::IserPortal::bind(spec.address, dev, cfg, also_tcp).await,
-            }
-            .map_err(cannot)?;
+            let p = datamover_iser::IserPortal::bind_on(spec.address, dev, reactor, cfg, also_tcp)
+                .await
+                .map_err(cannot)?;
             portals.push(Arc::new(p));
         } else {
             let p = datamover_tcp::TcpPortal::bind(spec.address)
@@ -585,8 +578,6 @@ async fn bind_portals(
     Ok((portals, images))
 }
 
-/// Registers a RAM LUN's image with `dev` (a LUN whose image cannot be registered lives in
-/// ordinary memory, and the log says why).
 /// The software RNIC iSER portals share, and the reactor it runs on (none: its own thread).
 type SoftwareRnic = (
     Arc<TargetDevice<rnic::Rnic>>,
@@ -611,6 +602,8 @@ fn software_rnic(config: &Config) -> Result<SoftwareRnic, String> {
     Ok((d, reactor))
 }
 
+/// Registers a RAM LUN's image with `dev` (a LUN whose image cannot be registered lives in
+/// ordinary memory, and the log says why).
 fn image_provider<P: datamover_iser::endpoint::Device>(
     dev: Arc<TargetDevice<P>>,
 ) -> Box<scsi::ImageProvider> {
