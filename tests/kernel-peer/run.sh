@@ -197,6 +197,13 @@ for name in "${plan[@]}"; do
     *)
       echo "kernel-peer: $name FAIL ($secs s), log $SHARE/out/$name.log:"
       grep -E '^(FAILED|TIMEOUT)' "$SHARE/out/$name.log" | sed 's/^/    /' || true
+      # CI keeps only this output: the guest's kernel lines that bear on a failure go with it.
+      if [ -s "$SHARE/out/$name.dmesg" ]; then
+        echo "    its kernel log (iSCSI, iSER, siw, SCSI error handling; last 20 such lines):"
+        grep -i -E 'iser|siw|isert|iscsi|conn(ection)?[0-9:]* error|timeout|timed out|abort|reset|warn' \
+          "$SHARE/out/$name.dmesg" | grep -v 'module verification failed' | tail -20 |
+          sed 's/^/      /' || true
+      fi
       fails=$((fails + 1))
       ;;
   esac

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use datamover::{
     CmdSnState, Datamover, FfpConfig, InPdu, LoginChannel, LoginRecvError, Notice, TransportKind,
 };
-use iscsi_wire::Pdu;
+use iscsi_wire::{Bhs, Pdu};
 use iser::{CmFlags, IserHeader};
 use rdma::{ConnParams, ConnectRequest, SendOp};
 use std::os::fd::BorrowedFd;
@@ -109,19 +109,35 @@ pub struct IserLogin<P: Device> {
 /// buffers and the task outlived a failed login and the initiator never heard that the
 /// connection had ended (found by tests/iser_bad_input.rs in iscsi-target; iSCSI/TCP closes
 /// by dropping its socket).
-struct CloseUnlessKept<P: Device>(Option<Arc<Endpoint<P>>>);
+struct CloseUnlessKept<P: Device> {
+    ep: Option<Arc<Endpoint<P>>>,
+    /// A Login Response refusing the login was sent: the initiator closes too (RFC 7143
+    /// 11.13.5), and gets [`REFUSED_LOGIN_GRACE`] to go first.
+    refused: bool,
+}
+
+/// How long an initiator whose login was refused may take to close its end before this end
+/// closes. Closing first races with what the initiator still has on its queue: Linux siw
+/// completes the Send it is finishing with a local QP operation error and reports a fatal QP
+/// error (kernel-peer kinit-iser, a wrong CHAP secret, on a loaded host).
+const REFUSED_LOGIN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl<P: Device> CloseUnlessKept<P> {
     /// Full feature phase owns the connection from now on.
     fn keep(mut self) {
-        self.0 = None;
+        self.ep = None;
     }
 }
 
 impl<P: Device> Drop for CloseUnlessKept<P> {
     fn drop(&mut self) {
-        if let Some(ep) = self.0.take() {
-            ep.close();
+        let Some(ep) = self.ep.take() else { return };
+        match tokio::runtime::Handle::try_current() {
+            Ok(_) if self.refused => {
+                let closing = ep.clone();
+                ep.close_after_peer_or(REFUSED_LOGIN_GRACE, move || closing.close());
+            }
+            _ => ep.close(),
         }
     }
 }
@@ -165,7 +181,10 @@ where
     .map_err(|e| format!("accept task: {e}"))??;
     poller.start();
     Ok(IserLogin {
-        close_unless_kept: CloseUnlessKept(Some(ep.clone())),
+        close_unless_kept: CloseUnlessKept {
+            ep: Some(ep.clone()),
+            refused: false,
+        },
         ep,
         received,
         peer,
@@ -216,6 +235,9 @@ impl<P: Device> LoginChannel for IserLogin<P> {
 
     /// Sends a login-phase PDU in a plain Send.
     async fn send(&mut self, pdu: &Pdu) -> std::io::Result<()> {
+        if let Bhs::LoginResponse(rsp) = &pdu.bhs {
+            self.close_unless_kept.refused |= rsp.status_class != 0;
+        }
         self.ep
             .send(&IserHeader::CONTROL, pdu, SendOp::Send)
             .await

@@ -922,6 +922,40 @@ async fn a_non_login_pdu_before_login_completes_ends_the_connection() {
     }
 }
 
+/// A refused login (a target name the portal does not serve): the Login Response says so
+/// and the target leaves the initiator time to close first, as it must too, then closes.
+/// Closing at once raced with the initiator's last Send (Linux siw: a fatal QP error).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_login_leaves_the_initiator_time_to_close_first() {
+    let addr = start_target().await;
+    let mut p = Peer::to(addr);
+    let keys = key_values(&[
+        ("InitiatorName", INITIATOR),
+        ("TargetName", "iqn.2026-11.org.ironsan.test:not-served"),
+        ("SessionType", "Normal"),
+        ("AuthMethod", "None"),
+    ]);
+    let r = p.login_request(0x01, &keys);
+    assert_eq!(r.opcode(), 0x23, "a Login Response");
+    assert_eq!(&r.bhs[36..38], &[0x02, 0x03], "initiator error: not found");
+    let refused = Instant::now();
+    while refused.elapsed() < Duration::from_millis(500) {
+        p.poll();
+        assert_ne!(
+            p.qp.state(),
+            QpState::Error,
+            "the target closed {:?} after refusing",
+            refused.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    p.torn_down();
+    assert!(
+        refused.elapsed() < WAIT,
+        "the target closed after its grace"
+    );
+}
+
 /// An MPA Request without the iSER CM word (no private data, or an MPA revision 1 Request)
 /// is taken as flags 0xC0 (no ZBVA, no Send with Invalidate): the target answers with its
 /// own word, logs in, and its SCSI Responses are plain Sends.
