@@ -94,25 +94,31 @@ enum Wake {
     Kick(Box<dyn Fn() + Send + Sync>),
 }
 
-/// Starts an engine on its own progress thread.
-pub(crate) fn start() -> std::io::Result<(Arc<EngineShared>, std::thread::JoinHandle<()>)> {
+/// Starts an engine on its own progress thread, which goes on turning for `poll` after a turn
+/// that found work before it sleeps in epoll (zero: it sleeps at once).
+pub(crate) fn start(
+    poll: Duration,
+) -> std::io::Result<(Arc<EngineShared>, std::thread::JoinHandle<()>)> {
     let engine = Engine::new(None)?;
     let shared = engine.shared.clone();
     let handle = std::thread::Builder::new()
         .name("rnic-progress".into())
-        .spawn(move || run(engine))?;
+        .spawn(move || run(engine, poll))?;
     Ok((shared, handle))
 }
 
-fn run(mut engine: Engine) {
+fn run(mut engine: Engine, poll: Duration) {
+    let mut busy_at = Instant::now();
     loop {
-        let timeout = if engine.again.is_empty() {
-            Driver::TICK
-        } else {
+        let timeout = if !engine.again.is_empty() || busy_at.elapsed() < poll {
             Duration::ZERO
+        } else {
+            Driver::TICK
         };
-        if let Turn::Stopped = engine.turn(timeout) {
-            return;
+        match engine.turn(timeout) {
+            Turn::Stopped => return,
+            Turn::More | Turn::Done => busy_at = Instant::now(),
+            Turn::Idle => {}
         }
     }
 }

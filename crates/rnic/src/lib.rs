@@ -53,6 +53,7 @@ use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 /// A protection domain.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -91,8 +92,16 @@ pub struct Rnic {
 }
 
 impl Rnic {
+    /// An RNIC whose progress thread sleeps in epoll whenever it has nothing to do.
     pub fn new() -> Result<Rnic> {
-        let (engine, thread) = engine::start()?;
+        Self::polling(Duration::ZERO)
+    }
+
+    /// An RNIC whose progress thread goes on turning for `poll` after its last work before it
+    /// sleeps (as a driven engine's owner may: see `datamover_iser::rnic_task`), trading CPU
+    /// for the cost of being woken.
+    pub fn polling(poll: Duration) -> Result<Rnic> {
+        let (engine, thread) = engine::start(poll)?;
         Ok(Rnic {
             inner: Arc::new(RnicInner {
                 engine,

@@ -101,6 +101,10 @@ struct BwArgs {
     /// Use MPA CRC.
     #[arg(long)]
     crc: bool,
+    /// Microseconds each RNIC's progress thread polls after its last work before it sleeps
+    /// (0: it sleeps at once). The default is what iSER connections' engines do.
+    #[arg(long, default_value_t = datamover_iser::rnic_task::DEFAULT_POLL.as_micros() as u64)]
+    poll_us: u64,
     /// Write the table as JSON to this file.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
@@ -270,6 +274,7 @@ fn bandwidth(a: BwArgs) -> Result<()> {
         min_iters: 8,
         depth: a.depth,
         crc: a.crc,
+        poll: Duration::from_micros(a.poll_us),
     };
     let tcp = bw::tcp_baseline(bytes.max(64 << 20), 1 << 20).map_err(|e| anyhow!("{e}"))?;
     let points = bw::run_loopback(&opt).map_err(|e| anyhow!("{e}"))?;
@@ -343,7 +348,7 @@ fn bandwidth(a: BwArgs) -> Result<()> {
             // failing, measure the pair back to back in several rounds (alternating which goes
             // first) and take the median of the per-round ratios: still one run, but a load
             // swing hits both sides of a round alike, and no single round decides.
-            let rounds = paired_write_1m(bytes, a.depth, a.crc)?;
+            let rounds = paired_write_1m(bytes, &opt)?;
             let mut ratios: Vec<f64> = rounds.iter().map(|(r, t)| r / t).collect();
             ratios.sort_by(f64::total_cmp);
             let median = ratios[ratios.len() / 2];
@@ -369,7 +374,7 @@ const PAIRED_ROUNDS: usize = 9;
 
 /// RDMA Write 1 MiB and TCP stream bandwidth (MiB/s) measured back to back in each of
 /// [`PAIRED_ROUNDS`] rounds, the order alternating from round to round.
-fn paired_write_1m(bytes: usize, depth: usize, crc: bool) -> Result<Vec<(f64, f64)>> {
+fn paired_write_1m(bytes: usize, like: &bw::BwOptions) -> Result<Vec<(f64, f64)>> {
     // At least 512 MiB per measurement: a shorter one is dominated by set-up (connection,
     // registration, first touches of the buffers) and by single scheduling hiccups.
     let bytes = bytes.max(512 << 20);
@@ -377,9 +382,7 @@ fn paired_write_1m(bytes: usize, depth: usize, crc: bool) -> Result<Vec<(f64, f6
         ops: vec![bw::Op::Write],
         sizes: vec![1 << 20],
         bytes_per_point: bytes,
-        min_iters: 8,
-        depth,
-        crc,
+        ..like.clone()
     };
     let tcp = || bw::tcp_baseline(bytes, 1 << 20).map_err(|e| anyhow!("{e}"));
     let rdma = || -> Result<f64> {

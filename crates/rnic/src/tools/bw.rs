@@ -37,6 +37,10 @@ pub struct BwOptions {
     /// Messages in flight.
     pub depth: usize,
     pub crc: bool,
+    /// How long each RNIC's progress thread polls after its last work before it sleeps
+    /// ([`Rnic::polling`]); iSER's engines poll so (`datamover_iser::rnic_task`), and a ceiling
+    /// measured with engines that sleep is not theirs.
+    pub poll: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -80,8 +84,8 @@ type Res<T> = std::result::Result<T, String>;
 /// Runs every (op, size) point; returns the points.
 pub fn run_loopback(opt: &BwOptions) -> Res<Vec<BwPoint>> {
     let e = |x: rdma::Error| x.to_string();
-    let a = Rnic::new().map_err(e)?;
-    let b = Rnic::new().map_err(e)?;
+    let a = Rnic::polling(opt.poll).map_err(e)?;
+    let b = Rnic::polling(opt.poll).map_err(e)?;
     let pda = a.alloc_pd().map_err(e)?;
     let pdb = b.alloc_pd().map_err(e)?;
     let max = *opt.sizes.iter().max().unwrap_or(&4096);
