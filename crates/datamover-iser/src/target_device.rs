@@ -75,8 +75,10 @@ impl<P: Device> ImageMemory for LunImage<P> {
         self.mr.len()
     }
 
+    /// Written data is not read back soon (reads of it leave by RDMA Write, from memory): the
+    /// region may take it past the caches.
     fn write_at(&self, offset: usize, data: &[u8]) {
-        self.mr.write_at(offset, data);
+        self.mr.write_at_streaming(offset, data);
     }
 
     fn bytes_at(&self, offset: usize, len: usize) -> &[u8] {

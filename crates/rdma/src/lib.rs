@@ -277,6 +277,12 @@ pub trait MemoryRegion: Send + Sync {
     fn read_at(&self, offset: usize, out: &mut [u8]);
     /// Copies `data` to `offset`. Panics if out of range.
     fn write_at(&self, offset: usize, data: &[u8]);
+    /// [`MemoryRegion::write_at`] for bulk data that nobody reads back soon (a RAM LUN's
+    /// image): a provider may store it past the CPU caches, sparing the cache lines it would
+    /// otherwise fetch only to overwrite them.
+    fn write_at_streaming(&self, offset: usize, data: &[u8]) {
+        self.write_at(offset, data);
+    }
     /// The region's bytes, borrowed for as long as the region is: data the local side wrote
     /// can leave (as `bytes::Bytes`, say) without a copy. While the borrow lives, nothing may
     /// write into the region: the user posts no receive or RDMA Read into it and gives no
