@@ -30,6 +30,7 @@ use tokio::sync::{mpsc, Semaphore};
 use crate::endpoint::{Buffers, Device, Endpoint, Inbound, Received};
 use crate::lent;
 use crate::mr_pool::{MrPool, PooledMr};
+use crate::rnic_task::PollWindow;
 use crate::target::DEFAULT_RECV_LEN;
 use crate::write_regs::{WriteReg, WriteRegistrations};
 
@@ -70,9 +71,19 @@ pub struct IserInitiatorConnection<P: Device> {
     /// Whether the target may answer with Send with Invalidate: we accept it and its CM
     /// reply did not refuse it (bit 0x40 clear).
     remote_invalidation: bool,
+    /// The polling of the engine this connection runs on, when it is a driven software RNIC
+    /// of its own: set by each command's write size.
+    poll: Option<PollWindow>,
 }
 
 impl<P: Device> IserInitiatorConnection<P> {
+    /// The connection's engine polls by `window` ([`crate::rnic_task::spawn_software_rnic_polling`]):
+    /// each command sets it by what it writes ([`PollWindow::follow_write`]).
+    pub fn with_poll_window(mut self, window: PollWindow) -> Self {
+        self.poll = Some(window);
+        self
+    }
+
     /// Connects to the target's iSER portal at `addr` through `dev`; `remote_invalidation`
     /// says whether the target may end a command with Send with Invalidate of its STag (the
     /// iSER CM word's 0x40 bit clear) or must answer with plain Sends.
@@ -121,6 +132,7 @@ impl<P: Device> IserInitiatorConnection<P> {
             received,
             peer: addr,
             remote_invalidation: !ours.no_send_invalidate && !refused,
+            poll: None,
         })
     }
 }
@@ -168,7 +180,11 @@ impl<P: Device> InitiatorChannel for IserInitiatorConnection<P> {
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(send_loop(shared.clone(), rx));
         receive_on_completions(shared.clone(), me.received, cfg);
-        Arc::new(IserInitiatorDatamover { shared, tx })
+        Arc::new(IserInitiatorDatamover {
+            shared,
+            tx,
+            poll: me.poll,
+        })
     }
 }
 
@@ -254,10 +270,14 @@ enum Out {
 pub struct IserInitiatorDatamover<P: Device> {
     shared: Arc<Shared<P>>,
     tx: mpsc::UnboundedSender<Out>,
+    poll: Option<PollWindow>,
 }
 
 impl<P: Device> InitiatorDatamover for IserInitiatorDatamover<P> {
     fn send_command(&self, cmd: CommandOut) {
+        if let Some(poll) = &self.poll {
+            poll.follow_write(cmd.write.len());
+        }
         let _ = self.tx.send(Out::Command(cmd));
     }
 

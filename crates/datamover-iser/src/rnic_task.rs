@@ -11,6 +11,7 @@
 
 use rnic::{Driver, Rnic, Turn};
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::unix::AsyncFd;
@@ -26,11 +27,57 @@ use tokio::time::MissedTickBehavior;
 /// An idle connection stops polling after this long.
 pub const DEFAULT_POLL: Duration = Duration::from_micros(50);
 
+/// Writes of this many bytes or more are large: the target fetches their data by RDMA Read,
+/// the initiator's engine only answers, and a wake-up is a small part of such a command's
+/// time, so it need not poll ([`PollWindow::follow_write`]). 128 KiB writes at QD 8, the
+/// target polling, the initiator 0 against 50 µs (two rounds): 3,327/3,328 and 3,125/3,232
+/// MB/s, initiator CPU 0.18/0.28 and 0.19/0.28 s/GB. Reads keep polling: without it 1 MiB
+/// reads lost a fifth of their speed for no CPU per GB, 4 KiB reads at QD 32 as much.
+pub const LARGE_WRITE: usize = 64 << 10;
+
+/// How long a driven engine polls after its last work, changeable while it runs: an
+/// initiator's connection sets it by the size of what its commands move.
+#[derive(Clone, Debug)]
+pub struct PollWindow {
+    configured: Duration,
+    /// The current window in nanoseconds.
+    now: Arc<AtomicU64>,
+}
+
+impl PollWindow {
+    pub fn new(poll: Duration) -> PollWindow {
+        PollWindow {
+            configured: poll,
+            now: Arc::new(AtomicU64::new(poll.as_nanos() as u64)),
+        }
+    }
+
+    /// No window while commands write [`LARGE_WRITE`] bytes or more, the configured one
+    /// otherwise (reads, small writes); the latest command decides.
+    pub fn follow_write(&self, bytes: usize) {
+        let poll = if bytes < LARGE_WRITE {
+            self.configured
+        } else {
+            Duration::ZERO
+        };
+        self.now.store(poll.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> Duration {
+        Duration::from_nanos(self.now.load(Ordering::Relaxed))
+    }
+}
+
 /// A software RNIC whose engine runs as a task on the current tokio runtime; it ends when
 /// the RNIC is dropped. Everything using the RNIC must run while that runtime does. After a
 /// turn that found work the task goes on turning for `poll` (yielding to the runtime's
 /// other tasks in between) before it sleeps: zero sleeps at once.
 pub fn spawn_software_rnic(poll: Duration) -> std::io::Result<Rnic> {
+    spawn_software_rnic_polling(PollWindow::new(poll))
+}
+
+/// [`spawn_software_rnic`] with a window its owner may change as it runs.
+pub fn spawn_software_rnic_polling(poll: PollWindow) -> std::io::Result<Rnic> {
     let kicked = Arc::new(Notify::new());
     let kick = kicked.clone();
     let (rnic, driver) =
@@ -123,7 +170,7 @@ struct Driven {
     driver: Driver,
 }
 
-async fn drive(mut d: Driven, kicked: Arc<Notify>, poll: Duration) {
+async fn drive(mut d: Driven, kicked: Arc<Notify>, poll: PollWindow) {
     let mut tick = tokio::time::interval(Driver::TICK);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut busy_at = Instant::now();
@@ -142,7 +189,7 @@ async fn drive(mut d: Driven, kicked: Arc<Notify>, poll: Duration) {
         // Poll on for a while after the last work: on a busy connection the next bytes are
         // usually that close, and catching them awake saves this thread a sleep and a
         // wake-up, which cost more than the polling (see `DEFAULT_POLL`).
-        if busy_at.elapsed() < poll {
+        if busy_at.elapsed() < poll.get() {
             tokio::task::yield_now().await;
             continue;
         }
@@ -166,6 +213,28 @@ async fn drive(mut d: Driven, kicked: Arc<Notify>, poll: Duration) {
 mod tests {
     use super::*;
     use rdma::{Access, Provider};
+
+    /// Reads and small writes keep the configured window, large writes none, and the latest
+    /// command decides.
+    #[test]
+    fn the_poll_window_follows_the_write_size() {
+        let w = PollWindow::new(DEFAULT_POLL);
+        let engine_side = w.clone();
+        assert_eq!(engine_side.get(), DEFAULT_POLL);
+        w.follow_write(LARGE_WRITE);
+        assert_eq!(
+            engine_side.get(),
+            Duration::ZERO,
+            "a large write: no polling"
+        );
+        w.follow_write(0);
+        assert_eq!(engine_side.get(), DEFAULT_POLL, "a read: polling again");
+        w.follow_write(LARGE_WRITE - 1);
+        assert_eq!(engine_side.get(), DEFAULT_POLL, "a small write");
+        let off = PollWindow::new(Duration::ZERO);
+        off.follow_write(512);
+        assert_eq!(off.get(), Duration::ZERO, "configured off stays off");
+    }
 
     /// A reactor runs its RNIC and the tasks spawned on it on its own thread, and dropping it
     /// ends those tasks: one waiting forever is cancelled within 5 s.

@@ -75,8 +75,8 @@ impl<P: Device> ImageMemory for LunImage<P> {
         self.mr.len()
     }
 
-    /// Written data is not read back soon (reads of it leave by RDMA Write, from memory): the
-    /// region may take it past the caches.
+    /// An image spans far more than the caches, and data written to it is seldom read back
+    /// while still cached: the region may take it past them.
     fn write_at(&self, offset: usize, data: &[u8]) {
         self.mr.write_at_streaming(offset, data);
     }

@@ -9,6 +9,7 @@ use crate::SessionConfig;
 use bytes::Bytes;
 use datamover::login_pdu::LOGIN_MAX_DATA;
 use datamover::{InitiatorChannel, LoginRecvError};
+use datamover_iser::rnic_task::PollWindow;
 use datamover_iser::IserInitiatorConnection;
 use datamover_tcp::initiator::TcpInitiatorConnection;
 use iscsi_login::TransportKind;
@@ -76,10 +77,11 @@ pub(crate) async fn connect(
                 .ok_or_else(|| failed("no address".into()))?;
             let connected = match cfg.iser_provider {
                 IserProvider::Software => {
-                    let dev = software_rnic(cfg.iser_poll).map_err(|e| failed(e.to_string()))?;
+                    let poll = PollWindow::new(cfg.iser_poll);
+                    let dev = software_rnic(poll.clone()).map_err(|e| failed(e.to_string()))?;
                     IserInitiatorConnection::connect(dev, sockaddr, timeout, remote_invalidation)
                         .await
-                        .map(|c| Box::new(c) as Box<Channel>)
+                        .map(|c| Box::new(c.with_poll_window(poll)) as Box<Channel>)
                 }
                 IserProvider::RdmaCore => {
                     rdma_core_connect(sockaddr, timeout, remote_invalidation).await
@@ -123,11 +125,12 @@ async fn rdma_core_connect(
 
 /// A software iWARP RNIC for one connection, its engine a task of the caller's runtime (the
 /// connection's tasks run there too): posting and completing then cost no thread switch. It
-/// polls for `poll` after its last work before it sleeps.
-fn software_rnic(poll: Duration) -> std::io::Result<Arc<Rnic>> {
-    Ok(Arc::new(datamover_iser::rnic_task::spawn_software_rnic(
-        poll,
-    )?))
+/// polls by `poll` after its last work before it sleeps (the connection sets the window by
+/// its commands' writes: large writes do not poll).
+fn software_rnic(poll: PollWindow) -> std::io::Result<Arc<Rnic>> {
+    Ok(Arc::new(
+        datamover_iser::rnic_task::spawn_software_rnic_polling(poll)?,
+    ))
 }
 
 /// Sends one PDU.

@@ -939,7 +939,8 @@ async fn a_refused_login_leaves_the_initiator_time_to_close_first() {
     assert_eq!(r.opcode(), 0x23, "a Login Response");
     assert_eq!(&r.bhs[36..38], &[0x02, 0x03], "initiator error: not found");
     let refused = Instant::now();
-    while refused.elapsed() < Duration::from_millis(500) {
+    // The grace is 2 s; most of it must pass with the connection up.
+    while refused.elapsed() < Duration::from_millis(1500) {
         p.poll();
         assert_ne!(
             p.qp.state(),
@@ -949,11 +950,8 @@ async fn a_refused_login_leaves_the_initiator_time_to_close_first() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
+    // Then the target closes by itself (within `torn_down`'s bound).
     p.torn_down();
-    assert!(
-        refused.elapsed() < WAIT,
-        "the target closed after its grace"
-    );
 }
 
 /// An MPA Request without the iSER CM word (no private data, or an MPA revision 1 Request)
