@@ -265,6 +265,16 @@ impl Mr {
         let s = unsafe { std::slice::from_raw_parts(self.inner.ptr, self.inner.len) };
         f(s)
     }
+    /// Where `len` bytes at `offset` are written; panics unless they lie in the region and
+    /// the region may be written locally.
+    fn writable_at(&self, offset: usize, len: usize) -> *mut u8 {
+        assert!(
+            offset.checked_add(len).is_some_and(|e| e <= self.inner.len),
+            "write outside the region"
+        );
+        self.inner.assert_writable();
+        self.inner.ptr_at(offset)
+    }
     /// Fill the region (or part of it) through a closure.
     pub fn with_bytes_mut<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> R {
         self.inner.assert_writable();
@@ -310,32 +320,18 @@ impl MemoryRegion for Mr {
         };
     }
     fn write_at(&self, offset: usize, data: &[u8]) {
-        assert!(
-            offset
-                .checked_add(data.len())
-                .is_some_and(|e| e <= self.inner.len),
-            "write outside the region"
-        );
-        self.inner.assert_writable();
-        // SAFETY: bounds checked above.
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.inner.ptr_at(offset), data.len())
-        };
+        let to = self.writable_at(offset, data.len());
+        // SAFETY: `writable_at` checked that `data.len()` bytes at `to` lie in the region.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), to, data.len()) };
     }
     /// Copies of [`STREAMING_MIN`] bytes or more go with non-temporal stores.
     fn write_at_streaming(&self, offset: usize, data: &[u8]) {
         if data.len() < STREAMING_MIN {
             return self.write_at(offset, data);
         }
-        assert!(
-            offset
-                .checked_add(data.len())
-                .is_some_and(|e| e <= self.inner.len),
-            "write outside the region"
-        );
-        self.inner.assert_writable();
-        // SAFETY: bounds checked above: `data.len()` bytes at `offset` lie in the region.
-        unsafe { copy_streaming(self.inner.ptr_at(offset), data) };
+        let to = self.writable_at(offset, data.len());
+        // SAFETY: as in `write_at`.
+        unsafe { copy_streaming(to, data) };
     }
     fn as_bytes(&self) -> &[u8] {
         // SAFETY: ptr/len describe the allocation `inner` owns, alive as long as `self` (the
