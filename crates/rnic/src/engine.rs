@@ -34,9 +34,11 @@ const STAGE_LEN: usize = 64 << 10;
 /// into their destination; shorter ones are copied from the stage. Above the largest Send
 /// iSER carries (8 KiB of data and its headers): at 8 KiB each such Send cost a read of its
 /// own and the short read-ahead after it, and 8 KiB writes at QD 8 ran at half the speed
-/// (409 -> 810-886 MB/s with 16 KiB; larger payloads unchanged; with 32 KiB, 128 KiB reads
-/// ran at 3,856 against 4,889 MB/s in the one run that tried it).
-const DIRECT_MIN: usize = 16 << 10;
+/// (409 -> 810-886 MB/s). Below 16 KiB: at 16 KiB the 16 KiB RDMA Read Responses of 16 KiB
+/// writes were staged and those writes fell from 1.1x to 0.6x iSCSI/TCP (1,263-1,343 against
+/// 646-703 MB/s, random, QD 8). With 32 KiB, 128 KiB reads ran at 3,856 against 4,889 MB/s
+/// in the one run that tried it.
+const DIRECT_MIN: usize = 12 << 10;
 /// After a long FPDU, read ahead only this much: enough for the next FPDU's header (or a
 /// small Send whole), not so much that a long payload after it lands in the stage, to be
 /// copied from there instead of being read into its place.

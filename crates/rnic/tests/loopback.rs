@@ -313,7 +313,9 @@ fn burst_of_mixed_sizes(crc: bool) {
 fn burst_of_mixed_sizes_on(a: &Rnic, b: &Rnic, crc: bool) {
     const SENDS: usize = 300;
     const RECV_LEN: usize = 512;
-    let write_sizes = [1, 100, 8192, 16_383, 16_384, 16_385, 70_000, 300_000];
+    let write_sizes = [
+        1, 100, 8192, 12_287, 12_288, 12_289, 16_384, 70_000, 300_000,
+    ];
     let pda = a.alloc_pd().unwrap();
     let pdb = b.alloc_pd().unwrap();
     let rbuf = b
