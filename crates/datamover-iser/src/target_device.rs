@@ -7,6 +7,7 @@
 //! memory), so its STags never leave it.
 
 use std::any::Any;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rdma::{Access, MemoryRegion};
@@ -41,10 +42,16 @@ impl<P: Device> TargetDevice<P> {
 
     /// Registers `len` zeroed bytes as a RAM LUN's image, with local write access only (RDMA
     /// Reads may land in it; no peer may reach it).
+    ///
+    /// The image keeps the CRC32Cs of its blocks for the device ([`ImageCrcs`]), so that read
+    /// data sent with MPA CRC leaves in place too, its CRC joined from theirs.
     pub fn register_image(self: &Arc<Self>, len: usize) -> rdma::Result<Arc<LunImage<P>>> {
         let mr = self.dev.reg_mr(&self.pd, len, Access::LOCAL_WRITE)?;
+        let crcs = Arc::new(ImageCrcs::new(len));
+        let crcs = mr.keep_block_crcs(crcs.clone()).then_some(crcs);
         Ok(Arc::new(LunImage {
             mr,
+            crcs,
             domain: self.domain(),
             _device: self.clone(),
         }))
@@ -54,9 +61,73 @@ impl<P: Device> TargetDevice<P> {
 /// A RAM LUN's image in a region registered once.
 pub struct LunImage<P: Device> {
     mr: P::Mr,
+    /// Its blocks' CRCs, when the device takes them.
+    crcs: Option<Arc<ImageCrcs>>,
     domain: usize,
     // The device and domain must outlive the region.
     _device: Arc<TargetDevice<P>>,
+}
+
+/// The CRC32Cs of a LUN image's 4 KiB blocks, each taken the first time a send needs it and
+/// forgotten when the block is written. A block's CRC serves only a send of the whole block,
+/// that is of a range of logical blocks covering it, which the SCSI engine's range lock keeps
+/// writers off until the data has left (plain writes lock exclusively): its bytes cannot
+/// change between the CRC and the send, the promise [`rdma::BlockCrcs`] asks for. Writes
+/// that share the block but not the read's range only touch its partial blocks, whose bytes
+/// the sender reads itself.
+pub struct ImageCrcs {
+    /// Per block: a generation (bumped by every write) above a valid bit and the CRC.
+    entries: Vec<AtomicU64>,
+}
+
+impl ImageCrcs {
+    pub const BLOCK: usize = 4096;
+    const VALID: u64 = 1 << 32;
+    const GENERATION: u64 = 1 << 33;
+
+    fn new(len: usize) -> ImageCrcs {
+        ImageCrcs {
+            entries: (0..len.div_ceil(Self::BLOCK))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+        }
+    }
+
+    /// Forgets the CRCs of the blocks `offset..offset+len` touches (after writing them).
+    fn written(&self, offset: usize, len: usize) {
+        if len == 0 {
+            return;
+        }
+        let first = offset / Self::BLOCK;
+        let last = (offset + len - 1) / Self::BLOCK;
+        for e in &self.entries[first..=last.min(self.entries.len() - 1)] {
+            let g = e.load(Ordering::Acquire) & !(Self::GENERATION - 1);
+            e.store(g.wrapping_add(Self::GENERATION), Ordering::Release);
+        }
+    }
+}
+
+impl rdma::BlockCrcs for ImageCrcs {
+    fn block_len(&self) -> usize {
+        Self::BLOCK
+    }
+
+    fn block_crc(&self, index: usize, bytes: &[u8]) -> u32 {
+        let entry = &self.entries[index];
+        let seen = entry.load(Ordering::Acquire);
+        if seen & Self::VALID != 0 {
+            return seen as u32;
+        }
+        let crc = digest::crc32c(bytes);
+        // Kept unless a write came in between (its generation differs then).
+        let _ = entry.compare_exchange(
+            seen,
+            (seen & !(Self::GENERATION - 1)) | Self::VALID | u64::from(crc),
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
+        crc
+    }
 }
 
 impl<P: Device> LunImage<P> {
@@ -79,6 +150,9 @@ impl<P: Device> ImageMemory for LunImage<P> {
     /// while still cached: the region may take it past them.
     fn write_at(&self, offset: usize, data: &[u8]) {
         self.mr.write_at_streaming(offset, data);
+        if let Some(crcs) = &self.crcs {
+            crcs.written(offset, data.len());
+        }
     }
 
     fn bytes_at(&self, offset: usize, len: usize) -> &[u8] {
@@ -87,5 +161,47 @@ impl<P: Device> ImageMemory for LunImage<P> {
 
     fn as_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdma::BlockCrcs;
+
+    /// A block's CRC is taken from its bytes once and kept; a write to any byte of the block
+    /// forgets it (and only its blocks'), so the next send takes it from the new bytes.
+    #[test]
+    fn block_crcs_are_kept_until_their_block_is_written() {
+        let crcs = ImageCrcs::new(2 * ImageCrcs::BLOCK + 100);
+        assert_eq!(crcs.entries.len(), 3);
+        let (old, new) = (vec![1u8; ImageCrcs::BLOCK], vec![2u8; ImageCrcs::BLOCK]);
+        for i in 0..3 {
+            assert_eq!(crcs.block_crc(i, &old), digest::crc32c(&old));
+        }
+        // Kept: the bytes are not read again.
+        assert_eq!(crcs.block_crc(0, &new), digest::crc32c(&old));
+        crcs.written(ImageCrcs::BLOCK - 1, 2);
+        assert_eq!(
+            crcs.block_crc(0, &new),
+            digest::crc32c(&new),
+            "block 0 written"
+        );
+        assert_eq!(
+            crcs.block_crc(1, &new),
+            digest::crc32c(&new),
+            "block 1 written"
+        );
+        assert_eq!(
+            crcs.block_crc(2, &new),
+            digest::crc32c(&old),
+            "block 2 untouched"
+        );
+        crcs.written(2 * ImageCrcs::BLOCK + 99, 1);
+        assert_eq!(
+            crcs.block_crc(2, &new),
+            digest::crc32c(&new),
+            "the short last block"
+        );
     }
 }

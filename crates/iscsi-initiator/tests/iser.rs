@@ -255,3 +255,73 @@ async fn recurring_write_buffers_hit_the_registration_cache() {
     .await
     .expect("in time");
 }
+
+/// With MPA CRC, read data leaves the registered RAM LUN image in place, its CRC joined from
+/// the image's 4 KiB block CRCs (not read again, not copied). Writes racing those reads over
+/// the same blocks, over iSER and over iSCSI/TCP (whose connections write the image from
+/// other threads), must never change bytes whose CRC is already taken: a read holds its
+/// blocks until its data has left, every write locks them exclusively. A broken promise
+/// shows as an MPA CRC error at the initiator, which ends the connection and fails commands.
+/// Afterwards the image reads back as last written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_mpa_crc_reads_leave_by_block_crcs_and_racing_writes_never_break_them() {
+    use rand::{Rng, SeedableRng};
+    const SPAN_BLOCKS: u64 = 4096; // 2 MiB of 512-byte blocks, shared by every task
+    tokio::time::timeout(Duration::from_secs(90), async {
+        let addr = start_with("iser_mpa_crc = true").await;
+        let tcp = url(addr, "iscsi");
+        let sessions = [
+            std::sync::Arc::new(iser_session(addr).await),
+            std::sync::Arc::new(iser_session(addr).await),
+            std::sync::Arc::new(
+                Session::connect(&tcp, SessionConfig::from_url(&tcp))
+                    .await
+                    .unwrap(),
+            ),
+        ];
+        let by_crc = rnic::blocks_sent_by_crc();
+        let mut tasks = Vec::new();
+        for k in 0..12u64 {
+            // Readers on the iSER sessions; writers on all three.
+            let (s, reads) = match k % 3 {
+                0 => (sessions[0].clone(), true),
+                1 => (sessions[1].clone(), k % 2 == 0),
+                _ => (sessions[2].clone(), false),
+            };
+            tasks.push(tokio::spawn(async move {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(k);
+                for i in 0..60u64 {
+                    let blocks = rng.gen_range(1..=2048u64);
+                    let lba = rng.gen_range(0..=SPAN_BLOCKS - blocks);
+                    if reads {
+                        s.read(0, lba, blocks as u32, 512)
+                            .await
+                            .expect("a racing read");
+                    } else {
+                        let data = random_bytes(blocks as usize * 512, k * 1000 + i);
+                        s.write(0, lba, 512, data).await.expect("a racing write");
+                    }
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert!(
+            rnic::blocks_sent_by_crc() > by_crc + 1000,
+            "read data left by block CRCs"
+        );
+        let data = random_bytes(SPAN_BLOCKS as usize * 512, 77);
+        sessions[2].write(0, 0, 512, data.clone()).await.unwrap();
+        for s in &sessions[..2] {
+            let back = s.read(0, 0, SPAN_BLOCKS as u32, 512).await.unwrap();
+            assert!(back == data, "the image reads back as last written");
+        }
+        for s in sessions {
+            let s = std::sync::Arc::try_unwrap(s).ok().unwrap();
+            s.logout().await.unwrap();
+        }
+    })
+    .await
+    .expect("in time");
+}

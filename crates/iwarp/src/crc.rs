@@ -3,6 +3,8 @@
 //! project's `digest` engine; this module only gives it the shape the FPDU code wants (chained
 //! updates, wire bytes) and the fused copy for the paths that copy payload anyway.
 
+pub use digest::Shift;
+
 /// Streaming CRC32C.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Crc32c(digest::Crc32c);
@@ -23,6 +25,11 @@ impl Crc32c {
     /// Appends `src` to `buf` and adds it to the CRC in the same pass (no zeroing first).
     pub fn update_append(&mut self, buf: &mut Vec<u8>, src: &[u8]) -> &mut Self {
         self.0.update_append(buf, src);
+        self
+    }
+    /// Adds a block of `shift.len()` bytes by its own CRC32C, without reading it.
+    pub fn update_block_crc(&mut self, block_crc: u32, shift: &digest::Shift) -> &mut Self {
+        self.0.update_block_crc(block_crc, shift);
         self
     }
     /// The finished CRC value.
@@ -69,6 +76,25 @@ mod tests {
             c.update(&data[..cut]).update_copy(&mut copy, &data[cut..]);
             prop_assert_eq!(c.finalize(), crc32c(&data));
             prop_assert_eq!(&copy[..], &data[cut..]);
+        }
+
+        #[test]
+        fn blocks_fed_by_their_crcs_equal_one_shot(
+            data in proptest::collection::vec(any::<u8>(), 0..2000),
+            head in 0usize..300,
+        ) {
+            const BLOCK: usize = 64;
+            let shift = digest::Shift::bytes(BLOCK);
+            let head = head.min(data.len());
+            let blocks = (data.len() - head) / BLOCK;
+            let tail = head + blocks * BLOCK;
+            let mut c = Crc32c::new();
+            c.update(&data[..head]);
+            for b in data[head..tail].chunks(BLOCK) {
+                c.update_block_crc(crc32c(b), &shift);
+            }
+            c.update(&data[tail..]);
+            prop_assert_eq!(c.finalize(), crc32c(&data));
         }
     }
 }

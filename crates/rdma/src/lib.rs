@@ -261,6 +261,19 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 /// A registered memory region. The provider owns the memory; the user reads and writes it
 /// through these methods (remote peers reach it by RDMA).
+/// The CRC32Cs of a region's blocks of `block_len()` bytes, kept by the region's owner, who
+/// also promises that bytes sent from the region stay unchanged until their send completes
+/// (a RAM LUN image under its range locks): a sender that must CRC them (MPA) may then take
+/// their CRC from here and send them where they lie, instead of reading them twice or copying
+/// them so the CRC stays true.
+pub trait BlockCrcs: Send + Sync {
+    /// Bytes per block; a power of two.
+    fn block_len(&self) -> usize;
+    /// The CRC32C of block `index`, whose current bytes are `bytes` (the provider reads
+    /// them from the region; an owner that has not kept this block's CRC takes it from them).
+    fn block_crc(&self, index: usize, bytes: &[u8]) -> u32;
+}
+
 pub trait MemoryRegion: Send + Sync {
     /// Local key (for [`Sge::lkey`]).
     fn lkey(&self) -> u32;
@@ -316,6 +329,12 @@ pub trait MemoryRegion: Send + Sync {
         self.revalidate()
     }
     fn is_valid(&self) -> bool;
+    /// Gives the provider the region's [`BlockCrcs`] (and so the promise they carry). True
+    /// if it will use them; a provider that never CRCs payload in software ignores them.
+    fn keep_block_crcs(&self, crcs: std::sync::Arc<dyn BlockCrcs>) -> bool {
+        let _ = crcs;
+        false
+    }
 }
 
 /// What [`Provider::reg_bytes`] accepts: some bytes, and no write rights (they are immutable).

@@ -780,7 +780,14 @@ impl Conn {
             if take > 0 {
                 let at = p.off + m.piece_off;
                 let immutable = p.mr.immutable();
+                // The owner's block CRCs (bytes it keeps unchanged until sent): only the
+                // partial blocks at the ends are read here.
+                let by_blocks = !immutable
+                    && crc
+                        .as_mut()
+                        .is_some_and(|c| p.mr.crc_by_blocks(c, at, take));
                 let in_place = match crc.as_mut() {
+                    _ if by_blocks => true,
                     Some(c) => {
                         // SAFETY: the piece was bounds-checked against its region when posted
                         // and the region stays allocated while `p.mr` is held.

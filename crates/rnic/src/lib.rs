@@ -43,7 +43,7 @@ pub use cq::{Channel, Cq};
 pub use engine::{Driver, Turn};
 /// The fixed part of an MPA Request or Reply (key, flags, revision, private data length).
 pub use iwarp::mpa::HEADER_LEN as MPA_HEADER_LEN;
-pub use mem::{AccessError, Mr, StagTable};
+pub use mem::{blocks_sent_by_crc, AccessError, Mr, StagTable};
 pub use qp::Qp;
 
 use engine::{Cmd, EngineShared};

@@ -1,11 +1,21 @@
 //! Registered memory and the STag table: every tagged access from the wire is checked here
 //! (validity, protection domain, access rights, bounds) before a single byte is placed or read.
 
+use iwarp::crc::{Crc32c, Shift};
 use iwarp::TerminateCode;
-use rdma::{Access, MemoryRegion};
+use rdma::{Access, BlockCrcs, MemoryRegion};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
+
+/// Blocks whose MPA CRC was joined from their owner's block CRCs, in this process.
+static BLOCKS_SENT_BY_CRC: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many blocks of payload left with their CRC taken from their owner's
+/// [`rdma::BlockCrcs`] (not read) in this process so far: a diagnostic, and what tests check.
+pub fn blocks_sent_by_crc() -> u64 {
+    BLOCKS_SENT_BY_CRC.load(Ordering::Relaxed)
+}
 
 /// The memory behind one region. Allocated once, freed when the last `Arc` goes (the engine holds
 /// a clone while it places into or sends from the region, so deregistration never frees memory
@@ -19,6 +29,9 @@ pub struct MrInner {
     borrowed: Option<bytes::Bytes>,
     pub(crate) pd: u32,
     pub(crate) access: Access,
+    /// The owner's CRCs of the region's blocks, and the shift past one block
+    /// ([`MemoryRegion::keep_block_crcs`]).
+    block_crcs: OnceLock<(Arc<dyn BlockCrcs>, Shift)>,
     stag: AtomicU32,
     valid: AtomicBool,
     /// Bytes from the start a peer may reach through the STag (remote rights).
@@ -52,6 +65,32 @@ impl MrInner {
     /// nothing can change them while the region holds them.
     pub(crate) fn immutable(&self) -> bool {
         self.borrowed.is_some()
+    }
+    /// Adds `len` bytes at `offset` to `crc` by the owner's block CRCs where it keeps them
+    /// (reading only the partial blocks at either end) and returns true; false, with `crc`
+    /// untouched, when it keeps none. The owner keeps the bytes unchanged until they are sent
+    /// (the [`BlockCrcs`] promise), so they may leave from where they lie.
+    pub(crate) fn crc_by_blocks(&self, crc: &mut Crc32c, offset: usize, len: usize) -> bool {
+        let Some((blocks, shift)) = self.block_crcs.get() else {
+            return false;
+        };
+        let block = shift.len();
+        let end = offset + len;
+        let first_full = offset.next_multiple_of(block).min(end);
+        let last_full = (end / block * block).max(first_full);
+        // SAFETY: the caller checked offset..offset+len against the region, which stays
+        // allocated while `self` is held; the owner keeps these bytes unchanged meanwhile.
+        let bytes = |from: usize, to: usize| unsafe {
+            std::slice::from_raw_parts(self.ptr_at(from), to - from)
+        };
+        crc.update(bytes(offset, first_full));
+        BLOCKS_SENT_BY_CRC.fetch_add(((last_full - first_full) / block) as u64, Ordering::Relaxed);
+        for index in first_full / block..last_full / block {
+            let at = index * block;
+            crc.update_block_crc(blocks.block_crc(index, bytes(at, at + block)), shift);
+        }
+        crc.update(bytes(last_full, end));
+        true
     }
     /// Panics if the memory is the caller's immutable bytes (no one may write it).
     fn assert_writable(&self) {
@@ -176,6 +215,7 @@ impl StagTable {
             borrowed,
             pd,
             access,
+            block_crcs: OnceLock::new(),
             stag: AtomicU32::new(stag),
             valid: AtomicBool::new(true),
             remote_len: AtomicUsize::new(len),
@@ -365,6 +405,18 @@ impl MemoryRegion for Mr {
     }
     fn is_valid(&self) -> bool {
         self.inner.valid()
+    }
+    /// The engine takes MPA CRCs of payload sent from this region from `crcs` and sends the
+    /// bytes in place (see [`MrInner::crc_by_blocks`]).
+    fn keep_block_crcs(&self, crcs: Arc<dyn BlockCrcs>) -> bool {
+        let block = crcs.block_len();
+        if !block.is_power_of_two() || self.inner.borrowed.is_some() {
+            return false;
+        }
+        self.inner
+            .block_crcs
+            .set((crcs, Shift::bytes(block)))
+            .is_ok()
     }
 }
 

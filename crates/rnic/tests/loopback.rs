@@ -503,3 +503,99 @@ fn crc_protected_payload_from_immutable_and_ordinary_regions_arrives_intact() {
     back.read_at(0, &mut got);
     assert!(got == fixed[..], "the RDMA Read's bytes differ");
 }
+
+/// The CRCs of a region's 4 KiB blocks as its owner keeps them ([`BlockCrcs`]); `lie` makes
+/// every block's CRC wrong, and `asked` counts the blocks the engine took a CRC of.
+struct OwnerCrcs {
+    lie: bool,
+    asked: std::sync::atomic::AtomicUsize,
+}
+
+impl BlockCrcs for OwnerCrcs {
+    fn block_len(&self) -> usize {
+        4096
+    }
+    fn block_crc(&self, _index: usize, bytes: &[u8]) -> u32 {
+        self.asked
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        iwarp::crc::crc32c(bytes) ^ u32::from(self.lie)
+    }
+}
+
+/// Sends `pieces` (offset, length) of a region whose owner keeps its block CRCs with
+/// `OwnerCrcs { lie }`, in one RDMA Write with MPA CRC; returns what arrived, the blocks whose
+/// CRC the engine took, and the two ends' errors.
+fn write_with_block_crcs(
+    lie: bool,
+    pieces: &[(usize, usize)],
+) -> (Vec<u8>, Vec<u8>, usize, Option<String>) {
+    const LEN: usize = 1 << 20;
+    let (a, b, pda, pdb, ea, eb) = crc_pair();
+    let data = pattern(11, LEN);
+    let src = mr_with(&a, &pda, &data, Access::NONE);
+    let crcs = std::sync::Arc::new(OwnerCrcs {
+        lie,
+        asked: Default::default(),
+    });
+    assert!(
+        src.keep_block_crcs(crcs.clone()),
+        "the software RNIC takes block CRCs"
+    );
+    let total: usize = pieces.iter().map(|p| p.1).sum();
+    let sink = b
+        .reg_mr(&pdb, total, Access::REMOTE_WRITE | Access::LOCAL_WRITE)
+        .unwrap();
+    ea.qp
+        .post_send(SendWr {
+            wr_id: 1,
+            op: SendOp::RdmaWrite {
+                remote_addr: sink.addr(),
+                rkey: sink.rkey(),
+            },
+            sges: pieces.iter().map(|&(off, len)| src.sge(off, len)).collect(),
+            signaled: true,
+        })
+        .unwrap();
+    let _ = wait_wc(&ea.scq, T);
+    let want: Vec<u8> = pieces
+        .iter()
+        .flat_map(|&(off, len)| data[off..off + len].to_vec())
+        .collect();
+    if !lie {
+        assert!(ea.qp.last_error().is_none(), "{:?}", ea.qp.last_error());
+    } else {
+        // The receiver finds the CRC wrong and ends the stream.
+        let deadline = std::time::Instant::now() + T;
+        while eb.qp.last_error().is_none() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    let mut got = vec![0u8; total];
+    sink.read_at(0, &mut got);
+    let asked = crcs.asked.load(std::sync::atomic::Ordering::Relaxed);
+    (got, want, asked, eb.qp.last_error())
+}
+
+/// Payload from a region whose owner keeps its blocks' CRCs leaves with an MPA CRC joined
+/// from them (only partial blocks at the ends of each piece and FPDU are read) and arrives
+/// intact: pieces at unaligned offsets, shorter than a block, spanning many blocks, and one
+/// ending the region. CRCs that do not match the bytes are caught by the receiver, so the
+/// engine really sends by them.
+#[test]
+fn payload_sent_by_its_owners_block_crcs_arrives_intact_and_a_wrong_crc_is_caught() {
+    let pieces = [
+        (0, 200_000),
+        (5, 100),
+        (4095, 4098),
+        (12_345, 300_000),
+        ((1 << 20) - 70_000, 70_000),
+    ];
+    let (got, want, asked, err) = write_with_block_crcs(false, &pieces);
+    assert!(err.is_none(), "{err:?}");
+    assert!(got == want, "the bytes sent by block CRCs differ");
+    assert!(asked >= 100, "the engine took {asked} block CRCs");
+    let (_, _, asked, err) = write_with_block_crcs(true, &[(0, 64 << 10)]);
+    assert!(asked > 0);
+    let err = err.expect("the receiver rejected the wrong CRC");
+    assert!(err.contains("CRC"), "{err}");
+}

@@ -165,9 +165,10 @@ struct RangeInner {
     held: BTreeMap<u64, (u64, u64, bool)>,
 }
 
-/// Byte-range lock over block numbers: shared holders (plain writes) coexist, an
-/// exclusive holder (COMPARE AND WRITE, ORWRITE, partial-block writes) excludes every
-/// overlapping holder.
+/// Byte-range lock over block numbers: shared holders (reads) coexist, an exclusive holder
+/// (every write) excludes every overlapping holder. A read sent from where its data lies
+/// holds its range until the data has left, so no write changes bytes in flight (an MPA CRC
+/// taken from a RAM LUN image's block CRCs stays true).
 #[derive(Default)]
 pub(crate) struct RangeLock {
     inner: Mutex<RangeInner>,

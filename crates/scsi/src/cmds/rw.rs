@@ -183,8 +183,9 @@ impl Lun {
             return Done::none();
         }
         self.check_transfer_len(p.blocks, Self::len_field(cdb[0]))?;
-        // A shared range lock: reads run in parallel with each other and with plain
-        // writes, but never see half of an atomic write or COMPARE AND WRITE.
+        // A shared range lock: reads run in parallel with each other, never with a write
+        // of the same blocks (they see all of it or none of it), and a read whose data
+        // leaves from where it lies keeps writers off until it has left.
         let range = self.ranges.lock(p.lba, p.blocks as u64, false).await;
         match lender {
             None => Done::data(self.read_blocks(p.lba, p.blocks as u64).await?),
@@ -202,9 +203,9 @@ impl Lun {
     }
 
     /// WRITE(6/10/12/16) and WRITE ATOMIC(16). Writes min(SPDTL, data received) bytes;
-    /// a trailing partial block is merged with the medium under an exclusive range lock.
-    /// An atomic write holds an exclusive range lock for the whole transfer, so readers
-    /// and other writers of overlapping blocks see all of it or none of it.
+    /// a trailing partial block is merged with the medium. Every write holds an exclusive
+    /// range lock for the whole transfer, so readers and other writers of overlapping
+    /// blocks see all of it or none of it (which makes any write atomic).
     pub(crate) async fn write(&self, cmd: &Command, atomic: bool) -> CmdResult {
         let cdb: &[u8] = &cmd.cdb;
         let p = RwParams::parse(cdb);
@@ -224,7 +225,7 @@ impl Lun {
         }
         let want = (p.blocks as usize) << self.bs_shift;
         let data = cmd.data_out.slice(..want.min(cmd.data_out.len()));
-        self.write_data(p.lba, p.blocks as u64, data, p.fua(), atomic)
+        self.write_data(p.lba, p.blocks as u64, data, p.fua())
             .await?;
         Done::none()
     }
@@ -235,26 +236,18 @@ impl Lun {
         (MAX_TRANSFER_BYTES >> self.bs_shift) as u32
     }
 
-    /// Writes `data` (at most `blocks` blocks) at `lba` under a range lock (exclusive
-    /// when `exclusive`, or when a partial last block needs a read-modify-write).
-    async fn write_data(
-        &self,
-        lba: u64,
-        blocks: u64,
-        data: Bytes,
-        fua: bool,
-        exclusive: bool,
-    ) -> Result<(), Fail> {
+    /// Writes `data` (at most `blocks` blocks) at `lba` under an exclusive range lock, which
+    /// also makes it atomic and merges a partial last block with the medium.
+    async fn write_data(&self, lba: u64, blocks: u64, data: Bytes, fua: bool) -> Result<(), Fail> {
         if data.is_empty() {
             return Ok(());
         }
         let bs = self.block_size as usize;
+        let _range = self.ranges.lock(lba, blocks, true).await;
         if data.len().is_multiple_of(bs) {
-            let _range = self.ranges.lock(lba, blocks, exclusive).await;
             return self.write_bytes(self.offset(lba), data, fua).await;
         }
         // Partial last block: read-modify-write that block.
-        let _range = self.ranges.lock(lba, blocks, true).await;
         let full = data.len() / bs * bs;
         let tail_lba = lba + (full / bs) as u64;
         let mut tail = BytesMut::from(&self.read_blocks(tail_lba, 1).await?[..]);
@@ -284,8 +277,7 @@ impl Lun {
         let want = (p.blocks as usize) << self.bs_shift;
         let data = cmd.data_out.slice(..want.min(cmd.data_out.len()));
         // Verification reads back from the medium: make the write durable first.
-        self.write_data(p.lba, p.blocks as u64, data, true, false)
-            .await?;
+        self.write_data(p.lba, p.blocks as u64, data, true).await?;
         Done::none()
     }
 
@@ -436,7 +428,7 @@ impl Lun {
             cmd.data_out.clone()
         };
         let zero = pattern.iter().all(|&b| b == 0);
-        let _range = self.ranges.lock(lba, blocks, false).await;
+        let _range = self.ranges.lock(lba, blocks, true).await;
         let (off, len) = (self.offset(lba), blocks << self.bs_shift);
         let io = if zero && unmap {
             self.backend.punch(off, len).await
@@ -506,7 +498,7 @@ impl Lun {
             if n == 0 {
                 continue;
             }
-            let _range = self.ranges.lock(lba, n, false).await;
+            let _range = self.ranges.lock(lba, n, true).await;
             self.backend
                 .punch(self.offset(lba), n << self.bs_shift)
                 .await

@@ -246,7 +246,7 @@ impl Lun {
                 let bytes = data.len() as u64;
                 let dst_lba = seg.dst_lba + ((done << src.bs_shift) >> dst.bs_shift);
                 {
-                    let _w = dst.ranges.lock(dst_lba, bytes >> dst.bs_shift, false).await;
+                    let _w = dst.ranges.lock(dst_lba, bytes >> dst.bs_shift, true).await;
                     dst.write_bytes(dst_lba << dst.bs_shift, data, false)
                         .await
                         .map_err(|_| copy_aborted(asc::WRITE_ERROR))?;
