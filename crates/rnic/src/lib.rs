@@ -20,7 +20,9 @@
 //! payload from memory that could change is copied as its CRC is computed, so the bytes sent are
 //! the bytes the CRC covers even when the ULP changes the region meanwhile, as a hardware RNIC
 //! reads memory once; a caller's immutable bytes, registered with `reg_bytes`, leave in place
-//! with their CRC taken there). On network
+//! with their CRC taken there, and so does a region whose owner keeps its blocks' CRCs and the
+//! bytes unchanged until sent (`MemoryRegion::keep_block_crcs`): the FPDU's CRC is joined from
+//! those, only partial blocks read). On network
 //! paths each FPDU is its own message ending in MSG_EOR, so that TCP starts every FPDU in a new
 //! segment (RFC 5044's alignment, what siw does, what tshark's MPA dissector needs); on loopback FPDUs
 //! are packed unless [`Rnic::align_fpdus_on_loopback`] asks for alignment. Inbound bytes are read

@@ -407,7 +407,7 @@ impl MemoryRegion for Mr {
         self.inner.valid()
     }
     /// The engine takes MPA CRCs of payload sent from this region from `crcs` and sends the
-    /// bytes in place (see [`MrInner::crc_by_blocks`]).
+    /// bytes in place (see `MrInner::crc_by_blocks`).
     fn keep_block_crcs(&self, crcs: Arc<dyn BlockCrcs>) -> bool {
         let block = crcs.block_len();
         if !block.is_power_of_two() || self.inner.borrowed.is_some() {
