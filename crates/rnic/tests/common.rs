@@ -89,3 +89,17 @@ pub fn mr_with(r: &Rnic, pd: &rnic::Pd, data: &[u8], access: Access) -> Mr {
     mr.write_at(0, data);
     mr
 }
+
+/// Posts a signaled RDMA Write of `sges` to the start of `sink`.
+pub fn post_rdma_write(qp: &Qp, wr_id: u64, sink: &Mr, sges: Vec<Sge>) {
+    qp.post_send(SendWr {
+        wr_id,
+        op: SendOp::RdmaWrite {
+            remote_addr: sink.addr(),
+            rkey: sink.rkey(),
+        },
+        sges,
+        signaled: true,
+    })
+    .unwrap()
+}

@@ -457,22 +457,17 @@ fn crc_protected_payload_from_immutable_and_ordinary_regions_arrives_intact() {
     let sink = b
         .reg_mr(&pdb, 4 * PART, Access::REMOTE_WRITE | Access::LOCAL_WRITE)
         .unwrap();
-    ea.qp
-        .post_send(SendWr {
-            wr_id: 1,
-            op: SendOp::RdmaWrite {
-                remote_addr: sink.addr(),
-                rkey: sink.rkey(),
-            },
-            sges: vec![
-                fixed_mr.sge(0, PART),
-                plain.sge(0, PART),
-                plain.sge(0, 1000),
-                fixed_mr.sge(1000, PART - 1000),
-            ],
-            signaled: true,
-        })
-        .unwrap();
+    post_rdma_write(
+        &ea.qp,
+        1,
+        &sink,
+        vec![
+            fixed_mr.sge(0, PART),
+            plain.sge(0, PART),
+            plain.sge(0, 1000),
+            fixed_mr.sge(1000, PART - 1000),
+        ],
+    );
     let wc = wait_wc(&ea.scq, T);
     assert_eq!((wc.wr_id, wc.status), (1, WcStatus::Success));
     // b reads the immutable bytes back from a (a serves the Read Response from them).
@@ -545,17 +540,8 @@ fn write_with_block_crcs(
     let sink = b
         .reg_mr(&pdb, total, Access::REMOTE_WRITE | Access::LOCAL_WRITE)
         .unwrap();
-    ea.qp
-        .post_send(SendWr {
-            wr_id: 1,
-            op: SendOp::RdmaWrite {
-                remote_addr: sink.addr(),
-                rkey: sink.rkey(),
-            },
-            sges: pieces.iter().map(|&(off, len)| src.sge(off, len)).collect(),
-            signaled: true,
-        })
-        .unwrap();
+    let sges = pieces.iter().map(|&(off, len)| src.sge(off, len)).collect();
+    post_rdma_write(&ea.qp, 1, &sink, sges);
     let _ = wait_wc(&ea.scq, T);
     let want: Vec<u8> = pieces
         .iter()
