@@ -325,3 +325,51 @@ async fn with_mpa_crc_reads_leave_by_block_crcs_and_racing_writes_never_break_th
     .await
     .expect("in time");
 }
+
+/// A read sent in place from the RAM LUN image holds its blocks until its data has left, and
+/// writes wait for that: the hold must end when the RDMA Write completes, not when the
+/// connection next has work. Here the iSER session reads and then goes quiet while a TCP
+/// session writes the same blocks; the writes must not wait for the quiet connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_iser_connection_does_not_keep_its_reads_blocks_from_writers() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let addr = start().await;
+        let iser = iser_session(addr).await;
+        let tcp = url(addr, "iscsi");
+        let tcp = Session::connect(&tcp, SessionConfig::from_url(&tcp))
+            .await
+            .unwrap();
+        let iser = std::sync::Arc::new(iser);
+        for round in 0..5u64 {
+            // Enough reads at once that the last data leaves after the target's completion
+            // task has gone quiet.
+            let reads: Vec<_> = (0..16u64)
+                .map(|k| {
+                    let s = iser.clone();
+                    tokio::spawn(async move { s.read(0, k * 2048, 2048, 512).await.unwrap() })
+                })
+                .collect();
+            for r in reads {
+                r.await.unwrap();
+            }
+            let started = std::time::Instant::now();
+            for k in 0..16u64 {
+                let data = random_bytes(1 << 20, round * 100 + k);
+                tokio::time::timeout(Duration::from_secs(2), tcp.write(0, k * 2048, 512, data))
+                    .await
+                    .expect("the write did not wait for the quiet iSER connection")
+                    .unwrap();
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(2),
+                "16 MiB of writes took {:?}",
+                started.elapsed()
+            );
+        }
+        let iser = std::sync::Arc::try_unwrap(iser).ok().unwrap();
+        iser.logout().await.unwrap();
+        tcp.logout().await.unwrap();
+    })
+    .await
+    .expect("in time");
+}
