@@ -3,9 +3,9 @@
 //! image ([`TargetDevice::register_image`]: OSU's zero-cost registration, in user space).
 //! Read data then leaves in RDMA Writes straight from the LUN, with no copy into a buffer
 //! first, and with MPA CRC too: the image keeps its blocks' CRCs ([`ImageCrcs`]) for the
-//! RNIC to join each FPDU's CRC from. One domain lets no initiator reach another's data: the target grants its peers no
-//! remote access to any region (it moves data with RDMA Writes and Reads on the initiator's
-//! memory), so its STags never leave it.
+//! RNIC to join each FPDU's CRC from. One domain lets no initiator reach another's data: the
+//! target grants its peers no remote access to any region (it moves data with RDMA Writes and
+//! Reads on the initiator's memory), so its STags never leave it.
 
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
