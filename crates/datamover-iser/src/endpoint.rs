@@ -89,13 +89,11 @@ pub struct Endpoint<P: Provider> {
     /// arms them (lets them wake it) only while someone waits for one: most end a Send whose
     /// buffer can wait to come back, and waking for each cost a wake-up per command.
     send_cq: P::Cq,
-    /// How many wait for a send-queue completion (see [`SendWatch`]).
+    /// How many wait for a send-queue completion: callers of [`Endpoint::post_and_wait`]
+    /// (see [`SendWatch`]), and work posted with [`Endpoint::post_holding`] until it
+    /// completes, whose hold (a read's range lock on a RAM LUN image, which keeps writers
+    /// off) must go then, not whenever the connection next has work.
     send_watchers: AtomicUsize,
-    /// Work requests posted with [`Endpoint::post_holding`] not yet completed: what they hold
-    /// (a read's range lock on a RAM LUN image, which keeps writers off) must go as soon as
-    /// they complete, not whenever the connection next has work, so the send CQ stays armed
-    /// while any is out.
-    holdings: AtomicUsize,
     /// Makes the completion task poll at once (a new watcher whose completion may be in).
     poll_now: Notify,
     // The pools hold the device and the protection domain, which must live as long as the
@@ -253,7 +251,6 @@ impl<P: Device> Endpoint<P> {
             delivery: Mutex::new(Delivery::Channel(tx)),
             send_cq,
             send_watchers: AtomicUsize::new(0),
-            holdings: AtomicUsize::new(0),
             poll_now: Notify::new(),
         });
         for slot in 0..buffers.recv_slots {
@@ -394,9 +391,9 @@ impl<P: Device> Endpoint<P> {
     /// needs to see: a Send posted after it reaches the peer after its data (queue pair
     /// order), and a failure fails the connection.
     pub fn post_holding(&self, wr: SendWr, held: Box<dyn Send>) -> Result<(), String> {
-        if self.holdings.fetch_add(1, Ordering::SeqCst) == 0 {
-            // A quiet completion task arms the send CQ only for what is out when it goes
-            // quiet: have it look again.
+        if self.send_watchers.fetch_add(1, Ordering::SeqCst) == 0 {
+            // A quiet completion task arms the send CQ only for the watchers it saw when it
+            // went quiet: have it look again.
             self.poll_now.notify_one();
         }
         self.post_ticketed(wr, Pending::Holding(held))
@@ -441,7 +438,7 @@ impl<P: Device> Endpoint<P> {
             }
             Pending::Holding(held) => {
                 drop(held);
-                self.holdings.fetch_sub(1, Ordering::SeqCst);
+                self.send_watchers.fetch_sub(1, Ordering::SeqCst);
             }
         }
     }
@@ -605,7 +602,7 @@ async fn poll_until_closed<P: Device>(
         }
         // Quiet: arm, then poll, so a completion landing between the two still wakes us.
         recv_cq.req_notify(false);
-        if ep.send_watchers.load(Ordering::SeqCst) > 0 || ep.holdings.load(Ordering::SeqCst) > 0 {
+        if ep.send_watchers.load(Ordering::SeqCst) > 0 {
             ep.send_cq.req_notify(false);
         }
         match drain_both(ep, recv_cq, &mut wcs) {

@@ -28,7 +28,7 @@ impl Crc32c {
         self
     }
     /// Adds a block of `shift.len()` bytes by its own CRC32C, without reading it.
-    pub fn update_block_crc(&mut self, block_crc: u32, shift: &digest::Shift) -> &mut Self {
+    pub fn update_block_crc(&mut self, block_crc: u32, shift: &Shift) -> &mut Self {
         self.0.update_block_crc(block_crc, shift);
         self
     }
@@ -84,7 +84,7 @@ mod tests {
             head in 0usize..300,
         ) {
             const BLOCK: usize = 64;
-            let shift = digest::Shift::bytes(BLOCK);
+            let shift = Shift::bytes(BLOCK);
             let head = head.min(data.len());
             let blocks = (data.len() - head) / BLOCK;
             let tail = head + blocks * BLOCK;

@@ -259,8 +259,6 @@ impl From<std::io::Error> for Error {
 
 pub type Result<T> = std::result::Result<T, Error>;
 
-/// A registered memory region. The provider owns the memory; the user reads and writes it
-/// through these methods (remote peers reach it by RDMA).
 /// The CRC32Cs of a region's blocks of `block_len()` bytes, kept by the region's owner, who
 /// also promises that bytes sent from the region stay unchanged until their send completes
 /// (a RAM LUN image under its range locks): a sender that must CRC them (MPA) may then take
@@ -274,6 +272,8 @@ pub trait BlockCrcs: Send + Sync {
     fn block_crc(&self, index: usize, bytes: &[u8]) -> u32;
 }
 
+/// A registered memory region. The provider owns the memory; the user reads and writes it
+/// through these methods (remote peers reach it by RDMA).
 pub trait MemoryRegion: Send + Sync {
     /// Local key (for [`Sge::lkey`]).
     fn lkey(&self) -> u32;

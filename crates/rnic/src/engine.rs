@@ -35,8 +35,8 @@ const STAGE_LEN: usize = 64 << 10;
 /// iSER carries (8 KiB of data and its headers): at 8 KiB each such Send cost a read of its
 /// own and the short read-ahead after it, and 8 KiB writes at QD 8 ran at half the speed
 /// (409 -> 810-886 MB/s). Below 16 KiB: at 16 KiB the 16 KiB RDMA Read Responses of 16 KiB
-/// writes were staged and those writes fell from 1.1x to 0.6x iSCSI/TCP (1,263-1,343 against
-/// 646-703 MB/s, random, QD 8). With 32 KiB, 128 KiB reads ran at 3,856 against 4,889 MB/s
+/// writes were staged and those writes ran at 0.6x iSCSI/TCP (646 and 696 MB/s, random, QD 8,
+/// against 1,263 and 1,290 at 12 KiB in the same alternating run). With 32 KiB, 128 KiB reads ran at 3,856 against 4,889 MB/s
 /// in the one run that tried it.
 const DIRECT_MIN: usize = 12 << 10;
 /// After a long FPDU, read ahead only this much: enough for the next FPDU's header (or a
@@ -779,29 +779,26 @@ impl Conn {
             let take = (p.len - m.piece_off).min(left);
             if take > 0 {
                 let at = p.off + m.piece_off;
-                let immutable = p.mr.immutable();
-                // The owner's block CRCs (bytes it keeps unchanged until sent): only the
-                // partial blocks at the ends are read here.
-                let by_blocks = !immutable
-                    && crc
-                        .as_mut()
-                        .is_some_and(|c| p.mr.crc_by_blocks(c, at, take));
                 let in_place = match crc.as_mut() {
-                    _ if by_blocks => true,
+                    None => true,
                     Some(c) => {
                         // SAFETY: the piece was bounds-checked against its region when posted
                         // and the region stays allocated while `p.mr` is held.
                         let src = unsafe { std::slice::from_raw_parts(p.mr.ptr_at(at), take) };
-                        if immutable {
+                        if p.mr.immutable() {
                             // The CRC taken here covers the bytes later sent from them.
                             c.update(src);
+                            true
+                        } else if p.mr.crc_by_blocks(c, at, take) {
+                            // The owner's block CRCs (bytes it keeps unchanged until sent):
+                            // only the partial blocks at the ends were read.
+                            true
                         } else {
                             copied.reserve(left);
                             c.update_append(&mut copied, src);
+                            false
                         }
-                        immutable
                     }
-                    None => true,
                 };
                 if in_place {
                     if !copied.is_empty() {

@@ -90,16 +90,20 @@ pub fn mr_with(r: &Rnic, pd: &rnic::Pd, data: &[u8], access: Access) -> Mr {
     mr
 }
 
-/// Posts a signaled RDMA Write of `sges` to the start of `sink`.
-pub fn post_rdma_write(qp: &Qp, wr_id: u64, sink: &Mr, sges: Vec<Sge>) {
-    qp.post_send(SendWr {
+/// A signaled RDMA Write of `sges` to `sink` at offset `at`.
+pub fn rdma_write(wr_id: u64, sink: &Mr, at: usize, sges: Vec<Sge>) -> SendWr {
+    SendWr {
         wr_id,
         op: SendOp::RdmaWrite {
-            remote_addr: sink.addr(),
+            remote_addr: sink.addr() + at as u64,
             rkey: sink.rkey(),
         },
         sges,
         signaled: true,
-    })
-    .unwrap()
+    }
+}
+
+/// Posts a signaled RDMA Write of `sges` to the start of `sink`.
+pub fn post_rdma_write(qp: &Qp, wr_id: u64, sink: &Mr, sges: Vec<Sge>) {
+    qp.post_send(rdma_write(wr_id, sink, 0, sges)).unwrap()
 }

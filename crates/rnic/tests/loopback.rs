@@ -251,19 +251,7 @@ fn a_source_rewritten_during_a_crc_protected_write_arrives_intact() {
         .reg_mr(&pdb, LEN, Access::REMOTE_WRITE | Access::LOCAL_WRITE)
         .unwrap();
     let src = mr_with(&a, &pda, &pattern(3, LEN), Access::NONE);
-    let write_all = |wr_id| {
-        ea.qp
-            .post_send(SendWr {
-                wr_id,
-                op: SendOp::RdmaWrite {
-                    remote_addr: sink.addr(),
-                    rkey: sink.rkey(),
-                },
-                sges: vec![src.sge(0, LEN)],
-                signaled: true,
-            })
-            .unwrap()
-    };
+    let write_all = |wr_id| post_rdma_write(&ea.qp, wr_id, &sink, vec![src.sge(0, LEN)]);
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
         s.spawn(|| {
@@ -348,15 +336,11 @@ fn burst_of_mixed_sizes_on(a: &Rnic, b: &Rnic, crc: bool) {
         if i % 10 == 5 {
             let len = write_sizes[writes.len() % write_sizes.len()];
             let from = (writes.len() * 977) % (src_data.len() - len);
+            let wr = rdma_write(1_000 + i as u64, &sink, at, vec![src.sge(from, len)]);
             ea.qp
                 .post_send(SendWr {
-                    wr_id: 1_000 + i as u64,
-                    op: SendOp::RdmaWrite {
-                        remote_addr: sink.addr() + at as u64,
-                        rkey: sink.rkey(),
-                    },
-                    sges: vec![src.sge(from, len)],
                     signaled: false,
+                    ..wr
                 })
                 .unwrap();
             writes.push((at, len, from));

@@ -41,15 +41,7 @@ fn a_polling_engine_moves_data_then_sleeps_when_idle() {
     for i in 0..200usize {
         let at = (i % 4) * len;
         ea.qp
-            .post_send(SendWr {
-                wr_id: i as u64,
-                op: SendOp::RdmaWrite {
-                    remote_addr: dst.addr() + at as u64,
-                    rkey: dst.rkey(),
-                },
-                sges: vec![src.sge(at, len)],
-                signaled: true,
-            })
+            .post_send(rdma_write(i as u64, &dst, at, vec![src.sge(at, len)]))
             .unwrap();
         let wc = wait_wc(&ea.scq, Duration::from_secs(10));
         assert_eq!(wc.status, WcStatus::Success, "RDMA Write {i}");

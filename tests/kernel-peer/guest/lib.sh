@@ -213,3 +213,13 @@ attach_clean() {
   grep -q 'Write cache:' /tmp/attach.$1 &&
     ! grep -q -i -E 'fail|assuming|sense key|unknown|invalid|error' /tmp/attach.$1
 }
+
+# iser_dmesg_clean [PATTERN]: no iser/siw error in the kernel log (siw is built out of tree: its
+# unsigned-module taint line is not an error; a WARNING's "Modules linked in:" list names
+# ib_iser, siw and net_failover whatever warned; lines matching PATTERN are judged elsewhere).
+iser_dmesg_clean() {
+  dmesg | grep -i -E 'iser|siw' | grep -v -e 'module verification failed' -e 'Modules linked in:' |
+    grep -v -e "${1:-^\$never}" | grep -i -E 'err|fail|timeout|drop' >/tmp/iser-errors
+  sed 's/^/  dmesg| /' /tmp/iser-errors
+  check "no iser or siw error in the kernel log" test ! -s /tmp/iser-errors
+}

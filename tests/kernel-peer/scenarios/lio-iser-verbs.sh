@@ -51,9 +51,7 @@ guest_main() {
   ir_bench_verify "host" "$url"
   host_call target_stop
 
-  iser_errors=$(dmesg | grep -i -E 'iser|siw' | grep -v -e 'module verification failed' -e 'Modules linked in:' | grep -i -E 'err|fail|timeout|drop')
-  echo "$iser_errors" | sed 's/^/  dmesg| /'
-  check "no iser or siw error in the kernel log" test -z "$iser_errors"
+  iser_dmesg_clean
   check "no error line from the initiator" sh -c "! grep -E 'panicked|ERROR' /tmp/ir.log"
   finish
 }
