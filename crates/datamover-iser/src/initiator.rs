@@ -30,7 +30,7 @@ use tokio::sync::{mpsc, Semaphore};
 use crate::endpoint::{Buffers, Device, Endpoint, Inbound, Received};
 use crate::lent;
 use crate::mr_pool::{MrPool, PooledMr};
-use crate::rnic_task::PollWindow;
+use crate::rnic_task::{LargeWrite, PollWindow};
 use crate::target::DEFAULT_RECV_LEN;
 use crate::write_regs::{WriteReg, WriteRegistrations};
 
@@ -195,6 +195,8 @@ struct CommandBuffers<P: Device> {
     read: Option<(Arc<PooledMr<P>>, usize)>,
     /// Held so the target can RDMA Read it until the status.
     _write: Option<WriteReg<P>>,
+    /// Counted in the engine's poll window until the status.
+    _large: Option<LargeWrite>,
 }
 
 struct Shared<P: Device> {
@@ -260,7 +262,8 @@ impl<P: Device> Shared<P> {
 }
 
 enum Out {
-    Command(CommandOut),
+    /// With the large write's count in its engine's poll window, if it is one.
+    Command(CommandOut, Option<LargeWrite>),
     Control(Pdu),
     /// Close once what was queued before is posted.
     Close,
@@ -275,10 +278,11 @@ pub struct IserInitiatorDatamover<P: Device> {
 
 impl<P: Device> InitiatorDatamover for IserInitiatorDatamover<P> {
     fn send_command(&self, cmd: CommandOut) {
-        if let Some(poll) = &self.poll {
-            poll.follow_write(cmd.write.len());
-        }
-        let _ = self.tx.send(Out::Command(cmd));
+        let large = self
+            .poll
+            .as_ref()
+            .and_then(|poll| poll.follow_write(cmd.write.len()));
+        let _ = self.tx.send(Out::Command(cmd, large));
     }
 
     fn send_control(&self, pdu: Pdu) {
@@ -339,7 +343,7 @@ async fn send_loop<P: Device>(sh: Arc<Shared<P>>, mut rx: mpsc::UnboundedReceive
                 return;
             }
             Out::Control(pdu) => send_control(&sh, pdu).await,
-            Out::Command(cmd) => send_command(&sh, cmd).await,
+            Out::Command(cmd, large) => send_command(&sh, cmd, large).await,
         };
         if let Err(why) = sent {
             tracing::debug!(peer = %sh.peer, "iSER send failed: {why}");
@@ -358,7 +362,11 @@ async fn send_control<P: Device>(sh: &Shared<P>, pdu: Pdu) -> Result<(), String>
 }
 
 /// Registers the command's buffers and posts it with their STags.
-async fn send_command<P: Device>(sh: &Shared<P>, cmd: CommandOut) -> Result<(), String> {
+async fn send_command<P: Device>(
+    sh: &Shared<P>,
+    cmd: CommandOut,
+    large: Option<LargeWrite>,
+) -> Result<(), String> {
     let itt = cmd.pdu.bhs.itt();
     let mut header = IserHeader::CONTROL;
     let read = if cmd.read_len > 0 {
@@ -394,6 +402,7 @@ async fn send_command<P: Device>(sh: &Shared<P>, cmd: CommandOut) -> Result<(), 
             stags,
             read,
             _write: write,
+            _large: large,
         },
     );
     sh.ep.send(&header, &cmd.pdu, SendOp::Send).await

@@ -126,7 +126,7 @@ async fn rdma_core_connect(
 /// A software iWARP RNIC for one connection, its engine a task of the caller's runtime (the
 /// connection's tasks run there too): posting and completing then cost no thread switch. It
 /// polls by `poll` after its last work before it sleeps (the connection sets the window by
-/// its commands' writes: large writes do not poll).
+/// its commands' writes: large writes do not poll while more than two are in flight).
 fn software_rnic(poll: PollWindow) -> std::io::Result<Arc<Rnic>> {
     Ok(Arc::new(
         datamover_iser::rnic_task::spawn_software_rnic_polling(poll)?,
