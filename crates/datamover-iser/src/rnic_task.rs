@@ -38,12 +38,12 @@ pub const LARGE_WRITE: usize = 64 << 10;
 
 /// With no more large writes than this in flight the engine polls for them all the same:
 /// then each command waits for its own wake-ups (the target's RDMA Read, its status), and on
-/// this machine a wake-up costs some 35 µs. Not polling against polling, two rounds each,
-/// one sitting: 128 KiB at QD 1 830-880 -> 1,430-1,530 MB/s and 1.69 -> 1.32-1.37 CPU s/GB
-/// (both ends); 512 KiB at QD 1 2,240-2,310 -> 3,040-3,190 MB/s, 0.63-0.64 -> 0.58-0.60;
-/// 1 MiB at QD 1 2,390-2,430 -> 2,720-2,830, 0.62-0.65 -> 0.59-0.62; 128 KiB at QD 2
-/// 1,450-1,590 -> 2,390-2,540, 0.89-0.99 -> 0.77-0.80. At QD 8 polling gained 128 KiB
-/// writes a tenth in speed for 5% more CPU per GB, so deeper queues still do not poll.
+/// this machine a wake-up costs some 35 µs. This rule against the one before it (large
+/// writes never polled), alternating, two rounds, CPU s/GB of both ends: 128 KiB at QD 1
+/// 827/870 -> 1,332/1,608 MB/s and 1.69/1.62 -> 1.37/1.19; at QD 2 1,449/1,517 -> 2,411/2,421
+/// MB/s and 0.97/0.93 -> 0.81/0.81; 1 MiB at QD 1 2,450/2,454 -> 2,647/2,695 MB/s and
+/// 0.61/0.62 -> 0.63/0.62; QD 8 and 32 unchanged. Polling at QD 8 too (another sitting) gained
+/// 128 KiB writes a tenth in speed for 4-6% more CPU per GB, so deeper queues do not poll.
 pub const FEW_LARGE_WRITES: usize = 2;
 
 /// How long a driven engine polls after its last work, changeable while it runs: an
