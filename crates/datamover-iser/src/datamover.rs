@@ -395,7 +395,7 @@ impl<P: Device> Datamover for IserDatamover<P> {
 
     /// The initiator disconnects once it has the Logout Response; closing first races with
     /// whatever it still has on its queue (Linux siw then reports a fatal QP error). So it
-    /// gets [`LOGOUT_GRACE`] to close before this end does.
+    /// gets `LOGOUT_GRACE` to close before this end does.
     fn close_after_logout(&self) {
         let ep = self.shared.ep.clone();
         self.shared

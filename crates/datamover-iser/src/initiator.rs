@@ -307,7 +307,7 @@ impl<P: Device> InitiatorDatamover for IserInitiatorDatamover<P> {
 
     /// Linux LIO closes its end once its Logout Response is sent, and its siw fails that
     /// Send (a fatal QP error, and a WARNING in LIO's command release) when our FIN arrives
-    /// before siw has finished with it. So the target gets [`LOGOUT_TARGET_GRACE`] to close
+    /// before siw has finished with it. So the target gets `LOGOUT_TARGET_GRACE` to close
     /// first. ironsan's own target waits for the initiator instead; it costs that much there.
     fn close_after_logout(&self) {
         let (tx, ep) = (self.tx.clone(), self.shared.ep.clone());
