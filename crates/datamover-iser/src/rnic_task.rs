@@ -81,6 +81,7 @@ impl PollWindow {
     /// A command writing `bytes` is sent: the latest command decides between the configured
     /// window (reads, small writes, or a large write among at most [`FEW_LARGE_WRITES`] in
     /// flight) and none. A large write is counted until the returned guard is dropped.
+    #[must_use = "a large write counts only while its guard is held"]
     pub fn follow_write(&self, bytes: usize) -> Option<LargeWrite> {
         let large = bytes >= LARGE_WRITE;
         self.large_latest.store(large, Ordering::Relaxed);

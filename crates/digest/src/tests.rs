@@ -336,6 +336,16 @@ proptest! {
         let want = slicing8::append(crc_a, &zero_bytes);
         prop_assert_eq!(crc32c_combine(crc_a, crc32c(&zero_bytes), zeros), want);
     }
+
+    #[test]
+    fn a_shift_table_joins_as_combine_does(
+        crc_a in any::<u32>(),
+        crc_b in any::<u32>(),
+        len in 0usize..70_000,
+    ) {
+        let shift = Shift::bytes(len);
+        prop_assert_eq!(shift.apply(crc_a) ^ crc_b, crc32c_combine(crc_a, crc_b, len));
+    }
 }
 
 /// A fused copy's CRC covers the bytes it copied, even while another thread rewrites the

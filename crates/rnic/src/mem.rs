@@ -5,11 +5,11 @@ use iwarp::crc::{Crc32c, Shift};
 use iwarp::TerminateCode;
 use rdma::{Access, BlockCrcs, MemoryRegion};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 
 /// Blocks whose MPA CRC was joined from their owner's block CRCs, in this process.
-static BLOCKS_SENT_BY_CRC: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static BLOCKS_SENT_BY_CRC: AtomicU64 = AtomicU64::new(0);
 
 /// How many blocks of payload left with their CRC taken from their owner's
 /// [`rdma::BlockCrcs`] (not read) in this process so far: a diagnostic, and what tests check.
@@ -410,7 +410,7 @@ impl MemoryRegion for Mr {
     /// bytes in place (see `MrInner::crc_by_blocks`).
     fn keep_block_crcs(&self, crcs: Arc<dyn BlockCrcs>) -> bool {
         let block = crcs.block_len();
-        if !block.is_power_of_two() || self.inner.borrowed.is_some() {
+        if !block.is_power_of_two() || self.inner.immutable() {
             return false;
         }
         self.inner

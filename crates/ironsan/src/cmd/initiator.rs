@@ -49,7 +49,8 @@ pub struct LoginOpts {
     pub rdma_provider: iscsi_initiator::IserProvider,
     /// iser:// on the software RNIC: microseconds its engine polls on after its last work
     /// before it sleeps (0: at once; polling costs less than a sleep and a wake-up while
-    /// commands keep coming, and stops when they do). Writes of 64 KiB or more do not poll while more than two are in flight.
+    /// commands keep coming, and stops when they do). Writes of 64 KiB or more do not poll
+    /// while more than two are in flight.
     #[arg(long, value_name = "US", default_value_t = datamover_iser::rnic_task::DEFAULT_POLL.as_micros() as u64)]
     pub rdma_poll_us: u64,
     /// Offer ImmediateData (yes or no; the target's answer decides). Any of these three
