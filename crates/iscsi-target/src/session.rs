@@ -17,7 +17,7 @@ use iscsi_wire::{
 };
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, Notify};
@@ -42,6 +42,10 @@ pub(crate) enum Work {
 pub(crate) struct TaskEntry {
     pub(crate) cid: u16,
     lun: u64,
+    /// Set by whichever comes first: the task's end, which then sends its response, or an
+    /// ABORT TASK, which then answers Function complete and no response is sent. So an
+    /// abort racing the task's end never both succeeds and lets the status out.
+    settled: Arc<AtomicBool>,
 }
 
 pub(crate) struct Session {
@@ -363,14 +367,18 @@ impl Session {
                 conn.inflight.fetch_add(1, Ordering::AcqRel);
                 // At level 2 it may have moved while it waited for its turn.
                 let cid = kept.as_ref().map_or(conn.cid, |k| k.conn().cid);
-                self.tasks
-                    .lock()
-                    .expect("tasks")
-                    .insert(cmd.itt, TaskEntry { cid, lun: cmd.lun });
+                let settled = Arc::new(AtomicBool::new(false));
+                let entry = TaskEntry {
+                    cid,
+                    lun: cmd.lun,
+                    settled: settled.clone(),
+                };
+                self.tasks.lock().expect("tasks").insert(cmd.itt, entry);
                 let s = self.clone();
-                tokio::spawn(
-                    async move { s.run_command(conn, cmd, ahs, write, kept, counted).await },
-                );
+                tokio::spawn(async move {
+                    s.run_command(conn, cmd, ahs, write, kept, counted, settled)
+                        .await
+                });
             }
             Work::Control { conn, pdu } => {
                 self.control(target, &conn, pdu).await;
@@ -381,6 +389,7 @@ impl Session {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn run_command(
         self: Arc<Self>,
         conn: Arc<Conn>,
@@ -389,6 +398,8 @@ impl Session {
         write: Option<WriteHandle>,
         kept: Option<Arc<KeptTask>>,
         counted: bool,
+        // This task's `TaskEntry::settled` (by value: its ITT may be reused once aborted).
+        settled: Arc<AtomicBool>,
     ) {
         let task = TaskRef {
             itt: cmd.itt,
@@ -397,12 +408,22 @@ impl Session {
         let rsp = self
             .execute(&conn, task, &cmd, &ahs, write, kept.as_ref())
             .await;
-        // Free the window slot first so the response carries the larger MaxCmdSN.
-        self.tasks.lock().expect("tasks").remove(&cmd.itt);
+        let aborted_by_tmf = settled.swap(true, Ordering::AcqRel);
+        // Free the window slot first so the response carries the larger MaxCmdSN. Only this
+        // task's entry: after an ABORT TASK the initiator may reuse the ITT at once.
+        {
+            let mut tasks = self.tasks.lock().expect("tasks");
+            if tasks
+                .get(&cmd.itt)
+                .is_some_and(|e| Arc::ptr_eq(&e.settled, &settled))
+            {
+                tasks.remove(&cmd.itt);
+            }
+        }
         if counted {
             self.complete_one();
         }
-        match rsp.filter(|(r, _)| !r.aborted) {
+        match rsp.filter(|(r, _)| !r.aborted && !aborted_by_tmf) {
             Some((rsp, r2ts)) => {
                 // At level 2 the response goes where the task is allegiant now.
                 let to = match &kept {
@@ -682,11 +703,14 @@ impl Session {
         let lun_exists = device.luns().contains(&lun);
         match t.function {
             tmf::ABORT_TASK => {
+                // Known and not yet ended: from here its response will not be sent. A task
+                // that has ended (its status on its way) no longer exists for an abort.
                 let known = self
                     .tasks
                     .lock()
                     .expect("tasks")
-                    .contains_key(&t.ref_task_tag);
+                    .get(&t.ref_task_tag)
+                    .is_some_and(|e| !e.settled.swap(true, Ordering::AcqRel));
                 // At level 2 a task of a failed connection is kept after it executed (its
                 // response waiting for reassignment): aborting it forgets it, so the
                 // initiator may send the command again with its ITT.

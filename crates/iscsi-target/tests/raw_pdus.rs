@@ -542,3 +542,84 @@ async fn only_a_silent_initiator_is_pinged_and_one_that_stays_silent_is_dropped(
     );
     assert!(quiet.closed_by_target(0).await, "dropped for not answering");
 }
+
+/// An ABORT TASK sent 0 to 99 µs behind its WRITE races the write's end. Either the abort wins
+/// (Function complete, and the write's status never comes) or the write does (its GOOD
+/// status, then Task does not exist): never both, which is what libiscsi's
+/// iSCSITMF.AbortTaskSimpleAsync checks once and what this repeats. The block backend
+/// (O_DIRECT, here on a file) ends writes late enough to open the race: before the abort
+/// settled the task, 5 runs in 6 failed, as that libiscsi test did once in CI.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abort_racing_its_writes_end_either_wins_or_finds_no_task() {
+    let image = std::env::temp_dir().join(format!("ironsan-abort-race-{}.img", std::process::id()));
+    std::fs::write(&image, vec![0u8; 4 << 20]).unwrap();
+    let lun = format!(
+        "backend = {{ type = \"block\", path = \"{}\" }}",
+        image.display()
+    );
+    let addr = start_target_with_lun("", &lun).await;
+    let mut c = RawConn::connect(addr).await;
+    let keys = [
+        ("ImmediateData", "Yes"),
+        ("InitialR2T", "No"),
+        ("FirstBurstLength", "65536"),
+    ];
+    c.login(1, &keys).await;
+    let data = pattern(4096, 3);
+    let (mut aborted, mut finished) = (0, 0);
+    for round in 0..1500u32 {
+        let lba = round % 64 * 8;
+        let write = c.scsi_bhs(&write10(lba, 8), 0, data.len() as u32, data.len());
+        let (itt, ref_cmd_sn) = (be32(&write[16..20]), be32(&write[24..28]));
+        // ABORT TASK, immediate, LUN 0, referring to the write.
+        let tmf_itt = c.itt();
+        let mut tmf = bhs(0x02 | 0x40, 0x80 | 1, 0, tmf_itt);
+        tmf[20..24].copy_from_slice(&itt.to_be_bytes());
+        tmf[24..28].copy_from_slice(&c.cmd_sn.to_be_bytes());
+        tmf[28..32].copy_from_slice(&c.exp_stat_sn.to_be_bytes());
+        tmf[32..36].copy_from_slice(&ref_cmd_sn.to_be_bytes());
+        c.send(&write, &data).await;
+        // The abort follows 0 to 99 µs later, so that the rounds span the write's end.
+        let lag = std::time::Instant::now() + Duration::from_micros(u64::from(round % 100));
+        while std::time::Instant::now() < lag {
+            std::hint::spin_loop();
+        }
+        c.send_raw(&tmf).await;
+        let (mut status, mut tmf_response) = (None, None);
+        while tmf_response.is_none() || (tmf_response == Some(1) && status.is_none()) {
+            let r = c.recv().await;
+            c.exp_stat_sn = r.field32(24).wrapping_add(1);
+            match r.opcode() {
+                0x21 => {
+                    assert_eq!(
+                        r.itt(),
+                        itt,
+                        "round {round}: a status of an aborted write came"
+                    );
+                    status = Some(r.bhs[3]);
+                }
+                0x22 => tmf_response = Some(r.bhs[2]),
+                op => panic!("round {round}: unexpected opcode 0x{op:02x}"),
+            }
+        }
+        match tmf_response {
+            Some(0) => {
+                // A status sent before the abort's answer was read already; one after it
+                // would show in the next round's read, as an unexpected PDU there.
+                assert_eq!(status, None, "round {round}: aborted, yet its status came");
+                aborted += 1;
+            }
+            Some(1) => {
+                assert_eq!(status, Some(0), "round {round}: the write ended GOOD");
+                finished += 1;
+            }
+            other => panic!("round {round}: TMF response {other:?}"),
+        }
+    }
+    // Nothing left over from the last round either.
+    let (st, _, back) = c.command(&read10(0, 8), 4096, &[]).await;
+    assert_eq!(st, 0);
+    assert_eq!(back.len(), 4096);
+    eprintln!("{aborted} aborts won, {finished} writes ended first");
+    let _ = std::fs::remove_file(&image);
+}

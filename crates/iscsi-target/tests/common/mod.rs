@@ -26,10 +26,15 @@ pub fn log_from_env() {
 
 /// Starts a target with one 64 MiB RAM LUN 0 on an ephemeral loopback port.
 pub async fn start_target(extra_config: &str) -> SocketAddr {
+    start_target_with_lun(extra_config, "size = \"64MiB\"\nbackend = \"memory\"").await
+}
+
+/// [`start_target`] with LUN 0 configured by `lun_config` (its table's keys).
+pub async fn start_target_with_lun(extra_config: &str, lun_config: &str) -> SocketAddr {
     log_from_env();
     let text = format!(
         "portals = [\"127.0.0.1:0\"]\n{extra_config}\n[[target]]\nname = \"{IQN}\"\n\
-         [target.lun.0]\nsize = \"64MiB\"\nbackend = \"memory\"\n"
+         [target.lun.0]\n{lun_config}\n"
     );
     let config = iscsi_target::Config::parse(&text, "test.toml").expect("config");
     let bound = iscsi_target::Target::bind(config).await.expect("bind");
