@@ -7,7 +7,8 @@
 #   kind for kinit-*: ironsan | tgtd; an initiator kind for lio-tcp: ironsan | libiscsi).
 #   Without arguments, runs the default set below. All scenarios of one run share one boot.
 # Env: IRONSAN (the ironsan binary, default target/release/ironsan), KP_CAPTURE=1 (tcpdump the host target's port on lo
-#   into target/kernel-peer/host/*.pcap), KP_MEM (guest MiB, default 2048).
+#   into target/kernel-peer/host/*.pcap), KP_MEM (guest MiB, default 2048), KP_RETRY=1 (up to
+#   four failed scenarios run once more in a fresh boot, logs in target/kernel-peer-retry).
 # Prints one line per scenario: "kernel-peer: NAME PASS|FAIL|NOT RUN (N s)"; exits 1 on any FAIL.
 set -euo pipefail
 KP_DIR=$(cd "$(dirname "$0")" && pwd)
@@ -47,14 +48,19 @@ SHARE=$KP_RUN/share
 stop_all 2>/dev/null || true
 rm -rf "$KP_RUN"
 mkdir -p "$SHARE"/{guest,scenarios,out,ctl} "$KP_RUN/host" "$KP_RUN/pids"
-cp "$KP_DIR"/guest/runner.sh "$KP_DIR"/guest/lib.sh "$KP_DIR"/guest/kinit.sh "$KP_DIR"/guest/lio.sh "$KP_DIR"/guest/hostile.py "$SHARE/guest/"
+cp "$KP_DIR"/guest/runner.sh "$KP_DIR"/guest/lib.sh "$KP_DIR"/guest/kinit.sh "$KP_DIR"/guest/lio.sh "$KP_DIR"/guest/hostile.py \
+  "$KP_DIR"/guest/net-probe.sh "$SHARE/guest/"
 cp "$KP_DIR"/scenarios/*.sh "$SHARE/scenarios/"
 KP_HOST_PORT=$(free_port)
 KP_FWD_PORT=$(free_port)
 while [[ $KP_FWD_PORT == "$KP_HOST_PORT" ]]; do KP_FWD_PORT=$(free_port); done
+# A port nothing listens on: the guest's network probe (guest/net-probe.sh) must be refused.
+KP_PROBE_PORT=$(free_port)
+while [[ $KP_PROBE_PORT == "$KP_HOST_PORT" || $KP_PROBE_PORT == "$KP_FWD_PORT" ]]; do KP_PROBE_PORT=$(free_port); done
 cat >"$SHARE/env" <<EOF
 KP_HOST_PORT=$KP_HOST_PORT
 KP_FWD_PORT=$KP_FWD_PORT
+KP_PROBE_PORT=$KP_PROBE_PORT
 KP_TGT_CTL=$((KP_HOST_PORT % 10000 + 100))
 KP_IQN_PREFIX=iqn.2026-01.org.ironsan.test
 KP_CHAP_USER=kp-initiator
@@ -167,6 +173,7 @@ t_end=$SECONDS
 
 # ------------------------------------------------------------------ report
 guest_total=0
+failed=()
 fails=0
 passes=0
 skipped=0
@@ -181,6 +188,7 @@ for name in "${plan[@]}"; do
   if [[ -z $line ]]; then
     echo "kernel-peer: $name FAIL (no result: the guest died or timed out, see $KP_RUN/console.log)"
     fails=$((fails + 1))
+    failed+=("${name%%#*}")
     continue
   fi
   read -r _ status secs <<<"$line"
@@ -196,7 +204,13 @@ for name in "${plan[@]}"; do
       ;;
     *)
       echo "kernel-peer: $name FAIL ($secs s), log $SHARE/out/$name.log:"
-      grep -E '^(FAILED|TIMEOUT)' "$SHARE/out/$name.log" | sed 's/^/    /' || true
+      grep -E '^(FAILED|TIMEOUT|NETWORK)' "$SHARE/out/$name.log" | sed 's/^/    /' || true
+      # The host side's own failed checks and ironsan's one-line errors say which step broke.
+      if grep -qE '^  host\| (FAILED|ironsan: )' "$SHARE/out/$name.log"; then
+        echo "    the host side's failed checks and errors (first 15):"
+        grep -E '^  host\| (FAILED|ironsan: )' "$SHARE/out/$name.log" | head -15 | cut -c1-300 |
+          sed 's/^/    /' || true
+      fi
       # CI keeps only this output: the guest's kernel lines that bear on a failure go with it.
       if [ -s "$SHARE/out/$name.dmesg" ]; then
         echo "    its kernel log (iSCSI, iSER, siw, SCSI error handling; last 20 such lines):"
@@ -205,8 +219,16 @@ for name in "${plan[@]}"; do
           sed 's/^/      /' || true
       fi
       fails=$((fails + 1))
+      failed+=("${name%%#*}")
       ;;
   esac
 done
 echo "kernel-peer: $passes passed, $fails failed, $skipped not run (guest time $guest_total s)"
+# KP_RETRY=1 (stage 80 sets it): a few failed scenarios get one more run in a fresh boot, as the
+# TCG guest's eth0 path has been seen to stop carrying anything mid-run (guest/net-probe.sh);
+# their first failure stays printed above. Many failures are not that, and are not retried.
+if ((fails > 0 && fails <= 4)) && [[ ${KP_RETRY:-0} == 1 ]]; then
+  echo "kernel-peer: RETRY once, in a fresh boot: ${failed[*]}"
+  KP_RETRY=0 KP_RUN=$KP_RUN-retry exec "$0" "${failed[@]}"
+fi
 ((fails == 0))

@@ -5,6 +5,13 @@
 echo "kernel-peer: guest up after $(cut -d' ' -f1 /proc/uptime) s, kernel $(uname -r)"
 mkdir -p /mnt/host/out /mnt/host/ctl
 now() { cut -d' ' -f1 /proc/uptime; }
+. /mnt/host/env
+. /mnt/host/guest/net-probe.sh
+# The probe must pass on a fresh guest, or what it says after a failure means nothing.
+if net_probe >/tmp/probe.out 2>&1; then probe_ok=1; else
+  probe_ok=0
+  echo "kernel-peer: guest: the network probe fails on a fresh guest ($(cat /tmp/probe.out)); not used"
+fi
 while read -r name file kind limit; do
   case "$name" in '' | '#'*) continue ;; esac
   echo "kernel-peer: guest: $name ..."
@@ -30,7 +37,10 @@ while read -r name file kind limit; do
   secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.0f", b-a}')
   echo "$name $status $secs" >>/mnt/host/out/results
   echo "kernel-peer: guest: $name $status ($secs s)"
-  if [ $status = FAIL ]; then tail -25 "/mnt/host/out/$name.log"; fi
+  if [ $status = FAIL ]; then
+    tail -25 "/mnt/host/out/$name.log"
+    [ $probe_ok = 1 ] && net_after_failure >>"/mnt/host/out/$name.log" 2>&1
+  fi
   # Leave no session behind for the next scenario.
   iscsiadm -m node --logoutall=all >/dev/null 2>&1
   iscsiadm -m node -o delete >/dev/null 2>&1
