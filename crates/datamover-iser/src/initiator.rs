@@ -54,8 +54,9 @@ fn unsolicited_limit(declared: u32) -> usize {
     n.max(1) as usize
 }
 
-/// How long a target may take to close its end after our logout before we close ours.
-const LOGOUT_TARGET_GRACE: Duration = Duration::from_millis(100);
+/// How long a target may take to close its end, after our logout or its refusal of our
+/// login, before we close ours.
+const TARGET_CLOSE_GRACE: Duration = Duration::from_millis(100);
 
 /// Idle bytes each buffer pool keeps for reuse.
 const POOL_IDLE_BYTES: usize = 32 << 20;
@@ -156,6 +157,21 @@ impl<P: Device> InitiatorChannel for IserInitiatorConnection<P> {
 
     async fn recv(&mut self, _digests: Digests, max_data: u32) -> Result<InPdu, LoginRecvError> {
         crate::endpoint::recv_login_pdu(&mut self.received, max_data).await
+    }
+
+    /// As after a logout (`close_after_logout`): Linux LIO closes once its refusing Login
+    /// Response is sent, and its siw fails that Send ("login send failure: local QP operation
+    /// error" in its log) when our FIN comes first. So the target gets `TARGET_CLOSE_GRACE` to
+    /// close, then we close and give the handshake as long again: the caller may be a
+    /// process about to exit, which would cut it short.
+    async fn let_target_close(&mut self) {
+        if tokio::time::timeout(TARGET_CLOSE_GRACE, self.ep.when_ended())
+            .await
+            .is_err()
+        {
+            self.ep.close();
+            let _ = tokio::time::timeout(TARGET_CLOSE_GRACE, self.ep.when_ended()).await;
+        }
     }
 
     fn into_full_feature(
@@ -307,13 +323,13 @@ impl<P: Device> InitiatorDatamover for IserInitiatorDatamover<P> {
 
     /// Linux LIO closes its end once its Logout Response is sent, and its siw fails that
     /// Send (a fatal QP error, and a WARNING in LIO's command release) when our FIN arrives
-    /// before siw has finished with it. So the target gets `LOGOUT_TARGET_GRACE` to close
+    /// before siw has finished with it. So the target gets `TARGET_CLOSE_GRACE` to close
     /// first. ironsan's own target waits for the initiator instead; it costs that much there.
     fn close_after_logout(&self) {
         let (tx, ep) = (self.tx.clone(), self.shared.ep.clone());
         self.shared
             .ep
-            .close_after_peer_or(LOGOUT_TARGET_GRACE, move || close_via(&tx, &ep));
+            .close_after_peer_or(TARGET_CLOSE_GRACE, move || close_via(&tx, &ep));
     }
 
     fn when_closed(&self) -> datamover::ClosedFuture {

@@ -342,6 +342,10 @@ pub trait InitiatorChannel: Send {
     fn socket(&self) -> Option<BorrowedFd<'_>>;
     async fn send(&mut self, pdu: &Pdu, digests: Digests) -> std::io::Result<()>;
     async fn recv(&mut self, digests: Digests, max_data: u32) -> Result<InPdu, LoginRecvError>;
+    /// The target refused the login, and both ends now close the connection (RFC 7143
+    /// 11.13.5): a transport whose target may still be finishing that answer lets it close
+    /// first here, bounded. By default nothing: TCP's close handshake covers it.
+    async fn let_target_close(&mut self) {}
     /// Enters full feature phase: from now on what arrives goes to `sink`.
     fn into_full_feature(
         self: Box<Self>,

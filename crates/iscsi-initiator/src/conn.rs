@@ -14,7 +14,8 @@ use datamover_iser::IserInitiatorConnection;
 use datamover_tcp::initiator::TcpInitiatorConnection;
 use iscsi_login::TransportKind;
 use iscsi_login::{
-    ConnectionParams, InitiatorLogin, InitiatorLoginConfig, InitiatorStep, SessionParams,
+    ConnectionParams, InitiatorLogin, InitiatorLoginConfig, InitiatorStep, LoginError,
+    SessionParams,
 };
 use iscsi_wire::{Bhs, Digests, Pdu};
 use rnic::Rnic;
@@ -198,7 +199,16 @@ async fn login_exchange(
         let exp_stat_sn = r.stat_sn.wrapping_add(1);
         let lr = datamover::login_pdu::response_in(&r, &resp.data);
         let mut rng = |b: &mut [u8]| rand::RngCore::fill_bytes(&mut rand::thread_rng(), b);
-        match sm.on_response(&lr, &mut rng).map_err(Error::Login)? {
+        let step = match sm.on_response(&lr, &mut rng) {
+            Ok(step) => step,
+            Err(e) => {
+                if matches!(e, LoginError::Rejected { .. }) {
+                    stream.let_target_close().await;
+                }
+                return Err(Error::Login(e));
+            }
+        };
+        match step {
             InitiatorStep::Send(next) => {
                 req = next;
                 // The state machine does not see StatSN: the runtime acknowledges it.

@@ -752,3 +752,113 @@ async fn an_rdma_write_past_a_short_read_inside_its_region_gets_a_terminate() {
     session_failed(&s, &why).await;
     no_panics();
 }
+
+// ------------------------------------------------------------------------ a refused login
+
+/// How long the raw target watches for the initiator's close after refusing its login:
+/// the initiator must leave the closing to the target that long (it waits 100 ms).
+const LET_CLOSE: Duration = Duration::from_millis(50);
+
+impl RawConn {
+    /// Answers the Login Request with a refusal: status 0x0201, authentication failure.
+    fn refuse_login(&mut self) -> Result<(), String> {
+        let pdu = self.recv_pdu()?;
+        let Bhs::LoginRequest(r) = pdu.bhs else {
+            return Err(format!("expected a Login Request, got {:?}", pdu.bhs));
+        };
+        let Bhs::LoginResponse(mut rsp) = iser_login_response(&r).bhs else {
+            unreachable!("iser_login_response makes a Login Response")
+        };
+        rsp.transit = false;
+        rsp.tsih = 0;
+        rsp.status_class = 2;
+        rsp.status_detail = 1;
+        self.exp_cmd_sn = r.cmd_sn;
+        self.send_pdu(
+            Pdu::new(Bhs::LoginResponse(rsp), Bytes::new()),
+            SendOp::Send,
+        )
+    }
+}
+
+/// A raw target on a thread of its own that refuses one login, checks that the initiator has
+/// not closed the connection within [`LET_CLOSE`], then closes it itself (`target_closes`) or
+/// waits for the initiator to; reports the QP's error, if any, as the connection ended.
+fn refusing_target(target_closes: bool) -> RawTarget {
+    let dev = Rnic::new().expect("a software RNIC");
+    let listener = dev.listen("127.0.0.1:0".parse().unwrap()).expect("listen");
+    let addr = listener.local_addr();
+    let (tx, reports) = mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        let outcome = RawConn::accept(&dev, &listener, WORD_SIE).and_then(|mut conn| {
+            conn.refuse_login()?;
+            if conn.qp.wait_closed(LET_CLOSE) {
+                return Err(format!(
+                    "the initiator closed within {LET_CLOSE:?} of the refusal, before the \
+                     target could (QP error: {:?})",
+                    conn.qp.last_error()
+                ));
+            }
+            if target_closes {
+                conn.qp.disconnect();
+            }
+            Ok(format!("ended, QP error {:?}", conn.wait_ended()?))
+        });
+        let _ = tx.send(outcome);
+    });
+    RawTarget { addr, reports }
+}
+
+/// The login error of a session the target refused, and how long the login took.
+async fn refused_login(addr: SocketAddr) -> (Error, Duration) {
+    count_panics();
+    let url = IscsiUrl::parse_lun(&format!("iser://{addr}/{TARGET_NAME}/0")).expect("url");
+    let cfg = SessionConfig {
+        nop_interval: None,
+        connect_timeout: T,
+        login_timeout: T,
+        ..SessionConfig::from_url(&url)
+    };
+    let started = Instant::now();
+    let got = tokio::time::timeout(T + T, Session::connect(&url, cfg))
+        .await
+        .expect("the login ended in time");
+    match got {
+        Err(e) => (e, started.elapsed()),
+        Ok(_) => panic!("the refused login succeeded"),
+    }
+}
+
+/// A target refusing the login closes its end first (as Linux LIO does; its siw fails the
+/// refusal's Send when the initiator's FIN overtakes it): the initiator waits for that close,
+/// then reports the refusal. The connection ends cleanly (no Terminate, no QP error).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_login_lets_the_target_close_first() {
+    let mut raw = refusing_target(true);
+    let (e, took) = refused_login(raw.addr).await;
+    assert!(e.to_string().contains("authentication failure"), "{e}");
+    // The target closes no sooner than LET_CLOSE after its refusal: a login failing sooner
+    // did not wait, and a process exiting on it would cut the target's answer short.
+    assert!(
+        took >= LET_CLOSE && took < T,
+        "the login failed after {took:?}"
+    );
+    assert_eq!(raw.report().await, "ended, QP error None");
+    no_panics();
+}
+
+/// A target that refuses the login and leaves the closing to the initiator gets it after the
+/// initiator's grace (100 ms): the login fails, and the initiator's close reaches the target
+/// (before, a refused login's connection stayed open until the process exited).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_login_is_closed_by_the_initiator_when_the_target_does_not() {
+    let mut raw = refusing_target(false);
+    let (e, took) = refused_login(raw.addr).await;
+    assert!(e.to_string().contains("authentication failure"), "{e}");
+    assert!(took < T, "the login failed after {took:?}");
+    assert_eq!(
+        raw.report().await,
+        "ended, QP error Some(\"connection closed by peer\")"
+    );
+    no_panics();
+}

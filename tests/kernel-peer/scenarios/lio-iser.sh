@@ -12,7 +12,8 @@
 # refused): each verifies a bench and 4 MiB written, also found in the backing file. Its ~17
 # sessions are what showed LIO's "QP fatal error" / "send failure: local QP operation error"
 # when the initiator's FIN raced LIO's siw finishing the Logout Response's Send; the initiator
-# now gives the target 100 ms to close first.
+# now gives the target 100 ms to close first. The same race after the wrong CHAP secret's
+# refusal ("login send failure", seen under load) is closed the same way.
 # shellcheck disable=SC2034 # read by run.sh
 KP_DEFAULT_KIND=ironsan KP_TIMEOUT=600
 host_available() { [ -x "${IRONSAN:-}" ] || { echo "no ironsan binary"; return 1; }; }
