@@ -205,11 +205,14 @@ for name in "${plan[@]}"; do
     *)
       echo "kernel-peer: $name FAIL ($secs s), log $SHARE/out/$name.log:"
       grep -E '^(FAILED|TIMEOUT|NETWORK)' "$SHARE/out/$name.log" | sed 's/^/    /' || true
-      # The host side's own failed checks and ironsan's one-line errors say which step broke.
-      if grep -qE '^  host\| (FAILED|ironsan: )' "$SHARE/out/$name.log"; then
-        echo "    the host side's failed checks and errors (first 15):"
-        grep -E '^  host\| (FAILED|ironsan: )' "$SHARE/out/$name.log" | head -15 | cut -c1-300 |
-          sed 's/^/    /' || true
+      # The host side's own failed checks, and the error lines of ironsan (one line each) and
+      # of the tools on either side, say which step broke.
+      errors='^  host\| (FAILED|ironsan: )|panicked|[Ee]rror|failed|refused|unreachable|timed out'
+      lines=$(grep -v -E '^(ok|FAILED|NETWORK|checks failed|---)' "$SHARE/out/$name.log" |
+        grep -E "$errors" | head -15 | cut -c1-300 || true)
+      if [[ -n $lines ]]; then
+        echo "    its log's failed host checks and error lines (first 15):"
+        sed 's/^/    /' <<<"$lines"
       fi
       # CI keeps only this output: the guest's kernel lines that bear on a failure go with it.
       if [ -s "$SHARE/out/$name.dmesg" ]; then
