@@ -361,16 +361,26 @@ fn count_panics() {
     });
 }
 
-async fn connect(addr: SocketAddr, reconnect: bool) -> Session {
+/// The raw target's LUN 0 at `addr`, and a session configuration for it: every wait bounded
+/// by [`T`], no NOP-Outs.
+fn raw_target_session(addr: SocketAddr) -> (IscsiUrl, SessionConfig) {
     count_panics();
     let url = IscsiUrl::parse_lun(&format!("iser://{addr}/{TARGET_NAME}/0")).expect("url");
     let cfg = SessionConfig {
         nop_interval: None,
         connect_timeout: T,
         login_timeout: T,
+        ..SessionConfig::from_url(&url)
+    };
+    (url, cfg)
+}
+
+async fn connect(addr: SocketAddr, reconnect: bool) -> Session {
+    let (url, cfg) = raw_target_session(addr);
+    let cfg = SessionConfig {
         reconnect,
         reconnect_attempts: 2,
-        ..SessionConfig::from_url(&url)
+        ..cfg
     };
     tokio::time::timeout(T + T, Session::connect(&url, cfg))
         .await
@@ -712,14 +722,10 @@ async fn refusing_remote_invalidation_sends_the_cm_word_0xc0() {
         Ok(seen)
     });
     let mut raw = RawTarget::start(vec![(WORD_SIE, word)]);
-    count_panics();
-    let url = IscsiUrl::parse_lun(&format!("iser://{}/{TARGET_NAME}/0", raw.addr)).unwrap();
+    let (url, cfg) = raw_target_session(raw.addr);
     let cfg = SessionConfig {
-        nop_interval: None,
-        connect_timeout: T,
-        login_timeout: T,
         iser_remote_invalidation: false,
-        ..SessionConfig::from_url(&url)
+        ..cfg
     };
     let s = tokio::time::timeout(T + T, Session::connect(&url, cfg))
         .await
@@ -811,14 +817,7 @@ fn refusing_target(target_closes: bool) -> RawTarget {
 
 /// The login error of a session the target refused, and how long the login took.
 async fn refused_login(addr: SocketAddr) -> (Error, Duration) {
-    count_panics();
-    let url = IscsiUrl::parse_lun(&format!("iser://{addr}/{TARGET_NAME}/0")).expect("url");
-    let cfg = SessionConfig {
-        nop_interval: None,
-        connect_timeout: T,
-        login_timeout: T,
-        ..SessionConfig::from_url(&url)
-    };
+    let (url, cfg) = raw_target_session(addr);
     let started = Instant::now();
     let got = tokio::time::timeout(T + T, Session::connect(&url, cfg))
         .await
