@@ -162,16 +162,13 @@ impl<P: Device> InitiatorChannel for IserInitiatorConnection<P> {
     /// As after a logout (`close_after_logout`): Linux LIO closes once its refusing Login
     /// Response is sent, and its siw fails that Send ("login send failure: local QP operation
     /// error" in its log) when our FIN comes first. So the target gets `TARGET_CLOSE_GRACE` to
-    /// close, then we close and give the handshake as long again: the caller may be a
+    /// close, and the handshake as long again before this returns: the caller may be a
     /// process about to exit, which would cut it short.
     async fn let_target_close(&mut self) {
-        if tokio::time::timeout(TARGET_CLOSE_GRACE, self.ep.when_ended())
-            .await
-            .is_err()
-        {
-            self.ep.close();
-            let _ = tokio::time::timeout(TARGET_CLOSE_GRACE, self.ep.when_ended()).await;
-        }
+        let ep = self.ep.clone();
+        self.ep
+            .close_after_peer_or(TARGET_CLOSE_GRACE, move || ep.close());
+        let _ = tokio::time::timeout(2 * TARGET_CLOSE_GRACE, self.ep.when_ended()).await;
     }
 
     fn into_full_feature(

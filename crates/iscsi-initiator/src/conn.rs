@@ -199,16 +199,11 @@ async fn login_exchange(
         let exp_stat_sn = r.stat_sn.wrapping_add(1);
         let lr = datamover::login_pdu::response_in(&r, &resp.data);
         let mut rng = |b: &mut [u8]| rand::RngCore::fill_bytes(&mut rand::thread_rng(), b);
-        let step = match sm.on_response(&lr, &mut rng) {
-            Ok(step) => step,
-            Err(e) => {
-                if matches!(e, LoginError::Rejected { .. }) {
-                    stream.let_target_close().await;
-                }
-                return Err(Error::Login(e));
-            }
-        };
-        match step {
+        let step = sm.on_response(&lr, &mut rng);
+        if let Err(LoginError::Rejected { .. }) = step {
+            stream.let_target_close().await;
+        }
+        match step.map_err(Error::Login)? {
             InitiatorStep::Send(next) => {
                 req = next;
                 // The state machine does not see StatSN: the runtime acknowledges it.

@@ -308,6 +308,14 @@ struct RawTarget {
 
 impl RawTarget {
     fn start(scripts: Vec<([u8; 4], Script)>) -> RawTarget {
+        RawTarget::start_with(RawConn::login, scripts)
+    }
+
+    /// [`RawTarget::start`] with `login` answering each connection's Login Request.
+    fn start_with(
+        login: fn(&mut RawConn) -> Result<(), String>,
+        scripts: Vec<([u8; 4], Script)>,
+    ) -> RawTarget {
         let dev = Rnic::new().expect("a software RNIC");
         let listener = dev.listen("127.0.0.1:0".parse().unwrap()).expect("listen");
         let addr = listener.local_addr();
@@ -315,7 +323,7 @@ impl RawTarget {
         std::thread::spawn(move || {
             for (word, script) in scripts {
                 let outcome = RawConn::accept(&dev, &listener, word).and_then(|mut conn| {
-                    conn.login()?;
+                    login(&mut conn)?;
                     let got = script(&mut conn);
                     // Dropping the QP aborts the connection; the scripts wait for its end.
                     drop(conn);
@@ -787,32 +795,24 @@ impl RawConn {
     }
 }
 
-/// A raw target on a thread of its own that refuses one login, checks that the initiator has
-/// not closed the connection within [`LET_CLOSE`], then closes it itself (`target_closes`) or
-/// waits for the initiator to; reports the QP's error, if any, as the connection ended.
+/// A raw target that refuses one login, checks that the initiator has not closed the
+/// connection within [`LET_CLOSE`], then closes it itself (`target_closes`) or waits for the
+/// initiator to; reports the QP's error, if any, as the connection ended.
 fn refusing_target(target_closes: bool) -> RawTarget {
-    let dev = Rnic::new().expect("a software RNIC");
-    let listener = dev.listen("127.0.0.1:0".parse().unwrap()).expect("listen");
-    let addr = listener.local_addr();
-    let (tx, reports) = mpsc::unbounded_channel();
-    std::thread::spawn(move || {
-        let outcome = RawConn::accept(&dev, &listener, WORD_SIE).and_then(|mut conn| {
-            conn.refuse_login()?;
-            if conn.qp.wait_closed(LET_CLOSE) {
-                return Err(format!(
-                    "the initiator closed within {LET_CLOSE:?} of the refusal, before the \
-                     target could (QP error: {:?})",
-                    conn.qp.last_error()
-                ));
-            }
-            if target_closes {
-                conn.qp.disconnect();
-            }
-            Ok(format!("ended, QP error {:?}", conn.wait_ended()?))
-        });
-        let _ = tx.send(outcome);
+    let script: Script = Box::new(move |conn: &mut RawConn| {
+        if conn.qp.wait_closed(LET_CLOSE) {
+            return Err(format!(
+                "the initiator closed within {LET_CLOSE:?} of the refusal, before the target \
+                 could (QP error: {:?})",
+                conn.qp.last_error()
+            ));
+        }
+        if target_closes {
+            conn.qp.disconnect();
+        }
+        Ok(format!("ended, QP error {:?}", conn.wait_ended()?))
     });
-    RawTarget { addr, reports }
+    RawTarget::start_with(RawConn::refuse_login, vec![(WORD_SIE, script)])
 }
 
 /// The login error of a session the target refused, and how long the login took.

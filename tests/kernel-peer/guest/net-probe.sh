@@ -1,7 +1,7 @@
-# Is the guest's network alive? Under TCG the guest's virtio-net path to slirp has been seen to
-# go dead for good mid-run: after it, every scenario crossing eth0 failed (the host's initiator
-# against LIO, discovery from the guest to the host's target), while the guest's own loopback
-# (LIO from the guest's initiator) went on working. These say so in a failed scenario's log.
+# Is the guest's network alive? In one CI run (TCG) every check crossing eth0 failed from one
+# point on (the host's initiator against LIO, discovery from the guest to the host's target),
+# while LIO over the guest's own loopback went on working; the output could not tell a dead
+# network from a fault of the peers. These lines tell it, in a failed scenario's log.
 
 # net_probe: a TCP connect to a port nothing on the host listens on ($KP_PROBE_PORT via slirp's
 # 10.0.2.2) must be refused within 5 s: the SYN and slirp's reset cross virtio-net both ways.
