@@ -675,6 +675,52 @@ fn connection_error(status: WcStatus) -> ConnEnd {
     }
 }
 
+/// Closes the connection when a login-phase channel, the target's or the initiator's, is
+/// dropped before full feature phase (a failed login, a non-Login PDU, a malformed Send). The
+/// completion task holds the endpoint too, so without this the queue pair, its registered
+/// buffers and the task outlived a failed login and the peer never heard that the connection
+/// had ended (found by tests/iser_bad_input.rs in iscsi-target, and for the initiator by
+/// iser_bad_target.rs in iscsi-initiator; iSCSI/TCP closes by dropping its socket).
+pub(crate) struct CloseUnlessKept<P: Device> {
+    ep: Option<Arc<Endpoint<P>>>,
+    /// The target sent a Login Response refusing the login: the initiator closes too (RFC
+    /// 7143 11.13.5), and gets [`REFUSED_LOGIN_GRACE`] to go first.
+    pub(crate) refused: bool,
+}
+
+/// How long an initiator whose login was refused may take to close its end before this end
+/// closes. Closing first races with what the initiator still has on its queue: Linux siw
+/// completes the Send it is finishing with a local QP operation error and reports a fatal QP
+/// error (kernel-peer kinit-iser, a wrong CHAP secret, on a loaded host).
+const REFUSED_LOGIN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+impl<P: Device> CloseUnlessKept<P> {
+    pub(crate) fn new(ep: Arc<Endpoint<P>>) -> Self {
+        CloseUnlessKept {
+            ep: Some(ep),
+            refused: false,
+        }
+    }
+
+    /// Full feature phase owns the connection from now on.
+    pub(crate) fn keep(mut self) {
+        self.ep = None;
+    }
+}
+
+impl<P: Device> Drop for CloseUnlessKept<P> {
+    fn drop(&mut self) {
+        let Some(ep) = self.ep.take() else { return };
+        match tokio::runtime::Handle::try_current() {
+            Ok(_) if self.refused => {
+                let closing = ep.clone();
+                ep.close_after_peer_or(REFUSED_LOGIN_GRACE, move || closing.close());
+            }
+            _ => ep.close(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

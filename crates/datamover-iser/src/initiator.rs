@@ -27,7 +27,7 @@ use iser::{CmFlags, IserHeader};
 use rdma::{Access, ConnParams, MemoryRegion, QueuePair, SendOp};
 use tokio::sync::{mpsc, Semaphore};
 
-use crate::endpoint::{Buffers, Device, Endpoint, Inbound, Received};
+use crate::endpoint::{Buffers, CloseUnlessKept, Device, Endpoint, Inbound, Received};
 use crate::lent;
 use crate::mr_pool::{MrPool, PooledMr};
 use crate::rnic_task::{LargeWrite, PollWindow};
@@ -75,6 +75,8 @@ pub struct IserInitiatorConnection<P: Device> {
     /// The polling of the engine this connection runs on, when it is a driven software RNIC
     /// of its own: set by each command's write size.
     poll: Option<PollWindow>,
+    /// Closes the connection if the login fails (the session drops this channel).
+    close_unless_kept: CloseUnlessKept<P>,
 }
 
 impl<P: Device> IserInitiatorConnection<P> {
@@ -129,6 +131,7 @@ impl<P: Device> IserInitiatorConnection<P> {
             .first()
             .is_some_and(|b| b & 0x40 != 0);
         Ok(IserInitiatorConnection {
+            close_unless_kept: CloseUnlessKept::new(ep.clone()),
             ep,
             received,
             peer: addr,
@@ -177,6 +180,7 @@ impl<P: Device> InitiatorChannel for IserInitiatorConnection<P> {
         sink: NoticeSink,
     ) -> Arc<dyn InitiatorDatamover> {
         let me = *self;
+        me.close_unless_kept.keep();
         let local = me.ep.source_pool();
         let shared = Arc::new(Shared {
             reads: local.sibling(Access::LOCAL_WRITE | Access::REMOTE_WRITE, POOL_IDLE_BYTES),

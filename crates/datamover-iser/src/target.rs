@@ -18,7 +18,7 @@ use std::os::fd::BorrowedFd;
 use tokio::sync::mpsc;
 
 use crate::datamover::Start;
-use crate::endpoint::{Buffers, Device, Endpoint, Received};
+use crate::endpoint::{Buffers, CloseUnlessKept, Device, Endpoint, Received};
 use crate::target_device::TargetDevice;
 
 /// How the target sets up an iSER connection.
@@ -103,45 +103,6 @@ pub struct IserLogin<P: Device> {
     runs_on: Option<tokio::runtime::Handle>,
 }
 
-/// Closes the connection when the login channel is dropped before full feature phase (a
-/// failed login, a non-Login PDU, a malformed Send: the target drops the channel). The
-/// completion task holds the endpoint too, so without this the queue pair, its registered
-/// buffers and the task outlived a failed login and the initiator never heard that the
-/// connection had ended (found by tests/iser_bad_input.rs in iscsi-target; iSCSI/TCP closes
-/// by dropping its socket).
-struct CloseUnlessKept<P: Device> {
-    ep: Option<Arc<Endpoint<P>>>,
-    /// A Login Response refusing the login was sent: the initiator closes too (RFC 7143
-    /// 11.13.5), and gets [`REFUSED_LOGIN_GRACE`] to go first.
-    refused: bool,
-}
-
-/// How long an initiator whose login was refused may take to close its end before this end
-/// closes. Closing first races with what the initiator still has on its queue: Linux siw
-/// completes the Send it is finishing with a local QP operation error and reports a fatal QP
-/// error (kernel-peer kinit-iser, a wrong CHAP secret, on a loaded host).
-const REFUSED_LOGIN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
-
-impl<P: Device> CloseUnlessKept<P> {
-    /// Full feature phase owns the connection from now on.
-    fn keep(mut self) {
-        self.ep = None;
-    }
-}
-
-impl<P: Device> Drop for CloseUnlessKept<P> {
-    fn drop(&mut self) {
-        let Some(ep) = self.ep.take() else { return };
-        match tokio::runtime::Handle::try_current() {
-            Ok(_) if self.refused => {
-                let closing = ep.clone();
-                ep.close_after_peer_or(REFUSED_LOGIN_GRACE, move || closing.close());
-            }
-            _ => ep.close(),
-        }
-    }
-}
-
 /// Accepts `req` on `dev`: creates the queue pair and its buffers (in the device's shared
 /// protection domain), posts every receive, and answers with our iSER word. The provider's
 /// accept is blocking (it writes the MPA Reply), so it runs off the async threads.
@@ -181,10 +142,7 @@ where
     .map_err(|e| format!("accept task: {e}"))??;
     poller.start();
     Ok(IserLogin {
-        close_unless_kept: CloseUnlessKept {
-            ep: Some(ep.clone()),
-            refused: false,
-        },
+        close_unless_kept: CloseUnlessKept::new(ep.clone()),
         ep,
         received,
         peer,

@@ -861,3 +861,37 @@ async fn a_refused_login_is_closed_by_the_initiator_when_the_target_does_not() {
     );
     no_panics();
 }
+
+impl RawConn {
+    /// Answers the Login Request with a Login Response for another ITT: a protocol error.
+    fn misanswer_login(&mut self) -> Result<(), String> {
+        let pdu = self.recv_pdu()?;
+        let Bhs::LoginRequest(mut r) = pdu.bhs else {
+            return Err(format!("expected a Login Request, got {:?}", pdu.bhs));
+        };
+        self.exp_cmd_sn = r.cmd_sn;
+        r.itt = r.itt.wrapping_add(1);
+        self.send_pdu(iser_login_response(&r), SendOp::Send)
+    }
+}
+
+/// A login that fails for any other reason (here a Login Response for another ITT) closes its
+/// connection too, at once: before, only a refusal did, and any other failed login kept its
+/// connection open until the process exited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_login_closes_its_connection() {
+    let ends: Script =
+        Box::new(|conn: &mut RawConn| Ok(format!("ended, QP error {:?}", conn.wait_ended()?)));
+    let mut raw = RawTarget::start_with(RawConn::misanswer_login, vec![(WORD_SIE, ends)]);
+    let (url, cfg) = raw_target_session(raw.addr);
+    let got = tokio::time::timeout(T + T, Session::connect(&url, cfg))
+        .await
+        .expect("the login ended in time");
+    let e = got.err().expect("a login answered for another ITT fails");
+    assert!(e.to_string().contains("ITT"), "{e}");
+    assert_eq!(
+        raw.report().await,
+        "ended, QP error Some(\"connection closed by peer\")"
+    );
+    no_panics();
+}
