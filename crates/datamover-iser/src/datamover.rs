@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use datamover::budget::Reservation;
 use datamover::{
     CmdSnState, CollapsedStatus, Datamover, DmError, FfpConfig, InPdu, Notice, TaskRef, WriteHandle,
 };
@@ -55,7 +56,12 @@ impl Stags {
 /// Write data being collected for one command, in a registered region: immediate and
 /// unsolicited data are copied in, RDMA Reads land in it, and it goes up as the data.
 struct WriteSlot<P: Device> {
-    region: Arc<PooledMr<P>>,
+    /// `None` when the memory budget had no room for it: the command ends with TASK SET
+    /// FULL, what arrives for it is checked and dropped.
+    region: Option<Arc<PooledMr<P>>>,
+    /// The region's bytes in the connection's memory budget.
+    reservation: Reservation,
+    over_budget: Option<String>,
     xfer: WriteTransfer,
     /// Set when an unsolicited Data-Out broke the rules.
     failed: Option<DmError>,
@@ -316,6 +322,10 @@ impl<P: Device> Datamover for IserDatamover<P> {
     async fn get_data(&self, task: TaskRef, write: WriteHandle) -> Result<(Bytes, u32), DmError> {
         let sh = &self.shared;
         let itt = write.itt;
+        if let Some(why) = sh.with_slot(itt, |slot| slot.over_budget.take())? {
+            self.abort_task(itt);
+            return Err(DmError::OverBudget(why));
+        }
         // First the unsolicited part, then RDMA Reads for the rest.
         let wait = sh.with_slot(itt, |slot| {
             slot.xfer.awaiting_unsolicited().then(|| {
@@ -348,7 +358,8 @@ impl<P: Device> Datamover for IserDatamover<P> {
                 let slot = sh.slots.lock().expect("slots").remove(&itt);
                 let slot = slot.ok_or(DmError::Aborted)?;
                 let len = write.expected_len as usize;
-                return Ok((lent::view(slot.region, len), reads));
+                let region = slot.region.expect("a slot within budget has its region");
+                return Ok((lent::view_holding(region, len, slot.reservation), reads));
             };
             let Some((stag, va)) = write_stag else {
                 tracing::warn!(peer = %sh.peer, itt, "solicited data for a command without a Write STag: closing the connection");
@@ -359,7 +370,9 @@ impl<P: Device> Datamover for IserDatamover<P> {
                 let base = *first_solicited.get_or_insert(r.offset);
                 // Held through the Read: an abort meanwhile must not return the region to
                 // the pool while the Read Response may still land in it.
-                let region = sh.with_slot(itt, |slot| slot.region.clone())?;
+                let region = sh
+                    .with_slot(itt, |slot| slot.region.clone())?
+                    .expect("a slot within budget has its region");
                 sh.rdma_read(
                     stag,
                     va + u64::from(r.offset - base),
@@ -387,6 +400,11 @@ impl<P: Device> Datamover for IserDatamover<P> {
         if let Some(tx) = slot.and_then(|s| s.unsolicited_done) {
             let _ = tx.send(Err(DmError::Aborted));
         }
+    }
+
+    fn forget_command(&self, itt: u32) {
+        self.abort_task(itt);
+        self.shared.stags.lock().expect("stags").remove(&itt);
     }
 
     fn close(&self) {
@@ -557,13 +575,23 @@ fn on_command<P: Device>(
     )
     .map_err(|e| format!("SCSI Command ITT 0x{:08x}: {e}", c.itt))?;
     let len = c.expected_data_len as usize;
-    let region = sh.ep.sink(len).map_err(|e| {
-        sh.registration_failed(len, e);
-        format!("no registered region for the write of ITT 0x{:08x}", c.itt)
-    })?;
-    region.mr().write_at(0, immediate);
+    // Budgeted before the region is taken: a flood of commands announcing large writes gets
+    // TASK SET FULL, not registered memory.
+    let (region, reservation, over_budget) = match cfg.budget.try_reserve(len as u64) {
+        Ok(reservation) => {
+            let region = sh.ep.sink(len).map_err(|e| {
+                sh.registration_failed(len, e);
+                format!("no registered region for the write of ITT 0x{:08x}", c.itt)
+            })?;
+            region.mr().write_at(0, immediate);
+            (Some(Arc::new(region)), reservation, None)
+        }
+        Err(e) => (None, Reservation::none(), Some(e.to_string())),
+    };
     let slot = WriteSlot {
-        region: Arc::new(region),
+        region,
+        reservation,
+        over_budget,
         xfer,
         failed: None,
         unsolicited_done: None,
@@ -612,8 +640,9 @@ fn on_data_out<P: Device>(sh: &Shared<P>, d: &DataOut, data: &Bytes, raw_bhs: [u
     };
     match checked {
         Ok(()) => {
-            let off = d.buffer_offset as usize;
-            slot.region.mr().write_at(off, data);
+            if let Some(region) = &slot.region {
+                region.mr().write_at(d.buffer_offset as usize, data);
+            }
             if !slot.xfer.awaiting_unsolicited() {
                 if let Some(tx) = slot.unsolicited_done.take() {
                     let _ = tx.send(Ok(()));

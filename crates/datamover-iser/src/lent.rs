@@ -9,6 +9,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
+use datamover::budget::Reservation;
 use rdma::MemoryRegion;
 use storage::{BufNote, ImageMemory, ReadBuf, ReadBufSource};
 
@@ -19,8 +20,18 @@ use crate::target_device::LunImage;
 /// The first `len` bytes of a leased region, as `Bytes` (no copy). The caller must have
 /// finished writing them: the region is read-only from here on.
 pub fn view<P: Device>(lease: Arc<PooledMr<P>>, len: usize) -> Bytes {
+    view_holding(lease, len, Reservation::none())
+}
+
+/// [`view`], with the memory budget's `held` reservation given back when the last holder
+/// lets go.
+pub fn view_holding<P: Device>(lease: Arc<PooledMr<P>>, len: usize, held: Reservation) -> Bytes {
     assert!(len <= lease.mr().len(), "view beyond the region");
-    Bytes::from_owner(RegionView { lease, len })
+    Bytes::from_owner(RegionView {
+        lease,
+        len,
+        _held: held,
+    })
 }
 
 /// Registered memory that read data was produced in (or lies in).
@@ -74,6 +85,7 @@ pub fn lent_region<P: Device>(note: Option<&BufNote>, data: &[u8]) -> Option<(Le
 struct RegionView<P: Device> {
     lease: Arc<PooledMr<P>>,
     len: usize,
+    _held: Reservation,
 }
 
 impl<P: Device> AsRef<[u8]> for RegionView<P> {

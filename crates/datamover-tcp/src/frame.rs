@@ -370,6 +370,16 @@ impl PduBatch {
 
     /// Writes the whole batch (vectored, at most [`MAX_IOVECS`] slices per call).
     pub async fn write_to<W: AsyncWrite + Unpin>(&self, w: &mut W) -> io::Result<()> {
+        self.write_to_within(w, std::time::Duration::MAX).await
+    }
+
+    /// [`PduBatch::write_to`], failing with [`io::ErrorKind::TimedOut`] when the writer
+    /// takes no byte for `stall` (a peer whose receive window stays shut).
+    pub async fn write_to_within<W: AsyncWrite + Unpin>(
+        &self,
+        w: &mut W,
+        stall: std::time::Duration,
+    ) -> io::Result<()> {
         for chunk in self.parts.chunks(MAX_IOVECS) {
             let mut slices: Vec<IoSlice<'_>> = chunk
                 .iter()
@@ -377,7 +387,10 @@ impl PduBatch {
                 .collect();
             let mut rest: &mut [IoSlice<'_>] = &mut slices;
             while !rest.is_empty() {
-                let n = w.write_vectored(rest).await?;
+                let n = match tokio::time::timeout(stall, w.write_vectored(rest)).await {
+                    Ok(n) => n?,
+                    Err(_) => return Err(io::ErrorKind::TimedOut.into()),
+                };
                 if n == 0 {
                     return Err(io::ErrorKind::WriteZero.into());
                 }

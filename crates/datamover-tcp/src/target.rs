@@ -18,6 +18,7 @@ use crate::socket::PduSocket;
 use crate::trace::Traced;
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
+use datamover::budget::Reservation;
 use datamover::login_pdu::LOGIN_MAX_DATA;
 use datamover::{
     CmdSnState, CollapsedStatus, Datamover, DmError, FfpConfig, InPdu, LoginChannel,
@@ -104,6 +105,7 @@ impl TcpConnection {
         let (out_tx, out_rx) = mpsc::channel(OUT_QUEUE);
         let (notice_tx, notice_rx) = mpsc::channel(NOTICE_QUEUE);
         let (stop_tx, stop_rx) = watch::channel(false);
+        let stop_tx = Arc::new(stop_tx);
         let sent_reads = SentReads::default();
         let max_send = Arc::new(AtomicU32::new(cfg.max_send_data_segment_length));
         let shared = Arc::new(Shared {
@@ -113,7 +115,7 @@ impl TcpConnection {
             out: out_tx,
             next_ttt: AtomicU32::new(1),
             cfg: cfg.clone(),
-            stop: stop_tx,
+            stop: stop_tx.clone(),
             peer: self.peer,
             digest_buffers: crate::digest_buf::DigestBuffers::for_connection(&cfg)
                 .map(|b| Arc::new(b) as Arc<dyn storage::ReadBufSource>),
@@ -123,11 +125,11 @@ impl TcpConnection {
             sn,
             sent_reads,
             max_send,
+            peer: self.peer,
+            stop_all: stop_tx,
         };
         tokio::spawn(writer.run(write, out_rx, stop_rx.clone()));
-        if shared.cfg.error_recovery_level >= 1 {
-            tokio::spawn(watch_sequences(shared.clone(), stop_rx.clone()));
-        }
+        tokio::spawn(watch_sequences(shared.clone(), stop_rx.clone()));
         tokio::spawn(run_reader(reader, shared.clone(), notice_tx, stop_rx));
         (Arc::new(TcpDatamover { shared }), notice_rx)
     }
@@ -171,11 +173,57 @@ struct WriteSlot {
     /// When data for it last arrived (or its R2Ts went out): the sequence reception
     /// timeout counts from here.
     progress: std::time::Instant,
+    /// When data for it last arrived, or it was first asked for: the data-out timeout
+    /// (`PeerTimeouts::data_out`) counts from here, recovery R2Ts or not.
+    data_seen: std::time::Instant,
+    /// The data so far: the unsolicited part until the command asks for the rest.
     buf: BytesMut,
+    /// `buf`'s bytes in the connection's memory budget.
+    reservation: Reservation,
+    /// The budget had no room even for the unsolicited data: what arrives is checked and
+    /// dropped, and the command ends with TASK SET FULL.
+    over_budget: Option<String>,
     xfer: WriteTransfer,
     lun: u64,
     solicited: bool,
     waiter: Option<oneshot::Sender<Result<(Bytes, u32), DmError>>>,
+}
+
+impl WriteSlot {
+    /// Places a PDU's payload (already checked against the transfer) at `offset`; without a
+    /// buffer (over budget) only its digest is checked.
+    fn place(&mut self, frame: &Frame, bytes: &[u8], offset: u32) -> Result<(), String> {
+        if self.over_budget.is_some() {
+            return frame.verify_data_digest(bytes).map_err(|e| e.to_string());
+        }
+        let off = offset as usize;
+        let len = frame.layout.data_len as usize;
+        place(frame, bytes, &mut self.buf[off..off + len])
+    }
+
+    /// The collected data, its reservation travelling with it until the last reference to it
+    /// is dropped (the backend has written it).
+    fn into_data(self) -> Bytes {
+        let WriteSlot {
+            buf, reservation, ..
+        } = self;
+        Bytes::from_owner(Budgeted {
+            data: buf,
+            _reservation: reservation,
+        })
+    }
+}
+
+/// Write data and the memory reservation that covers it.
+struct Budgeted {
+    data: BytesMut,
+    _reservation: Reservation,
+}
+
+impl AsRef<[u8]> for Budgeted {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
+    }
 }
 
 /// Read data kept at ErrorRecoveryLevel ≥ 1 until its status is acknowledged, for a Data
@@ -239,7 +287,8 @@ struct Shared {
     out: mpsc::Sender<Out>,
     next_ttt: AtomicU32,
     cfg: FfpConfig,
-    stop: watch::Sender<bool>,
+    /// Ends the connection's tasks (reader, writer, watcher).
+    stop: Arc<watch::Sender<bool>>,
     peer: SocketAddr,
     /// Lent for read data when this connection sends data digests at a fixed cut.
     digest_buffers: Option<Arc<dyn storage::ReadBufSource>>,
@@ -380,7 +429,7 @@ impl Datamover for TcpDatamover {
     }
 
     async fn get_data(&self, task: TaskRef, write: WriteHandle) -> Result<(Bytes, u32), DmError> {
-        let (rx, r2ts) = {
+        let (held, over_budget) = {
             let mut slots = self.shared.slots.lock().expect("slots lock");
             let Some(slot) = slots.get_mut(&write.itt) else {
                 return Err(DmError::Aborted);
@@ -389,12 +438,52 @@ impl Datamover for TcpDatamover {
                 slots.remove(&write.itt);
                 return Err(e);
             }
+            if slot.xfer.is_complete() && slot.over_budget.is_none() {
+                let slot = slots.remove(&write.itt).expect("present");
+                let r2ts = slot.xfer.r2t_count();
+                return Ok((slot.into_data(), r2ts));
+            }
+            (slot.buf.len() as u32, slot.over_budget.take())
+        };
+        if let Some(why) = over_budget {
+            self.abort_task(write.itt);
+            return Err(DmError::OverBudget(why));
+        }
+        // The rest of the data is reserved before it is asked for.
+        let mut more = None;
+        if held < write.expected_len {
+            let cfg = &self.shared.cfg;
+            let wanted = u64::from(write.expected_len - held);
+            match cfg.budget.reserve(wanted, cfg.timeouts.budget_wait).await {
+                Ok(r) => more = Some(r),
+                Err(e) => {
+                    self.abort_task(write.itt);
+                    return Err(DmError::OverBudget(e.to_string()));
+                }
+            }
+        }
+        let (rx, r2ts) = {
+            let mut slots = self.shared.slots.lock().expect("slots lock");
+            // Aborted while it waited for memory: the reservation goes back as `more` drops.
+            let Some(slot) = slots.get_mut(&write.itt) else {
+                return Err(DmError::Aborted);
+            };
+            if let Some(more) = more {
+                slot.reservation.merge(more);
+                // A fresh zeroed buffer (its pages zeroed by the kernel when first touched)
+                // and a copy of the unsolicited part, rather than zeroing the rest in place.
+                let mut whole = BytesMut::zeroed(write.expected_len as usize);
+                whole[..slot.buf.len()].copy_from_slice(&slot.buf);
+                slot.buf = whole;
+            }
             if slot.xfer.is_complete() {
                 let slot = slots.remove(&write.itt).expect("present");
-                return Ok((slot.buf.freeze(), slot.xfer.r2t_count()));
+                let r2ts = slot.xfer.r2t_count();
+                return Ok((slot.into_data(), r2ts));
             }
             slot.solicited = true;
             slot.progress = std::time::Instant::now();
+            slot.data_seen = slot.progress;
             let r2ts = slot.xfer.next_r2ts(|| self.shared.alloc_ttt());
             let (tx, rx) = oneshot::channel();
             slot.waiter = Some(tx);
@@ -483,10 +572,17 @@ impl Datamover for TcpDatamover {
         let xfer = WriteTransfer::new(expected_len, 0, true, cfg.write_limits)
             .map_err(|e| DmError::NotRetained(e.to_string()))?
             .with_recovery();
+        let reservation = cfg
+            .budget
+            .try_reserve(expected_len.into())
+            .map_err(|e| DmError::NotRetained(e.to_string()))?;
         let slot = WriteSlot {
             failed: None,
             progress: std::time::Instant::now(),
+            data_seen: std::time::Instant::now(),
             buf: BytesMut::zeroed(expected_len as usize),
+            reservation,
+            over_budget: None,
             xfer,
             lun: task.lun,
             solicited: false,
@@ -715,6 +811,7 @@ async fn on_data_out(
         }
         task_lun = Some(slot.lun);
         slot.progress = std::time::Instant::now();
+        slot.data_seen = slot.progress;
         if let Err(e) = slot
             .xfer
             .on_data_out(d.ttt, d.data_sn, d.buffer_offset, data_len, d.final_)
@@ -733,8 +830,7 @@ async fn on_data_out(
             }
             return Ok(true);
         }
-        let off = d.buffer_offset as usize;
-        if let Err(why) = place(frame, bytes, &mut slot.buf[off..off + data_len as usize]) {
+        if let Err(why) = slot.place(frame, bytes, d.buffer_offset) {
             // ERL ≥ 1: the range is asked for again (recovery R2T) once the sequence allows.
             slot.xfer
                 .payload_lost(d.buffer_offset, data_len)
@@ -782,7 +878,7 @@ async fn on_data_out(
     if let Some(mut slot) = done {
         if let Some(w) = slot.waiter.take() {
             let count = slot.xfer.r2t_count();
-            let _ = w.send(Ok((slot.buf.freeze(), count)));
+            let _ = w.send(Ok((slot.into_data(), count)));
         }
     }
     Ok(true)
@@ -793,10 +889,13 @@ async fn on_data_out(
 /// digest error, and nothing else would show it).
 const SEQUENCE_RECEPTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// ERL ≥ 1: once a second, each solicited write without Data-Out for the sequence
+/// Once a second: a solicited write without Data-Out for the data-out timeout ends the
+/// connection (a peer cannot hold a write's buffer, its task and its window slot by never
+/// sending the data); at ERL ≥ 1, before that, one without Data-Out for the sequence
 /// reception timeout has its missing ranges asked for again with recovery R2Ts.
 async fn watch_sequences(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    let data_out_timeout = shared.cfg.timeouts.data_out;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -805,6 +904,19 @@ async fn watch_sequences(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
         let mut due = Vec::new();
         {
             let mut slots = shared.slots.lock().expect("slots lock");
+            let starved = slots.iter().find(|(_, slot)| {
+                slot.solicited
+                    && slot.failed.is_none()
+                    && slot.data_seen.elapsed() >= data_out_timeout
+            });
+            if let Some((itt, _)) = starved {
+                tracing::warn!(peer = %shared.peer, "write ITT 0x{itt:08x} got none of the data it asked for in {} s: closing the connection", data_out_timeout.as_secs());
+                let _ = shared.stop.send(true);
+                return;
+            }
+            if shared.cfg.error_recovery_level == 0 {
+                continue;
+            }
             for (itt, slot) in slots.iter_mut() {
                 if !slot.solicited
                     || slot.failed.is_some()
@@ -854,22 +966,32 @@ async fn on_write_command(
     if cfg.error_recovery_level >= 1 {
         xfer = xfer.with_recovery();
     }
-    let mut buf = BytesMut::zeroed(c.expected_data_len as usize);
-    if let Err(why) = place(frame, bytes, &mut buf[..data_len as usize]) {
+    // Only what the initiator may send unasked (immediate and unsolicited data, at most
+    // FirstBurstLength) is held now; the rest is reserved when the command runs and asks
+    // for it, so a flood of commands announcing large writes costs what they carry.
+    let unasked = xfer.unrequested_from();
+    let (buf, reservation, over_budget) = match cfg.budget.try_reserve(unasked.into()) {
+        Ok(r) => (BytesMut::zeroed(unasked as usize), r, None),
+        Err(e) => (BytesMut::new(), Reservation::none(), Some(e.to_string())),
+    };
+    let mut slot = WriteSlot {
+        failed: None,
+        progress: std::time::Instant::now(),
+        data_seen: std::time::Instant::now(),
+        buf,
+        reservation,
+        over_budget,
+        xfer,
+        lun: c.lun,
+        solicited: false,
+        waiter: None,
+    };
+    if let Err(why) = slot.place(frame, bytes, 0) {
         // The command is discarded with its immediate data; the initiator retries it.
         return digest_error(shared, notices, frame, why).await;
     }
     let ahs = Bytes::copy_from_slice(&bytes[frame.ahs_range()]);
-    let (itt, lun, expected_len) = (c.itt, c.lun, c.expected_data_len);
-    let slot = WriteSlot {
-        failed: None,
-        progress: std::time::Instant::now(),
-        buf,
-        xfer,
-        lun,
-        solicited: false,
-        waiter: None,
-    };
+    let (itt, expected_len) = (c.itt, c.expected_data_len);
     if shared
         .slots
         .lock()
@@ -923,6 +1045,9 @@ struct Writer {
     sent_reads: SentReads,
     /// The initiator's MaxRecvDataSegmentLength as of now (`Shared::max_send`).
     max_send: Arc<AtomicU32>,
+    peer: SocketAddr,
+    /// Ends the whole connection when the peer stops taking what is sent.
+    stop_all: Arc<watch::Sender<bool>>,
 }
 
 impl Writer {
@@ -990,12 +1115,20 @@ impl Writer {
                     }
                 }
             }
+            let stall = self.cfg.timeouts.send_stall;
             let result = tokio::select! {
-                r = batch.write_to(&mut w) => r,
+                r = batch.write_to_within(&mut w, stall) => r,
                 _ = stop.changed() => break,
             };
             if let Err(e) = result {
-                tracing::debug!("write failed: {e}");
+                if e.kind() == io::ErrorKind::TimedOut {
+                    // Whatever it keeps sending, a peer that takes nothing would hold the
+                    // session's answers (and the memory behind them) forever.
+                    tracing::warn!(peer = %self.peer, "the peer took none of what was sent for {} s: closing the connection", stall.as_secs());
+                    let _ = self.stop_all.send(true);
+                } else {
+                    tracing::debug!("write failed: {e}");
+                }
                 break;
             }
             if close {

@@ -16,9 +16,11 @@
 //! without a lock around sending; PDUs without status carry the next StatSN, and ExpCmdSN
 //! and MaxCmdSN are stamped as each PDU is sent. A PDU the transport must refuse is
 //! reported as [`Notice::Reject`], for the iSCSI layer to answer. [`admission`] caps the
-//! connections still being set up (sorted or logging in), for portals and targets alike.
+//! connections still being set up (sorted or logging in), for portals and targets alike;
+//! [`budget`] counts the memory a peer can make a connection, a session and the target hold.
 
 pub mod admission;
+pub mod budget;
 pub mod conformance;
 pub mod initiator;
 pub mod login_pdu;
@@ -55,6 +57,11 @@ pub enum DmError {
     /// or a transport without recovery): the iSCSI layer Rejects the SNACK.
     #[error("{0}")]
     NotRetained(String),
+    /// The memory a command needs could not be reserved in time (the connection's, the
+    /// session's or the target's budget is held by other commands): the iSCSI layer ends
+    /// the command with TASK SET FULL, unexecuted.
+    #[error("{0}")]
+    OverBudget(String),
 }
 
 /// The session's command window as the initiator should see it, shared by all of the
@@ -236,6 +243,12 @@ pub trait Datamover: Send + Sync {
     }
     /// Forget a task's pending write data (task management abort).
     fn abort_task(&self, itt: u32);
+    /// Forget all a command holds here (its write data, and what a transport kept to
+    /// answer it): the iSCSI layer will not run it (a discovery session, out of the CmdSN
+    /// window, too many immediate commands) and sends it no response.
+    fn forget_command(&self, itt: u32) {
+        self.abort_task(itt);
+    }
     /// Close the connection after everything queued has been sent.
     fn close(&self);
     /// Close the connection after a Logout Response: the initiator, which closes its end
@@ -267,6 +280,35 @@ pub struct FfpConfig {
     /// Where the transport counts the recovery events it handles (shared with the iSCSI
     /// layer, which counts the SNACKs it answers).
     pub recovery: Arc<RecoveryCounters>,
+    /// This connection's memory account (its parents are the session's and the target's):
+    /// write buffers are reserved in it before they are allocated.
+    pub budget: Arc<budget::Budget>,
+    pub timeouts: PeerTimeouts,
+}
+
+/// How long a peer may keep a connection's resources without making progress.
+#[derive(Debug, Clone, Copy)]
+pub struct PeerTimeouts {
+    /// A write whose data was asked for (R2T) gets none for this long: at
+    /// ErrorRecoveryLevel 0 the connection is dropped (its tasks end with it); above, what
+    /// is missing is asked for again, and after this long again without data it is dropped.
+    pub data_out: std::time::Duration,
+    /// The peer accepts none of what is sent to it for this long (its receive window stays
+    /// shut): the connection is dropped, whatever the peer keeps sending.
+    pub send_stall: std::time::Duration,
+    /// How long a command may wait for memory to be given back before it is refused with
+    /// TASK SET FULL.
+    pub budget_wait: std::time::Duration,
+}
+
+impl Default for PeerTimeouts {
+    fn default() -> Self {
+        PeerTimeouts {
+            data_out: std::time::Duration::from_secs(30),
+            send_stall: std::time::Duration::from_secs(30),
+            budget_wait: std::time::Duration::from_secs(5),
+        }
+    }
 }
 
 /// Error recovery events on one connection (ErrorRecoveryLevel ≥ 1), for the logs.

@@ -380,6 +380,13 @@ impl WriteTransfer {
     pub fn awaiting_unsolicited(&self) -> bool {
         self.unsolicited.is_some()
     }
+
+    /// Where data not yet asked for by R2T begins: before the first R2T, the end of the
+    /// immediate and unsolicited data, which is all the initiator may send unasked (at most
+    /// FirstBurstLength).
+    pub fn unrequested_from(&self) -> u32 {
+        self.next_unrequested
+    }
 }
 
 #[cfg(test)]

@@ -88,6 +88,28 @@ fn default_max_pending_logins() -> u32 {
     4096
 }
 
+fn default_max_sessions() -> Option<u32> {
+    Some(1024)
+}
+fn default_max_connections() -> Option<u32> {
+    Some(4096)
+}
+fn default_max_connections_per_initiator() -> Option<u32> {
+    Some(256)
+}
+fn default_session_memory_mib() -> u64 {
+    256
+}
+fn default_connection_memory_mib() -> u64 {
+    128
+}
+fn default_max_immediate_commands() -> u32 {
+    16
+}
+fn default_data_out_timeout() -> u64 {
+    30
+}
+
 fn default_queue_depth() -> u32 {
     128
 }
@@ -121,15 +143,37 @@ pub struct Config {
     /// Largest MaxRecvDataSegmentLength the target declares.
     pub max_recv_data_segment_length: Option<u32>,
     /// Sessions (normal and discovery) at once; a login that would open one more is refused
-    /// with status 0x0302 Out of resources. None: no limit.
+    /// with status 0x0302 Out of resources.
+    #[serde(default = "default_max_sessions")]
     pub max_sessions: Option<u32>,
     /// Logged-in connections at once, over all sessions; one more is refused with status
-    /// 0x0302 Out of resources. (Connections still logging in are bounded by the login
-    /// timeout, not counted here.) None: no limit.
+    /// 0x0302 Out of resources. (Connections still logging in are bounded by
+    /// `max_pending_logins` and the login deadline, not counted here.)
+    #[serde(default = "default_max_connections")]
     pub max_connections: Option<u32>,
     /// Logged-in connections of one initiator name at once, over all its sessions; one more is
-    /// refused with status 0x0206 Too many connections. None: no limit.
+    /// refused with status 0x0206 Too many connections.
+    #[serde(default = "default_max_connections_per_initiator")]
     pub max_connections_per_initiator: Option<u32>,
+    /// MiB of write data all peers together may make the target hold (left out: an eighth of
+    /// the machine's memory, at least 256 MiB and at most 8 GiB). A command whose data does
+    /// not fit waits for room, then is refused with TASK SET FULL.
+    pub memory_mib: Option<u64>,
+    /// MiB of write data one session may make the target hold.
+    #[serde(default = "default_session_memory_mib")]
+    pub session_memory_mib: u64,
+    /// MiB of write data one connection may make the target hold (at least 64: the largest
+    /// write the target takes).
+    #[serde(default = "default_connection_memory_mib")]
+    pub connection_memory_mib: u64,
+    /// Immediate SCSI commands (I bit, outside the CmdSN window) one session may have
+    /// running at once; one more is answered with Reject 0x06 (immediate command rejected).
+    #[serde(default = "default_max_immediate_commands")]
+    pub max_immediate_commands: u32,
+    /// Seconds a write may wait for the data it asked for (R2T); then its connection is
+    /// dropped (ErrorRecoveryLevel ≥ 1: what is missing is asked for again first).
+    #[serde(default = "default_data_out_timeout")]
+    pub data_out_timeout_secs: u64,
     /// Connections still being set up at once, per portal: sorted by their first bytes (a
     /// portal serving iSER and iSCSI/TCP on one port) or logging in. One more drops the one
     /// that has waited longest (idle and stalled clients hold bounded resources and never
@@ -247,9 +291,14 @@ impl Config {
             nop_interval_secs: default_nop_interval(),
             nop_timeout_secs: default_nop_timeout(),
             max_recv_data_segment_length: None,
-            max_sessions: None,
-            max_connections: None,
-            max_connections_per_initiator: None,
+            max_sessions: default_max_sessions(),
+            max_connections: default_max_connections(),
+            max_connections_per_initiator: default_max_connections_per_initiator(),
+            memory_mib: None,
+            session_memory_mib: default_session_memory_mib(),
+            connection_memory_mib: default_connection_memory_mib(),
+            max_immediate_commands: default_max_immediate_commands(),
+            data_out_timeout_secs: default_data_out_timeout(),
             max_pending_logins: default_max_pending_logins(),
             login_deadline_secs: default_login_deadline(),
             iser_mpa_crc: false,
@@ -343,11 +392,12 @@ impl Config {
         ] {
             if value == Some(0) {
                 return Err(ConfigError(format!(
-                    "{}: {key} must be at least 1 (leave it out for no limit)",
+                    "{}: {key} must be at least 1",
                     line_of(key)
                 )));
             }
         }
+        self.validate_memory(&line_of)?;
         let mut seen = std::collections::HashSet::new();
         for t in &self.targets {
             if !(t.name.starts_with("iqn.")
@@ -408,6 +458,48 @@ impl Config {
         Ok(())
     }
 
+    /// The memory budgets nest (connection ≤ session ≤ target) and each takes the largest
+    /// write; no timeout is zero.
+    fn validate_memory(&self, line_of: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {
+        let largest_write_mib = u64::from(MAX_WRITE_LEN >> 20);
+        let target = self.memory_mib();
+        for (key, value, at_most) in [
+            (
+                "connection_memory_mib",
+                self.connection_memory_mib,
+                self.session_memory_mib,
+            ),
+            ("session_memory_mib", self.session_memory_mib, target),
+            ("memory_mib", target, u64::MAX >> 20),
+        ] {
+            if value < largest_write_mib || value > at_most {
+                return Err(ConfigError(format!(
+                    "{}: {key} = {value} must be at least {largest_write_mib} (the largest write) and at most {at_most} (the budget it counts in: connection_memory_mib ≤ session_memory_mib ≤ memory_mib)",
+                    line_of(key)
+                )));
+            }
+        }
+        for (key, value) in [
+            ("data_out_timeout_secs", self.data_out_timeout_secs),
+            ("max_immediate_commands", self.max_immediate_commands.into()),
+        ] {
+            if value == 0 {
+                return Err(ConfigError(format!(
+                    "{}: {key} must be at least 1",
+                    line_of(key)
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The target's memory budget in MiB: `memory_mib`, or an eighth of the machine's memory
+    /// (256 MiB to 8 GiB).
+    pub fn memory_mib(&self) -> u64 {
+        self.memory_mib
+            .unwrap_or_else(|| (physical_memory_mib() / 8).clamp(256, 8 << 10))
+    }
+
     /// LUN configs of a target as (number, config).
     pub fn luns(t: &TargetConfig) -> Vec<(u64, LunConfig)> {
         t.lun
@@ -415,6 +507,21 @@ impl Config {
             .map(|(k, v)| (k.parse::<u64>().expect("validated"), v.clone()))
             .collect()
     }
+}
+
+/// The largest write (Expected Data Transfer Length) the target takes for one command.
+pub const MAX_WRITE_LEN: u32 = 64 << 20;
+
+/// The machine's memory (MemTotal), or 2 GiB when /proc/meminfo cannot tell.
+fn physical_memory_mib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib >> 10)
+        })
+        .unwrap_or(2 << 10)
 }
 
 fn auth(chap: &Option<Chap>, mutual: &Option<Chap>) -> AuthRequirement {

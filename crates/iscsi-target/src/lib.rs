@@ -26,7 +26,8 @@ pub use config::{
 pub use datamover::ConnectionObserver;
 
 use bytes::Bytes;
-use datamover::{CmdSnState, FfpConfig, LoginChannel, Notice, TransportKind};
+use datamover::budget::Budget;
+use datamover::{CmdSnState, FfpConfig, LoginChannel, Notice, PeerTimeouts, TransportKind};
 use datamover_iser::TargetDevice;
 
 use iscsi_login::directory::Portal;
@@ -38,14 +39,13 @@ use iscsi_wire::{AsyncMessage, Bhs, Digests};
 use session::{Conn, Session};
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::sync::watch;
 
 const LOGIN_TIMEOUT: Duration = Duration::from_secs(15);
-/// Largest write the target buffers for one command.
-const MAX_WRITE_LEN: u32 = 64 << 20;
+use config::MAX_WRITE_LEN;
 
 /// A running target: configuration, SCSI devices and live sessions.
 pub struct Target {
@@ -61,6 +61,9 @@ pub struct Target {
     admission: Mutex<()>,
     /// Connections logging in now (`max_pending_logins`).
     logging_in: Arc<datamover::admission::Admission>,
+    /// The memory all peers together may make the target hold (`memory_mib`); each
+    /// session's and connection's account counts in it.
+    memory: Arc<Budget>,
 }
 
 /// Listeners bound for a target, ready to serve.
@@ -123,6 +126,7 @@ impl Target {
             .collect();
         let (shutdown, _) = watch::channel(false);
         let max_pending_logins = config.max_pending_logins as usize;
+        let memory = Budget::root("target", config.memory_mib() << 20);
         let target = Arc::new(Target {
             directory: Arc::new(config::Directory {
                 config,
@@ -137,6 +141,7 @@ impl Target {
             observer: OnceLock::new(),
             admission: Mutex::new(()),
             logging_in: datamover::admission::Admission::new(max_pending_logins),
+            memory,
         });
         Ok(Bound { target, portals })
     }
@@ -454,6 +459,7 @@ async fn login(
                     return Err(e.to_string());
                 }
                 return Ok(Some(enter_full_feature(
+                    target.config(),
                     session,
                     conn,
                     &outcome,
@@ -649,6 +655,7 @@ fn rdma_core_portal(
 /// Switches a logged-in connection to full feature phase with what was negotiated and adds
 /// it to its session (replacing a connection with the same CID: connection reinstatement).
 fn enter_full_feature(
+    config: &Config,
     session: Arc<Session>,
     conn: Box<dyn LoginChannel>,
     outcome: &iscsi_login::target::LoginOutcome,
@@ -692,6 +699,14 @@ fn enter_full_feature(
         max_write_len: MAX_WRITE_LEN,
         error_recovery_level: sp.error_recovery_level,
         recovery: recovery.clone(),
+        budget: session
+            .budget
+            .child("connection", config.connection_memory_mib << 20),
+        timeouts: PeerTimeouts {
+            data_out: Duration::from_secs(config.data_out_timeout_secs),
+            send_stall: Duration::from_secs(config.nop_timeout_secs.max(1)),
+            ..PeerTimeouts::default()
+        },
     };
     let (dm, notices) = conn.into_full_feature(ffp, session.sn.clone());
     let cid = outcome.cid;
@@ -794,6 +809,10 @@ fn create_session(
         latest_login: Mutex::new(HashMap::new()),
         tasks: Mutex::new(HashMap::new()),
         erl2: (outcome.session.error_recovery_level >= 2).then(session::Allegiances::default),
+        budget: target
+            .memory
+            .child("session", target.config().session_memory_mib << 20),
+        immediate_running: AtomicU32::new(0),
     });
     sessions.insert(tsih, session.clone());
     session
@@ -864,6 +883,18 @@ impl Target {
             }
         }
         None
+    }
+
+    /// The sessions of the iSCSI target whose SCSI device is `device` (a reset there
+    /// touches no other target's sessions).
+    fn sessions_of(&self, device: &Arc<scsi::Device>) -> Vec<Arc<Session>> {
+        self.sessions
+            .lock()
+            .expect("sessions")
+            .values()
+            .filter(|s| s.device.as_ref().is_some_and(|d| Arc::ptr_eq(d, device)))
+            .cloned()
+            .collect()
     }
 
     /// Removes `s` (not another session that has taken its TSIH since).

@@ -67,6 +67,12 @@ pub(crate) struct Session {
     /// ErrorRecoveryLevel 2: every SCSI task until its status is acknowledged, for TASK
     /// REASSIGN after its connection fails (`None` below level 2).
     pub erl2: Option<Allegiances>,
+    /// The memory this session's peers may make the target hold; each connection's account
+    /// counts in it.
+    pub budget: Arc<datamover::budget::Budget>,
+    /// Immediate SCSI commands running now (`max_immediate_commands`): outside the CmdSN
+    /// window, nothing else bounds them.
+    pub immediate_running: AtomicU32,
 }
 
 /// The SCSI tasks of a level 2 session, by ITT, until their status is acknowledged (what
@@ -311,15 +317,15 @@ impl Session {
 
     /// Admit a non-immediate PDU into CmdSN order and run whatever became ready.
     async fn admit(self: &Arc<Self>, target: &Arc<Target>, cmd_sn: u32, work: Work) {
-        // A write the window turns away still holds the write state its transport set up
-        // (a buffer of its expected length, on iSER a registered region): freed here, or a
-        // flood of large out-of-window WRITEs would hold it until the connection ends. The
+        // A command the window turns away still holds what its transport set up (a write's
+        // buffer, on iSER a registered region and the command's STags): freed here, or a
+        // flood of out-of-window commands would hold it until the connection ends. The
         // transports refuse an ITT reused while its write is pending, so the state under this
         // ITT is this command's.
-        let (write_state, kept) = match &work {
+        let (command, kept) = match &work {
             Work::Command {
-                conn, write, kept, ..
-            } => (write.as_ref().map(|h| (conn.clone(), h.itt)), kept.clone()),
+                conn, cmd, kept, ..
+            } => (Some((conn.clone(), cmd.itt)), kept.clone()),
             _ => (None, None),
         };
         let ready = {
@@ -334,8 +340,8 @@ impl Session {
                         "ignoring PDU with CmdSN outside the window"
                     );
                     drop(w);
-                    if let Some((conn, itt)) = write_state {
-                        conn.dm.abort_task(itt);
+                    if let Some((conn, itt)) = command {
+                        conn.dm.forget_command(itt);
                     }
                     if let (Some(allegiances), Some(k)) = (&self.erl2, &kept) {
                         allegiances.forget(k);
@@ -422,6 +428,8 @@ impl Session {
         }
         if counted {
             self.complete_one();
+        } else {
+            self.immediate_running.fetch_sub(1, Ordering::AcqRel);
         }
         match rsp.filter(|(r, _)| !r.aborted && !aborted_by_tmf) {
             Some((rsp, r2ts)) => {
@@ -467,16 +475,14 @@ impl Session {
                         scsi::sense::key::ABORTED_COMMAND,
                         scsi::sense::asc::DATA_PHASE_ERROR,
                     );
-                    let rsp = scsi::Response {
-                        status: scsi::status::CHECK_CONDITION,
-                        sense: Some(sense.encode(false)),
-                        data_in: Bytes::new(),
-                        data_in_note: None,
-                        residual: scsi::Residual::None,
-                        bidi_read_residual: None,
-                        aborted: false,
-                    };
-                    return Some((rsp, 0));
+                    let status = scsi::status::CHECK_CONDITION;
+                    return Some((unexecuted(status, Some(sense.encode(false))), 0));
+                }
+                Err(DmError::OverBudget(why)) => {
+                    // SAM-5: the task set lacks the resources to take this command now; the
+                    // initiator sends it again later.
+                    tracing::warn!(peer = %conn.peer, tsih = self.tsih, itt = format_args!("0x{:08x}", task.itt), "write refused with TASK SET FULL: {why}");
+                    return Some((unexecuted(scsi::status::TASK_SET_FULL, None), 0));
                 }
                 Err(DmError::Aborted | DmError::Closed | DmError::NotRetained(_)) => return None,
             },
@@ -747,14 +753,14 @@ impl Session {
                 tmf::RSP_COMPLETE
             }
             tmf::LOGICAL_UNIT_RESET => {
-                for s in target.sessions.lock().expect("sessions").values() {
+                for s in target.sessions_of(&device) {
                     s.abort_waiting(|_, e| iscsi_wire::lun_from_wire(e.lun) as u64 == lun);
                 }
                 device.lun_reset(lun).await;
                 tmf::RSP_COMPLETE
             }
             tmf::TARGET_WARM_RESET | tmf::TARGET_COLD_RESET => {
-                for s in target.sessions.lock().expect("sessions").values() {
+                for s in target.sessions_of(&device) {
                     s.abort_waiting(|_, _| true);
                 }
                 let kind = if t.function == tmf::TARGET_COLD_RESET {
@@ -768,6 +774,19 @@ impl Session {
             tmf::TASK_REASSIGN => tmf::RSP_REASSIGN_NOT_SUPPORTED, // below level 2
             _ => tmf::RSP_NOT_SUPPORTED,
         }
+    }
+}
+
+/// The response of a command that did not reach its logical unit.
+fn unexecuted(status: u8, sense: Option<Bytes>) -> scsi::Response {
+    scsi::Response {
+        status,
+        sense,
+        data_in: Bytes::new(),
+        data_in_note: None,
+        residual: scsi::Residual::None,
+        bidi_read_residual: None,
+        aborted: false,
     }
 }
 
@@ -950,9 +969,23 @@ impl Session {
                 let Bhs::ScsiCommand(cmd) = pdu.pdu.bhs else {
                     unreachable!("datamover sends commands as Command")
                 };
-                if self.params.session_type == SessionType::Discovery {
-                    let why = "SCSI command in a discovery session";
-                    conn.reject(reject::PROTOCOL_ERROR, pdu.raw_bhs, why).await;
+                let refused = if self.params.session_type == SessionType::Discovery {
+                    Some((
+                        reject::PROTOCOL_ERROR,
+                        "SCSI command in a discovery session",
+                    ))
+                } else if cmd.immediate && !self.start_immediate(target) {
+                    Some((
+                        reject::IMMEDIATE_COMMAND_REJECTED,
+                        "too many immediate commands running (max_immediate_commands)",
+                    ))
+                } else {
+                    None
+                };
+                if let Some((reason, why)) = refused {
+                    // What its transport set up for it goes with it.
+                    conn.dm.forget_command(cmd.itt);
+                    conn.reject(reason, pdu.raw_bhs, why).await;
                     return None;
                 }
                 let (immediate, cmd_sn) = (cmd.immediate, cmd.cmd_sn);
@@ -989,6 +1022,16 @@ impl Session {
             }
         }
         None
+    }
+
+    /// Counts in one more immediate SCSI command, unless `max_immediate_commands` run already.
+    fn start_immediate(&self, target: &Target) -> bool {
+        let max = target.config().max_immediate_commands;
+        self.immediate_running
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_ok()
     }
 
     /// Immediate work runs now; the rest waits for its turn in CmdSN order.

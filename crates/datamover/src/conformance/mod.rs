@@ -100,6 +100,8 @@ pub fn config(digests: Digests, initial_r2t: bool, next_stat_sn: u32) -> FfpConf
         max_write_len: 1 << 20,
         error_recovery_level: 0,
         recovery: Default::default(),
+        budget: crate::budget::Budget::unlimited(),
+        timeouts: Default::default(),
     }
 }
 

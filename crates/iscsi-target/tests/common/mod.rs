@@ -381,6 +381,19 @@ impl RawConn {
         panic!("no response for ITT {itt}");
     }
 
+    /// [`RawConn::finish`] for a command whose first R2T, `r2t`, was already received.
+    pub async fn finish_after_r2t(
+        &mut self,
+        itt: u32,
+        r2t: Rx,
+        data_out: &[u8],
+    ) -> (u8, Vec<u8>, Vec<u8>) {
+        let (ttt, off, len) = (r2t.field32(20), r2t.field32(40), r2t.field32(44));
+        self.data_out(itt, ttt, off, &data_out[off as usize..(off + len) as usize])
+            .await;
+        self.finish(itt, data_out).await
+    }
+
     /// Sends the Data-Out sequence for one R2T, split at the target's MaxRecvDataSegmentLength.
     pub async fn data_out(&mut self, itt: u32, ttt: u32, offset: u32, data: &[u8]) {
         let chunks: Vec<&[u8]> = data.chunks(self.target_mrdsl).collect();

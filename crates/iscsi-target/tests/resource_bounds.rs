@@ -1,0 +1,397 @@
+//! Attacks on the target's memory and liveness, each by a raw client on loopback as a hostile
+//! peer would send them, with a victim session beside it that must keep its data and its
+//! answers: WRITEs announcing 64 MiB in a discovery session, immediate and windowed WRITEs
+//! whose data never comes, a peer that never reads, a LUN reset sent to another target.
+//! Its own test binary, so the address space and resident set measured are the target's
+//! (and this test's); the attacks that measure them run one after another in one test.
+
+mod common;
+use common::*;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+
+/// The budgets the attacks run against: 64 MiB a connection (the largest write), 128 MiB a
+/// session and 192 MiB for the target; writes wait 5 s for room; data asked for must come
+/// within 3 s; a peer must take what is sent within 2 s.
+const LIMITS: &str = "queue_depth = 128\nconnection_memory_mib = 64\nsession_memory_mib = 128\n\
+                      memory_mib = 192\ndata_out_timeout_secs = 3\nnop_timeout_secs = 2\n\
+                      max_immediate_commands = 4";
+
+const BIG_WRITE: u32 = 64 << 20;
+
+/// (VmSize, VmRSS) of this process in MiB.
+fn memory_mib() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").expect("status");
+    let field = |name: &str| -> u64 {
+        let line = status.lines().find(|l| l.starts_with(name)).expect(name);
+        let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        kib >> 10
+    };
+    (field("VmSize:"), field("VmRSS:"))
+}
+
+/// Logs in a discovery session (no target name, no credentials).
+async fn discovery(addr: SocketAddr) -> RawConn {
+    let mut c = RawConn::connect(addr).await;
+    c.isid[5] = 0xd1;
+    let keys = key_values(&[
+        ("InitiatorName", INITIATOR),
+        ("SessionType", "Discovery"),
+        ("AuthMethod", "None"),
+    ]);
+    let r = c.login_request(0, 1, true, &keys).await;
+    assert_eq!(&r.bhs[36..38], &[0, 0], "security stage status");
+    c.exp_stat_sn = r.field32(24).wrapping_add(1);
+    let r = c
+        .login_request(1, 3, true, &key_values(&[("HeaderDigest", "None")]))
+        .await;
+    assert_eq!(&r.bhs[36..38], &[0, 0], "operational stage status");
+    c.tsih = u16::from_be_bytes([r.bhs[14], r.bhs[15]]);
+    c.exp_stat_sn = r.field32(24).wrapping_add(1);
+    c.cmd_sn = r.field32(28);
+    c
+}
+
+/// A WRITE(10) of `len` bytes with F and W set and no data (the data to come by R2T).
+fn empty_write(c: &mut RawConn, len: u32, immediate: bool) -> [u8; 48] {
+    let mut b = c.scsi_bhs(&write10(0, (len / 512).min(0xffff) as u16), 0, len, 0);
+    if immediate {
+        // Immediate: I bit, the current CmdSN, not advanced.
+        b[0] |= 0x40;
+        c.cmd_sn = c.cmd_sn.wrapping_sub(1);
+    }
+    b
+}
+
+/// Reads what the target sends for up to `wait`, counting Rejects by reason and SCSI
+/// Responses by status; true when the target closed the connection.
+async fn drain(
+    c: &mut RawConn,
+    wait: Duration,
+    rejects: &mut std::collections::BTreeMap<u8, usize>,
+    statuses: &mut std::collections::BTreeMap<u8, usize>,
+) -> bool {
+    let end = Instant::now() + wait;
+    while Instant::now() < end {
+        match tokio::time::timeout(end - Instant::now(), c.try_recv()).await {
+            Err(_) => return false,
+            Ok(None) => return true,
+            Ok(Some(r)) => match r.opcode() {
+                0x3f => *rejects.entry(r.bhs[2]).or_default() += 1,
+                0x21 => *statuses.entry(r.bhs[3]).or_default() += 1,
+                _ => {}
+            },
+        }
+    }
+    false
+}
+
+/// A session that writes and reads back 32 KiB four times, each round within 2 s.
+async fn victim_round(victim: &mut RawConn, round: u8) {
+    for i in 0..4u8 {
+        let seed = round.wrapping_mul(8).wrapping_add(i);
+        let start = Instant::now();
+        roundtrip(victim, 1000 + u32::from(i) * 64, 64, seed).await;
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "the victim's round trip took {:?} beside the attack",
+            start.elapsed()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn floods_of_announced_writes_cost_their_budget_not_their_length() {
+    let addr = start_target(LIMITS).await;
+    let mut victim = RawConn::connect(addr).await;
+    victim.isid[5] = 0x77;
+    victim.login(1, &plain_keys()).await;
+    victim_round(&mut victim, 0).await;
+    let before = memory_mib();
+    println!(
+        "before the attacks: VmSize {} MiB, VmRSS {} MiB",
+        before.0, before.1
+    );
+
+    // 1. A discovery session sends 2,000 WRITEs of 64 MiB each (128 GiB announced).
+    let mut attacker = discovery(addr).await;
+    let mut burst = Vec::new();
+    for _ in 0..2000 {
+        burst.extend_from_slice(&empty_write(&mut attacker, BIG_WRITE, false));
+    }
+    attacker.send_raw(&burst).await;
+    let (mut rejects, mut statuses) = Default::default();
+    for _ in 0..20 {
+        drain(
+            &mut attacker,
+            Duration::from_millis(500),
+            &mut rejects,
+            &mut statuses,
+        )
+        .await;
+        if rejects.values().sum::<usize>() >= 2000 {
+            break;
+        }
+    }
+    let after = memory_mib();
+    println!(
+        "discovery session, 2,000 x 64 MiB WRITEs: VmSize {} MiB, VmRSS {} MiB; rejects {rejects:?}",
+        after.0, after.1
+    );
+    assert_eq!(
+        rejects.get(&0x04),
+        Some(&2000),
+        "every SCSI command in a discovery session is Rejected (protocol error)"
+    );
+    assert!(
+        after.0 < before.0 + 256,
+        "the address space grew {} MiB",
+        after.0 - before.0
+    );
+    victim_round(&mut victim, 1).await;
+    drop(attacker);
+
+    // 2. A normal session sends 500 immediate WRITEs of 64 MiB and never their data.
+    let mut attacker = RawConn::connect(addr).await;
+    attacker.isid[5] = 0xa2;
+    attacker.login(1, &plain_keys()).await;
+    let mut burst = Vec::new();
+    for _ in 0..500 {
+        burst.extend_from_slice(&empty_write(&mut attacker, BIG_WRITE, true));
+    }
+    attacker.send_raw(&burst).await;
+    let (mut rejects, mut statuses) = Default::default();
+    let closed = drain(
+        &mut attacker,
+        Duration::from_secs(15),
+        &mut rejects,
+        &mut statuses,
+    )
+    .await;
+    let after = memory_mib();
+    println!(
+        "500 immediate 64 MiB WRITEs without data: VmSize {} MiB, VmRSS {} MiB; rejects {rejects:?}, statuses {statuses:?}, closed {closed}",
+        after.0, after.1
+    );
+    let refused = rejects.get(&0x06).copied().unwrap_or(0);
+    assert!(
+        refused >= 500 - 4,
+        "past max_immediate_commands each is Rejected with 0x06 ({refused})"
+    );
+    assert!(
+        closed,
+        "the write that never got its data ended the connection"
+    );
+    assert!(
+        after.0 < before.0 + 384,
+        "the address space grew {} MiB",
+        after.0 - before.0
+    );
+    victim_round(&mut victim, 2).await;
+
+    // 3. A normal session fills its window with 128 WRITEs of 64 MiB and sends no data:
+    // one has its 64 MiB reserved and asked for, the others wait for room and are refused
+    // with TASK SET FULL, and the connection ends when the data does not come.
+    let mut attacker = RawConn::connect(addr).await;
+    attacker.isid[5] = 0xa3;
+    attacker.login(1, &plain_keys()).await;
+    let mut burst = Vec::new();
+    for _ in 0..128 {
+        burst.extend_from_slice(&empty_write(&mut attacker, BIG_WRITE, false));
+    }
+    attacker.send_raw(&burst).await;
+    let (mut rejects, mut statuses) = Default::default();
+    let closed = drain(
+        &mut attacker,
+        Duration::from_secs(15),
+        &mut rejects,
+        &mut statuses,
+    )
+    .await;
+    let after = memory_mib();
+    println!(
+        "a window of 128 x 64 MiB WRITEs without data: VmSize {} MiB, VmRSS {} MiB; statuses {statuses:?}, closed {closed}",
+        after.0, after.1
+    );
+    assert!(
+        closed,
+        "the write that never got its data ended the connection"
+    );
+    assert!(
+        after.0 < before.0 + 384,
+        "the address space grew {} MiB",
+        after.0 - before.0
+    );
+    assert!(
+        after.1 < before.1 + 256,
+        "the resident set grew {} MiB",
+        after.1 - before.1
+    );
+    victim_round(&mut victim, 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_over_budget_ends_with_task_set_full_and_runs_when_room_is_back() {
+    // The default data-out timeout (30 s): the first write may wait for its data.
+    let addr = start_target("connection_memory_mib = 64\nsession_memory_mib = 128").await;
+    let mut c = RawConn::connect(addr).await;
+    c.login(1, &plain_keys()).await;
+    // The first write takes the connection's whole budget and waits for its data.
+    let first = empty_write(&mut c, BIG_WRITE, false);
+    c.send(&first, &[]).await;
+    let r2t = c.recv().await;
+    assert_eq!(r2t.opcode(), 0x31, "an R2T for the first write");
+    // The second cannot get room within 5 s: TASK SET FULL, unexecuted.
+    let data = pattern(4096, 9);
+    let second = c.scsi_bhs(&write10(7, 8), 0, 4096, 0);
+    let itt = be32(&second[16..20]);
+    let start = Instant::now();
+    c.send(&second, &[]).await;
+    let rsp = c.recv().await;
+    assert_eq!(
+        (rsp.opcode(), rsp.itt()),
+        (0x21, itt),
+        "the second write's response"
+    );
+    assert_eq!(rsp.bhs[3], 0x28, "TASK SET FULL");
+    assert!(
+        start.elapsed() >= Duration::from_secs(4),
+        "it waited for room first"
+    );
+    c.exp_stat_sn = rsp.field32(24).wrapping_add(1);
+    // The first write's data comes; then the same write runs.
+    let first_itt = be32(&first[16..20]);
+    let whole = vec![0x5a; BIG_WRITE as usize];
+    let (st, _, _) = c.finish_after_r2t(first_itt, r2t, &whole).await;
+    assert_eq!(st, 0, "the first write");
+    let (st, _, _) = c.command(&write10(7, 8), 0, &data).await;
+    assert_eq!(st, 0, "the same write once room is back");
+    read_back(&mut c, 7, &data).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_reads_nothing_is_dropped_whatever_it_sends() {
+    let addr = start_target(LIMITS).await;
+    let mut c = RawConn::connect(addr).await;
+    c.login(1, &plain_keys()).await;
+    // Pings with 64 KiB payloads, never reading the echoes: the target's answers fill the
+    // socket, and the peer keeps "proving" it is alive.
+    let payload = vec![0xab; 65536];
+    let start = Instant::now();
+    let mut sent = 0usize;
+    let mut refused = false;
+    while start.elapsed() < Duration::from_secs(20) {
+        let itt = c.itt();
+        let b = c.nop_out(itt, payload.len());
+        let mut pdu = b.to_vec();
+        pdu.extend_from_slice(&payload);
+        let write = tokio::time::timeout(Duration::from_secs(1), c.stream.write_all(&pdu)).await;
+        match write {
+            Ok(Ok(())) => sent += 1,
+            Ok(Err(_)) => {
+                refused = true;
+                break;
+            }
+            // The target reads no more either: wait and try again.
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+    println!(
+        "{sent} pings sent; the target ended the connection after {:?}",
+        start.elapsed()
+    );
+    let closed = refused || c.closed_by_target(100_000).await;
+    assert!(closed, "the non-reading peer's connection was dropped");
+    assert!(
+        start.elapsed() < Duration::from_secs(15),
+        "within the stall timeout and a margin"
+    );
+    healthy_session(addr, 300, 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_data_never_comes_ends_its_connection_though_pings_go_on() {
+    let addr = start_target("data_out_timeout_secs = 2").await;
+    let mut c = RawConn::connect(addr).await;
+    c.login(1, &plain_keys()).await;
+    let w = c.scsi_bhs(&write10(0, 8), 0, 4096, 0);
+    c.send(&w, &[]).await;
+    assert_eq!(c.recv().await.opcode(), 0x31, "an R2T");
+    let start = Instant::now();
+    let mut closed = false;
+    while start.elapsed() < Duration::from_secs(10) {
+        // Immediate pings, answered: the peer is alive, but sends no data.
+        let itt = c.itt();
+        let b = c.nop_out(itt, 0);
+        if c.stream.write_all(&b).await.is_err() {
+            closed = true;
+            break;
+        }
+        match tokio::time::timeout(Duration::from_millis(800), c.try_recv()).await {
+            Ok(None) => {
+                closed = true;
+                break;
+            }
+            _ => tokio::time::sleep(Duration::from_millis(300)).await,
+        }
+    }
+    assert!(closed, "no data for 2 s ended the connection");
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(6),
+        "after {took:?}"
+    );
+    healthy_session(addr, 400, 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lun_reset_touches_only_the_target_it_was_sent_to() {
+    log_from_env();
+    let other = "iqn.2026-11.org.ironsan.test:other";
+    let text = format!(
+        "portals = [\"127.0.0.1:0\"]\n\
+         [[target]]\nname = \"{IQN}\"\n[target.lun.0]\nsize = \"16MiB\"\nbackend = \"memory\"\n\
+         [[target]]\nname = \"{other}\"\n[target.lun.0]\nsize = \"16MiB\"\nbackend = \"memory\"\n"
+    );
+    let config = iscsi_target::Config::parse(&text, "test.toml").expect("config");
+    let bound = iscsi_target::Target::bind(config).await.expect("bind");
+    let addr = bound.local_addrs()[0];
+    tokio::spawn(bound.serve());
+
+    // On the other target, a write waits for its data.
+    let mut victim = RawConn::connect(addr).await;
+    victim.target_name = other.to_string();
+    victim.isid[5] = 0x01;
+    victim.login(1, &plain_keys()).await;
+    let data = pattern(4096, 4);
+    let w = victim.scsi_bhs(&write10(5, 8), 0, 4096, 0);
+    let itt = be32(&w[16..20]);
+    victim.send(&w, &[]).await;
+    let r2t = victim.recv().await;
+    assert_eq!(r2t.opcode(), 0x31, "an R2T");
+
+    // A session on the first target resets its LUN 0.
+    let mut resetter = RawConn::connect(addr).await;
+    resetter.isid[5] = 0x02;
+    resetter.login(1, &plain_keys()).await;
+    let ritt = resetter.itt();
+    let mut tmf = bhs(0x02, 0x80 | 5, 0, ritt); // LOGICAL UNIT RESET
+    tmf[20..24].copy_from_slice(&u32::MAX.to_be_bytes());
+    tmf[24..28].copy_from_slice(&resetter.cmd_sn.to_be_bytes());
+    tmf[28..32].copy_from_slice(&resetter.exp_stat_sn.to_be_bytes());
+    resetter.cmd_sn = resetter.cmd_sn.wrapping_add(1);
+    resetter.send(&tmf, &[]).await;
+    let rsp = resetter.recv().await;
+    assert_eq!(
+        (rsp.opcode(), rsp.bhs[2]),
+        (0x22, 0),
+        "LOGICAL UNIT RESET: function complete"
+    );
+
+    // The other target's write goes on: its data is taken and it ends GOOD.
+    let (st, _, _) = victim.finish_after_r2t(itt, r2t, &data).await;
+    assert_eq!(st, 0, "the other target's write");
+    read_back(&mut victim, 5, &data).await;
+}
