@@ -32,7 +32,9 @@ use datamover_iser::TargetDevice;
 use iscsi_login::directory::Portal;
 use iscsi_login::params::SessionType;
 use iscsi_login::pdu::LoginStatus;
-use iscsi_login::target::{LoginState, TargetLimits, TargetLogin, TargetLoginConfig};
+use iscsi_login::target::{
+    ExistingSession, LoginState, TargetLimits, TargetLogin, TargetLoginConfig,
+};
 use iscsi_session::{CmdWindow, WriteLimits};
 use iscsi_wire::{AsyncMessage, Bhs, Digests};
 use session::{Conn, Session};
@@ -376,7 +378,11 @@ async fn login(
     let named = named_target(existing.as_deref(), &pdu.pdu.data);
     let mut tl = TargetLogin::new(TargetLoginConfig {
         portal_group_tag: portal.tpgt,
-        existing_session: existing.as_ref().map(|s| s.params.clone()),
+        existing_session: existing.as_ref().map(|s| ExistingSession {
+            params: s.params.clone(),
+            isid: s.identity.isid,
+            chap_user: s.chap_user.clone(),
+        }),
         transport: conn.kind(),
         limits: target.limits_for(named.as_deref()),
         directory: target.directory.clone(),
@@ -785,6 +791,7 @@ fn create_session(
         tsih,
         nexus,
         identity,
+        chap_user: outcome.chap_user.clone(),
         params: outcome.session.clone(),
         device,
         window: Mutex::new(CmdWindow::new(cmd_sn, depth)),
