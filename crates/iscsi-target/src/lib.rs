@@ -191,6 +191,7 @@ impl Target {
             iser_recv_data_segment_length: datamover_iser::target::DEFAULT_RECV_DATA,
             // The receives kept posted beyond the command window.
             max_outstanding_unexpected_pdus: datamover_iser::target::UNEXPECTED_RECVS,
+            chap_algorithms: self.config().chap_algorithms(),
             ..TargetLimits::default()
         };
         if let Some(m) = self.config().max_recv_data_segment_length {
