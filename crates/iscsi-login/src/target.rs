@@ -285,6 +285,19 @@ impl TargetLogin {
         }
     }
 
+    /// The initiator's name, once the first request is whole (it may come in several
+    /// PDUs) and has named one.
+    pub fn initiator_name(&self) -> Option<&str> {
+        let name = self.session.initiator_name.as_str();
+        (!self.first && !name.is_empty()).then_some(name)
+    }
+
+    /// Whether the login must authenticate with CHAP: known once the first request is
+    /// whole (false before).
+    pub fn requires_chap(&self) -> bool {
+        !self.first && matches!(self.auth_required, AuthRequirement::Chap { .. })
+    }
+
     fn leading(&self) -> bool {
         self.config.existing_session.is_none()
     }

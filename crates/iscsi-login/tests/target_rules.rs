@@ -658,6 +658,42 @@ fn request_continuation_is_buffered() {
     assert!(matches!(s.state, LoginState::Complete(_)));
 }
 
+/// The runtime's auth throttle asks for the initiator name and whether CHAP is at stake:
+/// neither is told before the first request is whole, even when it comes in two PDUs.
+#[test]
+fn initiator_name_and_chap_requirement_are_known_once_the_first_request_is_whole() {
+    let mut t = chap_target("user");
+    assert_eq!(t.initiator_name(), None);
+    assert!(!t.requires_chap());
+    let full = encode(&[NAMES[0], NAMES[1], ("AuthMethod", "CHAP")]);
+    let (a, b) = full.split_at(20);
+    let mut r1 = req(false, Stage::Security, Stage::Operational, &[]);
+    r1.cont = true;
+    r1.data = a.to_vec();
+    assert_eq!(step(&mut t, &r1).state, LoginState::Continue);
+    assert_eq!(t.initiator_name(), None);
+    assert!(!t.requires_chap());
+    let mut r2 = req(false, Stage::Security, Stage::Operational, &[]);
+    r2.data = b.to_vec();
+    let s = step(&mut t, &r2);
+    assert_eq!(value(&reply(&s), "AuthMethod"), Some("CHAP"));
+    assert_eq!(t.initiator_name(), Some(INITIATOR));
+    assert!(t.requires_chap());
+
+    let mut t = target_with(AuthRequirement::None);
+    step(
+        &mut t,
+        &req(
+            false,
+            Stage::Security,
+            Stage::Operational,
+            &[NAMES[0], NAMES[1], ("AuthMethod", "None")],
+        ),
+    );
+    assert_eq!(t.initiator_name(), Some(INITIATOR));
+    assert!(!t.requires_chap());
+}
+
 #[test]
 fn long_response_is_split_with_c_bit() {
     // 300 unknown keys with 40-byte names: the NotUnderstood answers

@@ -14,6 +14,7 @@
 //! observer can watch each accepted socket (e.g. sample its TCP_INFO) for as long as the
 //! connection lives ([`Bound::observe_connections`]).
 
+pub mod auth_throttle;
 pub mod config;
 mod erl1;
 mod erl2;
@@ -42,7 +43,7 @@ use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 const LOGIN_TIMEOUT: Duration = Duration::from_secs(15);
@@ -63,6 +64,8 @@ pub struct Target {
     admission: Mutex<()>,
     /// Connections logging in now (`max_pending_logins`).
     logging_in: Arc<datamover::admission::Admission>,
+    /// Failed authentications by initiator name and address, which lock out further tries.
+    auth_throttle: Mutex<auth_throttle::AuthThrottle>,
 }
 
 /// Listeners bound for a target, ready to serve.
@@ -139,6 +142,7 @@ impl Target {
             observer: OnceLock::new(),
             admission: Mutex::new(()),
             logging_in: datamover::admission::Admission::new(max_pending_logins),
+            auth_throttle: Mutex::new(auth_throttle::AuthThrottle::new(Default::default())),
         });
         Ok(Bound { target, portals })
     }
@@ -389,6 +393,8 @@ async fn login(
         directory: target.directory.clone(),
     });
     let mut stat_sn: u32 = rand::random::<u32>() & 0x00ff_ffff;
+    // Whether the auth throttle was asked: once, when the first request is whole.
+    let mut throttle_asked = false;
     loop {
         let Bhs::LoginRequest(bhs) = &pdu.pdu.bhs else {
             return Err(format!("{} during login", pdu.pdu.bhs.opcode().name()));
@@ -403,6 +409,30 @@ async fn login(
         let respond = |rsp: &iscsi_login::pdu::LoginResponse, exp: u32, max: u32| {
             datamover::login_pdu::response_out(rsp, stat_sn, exp, max)
         };
+        if let (false, Some(name)) = (throttle_asked, tl.initiator_name()) {
+            throttle_asked = true;
+            let locked_out = tl.requires_chap()
+                && step.state != LoginState::Failed
+                && target.auth_throttle.lock().expect("auth throttle").refuses(
+                    name,
+                    peer.ip(),
+                    Instant::now(),
+                );
+            if locked_out {
+                let status = LoginStatus::AUTHENTICATION_FAILURE;
+                let fail = iscsi_login::pdu::LoginResponse::failure(&req, status);
+                let _ = conn.send(&respond(&fail, exp, max)).await;
+                tracing::warn!(
+                    %peer,
+                    initiator = name,
+                    "login refused: too many failed authentications of this initiator name or \
+                     from this address lately ({}, 0x{:04x})",
+                    status.meaning(),
+                    status.code()
+                );
+                return Ok(None);
+            }
+        }
         match step.state {
             LoginState::Continue => {
                 conn.send(&respond(&rsp, exp, max))
@@ -411,6 +441,17 @@ async fn login(
             }
             LoginState::Failed => {
                 let status = rsp.status();
+                // Only where a secret was at stake: an initiator insisting on CHAP with a
+                // target that needs none is refused 0x0201 too, but guessed nothing.
+                if let (LoginStatus::AUTHENTICATION_FAILURE, Some(name), true) =
+                    (status, tl.initiator_name(), tl.requires_chap())
+                {
+                    target.auth_throttle.lock().expect("auth throttle").failed(
+                        name,
+                        peer.ip(),
+                        Instant::now(),
+                    );
+                }
                 let _ = conn.send(&respond(&rsp, exp, max)).await;
                 tracing::warn!(%peer, "login rejected: {} (0x{:04x})", status.meaning(), status.code());
                 return Ok(None);

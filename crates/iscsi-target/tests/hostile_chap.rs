@@ -1,6 +1,7 @@
 //! CHAP against hostile peers: a configuration whose mutual secret equals the initiator's is
-//! refused, `chap_algorithms` limits the CHAP_A values a login may use, and the Login
-//! Responses that refuse a login carry 0x0201 Authentication failure.
+//! refused, `chap_algorithms` limits the CHAP_A values a login may use, and an initiator name
+//! that keeps failing authentication is locked out. The Login Responses that refuse a login
+//! carry 0x0201 Authentication failure.
 
 mod common;
 use common::*;
@@ -149,4 +150,32 @@ async fn md5_is_accepted_by_default() {
     let (s, mut c) = chap_login(addr, A, 1, "5", SECRET).await;
     assert_eq!(s, OK);
     roundtrip(&mut c, 0, 8, 2).await;
+}
+
+const B: &str = "iqn.2026-11.org.ironsan.test:b";
+
+/// Six logins of one initiator name with a wrong secret are each refused with 0x0201; the
+/// seventh, with the right secret, is refused too (the name is locked out after five failures
+/// within a minute), while another initiator name from the same address (loopback: 6 of the
+/// 20 failures that lock out an address) still logs in and moves data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_chap_logins_lock_the_initiator_name_out() {
+    let addr = start_chap_target("").await;
+    for i in 0..6 {
+        let (s, mut c) = chap_login(addr, A, 1, "5", "wrongsecret12").await;
+        assert_eq!(s, AUTHENTICATION_FAILURE, "bad secret, login {}", i + 1);
+        assert!(c.closed_by_target(0).await, "login {} closed", i + 1);
+    }
+    let (s, mut c) = chap_login(addr, A, 1, "5", SECRET).await;
+    assert_eq!(
+        s, AUTHENTICATION_FAILURE,
+        "the right secret, but locked out"
+    );
+    assert!(
+        c.closed_by_target(0).await,
+        "the locked-out login is closed"
+    );
+    let (s, mut c) = chap_login(addr, B, 2, "5", SECRET).await;
+    assert_eq!(s, OK, "another initiator name from the same address");
+    roundtrip(&mut c, 0, 8, 3).await;
 }
