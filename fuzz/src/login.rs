@@ -12,10 +12,11 @@ use std::sync::Arc;
 use iscsi_login::chap::{self, ChapAlgorithm, ChapCredentials};
 use iscsi_login::text;
 use iscsi_login::{
-    AuthRequirement, ConnectionParams, DigestPolicy, DigestPreference, InitiatorAuth,
-    InitiatorLogin, InitiatorLoginConfig, InitiatorStep, LoginRequest, LoginResponse, LoginState,
-    Portal, SessionParams, SessionType, Stage, StaticDirectory, StaticTarget, TargetLimits,
-    TargetLogin, TargetLoginConfig, TextContext, TextResponder, TransportKind,
+    AuthRequirement, ConnectionParams, DigestPolicy, DigestPreference, ExistingSession,
+    InitiatorAuth, InitiatorLogin, InitiatorLoginConfig, InitiatorStep, LoginRequest,
+    LoginResponse, LoginState, Portal, SessionParams, SessionType, Stage, StaticDirectory,
+    StaticTarget, TargetLimits, TargetLogin, TargetLoginConfig, TextContext, TextResponder,
+    TransportKind,
 };
 use iscsi_wire::{Bhs, BHS_LEN};
 
@@ -215,10 +216,21 @@ pub fn login_target_run(data: &[u8]) -> Option<bool> {
         data_digest: policy((o >> 7) * 2),
         ..TargetLimits::default()
     };
-    let existing = (o & 0x20 != 0).then(|| SessionParams {
-        initiator_name: INITIATOR.into(),
-        target_name: Some(TARGET.into()),
-        ..SessionParams::default()
+    // The session joined has the first request's ISID (bytes 8..14 of its BHS, which follows
+    // the options byte) and the CHAP user of the target's authentication, so that the
+    // fuzzer gets past the checks of the joining login's ISID and user.
+    let first_isid: [u8; 6] = data
+        .get(9..15)
+        .and_then(|b| b.try_into().ok())
+        .unwrap_or_default();
+    let existing = (o & 0x20 != 0).then(|| ExistingSession {
+        params: SessionParams {
+            initiator_name: INITIATOR.into(),
+            target_name: Some(TARGET.into()),
+            ..SessionParams::default()
+        },
+        isid: first_isid,
+        chap_user: (o & 3 != 0).then(|| USER.to_string()),
     });
     let mut target = TargetLogin::new(TargetLoginConfig {
         portal_group_tag: 1,

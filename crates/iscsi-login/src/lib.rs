@@ -23,8 +23,8 @@ pub use initiator::{
 pub use params::{ConnectionParams, SessionParams, SessionType, TaskReporting, TransportKind};
 pub use pdu::{LoginRequest, LoginResponse, LoginStatus, Stage};
 pub use target::{
-    DigestPolicy, LoginOutcome, LoginState, LoginStep, SessionIdentity, TargetLimits, TargetLogin,
-    TargetLoginConfig,
+    DigestPolicy, ExistingSession, LoginOutcome, LoginState, LoginStep, SessionIdentity,
+    TargetLimits, TargetLogin, TargetLoginConfig,
 };
 pub use textneg::{
     negotiate_text, parse_send_targets, send_targets, DiscoveredTarget, TargetAddress, TextContext,

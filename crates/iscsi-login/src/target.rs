@@ -23,7 +23,8 @@
 //! reinstatement when [`LoginOutcome::identity`] matches an existing
 //! session), writes the new non-zero TSIH into `response.tsih`, then sends
 //! it. For an added connection the response already carries the
-//! session's TSIH. MaxConnections accounting (0x0206) and unknown TSIHs
+//! session's TSIH; one whose ISID or CHAP user is not its session's is
+//! refused (see [`ExistingSession`]). MaxConnections accounting (0x0206) and unknown TSIHs
 //! (0x020a) are the runtime's too: see [`LoginResponse::failure`].
 
 use std::collections::{HashSet, VecDeque};
@@ -119,11 +120,25 @@ pub struct TargetLoginConfig {
     /// TPGT of the portal the connection came in on.
     pub portal_group_tag: u16,
     /// `None` for a leading login (TSIH 0); for a connection added to an
-    /// existing session (TSIH ≠ 0, looked up by the runtime), its params.
-    pub existing_session: Option<SessionParams>,
+    /// existing session (TSIH ≠ 0, looked up by the runtime), that session.
+    pub existing_session: Option<ExistingSession>,
     pub transport: TransportKind,
     pub limits: TargetLimits,
     pub directory: Arc<dyn TargetDirectory + Send + Sync>,
+}
+
+/// The session a non-leading login asks to join, as the runtime knows it.
+/// The joining login must name the same initiator, target and session type,
+/// carry the same ISID (else 0x020a, session does not exist: the TSIH
+/// names no session of this initiator port), and authenticate as the same
+/// CHAP user (else 0x0202, authorization failure).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ExistingSession {
+    pub params: SessionParams,
+    pub isid: [u8; 6],
+    /// The CHAP user name the session's leading login authenticated as;
+    /// `None` when it logged in without CHAP.
+    pub chap_user: Option<String>,
 }
 
 /// The identity that decides session reinstatement: a new leading login
@@ -148,6 +163,9 @@ pub struct LoginOutcome {
     /// TSIH of the request: 0 for a leading login (runtime assigns one).
     pub tsih: u16,
     pub leading: bool,
+    /// The CHAP user name this connection authenticated as; `None` without
+    /// CHAP.
+    pub chap_user: Option<String>,
     pub session: SessionParams,
     pub connection: ConnectionParams,
 }
@@ -232,13 +250,19 @@ pub struct TargetLogin {
     declared_iser_recv: bool,
     auth_required: AuthRequirement,
     auth: AuthState,
+    /// The CHAP user name proven on this connection.
+    chap_user: Option<String>,
 }
 
 struct Fail(LoginStatus);
 
 impl TargetLogin {
     pub fn new(config: TargetLoginConfig) -> Self {
-        let mut session = config.existing_session.clone().unwrap_or_default();
+        let mut session = config
+            .existing_session
+            .as_ref()
+            .map(|e| e.params.clone())
+            .unwrap_or_default();
         session.target_portal_group_tag = config.portal_group_tag;
         TargetLogin {
             stage: Stage::Security,
@@ -256,8 +280,22 @@ impl TargetLogin {
             declared_iser_recv: false,
             auth_required: AuthRequirement::None,
             auth: AuthState::NotStarted,
+            chap_user: None,
             config,
         }
+    }
+
+    /// The initiator's name, once the first request is whole (it may come in several
+    /// PDUs) and has named one.
+    pub fn initiator_name(&self) -> Option<&str> {
+        let name = self.session.initiator_name.as_str();
+        (!self.first && !name.is_empty()).then_some(name)
+    }
+
+    /// Whether the login must authenticate with CHAP: known once the first request is
+    /// whole (false before).
+    pub fn requires_chap(&self) -> bool {
+        !self.first && matches!(self.auth_required, AuthRequirement::Chap { .. })
     }
 
     fn leading(&self) -> bool {
@@ -422,6 +460,13 @@ impl TargetLogin {
             {
                 return Err(Fail(LoginStatus::INITIATOR_ERROR));
             }
+            // A joining connection proves the identity its session proved: another CHAP
+            // user (or none) must not take over a session it did not authenticate.
+            if let Some(existing) = &self.config.existing_session {
+                if existing.chap_user != self.chap_user {
+                    return Err(Fail(LoginStatus::AUTHORIZATION_FAILURE));
+                }
+            }
             self.finalize_params();
             outcome = Some(Box::new(self.outcome()));
         }
@@ -534,6 +579,12 @@ impl TargetLogin {
             SessionType::Discovery => (None, directory.discovery_auth()),
         };
         if let Some(existing) = &self.config.existing_session {
+            // The session is named by ISID and TSIH together: another ISID with this
+            // TSIH names no session.
+            if existing.isid != self.isid {
+                return Err(Fail(LoginStatus::SESSION_DOES_NOT_EXIST));
+            }
+            let existing = &existing.params;
             if existing.initiator_name != initiator
                 || existing.target_name != target
                 || existing.session_type != session_type
@@ -909,6 +960,7 @@ impl TargetLogin {
                     }
                     _ => return Err(auth_fail()),
                 }
+                self.chap_user = Some(name.to_string());
                 self.auth = AuthState::Done;
                 Ok(())
             }
@@ -932,6 +984,7 @@ impl TargetLogin {
             cid: self.cid,
             tsih: self.tsih,
             leading: self.leading(),
+            chap_user: self.chap_user.clone(),
             session: self.session.clone(),
             connection: self.connection,
         }

@@ -6,8 +6,8 @@ mod common;
 use common::*;
 use iscsi_login::text::{encode, encode_base64, encode_hex, parse, parse_binary};
 use iscsi_login::{
-    chap, AuthRequirement, ChapAlgorithm, LoginRequest, LoginState, LoginStatus, LoginStep,
-    SessionParams, SessionType, Stage, TargetLimits, TargetLogin, TransportKind,
+    chap, AuthRequirement, ChapAlgorithm, ExistingSession, LoginRequest, LoginState, LoginStatus,
+    LoginStep, SessionParams, SessionType, Stage, TargetLimits, TargetLogin, TransportKind,
 };
 
 fn req(transit: bool, csg: Stage, nsg: Stage, pairs: &[(&str, &str)]) -> LoginRequest {
@@ -462,25 +462,42 @@ fn error_recovery_level_is_the_lower_offer_and_zero_over_iser() {
     }
 }
 
+/// The session the non-leading logins below join: TSIH 7, the ISID `req` sends.
+fn existing_session(chap_user: Option<&str>) -> ExistingSession {
+    ExistingSession {
+        params: SessionParams {
+            initiator_name: INITIATOR.into(),
+            target_name: Some(TARGET.into()),
+            max_burst_length: 65536,
+            ..SessionParams::default()
+        },
+        isid: [0x80, 0, 0, 0x12, 0x34, 0x56],
+        chap_user: chap_user.map(str::to_string),
+    }
+}
+
+fn joining_target(auth: AuthRequirement, existing: ExistingSession) -> TargetLogin {
+    let mut c = target_config(
+        directory(auth, AuthRequirement::None),
+        TargetLimits::default(),
+        TransportKind::Tcp,
+    );
+    c.existing_session = Some(existing);
+    TargetLogin::new(c)
+}
+
+/// A request of a login joining the session with TSIH 7 on CID 1.
+fn joining(mut r: LoginRequest) -> LoginRequest {
+    r.tsih = 7;
+    r.cid = 1;
+    r
+}
+
 #[test]
 fn non_leading_connection() {
-    let existing = SessionParams {
-        initiator_name: INITIATOR.into(),
-        target_name: Some(TARGET.into()),
-        max_burst_length: 65536,
-        ..SessionParams::default()
-    };
-    let mk = || {
-        let mut c = target_config(
-            directory(AuthRequirement::None, AuthRequirement::None),
-            TargetLimits::default(),
-            TransportKind::Tcp,
-        );
-        c.existing_session = Some(existing.clone());
-        TargetLogin::new(c)
-    };
+    let mk = || joining_target(AuthRequirement::None, existing_session(None));
     let mut t = mk();
-    let mut r = req(
+    let r = joining(req(
         true,
         Stage::Operational,
         Stage::FullFeature,
@@ -490,9 +507,7 @@ fn non_leading_connection() {
             ("MaxBurstLength", "8192"),
             ("HeaderDigest", "CRC32C"),
         ],
-    );
-    r.tsih = 7;
-    r.cid = 1;
+    ));
     let s = step(&mut t, &r);
     assert_eq!(s.response.tsih, 7);
     let rp = reply(&s);
@@ -506,17 +521,110 @@ fn non_leading_connection() {
     assert!(o.connection.header_digest);
 
     let mut t = mk();
-    let mut r = req(
+    let r = joining(req(
         true,
         Stage::Operational,
         Stage::FullFeature,
         &[("InitiatorName", "iqn.2024-01.org.ironsan:host2"), NAMES[1]],
-    );
-    r.tsih = 7;
+    ));
     assert_eq!(
         status(&step(&mut t, &r)),
         LoginStatus::CANT_INCLUDE_IN_SESSION
     );
+}
+
+#[test]
+fn joining_with_another_isid_is_session_does_not_exist() {
+    // Same initiator name, target and TSIH, but another ISID: that TSIH names no
+    // session of this initiator port (RFC 7143: ISID and TSIH name the session).
+    let mut t = joining_target(AuthRequirement::None, existing_session(None));
+    let mut r = joining(req(true, Stage::Operational, Stage::FullFeature, &NAMES));
+    r.isid = [0x80, 0, 0, 0x12, 0x34, 0x57];
+    let s = step(&mut t, &r);
+    assert_eq!(status(&s), LoginStatus::SESSION_DOES_NOT_EXIST);
+    assert_eq!(s.response.status().code(), 0x020a);
+    assert_eq!(s.state, LoginState::Failed);
+}
+
+/// Runs a joining login through CHAP (user "user", secret "libiscsi-secret") straight
+/// to full feature phase; returns the last step.
+fn joining_chap_login(t: &mut TargetLogin, user: &str, secret: &str) -> LoginStep {
+    let s = step(
+        t,
+        &joining(req(
+            true,
+            Stage::Security,
+            Stage::FullFeature,
+            &[NAMES[0], NAMES[1], NAMES[2], ("AuthMethod", "CHAP")],
+        )),
+    );
+    assert_eq!(value(&reply(&s), "AuthMethod"), Some("CHAP"));
+    let s = step(
+        t,
+        &joining(req(
+            false,
+            Stage::Security,
+            Stage::FullFeature,
+            &[("CHAP_A", "5")],
+        )),
+    );
+    let mut r = joining(answer(&s, user, secret, false));
+    r.nsg = Stage::FullFeature;
+    step(t, &r)
+}
+
+#[test]
+fn joining_must_authenticate_as_the_sessions_chap_user() {
+    let chap_auth = || AuthRequirement::Chap {
+        credentials: chap("user", "libiscsi-secret"),
+        mutual: None,
+    };
+    // The CHAP user the session authenticated as: the connection joins.
+    let mut t = joining_target(chap_auth(), existing_session(Some("user")));
+    let s = joining_chap_login(&mut t, "user", "libiscsi-secret");
+    assert!(s.response.status().is_success());
+    assert_eq!(s.response.tsih, 7);
+    let LoginState::Complete(o) = s.state else {
+        panic!("joining login did not complete: {:?}", s.response.status())
+    };
+    assert_eq!(o.chap_user.as_deref(), Some("user"));
+
+    // Authenticated, but as a user other than the session's (or the session had no CHAP):
+    // authorization failure, and the connection does not join.
+    for session_user in [Some("someone-else"), None] {
+        let mut t = joining_target(chap_auth(), existing_session(session_user));
+        let s = joining_chap_login(&mut t, "user", "libiscsi-secret");
+        assert_eq!(
+            status(&s),
+            LoginStatus::AUTHORIZATION_FAILURE,
+            "session user {session_user:?}"
+        );
+        assert_eq!(s.state, LoginState::Failed);
+    }
+
+    // A session authenticated with CHAP is not joined by a login without it.
+    let mut t = joining_target(AuthRequirement::None, existing_session(Some("user")));
+    let s = step(
+        &mut t,
+        &joining(req(true, Stage::Operational, Stage::FullFeature, &NAMES)),
+    );
+    assert_eq!(status(&s), LoginStatus::AUTHORIZATION_FAILURE);
+}
+
+#[test]
+fn leading_chap_login_reports_its_user() {
+    let mut t = chap_target("user");
+    let s = chap_until_challenge(&mut t, "5");
+    let mut r = answer(&s, "user", "libiscsi-secret", false);
+    r.nsg = Stage::FullFeature;
+    let LoginState::Complete(o) = step(&mut t, &r).state else {
+        panic!("CHAP login did not complete")
+    };
+    assert_eq!(o.chap_user.as_deref(), Some("user"));
+    let LoginState::Complete(o) = op_login(&[]).state else {
+        panic!("login without CHAP did not complete")
+    };
+    assert_eq!(o.chap_user, None);
 }
 
 #[test]
@@ -548,6 +656,42 @@ fn request_continuation_is_buffered() {
     let s = step(&mut t, &r2);
     assert_eq!(value(&reply(&s), "MaxBurstLength"), Some("65536"));
     assert!(matches!(s.state, LoginState::Complete(_)));
+}
+
+/// The runtime's auth throttle asks for the initiator name and whether CHAP is at stake:
+/// neither is told before the first request is whole, even when it comes in two PDUs.
+#[test]
+fn initiator_name_and_chap_requirement_are_known_once_the_first_request_is_whole() {
+    let mut t = chap_target("user");
+    assert_eq!(t.initiator_name(), None);
+    assert!(!t.requires_chap());
+    let full = encode(&[NAMES[0], NAMES[1], ("AuthMethod", "CHAP")]);
+    let (a, b) = full.split_at(20);
+    let mut r1 = req(false, Stage::Security, Stage::Operational, &[]);
+    r1.cont = true;
+    r1.data = a.to_vec();
+    assert_eq!(step(&mut t, &r1).state, LoginState::Continue);
+    assert_eq!(t.initiator_name(), None);
+    assert!(!t.requires_chap());
+    let mut r2 = req(false, Stage::Security, Stage::Operational, &[]);
+    r2.data = b.to_vec();
+    let s = step(&mut t, &r2);
+    assert_eq!(value(&reply(&s), "AuthMethod"), Some("CHAP"));
+    assert_eq!(t.initiator_name(), Some(INITIATOR));
+    assert!(t.requires_chap());
+
+    let mut t = target_with(AuthRequirement::None);
+    step(
+        &mut t,
+        &req(
+            false,
+            Stage::Security,
+            Stage::Operational,
+            &[NAMES[0], NAMES[1], ("AuthMethod", "None")],
+        ),
+    );
+    assert_eq!(t.initiator_name(), Some(INITIATOR));
+    assert!(!t.requires_chap());
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! `LunConfig`), ACLs and CHAP secrets, read from TOML. Errors name the file, the line
 //! and what to fix.
 
-use iscsi_login::chap::ChapCredentials;
+use iscsi_login::chap::{ChapAlgorithm, ChapCredentials};
 use iscsi_login::directory::{AuthRequirement, Portal, TargetDirectory};
 use iscsi_login::params::TransportKind;
 use iscsi_login::target::DigestPolicy;
@@ -215,6 +215,10 @@ pub struct Config {
     /// whole (the memlock limit must allow it). A LUN whose image cannot be registered lives in
     /// ordinary memory, with a log line. Only with iser:// portals.
     pub iser_register_ram_luns: Option<bool>,
+    /// The CHAP algorithms (CHAP_A) the target accepts, by name: "sha3-256", "sha-256",
+    /// "sha-1", "md5". Among them the initiator's CHAP_A order decides (RFC 7143 list
+    /// negotiation). Left out: all four.
+    pub chap_algorithms: Option<Vec<String>>,
     #[serde(default)]
     pub discovery: DiscoveryConfig,
     #[serde(default, rename = "target")]
@@ -307,6 +311,7 @@ impl Config {
             iser_poll_us: default_iser_poll_us(),
             iser_provider: IserProvider::Software,
             iser_register_ram_luns: None,
+            chap_algorithms: None,
             discovery: DiscoveryConfig::default(),
             targets: vec![TargetConfig {
                 name: DEFAULT_IQN.to_string(),
@@ -398,6 +403,43 @@ impl Config {
             }
         }
         self.validate_memory(&line_of)?;
+        if let Some(names) = &self.chap_algorithms {
+            let line = line_of("chap_algorithms");
+            if names.is_empty() {
+                return Err(ConfigError(format!(
+                    "{line}: chap_algorithms must name at least one of {} (leave it out for all)",
+                    chap_algorithm_names()
+                )));
+            }
+            for name in names {
+                if chap_algorithm(name).is_none() {
+                    return Err(ConfigError(format!(
+                        "{line}: chap_algorithms: unknown CHAP algorithm {name:?}; use {}",
+                        chap_algorithm_names()
+                    )));
+                }
+            }
+        }
+        // The line of `needle` within the table that holds the line with `anchor` (a target's
+        // name, or `[discovery`), for keys that many tables have.
+        let line_in_table_of = |anchor: &str, needle: &str| {
+            let lines: Vec<&str> = text.lines().collect();
+            let at = lines.iter().position(|l| l.contains(anchor)).unwrap_or(0);
+            let table = lines
+                .iter()
+                .take(at + 1)
+                .rposition(|l| l.trim_start().starts_with('['))
+                .unwrap_or(0);
+            lines
+                .iter()
+                .skip(table)
+                .position(|l| l.contains(needle))
+                .map(|i| format!("{origin}:{}", table + i + 1))
+                .unwrap_or_else(|| line_of(anchor))
+        };
+        // RFC 7143 §12.1.3: the secrets of the two directions must differ, else a peer could
+        // answer the target's challenge by reflecting it.
+        let same_secrets = |chap: &Option<Chap>, mutual: &Option<Chap>| matches!((chap, mutual), (Some(c), Some(m)) if c.secret == m.secret);
         let mut seen = std::collections::HashSet::new();
         for t in &self.targets {
             if !(t.name.starts_with("iqn.")
@@ -432,6 +474,14 @@ impl Config {
                     t.name
                 )));
             }
+            if same_secrets(&t.chap, &t.mutual_chap) {
+                return Err(ConfigError(format!(
+                    "{}: target {:?}: the mutual_chap secret must differ from the chap secret \
+                     (RFC 7143 §12.1.3)",
+                    line_in_table_of(&t.name, "mutual_chap"),
+                    t.name
+                )));
+            }
             for (k, lun) in &t.lun {
                 let n: u16 = k.parse().ok().filter(|n| *n < 16384).ok_or_else(|| {
                     ConfigError(format!(
@@ -453,6 +503,13 @@ impl Config {
             return Err(ConfigError(format!(
                 "{}: discovery mutual_chap needs chap too",
                 line_of("mutual_chap")
+            )));
+        }
+        if same_secrets(&self.discovery.chap, &self.discovery.mutual_chap) {
+            return Err(ConfigError(format!(
+                "{}: discovery: the mutual_chap secret must differ from the chap secret \
+                 (RFC 7143 §12.1.3)",
+                line_in_table_of("[discovery", "mutual_chap")
             )));
         }
         Ok(())
@@ -500,6 +557,14 @@ impl Config {
             .unwrap_or_else(|| (physical_memory_mib() / 8).clamp(256, 8 << 10))
     }
 
+    /// The CHAP algorithms the target accepts (`chap_algorithms`; all when left out).
+    pub fn chap_algorithms(&self) -> Vec<ChapAlgorithm> {
+        match &self.chap_algorithms {
+            None => ChapAlgorithm::ALL.to_vec(),
+            Some(names) => names.iter().filter_map(|n| chap_algorithm(n)).collect(),
+        }
+    }
+
     /// LUN configs of a target as (number, config).
     pub fn luns(t: &TargetConfig) -> Vec<(u64, LunConfig)> {
         t.lun
@@ -522,6 +587,22 @@ fn physical_memory_mib() -> u64 {
             Some(kib >> 10)
         })
         .unwrap_or(2 << 10)
+}
+
+/// The CHAP algorithm a `chap_algorithms` entry names (its name in any case).
+fn chap_algorithm(name: &str) -> Option<ChapAlgorithm> {
+    ChapAlgorithm::ALL
+        .into_iter()
+        .find(|a| a.name().eq_ignore_ascii_case(name))
+}
+
+/// The names `chap_algorithms` accepts, for error messages.
+fn chap_algorithm_names() -> String {
+    let names: Vec<String> = ChapAlgorithm::ALL
+        .iter()
+        .map(|a| format!("{:?}", a.name().to_ascii_lowercase()))
+        .collect();
+    names.join(", ")
 }
 
 fn auth(chap: &Option<Chap>, mutual: &Option<Chap>) -> AuthRequirement {
@@ -671,6 +752,72 @@ read_only = true
         );
         let e = Config::parse("portals = [\"iser://nowhere\"]\n", "p.toml").unwrap_err();
         assert!(e.0.starts_with("p.toml:1: portal"), "{}", e.0);
+    }
+
+    #[test]
+    fn a_mutual_chap_secret_equal_to_the_chap_secret_is_refused() {
+        let target = "[[target]]\nname = \"iqn.2026-11.org.ironsan:t\"\n\
+                      chap = { user = \"u\", secret = \"samesecret12\" }\n\
+                      mutual_chap = { user = \"t\", secret = \"samesecret12\" }\n";
+        let e = Config::parse(target, "t.toml").unwrap_err().0;
+        assert!(
+            e.starts_with("t.toml:4: ") && e.contains("must differ") && !e.contains('\n'),
+            "{e}"
+        );
+        // The second target's mutual_chap line, not the first target's.
+        let two = format!(
+            "[[target]]\nname = \"iqn.2026-11.org.ironsan:a\"\n\
+             chap = {{ user = \"u\", secret = \"secretsecret\" }}\n\
+             mutual_chap = {{ user = \"t\", secret = \"targetsecret\" }}\n{}",
+            target.replace(":t\"", ":b\"")
+        );
+        let e = Config::parse(&two, "t.toml").unwrap_err().0;
+        assert!(e.starts_with("t.toml:8: ") && e.contains(":b"), "{e}");
+        let discovery = "queue_depth = 8\n[discovery]\n\
+                         chap = { user = \"d\", secret = \"discsecret12\" }\n\
+                         mutual_chap = { user = \"t\", secret = \"discsecret12\" }\n";
+        let e = Config::parse(discovery, "d.toml").unwrap_err().0;
+        assert!(
+            e.starts_with("d.toml:4: ") && e.contains("discovery") && e.contains("must differ"),
+            "{e}"
+        );
+        // Different secrets are fine.
+        Config::parse(
+            &discovery.replace(
+                "t\", secret = \"discsecret12",
+                "t\", secret = \"othersecret1",
+            ),
+            "d.toml",
+        )
+        .expect("different secrets");
+    }
+
+    #[test]
+    fn chap_algorithms_name_implemented_ones() {
+        let c = Config::parse("queue_depth = 8\n", "c.toml").unwrap();
+        assert_eq!(c.chap_algorithms(), ChapAlgorithm::ALL.to_vec());
+        let c = Config::parse("chap_algorithms = [\"SHA-256\", \"sha3-256\"]\n", "c.toml").unwrap();
+        assert_eq!(
+            c.chap_algorithms(),
+            vec![ChapAlgorithm::Sha256, ChapAlgorithm::Sha3_256]
+        );
+        let e = Config::parse(
+            "queue_depth = 8\nchap_algorithms = [\"sha-512\"]\n",
+            "c.toml",
+        )
+        .unwrap_err()
+        .0;
+        assert!(
+            e.starts_with("c.toml:2: ") && e.contains("\"sha-512\"") && e.contains("\"md5\""),
+            "{e}"
+        );
+        let e = Config::parse("chap_algorithms = []\n", "c.toml")
+            .unwrap_err()
+            .0;
+        assert!(
+            e.starts_with("c.toml:1: ") && e.contains("at least one"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@
 //! observer can watch each accepted socket (e.g. sample its TCP_INFO) for as long as the
 //! connection lives ([`Bound::observe_connections`]).
 
+pub mod auth_throttle;
 pub mod config;
 mod erl1;
 mod erl2;
@@ -33,7 +34,9 @@ use datamover_iser::TargetDevice;
 use iscsi_login::directory::Portal;
 use iscsi_login::params::SessionType;
 use iscsi_login::pdu::LoginStatus;
-use iscsi_login::target::{LoginState, TargetLimits, TargetLogin, TargetLoginConfig};
+use iscsi_login::target::{
+    ExistingSession, LoginState, TargetLimits, TargetLogin, TargetLoginConfig,
+};
 use iscsi_session::{CmdWindow, WriteLimits};
 use iscsi_wire::{AsyncMessage, Bhs, Digests};
 use session::{Conn, Session};
@@ -41,7 +44,7 @@ use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 const LOGIN_TIMEOUT: Duration = Duration::from_secs(15);
@@ -64,6 +67,8 @@ pub struct Target {
     /// The memory all peers together may make the target hold (`memory_mib`); each
     /// session's and connection's account counts in it.
     memory: Arc<Budget>,
+    /// Failed authentications by initiator name and address, which lock out further tries.
+    auth_throttle: Mutex<auth_throttle::AuthThrottle>,
 }
 
 /// Listeners bound for a target, ready to serve.
@@ -142,6 +147,7 @@ impl Target {
             admission: Mutex::new(()),
             logging_in: datamover::admission::Admission::new(max_pending_logins),
             memory,
+            auth_throttle: Mutex::new(auth_throttle::AuthThrottle::new(Default::default())),
         });
         Ok(Bound { target, portals })
     }
@@ -194,6 +200,7 @@ impl Target {
             iser_recv_data_segment_length: datamover_iser::target::DEFAULT_RECV_DATA,
             // The receives kept posted beyond the command window.
             max_outstanding_unexpected_pdus: datamover_iser::target::UNEXPECTED_RECVS,
+            chap_algorithms: self.config().chap_algorithms(),
             ..TargetLimits::default()
         };
         if let Some(m) = self.config().max_recv_data_segment_length {
@@ -381,12 +388,18 @@ async fn login(
     let named = named_target(existing.as_deref(), &pdu.pdu.data);
     let mut tl = TargetLogin::new(TargetLoginConfig {
         portal_group_tag: portal.tpgt,
-        existing_session: existing.as_ref().map(|s| s.params.clone()),
+        existing_session: existing.as_ref().map(|s| ExistingSession {
+            params: s.params.clone(),
+            isid: s.identity.isid,
+            chap_user: s.chap_user.clone(),
+        }),
         transport: conn.kind(),
         limits: target.limits_for(named.as_deref()),
         directory: target.directory.clone(),
     });
     let mut stat_sn: u32 = rand::random::<u32>() & 0x00ff_ffff;
+    // Whether the auth throttle was asked: once, when the first request is whole.
+    let mut throttle_asked = false;
     loop {
         let Bhs::LoginRequest(bhs) = &pdu.pdu.bhs else {
             return Err(format!("{} during login", pdu.pdu.bhs.opcode().name()));
@@ -401,6 +414,30 @@ async fn login(
         let respond = |rsp: &iscsi_login::pdu::LoginResponse, exp: u32, max: u32| {
             datamover::login_pdu::response_out(rsp, stat_sn, exp, max)
         };
+        if let (false, Some(name)) = (throttle_asked, tl.initiator_name()) {
+            throttle_asked = true;
+            let locked_out = tl.requires_chap()
+                && step.state != LoginState::Failed
+                && target.auth_throttle.lock().expect("auth throttle").refuses(
+                    name,
+                    peer.ip(),
+                    Instant::now(),
+                );
+            if locked_out {
+                let status = LoginStatus::AUTHENTICATION_FAILURE;
+                let fail = iscsi_login::pdu::LoginResponse::failure(&req, status);
+                let _ = conn.send(&respond(&fail, exp, max)).await;
+                tracing::warn!(
+                    %peer,
+                    initiator = name,
+                    "login refused: too many failed authentications of this initiator name or \
+                     from this address lately ({}, 0x{:04x})",
+                    status.meaning(),
+                    status.code()
+                );
+                return Ok(None);
+            }
+        }
         match step.state {
             LoginState::Continue => {
                 conn.send(&respond(&rsp, exp, max))
@@ -409,6 +446,17 @@ async fn login(
             }
             LoginState::Failed => {
                 let status = rsp.status();
+                // Only where a secret was at stake: an initiator insisting on CHAP with a
+                // target that needs none is refused 0x0201 too, but guessed nothing.
+                if let (LoginStatus::AUTHENTICATION_FAILURE, Some(name), true) =
+                    (status, tl.initiator_name(), tl.requires_chap())
+                {
+                    target.auth_throttle.lock().expect("auth throttle").failed(
+                        name,
+                        peer.ip(),
+                        Instant::now(),
+                    );
+                }
                 let _ = conn.send(&respond(&rsp, exp, max)).await;
                 tracing::warn!(%peer, "login rejected: {} (0x{:04x})", status.meaning(), status.code());
                 return Ok(None);
@@ -800,6 +848,7 @@ fn create_session(
         tsih,
         nexus,
         identity,
+        chap_user: outcome.chap_user.clone(),
         params: outcome.session.clone(),
         device,
         window: Mutex::new(CmdWindow::new(cmd_sn, depth)),

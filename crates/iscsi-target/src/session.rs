@@ -52,6 +52,9 @@ pub(crate) struct Session {
     pub tsih: u16,
     pub nexus: scsi::NexusId,
     pub identity: SessionIdentity,
+    /// The CHAP user name the leading login authenticated as (`None` without CHAP): a
+    /// connection joins the session only as the same user.
+    pub chap_user: Option<String>,
     pub params: SessionParams,
     pub device: Option<Arc<scsi::Device>>,
     pub window: Mutex<CmdWindow<Work>>,

@@ -4,7 +4,8 @@
 //! client that sends half a PDU and stops, one that sends a byte a second; a real session logs
 //! in and moves verified data meanwhile. A login past `max_sessions`, `max_connections` or
 //! `max_connections_per_initiator` is refused with RFC 7143's status (0x0302 Out of resources,
-//! 0x0206 Too many connections), and other sessions carry on.
+//! 0x0206 Too many connections), and other sessions carry on. A connection naming a session's
+//! TSIH with another ISID is refused (0x020a Session does not exist).
 
 mod common;
 use common::*;
@@ -92,7 +93,8 @@ async fn the_shared_iser_and_tcp_portal_serves_a_client_among_hostile_ones() {
 }
 
 /// Logs in (security stage, then operational stage to full feature phase) as `initiator` with
-/// ISID `isid_tail`; returns the final Login Response's status (class, detail) and the conn.
+/// ISID `isid_tail`; returns the status (class, detail) of the Login Response that refused
+/// it, or of the final one, and the conn.
 async fn login_as(
     addr: SocketAddr,
     initiator: &str,
@@ -112,7 +114,9 @@ async fn login_as(
     ];
     let r = c.login_request(0, 1, true, &key_values(&first)).await;
     assert_eq!(r.opcode(), 0x23, "login response");
-    assert_eq!(&r.bhs[36..38], &[0, 0], "security stage status");
+    if r.bhs[36..38] != [0, 0] {
+        return ([r.bhs[36], r.bhs[37]], c);
+    }
     c.exp_stat_sn = r.field32(24).wrapping_add(1);
     let r = c
         .login_request(1, 3, true, &key_values(&plain_keys()))
@@ -187,6 +191,32 @@ async fn max_connections_per_initiator_refuses_with_too_many_connections() {
     assert_eq!(s4, OK);
     roundtrip(&mut c4, 64, 8, 4).await;
     roundtrip(&mut c1, 0, 8, 3).await;
+}
+
+const SESSION_DOES_NOT_EXIST: [u8; 2] = [2, 0x0a];
+
+/// A connection joining a session must carry that session's ISID: with the same initiator
+/// name, target, TSIH and CID but another ISID it names no session (0x020a), so it cannot
+/// take over the session's connection, and the session carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joining_a_session_with_another_isid_is_refused() {
+    let addr = start_target("").await;
+    let (s1, mut c1) = login_as(addr, A, 1, 0, 1).await;
+    assert_eq!(s1, OK);
+    let (s2, mut c2) = login_as(addr, A, 2, c1.tsih, 1).await;
+    assert_eq!(s2, SESSION_DOES_NOT_EXIST, "another ISID with the TSIH");
+    assert!(
+        c2.closed_by_target(0).await,
+        "the refused connection is closed"
+    );
+    roundtrip(&mut c1, 0, 8, 5).await;
+    // The session's own ISID still joins it.
+    let (s3, mut c3) = login_as(addr, A, 1, c1.tsih, 2).await;
+    assert_eq!(s3, OK, "the session's ISID joins");
+    roundtrip(&mut c3, 64, 8, 6).await;
+    // CmdSN is session-wide: c1 goes on from where c3 left it.
+    c1.cmd_sn = c3.cmd_sn;
+    roundtrip(&mut c1, 0, 8, 7).await;
 }
 
 #[test]
