@@ -171,6 +171,9 @@ pub struct PduFramer {
     header_digest: Option<bool>,
     data_digest: Option<bool>,
     synced: bool,
+    /// While not synced, after a search that found no boundary: the stream offset the
+    /// buffer must reach before the next search.
+    search_at: u64,
     /// The stream has ended: no byte follows the buffer, so a digest not yet detected cannot
     /// be behind the last PDU.
     ended: bool,
@@ -225,6 +228,7 @@ impl PduFramer {
             header_digest: None,
             data_digest: None,
             synced: from_start,
+            search_at: 0,
             ended: false,
             stats: FramerStats::default(),
         }
@@ -276,6 +280,7 @@ impl PduFramer {
             self.marks.clear();
             self.buf_offset = chunk.offset;
             self.synced = false;
+            self.search_at = 0;
         }
         self.buf.extend_from_slice(&chunk.data);
         self.marks.push_back((
@@ -458,7 +463,16 @@ impl PduFramer {
 
     /// Skips to the next plausible header; false when more bytes are needed. A candidate
     /// confirmed by the header after it wins over an earlier one that cannot be checked yet.
+    ///
+    /// A search looks at every position from the first undecided one, so it costs what is
+    /// pending; after one that found nothing, the next waits until an eighth as much again
+    /// has arrived (or the stream ends). Searching on every chunk made bytes arriving in
+    /// small pieces cost the square of what was pending.
     fn resync(&mut self) -> bool {
+        let end = self.buf_offset + self.buf.len() as u64;
+        if !self.ended && end < self.search_at {
+            return false;
+        }
         let mut at = self.used;
         let mut first_unknown = None;
         // Bounded by the buffer length.
@@ -482,6 +496,7 @@ impl PduFramer {
         let stop = first_unknown.unwrap_or(at);
         self.stats.skipped_bytes += (stop - self.used) as u64;
         self.used = stop;
+        self.search_at = end + ((self.buf.len() - self.used) as u64 / 8).max(1);
         false
     }
 }
@@ -865,6 +880,40 @@ mod tests {
         assert!(out[0].data.iter().all(|&b| b == 0xab));
         assert_eq!(out[1].offset as usize, pdu_len);
         assert_eq!(f.pending(), 0);
+    }
+
+    /// After a gap, 400 KB of bytes each of which starts a plausible header (a Data-Out
+    /// of 0x050505 bytes) whose successor is not in yet, arriving 7 bytes at a time: the
+    /// search for a boundary costs a bounded number of looks per byte, seconds here.
+    /// It used to look again at every undecided position for every chunk: 19 KB of the
+    /// 400 KB searched after 20 s.
+    #[test]
+    fn resync_over_undecided_candidates_is_linear() {
+        let mut bytes = vec![0x05u8; 400_000];
+        bytes.extend(read10(9));
+        bytes.extend(read10(10));
+        let mut f = PduFramer::new(false);
+        let limit = std::time::Duration::from_secs(20);
+        let started = std::time::Instant::now();
+        let mut out = Vec::new();
+        for (i, piece) in bytes.chunks(7).enumerate() {
+            out.extend(f.push(&chunk(1000 + i as u64 * 7, piece, i as u64)));
+            assert!(
+                started.elapsed() < limit,
+                "{} of {} bytes searched after {limit:?}",
+                i * 7,
+                bytes.len()
+            );
+        }
+        out.extend(f.finish());
+        // The first position is confirmed once the header after its 329,036 bytes is in;
+        // the next "PDU" (more 0x05 bytes) never completes, so the commands stay unframed.
+        let framed: Vec<_> = out
+            .iter()
+            .map(|p| (p.offset, p.wire_len, p.bhs.opcode()))
+            .collect();
+        assert_eq!(framed, [(1000, 329_036, Opcode::DataOut)]);
+        assert_eq!((f.stats.resyncs, f.stats.skipped_bytes), (1, 0));
     }
 
     #[test]
