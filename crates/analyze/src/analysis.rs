@@ -33,6 +33,29 @@ impl Default for Options {
     }
 }
 
+/// Bounds on what a capture can make the analysis hold, whatever the capture says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections (and undecided flows on other ports) one capture may open, each kept to
+    /// the end; the segments of flows first seen past it are skipped and counted
+    /// ([`Analysis::skipped_flows`]).
+    pub max_flows: usize,
+    /// Bytes held beyond holes across all connections: a segment that takes the total past
+    /// it makes its stream give up its holes (reported as unrecovered) until the total is
+    /// back within it. Each stream has its own limit too ([`crate::tcp::DEFAULT_AHEAD_LIMIT`]).
+    pub max_ahead_bytes: usize,
+}
+
+impl Default for Limits {
+    /// 65,536 flows; 256 MiB held ahead of holes.
+    fn default() -> Limits {
+        Limits {
+            max_flows: 1 << 16,
+            max_ahead_bytes: 256 << 20,
+        }
+    }
+}
+
 /// A payload-carrying packet, for idle-time and throughput arithmetic.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct PacketMark {
@@ -98,6 +121,15 @@ pub struct Analysis {
     pub end_ns: u64,
     pub connections: Vec<Connection>,
     pub pdus: Vec<PduRecord>,
+    /// Flows first seen after [`Limits::max_flows`] were tracked: their segments were
+    /// skipped. Counted up to `max_flows` distinct flows (then [`Analysis::skipped_segments`]
+    /// still counts).
+    pub skipped_flows: u64,
+    pub skipped_segments: u64,
+    /// The most bytes held beyond holes at once, over all connections.
+    pub ahead_peak_bytes: u64,
+    /// What the analysis left out to stay within its [`Limits`], one line each.
+    pub notes: Vec<String>,
 }
 
 enum Decoder {
@@ -172,8 +204,27 @@ pub fn analyze_file(path: &Path, opts: &Options) -> Result<Analysis, CaptureErro
     Ok(analyze_frames(&frames, opts))
 }
 
-/// Analyzes frames in capture order.
+/// Analyzes frames in capture order, within the default [`Limits`].
 pub fn analyze_frames(frames: &[Frame], opts: &Options) -> Analysis {
+    analyze_frames_within(frames, opts, &Limits::default())
+}
+
+/// Bytes held beyond holes over all connections, against [`Limits::max_ahead_bytes`].
+struct AheadBudget {
+    held: usize,
+    peak: usize,
+    max: usize,
+}
+
+/// As [`analyze_frames`], within `limits`.
+pub fn analyze_frames_within(frames: &[Frame], opts: &Options, limits: &Limits) -> Analysis {
+    let mut budget = AheadBudget {
+        held: 0,
+        peak: 0,
+        max: limits.max_ahead_bytes,
+    };
+    let mut skipped: HashSet<(SocketAddr, SocketAddr)> = HashSet::new();
+    let mut skipped_segments = 0u64;
     let mut conns: Vec<ConnState> = Vec::new();
     let mut by_flow: HashMap<(SocketAddr, SocketAddr), usize> = HashMap::new();
     // SYNs of flows on unknown ports, kept until content decides.
@@ -189,7 +240,7 @@ pub fn analyze_frames(frames: &[Frame], opts: &Options) -> Analysis {
         // A new SYN on a known flow is a new connection reusing the ports.
         if seg.syn && !seg.has_ack {
             if let Some(i) = by_flow.remove(&key) {
-                finish(&mut conns[i]);
+                finish(&mut conns[i], &mut budget);
             }
             rejected.remove(&key);
         }
@@ -199,21 +250,40 @@ pub fn analyze_frames(frames: &[Frame], opts: &Options) -> Analysis {
                 if rejected.contains(&key) {
                     continue;
                 }
+                // Every new flow costs memory until the end (a connection's records, or
+                // the undecided flow's segments): past the limit it is only counted.
+                let tracked = conns.len() + pending_syn.len();
+                if tracked >= limits.max_flows && !pending_syn.contains_key(&key) {
+                    skipped_segments += 1;
+                    if skipped.len() < limits.max_flows {
+                        skipped.insert(key);
+                    }
+                    continue;
+                }
                 match orient(&seg, opts) {
                     Some((ini, tgt)) => {
                         let id = conns.len();
                         conns.push(new_conn(id, ini, tgt, seg.ts_ns));
                         by_flow.insert(key, id);
                         for old in pending_syn.remove(&key).unwrap_or_default() {
-                            feed(&mut conns[id], &old);
+                            feed(&mut conns[id], &old, &mut budget);
                         }
                         id
                     }
                     None => {
                         if seg.syn || seg.payload.is_empty() {
-                            pending_syn.entry(key).or_default().push(seg);
+                            let held = pending_syn.entry(key).or_default();
+                            // A handshake is three segments; a flow that sends nothing but
+                            // empty ones has no more kept.
+                            if held.len() < PENDING_SEGMENTS {
+                                held.push(seg);
+                            }
                         } else {
-                            rejected.insert(key);
+                            // Bounded like the flows: past the limit a rejected flow's
+                            // segments are looked at again (orient is cheap).
+                            if rejected.len() < limits.max_flows {
+                                rejected.insert(key);
+                            }
                             pending_syn.remove(&key);
                         }
                         continue;
@@ -221,10 +291,23 @@ pub fn analyze_frames(frames: &[Frame], opts: &Options) -> Analysis {
                 }
             }
         };
-        feed(&mut conns[ci], &seg);
+        feed(&mut conns[ci], &seg, &mut budget);
     }
     for c in conns.iter_mut() {
-        finish(c);
+        finish(c, &mut budget);
+    }
+    let mut notes = Vec::new();
+    if skipped_segments > 0 {
+        let at_least = if skipped.len() >= limits.max_flows {
+            "at least "
+        } else {
+            ""
+        };
+        notes.push(format!(
+            "{at_least}{} flows ({skipped_segments} segments) skipped: more than {} flows in the capture",
+            skipped.len(),
+            limits.max_flows
+        ));
     }
     let start_ns = frames.iter().map(|f| f.ts_ns).min().unwrap_or(0);
     let end_ns = frames.iter().map(|f| f.ts_ns).max().unwrap_or(0);
@@ -247,8 +330,16 @@ pub fn analyze_frames(frames: &[Frame], opts: &Options) -> Analysis {
         end_ns,
         connections,
         pdus,
+        skipped_flows: skipped.len() as u64,
+        skipped_segments,
+        ahead_peak_bytes: budget.peak as u64,
+        notes,
     }
 }
+
+/// Segments kept of an undecided flow on another port (its handshake) before content
+/// decides.
+const PENDING_SEGMENTS: usize = 8;
 
 fn new_conn(id: usize, initiator: SocketAddr, target: SocketAddr, ts: u64) -> ConnState {
     let half = || Half {
@@ -283,7 +374,7 @@ fn new_conn(id: usize, initiator: SocketAddr, target: SocketAddr, ts: u64) -> Co
     }
 }
 
-fn feed(c: &mut ConnState, seg: &TcpSegment) {
+fn feed(c: &mut ConnState, seg: &TcpSegment, budget: &mut AheadBudget) {
     let dir = if seg.src == c.conn.initiator {
         Dir::ToTarget
     } else {
@@ -313,9 +404,19 @@ fn feed(c: &mut ConnState, seg: &TcpSegment) {
     }
     let h = &mut c.halves[idx(dir)];
     h.saw_syn |= seg.syn;
-    let chunks = h
+    let before = h.stream.ahead_bytes();
+    let mut chunks = h
         .stream
         .push(seg.seq, seg.syn, &seg.payload, seg.ts_ns, seg.frame);
+    budget.held = budget.held - before + h.stream.ahead_bytes();
+    // The stream that takes the total past the limit lets go of its own holes: what it
+    // held is bounded by the limit plus the one segment just taken.
+    budget.peak = budget.peak.max(budget.held);
+    while budget.held > budget.max && h.stream.ahead_bytes() > 0 {
+        let before = h.stream.ahead_bytes();
+        chunks.extend(h.stream.give_up_first_hole(seg.ts_ns, seg.frame));
+        budget.held = budget.held - before + h.stream.ahead_bytes();
+    }
     deliver(c, dir, chunks);
 }
 
@@ -381,9 +482,10 @@ fn learn_digests(c: &mut ConnState) {
     }
 }
 
-fn finish(c: &mut ConnState) {
+fn finish(c: &mut ConnState, budget: &mut AheadBudget) {
     for dir in [Dir::ToTarget, Dir::ToInitiator] {
         let h = &mut c.halves[idx(dir)];
+        budget.held -= h.stream.ahead_bytes();
         let chunks = h.stream.finish(c.conn.last_ts_ns, 0);
         deliver(c, dir, chunks);
         if let Some(Decoder::Iscsi(f)) = &mut c.halves[idx(dir)].decoder {
@@ -418,6 +520,7 @@ fn finish(c: &mut ConnState) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tcp::TcpEventKind;
 
     fn segment(payload: &[u8]) -> TcpSegment {
         TcpSegment {
@@ -515,6 +618,100 @@ mod tests {
             linktype: 1,
             data: pcap_trace::build_frame(src, dst, seq, 1, 0x18, payload),
         }
+    }
+
+    /// 3,000 flows to port 3260, each with 48 bytes and then 1,000 bytes beyond a 100-byte
+    /// hole never filled. Within 2,000 flows and 256 KiB held beyond holes: 2,000 are
+    /// tracked, the other 1,000 counted and skipped with one note, and the bytes held never
+    /// pass the limit by more than one segment (the flows that would have passed it gave
+    /// their holes up at once). Without limits all 3,000 hold their 1,000 bytes to the end.
+    #[test]
+    fn many_flows_with_holes_stay_within_the_limits() {
+        let target: SocketAddr = "10.0.0.2:3260".parse().unwrap();
+        let mut frames = Vec::new();
+        for i in 0..3000u32 {
+            let ini = SocketAddr::from(([10, 1, (i >> 8) as u8, i as u8], 40000));
+            let n = frames.len() as u64 + 1;
+            frames.push(tcp_frame(n, ini, target, 1000, &[0; 48]));
+            frames.push(tcp_frame(n + 1, ini, target, 1148, &[0x55; 1000]));
+        }
+        let limits = Limits {
+            max_flows: 2000,
+            max_ahead_bytes: 256 << 10,
+        };
+        let a = analyze_frames_within(&frames, &Options::default(), &limits);
+        assert_eq!(a.connections.len(), 2000);
+        assert_eq!((a.skipped_flows, a.skipped_segments), (1000, 2000));
+        assert!(
+            (256 << 10..=(256 << 10) + 1000).contains(&a.ahead_peak_bytes),
+            "peak {}",
+            a.ahead_peak_bytes
+        );
+        assert_eq!(a.notes.len(), 1, "{:?}", a.notes);
+        assert_eq!(
+            a.notes[0],
+            "1000 flows (2000 segments) skipped: more than 2000 flows in the capture"
+        );
+        let listing = crate::listing::text(&a);
+        assert!(listing
+            .lines()
+            .any(|l| l == format!("note: {}", a.notes[0])));
+        // Holes given up before the end are reported at the segment that did it (those
+        // left to the end carry frame 0).
+        let early = a
+            .connections
+            .iter()
+            .filter(|c| {
+                c.tcp_events
+                    .iter()
+                    .any(|(_, e)| e.kind == TcpEventKind::Unrecovered && e.frame != 0)
+            })
+            .count();
+        let fit = (256 << 10) / 1000;
+        assert!((2000 - fit - 1..=2000 - fit).contains(&early), "{early}");
+        assert!(a
+            .connections
+            .iter()
+            .all(|c| c.to_target.unrecovered_bytes == 100));
+
+        let unbounded = analyze_frames(&frames, &Options::default());
+        assert_eq!(unbounded.connections.len(), 3000);
+        assert_eq!(unbounded.ahead_peak_bytes, 3_000_000);
+        assert!(unbounded.notes.is_empty() && unbounded.skipped_flows == 0);
+    }
+
+    /// SYNs of flows on other ports wait for content; past the flow limit they are skipped
+    /// and counted too, so a capture of port scans holds at most `max_flows` of them (and
+    /// counts distinct skipped flows up to as many).
+    #[test]
+    fn undecided_flows_count_against_the_flow_limit() {
+        let target: SocketAddr = "10.0.0.2:5000".parse().unwrap();
+        let frames: Vec<Frame> = (0..5000u32)
+            .map(|i| Frame {
+                number: i as u64 + 1,
+                ts_ns: i as u64 * 1000,
+                linktype: 1,
+                data: pcap_trace::build_frame(
+                    SocketAddr::from(([10, 1, (i >> 8) as u8, i as u8], 40000)),
+                    target,
+                    7,
+                    0,
+                    0x02,
+                    &[],
+                ),
+            })
+            .collect();
+        let limits = Limits {
+            max_flows: 1000,
+            max_ahead_bytes: 256 << 10,
+        };
+        let a = analyze_frames_within(&frames, &Options::default(), &limits);
+        assert!(a.connections.is_empty());
+        assert_eq!((a.skipped_flows, a.skipped_segments), (1000, 4000));
+        assert_eq!(
+            a.notes,
+            ["at least 1000 flows (4000 segments) skipped: more than 1000 flows in the capture"]
+        );
     }
 
     /// An iSER WRITE as Linux does it: the target RDMA-Reads the data from the command's Write

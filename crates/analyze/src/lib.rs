@@ -27,7 +27,9 @@ pub mod tcpinfo;
 pub mod timeline;
 pub mod window;
 
-pub use analysis::{analyze_file, analyze_frames, Analysis, Connection, Options};
+pub use analysis::{
+    analyze_file, analyze_frames, analyze_frames_within, Analysis, Connection, Limits, Options,
+};
 pub use iscsi::{Dir, PduRecord};
 /// The pcapng writer runtimes use for `--trace` (re-exported from the `pcap-trace` crate).
 pub use pcap_trace as trace;

@@ -66,7 +66,8 @@ pub fn pdu_line(p: &PduRecord) -> String {
 }
 
 /// The whole listing as text: the PDUs and, on iSER connections, the RDMA operations that
-/// moved command data, in time order.
+/// moved command data, in time order; then a `note:` line for each thing the analysis left
+/// out to stay within its limits.
 pub fn text(a: &Analysis) -> String {
     let mut lines: Vec<((u64, u64), String)> = a
         .pdus
@@ -80,6 +81,9 @@ pub fn text(a: &Analysis) -> String {
     for (_, line) in lines {
         out.push_str(&line);
         out.push('\n');
+    }
+    for n in &a.notes {
+        let _ = writeln!(out, "note: {n}");
     }
     out
 }
@@ -174,6 +178,9 @@ pub struct JsonListing<'a> {
     /// PDUs per opcode, keyed `0xNN`.
     pub opcode_counts: BTreeMap<String, usize>,
     pub pdus: &'a [PduRecord],
+    /// What the analysis left out to stay within its limits (absent when nothing).
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    pub notes: &'a [String],
 }
 
 /// The listing part of the JSON document (see [`JsonListing`]).
@@ -187,5 +194,6 @@ pub fn json(a: &Analysis) -> JsonListing<'_> {
             .map(|(op, (_, n))| (format!("0x{op:02x}"), n))
             .collect(),
         pdus: &a.pdus,
+        notes: &a.notes,
     }
 }

@@ -268,6 +268,18 @@ impl HalfStream {
     pub fn next_offset(&self) -> u64 {
         self.next
     }
+
+    /// Bytes held beyond holes, waiting for them to fill.
+    pub fn ahead_bytes(&self) -> usize {
+        self.ahead_bytes
+    }
+
+    /// Gives up the first hole (an [`TcpEventKind::Unrecovered`] event) before it is
+    /// filled, as when this stream's own limit is hit: for a caller that bounds the bytes
+    /// held across many streams. Returns the bytes after the hole that became contiguous.
+    pub fn give_up_first_hole(&mut self, ts_ns: u64, frame: u64) -> Vec<Chunk> {
+        self.give_up_hole(ts_ns, frame)
+    }
 }
 
 #[cfg(test)]

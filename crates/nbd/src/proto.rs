@@ -172,8 +172,6 @@ pub enum ProtoError {
     UnknownExport(String),
     /// A request not starting with `NBD_REQUEST_MAGIC`.
     RequestMagic(u32),
-    /// A write whose payload is larger than the advertised maximum.
-    WriteTooLarge { len: u32, max: u32 },
 }
 
 impl std::fmt::Display for ProtoError {
@@ -203,12 +201,6 @@ impl std::fmt::Display for ProtoError {
             }
             ProtoError::RequestMagic(v) => {
                 write!(f, "request magic 0x{v:08x} is not NBD_REQUEST_MAGIC")
-            }
-            ProtoError::WriteTooLarge { len, max } => {
-                write!(
-                    f,
-                    "a write of {len} bytes (the advertised maximum is {max})"
-                )
             }
         }
     }
@@ -527,6 +519,10 @@ pub struct Request {
     /// The request type as sent (the reply to a READ is shaped differently).
     pub kind: u16,
     pub command: Result<Command, Refusal>,
+    /// Payload bytes of a refused write still to come after what [`Transmission::parse`]
+    /// already took off the buffer: the caller skips them before the next request. A
+    /// refused write's payload is never buffered, however long the client says it is.
+    pub discard: u32,
 }
 
 impl Request {
@@ -588,66 +584,71 @@ impl Transmission {
     }
 
     /// Bytes `buf` must hold before the request at its front is complete (0 if it is,
-    /// or if not even the header is in). Lets a reader reserve a write's payload at once.
+    /// if not even the header is in, or if it is a write that will be refused, whose
+    /// payload is skipped rather than buffered). Lets a reader reserve a write's payload
+    /// at once; never more than the advertised maximum.
     pub fn missing(&self, buf: &[u8]) -> usize {
-        if buf.len() < REQUEST_LEN {
+        let Some(h) = Header::peek(buf) else {
+            return 0;
+        };
+        if h.kind != cmd::WRITE || self.check(&h).is_err() {
             return 0;
         }
-        let kind = u16::from_be_bytes([buf[6], buf[7]]);
-        if kind != cmd::WRITE {
-            return 0;
-        }
-        let len = u32::from_be_bytes(buf[24..28].try_into().expect("4"));
-        let len = len.min(self.export.block_sizes.maximum) as usize;
-        (REQUEST_LEN + len).saturating_sub(buf.len())
+        (REQUEST_LEN + h.length as usize).saturating_sub(buf.len())
     }
 
     /// Takes the first complete request off `buf` (`None`: not complete yet). A request
     /// that cannot be served comes back with a [`Refusal`]; only framing errors, after which
-    /// the stream cannot be followed, are `Err`.
+    /// the stream cannot be followed, are `Err`. A refused write is answered as soon as its
+    /// header is in: whatever of its payload `buf` holds is dropped and the rest is left to
+    /// the caller to skip ([`Request::discard`]), so a peer's length is never allocated
+    /// unless the write is carried out (and then it is at most the advertised maximum).
     pub fn parse(&self, buf: &mut BytesMut) -> Result<Option<Request>, ProtoError> {
-        if buf.len() < REQUEST_LEN {
+        let Some(h) = Header::peek(buf) else {
             return Ok(None);
+        };
+        if h.magic != REQUEST_MAGIC {
+            return Err(ProtoError::RequestMagic(h.magic));
         }
-        let magic = u32::from_be_bytes(buf[0..4].try_into().expect("4"));
-        if magic != REQUEST_MAGIC {
-            return Err(ProtoError::RequestMagic(magic));
-        }
-        let flags = u16::from_be_bytes([buf[4], buf[5]]);
-        let kind = u16::from_be_bytes([buf[6], buf[7]]);
-        let handle = u64::from_be_bytes(buf[8..16].try_into().expect("8"));
-        let offset = u64::from_be_bytes(buf[16..24].try_into().expect("8"));
-        let length = u32::from_be_bytes(buf[24..28].try_into().expect("4"));
-        let mut data = Bytes::new();
-        if kind == cmd::WRITE {
-            let max = self.export.block_sizes.maximum;
-            if length > max {
-                return Err(ProtoError::WriteTooLarge { len: length, max });
+        let mut command = self.check(&h);
+        let mut discard = 0;
+        if h.kind == cmd::WRITE {
+            match &mut command {
+                Ok(Command::Write { data, .. }) => {
+                    if buf.len() < REQUEST_LEN + h.length as usize {
+                        return Ok(None);
+                    }
+                    buf.advance(REQUEST_LEN);
+                    *data = buf.split_to(h.length as usize).freeze();
+                }
+                _ => {
+                    buf.advance(REQUEST_LEN);
+                    let here = buf.len().min(h.length as usize);
+                    buf.advance(here);
+                    discard = h.length - here as u32;
+                }
             }
-            if buf.len() < REQUEST_LEN + length as usize {
-                return Ok(None);
-            }
-            buf.advance(REQUEST_LEN);
-            data = buf.split_to(length as usize).freeze();
         } else {
             buf.advance(REQUEST_LEN);
         }
-        let command = self.check(flags, kind, offset, length, data);
         Ok(Some(Request {
-            handle,
-            kind,
+            handle: h.handle,
+            kind: h.kind,
             command,
+            discard,
         }))
     }
 
-    fn check(
-        &self,
-        flags: u16,
-        kind: u16,
-        offset: u64,
-        length: u32,
-        data: Bytes,
-    ) -> Result<Command, Refusal> {
+    /// The command a request header asks for, or why it is refused. A write's data is
+    /// left empty (the caller fills it in once the payload is in).
+    fn check(&self, h: &Header) -> Result<Command, Refusal> {
+        let Header {
+            flags,
+            kind,
+            offset,
+            length,
+            ..
+        } = *h;
         let refuse = |errno: u32, message: String| Err(Refusal { errno, message });
         let e = &self.export;
         let mut allowed = if e.read_only { 0 } else { cflag::FUA };
@@ -672,6 +673,13 @@ impl Transmission {
                 e.size
             )
         };
+        let too_large = || {
+            format!(
+                "a {} of {length} bytes (the maximum is {})",
+                if kind == cmd::READ { "read" } else { "write" },
+                e.block_sizes.maximum
+            )
+        };
         let writes = matches!(kind, cmd::WRITE | cmd::TRIM | cmd::WRITE_ZEROES);
         if writes && e.read_only {
             return refuse(errno::EPERM, "the export is read-only".into());
@@ -679,13 +687,7 @@ impl Transmission {
         match kind {
             cmd::READ => {
                 if length > e.block_sizes.maximum {
-                    return refuse(
-                        errno::EINVAL,
-                        format!(
-                            "a read of {length} bytes (the maximum is {})",
-                            e.block_sizes.maximum
-                        ),
-                    );
+                    return refuse(errno::EINVAL, too_large());
                 }
                 if !in_range {
                     return refuse(errno::EINVAL, past_end());
@@ -693,10 +695,19 @@ impl Transmission {
                 Ok(Command::Read { offset, length })
             }
             cmd::WRITE => {
+                // The protocol's answer to a payload beyond the advertised maximum is
+                // EINVAL (as for a read); the payload is then skipped, not buffered.
+                if length > e.block_sizes.maximum {
+                    return refuse(errno::EINVAL, too_large());
+                }
                 if !in_range {
                     return refuse(errno::ENOSPC, past_end());
                 }
-                Ok(Command::Write { offset, data, fua })
+                Ok(Command::Write {
+                    offset,
+                    data: Bytes::new(),
+                    fua,
+                })
             }
             cmd::DISC => Ok(Command::Disconnect),
             cmd::FLUSH => {
@@ -737,6 +748,35 @@ impl Transmission {
     /// header, not copied into it).
     pub fn encode(&self, reply: &Reply) -> (Vec<u8>, Bytes) {
         encode_reply(self.structured, reply)
+    }
+}
+
+/// The fixed part of a request, as sent.
+#[derive(Debug, Clone, Copy)]
+struct Header {
+    magic: u32,
+    flags: u16,
+    kind: u16,
+    handle: u64,
+    offset: u64,
+    length: u32,
+}
+
+impl Header {
+    /// The header at the front of `buf`, if all of it is in.
+    fn peek(buf: &[u8]) -> Option<Header> {
+        let b: &[u8; REQUEST_LEN] = buf.get(..REQUEST_LEN)?.try_into().ok()?;
+        let u16_at = |i: usize| u16::from_be_bytes([b[i], b[i + 1]]);
+        let u32_at = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let u64_at = |i: usize| (u64::from(u32_at(i)) << 32) | u64::from(u32_at(i + 4));
+        Some(Header {
+            magic: u32_at(0),
+            flags: u16_at(4),
+            kind: u16_at(6),
+            handle: u64_at(8),
+            offset: u64_at(16),
+            length: u32_at(24),
+        })
     }
 }
 

@@ -3,14 +3,20 @@
 //! the [`Lun`] with many in flight per client (replies go out as they complete, matched to
 //! their requests by handle). A client that breaks the protocol loses its connection with
 //! one log line; the others carry on.
+//!
+//! What a client can make the server hold is bounded: each request takes one of the
+//! client's `in_flight` slots from its parsing until its reply is written to the socket, so
+//! a client that does not read its replies stops being read from; a refused write's payload
+//! is skipped, not buffered; the handshake, an idle connection and a write that makes no
+//! progress are each cut after their [`Timeouts`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::BytesMut;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
-use tokio::sync::{mpsc, Semaphore};
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::proto::{
@@ -18,22 +24,106 @@ use crate::proto::{
 };
 use lun_io::{IoError, Lun};
 
-/// A client must choose an export within this time.
+/// A client must choose an export within this time (the default of [`Timeouts::handshake`]).
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest READ/WRITE payload of one request (the protocol's customary 32 MiB).
 pub const MAX_REQUEST: u32 = 32 << 20;
+/// Replies are gathered into one socket write up to this many bytes; read data larger
+/// than [`COPY_LIMIT`] is written from where it lies instead of being copied.
+const GATHER: usize = 256 << 10;
+const COPY_LIMIT: usize = 64 << 10;
+
+/// How long the server waits on a client before it closes the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// From the greeting to the export chosen, sends included.
+    pub handshake: Duration,
+    /// In the transmission phase: how long a client may send nothing while none of its
+    /// requests is outstanding (`None`: forever). It is checked every `idle`, so a client
+    /// whose last request was answered just after a check is closed up to `2 × idle`
+    /// after it; a client with a request outstanding is never idle.
+    pub idle: Option<Duration>,
+    /// How long a reply's write may make no progress (the client does not read) before
+    /// the client is dropped.
+    pub write_stall: Duration,
+}
+
+impl Default for Timeouts {
+    /// 30 s for the handshake, an hour idle, a minute of writes without progress.
+    fn default() -> Timeouts {
+        Timeouts {
+            handshake: HANDSHAKE_TIMEOUT,
+            idle: Some(Duration::from_secs(3600)),
+            write_stall: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Bytes of read data the server holds for its replies (all clients): from the LUN's
+/// answer until the reply is written to the client's socket (or dropped with its
+/// connection). A client that sends reads and never reads the replies holds at most its
+/// `in_flight` replies' worth.
+#[derive(Debug, Default)]
+pub struct ReplyBytes {
+    now: AtomicU64,
+    peak: AtomicU64,
+}
+
+impl ReplyBytes {
+    /// Bytes held now.
+    pub fn now(&self) -> u64 {
+        self.now.load(Ordering::Relaxed)
+    }
+
+    /// The most held at once since the server started.
+    pub fn peak(&self) -> u64 {
+        self.peak.load(Ordering::Relaxed)
+    }
+
+    fn hold(self: &Arc<Self>, n: u64) -> Held {
+        let now = self.now.fetch_add(n, Ordering::Relaxed) + n;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+        Held {
+            bytes: self.clone(),
+            n,
+        }
+    }
+}
+
+/// `n` bytes counted in a [`ReplyBytes`] until dropped.
+struct Held {
+    bytes: Arc<ReplyBytes>,
+    n: u64,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.bytes.now.fetch_sub(self.n, Ordering::Relaxed);
+    }
+}
+
+/// A reply on its way to the socket, with the request slot it occupies: the slot (and
+/// the read data, counted in [`ReplyBytes`]) are let go only when the reply is written.
+struct Queued {
+    reply: Reply,
+    _slot: OwnedSemaphorePermit,
+    _held: Option<Held>,
+}
 
 /// The NBD server of one LUN.
 pub struct Server {
     lun: Arc<Lun>,
     export: Export,
     in_flight: usize,
+    timeouts: Timeouts,
     clients: AtomicU64,
+    reply_bytes: Arc<ReplyBytes>,
 }
 
 impl Server {
     /// Exports `lun` as `name` (clients may also ask for the default, empty name), with
-    /// up to `in_flight` requests of each client carried out at once.
+    /// up to `in_flight` requests of each client carried out or answered at once, and the
+    /// default [`Timeouts`].
     pub fn new(lun: Arc<Lun>, name: String, description: String, in_flight: usize) -> Server {
         let geo = lun.geometry();
         let export = Export {
@@ -51,8 +141,24 @@ impl Server {
             lun,
             export,
             in_flight: in_flight.max(1),
+            timeouts: Timeouts::default(),
             clients: AtomicU64::new(0),
+            reply_bytes: Arc::default(),
         }
+    }
+
+    /// The same server with `timeouts`.
+    pub fn with_timeouts(self, timeouts: Timeouts) -> Server {
+        Server { timeouts, ..self }
+    }
+
+    pub fn timeouts(&self) -> Timeouts {
+        self.timeouts
+    }
+
+    /// Read data held for replies not yet written, over all clients.
+    pub fn reply_bytes(&self) -> &ReplyBytes {
+        &self.reply_bytes
     }
 
     pub fn export(&self) -> &Export {
@@ -128,45 +234,16 @@ impl Server {
         S: AsyncRead + AsyncWrite + Send + 'static,
     {
         let (mut rd, mut wr) = tokio::io::split(stream);
-        let mut hs = Handshake::new(self.export.clone());
-        let mut buf = vec![0u8; 4096];
-        let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
-        loop {
-            let out = hs.take_output();
-            if !out.is_empty() {
-                wr.write_all(&out)
-                    .await
-                    .map_err(|e| format!("sending during the handshake: {e}"))?;
-            }
-            let n = match tokio::time::timeout_at(deadline, rd.read(&mut buf)).await {
-                Err(_) => {
-                    return Err(format!(
-                        "no export chosen within {} s",
-                        HANDSHAKE_TIMEOUT.as_secs()
-                    ))
-                }
-                Ok(Err(e)) => return Err(format!("reading during the handshake: {e}")),
-                Ok(Ok(0)) => return Ok(End::Closed),
-                Ok(Ok(n)) => n,
-            };
-            match hs.receive(&buf[..n]).map_err(|e| e.to_string())? {
-                Progress::NeedMore => {}
-                Progress::Abort => {
-                    let out = hs.take_output();
-                    let _ = wr.write_all(&out).await;
-                    let _ = wr.shutdown().await;
-                    return Ok(End::Abort);
-                }
-                Progress::Transmission => {
-                    let out = hs.take_output();
-                    wr.write_all(&out)
-                        .await
-                        .map_err(|e| format!("sending the export's details: {e}"))?;
-                    break;
-                }
-            }
-        }
-        let (t, leftover) = hs.finish();
+        let limit = self.timeouts.handshake;
+        // The deadline covers the sends too: a client that does not read its option
+        // replies cannot hold the handshake open either.
+        let hs = tokio::time::timeout(limit, handshake(self.export.clone(), &mut rd, &mut wr))
+            .await
+            .map_err(|_| format!("no export chosen within {limit:?}"))??;
+        let (t, leftover) = match hs {
+            Ok(go) => go,
+            Err(end) => return Ok(end),
+        };
         self.transmission(rd, wr, Arc::new(t), leftover).await
     }
 
@@ -181,60 +258,165 @@ impl Server {
         R: AsyncRead + Unpin,
         W: AsyncWrite + Unpin + Send + 'static,
     {
-        let (tx, rx) = mpsc::unbounded_channel::<Reply>();
-        let writer = tokio::spawn(send_replies(wr, rx, t.clone()));
-        let permits = Arc::new(Semaphore::new(self.in_flight));
+        // Every request, refused or carried out, takes a slot until its reply is written,
+        // so the channel never holds more than `in_flight` replies and a client that does
+        // not read stops being read from once its slots are taken.
+        let (tx, rx) = mpsc::channel::<Queued>(self.in_flight);
+        let writer = tokio::spawn(send_replies(wr, rx, t.clone(), self.timeouts.write_stall));
+        let slots = Arc::new(Semaphore::new(self.in_flight));
+        let outstanding = || slots.available_permits() < self.in_flight;
         let mut running = JoinSet::new();
+        // Payload bytes of a refused write still to be skipped.
+        let mut discard = 0u64;
         let result = loop {
-            let req = match t.parse(&mut input) {
+            let skip = discard.min(input.len() as u64);
+            input.advance(skip as usize);
+            discard -= skip;
+            let parsed = if discard > 0 {
+                Ok(None)
+            } else {
+                t.parse(&mut input)
+            };
+            let req = match parsed {
                 Err(e) => break Err(e.to_string()),
                 Ok(Some(req)) => req,
                 Ok(None) => {
                     while running.try_join_next().is_some() {}
-                    input.reserve(t.missing(&input).max(64 << 10));
-                    match rd.read_buf(&mut input).await {
-                        Ok(0) if input.is_empty() => break Ok(End::Closed),
-                        Ok(0) => {
-                            break Err(format!(
-                                "the client vanished in the middle of a request ({} bytes of it received)",
-                                input.len()
-                            ))
+                    let want = if discard > 0 { 0 } else { t.missing(&input) };
+                    input.reserve(want.max(64 << 10));
+                    let idle = async {
+                        match self.timeouts.idle {
+                            Some(d) => tokio::time::sleep(d).await,
+                            None => std::future::pending().await,
                         }
-                        Ok(_) => continue,
-                        Err(e) => break Err(format!("reading requests: {e}")),
+                    };
+                    tokio::select! {
+                        r = rd.read_buf(&mut input) => match r {
+                            Ok(0) if input.is_empty() && discard == 0 => break Ok(End::Closed),
+                            Ok(0) => {
+                                break Err(format!(
+                                    "the client vanished in the middle of a request ({} bytes of it received)",
+                                    input.len()
+                                ))
+                            }
+                            Ok(_) => continue,
+                            Err(e) => break Err(format!("reading requests: {e}")),
+                        },
+                        _ = tx.closed() => break Err(String::new()),
+                        _ = idle => {
+                            if outstanding() {
+                                continue;
+                            }
+                            break Err(format!(
+                                "idle for {:?}",
+                                self.timeouts.idle.unwrap_or_default()
+                            ));
+                        }
                     }
                 }
+            };
+            discard = u64::from(req.discard);
+            if let Ok(Command::Disconnect) = req.command {
+                break Ok(End::Disconnect);
+            }
+            let slot = tokio::select! {
+                s = slots.clone().acquire_owned() => match s {
+                    Ok(s) => s,
+                    Err(_) => break Err("request slots closed".into()),
+                },
+                _ = tx.closed() => break Err(String::new()),
             };
             let command = match &req.command {
                 Err(refusal) => {
                     tracing::debug!("nbd request {:#x} refused: {}", req.handle, refusal.message);
-                    let _ = tx.send(Reply::refused(&req, refusal));
+                    let q = Queued {
+                        reply: Reply::refused(&req, refusal),
+                        _slot: slot,
+                        _held: None,
+                    };
+                    // Never waits: the channel has room for every slot.
+                    let _ = tx.send(q).await;
                     continue;
                 }
-                Ok(Command::Disconnect) => break Ok(End::Disconnect),
                 Ok(c) => c.clone(),
-            };
-            let Ok(permit) = permits.clone().acquire_owned().await else {
-                break Err("request slots closed".into());
             };
             let lun = self.lun.clone();
             let tx = tx.clone();
+            let reply_bytes = self.reply_bytes.clone();
             running.spawn(async move {
                 let reply = execute(&lun, &req, command).await;
-                let _ = tx.send(reply);
-                drop(permit);
+                let held = match &reply {
+                    Reply::Data { data, .. } => Some(reply_bytes.hold(data.len() as u64)),
+                    _ => None,
+                };
+                let q = Queued {
+                    reply,
+                    _slot: slot,
+                    _held: held,
+                };
+                // Dropped (slot and bytes with it) if the writer has ended.
+                let _ = tx.send(q).await;
             });
         };
         // Whatever the reason, the requests already taken are finished (a write the target
-        // acknowledged is on the LUN) and their replies go out before the connection closes.
+        // acknowledged is on the LUN) and their replies go out before the connection closes
+        // (or the writer gives up on a client that does not read them).
         while running.join_next().await.is_some() {}
         drop(tx);
-        match writer.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) if result.is_ok() => return Err(format!("sending replies: {e}")),
-            _ => {}
+        let sent = writer
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+        match (result, sent) {
+            // The writer ended first (an empty reason): its error is why.
+            (Err(why), Err(e)) if why.is_empty() => Err(format!("sending replies: {e}")),
+            (Err(why), _) if why.is_empty() => Err("the reply writer ended".into()),
+            (Ok(_), Err(e)) => Err(format!("sending replies: {e}")),
+            (result, _) => result,
         }
-        result
+    }
+}
+
+/// The handshake on `rd`/`wr`: the transmission phase and the bytes past the handshake,
+/// or how the client ended it (abort, close).
+async fn handshake<R, W>(
+    export: Export,
+    rd: &mut R,
+    wr: &mut W,
+) -> Result<Result<(Transmission, BytesMut), End>, String>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut hs = Handshake::new(export);
+    let mut buf = vec![0u8; 4096];
+    loop {
+        let out = hs.take_output();
+        if !out.is_empty() {
+            wr.write_all(&out)
+                .await
+                .map_err(|e| format!("sending during the handshake: {e}"))?;
+        }
+        let n = match rd.read(&mut buf).await {
+            Err(e) => return Err(format!("reading during the handshake: {e}")),
+            Ok(0) => return Ok(Err(End::Closed)),
+            Ok(n) => n,
+        };
+        match hs.receive(&buf[..n]).map_err(|e| e.to_string())? {
+            Progress::NeedMore => {}
+            Progress::Abort => {
+                let out = hs.take_output();
+                let _ = wr.write_all(&out).await;
+                let _ = wr.shutdown().await;
+                return Ok(Err(End::Abort));
+            }
+            Progress::Transmission => {
+                let out = hs.take_output();
+                wr.write_all(&out)
+                    .await
+                    .map_err(|e| format!("sending the export's details: {e}"))?;
+                return Ok(Ok(hs.finish()));
+            }
+        }
     }
 }
 
@@ -296,27 +478,65 @@ fn failed(req: &Request, e: IoError) -> Reply {
     }
 }
 
-/// Sends replies as they come, several per write when they queue up.
+/// Sends replies as they come, several per socket write when they queue up. A reply's
+/// slot and data are let go once it is written. Fails when a write makes no progress for
+/// `stall` (the client does not read), which drops every reply still queued.
 async fn send_replies<W>(
-    wr: W,
-    mut rx: mpsc::UnboundedReceiver<Reply>,
+    mut wr: W,
+    mut rx: mpsc::Receiver<Queued>,
     t: Arc<Transmission>,
+    stall: Duration,
 ) -> std::io::Result<()>
 where
     W: AsyncWrite + Unpin,
 {
-    let mut w = BufWriter::with_capacity(256 << 10, wr);
+    let mut out = Vec::with_capacity(GATHER);
+    let mut written = Vec::new();
     while let Some(first) = rx.recv().await {
         let mut next = Some(first);
-        while let Some(r) = next {
-            let (header, data) = t.encode(&r);
-            w.write_all(&header).await?;
-            if !data.is_empty() {
-                w.write_all(&data).await?;
+        while let Some(q) = next {
+            let (header, data) = t.encode(&q.reply);
+            out.extend_from_slice(&header);
+            if data.len() <= COPY_LIMIT {
+                out.extend_from_slice(&data);
+            } else {
+                write_progressing(&mut wr, &out, stall).await?;
+                out.clear();
+                write_progressing(&mut wr, &data, stall).await?;
             }
-            next = rx.try_recv().ok();
+            written.push(q);
+            next = if out.len() < GATHER {
+                rx.try_recv().ok()
+            } else {
+                None
+            };
         }
-        w.flush().await?;
+        write_progressing(&mut wr, &out, stall).await?;
+        out.clear();
+        written.clear();
     }
-    w.shutdown().await
+    tokio::time::timeout(stall, wr.shutdown())
+        .await
+        .unwrap_or(Ok(()))
+}
+
+/// `write_all`, failing when one write accepts nothing for `stall`.
+async fn write_progressing<W>(wr: &mut W, mut buf: &[u8], stall: Duration) -> std::io::Result<()>
+where
+    W: AsyncWrite + Unpin,
+{
+    while !buf.is_empty() {
+        match tokio::time::timeout(stall, wr.write(buf)).await {
+            Err(_) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("the client read nothing for {stall:?}"),
+                ))
+            }
+            Ok(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(Ok(n)) => buf = &buf[n..],
+            Ok(Err(e)) => return Err(e),
+        }
+    }
+    Ok(())
 }

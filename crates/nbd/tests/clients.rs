@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use iscsi_initiator::{IscsiUrl, Session, SessionConfig};
 use lun_io::Lun;
 use nbd::proto::{self, cmd, errno, opt, rep};
-use nbd::server::Server;
+use nbd::server::{Server, Timeouts, MAX_REQUEST};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -32,6 +32,8 @@ block_size = 4096
 
 /// Every wait of these tests is bounded by this.
 const LIMIT: Duration = Duration::from_secs(120);
+/// Requests of one client the test servers carry out or answer at once.
+const IN_FLIGHT: usize = 32;
 
 struct Fixture {
     nbd: SocketAddr,
@@ -42,12 +44,17 @@ struct Fixture {
 /// An ironsan target in this process, a session to its LUN `lun`, and the NBD server of
 /// that LUN on an ephemeral loopback port.
 async fn start(lun: u16) -> Fixture {
-    start_over(lun, "iscsi").await
+    start_over(lun, "iscsi", Timeouts::default()).await
+}
+
+/// As [`start`], the server with `timeouts`.
+async fn start_with(lun: u16, timeouts: Timeouts) -> Fixture {
+    start_over(lun, "iscsi", timeouts).await
 }
 
 /// As [`start`], the session over `scheme` (`iscsi` or `iser`: the target then serves
-/// iSCSI/TCP and iSER on one port).
-async fn start_over(lun: u16, scheme: &str) -> Fixture {
+/// iSCSI/TCP and iSER on one port) and the server with `timeouts`.
+async fn start_over(lun: u16, scheme: &str, timeouts: Timeouts) -> Fixture {
     if let Ok(f) = std::env::var("IRONSAN_LOG") {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::new(f))
@@ -78,7 +85,9 @@ async fn start_over(lun: u16, scheme: &str) -> Fixture {
             .expect("login"),
     );
     let l = Arc::new(Lun::open(session.clone(), lun).await.expect("open the LUN"));
-    let server = Arc::new(Server::new(l, "lun".into(), "a test LUN".into(), 32));
+    let server = Arc::new(
+        Server::new(l, "lun".into(), "a test LUN".into(), IN_FLIGHT).with_timeouts(timeouts),
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let nbd = listener.local_addr().unwrap();
     tokio::spawn(server.clone().serve_tcp(listener));
@@ -288,7 +297,7 @@ async fn over_iser() {
     if !have("qemu-img", "over_iser") || !have("qemu-io", "over_iser") {
         return;
     }
-    let f = start_over(1, "iser").await;
+    let f = start_over(1, "iser", Timeouts::default()).await;
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("random.raw");
     std::fs::write(&src, random_bytes(8 << 20, 0x15e7)).unwrap();
@@ -636,4 +645,236 @@ async fn concurrent_unaligned_writers_lose_nothing() {
             );
         }
     }
+}
+
+// ------------------------------------------------------------ hostile clients, bounded
+
+/// The request bytes of a READ.
+fn read_request(handle: u64, offset: u64, len: u32) -> Vec<u8> {
+    let mut v = proto::REQUEST_MAGIC.to_be_bytes().to_vec();
+    v.extend_from_slice(&0u16.to_be_bytes());
+    v.extend_from_slice(&cmd::READ.to_be_bytes());
+    v.extend_from_slice(&handle.to_be_bytes());
+    v.extend_from_slice(&offset.to_be_bytes());
+    v.extend_from_slice(&len.to_be_bytes());
+    v
+}
+
+/// Polls `f` every 10 ms until it holds, for at most `within`.
+async fn eventually(within: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + within;
+    while Instant::now() < end {
+        if f() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    f()
+}
+
+/// A client sends 10,000 reads of 1 MiB and never reads a reply: the server holds at most
+/// `IN_FLIGHT` replies of it (it stops taking its requests), and another client is served
+/// meanwhile with the right bytes. (When a slot was let go as its reply was queued, the
+/// held bytes grew by 1 MiB per request the hog sent.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_holds_at_most_in_flight_replies() {
+    const MIB: u64 = 1 << 20;
+    let bound = IN_FLIGHT as u64 * MIB;
+    let f = start_with(
+        0,
+        Timeouts {
+            write_stall: LIMIT,
+            ..Timeouts::default()
+        },
+    )
+    .await;
+    let hog = client(f.nbd, false).await;
+    let (hog_rd, mut hog_wr) = hog.into_split();
+    let sender = tokio::spawn(async move {
+        for i in 0..10_000u64 {
+            let req = read_request(i, (i % 64) * MIB, MIB as u32);
+            if hog_wr.write_all(&req).await.is_err() {
+                return;
+            }
+        }
+        // Kept open: the server must not take the end of the requests as a reason to go.
+        std::future::pending::<()>().await;
+    });
+    // The slots fill with replies the hog does not read; the bytes held never pass them.
+    let replies = f.server.reply_bytes();
+    let filled = eventually(Duration::from_secs(60), || {
+        let now = replies.now();
+        assert!(
+            now <= bound,
+            "{now} bytes held for a client that does not read"
+        );
+        now == bound
+    })
+    .await;
+    assert!(
+        filled,
+        "the hog's slots never filled: {} bytes held",
+        replies.now()
+    );
+    let still = eventually(Duration::from_secs(1), || {
+        assert!(replies.now() <= bound);
+        false
+    })
+    .await;
+    assert!(!still);
+
+    // Another client writes and reads 1 MiB meanwhile and gets its bytes back.
+    let mut good = client(f.nbd, false).await;
+    let data = random_bytes(MIB as usize, 0xbad5eed);
+    request(&mut good, cmd::WRITE, 1, 3 * MIB + 5, MIB as u32, &data).await;
+    assert_eq!(simple_reply(&mut good).await, (0, 1));
+    request(&mut good, cmd::READ, 2, 3 * MIB + 5, MIB as u32, &[]).await;
+    assert_eq!(simple_reply(&mut good).await, (0, 2));
+    assert!(
+        read_n(&mut good, MIB as usize).await == data,
+        "the bytes read back differ"
+    );
+    assert!(replies.peak() <= bound + MIB, "peak {}", replies.peak());
+
+    // The hog goes: everything it held is let go.
+    sender.abort();
+    let _ = sender.await;
+    drop(hog_rd);
+    assert!(
+        eventually(LIMIT, || replies.now() == 0).await,
+        "{} bytes still held after the hog left",
+        replies.now()
+    );
+}
+
+/// A client that stops reading its replies is dropped once the server's writes make no
+/// progress for the stall timeout, and what it held is let go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_is_dropped() {
+    let requested = 200u64 << 20;
+    let f = start_with(
+        0,
+        Timeouts {
+            write_stall: Duration::from_millis(500),
+            ..Timeouts::default()
+        },
+    )
+    .await;
+    let mut s = client(f.nbd, false).await;
+    let mut reqs = Vec::new();
+    for i in 0..200u64 {
+        reqs.extend(read_request(i, (i % 63) << 20, 1 << 20));
+    }
+    // Sent without reading; the server stops reading requests once its slots are taken,
+    // so the sending is bounded in time as well.
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.write_all(&reqs)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Now read: what the kernel buffered, then the end (or a reset), well short of all.
+    let mut got = 0u64;
+    let mut b = vec![0u8; 1 << 16];
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "the server kept the connection open"
+        );
+        match tokio::time::timeout(LIMIT, s.read(&mut b)).await {
+            Err(_) => panic!("the server kept the connection open"),
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => got += n as u64,
+        }
+    }
+    assert!(
+        got < requested,
+        "all {got} bytes were sent: the client was not dropped"
+    );
+    let replies = f.server.reply_bytes();
+    assert!(
+        eventually(LIMIT, || replies.now() == 0).await,
+        "{} bytes still held after the client was dropped",
+        replies.now()
+    );
+}
+
+/// Idle clients are closed after the idle timeout, busy ones are not; a handshake that
+/// drags on is cut at the handshake timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_clients_and_slow_handshakes_are_closed() {
+    let idle = Duration::from_millis(300);
+    let handshake = Duration::from_millis(500);
+    let f = start_with(
+        0,
+        Timeouts {
+            handshake,
+            idle: Some(idle),
+            write_stall: LIMIT,
+        },
+    )
+    .await;
+    // Silent from the start of transmission.
+    let mut quiet = client(f.nbd, false).await;
+    let t = Instant::now();
+    closed_by_server(&mut quiet).await;
+    let waited = t.elapsed();
+    assert!(
+        waited >= idle && waited < 20 * idle,
+        "closed after {waited:?}"
+    );
+    // Busy for three idle periods (a request every 100 ms, each answered), then silent.
+    let mut busy = client(f.nbd, false).await;
+    let t = Instant::now();
+    for h in 0..9u64 {
+        request(&mut busy, cmd::FLUSH, h, 0, 0, &[]).await;
+        assert_eq!(simple_reply(&mut busy).await, (0, h));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let busy_for = t.elapsed();
+    assert!(busy_for > 2 * idle);
+    let t = Instant::now();
+    closed_by_server(&mut busy).await;
+    assert!(t.elapsed() < 20 * idle, "closed after {:?}", t.elapsed());
+    // Client flags sent, then nothing: the handshake is cut.
+    let mut slow = connect(f.nbd).await;
+    let t = Instant::now();
+    closed_by_server(&mut slow).await;
+    let waited = t.elapsed();
+    assert!(
+        waited + Duration::from_millis(50) >= handshake && waited < 20 * handshake,
+        "handshake cut after {waited:?}"
+    );
+}
+
+/// A write longer than the advertised maximum gets EINVAL, one past the end ENOSPC, both
+/// as soon as their header is in (the payload is not buffered: the reply comes before it
+/// is sent); the payload is then skipped and the connection goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_writes_are_answered_at_the_header_and_skipped() {
+    let f = start(0).await;
+    let size = f.server.export().size;
+    let mut s = client(f.nbd, false).await;
+    request(&mut s, cmd::WRITE, 1, 0, 4096, &[0x5a; 4096]).await;
+    assert_eq!(simple_reply(&mut s).await, (0, 1));
+    let chunk = vec![0xeeu8; 1 << 20];
+    for (handle, offset, len, err) in [
+        (2u64, 0u64, MAX_REQUEST + 1, errno::EINVAL),
+        (3, size - 10, 16 << 20, errno::ENOSPC),
+    ] {
+        request(&mut s, cmd::WRITE, handle, offset, len, &[]).await;
+        assert_eq!(simple_reply(&mut s).await, (err, handle));
+        let mut left = len as usize;
+        while left > 0 {
+            let n = left.min(chunk.len());
+            s.write_all(&chunk[..n]).await.unwrap();
+            left -= n;
+        }
+    }
+    request(&mut s, cmd::READ, 4, 0, 4096, &[]).await;
+    assert_eq!(simple_reply(&mut s).await, (0, 4));
+    assert!(
+        read_n(&mut s, 4096).await.iter().all(|&b| b == 0x5a),
+        "a refused write landed"
+    );
+    request(&mut s, cmd::READ, 5, size - 10, 10, &[]).await;
+    assert_eq!(simple_reply(&mut s).await, (0, 5));
+    assert_eq!(read_n(&mut s, 10).await, [0; 10]);
 }

@@ -26,6 +26,15 @@ pub struct NbdArgs {
     /// Requests of one client carried out at once (default: the session's CmdSN window).
     #[arg(long, value_name = "N")]
     pub in_flight: Option<usize>,
+    /// Close a client that sends nothing for this many seconds while none of its requests
+    /// is outstanding (0: never). An idle mount through the kernel's nbd-client sends
+    /// nothing either: give it 0 or a long time.
+    #[arg(long, value_name = "SECONDS", default_value_t = 3600)]
+    pub idle_timeout: u64,
+    /// Drop a client whose replies cannot be written (it does not read them) for this
+    /// many seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub stall_timeout: u64,
     #[command(flatten)]
     pub login: LoginOpts,
 }
@@ -63,12 +72,15 @@ pub fn run(args: NbdArgs) -> anyhow::Result<()> {
             )
         });
         let description = format!("ironsan: {}", redacted(&url));
-        let server = Arc::new(nbd::server::Server::new(
-            lun.clone(),
-            name.clone(),
-            description,
-            in_flight,
-        ));
+        let timeouts = nbd::server::Timeouts {
+            idle: (args.idle_timeout > 0).then(|| Duration::from_secs(args.idle_timeout)),
+            write_stall: Duration::from_secs(args.stall_timeout),
+            ..nbd::server::Timeouts::default()
+        };
+        let server = Arc::new(
+            nbd::server::Server::new(lun.clone(), name.clone(), description, in_flight)
+                .with_timeouts(timeouts),
+        );
         let listener = match &args.socket {
             Some(path) => {
                 if path.exists() {

@@ -441,14 +441,45 @@ fn framing_errors() {
         t.parse(&mut BytesMut::from(&bad[..])),
         Err(ProtoError::RequestMagic(_))
     ));
-    let big = request(0, cmd::WRITE, 1, 0, 1 << 30);
+}
+
+#[test]
+fn refused_writes_are_skipped_not_buffered() {
+    let t = Transmission::new(export(), false);
+    let size = export().size;
+    // Beyond the advertised maximum (64 KiB here): EINVAL as soon as the header is in,
+    // nothing to reserve, the whole gigabyte left for the caller to skip.
+    let mut b = BytesMut::from(&request(0, cmd::WRITE, 1, 0, 1 << 30)[..]);
+    assert_eq!(t.missing(&b), 0);
+    let r = t.parse(&mut b).unwrap().expect("answered at the header");
+    assert_eq!(r.command.unwrap_err().errno, errno::EINVAL);
+    assert_eq!((r.handle, r.discard), (1, 1 << 30));
+    assert!(b.is_empty());
+    // Past the end, with part of the payload and nothing else in: ENOSPC, the part
+    // that is in is dropped, the rest is to be skipped.
+    let mut w = request(0, cmd::WRITE, 2, size - 10, 4096);
+    w.extend_from_slice(&[0xaa; 1000]);
+    let mut b = BytesMut::from(&w[..]);
+    assert_eq!(t.missing(&b), 0);
+    let r = t.parse(&mut b).unwrap().unwrap();
+    assert_eq!(r.command.unwrap_err().errno, errno::ENOSPC);
+    assert_eq!(r.discard, 4096 - 1000);
+    assert!(b.is_empty());
+    // The whole payload in, then the next request: the payload goes, the next stays.
+    let mut w = request(0, cmd::WRITE, 3, size, 8);
+    w.extend_from_slice(&[0xbb; 8]);
+    w.extend(request(0, cmd::FLUSH, 4, 0, 0));
+    let mut b = BytesMut::from(&w[..]);
+    let r = t.parse(&mut b).unwrap().unwrap();
     assert_eq!(
-        t.parse(&mut BytesMut::from(&big[..])),
-        Err(ProtoError::WriteTooLarge {
-            len: 1 << 30,
-            max: 64 << 10
-        })
+        (r.command.unwrap_err().errno, r.discard),
+        (errno::ENOSPC, 0)
     );
+    let r = t.parse(&mut b).unwrap().unwrap();
+    assert_eq!((r.handle, r.command), (4, Ok(Command::Flush)));
+    // A write that is carried out is buffered whole: missing() reserves it.
+    let b = BytesMut::from(&request(0, cmd::WRITE, 5, 0, 4096)[..]);
+    assert_eq!(t.missing(&b), 4096);
 }
 
 #[test]
