@@ -15,7 +15,7 @@ use crate::device::{Command, Device, NexusId, NexusInfo, Residual, Response};
 use crate::pr::PrState;
 use crate::sense::{asc, key, Sense};
 use crate::status;
-use crate::tasks::{RangeLock, TaskSet};
+use crate::tasks::{Aborted, RangeLock, TaskSet};
 
 /// How a command failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,6 +27,13 @@ pub(crate) enum Fail {
 impl From<Sense> for Fail {
     fn from(s: Sense) -> Fail {
         Fail::Check(s)
+    }
+}
+
+/// An aborted task's wait ends its command; `Lun::execute` then answers it as aborted.
+impl From<Aborted> for Fail {
+    fn from(_: Aborted) -> Fail {
+        Fail::Status(status::TASK_ABORTED)
     }
 }
 
@@ -201,6 +208,14 @@ impl Lun {
         st.ua.remove(&nexus);
         st.copies.retain(|(n, _), _| *n != nexus);
         self.refresh(&st);
+    }
+
+    /// Aborts every task in the task set (waiting, bounded, until they left) and revokes
+    /// the ranges ended reads hold while their data is sent; returns how many tasks.
+    pub async fn abort_all(&self) -> usize {
+        let aborted = self.tasks.abort_where(|_| true).await;
+        self.ranges.revoke_sending(|_, _| true);
+        aborted
     }
 
     /// LU reset side effects (tasks are aborted by the caller).

@@ -1168,3 +1168,209 @@ fn object_lun_beside_a_block_lun() {
     assert_eq!(r.bidi_read_residual, Some(Residual::Underflow(512)));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A lender whose buffers keep what the read asks them to keep until its data is sent
+/// (its range) in `kept`, standing for a peer that does not take its read data.
+#[derive(Debug, Default, Clone)]
+struct StallingLender {
+    kept: Arc<std::sync::Mutex<Vec<Box<dyn std::any::Any + Send + Sync>>>>,
+}
+
+struct StallingBuf {
+    data: Vec<u8>,
+    lender: StallingLender,
+}
+
+impl storage::ReadBufSource for StallingLender {
+    fn lend(&self, len: usize) -> Box<dyn storage::ReadBuf> {
+        Box::new(StallingBuf {
+            data: Vec::with_capacity(len),
+            lender: self.clone(),
+        })
+    }
+}
+
+impl storage::ReadBuf for StallingBuf {
+    fn put(&mut self, src: &[u8]) {
+        self.data.extend_from_slice(src);
+    }
+    fn put_zeros(&mut self, n: usize) {
+        self.data.resize(self.data.len() + n, 0);
+    }
+    fn put_bytes(&mut self, data: Bytes) {
+        self.put(&data)
+    }
+    fn keep_until_sent(&mut self, hold: Box<dyn std::any::Any + Send + Sync>) {
+        self.lender.kept.lock().unwrap().push(hold);
+    }
+    fn len(&self) -> usize {
+        self.data.len()
+    }
+    fn finish(self: Box<Self>) -> (Bytes, Option<storage::BufNote>) {
+        (Bytes::from(self.data), None)
+    }
+}
+
+/// LUNs 0 and 1 on RAM, nexuses 1 and 2.
+fn two_lun_device() -> Arc<Device> {
+    let luns = (0..2)
+        .map(|l| (l, LunConfig::memory(BLOCKS * BS as u64)))
+        .collect();
+    let d = Device::new("iqn.2024-01.test:t", luns).unwrap();
+    d.nexus_added(NexusId(1), "iqn.init-a,i,0x1", Bytes::new());
+    d.nexus_added(NexusId(2), "iqn.init-b,i,0x2", Bytes::new());
+    Arc::new(d)
+}
+
+fn on_lun(lun: u64, tag: u64, attr: TaskAttr, mut c: Command) -> Command {
+    c.lun = lun;
+    c.tag = tag;
+    c.attr = attr;
+    c
+}
+
+const PROMPTLY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Nexus 1 reads blocks 0..8 of `lun` through `lender`, which keeps the read's range.
+async fn read_left_unsent(d: &Device, lun: u64, lender: &StallingLender) {
+    let mut c = on_lun(
+        lun,
+        100,
+        TaskAttr::Simple,
+        cmd(1, &read10(0, 8), &[], 8 * 512),
+    );
+    c.read_buffers = Some(Arc::new(lender.clone()));
+    let kept_before = lender.kept.lock().unwrap().len();
+    good(&tokio::time::timeout(PROMPTLY, d.execute(c)).await.unwrap());
+    let kept = lender.kept.lock().unwrap().len();
+    assert_eq!(kept, kept_before + 1, "the read keeps its range");
+}
+
+/// Starts `c` and checks it is still waiting a while later.
+async fn start_stalled(d: &Arc<Device>, c: Command) -> tokio::task::JoinHandle<Response> {
+    let d = d.clone();
+    let task = tokio::spawn(async move { d.execute(c).await });
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert!(
+        !task.is_finished(),
+        "the command waits behind the unsent read"
+    );
+    task
+}
+
+/// Nexus 2's WRITE of one block of 0xAB at LBA 4 of `lun`.
+fn write_ab(lun: u64, tag: u64) -> Command {
+    on_lun(
+        lun,
+        tag,
+        TaskAttr::Simple,
+        cmd(2, &write10(4, 1), &[0xAB; BS], BS as u32),
+    )
+}
+
+async fn ends_aborted(task: tokio::task::JoinHandle<Response>) {
+    let r = tokio::time::timeout(PROMPTLY, task)
+        .await
+        .expect("the aborted task ends within 1 s")
+        .unwrap();
+    assert!(r.aborted, "{r:?}");
+    assert_eq!(r.status, status::TASK_ABORTED);
+}
+
+/// Block 4 of `lun` as nexus 1 reads it.
+async fn block4(d: &Device, lun: u64) -> Bytes {
+    let c = on_lun(
+        lun,
+        200,
+        TaskAttr::Simple,
+        cmd(1, &read10(4, 1), &[], BS as u32),
+    );
+    let r = tokio::time::timeout(PROMPTLY, d.execute(c)).await.unwrap();
+    good(&r);
+    r.data_in
+}
+
+/// A WRITE waiting for a range a read keeps while its data is (never) sent ends as
+/// aborted within a second of ABORT TASK, ABORT TASK SET, CLEAR TASK SET or the loss of
+/// its nexus, and writes nothing. Before waits for ranges heeded aborts, each of these
+/// left the WRITE waiting (and ABORT TASK itself waited 60 s for it).
+#[tokio::test]
+async fn a_write_waiting_for_an_unsent_reads_range_ends_when_aborted() {
+    for how in [
+        "abort task",
+        "abort task set",
+        "clear task set",
+        "nexus loss",
+    ] {
+        let d = two_lun_device();
+        let lender = StallingLender::default();
+        read_left_unsent(&d, 0, &lender).await;
+        let write = start_stalled(&d, write_ab(0, 5)).await;
+        let abort = async {
+            match how {
+                "abort task" => assert!(d.abort_task(NexusId(2), 5).await),
+                "abort task set" => assert_eq!(d.abort_task_set(NexusId(2), 0).await, 1),
+                "clear task set" => assert_eq!(d.clear_task_set(0).await, 1),
+                _ => d.nexus_removed(NexusId(2)),
+            }
+        };
+        tokio::time::timeout(PROMPTLY, abort)
+            .await
+            .unwrap_or_else(|_| panic!("{how} returns within 1 s"));
+        ends_aborted(write).await;
+        assert_eq!(
+            &block4(&d, 0).await[..],
+            &[0u8; BS][..],
+            "{how}: nothing written"
+        );
+    }
+}
+
+/// LUN RESET ends, as aborted, a WRITE waiting for an unsent read's range and an
+/// ORDERED task queued behind it, and revokes the read's range so later writes run;
+/// LUN 1, with its own unsent read and waiting WRITE, is untouched until its read's
+/// data is gone.
+#[tokio::test]
+async fn lun_reset_frees_a_lun_stalled_by_an_unsent_read_and_no_other() {
+    let d = two_lun_device();
+    let lender = StallingLender::default();
+    read_left_unsent(&d, 0, &lender).await;
+    read_left_unsent(&d, 1, &lender).await;
+    let write = start_stalled(&d, write_ab(0, 10)).await;
+    let tur = on_lun(0, 11, TaskAttr::Ordered, cmd(2, &[0; 6], &[], 0));
+    let ordered = start_stalled(&d, tur).await;
+    let other_lun = start_stalled(&d, write_ab(1, 12)).await;
+
+    assert!(tokio::time::timeout(PROMPTLY, d.lun_reset(0))
+        .await
+        .unwrap());
+    ends_aborted(write).await;
+    ends_aborted(ordered).await;
+    // The reset's unit attention first, then the range the unsent read kept is free.
+    for nexus in [1, 2] {
+        let tur = on_lun(0, 13, TaskAttr::Simple, cmd(nexus, &[0; 6], &[], 0));
+        let r = tokio::time::timeout(PROMPTLY, d.execute(tur))
+            .await
+            .unwrap();
+        assert_eq!(sense_code(&r), (6, 0x29, 0));
+    }
+    good(
+        &tokio::time::timeout(PROMPTLY, d.execute(write_ab(0, 14)))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(&block4(&d, 0).await[..], &[0xAB; BS][..]);
+
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert!(
+        !other_lun.is_finished(),
+        "LUN 1 still keeps its read's range"
+    );
+    lender.kept.lock().unwrap().clear();
+    let r = tokio::time::timeout(PROMPTLY, other_lun)
+        .await
+        .unwrap()
+        .unwrap();
+    good(&r);
+    assert_eq!(&block4(&d, 1).await[..], &[0xAB; BS][..]);
+}

@@ -12,7 +12,7 @@ use super::{be16, be32, be64, get};
 use crate::device::{Command, Device};
 use crate::lun::{CmdResult, CopyResult, Done, Fail, Lun};
 use crate::sense::{asc, key, Sense};
-use crate::tasks::TaskGuard;
+use crate::tasks::{Aborted, TaskGuard};
 
 /// Copy manager limits, reported by RECEIVE COPY RESULTS / OPERATING PARAMETERS.
 pub(crate) const MAX_CSCD_DESCRIPTORS: u16 = 8;
@@ -234,11 +234,11 @@ impl Lun {
             let mut done = 0u64;
             while done < seg.blocks {
                 if guard.aborted() {
-                    return Err(Fail::Status(crate::status::TASK_ABORTED));
+                    return Err(Aborted.into());
                 }
                 let n = per_chunk.min(seg.blocks - done);
                 let data = {
-                    let _r = src.ranges.lock(seg.src_lba + done, n, false).await;
+                    let _r = src.ranges.lock(seg.src_lba + done, n, false, guard).await?;
                     src.read_blocks(seg.src_lba + done, n)
                         .await
                         .map_err(|_| copy_aborted(asc::READ_ERROR))?
@@ -246,7 +246,10 @@ impl Lun {
                 let bytes = data.len() as u64;
                 let dst_lba = seg.dst_lba + ((done << src.bs_shift) >> dst.bs_shift);
                 {
-                    let _w = dst.ranges.lock(dst_lba, bytes >> dst.bs_shift, true).await;
+                    let _w = dst
+                        .ranges
+                        .lock(dst_lba, bytes >> dst.bs_shift, true, guard)
+                        .await?;
                     dst.write_bytes(dst_lba << dst.bs_shift, data, false)
                         .await
                         .map_err(|_| copy_aborted(asc::WRITE_ERROR))?;
