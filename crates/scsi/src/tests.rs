@@ -743,7 +743,13 @@ fn transfers_of_65536_blocks_fit_the_maximum_transfer_length() {
 /// The LUN's NAA designator from its Device Identification VPD page, as an initiator
 /// builds an identification CSCD descriptor from it.
 fn naa_designator(d: &Device) -> Vec<u8> {
-    let r = run(d, cmd(1, &[0x12, 0x01, 0x83, 0, 0xFF, 0], &[], 255));
+    naa_designator_of(d, 0)
+}
+
+fn naa_designator_of(d: &Device, lun: u64) -> Vec<u8> {
+    let mut c = cmd(1, &[0x12, 0x01, 0x83, 0, 0xFF, 0], &[], 255);
+    c.lun = lun;
+    let r = run(d, c);
     good(&r);
     let page = &r.data_in[4..];
     let mut at = 0;
@@ -1373,4 +1379,137 @@ async fn lun_reset_frees_a_lun_stalled_by_an_unsent_read_and_no_other() {
         .unwrap();
     good(&r);
     assert_eq!(&block4(&d, 1).await[..], &[0xAB; BS][..]);
+}
+
+/// A device whose LUNs 0 and 1 hold distinct patterns: LUN 0 blocks 10..26 and LUN 1
+/// blocks 1000..1016 (both written by nexus 1).
+fn two_luns_with_data() -> (Arc<Device>, Vec<u8>, Vec<u8>) {
+    let d = two_lun_device();
+    let on_lun0: Vec<u8> = (0..16 * BS).map(|i| (i % 251) as u8).collect();
+    let on_lun1 = vec![0x5A; 16 * BS];
+    good(&run(
+        &d,
+        cmd(1, &write10(10, 16), &on_lun0, on_lun0.len() as u32),
+    ));
+    let mut w = cmd(1, &write10(1000, 16), &on_lun1, on_lun1.len() as u32);
+    w.lun = 1;
+    good(&run(&d, w));
+    (d, on_lun0, on_lun1)
+}
+
+/// Nexus 1's EXTENDED COPY (sent to LUN 0) of 16 blocks, list 3 held for COPY STATUS.
+fn xcopy_between(d: &Device, from: u64, src_lba: u64, to: u64, dst_lba: u64) -> Response {
+    let cscds = [
+        cscd_ident(&naa_designator_of(d, from)),
+        cscd_ident(&naa_designator_of(d, to)),
+    ];
+    let seg = seg_b2b(0, 1, 16, src_lba, dst_lba);
+    run(d, xcopy(&xcopy_params(3, 0, &cscds, &[&seg])))
+}
+
+/// Blocks `lba..lba+16` of `lun` as `nexus` reads them.
+fn sixteen_blocks(d: &Device, nexus: u64, lun: u64, lba: u32) -> Bytes {
+    let mut c = cmd(nexus, &read10(lba, 16), &[], 16 * BS as u32);
+    c.lun = lun;
+    let r = run(d, c);
+    good(&r);
+    r.data_in
+}
+
+/// COPY STATUS of nexus 1's list 3: the copy manager status byte.
+fn copy_status_of_list3(d: &Device) -> u8 {
+    let mut c = [0u8; 16];
+    c[0] = 0x84;
+    c[2] = 3;
+    c[10..14].copy_from_slice(&64u32.to_be_bytes());
+    let r = run(d, cmd(1, &c, &[], 64));
+    good(&r);
+    r.data_in[4]
+}
+
+/// PERSISTENT RESERVE OUT from `nexus` to `lun`: REGISTER key 0xB, then RESERVE `rtype`.
+fn register_and_reserve(d: &Device, nexus: u64, lun: u64, rtype: u8) {
+    for (sa, t, key, sa_key) in [(0u8, 0u8, 0u64, 0xBu64), (1, rtype, 0xB, 0)] {
+        let mut p = vec![0u8; 24];
+        p[0..8].copy_from_slice(&key.to_be_bytes());
+        p[8..16].copy_from_slice(&sa_key.to_be_bytes());
+        let mut c = cmd(nexus, &[0x5F, sa, t, 0, 0, 0, 0, 0, 24, 0], &p, 24);
+        c.lun = lun;
+        good(&run(d, c));
+    }
+}
+
+/// A copy between two LUNs nobody reserved moves the data.
+#[test]
+fn extended_copy_between_luns_reads_back() {
+    let (d, on_lun0, _) = two_luns_with_data();
+    good(&xcopy_between(&d, 0, 10, 1, 1000));
+    assert_eq!(&sixteen_blocks(&d, 2, 1, 1000)[..], &on_lun0[..]);
+    assert_eq!(copy_status_of_list3(&d), 0x01, "completed");
+}
+
+/// Nexus 2 holds WRITE EXCLUSIVE on LUN 1: nexus 1's copy into LUN 1 is a
+/// RESERVATION CONFLICT, as its WRITE there would be, and LUN 1 is unchanged; a copy
+/// out of LUN 1 (a read, which WRITE EXCLUSIVE allows) still works. Before the copy
+/// manager checked its copy targets, the copy went through and overwrote LUN 1.
+#[test]
+fn extended_copy_into_a_lun_another_nexus_write_reserved_conflicts() {
+    let (d, on_lun0, on_lun1) = two_luns_with_data();
+    register_and_reserve(&d, 2, 1, 0x01);
+    let r = xcopy_between(&d, 0, 10, 1, 1000);
+    assert_eq!(r.status, status::RESERVATION_CONFLICT, "{r:?}");
+    assert!(r.sense.is_none());
+    assert_eq!(
+        &sixteen_blocks(&d, 2, 1, 1000)[..],
+        &on_lun1[..],
+        "unchanged"
+    );
+    assert_eq!(copy_status_of_list3(&d), 0x02, "failed");
+
+    good(&xcopy_between(&d, 1, 1000, 0, 10));
+    assert_eq!(&sixteen_blocks(&d, 1, 0, 10)[..], &on_lun1[..]);
+    assert_ne!(on_lun0, on_lun1);
+}
+
+/// Nexus 2 holds RESERVE(6) on LUN 1, which refuses other nexuses' reads: nexus 1's
+/// copy out of LUN 1 is a RESERVATION CONFLICT and its destination on LUN 0 unchanged;
+/// after RELEASE(6) the same copy works.
+#[test]
+fn extended_copy_out_of_a_lun_another_nexus_reserved_conflicts() {
+    let (d, on_lun0, on_lun1) = two_luns_with_data();
+    let mut reserve = cmd(2, &[0x16, 0, 0, 0, 0, 0], &[], 0);
+    reserve.lun = 1;
+    good(&run(&d, reserve));
+    let r = xcopy_between(&d, 1, 1000, 0, 10);
+    assert_eq!(r.status, status::RESERVATION_CONFLICT, "{r:?}");
+    assert_eq!(&sixteen_blocks(&d, 1, 0, 10)[..], &on_lun0[..], "unchanged");
+
+    let mut release = cmd(2, &[0x17, 0, 0, 0, 0, 0], &[], 0);
+    release.lun = 1;
+    good(&run(&d, release));
+    good(&xcopy_between(&d, 1, 1000, 0, 10));
+    assert_eq!(&sixteen_blocks(&d, 1, 0, 10)[..], &on_lun1[..]);
+}
+
+/// A copy target whose medium is removed (or that is sanitizing) is not reachable by
+/// the copy manager: CHECK CONDITION, COPY ABORTED, COPY TARGET DEVICE NOT REACHABLE,
+/// and the destination is unchanged.
+#[test]
+fn extended_copy_from_a_lun_without_medium_is_copy_aborted() {
+    let mut removable = LunConfig::memory(BLOCKS * BS as u64);
+    removable.removable = true;
+    let luns = vec![(0, LunConfig::memory(BLOCKS * BS as u64)), (1, removable)];
+    let d = Device::new("iqn.2024-01.test:t", luns).unwrap();
+    d.nexus_added(NexusId(1), "iqn.init-a,i,0x1", Bytes::new());
+    let mut w = cmd(1, &write10(1000, 16), &[0x5A; 16 * BS], 16 * BS as u32);
+    w.lun = 1;
+    good(&run(&d, w));
+    let before = sixteen_blocks(&d, 1, 0, 10);
+    assert_ne!(&before[..], &[0x5A; 16 * BS][..]);
+    let mut eject = cmd(1, &[0x1B, 0, 0, 0, 0x02, 0], &[], 0);
+    eject.lun = 1;
+    good(&run(&d, eject));
+    let r = xcopy_between(&d, 1, 1000, 0, 10);
+    assert_eq!(sense_code(&r), (0x0A, 0x0D, 0x02));
+    assert_eq!(sixteen_blocks(&d, 1, 0, 10), before, "unchanged");
 }

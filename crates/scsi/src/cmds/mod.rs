@@ -247,7 +247,7 @@ impl Lun {
             op::PR_IN => self.pr_in(cdb),
             op::PR_OUT => self.pr_out(dev, cmd, info),
             op::SANITIZE if self.cfg.sanitize => self.sanitize(cmd).await,
-            op::EXTENDED_COPY => self.extended_copy(dev, cmd, guard).await,
+            op::EXTENDED_COPY => self.extended_copy(dev, cmd, info, guard).await,
             op::RECEIVE_COPY_RESULTS => self.receive_copy_results(cmd),
             _ => Err(Fail::Check(Sense::illegal(asc::INVALID_OPCODE))),
         }
