@@ -239,15 +239,19 @@ impl Device {
             .insert(nexus, info);
     }
 
-    /// I_T nexus loss (session closed or dropped): releases RESERVE(6) reservations and
-    /// PREVENT state held through it, and drops its unit attentions. Persistent
-    /// reservation registrations survive (they belong to the initiator port).
+    /// I_T nexus loss (session closed or dropped): aborts its tasks (without waiting for
+    /// them to end), revokes the ranges its ended reads hold while their data is sent,
+    /// releases RESERVE(6) reservations and PREVENT state held through it, and drops its
+    /// unit attentions. Persistent reservation registrations survive (they belong to the
+    /// initiator port).
     pub fn nexus_removed(&self, nexus: NexusId) {
         self.nexuses
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&nexus);
         for lun in self.luns.values() {
+            lun.tasks.mark_aborted(|t| t.nexus == nexus);
+            lun.ranges.revoke_sending(|n, _| n == nexus);
             lun.nexus_lost(nexus);
         }
     }
@@ -327,7 +331,9 @@ impl Device {
     }
 
     /// ABORT TASK: aborts the task `tag` of `nexus` if it is in the task set; returns
-    /// whether it was found. Returns once the task has left the task set.
+    /// whether it was found. Returns once the task has left the task set. A read of that
+    /// task whose data is still being sent loses its range (see
+    /// `RangeLock::revoke_sending`).
     pub async fn abort_task(&self, nexus: NexusId, tag: u64) -> bool {
         let mut found = false;
         for lun in self.luns.values() {
@@ -336,33 +342,41 @@ impl Device {
                 .abort_where(|t| t.nexus == nexus && t.tag == tag)
                 .await
                 > 0;
+            lun.ranges.revoke_sending(|n, t| n == nexus && t == tag);
         }
         found
     }
 
-    /// ABORT TASK SET: every task of `nexus` on `lun`.
+    /// ABORT TASK SET: every task of `nexus` on `lun`, and the ranges its reads hold
+    /// while their data is sent.
     pub async fn abort_task_set(&self, nexus: NexusId, lun: u64) -> usize {
         match self.luns.get(&lun) {
-            Some(l) => l.tasks.abort_where(|t| t.nexus == nexus).await,
+            Some(l) => {
+                let aborted = l.tasks.abort_where(|t| t.nexus == nexus).await;
+                l.ranges.revoke_sending(|n, _| n == nexus);
+                aborted
+            }
             None => 0,
         }
     }
 
-    /// CLEAR TASK SET: every task on `lun`, from any nexus.
+    /// CLEAR TASK SET: every task on `lun`, from any nexus, and every range held while
+    /// read data is sent.
     pub async fn clear_task_set(&self, lun: u64) -> usize {
         match self.luns.get(&lun) {
-            Some(l) => l.tasks.abort_where(|_| true).await,
+            Some(l) => l.abort_all().await,
             None => 0,
         }
     }
 
-    /// LOGICAL UNIT RESET: aborts all tasks, releases RESERVE(6), clears PREVENT, and
-    /// raises a reset unit attention for every nexus. Returns false if no such LUN.
+    /// LOGICAL UNIT RESET: aborts all tasks (as CLEAR TASK SET), releases RESERVE(6),
+    /// clears PREVENT, and raises a reset unit attention for every nexus. Returns false if
+    /// no such LUN.
     pub async fn lun_reset(&self, lun: u64) -> bool {
         let Some(l) = self.luns.get(&lun) else {
             return false;
         };
-        l.tasks.abort_where(|_| true).await;
+        l.abort_all().await;
         l.reset(&self.known_nexuses());
         true
     }
@@ -371,7 +385,7 @@ impl Device {
     pub async fn target_reset(&self, _kind: ResetKind) {
         let nexuses = self.known_nexuses();
         for l in self.luns.values() {
-            l.tasks.abort_where(|_| true).await;
+            l.abort_all().await;
             l.reset(&nexuses);
         }
     }

@@ -18,6 +18,10 @@
 //! * Abort: task management calls ([`Device::abort_task`], [`Device::lun_reset`], ...)
 //!   mark matching in-flight tasks aborted and wait until they finish; an aborted task's
 //!   future resolves with `Response::aborted == true`, which the transport must not send.
+//!   An aborted task stops waiting at once, whether for older tasks (ORDERED) or for a
+//!   range of blocks another task holds; the range a read keeps while its data is being
+//!   sent is released by aborting that task (ABORT TASK, ABORT TASK SET, CLEAR TASK SET,
+//!   LUN or target reset, [`Device::nexus_removed`]).
 //!   Dropping an `execute` future is also safe (the task leaves the task set; a backend
 //!   write already handed to the kernel still completes).
 //! * Sense: returned raw, fixed (0x70) or descriptor (0x72) format per the D_SENSE bit of

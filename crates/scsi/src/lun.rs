@@ -15,7 +15,7 @@ use crate::device::{Command, Device, NexusId, NexusInfo, Residual, Response};
 use crate::pr::PrState;
 use crate::sense::{asc, key, Sense};
 use crate::status;
-use crate::tasks::{RangeLock, TaskSet};
+use crate::tasks::{Aborted, RangeLock, TaskSet};
 
 /// How a command failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,6 +27,13 @@ pub(crate) enum Fail {
 impl From<Sense> for Fail {
     fn from(s: Sense) -> Fail {
         Fail::Check(s)
+    }
+}
+
+/// An aborted task's wait ends its command; `Lun::execute` then answers it as aborted.
+impl From<Aborted> for Fail {
+    fn from(_: Aborted) -> Fail {
+        Fail::Status(status::TASK_ABORTED)
     }
 }
 
@@ -203,6 +210,14 @@ impl Lun {
         self.refresh(&st);
     }
 
+    /// Aborts every task in the task set (waiting, bounded, until they left) and revokes
+    /// the ranges ended reads hold while their data is sent; returns how many tasks.
+    pub async fn abort_all(&self) -> usize {
+        let aborted = self.tasks.abort_where(|_| true).await;
+        self.ranges.revoke_sending(|_, _| true);
+        aborted
+    }
+
     /// LU reset side effects (tasks are aborted by the caller).
     pub fn reset(&self, nexuses: &[NexusId]) {
         let mut st = self.state();
@@ -290,30 +305,25 @@ impl Lun {
                 }
             }
         }
-        if st.sanitizing && !matches!(opcode, op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE) {
-            return Some(Fail::Check(Sense::new(
-                key::NOT_READY,
-                asc::NOT_READY_SANITIZE,
-            )));
+        access_check(&st, &cmd.cdb, cmd.nexus, info)
+    }
+
+    /// The checks a READ(16) (`write` false) or WRITE(16) by `nexus` would meet here
+    /// (sanitize, RESERVE(6), persistent reservation, medium; unit attentions aside, as
+    /// they are this LUN's news for that nexus, not the copy's), for EXTENDED COPY,
+    /// whose copy manager reads and writes this LUN on the nexus's behalf.
+    pub(crate) fn copy_access_check(
+        &self,
+        nexus: NexusId,
+        info: Option<&NexusInfo>,
+        write: bool,
+    ) -> Option<Fail> {
+        if !self.needs_checks.load(Ordering::Acquire) {
+            return None;
         }
-        if let Some(holder) = st.reserve6 {
-            if holder != cmd.nexus && !crate::cmds::allowed_under_reserve6(opcode) {
-                return Some(Fail::Status(status::RESERVATION_CONFLICT));
-            }
-        }
-        if st.pr.reservation.is_some() {
-            let port = info.map(|i| &*i.port).unwrap_or("");
-            if st.pr.conflicts(port, &cmd.cdb) {
-                return Some(Fail::Status(status::RESERVATION_CONFLICT));
-            }
-        }
-        if st.ejected && crate::cmds::needs_medium(opcode) {
-            return Some(Fail::Check(Sense::new(
-                key::NOT_READY,
-                asc::MEDIUM_NOT_PRESENT_TRAY_OPEN,
-            )));
-        }
-        None
+        let mut as_if = [0u8; 16];
+        as_if[0] = if write { op::WRITE_16 } else { op::READ_16 };
+        access_check(&self.state(), &as_if, nexus, info)
     }
 
     /// Pops the pending unit attention for REQUEST SENSE.
@@ -323,6 +333,41 @@ impl Lun {
         self.refresh(&st);
         code
     }
+}
+
+/// Sanitize, RESERVE(6), persistent reservation and medium checks of `cdb` from `nexus`
+/// against the LUN state `st`. `None` = go ahead.
+fn access_check(
+    st: &LunState,
+    cdb: &[u8],
+    nexus: NexusId,
+    info: Option<&NexusInfo>,
+) -> Option<Fail> {
+    let opcode = cdb[0];
+    if st.sanitizing && !matches!(opcode, op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE) {
+        return Some(Fail::Check(Sense::new(
+            key::NOT_READY,
+            asc::NOT_READY_SANITIZE,
+        )));
+    }
+    if let Some(holder) = st.reserve6 {
+        if holder != nexus && !crate::cmds::allowed_under_reserve6(opcode) {
+            return Some(Fail::Status(status::RESERVATION_CONFLICT));
+        }
+    }
+    if st.pr.reservation.is_some() {
+        let port = info.map(|i| &*i.port).unwrap_or("");
+        if st.pr.conflicts(port, cdb) {
+            return Some(Fail::Status(status::RESERVATION_CONFLICT));
+        }
+    }
+    if st.ejected && crate::cmds::needs_medium(opcode) {
+        return Some(Fail::Check(Sense::new(
+            key::NOT_READY,
+            asc::MEDIUM_NOT_PRESENT_TRAY_OPEN,
+        )));
+    }
+    None
 }
 
 fn residual(wanted: u64, edtl: u64) -> Residual {

@@ -1,5 +1,9 @@
 //! Per-LUN task set (SAM task attributes, abort) and a byte-range lock that makes
 //! COMPARE AND WRITE and other read-modify-write commands atomic against writers.
+//!
+//! Every wait here (an ORDERED task for older tasks, any task for a range) ends as soon
+//! as task management aborts the waiting task, so a peer that never lets a range go
+//! stalls its own tasks only until an abort, a LUN reset or its nexus loss.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -15,8 +19,42 @@ pub(crate) struct TaskInfo {
     pub nexus: NexusId,
     pub tag: u64,
     attr: TaskAttr,
-    abort: Arc<AtomicBool>,
+    abort: Arc<AbortSignal>,
 }
+
+/// A task's abort: raised once by task management, seen by the task's every wait.
+#[derive(Default)]
+pub(crate) struct AbortSignal {
+    raised: AtomicBool,
+    wake: Notify,
+}
+
+impl AbortSignal {
+    pub fn is_raised(&self) -> bool {
+        self.raised.load(Ordering::Acquire)
+    }
+
+    fn raise(&self) {
+        self.raised.store(true, Ordering::Release);
+        self.wake.notify_waiters();
+    }
+
+    /// Resolves once the signal is raised.
+    async fn wait(&self) {
+        loop {
+            // Registered before the check, so a raise in between still wakes it.
+            let woken = self.wake.notified();
+            if self.is_raised() {
+                return;
+            }
+            woken.await;
+        }
+    }
+}
+
+/// The task was aborted while it waited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Aborted;
 
 #[derive(Default)]
 struct TaskSetInner {
@@ -38,12 +76,14 @@ pub(crate) struct TaskGuard<'a> {
     set: &'a TaskSet,
     seq: u64,
     ordered: bool,
-    pub abort: Arc<AtomicBool>,
+    nexus: NexusId,
+    tag: u64,
+    abort: Arc<AbortSignal>,
 }
 
 impl TaskGuard<'_> {
     pub fn aborted(&self) -> bool {
-        self.abort.load(Ordering::Acquire)
+        self.abort.is_raised()
     }
 }
 
@@ -66,7 +106,7 @@ impl TaskSet {
     /// Enters a task and waits until its attribute lets it run: HEAD OF QUEUE at once,
     /// SIMPLE after every older ORDERED task, ORDERED after every older task.
     pub async fn enter(&self, nexus: NexusId, tag: u64, attr: TaskAttr) -> TaskGuard<'_> {
-        let abort = Arc::new(AtomicBool::new(false));
+        let abort = Arc::new(AbortSignal::default());
         let ordered = attr == TaskAttr::Ordered;
         if ordered {
             self.ordered.fetch_add(1, Ordering::AcqRel);
@@ -90,6 +130,8 @@ impl TaskSet {
             set: self,
             seq,
             ordered,
+            nexus,
+            tag,
             abort,
         };
         if attr == TaskAttr::HeadOfQueue || (!ordered && self.ordered.load(Ordering::Acquire) == 0)
@@ -120,19 +162,7 @@ impl TaskSet {
     /// Marks every task matching `pred` aborted and waits (bounded) until they left.
     /// Returns how many were marked.
     pub async fn abort_where(&self, pred: impl Fn(&TaskInfo) -> bool) -> usize {
-        let marked: Vec<u64> = {
-            let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-            inner
-                .tasks
-                .iter()
-                .filter(|(_, t)| pred(t))
-                .map(|(seq, t)| {
-                    t.abort.store(true, Ordering::Release);
-                    *seq
-                })
-                .collect()
-        };
-        self.changed.notify_waiters();
+        let marked = self.mark_aborted(pred);
         // Tasks notice the flag at their next step; backend calls in flight finish first.
         for _ in 0..600 {
             let notified = self.changed.notified();
@@ -148,6 +178,25 @@ impl TaskSet {
         marked.len()
     }
 
+    /// Marks every task matching `pred` aborted and wakes whatever they wait for,
+    /// without waiting for them to leave; returns their sequence numbers.
+    pub fn mark_aborted(&self, pred: impl Fn(&TaskInfo) -> bool) -> Vec<u64> {
+        let marked: Vec<u64> = {
+            let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            inner
+                .tasks
+                .iter()
+                .filter(|(_, t)| pred(t))
+                .map(|(seq, t)| {
+                    t.abort.raise();
+                    *seq
+                })
+                .collect()
+        };
+        self.changed.notify_waiters();
+        marked
+    }
+
     /// Number of tasks in the set (for tests and diagnostics).
     #[allow(dead_code)]
     pub fn len(&self) -> usize {
@@ -159,16 +208,28 @@ impl TaskSet {
     }
 }
 
+/// One held range of blocks.
+struct Held {
+    start: u64,
+    end: u64,
+    exclusive: bool,
+    nexus: NexusId,
+    tag: u64,
+    /// The task has ended and its data is being sent from where it lies.
+    sending: bool,
+}
+
 #[derive(Default)]
 struct RangeInner {
     next_id: u64,
-    held: BTreeMap<u64, (u64, u64, bool)>,
+    held: BTreeMap<u64, Held>,
 }
 
 /// Byte-range lock over block numbers: shared holders (reads) coexist, an exclusive holder
 /// (every write) excludes every overlapping holder. A read sent from where its data lies
 /// holds its range until the data has left, so no write changes bytes in flight (an MPA CRC
-/// taken from a RAM LUN image's block CRCs stays true).
+/// taken from a RAM LUN image's block CRCs stays true) — unless task management revokes
+/// it (see [`RangeLock::revoke_sending`]).
 #[derive(Default)]
 pub(crate) struct RangeLock {
     inner: Mutex<RangeInner>,
@@ -182,42 +243,106 @@ pub(crate) struct RangeGuard {
     id: u64,
 }
 
+impl RangeGuard {
+    /// Marks the range as held only for data being sent after its task ended, which
+    /// task management may revoke.
+    pub fn sending(&self) {
+        if let Some(h) = self.lock.inner().held.get_mut(&self.id) {
+            h.sending = true;
+        }
+    }
+}
+
 impl Drop for RangeGuard {
     fn drop(&mut self) {
-        self.lock
-            .inner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .held
-            .remove(&self.id);
+        // A revoked range is gone already; its id is never reused.
+        self.lock.inner().held.remove(&self.id);
         self.lock.changed.notify_waiters();
     }
 }
 
 impl RangeLock {
-    /// Locks blocks `start..start+len`.
-    pub async fn lock(self: &Arc<Self>, start: u64, len: u64, exclusive: bool) -> RangeGuard {
+    fn inner(&self) -> std::sync::MutexGuard<'_, RangeInner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Locks blocks `start..start+len` for `task`, waiting while an overlapping holder
+    /// conflicts; gives up with [`Aborted`] as soon as the task is aborted.
+    pub async fn lock(
+        self: &Arc<Self>,
+        start: u64,
+        len: u64,
+        exclusive: bool,
+        task: &TaskGuard<'_>,
+    ) -> Result<RangeGuard, Aborted> {
         let end = start.saturating_add(len.max(1));
         loop {
             let notified = self.changed.notified();
-            {
-                let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-                let conflict = inner
-                    .held
-                    .values()
-                    .any(|&(s, e, x)| s < end && start < e && (x || exclusive));
-                if !conflict {
-                    let id = inner.next_id;
-                    inner.next_id += 1;
-                    inner.held.insert(id, (start, end, exclusive));
-                    return RangeGuard {
-                        lock: self.clone(),
-                        id,
-                    };
-                }
+            if task.aborted() {
+                return Err(Aborted);
             }
-            notified.await;
+            if let Some(guard) = self.try_lock(start, end, exclusive, task) {
+                return Ok(guard);
+            }
+            tokio::select! {
+                _ = notified => {}
+                _ = task.abort.wait() => {}
+            }
         }
+    }
+
+    fn try_lock(
+        self: &Arc<Self>,
+        start: u64,
+        end: u64,
+        exclusive: bool,
+        task: &TaskGuard<'_>,
+    ) -> Option<RangeGuard> {
+        let mut inner = self.inner();
+        let conflict = inner
+            .held
+            .values()
+            .any(|h| h.start < end && start < h.end && (h.exclusive || exclusive));
+        if conflict {
+            return None;
+        }
+        let id = inner.next_id;
+        inner.next_id += 1;
+        let held = Held {
+            start,
+            end,
+            exclusive,
+            nexus: task.nexus,
+            tag: task.tag,
+            sending: false,
+        };
+        inner.held.insert(id, held);
+        Some(RangeGuard {
+            lock: self.clone(),
+            id,
+        })
+    }
+
+    /// Releases the ranges held for data still being sent by ended tasks that match
+    /// `pred(nexus, tag)`, and wakes the waiters. Task management calls it for the tasks
+    /// it aborts: the initiator takes such a task as aborted and discards its data, so
+    /// a write may change those bytes while they are still being sent (the peer gets
+    /// them at worst torn, for a task it no longer expects). Without this, a peer that
+    /// never drains its data would keep every writer of the range waiting for good.
+    /// Returns how many ranges were released.
+    pub fn revoke_sending(&self, pred: impl Fn(NexusId, u64) -> bool) -> usize {
+        let revoked = {
+            let mut inner = self.inner();
+            let before = inner.held.len();
+            inner
+                .held
+                .retain(|_, h| !(h.sending && pred(h.nexus, h.tag)));
+            before - inner.held.len()
+        };
+        if revoked > 0 {
+            self.changed.notify_waiters();
+        }
+        revoked
     }
 }
 
@@ -267,19 +392,76 @@ mod tests {
 
     #[tokio::test]
     async fn exclusive_range_excludes_overlap_only() {
+        let set = Arc::new(TaskSet::default());
         let lock = Arc::new(RangeLock::default());
-        let x = lock.lock(10, 5, true).await;
-        let _other = lock.lock(20, 5, false).await; // no overlap: immediate
-        let lock2 = lock.clone();
+        let task = set.enter(NexusId(1), 1, TaskAttr::Simple).await;
+        let x = lock.lock(10, 5, true, &task).await.unwrap();
+        let _other = lock.lock(20, 5, false, &task).await.unwrap(); // no overlap: immediate
+        let (set2, lock2) = (set.clone(), lock.clone());
         let w = tokio::spawn(async move {
-            let _g = lock2.lock(12, 1, false).await;
+            let task = set2.enter(NexusId(1), 2, TaskAttr::Simple).await;
+            lock2.lock(12, 1, false, &task).await.is_ok()
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!w.is_finished());
         drop(x);
-        tokio::time::timeout(Duration::from_secs(5), w)
-            .await
-            .unwrap()
-            .unwrap();
+        let locked = tokio::time::timeout(Duration::from_secs(5), w).await;
+        assert!(locked.unwrap().unwrap());
+    }
+
+    /// Spawns a task of `nexus`/`tag` that waits for blocks 0..8 exclusively and
+    /// reports whether it got them.
+    fn spawn_writer(
+        set: &Arc<TaskSet>,
+        lock: &Arc<RangeLock>,
+        nexus: u64,
+        tag: u64,
+    ) -> tokio::task::JoinHandle<Result<(), Aborted>> {
+        let (set, lock) = (set.clone(), lock.clone());
+        tokio::spawn(async move {
+            let task = set.enter(NexusId(nexus), tag, TaskAttr::Simple).await;
+            lock.lock(0, 8, true, &task).await.map(drop)
+        })
+    }
+
+    #[tokio::test]
+    async fn an_aborted_waiter_stops_waiting_for_a_range() {
+        let set = Arc::new(TaskSet::default());
+        let lock = Arc::new(RangeLock::default());
+        let reader = set.enter(NexusId(1), 1, TaskAttr::Simple).await;
+        let _held = lock.lock(0, 8, false, &reader).await.unwrap();
+        let waiter = spawn_writer(&set, &lock, 2, 7);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiter.is_finished(), "the writer waits for the held range");
+        assert_eq!(set.mark_aborted(|t| t.tag == 7).len(), 1);
+        let outcome = tokio::time::timeout(Duration::from_secs(1), waiter).await;
+        assert_eq!(outcome.expect("ends within 1 s").unwrap(), Err(Aborted));
+    }
+
+    #[tokio::test]
+    async fn revoking_releases_only_matching_ranges_of_data_being_sent() {
+        let set = Arc::new(TaskSet::default());
+        let lock = Arc::new(RangeLock::default());
+        let running = set.enter(NexusId(1), 1, TaskAttr::Simple).await;
+        let in_use = lock.lock(0, 8, false, &running).await.unwrap();
+        let ended = set.enter(NexusId(2), 2, TaskAttr::Simple).await;
+        let sent = lock.lock(0, 8, false, &ended).await.unwrap();
+        sent.sending();
+        drop(ended);
+        // A running task's range and another nexus's are never revoked.
+        assert_eq!(lock.revoke_sending(|_, _| true), 1);
+        assert_eq!(lock.revoke_sending(|_, _| true), 0);
+        let waiter = spawn_writer(&set, &lock, 3, 3);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(
+            !waiter.is_finished(),
+            "the running task still holds its range"
+        );
+        drop(in_use);
+        let outcome = tokio::time::timeout(Duration::from_secs(1), waiter).await;
+        assert_eq!(outcome.expect("ends within 1 s").unwrap(), Ok(()));
+        // Dropping the revoked guard afterwards releases nothing else.
+        drop(sent);
+        assert!(lock.inner().held.is_empty());
     }
 }

@@ -743,7 +743,13 @@ fn transfers_of_65536_blocks_fit_the_maximum_transfer_length() {
 /// The LUN's NAA designator from its Device Identification VPD page, as an initiator
 /// builds an identification CSCD descriptor from it.
 fn naa_designator(d: &Device) -> Vec<u8> {
-    let r = run(d, cmd(1, &[0x12, 0x01, 0x83, 0, 0xFF, 0], &[], 255));
+    naa_designator_of(d, 0)
+}
+
+fn naa_designator_of(d: &Device, lun: u64) -> Vec<u8> {
+    let mut c = cmd(1, &[0x12, 0x01, 0x83, 0, 0xFF, 0], &[], 255);
+    c.lun = lun;
+    let r = run(d, c);
     good(&r);
     let page = &r.data_in[4..];
     let mut at = 0;
@@ -1167,4 +1173,343 @@ fn object_lun_beside_a_block_lun() {
     assert_eq!(decode(&r).asc, 0x20);
     assert_eq!(r.bidi_read_residual, Some(Residual::Underflow(512)));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A lender whose buffers keep what the read asks them to keep until its data is sent
+/// (its range) in `kept`, standing for a peer that does not take its read data.
+#[derive(Debug, Default, Clone)]
+struct StallingLender {
+    kept: Arc<std::sync::Mutex<Vec<Box<dyn std::any::Any + Send + Sync>>>>,
+}
+
+struct StallingBuf {
+    data: Vec<u8>,
+    lender: StallingLender,
+}
+
+impl storage::ReadBufSource for StallingLender {
+    fn lend(&self, len: usize) -> Box<dyn storage::ReadBuf> {
+        Box::new(StallingBuf {
+            data: Vec::with_capacity(len),
+            lender: self.clone(),
+        })
+    }
+}
+
+impl storage::ReadBuf for StallingBuf {
+    fn put(&mut self, src: &[u8]) {
+        self.data.extend_from_slice(src);
+    }
+    fn put_zeros(&mut self, n: usize) {
+        self.data.resize(self.data.len() + n, 0);
+    }
+    fn put_bytes(&mut self, data: Bytes) {
+        self.put(&data)
+    }
+    fn keep_until_sent(&mut self, hold: Box<dyn std::any::Any + Send + Sync>) {
+        self.lender.kept.lock().unwrap().push(hold);
+    }
+    fn len(&self) -> usize {
+        self.data.len()
+    }
+    fn finish(self: Box<Self>) -> (Bytes, Option<storage::BufNote>) {
+        (Bytes::from(self.data), None)
+    }
+}
+
+/// LUNs 0 and 1 on RAM, nexuses 1 and 2.
+fn two_lun_device() -> Arc<Device> {
+    let luns = (0..2)
+        .map(|l| (l, LunConfig::memory(BLOCKS * BS as u64)))
+        .collect();
+    let d = Device::new("iqn.2024-01.test:t", luns).unwrap();
+    d.nexus_added(NexusId(1), "iqn.init-a,i,0x1", Bytes::new());
+    d.nexus_added(NexusId(2), "iqn.init-b,i,0x2", Bytes::new());
+    Arc::new(d)
+}
+
+fn on_lun(lun: u64, tag: u64, attr: TaskAttr, mut c: Command) -> Command {
+    c.lun = lun;
+    c.tag = tag;
+    c.attr = attr;
+    c
+}
+
+const PROMPTLY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Nexus 1 reads blocks 0..8 of `lun` through `lender`, which keeps the read's range.
+async fn read_left_unsent(d: &Device, lun: u64, lender: &StallingLender) {
+    let mut c = on_lun(
+        lun,
+        100,
+        TaskAttr::Simple,
+        cmd(1, &read10(0, 8), &[], 8 * 512),
+    );
+    c.read_buffers = Some(Arc::new(lender.clone()));
+    let kept_before = lender.kept.lock().unwrap().len();
+    good(&tokio::time::timeout(PROMPTLY, d.execute(c)).await.unwrap());
+    let kept = lender.kept.lock().unwrap().len();
+    assert_eq!(kept, kept_before + 1, "the read keeps its range");
+}
+
+/// Starts `c` and checks it is still waiting a while later.
+async fn start_stalled(d: &Arc<Device>, c: Command) -> tokio::task::JoinHandle<Response> {
+    let d = d.clone();
+    let task = tokio::spawn(async move { d.execute(c).await });
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert!(
+        !task.is_finished(),
+        "the command waits behind the unsent read"
+    );
+    task
+}
+
+/// Nexus 2's WRITE of one block of 0xAB at LBA 4 of `lun`.
+fn write_ab(lun: u64, tag: u64) -> Command {
+    on_lun(
+        lun,
+        tag,
+        TaskAttr::Simple,
+        cmd(2, &write10(4, 1), &[0xAB; BS], BS as u32),
+    )
+}
+
+async fn ends_aborted(task: tokio::task::JoinHandle<Response>) {
+    let r = tokio::time::timeout(PROMPTLY, task)
+        .await
+        .expect("the aborted task ends within 1 s")
+        .unwrap();
+    assert!(r.aborted, "{r:?}");
+    assert_eq!(r.status, status::TASK_ABORTED);
+}
+
+/// Block 4 of `lun` as nexus 1 reads it.
+async fn block4(d: &Device, lun: u64) -> Bytes {
+    let c = on_lun(
+        lun,
+        200,
+        TaskAttr::Simple,
+        cmd(1, &read10(4, 1), &[], BS as u32),
+    );
+    let r = tokio::time::timeout(PROMPTLY, d.execute(c)).await.unwrap();
+    good(&r);
+    r.data_in
+}
+
+/// A WRITE waiting for a range a read keeps while its data is (never) sent ends as
+/// aborted within a second of ABORT TASK, ABORT TASK SET, CLEAR TASK SET or the loss of
+/// its nexus, and writes nothing. Before waits for ranges heeded aborts, each of these
+/// left the WRITE waiting (and ABORT TASK itself waited 60 s for it).
+#[tokio::test]
+async fn a_write_waiting_for_an_unsent_reads_range_ends_when_aborted() {
+    for how in [
+        "abort task",
+        "abort task set",
+        "clear task set",
+        "nexus loss",
+    ] {
+        let d = two_lun_device();
+        let lender = StallingLender::default();
+        read_left_unsent(&d, 0, &lender).await;
+        let write = start_stalled(&d, write_ab(0, 5)).await;
+        let abort = async {
+            match how {
+                "abort task" => assert!(d.abort_task(NexusId(2), 5).await),
+                "abort task set" => assert_eq!(d.abort_task_set(NexusId(2), 0).await, 1),
+                "clear task set" => assert_eq!(d.clear_task_set(0).await, 1),
+                _ => d.nexus_removed(NexusId(2)),
+            }
+        };
+        tokio::time::timeout(PROMPTLY, abort)
+            .await
+            .unwrap_or_else(|_| panic!("{how} returns within 1 s"));
+        ends_aborted(write).await;
+        assert_eq!(
+            &block4(&d, 0).await[..],
+            &[0u8; BS][..],
+            "{how}: nothing written"
+        );
+    }
+}
+
+/// LUN RESET ends, as aborted, a WRITE waiting for an unsent read's range and an
+/// ORDERED task queued behind it, and revokes the read's range so later writes run;
+/// LUN 1, with its own unsent read and waiting WRITE, is untouched until its read's
+/// data is gone.
+#[tokio::test]
+async fn lun_reset_frees_a_lun_stalled_by_an_unsent_read_and_no_other() {
+    let d = two_lun_device();
+    let lender = StallingLender::default();
+    read_left_unsent(&d, 0, &lender).await;
+    read_left_unsent(&d, 1, &lender).await;
+    let write = start_stalled(&d, write_ab(0, 10)).await;
+    let tur = on_lun(0, 11, TaskAttr::Ordered, cmd(2, &[0; 6], &[], 0));
+    let ordered = start_stalled(&d, tur).await;
+    let other_lun = start_stalled(&d, write_ab(1, 12)).await;
+
+    assert!(tokio::time::timeout(PROMPTLY, d.lun_reset(0))
+        .await
+        .unwrap());
+    ends_aborted(write).await;
+    ends_aborted(ordered).await;
+    // The reset's unit attention first, then the range the unsent read kept is free.
+    for nexus in [1, 2] {
+        let tur = on_lun(0, 13, TaskAttr::Simple, cmd(nexus, &[0; 6], &[], 0));
+        let r = tokio::time::timeout(PROMPTLY, d.execute(tur))
+            .await
+            .unwrap();
+        assert_eq!(sense_code(&r), (6, 0x29, 0));
+    }
+    good(
+        &tokio::time::timeout(PROMPTLY, d.execute(write_ab(0, 14)))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(&block4(&d, 0).await[..], &[0xAB; BS][..]);
+
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert!(
+        !other_lun.is_finished(),
+        "LUN 1 still keeps its read's range"
+    );
+    lender.kept.lock().unwrap().clear();
+    let r = tokio::time::timeout(PROMPTLY, other_lun)
+        .await
+        .unwrap()
+        .unwrap();
+    good(&r);
+    assert_eq!(&block4(&d, 1).await[..], &[0xAB; BS][..]);
+}
+
+/// A device whose LUNs 0 and 1 hold distinct patterns: LUN 0 blocks 10..26 and LUN 1
+/// blocks 1000..1016 (both written by nexus 1).
+fn two_luns_with_data() -> (Arc<Device>, Vec<u8>, Vec<u8>) {
+    let d = two_lun_device();
+    let on_lun0: Vec<u8> = (0..16 * BS).map(|i| (i % 251) as u8).collect();
+    let on_lun1 = vec![0x5A; 16 * BS];
+    good(&run(
+        &d,
+        cmd(1, &write10(10, 16), &on_lun0, on_lun0.len() as u32),
+    ));
+    let mut w = cmd(1, &write10(1000, 16), &on_lun1, on_lun1.len() as u32);
+    w.lun = 1;
+    good(&run(&d, w));
+    (d, on_lun0, on_lun1)
+}
+
+/// Nexus 1's EXTENDED COPY (sent to LUN 0) of 16 blocks, list 3 held for COPY STATUS.
+fn xcopy_between(d: &Device, from: u64, src_lba: u64, to: u64, dst_lba: u64) -> Response {
+    let cscds = [
+        cscd_ident(&naa_designator_of(d, from)),
+        cscd_ident(&naa_designator_of(d, to)),
+    ];
+    let seg = seg_b2b(0, 1, 16, src_lba, dst_lba);
+    run(d, xcopy(&xcopy_params(3, 0, &cscds, &[&seg])))
+}
+
+/// Blocks `lba..lba+16` of `lun` as `nexus` reads them.
+fn sixteen_blocks(d: &Device, nexus: u64, lun: u64, lba: u32) -> Bytes {
+    let mut c = cmd(nexus, &read10(lba, 16), &[], 16 * BS as u32);
+    c.lun = lun;
+    let r = run(d, c);
+    good(&r);
+    r.data_in
+}
+
+/// COPY STATUS of nexus 1's list 3: the copy manager status byte.
+fn copy_status_of_list3(d: &Device) -> u8 {
+    let mut c = [0u8; 16];
+    c[0] = 0x84;
+    c[2] = 3;
+    c[10..14].copy_from_slice(&64u32.to_be_bytes());
+    let r = run(d, cmd(1, &c, &[], 64));
+    good(&r);
+    r.data_in[4]
+}
+
+/// PERSISTENT RESERVE OUT from `nexus` to `lun`: REGISTER key 0xB, then RESERVE `rtype`.
+fn register_and_reserve(d: &Device, nexus: u64, lun: u64, rtype: u8) {
+    for (sa, t, key, sa_key) in [(0u8, 0u8, 0u64, 0xBu64), (1, rtype, 0xB, 0)] {
+        let mut p = vec![0u8; 24];
+        p[0..8].copy_from_slice(&key.to_be_bytes());
+        p[8..16].copy_from_slice(&sa_key.to_be_bytes());
+        let mut c = cmd(nexus, &[0x5F, sa, t, 0, 0, 0, 0, 0, 24, 0], &p, 24);
+        c.lun = lun;
+        good(&run(d, c));
+    }
+}
+
+/// A copy between two LUNs nobody reserved moves the data.
+#[test]
+fn extended_copy_between_luns_reads_back() {
+    let (d, on_lun0, _) = two_luns_with_data();
+    good(&xcopy_between(&d, 0, 10, 1, 1000));
+    assert_eq!(&sixteen_blocks(&d, 2, 1, 1000)[..], &on_lun0[..]);
+    assert_eq!(copy_status_of_list3(&d), 0x01, "completed");
+}
+
+/// Nexus 2 holds WRITE EXCLUSIVE on LUN 1: nexus 1's copy into LUN 1 is a
+/// RESERVATION CONFLICT, as its WRITE there would be, and LUN 1 is unchanged; a copy
+/// out of LUN 1 (a read, which WRITE EXCLUSIVE allows) still works. Before the copy
+/// manager checked its copy targets, the copy went through and overwrote LUN 1.
+#[test]
+fn extended_copy_into_a_lun_another_nexus_write_reserved_conflicts() {
+    let (d, on_lun0, on_lun1) = two_luns_with_data();
+    register_and_reserve(&d, 2, 1, 0x01);
+    let r = xcopy_between(&d, 0, 10, 1, 1000);
+    assert_eq!(r.status, status::RESERVATION_CONFLICT, "{r:?}");
+    assert!(r.sense.is_none());
+    assert_eq!(
+        &sixteen_blocks(&d, 2, 1, 1000)[..],
+        &on_lun1[..],
+        "unchanged"
+    );
+    assert_eq!(copy_status_of_list3(&d), 0x02, "failed");
+
+    good(&xcopy_between(&d, 1, 1000, 0, 10));
+    assert_eq!(&sixteen_blocks(&d, 1, 0, 10)[..], &on_lun1[..]);
+    assert_ne!(on_lun0, on_lun1);
+}
+
+/// Nexus 2 holds RESERVE(6) on LUN 1, which refuses other nexuses' reads: nexus 1's
+/// copy out of LUN 1 is a RESERVATION CONFLICT and its destination on LUN 0 unchanged;
+/// after RELEASE(6) the same copy works.
+#[test]
+fn extended_copy_out_of_a_lun_another_nexus_reserved_conflicts() {
+    let (d, on_lun0, on_lun1) = two_luns_with_data();
+    let mut reserve = cmd(2, &[0x16, 0, 0, 0, 0, 0], &[], 0);
+    reserve.lun = 1;
+    good(&run(&d, reserve));
+    let r = xcopy_between(&d, 1, 1000, 0, 10);
+    assert_eq!(r.status, status::RESERVATION_CONFLICT, "{r:?}");
+    assert_eq!(&sixteen_blocks(&d, 1, 0, 10)[..], &on_lun0[..], "unchanged");
+
+    let mut release = cmd(2, &[0x17, 0, 0, 0, 0, 0], &[], 0);
+    release.lun = 1;
+    good(&run(&d, release));
+    good(&xcopy_between(&d, 1, 1000, 0, 10));
+    assert_eq!(&sixteen_blocks(&d, 1, 0, 10)[..], &on_lun1[..]);
+}
+
+/// A copy target whose medium is removed (or that is sanitizing) is not reachable by
+/// the copy manager: CHECK CONDITION, COPY ABORTED, COPY TARGET DEVICE NOT REACHABLE,
+/// and the destination is unchanged.
+#[test]
+fn extended_copy_from_a_lun_without_medium_is_copy_aborted() {
+    let mut removable = LunConfig::memory(BLOCKS * BS as u64);
+    removable.removable = true;
+    let luns = vec![(0, LunConfig::memory(BLOCKS * BS as u64)), (1, removable)];
+    let d = Device::new("iqn.2024-01.test:t", luns).unwrap();
+    d.nexus_added(NexusId(1), "iqn.init-a,i,0x1", Bytes::new());
+    let mut w = cmd(1, &write10(1000, 16), &[0x5A; 16 * BS], 16 * BS as u32);
+    w.lun = 1;
+    good(&run(&d, w));
+    let before = sixteen_blocks(&d, 1, 0, 10);
+    assert_ne!(&before[..], &[0x5A; 16 * BS][..]);
+    let mut eject = cmd(1, &[0x1B, 0, 0, 0, 0x02, 0], &[], 0);
+    eject.lun = 1;
+    good(&run(&d, eject));
+    let r = xcopy_between(&d, 1, 1000, 0, 10);
+    assert_eq!(sense_code(&r), (0x0A, 0x0D, 0x02));
+    assert_eq!(sixteen_blocks(&d, 1, 0, 10), before, "unchanged");
 }

@@ -203,20 +203,20 @@ impl Lun {
         }
         match opcode {
             op::READ_6 | op::READ_10 | op::READ_12 | op::READ_16 => {
-                self.read(cdb, cmd.read_buffers.as_deref()).await
+                self.read(cdb, cmd.read_buffers.as_deref(), guard).await
             }
             op::WRITE_6 | op::WRITE_10 | op::WRITE_12 | op::WRITE_16 => {
-                self.write(cmd, false).await
+                self.write(cmd, false, guard).await
             }
-            op::WRITE_ATOMIC_16 => self.write(cmd, true).await,
+            op::WRITE_ATOMIC_16 => self.write(cmd, true, guard).await,
             op::WRITE_VERIFY_10 | op::WRITE_VERIFY_12 | op::WRITE_VERIFY_16 => {
-                self.write_verify(cmd).await
+                self.write_verify(cmd, guard).await
             }
             op::VERIFY_10 | op::VERIFY_12 | op::VERIFY_16 => self.verify(cmd).await,
-            op::ORWRITE_16 => self.orwrite(cmd).await,
-            op::COMPARE_AND_WRITE => self.compare_and_write(cmd).await,
-            op::WRITE_SAME_10 | op::WRITE_SAME_16 => self.write_same(cmd).await,
-            op::UNMAP => self.unmap(cmd).await,
+            op::ORWRITE_16 => self.orwrite(cmd, guard).await,
+            op::COMPARE_AND_WRITE => self.compare_and_write(cmd, guard).await,
+            op::WRITE_SAME_10 | op::WRITE_SAME_16 => self.write_same(cmd, guard).await,
+            op::UNMAP => self.unmap(cmd, guard).await,
             op::PRE_FETCH_10 | op::PRE_FETCH_16 => self.pre_fetch(cdb),
             op::SYNC_CACHE_10 | op::SYNC_CACHE_16 => self.sync_cache(cdb).await,
             op::TEST_UNIT_READY => crate::lun::Done::none(),
@@ -247,7 +247,7 @@ impl Lun {
             op::PR_IN => self.pr_in(cdb),
             op::PR_OUT => self.pr_out(dev, cmd, info),
             op::SANITIZE if self.cfg.sanitize => self.sanitize(cmd).await,
-            op::EXTENDED_COPY => self.extended_copy(dev, cmd, guard).await,
+            op::EXTENDED_COPY => self.extended_copy(dev, cmd, info, guard).await,
             op::RECEIVE_COPY_RESULTS => self.receive_copy_results(cmd),
             _ => Err(Fail::Check(Sense::illegal(asc::INVALID_OPCODE))),
         }

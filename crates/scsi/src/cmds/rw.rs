@@ -8,7 +8,7 @@ use super::{be16, be32, be64, get, op};
 use crate::device::Command;
 use crate::lun::{CmdResult, Done, Fail, Lun};
 use crate::sense::{asc, key, Sense};
-use crate::tasks::RangeGuard;
+use crate::tasks::{RangeGuard, TaskGuard};
 
 /// Largest transfer (bytes) of one READ/WRITE; reported in the Block Limits VPD. 32 MiB
 /// is 65536 blocks of 512 bytes: initiators (libiscsi's WRITE SAME tests among them)
@@ -124,7 +124,8 @@ impl Lun {
 
     /// `read_blocks` into a buffer the transport lent: the data and what the buffer noted.
     /// `range` (the read's lock) goes to the buffer, which keeps it until the data is sent
-    /// if it refers to the medium's bytes where they lie.
+    /// if it refers to the medium's bytes where they lie; from then on task management
+    /// may revoke it.
     async fn read_blocks_into(
         &self,
         lba: u64,
@@ -138,6 +139,7 @@ impl Lun {
             .read_into(self.offset(lba), len, lender.lend(len))
             .await
             .map_err(|e| self.read_failed(lba, blocks, e))?;
+        range.sending();
         filled.keep_until_sent(Box::new(range));
         Ok(filled.finish())
     }
@@ -175,6 +177,7 @@ impl Lun {
         &self,
         cdb: &[u8],
         lender: Option<&dyn storage::ReadBufSource>,
+        task: &TaskGuard<'_>,
     ) -> CmdResult {
         let p = RwParams::parse(cdb);
         self.check_protect(cdb)?;
@@ -186,7 +189,10 @@ impl Lun {
         // A shared range lock: reads run in parallel with each other, never with a write
         // of the same blocks (they see all of it or none of it), and a read whose data
         // leaves from where it lies keeps writers off until it has left.
-        let range = self.ranges.lock(p.lba, p.blocks as u64, false).await;
+        let range = self
+            .ranges
+            .lock(p.lba, p.blocks as u64, false, task)
+            .await?;
         match lender {
             None => Done::data(self.read_blocks(p.lba, p.blocks as u64).await?),
             Some(lender) => {
@@ -206,7 +212,12 @@ impl Lun {
     /// a trailing partial block is merged with the medium. Every write holds an exclusive
     /// range lock for the whole transfer, so readers and other writers of overlapping
     /// blocks see all of it or none of it (which makes any write atomic).
-    pub(crate) async fn write(&self, cmd: &Command, atomic: bool) -> CmdResult {
+    pub(crate) async fn write(
+        &self,
+        cmd: &Command,
+        atomic: bool,
+        task: &TaskGuard<'_>,
+    ) -> CmdResult {
         let cdb: &[u8] = &cmd.cdb;
         let p = RwParams::parse(cdb);
         self.check_protect(cdb)?;
@@ -225,7 +236,7 @@ impl Lun {
         }
         let want = (p.blocks as usize) << self.bs_shift;
         let data = cmd.data_out.slice(..want.min(cmd.data_out.len()));
-        self.write_data(p.lba, p.blocks as u64, data, p.fua())
+        self.write_data(p.lba, p.blocks as u64, data, p.fua(), task)
             .await?;
         Done::none()
     }
@@ -238,12 +249,19 @@ impl Lun {
 
     /// Writes `data` (at most `blocks` blocks) at `lba` under an exclusive range lock, which
     /// also makes it atomic and merges a partial last block with the medium.
-    async fn write_data(&self, lba: u64, blocks: u64, data: Bytes, fua: bool) -> Result<(), Fail> {
+    async fn write_data(
+        &self,
+        lba: u64,
+        blocks: u64,
+        data: Bytes,
+        fua: bool,
+        task: &TaskGuard<'_>,
+    ) -> Result<(), Fail> {
         if data.is_empty() {
             return Ok(());
         }
         let bs = self.block_size as usize;
-        let _range = self.ranges.lock(lba, blocks, true).await;
+        let _range = self.ranges.lock(lba, blocks, true, task).await?;
         if data.len().is_multiple_of(bs) {
             return self.write_bytes(self.offset(lba), data, fua).await;
         }
@@ -260,7 +278,7 @@ impl Lun {
             .await
     }
 
-    pub(crate) async fn write_verify(&self, cmd: &Command) -> CmdResult {
+    pub(crate) async fn write_verify(&self, cmd: &Command, task: &TaskGuard<'_>) -> CmdResult {
         let cdb: &[u8] = &cmd.cdb;
         let p = RwParams::parse(cdb);
         self.check_protect(cdb)?;
@@ -277,7 +295,8 @@ impl Lun {
         let want = (p.blocks as usize) << self.bs_shift;
         let data = cmd.data_out.slice(..want.min(cmd.data_out.len()));
         // Verification reads back from the medium: make the write durable first.
-        self.write_data(p.lba, p.blocks as u64, data, true).await?;
+        self.write_data(p.lba, p.blocks as u64, data, true, task)
+            .await?;
         Done::none()
     }
 
@@ -319,7 +338,7 @@ impl Lun {
         Done::none()
     }
 
-    pub(crate) async fn orwrite(&self, cmd: &Command) -> CmdResult {
+    pub(crate) async fn orwrite(&self, cmd: &Command, task: &TaskGuard<'_>) -> CmdResult {
         let cdb: &[u8] = &cmd.cdb;
         let p = RwParams::parse(cdb);
         self.check_protect(cdb)?;
@@ -333,7 +352,7 @@ impl Lun {
         if cmd.data_out.len() < want {
             return Err(Sense::illegal(asc::PARAMETER_LIST_LENGTH_ERROR).into());
         }
-        let _range = self.ranges.lock(p.lba, p.blocks as u64, true).await;
+        let _range = self.ranges.lock(p.lba, p.blocks as u64, true, task).await?;
         let old = self.read_blocks(p.lba, p.blocks as u64).await?;
         let mut new = BytesMut::from(&old[..]);
         for (n, d) in new.iter_mut().zip(cmd.data_out.iter()) {
@@ -346,7 +365,7 @@ impl Lun {
 
     /// COMPARE AND WRITE: atomic against every other writer of the range (exclusive
     /// range lock held from the read through the write).
-    pub(crate) async fn compare_and_write(&self, cmd: &Command) -> CmdResult {
+    pub(crate) async fn compare_and_write(&self, cmd: &Command, task: &TaskGuard<'_>) -> CmdResult {
         let cdb: &[u8] = &cmd.cdb;
         let lba = be64(cdb, 2);
         let n = get(cdb, 13);
@@ -366,7 +385,7 @@ impl Lun {
         if n == 0 {
             return Done::none();
         }
-        let _range = self.ranges.lock(lba, n as u64, true).await;
+        let _range = self.ranges.lock(lba, n as u64, true, task).await?;
         let current = self.read_blocks(lba, n as u64).await?;
         if let Some(at) = current
             .iter()
@@ -386,7 +405,7 @@ impl Lun {
         Done::none()
     }
 
-    pub(crate) async fn write_same(&self, cmd: &Command) -> CmdResult {
+    pub(crate) async fn write_same(&self, cmd: &Command, task: &TaskGuard<'_>) -> CmdResult {
         let cdb: &[u8] = &cmd.cdb;
         let sixteen = cdb[0] == op::WRITE_SAME_16;
         let (lba, blocks) = if sixteen {
@@ -428,7 +447,7 @@ impl Lun {
             cmd.data_out.clone()
         };
         let zero = pattern.iter().all(|&b| b == 0);
-        let _range = self.ranges.lock(lba, blocks, true).await;
+        let _range = self.ranges.lock(lba, blocks, true, task).await?;
         let (off, len) = (self.offset(lba), blocks << self.bs_shift);
         let io = if zero && unmap {
             self.backend.punch(off, len).await
@@ -462,7 +481,7 @@ impl Lun {
         Done::none()
     }
 
-    pub(crate) async fn unmap(&self, cmd: &Command) -> CmdResult {
+    pub(crate) async fn unmap(&self, cmd: &Command, task: &TaskGuard<'_>) -> CmdResult {
         let cdb: &[u8] = &cmd.cdb;
         if !self.thin {
             return Err(Sense::illegal(asc::INVALID_OPCODE).into());
@@ -498,7 +517,7 @@ impl Lun {
             if n == 0 {
                 continue;
             }
-            let _range = self.ranges.lock(lba, n, true).await;
+            let _range = self.ranges.lock(lba, n, true, task).await?;
             self.backend
                 .punch(self.offset(lba), n << self.bs_shift)
                 .await

@@ -5,14 +5,18 @@
 //! block-to-block segment descriptors (0x02). Copies run to completion inside the
 //! EXTENDED COPY command; their outcome is kept per (I_T nexus, list identifier) for
 //! RECEIVE COPY RESULTS / COPY STATUS unless the LIST ID USAGE says not to.
+//!
+//! Before any data moves, every segment's source is checked as a READ and its
+//! destination as a WRITE from the EXTENDED COPY's own I_T nexus would be (see
+//! [`copy_target_check`]): the copy manager reaches no LUN the initiator could not.
 
 use std::sync::Arc;
 
 use super::{be16, be32, be64, get};
-use crate::device::{Command, Device};
+use crate::device::{Command, Device, NexusId, NexusInfo};
 use crate::lun::{CmdResult, CopyResult, Done, Fail, Lun};
 use crate::sense::{asc, key, Sense};
-use crate::tasks::TaskGuard;
+use crate::tasks::{Aborted, TaskGuard};
 
 /// Copy manager limits, reported by RECEIVE COPY RESULTS / OPERATING PARAMETERS.
 pub(crate) const MAX_CSCD_DESCRIPTORS: u16 = 8;
@@ -188,11 +192,46 @@ fn parse(dev: &Device, data: &[u8]) -> Result<CopyList, Fail> {
     })
 }
 
+/// Checks every segment's source as a read and destination as a write by `nexus`.
+fn check_copy_targets(
+    list: &CopyList,
+    nexus: NexusId,
+    info: Option<&NexusInfo>,
+) -> Result<(), Fail> {
+    for seg in &list.segments {
+        let (src, dst) = (&list.cscds[seg.src], &list.cscds[seg.dst]);
+        copy_target_check(src, nexus, info, false)?;
+        copy_target_check(dst, nexus, info, true)?;
+        dst.check_copy_destination()?;
+    }
+    Ok(())
+}
+
+/// What EXTENDED COPY answers when `lun` refuses the copy's nexus a read (or a write):
+/// a reservation conflict is RESERVATION CONFLICT, as the initiator addressing the LUN
+/// would get (the reservation is about that initiator's access, whoever moves the data);
+/// a LUN not ready (sanitize, medium removed) is CHECK CONDITION, COPY ABORTED, COPY
+/// TARGET DEVICE NOT REACHABLE, SPC-4's answer for a copy target the copy manager
+/// cannot use (NOT READY sense would say the copy manager's own LUN is not ready).
+fn copy_target_check(
+    lun: &Lun,
+    nexus: NexusId,
+    info: Option<&NexusInfo>,
+    write: bool,
+) -> Result<(), Fail> {
+    match lun.copy_access_check(nexus, info, write) {
+        None => Ok(()),
+        Some(Fail::Status(status)) => Err(Fail::Status(status)),
+        Some(Fail::Check(_)) => Err(copy_aborted(asc::COPY_TARGET_NOT_REACHABLE)),
+    }
+}
+
 impl Lun {
     pub(crate) async fn extended_copy(
         &self,
         dev: &Device,
         cmd: &Command,
+        info: Option<&NexusInfo>,
         guard: &TaskGuard<'_>,
     ) -> CmdResult {
         let cdb: &[u8] = &cmd.cdb;
@@ -210,7 +249,10 @@ impl Lun {
         }
         let list = parse(dev, data)?;
         let mut result = CopyResult::default();
-        let outcome = self.run_copy(&list, guard, &mut result).await;
+        let outcome = match check_copy_targets(&list, cmd.nexus, info) {
+            Ok(()) => self.run_copy(&list, guard, &mut result).await,
+            Err(fail) => Err(fail),
+        };
         result.failed = outcome.is_err();
         if list.hold {
             let mut st = self.state();
@@ -229,16 +271,15 @@ impl Lun {
     ) -> Result<(), Fail> {
         for seg in &list.segments {
             let (src, dst) = (&list.cscds[seg.src], &list.cscds[seg.dst]);
-            dst.check_copy_destination()?;
             let per_chunk = (COPY_CHUNK_BYTES >> src.bs_shift).max(1);
             let mut done = 0u64;
             while done < seg.blocks {
                 if guard.aborted() {
-                    return Err(Fail::Status(crate::status::TASK_ABORTED));
+                    return Err(Aborted.into());
                 }
                 let n = per_chunk.min(seg.blocks - done);
                 let data = {
-                    let _r = src.ranges.lock(seg.src_lba + done, n, false).await;
+                    let _r = src.ranges.lock(seg.src_lba + done, n, false, guard).await?;
                     src.read_blocks(seg.src_lba + done, n)
                         .await
                         .map_err(|_| copy_aborted(asc::READ_ERROR))?
@@ -246,7 +287,10 @@ impl Lun {
                 let bytes = data.len() as u64;
                 let dst_lba = seg.dst_lba + ((done << src.bs_shift) >> dst.bs_shift);
                 {
-                    let _w = dst.ranges.lock(dst_lba, bytes >> dst.bs_shift, true).await;
+                    let _w = dst
+                        .ranges
+                        .lock(dst_lba, bytes >> dst.bs_shift, true, guard)
+                        .await?;
                     dst.write_bytes(dst_lba << dst.bs_shift, data, false)
                         .await
                         .map_err(|_| copy_aborted(asc::WRITE_ERROR))?;
