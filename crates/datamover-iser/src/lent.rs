@@ -27,11 +27,7 @@ pub fn view<P: Device>(lease: Arc<PooledMr<P>>, len: usize) -> Bytes {
 /// lets go.
 pub fn view_holding<P: Device>(lease: Arc<PooledMr<P>>, len: usize, held: Reservation) -> Bytes {
     assert!(len <= lease.mr().len(), "view beyond the region");
-    Bytes::from_owner(RegionView {
-        lease,
-        len,
-        _held: held,
-    })
+    held.travel_with(RegionView { lease, len })
 }
 
 /// Registered memory that read data was produced in (or lies in).
@@ -85,7 +81,6 @@ pub fn lent_region<P: Device>(note: Option<&BufNote>, data: &[u8]) -> Option<(Le
 struct RegionView<P: Device> {
     lease: Arc<PooledMr<P>>,
     len: usize,
-    _held: Reservation,
 }
 
 impl<P: Device> AsRef<[u8]> for RegionView<P> {

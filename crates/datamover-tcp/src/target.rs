@@ -207,22 +207,7 @@ impl WriteSlot {
         let WriteSlot {
             buf, reservation, ..
         } = self;
-        Bytes::from_owner(Budgeted {
-            data: buf,
-            _reservation: reservation,
-        })
-    }
-}
-
-/// Write data and the memory reservation that covers it.
-struct Budgeted {
-    data: BytesMut,
-    _reservation: Reservation,
-}
-
-impl AsRef<[u8]> for Budgeted {
-    fn as_ref(&self) -> &[u8] {
-        &self.data
+        reservation.travel_with(buf)
     }
 }
 

@@ -5,6 +5,7 @@
 //! allocates it, so a flood of commands from a peer costs at most its budget, never the
 //! lengths the commands announce.
 
+use bytes::Bytes;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -179,6 +180,32 @@ impl Reservation {
         self.bytes
     }
 
+    /// Gives back what this reservation holds beyond `bytes`.
+    pub fn shrink_to(&mut self, bytes: u64) {
+        if bytes >= self.bytes {
+            return;
+        }
+        let excess = self.bytes - bytes;
+        let mut level = self.budget.as_deref();
+        while let Some(b) = level {
+            b.give_back(excess);
+            level = b.parent.as_deref();
+        }
+        self.bytes = bytes;
+    }
+
+    /// `data` as `Bytes` (no copy) that hold this reservation until the last of them is
+    /// dropped: the memory stays counted for as long as anyone keeps it.
+    pub fn travel_with<T: AsRef<[u8]> + Send + 'static>(self, data: T) -> Bytes {
+        if self.bytes == 0 {
+            return Bytes::from_owner(data);
+        }
+        Bytes::from_owner(Held {
+            data,
+            _reservation: self,
+        })
+    }
+
     /// Adds `other`'s bytes to this reservation (both must be of the same account, or one
     /// of them empty).
     pub fn merge(&mut self, mut other: Reservation) {
@@ -196,6 +223,18 @@ impl Reservation {
         assert!(same, "reservations of different accounts merged");
         self.bytes += other.bytes;
         other.bytes = 0;
+    }
+}
+
+/// Data and the reservation that counts it.
+struct Held<T> {
+    data: T,
+    _reservation: Reservation,
+}
+
+impl<T: AsRef<[u8]>> AsRef<[u8]> for Held<T> {
+    fn as_ref(&self) -> &[u8] {
+        self.data.as_ref()
     }
 }
 
@@ -248,6 +287,22 @@ mod tests {
         assert_eq!((r.bytes(), target.used()), (50, 50));
         drop(r);
         assert_eq!(target.used(), 0);
+    }
+
+    #[test]
+    fn a_shrunk_reservation_gives_back_the_excess_and_data_holds_the_rest() {
+        let target = Budget::root("target", 100);
+        let conn = target.child("connection", 100);
+        let mut r = conn.try_reserve(64).unwrap();
+        r.shrink_to(10);
+        assert_eq!((conn.used(), target.used()), (10, 10));
+        let data = r.travel_with(vec![7u8; 10]);
+        let copy = data.clone();
+        drop(data);
+        assert_eq!(target.used(), 10, "a copy still holds it");
+        assert_eq!(&copy[..], &[7u8; 10]);
+        drop(copy);
+        assert_eq!((conn.used(), target.used()), (0, 0));
     }
 
     #[tokio::test]

@@ -727,6 +727,14 @@ fn enter_full_feature(
             cp.initiator_recv_data_segment_length,
         ),
     };
+    let budget = session
+        .budget
+        .child("connection", config.connection_memory_mib << 20);
+    let timeouts = PeerTimeouts {
+        data_out: Duration::from_secs(config.data_out_timeout_secs),
+        send_stall: Duration::from_secs(config.nop_timeout_secs.max(1)),
+        ..PeerTimeouts::default()
+    };
     let ffp = FfpConfig {
         digests: Digests {
             header: cp.header_digest,
@@ -747,14 +755,8 @@ fn enter_full_feature(
         max_write_len: MAX_WRITE_LEN,
         error_recovery_level: sp.error_recovery_level,
         recovery: recovery.clone(),
-        budget: session
-            .budget
-            .child("connection", config.connection_memory_mib << 20),
-        timeouts: PeerTimeouts {
-            data_out: Duration::from_secs(config.data_out_timeout_secs),
-            send_stall: Duration::from_secs(config.nop_timeout_secs.max(1)),
-            ..PeerTimeouts::default()
-        },
+        budget: budget.clone(),
+        timeouts,
     };
     let (dm, notices) = conn.into_full_feature(ffp, session.sn.clone());
     let cid = outcome.cid;
@@ -765,15 +767,10 @@ fn enter_full_feature(
         TransportKind::Tcp => send_len,
         TransportKind::Iser => send_len.min(datamover_iser::target::CONTROL_DATA_MAX),
     };
-    let c = Arc::new(Conn::new(
-        cid,
-        peer,
-        transport,
-        dm,
-        control_send,
-        status,
-        recovery,
-    ));
+    let c = Arc::new(
+        Conn::new(cid, peer, transport, dm, control_send, status, recovery)
+            .with_budget(budget, timeouts.budget_wait),
+    );
     match session.add_connection(c.clone(), ticket) {
         Ok(Some(old)) => {
             tracing::info!(%peer, cid, "connection reinstatement: closing the old connection");

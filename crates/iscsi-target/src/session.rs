@@ -3,6 +3,7 @@
 
 use crate::Target;
 use bytes::{BufMut, Bytes, BytesMut};
+use datamover::budget::{Budget, OverBudget, Reservation};
 use datamover::{
     CmdSnState, CollapsedStatus, Datamover, DmError, InPdu, Notice, RecoveryCounters,
     StatusNumbering, TaskRef, WriteHandle,
@@ -123,6 +124,11 @@ pub(crate) struct Conn {
     pub(crate) recovery: Arc<RecoveryCounters>,
     /// Set once its tasks were told it ended (by a logout, or when it closed).
     tasks_ended: std::sync::atomic::AtomicBool,
+    /// This connection's memory account (the datamover's too): read data is reserved in it
+    /// before the backend produces it.
+    budget: Arc<Budget>,
+    /// How long a command waits for room in `budget` before TASK SET FULL.
+    budget_wait: Duration,
 }
 
 impl Conn {
@@ -162,7 +168,26 @@ impl Conn {
             status,
             recovery,
             tasks_ended: Default::default(),
+            budget: Budget::unlimited(),
+            budget_wait: Duration::ZERO,
         }
+    }
+
+    /// The memory account read data is reserved in, and how long a command may wait for room.
+    pub fn with_budget(mut self, budget: Arc<Budget>, wait: Duration) -> Conn {
+        self.budget = budget;
+        self.budget_wait = wait;
+        self
+    }
+
+    /// Reserves the read data a command may bring (at most its Expected Data Transfer
+    /// Length, at most the largest transfer a LUN makes) before the backend produces it.
+    async fn reserve_read(&self, cmd: &ScsiCommand) -> Result<Option<Reservation>, OverBudget> {
+        if !cmd.read || cmd.expected_data_len == 0 {
+            return Ok(None);
+        }
+        let most = u64::from(cmd.expected_data_len).min(scsi::MAX_TRANSFER_BYTES);
+        self.budget.reserve(most, self.budget_wait).await.map(Some)
     }
 
     fn task_done(&self) {
@@ -492,6 +517,13 @@ impl Session {
             None => (Bytes::new(), 0),
         };
         let device = self.device.clone()?;
+        let read_held = match conn.reserve_read(cmd).await {
+            Ok(held) => held,
+            Err(e) => {
+                tracing::warn!(peer = %conn.peer, tsih = self.tsih, itt = format_args!("0x{:08x}", task.itt), "read refused with TASK SET FULL: {e}");
+                return Some((unexecuted(scsi::status::TASK_SET_FULL, None), r2ts));
+            }
+        };
         let (cdb, bidi_read_len) = match iscsi_wire::parse_ahs(ahs) {
             Ok(a) => (iscsi_wire::full_cdb(cmd, &a), bidi_read_len(cmd, &a)),
             Err(_) => (cmd.cdb.to_vec(), None),
@@ -518,6 +550,15 @@ impl Session {
                 read_buffers: conn.dm.read_buffers(),
             })
             .await;
+        // The read data stays counted until the transport lets go of it (sent; at
+        // ErrorRecoveryLevel ≥ 1, acknowledged).
+        let mut rsp = rsp;
+        if let Some(mut held) = read_held {
+            held.shrink_to(rsp.data_in.len() as u64);
+            if held.bytes() > 0 {
+                rsp.data_in = held.travel_with(rsp.data_in);
+            }
+        }
         Some((rsp, r2ts))
     }
 

@@ -1,7 +1,8 @@
 //! Attacks on the target's memory and liveness, each by a raw client on loopback as a hostile
 //! peer would send them, with a victim session beside it that must keep its data and its
 //! answers: WRITEs announcing 64 MiB in a discovery session, immediate and windowed WRITEs
-//! whose data never comes, a peer that never reads, a LUN reset sent to another target.
+//! whose data never comes, a window of large READs never read, a peer that never reads, a
+//! LUN reset sent to another target.
 //! Its own test binary, so the address space and resident set measured are the target's
 //! (and this test's); the attacks that measure them run one after another in one test.
 
@@ -230,6 +231,34 @@ async fn floods_of_announced_writes_cost_their_budget_not_their_length() {
         after.1 - before.1
     );
     victim_round(&mut victim, 3).await;
+
+    // 4. A session fills its window with 128 READs of 32 MiB (4 GiB) and reads nothing:
+    // read data is reserved before it is produced, so the connection holds its 64 MiB.
+    let mut attacker = RawConn::connect(addr).await;
+    attacker.isid[5] = 0xa4;
+    attacker.login(1, &plain_keys()).await;
+    let mut burst = Vec::new();
+    for _ in 0..128 {
+        burst.extend_from_slice(&attacker.scsi_bhs(&read10(0, 0xffff), 0xffff * 512, 0, 0));
+    }
+    attacker.send_raw(&burst).await;
+    let mut peak = memory_mib();
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = memory_mib();
+        peak = (peak.0.max(now.0), peak.1.max(now.1));
+    }
+    println!(
+        "a window of 128 x 32 MiB READs, never read: peak VmSize {} MiB, VmRSS {} MiB",
+        peak.0, peak.1
+    );
+    assert!(
+        peak.1 < before.1 + 256,
+        "the resident set grew {} MiB",
+        peak.1 - before.1
+    );
+    victim_round(&mut victim, 4).await;
+    drop(attacker);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -36,7 +36,7 @@ mod pr;
 pub mod sense;
 mod tasks;
 
-pub use cmds::{op, RwParams};
+pub use cmds::{op, RwParams, MAX_TRANSFER_BYTES};
 pub use config::{BackendConfig, ByteSize, LunConfig};
 pub use device::{
     Command, Device, DeviceError, ImageProvider, NexusId, ResetKind, Residual, Response, TaskAttr,

@@ -13,7 +13,7 @@ use crate::lun::{CmdResult, Fail, Lun};
 use crate::sense::{asc, Sense};
 use crate::tasks::TaskGuard;
 
-pub use rw::RwParams;
+pub use rw::{RwParams, MAX_TRANSFER_BYTES};
 
 /// Operation codes handled by the engine.
 pub mod op {

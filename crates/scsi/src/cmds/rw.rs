@@ -13,7 +13,7 @@ use crate::tasks::{RangeGuard, TaskGuard};
 /// Largest transfer (bytes) of one READ/WRITE; reported in the Block Limits VPD. 32 MiB
 /// is 65536 blocks of 512 bytes: initiators (libiscsi's WRITE SAME tests among them)
 /// move 65536 blocks in one command to exercise 4-byte transfer lengths.
-pub(crate) const MAX_TRANSFER_BYTES: u64 = 32 << 20;
+pub const MAX_TRANSFER_BYTES: u64 = 32 << 20;
 /// Largest COMPARE AND WRITE (blocks).
 pub(crate) const MAX_CAW_BLOCKS: u8 = 128;
 /// Largest WRITE SAME (blocks), UNMAP LBA count and UNMAP descriptor count.
