@@ -126,13 +126,10 @@ pub(crate) fn start<P: Device>(
         next_ttt: AtomicU32::new(1),
         peer: s.peer,
     });
-    let (tx, rx) = mpsc::channel(256);
+    let (notices, rx) = NoticeOut::new(shared.ep.recv_credit());
     let receiver = Receiver {
         sh: shared.clone(),
-        notices: NoticeOut {
-            tx,
-            backlog: Arc::default(),
-        },
+        notices,
         max_recv_data: s.max_recv_data,
     };
     receiver.deliver(&shared.ep, s.received);
@@ -445,7 +442,7 @@ impl<P: Device> Receiver<P> {
                 sh.ep.close();
                 // Waiters for unsolicited data hear of the end as their senders go.
                 sh.slots.lock().expect("slots").clear();
-                notices.push(Notice::Closed(why));
+                notices.push_end(why);
             },
         );
     }
@@ -482,62 +479,63 @@ impl<P: Device> Receiver<P> {
             }
             _ => Notice::Control(pdu),
         };
-        if self.notices.push(notice) {
-            Ok(())
-        } else {
-            Err("the session stopped".to_string())
+        match self.notices.push(notice) {
+            Ok(()) => Ok(()),
+            Err(NoticeRefused::Stopped) => Err("the session stopped".to_string()),
+            Err(NoticeRefused::OverCredit(why)) => {
+                crate::credit::overrun(&sh.peer.to_string(), &why);
+                Err(why)
+            }
         }
     }
 }
 
-/// Notices to the session, in order, from code that cannot wait: when the channel is full
-/// the rest queue in a backlog a task feeds in (the session is that far behind; rare).
+/// Notices to the session, in order, from the completion task, which cannot wait: one per
+/// received Send, at most the receive credit of them waiting, and a place kept for the end.
 #[derive(Clone)]
 struct NoticeOut {
     tx: mpsc::Sender<Notice>,
-    backlog: Backlog,
+    credit: usize,
 }
 
-/// Some while the feeding task runs: notices go behind it.
-type Backlog = Arc<Mutex<Option<std::collections::VecDeque<Notice>>>>;
+/// Why a notice was not queued.
+#[derive(Debug, PartialEq, Eq)]
+enum NoticeRefused {
+    /// The session takes no more notices.
+    Stopped,
+    /// `credit` notices already wait: the peer has more Sends outstanding than it had
+    /// receives (the reason, for the log).
+    OverCredit(String),
+}
 
 impl NoticeOut {
-    /// False once the session has stopped taking notices.
-    fn push(&self, notice: Notice) -> bool {
-        let mut backlog = self.backlog.lock().expect("backlog");
-        if let Some(queued) = backlog.as_mut() {
-            queued.push_back(notice);
-            return true;
-        }
-        match self.tx.try_send(notice) {
-            Ok(()) => true,
-            Err(mpsc::error::TrySendError::Closed(_)) => false,
-            Err(mpsc::error::TrySendError::Full(notice)) => {
-                *backlog = Some([notice].into());
-                tokio::spawn(feed_backlog(self.tx.clone(), self.backlog.clone()));
-                true
-            }
-        }
+    /// A queue for at most `credit` notices of received Sends, and the receiving end.
+    fn new(credit: usize) -> (NoticeOut, mpsc::Receiver<Notice>) {
+        let (tx, rx) = mpsc::channel(credit + 1);
+        (NoticeOut { tx, credit }, rx)
     }
-}
 
-/// Sends the backlog in order, waiting for room; once it is empty, notices go straight
-/// to the channel again.
-async fn feed_backlog(tx: mpsc::Sender<Notice>, backlog: Backlog) {
-    loop {
-        let next = {
-            let mut b = backlog.lock().expect("backlog");
-            match b.as_mut().and_then(|q| q.pop_front()) {
-                Some(n) => n,
-                None => {
-                    *b = None;
-                    return;
-                }
-            }
-        };
-        if tx.send(next).await.is_err() {
-            return;
+    /// Queues the notice of a received Send.
+    fn push(&self, notice: Notice) -> Result<(), NoticeRefused> {
+        let held = crate::credit::queued(&self.tx);
+        if held >= self.credit {
+            return Err(NoticeRefused::OverCredit(crate::credit::overrun_reason(
+                held,
+                self.credit,
+            )));
         }
+        // Not full: the check above leaves room.
+        self.tx
+            .try_send(notice)
+            .map_err(|_| NoticeRefused::Stopped)?;
+        crate::credit::note_held(held + 1);
+        Ok(())
+    }
+
+    /// Queues the end of the connection, in the place kept for it (dropped if the session
+    /// is gone).
+    fn push_end(&self, why: String) {
+        let _ = self.tx.try_send(Notice::Closed(why));
     }
 }
 
@@ -678,38 +676,48 @@ mod tests {
         })
     }
 
-    /// More notices than the channel holds, while the session is not reading: none is lost
-    /// and they arrive in order, whether pushed before or while the backlog is fed.
+    /// While the session takes nothing, notices queue up to the credit; one more is refused
+    /// as the peer overrunning it (nothing is queued for it), and the end still finds its
+    /// place behind the rest, which the session gets in order.
     #[tokio::test]
-    async fn notices_beyond_the_channel_queue_in_order() {
-        let (tx, mut rx) = mpsc::channel(4);
-        let out = NoticeOut {
-            tx,
-            backlog: Arc::default(),
-        };
-        for itt in 0..20 {
-            assert!(out.push(ping(itt)));
+    async fn notices_beyond_the_credit_are_refused_and_the_end_still_fits() {
+        let (out, mut rx) = NoticeOut::new(8);
+        for itt in 0..8 {
+            assert_eq!(out.push(ping(itt)), Ok(()));
         }
+        assert!(matches!(
+            out.push(ping(8)),
+            Err(NoticeRefused::OverCredit(_))
+        ));
+        out.push_end("overrun".into());
         let mut got = Vec::new();
-        while got.len() < 40 {
-            let next = tokio::time::timeout(std::time::Duration::from_secs(5), rx.recv())
-                .await
-                .expect("a notice within 5 s")
-                .expect("the channel open");
-            let Notice::Control(pdu) = next else {
-                panic!("a control notice")
-            };
-            got.push(pdu.pdu.bhs.itt());
-            if got.len() == 10 {
-                for itt in 20..40 {
-                    assert!(out.push(ping(itt)));
+        while let Ok(next) = rx.try_recv() {
+            match next {
+                Notice::Control(pdu) => got.push(pdu.pdu.bhs.itt()),
+                Notice::Closed(why) => {
+                    assert_eq!(why, "overrun");
+                    break;
                 }
+                _ => panic!("a control notice or the end"),
             }
         }
-        assert_eq!(got, (0..40).collect::<Vec<u32>>());
+        assert_eq!(got, (0..8).collect::<Vec<u32>>());
+        assert!(crate::credit::most_sends_held() >= 8);
+    }
+
+    /// A session taking notices frees places: as many pass as it takes, and once it is gone
+    /// pushing says so.
+    #[tokio::test]
+    async fn places_come_back_as_the_session_takes_notices() {
+        let (out, mut rx) = NoticeOut::new(4);
+        for itt in 0..40 {
+            assert_eq!(out.push(ping(itt)), Ok(()));
+            let Notice::Control(pdu) = rx.recv().await.expect("the notice") else {
+                panic!("a control notice")
+            };
+            assert_eq!(pdu.pdu.bhs.itt(), itt);
+        }
         drop(rx);
-        // Once the session is gone, pushing says so (after the backlog has drained).
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        assert!(!out.push(ping(40)));
+        assert_eq!(out.push(ping(40)), Err(NoticeRefused::Stopped));
     }
 }

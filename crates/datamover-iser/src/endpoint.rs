@@ -3,15 +3,20 @@
 //! a pool of registered send buffers (a Send takes one and its completion gives it back), and
 //! a completion task woken by the channel, the only poller. Received Sends go through a
 //! channel in the login phase and, in full feature phase, to the datamover's handler on the
-//! completion task itself ([`Endpoint::deliver_to`]). The receive and send queues have a CQ
+//! completion task itself ([`Endpoint::deliver_to`]). Since receives are posted again at
+//! once, the queue pair does not hold the peer to its receive credit: whatever holds
+//! received Sends for the session holds at most as many as there are receives
+//! ([`Endpoint::recv_credit`]), and a peer with more outstanding has broken iSER's flow
+//! control and loses the connection (see [`crate::credit`]). The receive and send queues have a CQ
 //! each: the send CQ is polled whenever the task runs but armed only while someone waits for
 //! one of its completions (an RDMA Read's issuer, a sender out of buffers), since most of
 //! them only give a buffer back. While completions keep coming the task polls again after the
 //! tasks they woke have run, and arms the CQs only when it finds them empty.
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::mr_pool::{MrPool, PooledMr};
 use bytes::Bytes;
@@ -85,6 +90,8 @@ pub struct Endpoint<P: Provider> {
     ended: watch::Sender<bool>,
     /// Where the completion task puts what the peer sent.
     delivery: Mutex<Delivery>,
+    /// Who is at the other end, for the log (see [`Endpoint::set_peer`]).
+    peer: OnceLock<SocketAddr>,
     /// The send queue's completions. The completion task polls them whenever it runs, but
     /// arms them (lets them wake it) only while someone waits for one: most end a Send whose
     /// buffer can wait to come back, and waking for each cost a wake-up per command.
@@ -121,9 +128,10 @@ impl std::fmt::Display for ConnEnd {
     }
 }
 
-/// What the peer sent, in order; an error ends the stream (the connection is gone).
-pub type Received = mpsc::UnboundedReceiver<Result<Inbound, ConnEnd>>;
-type ReceivedTx = mpsc::UnboundedSender<Result<Inbound, ConnEnd>>;
+/// What the peer sent, in order; an error ends the stream (the connection is gone). It holds
+/// at most [`Endpoint::recv_credit`] Sends, and one place more for the end.
+pub type Received = mpsc::Receiver<Result<Inbound, ConnEnd>>;
+type ReceivedTx = mpsc::Sender<Result<Inbound, ConnEnd>>;
 
 /// Takes what the peer sent, in order, on the completion task itself (see
 /// [`Endpoint::deliver_to`]); false when it wants nothing more (the connection is ending).
@@ -131,17 +139,32 @@ pub type Deliver = Box<dyn FnMut(Result<Inbound, ConnEnd>) -> bool + Send>;
 
 /// Where received Sends go: a channel in the login phase, a handler in full feature phase.
 enum Delivery {
-    Channel(ReceivedTx),
+    /// Holds up to `credit` Sends, and the end in the place kept for it.
+    Channel {
+        tx: ReceivedTx,
+        credit: usize,
+    },
     Handler(Deliver),
     /// The handler wanted nothing more.
     Done,
 }
 
 impl Delivery {
-    fn deliver(&mut self, item: Result<Inbound, ConnEnd>) {
+    /// Hands `item` on. A Send finding the channel already holding `credit` Sends is not
+    /// queued: the peer has more outstanding than it had receives, and the error says so.
+    fn deliver(&mut self, item: Result<Inbound, ConnEnd>) -> Result<(), String> {
         match self {
-            Delivery::Channel(tx) => {
-                let _ = tx.send(item);
+            Delivery::Channel { tx, credit } => {
+                if item.is_ok() {
+                    let held = crate::credit::queued(tx);
+                    if held >= *credit {
+                        return Err(crate::credit::overrun_reason(held, *credit));
+                    }
+                    crate::credit::note_held(held + 1);
+                }
+                // Cannot be full: Sends take at most `credit` places, the end the last one.
+                // Closed: the login phase is over and what comes is dropped.
+                let _ = tx.try_send(item);
             }
             Delivery::Handler(h) => {
                 if !h(item) {
@@ -150,6 +173,7 @@ impl Delivery {
             }
             Delivery::Done => {}
         }
+        Ok(())
     }
 }
 
@@ -233,7 +257,8 @@ impl<P: Device> Endpoint<P> {
             buffers.send_slots as usize * buffers.send_len,
             Access::NONE,
         )?;
-        let (tx, rx) = mpsc::unbounded_channel();
+        let credit = buffers.recv_slots as usize;
+        let (tx, rx) = mpsc::channel(credit + 1);
         let ep = Arc::new(Endpoint {
             qp,
             recv_mr,
@@ -248,7 +273,8 @@ impl<P: Device> Endpoint<P> {
             sinks: MrPool::new(dev, pd, Access::LOCAL_WRITE, POOL_IDLE_BYTES),
             domain,
             ended: watch::Sender::new(false),
-            delivery: Mutex::new(Delivery::Channel(tx)),
+            delivery: Mutex::new(Delivery::Channel { tx, credit }),
+            peer: OnceLock::new(),
             send_cq,
             send_watchers: AtomicUsize::new(0),
             poll_now: Notify::new(),
@@ -270,6 +296,24 @@ impl<P: Device> Endpoint<P> {
     /// The queue pair (to connect or accept on).
     pub fn qp(&self) -> &P::Qp {
         &self.qp
+    }
+
+    /// Names the other end for the log (once; later calls change nothing).
+    pub fn set_peer(&self, peer: SocketAddr) {
+        let _ = self.peer.set(peer);
+    }
+
+    /// The other end as the log names it.
+    pub(crate) fn peer_name(&self) -> String {
+        self.peer
+            .get()
+            .map_or_else(|| "the peer".to_string(), ToString::to_string)
+    }
+
+    /// How many received Sends may wait for the session at once: the receives posted. A
+    /// peer keeps no more Sends outstanding than that, whatever else it is allowed.
+    pub fn recv_credit(&self) -> usize {
+        self.buffers.recv_slots as usize
     }
 
     fn post_recv(&self, slot: u32) -> rdma::Result<()> {
@@ -511,8 +555,15 @@ impl<P: Device> Endpoint<P> {
         );
     }
 
-    fn deliver(&self, item: Result<Inbound, ConnEnd>) {
-        self.delivery.lock().expect("delivery").deliver(item);
+    /// Hands `item` to the session; a Send beyond the receive credit ends the connection
+    /// (the error is what ends the completion task).
+    fn deliver(&self, item: Result<Inbound, ConnEnd>) -> Result<(), ConnEnd> {
+        let refused = self.delivery.lock().expect("delivery").deliver(item);
+        refused.map_err(|why| {
+            crate::credit::overrun(&self.peer_name(), &why);
+            self.close();
+            ConnEnd::Failed(why)
+        })
     }
 
     /// A received Send in receive slot `slot`: its bytes, and the slot posted again.
@@ -576,7 +627,8 @@ impl<P: Device> Poller<P> {
             ep.finish(t, WcStatus::Flushed);
         }
         ep.ended.send_replace(true);
-        ep.deliver(Err(reason));
+        // The end is always taken (the channel keeps a place for it).
+        let _ = ep.deliver(Err(reason));
     }
 }
 
@@ -655,11 +707,10 @@ fn dispatch<P: Device>(ep: &Endpoint<P>, wc: &Wc) -> Result<(), ConnEnd> {
             return Err(connection_error(wc.status));
         }
         let bytes = ep.take_recv(wc.wr_id as u32, wc.byte_len)?;
-        ep.deliver(Ok(Inbound {
+        return ep.deliver(Ok(Inbound {
             bytes,
             invalidated: wc.invalidated_rkey,
         }));
-        return Ok(());
     }
     ep.finish(wc.wr_id, wc.status);
     if wc.status != WcStatus::Success {
@@ -809,6 +860,59 @@ mod tests {
             let send = iser::parse_send(&got.bytes, 8192).unwrap();
             assert_eq!(send.pdu.bhs.itt(), itt);
         }
+    }
+
+    /// A peer that keeps sending while nothing takes its Sends from the login channel (the
+    /// receives are posted again at once, so its RNIC never runs out): the channel holds as
+    /// many as there are receives, the next one ends the connection instead of being queued,
+    /// and the end follows what was held.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_peer_overrunning_the_receive_credit_loses_the_connection() {
+        const CREDIT: u32 = 8;
+        let overruns = crate::credit::overruns();
+        let (a, b, mut received) = pair(16, CREDIT).await;
+        assert_eq!(b.recv_credit(), CREDIT as usize);
+        let flooding = async {
+            for itt in 0..3 * CREDIT {
+                // Paced so each Send finds a receive posted again: the credit, not the RNIC,
+                // is what stops this peer.
+                if a.send(&IserHeader::CONTROL, &nop(itt), SendOp::Send)
+                    .await
+                    .is_err()
+                {
+                    return itt;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            3 * CREDIT
+        };
+        let sent = tokio::time::timeout(Duration::from_secs(10), flooding)
+            .await
+            .expect("the flood ends within 10 s");
+        tokio::time::timeout(Duration::from_secs(10), b.when_ended())
+            .await
+            .expect("the overrun connection ends within 10 s");
+        let mut held = Vec::new();
+        let end = loop {
+            match received.try_recv() {
+                Ok(Ok(inbound)) => held.push(
+                    iser::parse_send(&inbound.bytes, 8192)
+                        .unwrap()
+                        .pdu
+                        .bhs
+                        .itt(),
+                ),
+                Ok(Err(end)) => break end,
+                Err(e) => panic!("the end after {held:?}, not {e:?}"),
+            }
+        };
+        assert_eq!(held, (0..CREDIT).collect::<Vec<u32>>());
+        let ConnEnd::Failed(why) = end else {
+            panic!("ended as an overrun, not {end:?}")
+        };
+        assert!(why.contains("8 receives posted"), "{why}");
+        assert!(crate::credit::overruns() > overruns);
+        assert!(sent > CREDIT, "the peer got {sent} Sends out");
     }
 
     /// Received Sends go to the handler in order: first those the login channel already

@@ -121,6 +121,7 @@ impl<P: Device> IserInitiatorConnection<P> {
         })
         .await
         .map_err(|e| format!("connect task: {e}"))??;
+        ep.set_peer(addr);
         poller.start();
         // The target's word counts too, read as Linux ib_iser reads it (bit 0x40 of its first
         // byte, when it sent one): a target that said it will not use Send with Invalidate and

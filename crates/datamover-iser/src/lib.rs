@@ -2,7 +2,8 @@
 //! `rdma` API, so it runs on ironsan's software iWARP RNIC and on rdma-core devices.
 //! [`endpoint`] is one connection as iSER uses it: a queue pair, a completion task woken by
 //! the completion channel, a ring of registered receive buffers kept posted (iWARP has no
-//! receiver-not-ready retry) and a pool of registered send buffers. [`target`] accepts a
+//! receiver-not-ready retry) and a pool of registered send buffers; a peer with more Sends
+//! waiting for the session than receives posted loses the connection ([`credit`]). [`target`] accepts a
 //! connection (the iSER word of the CM private data both ways) and runs the login phase in
 //! iSER mode from the first PDU; [`datamover`] is the target's full feature phase (Data-In as
 //! RDMA Writes, solicited data as RDMA Reads, status in Send with Invalidate), its RDMA
@@ -15,6 +16,7 @@
 //! target's connections on a device in one protection domain, where a RAM LUN's image is
 //! registered once and read data leaves straight from it.
 
+pub mod credit;
 pub mod datamover;
 pub mod device_portal;
 pub mod endpoint;

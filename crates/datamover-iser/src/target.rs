@@ -140,6 +140,7 @@ where
     })
     .await
     .map_err(|e| format!("accept task: {e}"))??;
+    ep.set_peer(peer);
     poller.start();
     Ok(IserLogin {
         close_unless_kept: CloseUnlessKept::new(ep.clone()),

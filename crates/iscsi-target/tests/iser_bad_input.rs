@@ -5,7 +5,8 @@
 //! too little memory or the wrong rights; Sends longer than the target's receives, more of
 //! them than its window, shorter than the headers; iSER opcodes that do not exist; commands
 //! before login; more RDMA Read Requests than the target's IRD; unsolicited Data-Out that
-//! breaks the rules.
+//! breaks the rules; more Sends outstanding than the target has receives posted, while its
+//! session is busy or during login.
 //!
 //! Each case must end as the standards say (a Terminate from the RNIC that saw the bad
 //! access, a closed connection, or a Reject and CHECK CONDITION) and touch nothing else: a
@@ -155,6 +156,9 @@ struct Peer {
     received: VecDeque<Rx>,
     /// Completions with an error status, in order.
     errors: Vec<Wc>,
+    /// Whether a receive is posted again once its Send is read (a peer that never reads has
+    /// only the receives it posted first).
+    repost: bool,
     info: Option<ConnInfo>,
     isid: [u8; 6],
     cmd_sn: u32,
@@ -200,6 +204,7 @@ impl Peer {
             reads_done: 0,
             received: VecDeque::new(),
             errors: Vec::new(),
+            repost: true,
             info: None,
             isid: next_isid(),
             cmd_sn: 1,
@@ -260,10 +265,12 @@ impl Peer {
                     let slot = wc.wr_id as usize;
                     let mut bytes = vec![0u8; wc.byte_len as usize];
                     self.recv.read_at(slot * RECV_LEN, &mut bytes);
-                    let _ = self.qp.post_recv(RecvWr {
-                        wr_id: slot as u64,
-                        sges: vec![self.recv.sge(slot * RECV_LEN, RECV_LEN)],
-                    });
+                    if self.repost {
+                        let _ = self.qp.post_recv(RecvWr {
+                            wr_id: slot as u64,
+                            sges: vec![self.recv.sge(slot * RECV_LEN, RECV_LEN)],
+                        });
+                    }
                     assert!(bytes.len() >= 76, "a Send shorter than the headers");
                     assert_eq!(bytes[0], 0x10, "a control PDU behind a plain iSER header");
                     let bhs: [u8; 48] = bytes[28..76].try_into().unwrap();
@@ -718,8 +725,9 @@ impl Peer {
 /// window has moved over their CmdSNs) and the connection goes on. Then a flood of 2000
 /// posted at once: iWARP has no receiver-not-ready retry, so either a Send finds no receive
 /// and the target's RNIC terminates (RFC 5041 "no buffer available"; what happens on this
-/// machine), or the target keeps up and ignores them all. Either way nothing else is
-/// touched.
+/// machine), or the session falls more Sends behind than receives were posted and the target
+/// ends the connection itself (its receive credit), or the target keeps up and ignores them
+/// all. Either way nothing else is touched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_sends_past_the_command_window_touches_nothing_else() {
     let addr = start_target().await;
@@ -739,6 +747,7 @@ async fn a_flood_of_sends_past_the_command_window_touches_nothing_else() {
 
     let mut p = Peer::logged_in(addr);
     let flood = 2000;
+    let overruns = datamover_iser::credit::overruns();
     let posted = p.past_the_window(flood, 700);
     // Our Sends complete once sent; the target's Terminate for one that found no receive may
     // come after that, even after the ping below is posted (seen under load: the ping then
@@ -756,16 +765,15 @@ async fn a_flood_of_sends_past_the_command_window_touches_nothing_else() {
             !got.contains(&0x21),
             "no command past the window ran: {got:x?}"
         );
-        assert_eq!(
-            p.qp.last_error().as_deref(),
-            Some(
-                format!(
-                    "peer sent Terminate: {}",
-                    TerminateCode::DDP_UNTAGGED_NO_BUFFER
-                )
-                .as_str()
-            ),
-            "the target's RNIC ran out of receives ({posted} Sends posted)"
+        let no_buffer = format!(
+            "peer sent Terminate: {}",
+            TerminateCode::DDP_UNTAGGED_NO_BUFFER
+        );
+        assert!(
+            p.qp.last_error() == Some(no_buffer) || datamover_iser::credit::overruns() > overruns,
+            "the target's RNIC ran out of receives or the target cut the peer off at its \
+             receive credit ({posted} Sends posted; {:?})",
+            p.qp.last_error()
         );
     } else {
         assert_eq!(posted, flood);
@@ -775,6 +783,115 @@ async fn a_flood_of_sends_past_the_command_window_touches_nothing_else() {
     assert_eq!(status, 0);
     assert!(back == before, "no command past the window was executed");
     others_carry_on(addr, &mut keeper, 34);
+}
+
+/// Receives the target posts for a connection (2 × its command window + the unexpected PDUs'
+/// share): its receive credit, the most Sends it holds for a session at once.
+const CREDIT: usize = 2 * QUEUE_DEPTH as usize + datamover_iser::target::UNEXPECTED_RECVS as usize;
+
+impl Peer {
+    /// Posts up to `n` NOP-Outs that ask for no answer (ITT and TTT 0xffffffff: an ExpStatSN
+    /// update), a few at a time so the target's RNIC finds its receives posted again, never
+    /// waiting for the target. Stops when the connection fails; returns how many went out.
+    fn flood_of_nops(&mut self, n: u32) -> u32 {
+        let mut posted = 0;
+        while posted < n {
+            let mut b = bhs(0x40, 0x80, 0, u32::MAX);
+            b[20..24].copy_from_slice(&u32::MAX.to_be_bytes());
+            b[24..28].copy_from_slice(&self.cmd_sn.to_be_bytes());
+            b[28..32].copy_from_slice(&self.exp_stat_sn.to_be_bytes());
+            if !self.errors.is_empty()
+                || self.qp.state() == QpState::Error
+                || !self.post_pdu(&iser_header(None, None), &b, &[])
+            {
+                break;
+            }
+            posted += 1;
+            if posted % 8 == 0 {
+                self.poll();
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        posted
+    }
+}
+
+/// After login, a peer stalls its session (a WRITE whose unsolicited Data-Out never comes,
+/// then a Logout, whose answer waits for the connection's tasks) and sends NOP-Outs without
+/// waiting for answers or reading its own receives: the target holds no more of them than it
+/// posted receives, ends that connection (itself, not its RNIC: the flood is paced so each
+/// Send finds a receive) long before the flood is through, and every other session carries
+/// on. Before receive credits were kept, each Send was queued behind the stalled session
+/// for as long as the peer went on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_sending_past_the_receive_credit_in_full_feature_phase_is_cut_off() {
+    let addr = start_target().await;
+    let mut keeper = Peer::logged_in(addr);
+    keeper.roundtrip(0, 41);
+    let overruns = datamover_iser::credit::overruns();
+
+    let mut p = Peer::logged_in(addr);
+    let b = p.command_bhs_f(&write10(4000, 1), 0, 512, 0, false);
+    assert!(p.post_pdu(&iser_header(None, None), &b, &[]));
+    let itt = p.itt();
+    let mut logout = bhs(0x46, 0x80, 0, itt);
+    logout[24..28].copy_from_slice(&p.cmd_sn.to_be_bytes());
+    logout[28..32].copy_from_slice(&p.exp_stat_sn.to_be_bytes());
+    assert!(p.post_pdu(&iser_header(None, None), &logout, &[]));
+    p.repost = false;
+    let flood = 2000;
+    let started = Instant::now();
+    let posted = p.flood_of_nops(flood);
+    p.torn_down();
+    assert!(started.elapsed() < WAIT, "cut off within {WAIT:?}");
+    assert!(
+        posted < flood,
+        "the connection ended before the flood was through ({posted} of {flood} posted)"
+    );
+    assert_ne!(
+        p.qp.last_error().as_deref(),
+        Some(
+            format!(
+                "peer sent Terminate: {}",
+                TerminateCode::DDP_UNTAGGED_NO_BUFFER
+            )
+            .as_str()
+        ),
+        "the target ended it, not its RNIC"
+    );
+    assert!(datamover_iser::credit::overruns() > overruns);
+    let held = datamover_iser::credit::most_sends_held();
+    assert!(held <= CREDIT, "{held} Sends held at once, credit {CREDIT}");
+    others_carry_on(addr, &mut keeper, 42);
+}
+
+/// A peer that floods NOP-Outs right behind its first Login Request, never reading: the
+/// connection ends, the target held no more of them than its receives, and others log in
+/// and carry on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_flooding_during_login_is_dropped() {
+    let addr = start_target().await;
+    let mut keeper = Peer::logged_in(addr);
+    let mut p = Peer::to(addr);
+    let keys = login_keys();
+    // Operational stage, no transit: the target answers and waits for the next request.
+    let mut b = bhs(0x43, 0x04, keys.len(), 0x4000_0000);
+    b[8..14].copy_from_slice(&p.isid);
+    b[24..28].copy_from_slice(&p.cmd_sn.to_be_bytes());
+    assert!(p.post_pdu(&iser_header(None, None), &b, &keys));
+    p.repost = false;
+    let flood = 2000;
+    let started = Instant::now();
+    let posted = p.flood_of_nops(flood);
+    p.torn_down();
+    assert!(started.elapsed() < WAIT, "dropped within {WAIT:?}");
+    assert!(
+        posted < flood,
+        "dropped before the flood was through ({posted} posted)"
+    );
+    let held = datamover_iser::credit::most_sends_held();
+    assert!(held <= CREDIT, "{held} Sends held at once, credit {CREDIT}");
+    others_carry_on(addr, &mut keeper, 43);
 }
 
 /// Sends shorter than the iSER header and a BHS (76 bytes), and Sends whose
