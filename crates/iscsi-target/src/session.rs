@@ -524,6 +524,12 @@ impl Session {
                 return Some((unexecuted(scsi::status::TASK_SET_FULL, None), r2ts));
             }
         };
+        // A command whose connection ended while it waited runs for no one (below level 2
+        // nothing of it can be reassigned): a peer that queued a window of commands and went
+        // away must not leave the target executing them.
+        if kept.is_none() && conn.tasks_ended.load(Ordering::Acquire) {
+            return None;
+        }
         let (cdb, bidi_read_len) = match iscsi_wire::parse_ahs(ahs) {
             Ok(a) => (iscsi_wire::full_cdb(cmd, &a), bidi_read_len(cmd, &a)),
             Err(_) => (cmd.cdb.to_vec(), None),

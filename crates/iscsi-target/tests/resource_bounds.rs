@@ -4,7 +4,8 @@
 //! whose data never comes, a window of large READs never read, a peer that never reads, a
 //! LUN reset sent to another target.
 //! Its own test binary, so the address space and resident set measured are the target's
-//! (and this test's); the attacks that measure them run one after another in one test.
+//! (and this test's); the tests run one at a time (`SERIAL`), and the attacks that measure
+//! memory one after another in one test.
 
 mod common;
 use common::*;
@@ -21,6 +22,9 @@ const LIMITS: &str = "queue_depth = 128\nconnection_memory_mib = 64\nsession_mem
                       max_immediate_commands = 4";
 
 const BIG_WRITE: u32 = 64 << 20;
+
+/// Held by each test for its whole run: memory measured by one is not another's.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// (VmSize, VmRSS) of this process in MiB.
 fn memory_mib() -> (u64, u64) {
@@ -89,93 +93,153 @@ async fn drain(
     false
 }
 
-/// A session that writes and reads back 32 KiB four times, each round within 2 s.
-async fn victim_round(victim: &mut RawConn, round: u8) {
-    for i in 0..4u8 {
-        let seed = round.wrapping_mul(8).wrapping_add(i);
-        let start = Instant::now();
-        roundtrip(victim, 1000 + u32::from(i) * 64, 64, seed).await;
-        assert!(
-            start.elapsed() < Duration::from_secs(2),
-            "the victim's round trip took {:?} beside the attack",
-            start.elapsed()
-        );
-    }
+/// What the victim session saw while an attack ran, and the memory the process peaked at.
+struct Beside {
+    /// Verified 32 KiB write + read-back round trips per second, as MB/s of data moved.
+    victim_mb_s: f64,
+    worst_round_trip: Duration,
+    peak: (u64, u64),
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn floods_of_announced_writes_cost_their_budget_not_their_length() {
-    let addr = start_target(LIMITS).await;
-    let mut victim = RawConn::connect(addr).await;
-    victim.isid[5] = 0x77;
-    victim.login(1, &plain_keys()).await;
-    victim_round(&mut victim, 0).await;
-    let before = memory_mib();
-    println!(
-        "before the attacks: VmSize {} MiB, VmRSS {} MiB",
-        before.0, before.1
-    );
-
-    // 1. A discovery session sends 2,000 WRITEs of 64 MiB each (128 GiB announced).
-    let mut attacker = discovery(addr).await;
-    let mut burst = Vec::new();
-    for _ in 0..2000 {
-        burst.extend_from_slice(&empty_write(&mut attacker, BIG_WRITE, false));
+/// Runs `attack` (spawned) while the victim writes and reads back 32 KiB at a time, each
+/// verified, until the attack ends; memory is sampled between round trips.
+async fn beside_victim<T: Send + 'static>(
+    victim: &mut RawConn,
+    attack: impl std::future::Future<Output = T> + Send + 'static,
+) -> (T, Beside) {
+    let attack = tokio::spawn(attack);
+    let start = Instant::now();
+    let (mut trips, mut worst, mut peak) = (0u32, Duration::ZERO, memory_mib());
+    while !attack.is_finished() && start.elapsed() < Duration::from_secs(30) {
+        // Clear of the LBAs the attacks read (a read's range stays locked while its data
+        // waits to be sent).
+        let lba = 100_000 + (trips % 16) * 64;
+        let trip = Instant::now();
+        roundtrip(victim, lba, 64, trips as u8).await;
+        worst = worst.max(trip.elapsed());
+        trips += 1;
+        let now = memory_mib();
+        peak = (peak.0.max(now.0), peak.1.max(now.1));
     }
+    let secs = start.elapsed().as_secs_f64();
+    let result = attack.await.expect("the attack ran");
+    let beside = Beside {
+        victim_mb_s: f64::from(trips) * 2.0 * 32768.0 / secs / 1e6,
+        worst_round_trip: worst,
+        peak,
+    };
+    (result, beside)
+}
+
+/// The victim kept moving verified data, each round trip within 2 s.
+fn victim_was_served(b: &Beside) {
+    assert!(
+        b.victim_mb_s > 0.0,
+        "the victim moved no data beside the attack"
+    );
+    assert!(
+        b.worst_round_trip < Duration::from_secs(2),
+        "a victim round trip took {:?} beside the attack",
+        b.worst_round_trip
+    );
+}
+
+/// One row of the table the flood test prints.
+fn report(what: &str, before: (u64, u64), b: &Beside, outcome: &str) {
+    println!(
+        "| {what} | {} -> {} | {} -> {} | {:.1} | {:?} | {outcome} |",
+        before.0, b.peak.0, before.1, b.peak.1, b.victim_mb_s, b.worst_round_trip
+    );
+}
+
+/// Sends `burst` from `attacker`, then reads what comes back for up to `wait` (or until
+/// `enough` Rejects came): (Rejects by reason, statuses, closed by the target).
+async fn attack(
+    mut attacker: RawConn,
+    burst: Vec<u8>,
+    wait: Duration,
+    enough: usize,
+) -> (Counts, Counts, bool) {
     attacker.send_raw(&burst).await;
-    let (mut rejects, mut statuses) = Default::default();
-    for _ in 0..20 {
-        drain(
+    let (mut rejects, mut statuses) = (Counts::new(), Counts::new());
+    let end = Instant::now() + wait;
+    let mut closed = false;
+    while !closed && Instant::now() < end && rejects.values().sum::<usize>() < enough {
+        closed = drain(
             &mut attacker,
             Duration::from_millis(500),
             &mut rejects,
             &mut statuses,
         )
         .await;
-        if rejects.values().sum::<usize>() >= 2000 {
-            break;
-        }
     }
-    let after = memory_mib();
-    println!(
-        "discovery session, 2,000 x 64 MiB WRITEs: VmSize {} MiB, VmRSS {} MiB; rejects {rejects:?}",
-        after.0, after.1
+    (rejects, statuses, closed)
+}
+
+type Counts = std::collections::BTreeMap<u8, usize>;
+
+/// A normal session logged in for an attack, its ISID's last byte `tag`.
+async fn attacker(addr: SocketAddr, tag: u8) -> RawConn {
+    let mut c = RawConn::connect(addr).await;
+    c.isid[5] = tag;
+    c.login(1, &plain_keys()).await;
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn floods_of_announced_writes_cost_their_budget_not_their_length() {
+    let _serial = SERIAL.lock().await;
+    let addr = start_target(LIMITS).await;
+    let mut victim = attacker(addr, 0x77).await;
+    let (_, alone) = beside_victim(&mut victim, tokio::time::sleep(Duration::from_secs(2))).await;
+    let before = memory_mib();
+    println!("| attack | VmSize MiB | VmRSS MiB | victim MB/s | victim worst round trip | target's answer |");
+    println!("|---|---|---|---|---|---|");
+    report("none (the victim alone)", before, &alone, "-");
+    victim_was_served(&alone);
+
+    // 1. A discovery session sends 2,000 WRITEs of 64 MiB each (128 GiB announced).
+    let mut a = discovery(addr).await;
+    let burst: Vec<u8> = (0..2000)
+        .flat_map(|_| empty_write(&mut a, BIG_WRITE, false))
+        .collect();
+    let ((rejects, _, _), b) =
+        beside_victim(&mut victim, attack(a, burst, Duration::from_secs(10), 2000)).await;
+    report(
+        "discovery session, 2,000 WRITEs of 64 MiB",
+        before,
+        &b,
+        &format!("Rejects {rejects:?}"),
     );
+    victim_was_served(&b);
     assert_eq!(
         rejects.get(&0x04),
         Some(&2000),
         "every SCSI command in a discovery session is Rejected (protocol error)"
     );
     assert!(
-        after.0 < before.0 + 256,
+        b.peak.0 < before.0 + 256,
         "the address space grew {} MiB",
-        after.0 - before.0
+        b.peak.0 - before.0
     );
-    victim_round(&mut victim, 1).await;
-    drop(attacker);
 
     // 2. A normal session sends 500 immediate WRITEs of 64 MiB and never their data.
-    let mut attacker = RawConn::connect(addr).await;
-    attacker.isid[5] = 0xa2;
-    attacker.login(1, &plain_keys()).await;
-    let mut burst = Vec::new();
-    for _ in 0..500 {
-        burst.extend_from_slice(&empty_write(&mut attacker, BIG_WRITE, true));
-    }
-    attacker.send_raw(&burst).await;
-    let (mut rejects, mut statuses) = Default::default();
-    let closed = drain(
-        &mut attacker,
-        Duration::from_secs(15),
-        &mut rejects,
-        &mut statuses,
+    let mut a = attacker(addr, 0xa2).await;
+    let burst: Vec<u8> = (0..500)
+        .flat_map(|_| empty_write(&mut a, BIG_WRITE, true))
+        .collect();
+    let ((rejects, statuses, closed), b) = beside_victim(
+        &mut victim,
+        attack(a, burst, Duration::from_secs(15), usize::MAX),
     )
     .await;
-    let after = memory_mib();
-    println!(
-        "500 immediate 64 MiB WRITEs without data: VmSize {} MiB, VmRSS {} MiB; rejects {rejects:?}, statuses {statuses:?}, closed {closed}",
-        after.0, after.1
+    report(
+        "500 immediate WRITEs of 64 MiB, no data",
+        before,
+        &b,
+        &format!("Rejects {rejects:?}, statuses {statuses:?}, closed {closed}"),
     );
+    victim_was_served(&b);
     let refused = rejects.get(&0x06).copied().unwrap_or(0);
     assert!(
         refused >= 500 - 4,
@@ -186,83 +250,82 @@ async fn floods_of_announced_writes_cost_their_budget_not_their_length() {
         "the write that never got its data ended the connection"
     );
     assert!(
-        after.0 < before.0 + 384,
+        b.peak.0 < before.0 + 384,
         "the address space grew {} MiB",
-        after.0 - before.0
+        b.peak.0 - before.0
     );
-    victim_round(&mut victim, 2).await;
+    assert!(
+        b.peak.1 < before.1 + 256,
+        "the resident set grew {} MiB",
+        b.peak.1 - before.1
+    );
 
     // 3. A normal session fills its window with 128 WRITEs of 64 MiB and sends no data:
-    // one has its 64 MiB reserved and asked for, the others wait for room and are refused
-    // with TASK SET FULL, and the connection ends when the data does not come.
-    let mut attacker = RawConn::connect(addr).await;
-    attacker.isid[5] = 0xa3;
-    attacker.login(1, &plain_keys()).await;
-    let mut burst = Vec::new();
-    for _ in 0..128 {
-        burst.extend_from_slice(&empty_write(&mut attacker, BIG_WRITE, false));
-    }
-    attacker.send_raw(&burst).await;
-    let (mut rejects, mut statuses) = Default::default();
-    let closed = drain(
-        &mut attacker,
-        Duration::from_secs(15),
-        &mut rejects,
-        &mut statuses,
+    // one has its 64 MiB reserved and asked for, the others wait for room, and the
+    // connection ends when the data does not come.
+    let mut a = attacker(addr, 0xa3).await;
+    let burst: Vec<u8> = (0..128)
+        .flat_map(|_| empty_write(&mut a, BIG_WRITE, false))
+        .collect();
+    let ((_, statuses, closed), b) = beside_victim(
+        &mut victim,
+        attack(a, burst, Duration::from_secs(15), usize::MAX),
     )
     .await;
-    let after = memory_mib();
-    println!(
-        "a window of 128 x 64 MiB WRITEs without data: VmSize {} MiB, VmRSS {} MiB; statuses {statuses:?}, closed {closed}",
-        after.0, after.1
+    report(
+        "a window of 128 WRITEs of 64 MiB, no data",
+        before,
+        &b,
+        &format!("statuses {statuses:?}, closed {closed}"),
     );
+    victim_was_served(&b);
     assert!(
         closed,
         "the write that never got its data ended the connection"
     );
     assert!(
-        after.0 < before.0 + 384,
+        b.peak.0 < before.0 + 384,
         "the address space grew {} MiB",
-        after.0 - before.0
+        b.peak.0 - before.0
     );
     assert!(
-        after.1 < before.1 + 256,
+        b.peak.1 < before.1 + 256,
         "the resident set grew {} MiB",
-        after.1 - before.1
+        b.peak.1 - before.1
     );
-    victim_round(&mut victim, 3).await;
 
     // 4. A session fills its window with 128 READs of 32 MiB (4 GiB) and reads nothing:
-    // read data is reserved before it is produced, so the connection holds its 64 MiB.
-    let mut attacker = RawConn::connect(addr).await;
-    attacker.isid[5] = 0xa4;
-    attacker.login(1, &plain_keys()).await;
-    let mut burst = Vec::new();
-    for _ in 0..128 {
-        burst.extend_from_slice(&attacker.scsi_bhs(&read10(0, 0xffff), 0xffff * 512, 0, 0));
-    }
-    attacker.send_raw(&burst).await;
-    let mut peak = memory_mib();
-    for _ in 0..40 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let now = memory_mib();
-        peak = (peak.0.max(now.0), peak.1.max(now.1));
-    }
-    println!(
-        "a window of 128 x 32 MiB READs, never read: peak VmSize {} MiB, VmRSS {} MiB",
-        peak.0, peak.1
+    // read data is reserved before it is produced, so the connection holds its 64 MiB
+    // until the target drops it for taking nothing.
+    let mut a = attacker(addr, 0xa4).await;
+    let burst: Vec<u8> = (0..128)
+        .flat_map(|_| a.scsi_bhs(&read10(0, 0xffff), 0xffff * 512, 0, 0))
+        .collect();
+    let never_reads = async move {
+        let mut a = a;
+        a.send_raw(&burst).await;
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        a.closed_by_target(100_000).await
+    };
+    let (closed, b) = beside_victim(&mut victim, never_reads).await;
+    report(
+        "a window of 128 READs of 32 MiB, never read",
+        before,
+        &b,
+        &format!("closed {closed}"),
     );
+    victim_was_served(&b);
+    assert!(closed, "the peer that takes nothing lost its connection");
     assert!(
-        peak.1 < before.1 + 256,
+        b.peak.1 < before.1 + 256,
         "the resident set grew {} MiB",
-        peak.1 - before.1
+        b.peak.1 - before.1
     );
-    victim_round(&mut victim, 4).await;
-    drop(attacker);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_over_budget_ends_with_task_set_full_and_runs_when_room_is_back() {
+    let _serial = SERIAL.lock().await;
     // The default data-out timeout (30 s): the first write may wait for its data.
     let addr = start_target("connection_memory_mib = 64\nsession_memory_mib = 128").await;
     let mut c = RawConn::connect(addr).await;
@@ -302,6 +365,7 @@ async fn a_write_over_budget_ends_with_task_set_full_and_runs_when_room_is_back(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_that_reads_nothing_is_dropped_whatever_it_sends() {
+    let _serial = SERIAL.lock().await;
     let addr = start_target(LIMITS).await;
     let mut c = RawConn::connect(addr).await;
     c.login(1, &plain_keys()).await;
@@ -342,6 +406,7 @@ async fn a_peer_that_reads_nothing_is_dropped_whatever_it_sends() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_whose_data_never_comes_ends_its_connection_though_pings_go_on() {
+    let _serial = SERIAL.lock().await;
     let addr = start_target("data_out_timeout_secs = 2").await;
     let mut c = RawConn::connect(addr).await;
     c.login(1, &plain_keys()).await;
@@ -377,6 +442,7 @@ async fn a_write_whose_data_never_comes_ends_its_connection_though_pings_go_on()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lun_reset_touches_only_the_target_it_was_sent_to() {
+    let _serial = SERIAL.lock().await;
     log_from_env();
     let other = "iqn.2026-11.org.ironsan.test:other";
     let text = format!(
