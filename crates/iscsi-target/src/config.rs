@@ -387,6 +387,12 @@ impl Config {
                 line_of("max_pending_logins")
             )));
         }
+        if self.max_sessions.is_some_and(|n| n > MAX_SESSIONS) {
+            return Err(ConfigError(format!(
+                "{}: max_sessions can be at most {MAX_SESSIONS} (a session's TSIH is 16 bits, 0 unused)",
+                line_of("max_sessions")
+            )));
+        }
         for (key, value) in [
             ("max_sessions", self.max_sessions),
             ("max_connections", self.max_connections),
@@ -402,7 +408,7 @@ impl Config {
                 )));
             }
         }
-        self.validate_memory(&line_of)?;
+        self.validate_memory(text, origin)?;
         if let Some(names) = &self.chap_algorithms {
             let line = line_of("chap_algorithms");
             if names.is_empty() {
@@ -516,23 +522,40 @@ impl Config {
     }
 
     /// The memory budgets nest (connection ≤ session ≤ target) and each takes the largest
-    /// write; no timeout is zero.
-    fn validate_memory(&self, line_of: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {
+    /// write; no timeout is zero. An error names the line of the key that is set (of the two
+    /// that do not nest, the one in the file).
+    fn validate_memory(&self, text: &str, origin: &str) -> Result<(), ConfigError> {
+        let line_of_key = |key: &str| {
+            text.lines()
+                .position(|l| {
+                    l.trim_start()
+                        .strip_prefix(key)
+                        .is_some_and(|rest| rest.trim_start().starts_with('='))
+                })
+                .map(|i| format!("{origin}:{}", i + 1))
+        };
         let largest_write_mib = u64::from(MAX_WRITE_LEN >> 20);
-        let target = self.memory_mib();
-        for (key, value, at_most) in [
-            (
-                "connection_memory_mib",
-                self.connection_memory_mib,
-                self.session_memory_mib,
-            ),
-            ("session_memory_mib", self.session_memory_mib, target),
-            ("memory_mib", target, u64::MAX >> 20),
-        ] {
-            if value < largest_write_mib || value > at_most {
+        let budgets = [
+            ("connection_memory_mib", self.connection_memory_mib),
+            ("session_memory_mib", self.session_memory_mib),
+            ("memory_mib", self.memory_mib()),
+        ];
+        for (key, value) in budgets {
+            if value < largest_write_mib {
+                let at = line_of_key(key).unwrap_or_else(|| origin.to_string());
                 return Err(ConfigError(format!(
-                    "{}: {key} = {value} must be at least {largest_write_mib} (the largest write) and at most {at_most} (the budget it counts in: connection_memory_mib ≤ session_memory_mib ≤ memory_mib)",
-                    line_of(key)
+                    "{at}: {key} = {value} must be at least {largest_write_mib} (the largest write)"
+                )));
+            }
+        }
+        for pair in budgets.windows(2) {
+            let ((inner, inner_mib), (outer, outer_mib)) = (pair[0], pair[1]);
+            if inner_mib > outer_mib {
+                let at = line_of_key(inner)
+                    .or_else(|| line_of_key(outer))
+                    .unwrap_or_else(|| origin.to_string());
+                return Err(ConfigError(format!(
+                    "{at}: {inner} = {inner_mib} must be at most {outer} = {outer_mib} (a connection counts in its session, a session in the target)"
                 )));
             }
         }
@@ -541,10 +564,8 @@ impl Config {
             ("max_immediate_commands", self.max_immediate_commands.into()),
         ] {
             if value == 0 {
-                return Err(ConfigError(format!(
-                    "{}: {key} must be at least 1",
-                    line_of(key)
-                )));
+                let at = line_of_key(key).unwrap_or_else(|| origin.to_string());
+                return Err(ConfigError(format!("{at}: {key} must be at least 1")));
             }
         }
         Ok(())
@@ -573,6 +594,9 @@ impl Config {
             .collect()
     }
 }
+
+/// Sessions a target can have at once: one per TSIH other than 0.
+pub const MAX_SESSIONS: u32 = u16::MAX as u32;
 
 /// The largest write (Expected Data Transfer Length) the target takes for one command.
 pub const MAX_WRITE_LEN: u32 = 64 << 20;

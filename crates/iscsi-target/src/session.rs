@@ -129,7 +129,12 @@ pub(crate) struct Conn {
     budget: Arc<Budget>,
     /// How long a command waits for room in `budget` before TASK SET FULL.
     budget_wait: Duration,
+    /// Rejects sent on this connection.
+    rejects: AtomicU32,
 }
+
+/// Rejects logged per connection; later ones are only counted.
+const REJECTS_LOGGED: u32 = 16;
 
 impl Conn {
     /// The initiator's MaxRecvDataSegmentLength as of now.
@@ -170,6 +175,7 @@ impl Conn {
             tasks_ended: Default::default(),
             budget: Budget::unlimited(),
             budget_wait: Duration::ZERO,
+            rejects: AtomicU32::new(0),
         }
     }
 
@@ -225,7 +231,17 @@ impl Conn {
 
     /// A Reject whose DataSN/R2TSN field says where a refused Data/R2T SNACK's run began.
     pub(crate) async fn reject_run(&self, reason: u8, raw: [u8; 48], data_sn: u32, why: &str) {
-        tracing::warn!(peer = %self.peer, "Reject (reason 0x{reason:02x}): {why}");
+        // A flood of bad PDUs must not become a flood of log lines: the first few are
+        // logged, the rest counted (the count is logged when the connection ends).
+        let n = self.rejects.fetch_add(1, Ordering::Relaxed) + 1;
+        if n <= REJECTS_LOGGED {
+            tracing::warn!(peer = %self.peer, "Reject (reason 0x{reason:02x}): {why}");
+            if n == REJECTS_LOGGED {
+                tracing::warn!(peer = %self.peer, "{REJECTS_LOGGED} Rejects on this connection: further ones are counted, not logged");
+            }
+        } else {
+            tracing::debug!(peer = %self.peer, "Reject (reason 0x{reason:02x}): {why}");
+        }
         self.send(
             Bhs::Reject(Reject {
                 reason,
@@ -1124,6 +1140,10 @@ impl Session {
     /// a session left without connections goes.
     fn connection_ended(self: &Arc<Self>, target: &Arc<Target>, conn: &Arc<Conn>, reason: &str) {
         tracing::info!(peer = %conn.peer, tsih = self.tsih, cid = conn.cid, "connection ended: {reason}");
+        let rejects = conn.rejects.load(Ordering::Relaxed);
+        if rejects > REJECTS_LOGGED {
+            tracing::info!(peer = %conn.peer, tsih = self.tsih, cid = conn.cid, "{rejects} Rejects were sent on this connection");
+        }
         let recovered = conn.recovery.summary();
         if !recovered.is_empty() {
             tracing::info!(peer = %conn.peer, tsih = self.tsih, cid = conn.cid, "error recovery on this connection: {recovered}");

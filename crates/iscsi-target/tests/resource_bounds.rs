@@ -490,3 +490,31 @@ async fn a_lun_reset_touches_only_the_target_it_was_sent_to() {
     assert_eq!(st, 0, "the other target's write");
     read_back(&mut victim, 5, &data).await;
 }
+
+#[test]
+fn budgets_that_do_not_nest_or_cannot_take_a_write_are_config_errors_naming_the_line() {
+    let error = |text: &str| iscsi_target::Config::parse(text, "x.toml").unwrap_err().0;
+    let e = error("queue_depth = 8\nconnection_memory_mib = 32\n");
+    assert!(
+        e.starts_with("x.toml:2:") && e.contains("at least 64"),
+        "{e}"
+    );
+    let e = error("session_memory_mib = 128\nconnection_memory_mib = 256\n");
+    assert!(
+        e.starts_with("x.toml:2:") && e.contains("at most session_memory_mib = 128"),
+        "{e}"
+    );
+    // The session's default (256) does not fit: the line of the key that is set.
+    let e = error("memory_mib = 100\n");
+    assert!(
+        e.starts_with("x.toml:1:") && e.contains("memory_mib"),
+        "{e}"
+    );
+    let e = error("\ndata_out_timeout_secs = 0\n");
+    assert!(
+        e.starts_with("x.toml:2:") && e.contains("at least 1"),
+        "{e}"
+    );
+    let e = error("max_sessions = 70000\n");
+    assert!(e.starts_with("x.toml:1:") && e.contains("65535"), "{e}");
+}
