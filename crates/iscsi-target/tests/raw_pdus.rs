@@ -427,21 +427,7 @@ async fn nop_and_send_targets_follow_the_standard() {
     // A discovery session: login without TargetName, SendTargets=All.
     let mut d = RawConn::connect(addr).await;
     d.isid[5] = 14;
-    let keys = key_values(&[
-        ("InitiatorName", INITIATOR),
-        ("SessionType", "Discovery"),
-        ("AuthMethod", "None"),
-    ]);
-    let r = d.login_request(0, 1, true, &keys).await;
-    assert_eq!(&r.bhs[36..38], &[0, 0]);
-    d.tsih = u16::from_be_bytes([r.bhs[14], r.bhs[15]]);
-    d.exp_stat_sn = r.field32(24).wrapping_add(1);
-    let r = d
-        .login_request(1, 3, true, &key_values(&[("HeaderDigest", "None")]))
-        .await;
-    assert_eq!(&r.bhs[36..38], &[0, 0], "discovery login");
-    d.exp_stat_sn = r.field32(24).wrapping_add(1);
-    d.cmd_sn = r.field32(28);
+    d.login_discovery().await;
     let (b, data) = text(&mut d, "All");
     d.send(&b, &data).await;
     let r = d.recv().await;

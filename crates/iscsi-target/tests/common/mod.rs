@@ -315,6 +315,27 @@ impl RawConn {
         self.params.clone()
     }
 
+    /// A discovery session's login (no target name, AuthMethod=None); enters full feature
+    /// phase.
+    pub async fn login_discovery(&mut self) {
+        let keys = key_values(&[
+            ("InitiatorName", INITIATOR),
+            ("SessionType", "Discovery"),
+            ("AuthMethod", "None"),
+        ]);
+        let r = self.login_request(0, 1, true, &keys).await;
+        assert_eq!(&r.bhs[36..38], &[0, 0], "discovery security stage status");
+        self.tsih = u16::from_be_bytes([r.bhs[14], r.bhs[15]]);
+        self.exp_stat_sn = r.field32(24).wrapping_add(1);
+        let r = self
+            .login_request(1, 3, true, &key_values(&[("HeaderDigest", "None")]))
+            .await;
+        assert_eq!(&r.bhs[36..38], &[0, 0], "discovery login");
+        self.tsih = u16::from_be_bytes([r.bhs[14], r.bhs[15]]);
+        self.exp_stat_sn = r.field32(24).wrapping_add(1);
+        self.cmd_sn = r.field32(28);
+    }
+
     pub fn itt(&mut self) -> u32 {
         self.next_itt += 1;
         self.next_itt
