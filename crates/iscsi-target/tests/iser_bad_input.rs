@@ -6,7 +6,7 @@
 //! them than its window, shorter than the headers; iSER opcodes that do not exist; commands
 //! before login; more RDMA Read Requests than the target's IRD; unsolicited Data-Out that
 //! breaks the rules; more Sends outstanding than the target has receives posted, while its
-//! session is busy or during login.
+//! session is busy or during login; a WRITE past its connection's memory budget.
 //!
 //! Each case must end as the standards say (a Terminate from the RNIC that saw the bad
 //! access, a closed connection, or a Reject and CHECK CONDITION) and touch nothing else: a
@@ -50,9 +50,14 @@ const SEGMENT: usize = 8192;
 /// Starts a target with one 16 MiB RAM LUN 0 behind an `iser://` portal on an ephemeral
 /// loopback port. IRONSAN_LOG=debug shows the target's log when a test fails.
 async fn start_target() -> SocketAddr {
+    start_target_with("").await
+}
+
+/// [`start_target`] with more top-level configuration keys.
+async fn start_target_with(extra: &str) -> SocketAddr {
     common::log_from_env();
     let text = format!(
-        "portals = [\"iser://127.0.0.1:0\"]\nqueue_depth = {QUEUE_DEPTH}\n[[target]]\n\
+        "portals = [\"iser://127.0.0.1:0\"]\nqueue_depth = {QUEUE_DEPTH}\n{extra}\n[[target]]\n\
          name = \"{IQN}\"\n[target.lun.0]\nsize = \"16MiB\"\nbackend = \"memory\"\n"
     );
     let config = iscsi_target::Config::parse(&text, "test.toml").expect("config");
@@ -1253,4 +1258,58 @@ async fn bad_unsolicited_data_out_gets_reject_and_check_condition() {
     p.roundtrip(900, 93);
     assert_eq!(p.ping(b"still here"), b"still here");
     others_carry_on(addr, &mut keeper, 94);
+}
+
+/// A WRITE whose region does not fit the connection's memory budget (64 MiB, all held by a
+/// WRITE announcing 64 MiB just before it) gets TASK SET FULL without its data being fetched
+/// (the target takes no region for it); the first runs, and the same write runs once the
+/// memory is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_over_the_memory_budget_gets_task_set_full() {
+    let addr =
+        start_target_with("connection_memory_mib = 64\nsession_memory_mib = 64\nmemory_mib = 64")
+            .await;
+    let mut p = Peer::logged_in(addr);
+    let big = 64usize << 20;
+    let region = p.reg(big, Access::REMOTE_READ);
+    region.write_at(0, &pattern(8192, 31));
+    // 16 blocks written, 64 MiB announced (and fetched): the rest is an overflow.
+    let first = p.command_bhs(&write10(40, 16), 0, big as u32, 0);
+    let data = pattern(8192, 32);
+    let small = p.reg(data.len(), Access::REMOTE_READ);
+    small.write_at(0, &data);
+    let second = p.command_bhs(&write10(60, 16), 0, data.len() as u32, 0);
+    assert!(p.post_pdu(
+        &iser_header(Some((region.rkey(), region.addr())), None),
+        &first,
+        &[]
+    ));
+    assert!(p.post_pdu(
+        &iser_header(Some((small.rkey(), small.addr())), None),
+        &second,
+        &[]
+    ));
+    let mut statuses = HashMap::new();
+    while statuses.len() < 2 {
+        let r = p.recv();
+        assert_eq!(r.opcode(), 0x21, "a SCSI Response, got {r:?}");
+        p.exp_stat_sn = r.field32(24).wrapping_add(1);
+        statuses.insert(r.itt(), r.bhs[3]);
+    }
+    assert_eq!(statuses[&be32(&first[16..20])], 0, "the first write");
+    assert_eq!(statuses[&be32(&second[16..20])], 0x28, "TASK SET FULL");
+    let (status, back, _) = p.read(60, 16);
+    assert_eq!(status, 0);
+    assert!(back != data, "the refused write changed nothing");
+    assert_eq!(
+        p.write(60, &data, 0).0,
+        0,
+        "the same write once memory is back"
+    );
+    assert_eq!(p.read(60, 16).1, data);
+    assert_eq!(
+        p.read(40, 16).1,
+        pattern(8192, 31),
+        "the first write landed"
+    );
 }
