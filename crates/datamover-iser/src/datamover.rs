@@ -333,7 +333,15 @@ impl<P: Device> Datamover for IserDatamover<P> {
         })?;
         if let Some(rx) = wait {
             let since = std::time::Instant::now();
-            rx.await.map_err(|_| DmError::Closed)??;
+            // Unsolicited data announced (F=0) that does not come would hold the write's
+            // region and window slot for ever: past the data-out timeout the connection ends.
+            let limit = sh.cfg.timeouts.data_out;
+            let Ok(got) = tokio::time::timeout(limit, rx).await else {
+                tracing::warn!(peer = %sh.peer, "write ITT 0x{itt:08x} got none of its unsolicited data in {} s: closing the connection", limit.as_secs());
+                sh.ep.close();
+                return Err(DmError::Closed);
+            };
+            got.map_err(|_| DmError::Closed)??;
             let took = since.elapsed();
             if took > std::time::Duration::from_millis(100) {
                 tracing::debug!(peer = %sh.peer, itt, ?took, "a slow wait for unsolicited data");

@@ -1313,3 +1313,32 @@ async fn a_write_over_the_memory_budget_gets_task_set_full() {
         "the first write landed"
     );
 }
+
+/// A WRITE that announces unsolicited data (F=0) and sends none ends its connection after
+/// the data-out timeout; other sessions carry on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_unsolicited_data_never_comes_ends_its_connection() {
+    let addr = start_target_with("data_out_timeout_secs = 2").await;
+    let mut keeper = Peer::logged_in(addr);
+    let mut p = Peer::logged_in(addr);
+    let data = pattern(16384, 95);
+    let mr = p.reg(data.len(), Access::REMOTE_READ);
+    mr.write_at(0, &data);
+    let b = p.command_bhs_f(&write10(900, 32), 0, 16384, 4096, false);
+    let header = iser_header(Some((mr.rkey(), mr.addr() + SEGMENT as u64)), None);
+    assert!(p.post_pdu(&header, &b, &data[..4096]));
+    let start = Instant::now();
+    let got = p.recv_or_end();
+    let took = start.elapsed();
+    assert!(got.is_none(), "no answer but the end: {got:?}");
+    assert_eq!(
+        p.qp.state(),
+        QpState::Error,
+        "the target ended the connection"
+    );
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(6),
+        "after the 2 s data-out timeout: {took:?}"
+    );
+    others_carry_on(addr, &mut keeper, 61);
+}
