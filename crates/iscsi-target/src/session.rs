@@ -650,20 +650,25 @@ impl Session {
             }
             Bhs::TaskMgmtRequest(t) => {
                 let response = self.task_management(target, t).await;
+                // A cold reset ends the target's sessions as they were when it was done (one
+                // that logs in while the response goes out is not part of it).
+                let reset_sessions = match &self.device {
+                    Some(d)
+                        if t.function == tmf::TARGET_COLD_RESET
+                            && response == tmf::RSP_COMPLETE =>
+                    {
+                        target.sessions_of(d)
+                    }
+                    _ => Vec::new(),
+                };
                 let rsp = TaskMgmtResponse {
                     response,
                     itt: t.itt,
                     ..Default::default()
                 };
                 conn.send(Bhs::TaskMgmtResponse(rsp), Bytes::new()).await;
-                if t.function == tmf::TARGET_COLD_RESET && response == tmf::RSP_COMPLETE {
-                    for s in target.sessions.lock().expect("sessions").values() {
-                        if s.device.as_ref().map(|d| d.target_name())
-                            == self.device.as_ref().map(|d| d.target_name())
-                        {
-                            s.close_all();
-                        }
-                    }
+                for s in reset_sessions {
+                    s.close_all();
                 }
             }
             Bhs::SnackRequest(snack) => self.snack(conn, snack, pdu.raw_bhs).await,
