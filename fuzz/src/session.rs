@@ -60,33 +60,33 @@ pub const RSS_LIMIT_MIB: u64 = 512;
 /// The MaxRecvDataSegmentLength the harness declares: no PDU from the target may carry more.
 const OUR_MRDSL: usize = 65536;
 /// The target's MaxRecvDataSegmentLength: longer data segments are protocol errors.
-const TARGET_MRDSL: u32 = 8192;
+pub(crate) const TARGET_MRDSL: u32 = 8192;
 /// Most records one input sends.
-const MAX_RECORDS: usize = 256;
+pub(crate) const MAX_RECORDS: usize = 256;
 /// How long the final ping may take before the harness gives up on it: the target
 /// answers immediate NOP-Outs at once, so only a target busy for longer misses it.
-const PING_WAIT: Duration = Duration::from_millis(50);
+pub(crate) const PING_WAIT: Duration = Duration::from_millis(50);
 /// How long a wait record holds the sender at most.
-const WAIT_STEP: Duration = Duration::from_millis(5);
+pub(crate) const WAIT_STEP: Duration = Duration::from_millis(5);
 /// Bound on every step of the liveness check and the login: generous, as the machine
 /// may be busy with other work; a target that is alive answers in microseconds.
-const LIVENESS_WAIT: Duration = Duration::from_secs(5);
+pub(crate) const LIVENESS_WAIT: Duration = Duration::from_secs(5);
 /// Sessions the target may hold between inputs: the fuzzed one (every input reinstates it:
 /// one ISID), the liveness probe's, and some closing.
 const MAX_SESSIONS: usize = 16;
 /// The ITT of the harness's final ping.
-const PING_ITT: u32 = 0x7fff_0000;
+pub(crate) const PING_ITT: u32 = 0x7fff_0000;
 
-/// The process's one target.
-struct Fixture {
-    rt: tokio::runtime::Runtime,
-    addr: SocketAddr,
-    target: Arc<iscsi_target::Target>,
+/// One of the process's targets.
+pub(crate) struct Fixture {
+    pub rt: tokio::runtime::Runtime,
+    pub addr: SocketAddr,
+    pub target: Arc<iscsi_target::Target>,
 }
 
-fn fixture() -> &'static Fixture {
-    static FIXTURE: OnceLock<Fixture> = OnceLock::new();
-    FIXTURE.get_or_init(|| {
+impl Fixture {
+    /// Starts a target on `portal` (`127.0.0.1:0` or `iser://127.0.0.1:0`).
+    pub(crate) fn start(portal: &str) -> Fixture {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -95,7 +95,7 @@ fn fixture() -> &'static Fixture {
         // The smallest budgets the configuration takes (each must hold the largest write),
         // and timeouts short enough that a stalled write ends within the run.
         let text = format!(
-            "portals = [\"127.0.0.1:0\"]\nqueue_depth = 8\nmemory_mib = 64\n\
+            "portals = [\"{portal}\"]\nqueue_depth = 8\nmemory_mib = 64\n\
              session_memory_mib = 64\nconnection_memory_mib = 64\n\
              data_out_timeout_secs = 1\nnop_interval_secs = 1\nnop_timeout_secs = 1\n\
              max_recv_data_segment_length = {TARGET_MRDSL}\n\
@@ -111,7 +111,42 @@ fn fixture() -> &'static Fixture {
             (addr, target)
         });
         Fixture { rt, addr, target }
-    })
+    }
+
+    /// The checks after every input but the liveness probe: few sessions, bounded memory.
+    pub(crate) fn check_bounds(&self) {
+        let sessions = self.target.session_count();
+        assert!(
+            sessions <= MAX_SESSIONS,
+            "the target holds {sessions} sessions after the input's connection closed"
+        );
+        if let Some(rss) = rss_mib() {
+            assert!(
+                rss < RSS_LIMIT_MIB,
+                "resident memory is {rss} MiB, past {RSS_LIMIT_MIB} MiB"
+            );
+        }
+    }
+}
+
+fn fixture() -> &'static Fixture {
+    static FIXTURE: OnceLock<Fixture> = OnceLock::new();
+    FIXTURE.get_or_init(|| Fixture::start("127.0.0.1:0"))
+}
+
+/// Whether the liveness probe runs after this input: IRONSAN_FUZZ_PROBE_EVERY=N runs it
+/// after every Nth input only (the probe costs a connection and a login).
+pub(crate) fn probe_due() -> bool {
+    static PROBE_EVERY: OnceLock<u64> = OnceLock::new();
+    static INPUTS: AtomicU64 = AtomicU64::new(0);
+    let every = *PROBE_EVERY.get_or_init(|| {
+        std::env::var("IRONSAN_FUZZ_PROBE_EVERY")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1)
+            .max(1)
+    });
+    INPUTS.fetch_add(1, Ordering::Relaxed).is_multiple_of(every)
 }
 
 /// What the harness saw of one connection (written by its reader task).
@@ -135,11 +170,11 @@ struct Shared {
     news: Notify,
 }
 
-fn be32(b: &[u8]) -> u32 {
+pub(crate) fn be32(b: &[u8]) -> u32 {
     u32::from_be_bytes(b[..4].try_into().expect("4 bytes"))
 }
 
-fn bhs(opcode: u8, flags: u8, data_len: usize, itt: u32) -> [u8; 48] {
+pub(crate) fn bhs(opcode: u8, flags: u8, data_len: usize, itt: u32) -> [u8; 48] {
     let mut b = [0u8; 48];
     b[0] = opcode;
     b[1] = flags;
@@ -148,7 +183,7 @@ fn bhs(opcode: u8, flags: u8, data_len: usize, itt: u32) -> [u8; 48] {
     b
 }
 
-fn put32(b: &mut [u8; 48], at: usize, v: u32) {
+pub(crate) fn put32(b: &mut [u8; 48], at: usize, v: u32) {
     b[at..at + 4].copy_from_slice(&v.to_be_bytes());
 }
 
@@ -230,7 +265,7 @@ async fn wait_for(shared: &Shared, d: Duration, done: impl Fn(&Seen) -> bool) {
     }
 }
 
-fn key_values(pairs: &[(&str, &str)]) -> Vec<u8> {
+pub(crate) fn key_values(pairs: &[(&str, &str)]) -> Vec<u8> {
     let mut out = Vec::new();
     for (k, v) in pairs {
         out.extend_from_slice(k.as_bytes());
@@ -357,10 +392,206 @@ fn cdb(b: u32, c: u16) -> [u8; 16] {
 }
 
 /// Bytes for a data segment.
-fn fill(len: usize, seed: u8) -> Vec<u8> {
+pub(crate) fn fill(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
         .collect()
+}
+
+/// What a record asks for (byte 0 mod 9).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Command,
+    DataOut,
+    NopOut,
+    Text,
+    TaskManagement,
+    Logout,
+    Snack,
+    Wait,
+    Raw,
+}
+
+/// One record of an input (see the module's documentation).
+pub(crate) struct Record {
+    pub kind: Kind,
+    pub seed: u8,
+    pub flags: u8,
+    /// Byte 2 as it came (its bits 0-3, 6 and 7 are `itt` and `lun`).
+    pub task: u8,
+    pub itt: u32,
+    pub lun: u8,
+    pub delta: i8,
+    pub a: u32,
+    pub b: u32,
+    pub c: u16,
+    pub dlen: usize,
+    /// The BHS of a raw record.
+    pub raw: [u8; 48],
+}
+
+impl Record {
+    pub(crate) fn next(inp: &mut Input) -> Record {
+        let r: [u8; 16] = inp.array();
+        let kind = [
+            Kind::Command,
+            Kind::DataOut,
+            Kind::NopOut,
+            Kind::Text,
+            Kind::TaskManagement,
+            Kind::Logout,
+            Kind::Snack,
+            Kind::Wait,
+            Kind::Raw,
+        ][usize::from(r[0] % 9)];
+        let task = r[2];
+        Record {
+            kind,
+            seed: r[0],
+            flags: r[1],
+            task,
+            itt: if task & 0x80 != 0 {
+                u32::MAX
+            } else {
+                0x10 + u32::from(task & 15)
+            },
+            lun: u8::from(task & 0x40 != 0),
+            delta: r[3] as i8,
+            a: be32(&r[4..8]),
+            b: be32(&r[8..12]),
+            c: u16::from_be_bytes([r[12], r[13]]),
+            dlen: usize::from(u16::from_be_bytes([r[14], r[15]])),
+            raw: if kind == Kind::Raw {
+                inp.array()
+            } else {
+                [0; 48]
+            },
+        }
+    }
+
+    /// The PDU (BHS and data segment) of any record but a wait. `cmd_sn` is the next CmdSN
+    /// (advanced when the record carries it and is not immediate); `r2t` the last R2T of the
+    /// record's task, `nop_ttt` the last NOP-In that asked for an answer.
+    pub(crate) fn pdu(
+        &self,
+        cmd_sn: &mut u32,
+        exp_stat_sn: u32,
+        r2t: Option<(u32, u32, u32)>,
+        nop_ttt: Option<u32>,
+    ) -> ([u8; 48], Vec<u8>) {
+        let (flags, itt, a, b, c) = (self.flags, self.itt, self.a, self.b, self.c);
+        // The CmdSN to carry: the right one (which then advances unless immediate), or one
+        // off by `delta`.
+        let mut next_cmd_sn = |immediate: bool| {
+            let sn = cmd_sn.wrapping_add(self.delta as i32 as u32);
+            if self.delta == 0 && !immediate {
+                *cmd_sn = cmd_sn.wrapping_add(1);
+            }
+            sn
+        };
+        let mut payload = fill(self.dlen, self.seed);
+        let mut pdu = match self.kind {
+            Kind::Command => {
+                let immediate = flags & 0x08 != 0;
+                let mut p = bhs(
+                    0x01 | if immediate { 0x40 } else { 0 },
+                    flags & 0xe7,
+                    0,
+                    itt,
+                );
+                put32(&mut p, 20, a);
+                put32(&mut p, 24, next_cmd_sn(immediate));
+                p[32..48].copy_from_slice(&cdb(b, c));
+                p
+            }
+            // Answering the last R2T of its task, or as the record says.
+            Kind::DataOut => {
+                let (ttt, offset, len) = match r2t {
+                    Some((ttt, off, len)) if flags & 1 != 0 => {
+                        payload = fill(len.min(TARGET_MRDSL) as usize, self.seed);
+                        (ttt, off, len)
+                    }
+                    _ => (b, a, self.dlen as u32),
+                };
+                let last = flags & 0x80 != 0 || (flags & 1 != 0 && len <= TARGET_MRDSL);
+                let mut p = bhs(0x05, if last { 0x80 } else { 0 }, 0, itt);
+                put32(&mut p, 20, ttt);
+                put32(&mut p, 36, u32::from(c));
+                put32(&mut p, 40, offset);
+                p
+            }
+            // A ping of our own, or the answer to the target's.
+            Kind::NopOut => {
+                let answer = flags & 1 != 0 && nop_ttt.is_some();
+                let immediate = answer || flags & 0x40 != 0;
+                let (itt, ttt) = match nop_ttt {
+                    Some(t) if answer => (u32::MAX, t),
+                    _ => (itt, b),
+                };
+                let mut p = bhs(if immediate { 0x40 } else { 0 }, 0x80, 0, itt);
+                put32(&mut p, 20, ttt);
+                put32(&mut p, 24, next_cmd_sn(immediate));
+                p
+            }
+            // Discovery from a normal session, a negotiation, or junk.
+            Kind::Text => {
+                payload = match c % 4 {
+                    0 => key_values(&[("SendTargets", "All")]),
+                    1 => key_values(&[("SendTargets", IQN)]),
+                    2 => key_values(&[("MaxBurstLength", "4096"), ("X-ironsan-fuzz", "1")]),
+                    _ => payload,
+                };
+                let immediate = flags & 0x08 != 0;
+                let mut p = bhs(
+                    0x04 | if immediate { 0x40 } else { 0 },
+                    flags & 0xc0,
+                    0,
+                    itt,
+                );
+                put32(&mut p, 20, b);
+                put32(&mut p, 24, next_cmd_sn(immediate));
+                p
+            }
+            // The function from the flags, on one of our tasks (or any tag).
+            Kind::TaskManagement => {
+                let mut p = bhs(0x42, 0x80 | (flags & 0x7f), 0, itt);
+                put32(&mut p, 20, if a & 0x100 != 0 { a } else { 0x10 + (a & 15) });
+                put32(&mut p, 24, next_cmd_sn(true));
+                put32(&mut p, 32, cmd_sn.wrapping_sub(b & 0xff));
+                payload.clear();
+                p
+            }
+            // The reason from the flags.
+            Kind::Logout => {
+                let mut p = bhs(0x46, 0x80 | (flags & 0x7f), 0, itt);
+                p[20..22].copy_from_slice(&c.to_be_bytes());
+                put32(&mut p, 24, next_cmd_sn(true));
+                payload.clear();
+                p
+            }
+            // The type from the flags.
+            Kind::Snack => {
+                let mut p = bhs(0x10, 0x80 | (flags & 0x0f), 0, itt);
+                put32(&mut p, 20, b);
+                put32(&mut p, 40, a);
+                put32(&mut p, 44, u32::from(c));
+                payload.clear();
+                p
+            }
+            // Any BHS the fuzzer makes (without AHS: the harness sends none).
+            Kind::Raw | Kind::Wait => {
+                let mut p = self.raw;
+                p[4] = 0;
+                p
+            }
+        };
+        if self.kind != Kind::Raw {
+            pdu[9] = self.lun;
+            put32(&mut pdu, 28, exp_stat_sn);
+        }
+        pdu[5..8].copy_from_slice(&(payload.len() as u32).to_be_bytes()[1..]);
+        (pdu, payload)
+    }
 }
 
 /// What one input did: PDUs received by opcode, and whether the connection ended before
@@ -410,142 +641,24 @@ async fn run_input(addr: SocketAddr, data: &[u8]) -> Outcome {
         if inp.is_empty() || !sent_ok {
             break;
         }
-        let r: [u8; 16] = inp.array();
-        let kind = r[0] % 9;
-        let flags = r[1];
-        let task = r[2];
-        let itt = if task & 0x80 != 0 {
-            u32::MAX
-        } else {
-            0x10 + u32::from(task & 15)
-        };
-        let lun = u8::from(task & 0x40 != 0);
-        let delta = r[3] as i8;
-        let a = be32(&r[4..8]);
-        let b = be32(&r[8..12]);
-        let c = u16::from_be_bytes([r[12], r[13]]);
-        let dlen = usize::from(u16::from_be_bytes([r[14], r[15]]));
+        let r = Record::next(&mut inp);
+        if r.kind == Kind::Wait {
+            let before: usize = shared.seen.lock().expect("seen").opcodes.values().sum();
+            wait_for(&shared, WAIT_STEP, |s| {
+                s.opcodes.values().sum::<usize>() > before
+            })
+            .await;
+            continue;
+        }
         let (stat, nop_ttt, r2t) = {
             let seen = shared.seen.lock().expect("seen");
-            (seen.exp_stat_sn, seen.nop_ttt, seen.r2t.get(&itt).copied())
+            (
+                seen.exp_stat_sn,
+                seen.nop_ttt,
+                seen.r2t.get(&r.itt).copied(),
+            )
         };
-        // The CmdSN to carry: the right one (which then advances unless immediate), or one
-        // off by `delta`.
-        let mut next_cmd_sn = |immediate: bool| {
-            let sn = cmd_sn.wrapping_add(delta as i32 as u32);
-            if delta == 0 && !immediate {
-                cmd_sn = cmd_sn.wrapping_add(1);
-            }
-            sn
-        };
-        let mut pdu: [u8; 48];
-        let mut payload = fill(dlen, r[0]);
-        match kind {
-            // SCSI Command.
-            0 => {
-                let immediate = flags & 0x08 != 0;
-                pdu = bhs(
-                    0x01 | if immediate { 0x40 } else { 0 },
-                    flags & 0xe7,
-                    0,
-                    itt,
-                );
-                put32(&mut pdu, 20, a);
-                put32(&mut pdu, 24, next_cmd_sn(immediate));
-                pdu[32..48].copy_from_slice(&cdb(b, c));
-            }
-            // Data-Out: answering the last R2T of its task, or as the record says.
-            1 => {
-                let (ttt, offset, len) = match r2t {
-                    Some((ttt, off, len)) if flags & 1 != 0 => {
-                        payload = fill(len.min(TARGET_MRDSL) as usize, r[0]);
-                        (ttt, off, len)
-                    }
-                    _ => (b, a, dlen as u32),
-                };
-                let last = flags & 0x80 != 0 || (flags & 1 != 0 && len <= TARGET_MRDSL);
-                pdu = bhs(0x05, if last { 0x80 } else { 0 }, 0, itt);
-                put32(&mut pdu, 20, ttt);
-                put32(&mut pdu, 36, u32::from(c));
-                put32(&mut pdu, 40, offset);
-            }
-            // NOP-Out: a ping of our own, or the answer to the target's.
-            2 => {
-                let answer = flags & 1 != 0 && nop_ttt.is_some();
-                let immediate = answer || flags & 0x40 != 0;
-                let (itt, ttt) = match nop_ttt {
-                    Some(t) if answer => (u32::MAX, t),
-                    _ => (itt, b),
-                };
-                pdu = bhs(if immediate { 0x40 } else { 0 }, 0x80, 0, itt);
-                put32(&mut pdu, 20, ttt);
-                put32(&mut pdu, 24, next_cmd_sn(immediate));
-            }
-            // Text: discovery from a normal session, a negotiation, or junk.
-            3 => {
-                payload = match c % 4 {
-                    0 => key_values(&[("SendTargets", "All")]),
-                    1 => key_values(&[("SendTargets", IQN)]),
-                    2 => key_values(&[("MaxBurstLength", "4096"), ("X-ironsan-fuzz", "1")]),
-                    _ => payload,
-                };
-                let immediate = flags & 0x08 != 0;
-                pdu = bhs(
-                    0x04 | if immediate { 0x40 } else { 0 },
-                    flags & 0xc0,
-                    0,
-                    itt,
-                );
-                put32(&mut pdu, 20, b);
-                put32(&mut pdu, 24, next_cmd_sn(immediate));
-            }
-            // Task Management: function from the flags, on one of our tasks.
-            4 => {
-                pdu = bhs(0x42, 0x80 | (flags & 0x7f), 0, itt);
-                put32(
-                    &mut pdu,
-                    20,
-                    if a & 0x100 != 0 { a } else { 0x10 + (a & 15) },
-                );
-                put32(&mut pdu, 24, next_cmd_sn(true));
-                put32(&mut pdu, 32, cmd_sn.wrapping_sub(b & 0xff));
-                payload.clear();
-            }
-            // Logout: reason from the flags.
-            5 => {
-                pdu = bhs(0x46, 0x80 | (flags & 0x7f), 0, itt);
-                pdu[20..22].copy_from_slice(&c.to_be_bytes());
-                put32(&mut pdu, 24, next_cmd_sn(true));
-                payload.clear();
-            }
-            // SNACK: type from the flags.
-            6 => {
-                pdu = bhs(0x10, 0x80 | (flags & 0x0f), 0, itt);
-                put32(&mut pdu, 20, b);
-                put32(&mut pdu, 40, a);
-                put32(&mut pdu, 44, u32::from(c));
-                payload.clear();
-            }
-            // Wait for the target's next PDU (an R2T, a response) for a moment.
-            7 => {
-                let before: usize = shared.seen.lock().expect("seen").opcodes.values().sum();
-                wait_for(&shared, WAIT_STEP, |s| {
-                    s.opcodes.values().sum::<usize>() > before
-                })
-                .await;
-                continue;
-            }
-            // Raw: any BHS the fuzzer makes.
-            _ => {
-                pdu = inp.array();
-                pdu[4] = 0;
-            }
-        }
-        if kind != 8 {
-            pdu[9] = lun;
-            put32(&mut pdu, 28, stat);
-        }
-        pdu[5..8].copy_from_slice(&(payload.len() as u32).to_be_bytes()[1..]);
+        let (pdu, payload) = r.pdu(&mut cmd_sn, stat, r2t, nop_ttt);
         sent_ok = send(&mut wr, &pdu, &payload).await;
     }
     // An immediate ping: once it is answered, the target has read everything before it.
@@ -573,31 +686,10 @@ async fn run_input(addr: SocketAddr, data: &[u8]) -> Outcome {
 /// After an input: the target answers a fresh login and a TEST UNIT READY, holds few
 /// sessions, and the process's memory is bounded.
 fn check_after(fx: &Fixture) {
-    // The probe costs a connection and a login: IRONSAN_FUZZ_PROBE_EVERY=N runs it after
-    // every Nth input only (the memory and session checks still run after each).
-    static PROBE_EVERY: OnceLock<u64> = OnceLock::new();
-    static INPUTS: AtomicU64 = AtomicU64::new(0);
-    let every = *PROBE_EVERY.get_or_init(|| {
-        std::env::var("IRONSAN_FUZZ_PROBE_EVERY")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(1)
-            .max(1)
-    });
-    if INPUTS.fetch_add(1, Ordering::Relaxed).is_multiple_of(every) {
+    if probe_due() {
         probe_or_panic(fx);
     }
-    let sessions = fx.target.session_count();
-    assert!(
-        sessions <= MAX_SESSIONS,
-        "the target holds {sessions} sessions after the input's connection closed"
-    );
-    if let Some(rss) = rss_mib() {
-        assert!(
-            rss < RSS_LIMIT_MIB,
-            "resident memory is {rss} MiB, past {RSS_LIMIT_MIB} MiB"
-        );
-    }
+    fx.check_bounds();
 }
 
 fn probe_or_panic(fx: &Fixture) {
