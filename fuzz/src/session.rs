@@ -66,6 +66,9 @@ pub(crate) const MAX_RECORDS: usize = 256;
 /// How long the final ping may take before the harness gives up on it: the target
 /// answers immediate NOP-Outs at once, so only a target busy for longer misses it.
 pub(crate) const PING_WAIT: Duration = Duration::from_millis(50);
+/// How long a send may wait for the target to read: a target that takes no more (a
+/// command waiting for room, a full window) ends the input's sending.
+const SEND_WAIT: Duration = Duration::from_millis(100);
 /// How long a wait record holds the sender at most.
 pub(crate) const WAIT_STEP: Duration = Duration::from_millis(5);
 /// Bound on every step of the liveness check and the login: generous, as the machine
@@ -104,6 +107,12 @@ impl Fixture {
         );
         let config = iscsi_target::Config::parse(&text, "fuzz.toml").expect("fuzz config");
         let (addr, target) = rt.block_on(async {
+            // A Rust program ignores SIGPIPE before main; a libFuzzer binary has no Rust
+            // main, so a write to a connection the fuzzer reset would kill it. A handler
+            // (this stream, kept for the process) stands in for the ignored signal.
+            let mut pipe = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::pipe())
+                .expect("a SIGPIPE handler");
+            tokio::spawn(async move { while pipe.recv().await.is_some() {} });
             let bound = iscsi_target::Target::bind(config).await.expect("bind");
             let addr = bound.local_addrs()[0];
             let target = bound.target();
@@ -276,13 +285,17 @@ pub(crate) fn key_values(pairs: &[(&str, &str)]) -> Vec<u8> {
     out
 }
 
-/// Sends a BHS and its data segment, padded.
+/// Sends a BHS and its data segment, padded; false if the connection failed or the target
+/// stopped reading for [`SEND_WAIT`] (the input ends there).
 async fn send(w: &mut (impl AsyncWriteExt + Unpin), b: &[u8; 48], data: &[u8]) -> bool {
     let mut buf = Vec::with_capacity(48 + data.len() + 3);
     buf.extend_from_slice(b);
     buf.extend_from_slice(data);
     buf.resize(48 + data.len().next_multiple_of(4), 0);
-    w.write_all(&buf).await.is_ok()
+    matches!(
+        tokio::time::timeout(SEND_WAIT, w.write_all(&buf)).await,
+        Ok(Ok(()))
+    )
 }
 
 /// A logged-in connection: (stream, next CmdSN, ExpStatSN), or None if the target refused.
