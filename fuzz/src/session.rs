@@ -12,7 +12,8 @@
 //! - every PDU the target sends has a target opcode and a data segment no longer than the
 //!   MaxRecvDataSegmentLength the harness declared;
 //! - afterwards the target still serves a fresh login and a TEST UNIT READY (liveness;
-//!   with `IRONSAN_FUZZ_PROBE_EVERY=N` after every Nth input only), its sessions do not pile
+//!   with `IRONSAN_FUZZ_PROBE_EVERY=N` after every Nth input only; a second try 100 ms
+//!   later, as a reset the input asked for may still be ending sessions), its sessions do not pile
 //!   up, and the process's resident memory (VmRSS) stays under
 //!   [`RSS_LIMIT_MIB`]: a peer must not be able to make the target hold memory past its
 //!   budgets, or keep it after the connection is gone.
@@ -607,12 +608,13 @@ impl Record {
     }
 }
 
-/// What one input did: PDUs received by opcode, and whether the connection ended before
-/// the final ping was answered.
+/// What one input did (after its login).
 #[derive(Debug, Default)]
 pub struct Outcome {
-    pub logged_in: bool,
+    /// PDUs received, by opcode.
     pub opcodes: HashMap<u8, usize>,
+    /// The target ended the connection (or, over iSER, the queue pair failed) before the
+    /// harness closed it.
     pub closed: bool,
 }
 
@@ -690,7 +692,6 @@ async fn run_input(addr: SocketAddr, data: &[u8]) -> Outcome {
         panic!("{v}");
     }
     Outcome {
-        logged_in: true,
         opcodes: seen.opcodes,
         closed: seen.closed,
     }
@@ -706,9 +707,21 @@ fn check_after(fx: &Fixture) {
 }
 
 fn probe_or_panic(fx: &Fixture) {
-    let status = fx
-        .rt
-        .block_on(async { tokio::time::timeout(LIVENESS_WAIT, probe(fx.addr)).await });
+    let status = fx.rt.block_on(async {
+        tokio::time::timeout(LIVENESS_WAIT, async {
+            // A TARGET WARM or COLD RESET from the input ends every session of the target,
+            // and may still be doing so when the probe logs in: one more try after a
+            // moment. A target that refuses both is not serving.
+            match probe(fx.addr).await {
+                Some(status) => Some(status),
+                None => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    probe(fx.addr).await
+                }
+            }
+        })
+        .await
+    });
     match status {
         Ok(Some(_)) => {}
         Ok(None) => panic!("the target refused a fresh login or TEST UNIT READY after the input"),

@@ -415,11 +415,7 @@ fn run_input(ifx: &IserFixture, data: &[u8]) -> Outcome {
     // The queue pair goes (disconnecting) before the regions it advertised.
     drop(p);
     drop(regions);
-    Outcome {
-        logged_in: true,
-        opcodes,
-        closed,
-    }
+    Outcome { opcodes, closed }
 }
 
 /// A fresh initiator logs in and gets an answer to TEST UNIT READY.
