@@ -17,12 +17,16 @@ pub mod input;
 pub mod login;
 pub mod osd_unit;
 pub mod scsi_dev;
+pub mod session;
+pub mod session_iser;
 pub mod wire;
 
 pub use input::Input;
 pub use login::{chap, login_initiator, login_target, send_targets, text_keys};
 pub use osd_unit::osd;
 pub use scsi_dev::scsi;
+pub use session::session_tcp;
+pub use session_iser::session_iser;
 pub use wire::{ddp_rdmap, iscsi_pdu, iser, mpa};
 
 /// A harness: what each fuzz target runs on one input.
@@ -44,6 +48,8 @@ pub const TARGETS: &[(&str, Harness)] = &[
     ("pcap", pcap),
     ("tcp_stream", tcp_stream),
     ("config", config),
+    ("session_tcp", session_tcp),
+    ("session_iser", session_iser),
 ];
 
 /// The harness of the target called `name`.

@@ -99,3 +99,54 @@ fn seed_logins_complete_with_chap() {
         "no seed login completes with CHAP"
     );
 }
+
+/// The session seeds get past login to the session layer: between them the target answers
+/// with R2Ts, Data-In, SCSI and task management responses, NOP-Ins, Text and Logout
+/// responses and a Reject.
+#[test]
+fn session_seeds_reach_the_session_layer() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/session_tcp");
+    let mut got = std::collections::BTreeSet::new();
+    for f in inputs(&dir) {
+        let outcome = ironsan_fuzz::session::session_tcp_run(&std::fs::read(&f).unwrap());
+        got.extend(outcome.opcodes.keys().copied());
+    }
+    for (op, what) in [
+        (0x31, "R2T"),
+        (0x25, "Data-In"),
+        (0x21, "SCSI Response"),
+        (0x22, "Task Management Response"),
+        (0x20, "NOP-In"),
+        (0x24, "Text Response"),
+        (0x26, "Logout Response"),
+        (0x3f, "Reject"),
+    ] {
+        assert!(got.contains(&op), "no seed brings a {what}; got {got:x?}");
+    }
+}
+
+/// The same over iSER: the seeds reach SCSI and task management responses, NOP-Ins, Text
+/// and Logout responses and a Reject, and a write whose Write STag names nothing ends its
+/// connection (the target's RDMA Read is refused) without harming the target.
+#[test]
+fn iser_session_seeds_reach_the_session_layer() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/session_iser");
+    let mut got = std::collections::BTreeSet::new();
+    for f in inputs(&dir) {
+        let outcome = ironsan_fuzz::session_iser::session_iser_run(&std::fs::read(&f).unwrap());
+        got.extend(outcome.opcodes.keys().copied());
+        if f.ends_with("write-bad-stag") {
+            assert!(outcome.closed, "a bad Write STag left the connection up");
+        }
+    }
+    for (op, what) in [
+        (0x21, "SCSI Response"),
+        (0x22, "Task Management Response"),
+        (0x20, "NOP-In"),
+        (0x24, "Text Response"),
+        (0x26, "Logout Response"),
+        (0x3f, "Reject"),
+    ] {
+        assert!(got.contains(&op), "no seed brings a {what}; got {got:x?}");
+    }
+}

@@ -1,0 +1,447 @@
+//! The target's session layer over iSER: the `session_tcp` harness's inputs (see
+//! [`crate::session`]) sent by a raw iSER initiator on the software iWARP RNIC to a target
+//! with an `iser://` portal.
+//!
+//! The initiator is one queue pair per input on an RNIC kept for the process, with PDUs and
+//! iSER headers laid out byte by byte (RFC 7143, RFC 7145). What differs from iSCSI/TCP:
+//! a SCSI Command that reads or writes advertises memory in its iSER header, which the
+//! target reaches with RDMA Writes and Reads (so there are no R2Ts): a region of at most
+//! 1 MiB, smaller than the command asks for when its expected length is larger (the
+//! target's access past it must end the connection with a Terminate, not harm the target),
+//! or with bit 5 of the record's task byte an STag that names nothing. Data segments are
+//! cut at 9,216 bytes, past the target's 8,192-byte receives. The options byte's bits 0-1
+//! are ignored (iSER runs at ErrorRecoveryLevel 0).
+//!
+//! Checked as over iSCSI/TCP: every Send from the target carries a control iSER header
+//! and a whole PDU with a target opcode; afterwards a fresh initiator logs in and gets an
+//! answer to TEST UNIT READY, the target holds few sessions, and VmRSS stays bounded.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use rdma::{
+    Access, CompletionQueue, ConnParams, MemoryRegion, Provider, QpCaps, QpState, QueuePair,
+    RecvWr, SendOp, SendWr, Wc, WcOpcode, WcStatus,
+};
+use rnic::Rnic;
+
+use crate::session::{
+    be32, bhs, key_values, probe_due, put32, Fixture, Kind, Outcome, Record, IQN, LIVENESS_WAIT,
+    MAX_RECORDS, PING_ITT, PING_WAIT, WAIT_STEP,
+};
+use crate::Input;
+
+const INITIATOR: &str = "iqn.2026-11.org.ironsan:fuzz-iser-initiator";
+/// Receives the initiator keeps posted, and their size: a PDU of at most our
+/// InitiatorRecvDataSegmentLength (8,192) behind the headers.
+const RECV_SLOTS: usize = 32;
+const RECV_LEN: usize = 8192 + 256;
+/// Send buffers, each big enough for a Send longer than the target's receives.
+const SEND_SLOTS: usize = 32;
+const SEND_LEN: usize = 76 + 9216;
+/// The largest region a command advertises.
+const MAX_REGION: usize = 1 << 20;
+/// Regions one input registers at most (later commands advertise an STag naming nothing).
+const MAX_REGIONS: usize = 16;
+
+/// The process's iSER target and the RNIC of its raw initiators.
+struct IserFixture {
+    fx: Fixture,
+    rnic: Rnic,
+    pd: rnic::Pd,
+}
+
+fn fixture() -> &'static IserFixture {
+    static FIXTURE: OnceLock<IserFixture> = OnceLock::new();
+    FIXTURE.get_or_init(|| {
+        let fx = Fixture::start("iser://127.0.0.1:0");
+        let rnic = Rnic::new().expect("a software RNIC");
+        let pd = rnic.alloc_pd().expect("a protection domain");
+        IserFixture { fx, rnic, pd }
+    })
+}
+
+/// The 28-byte iSER header of a control PDU, with the Write STag and address (WSV) and the
+/// Read STag and address (RSV) when given.
+fn iser_header(write: Option<(u32, u64)>, read: Option<(u32, u64)>) -> [u8; 28] {
+    let mut h = [0u8; 28];
+    h[0] = 0x10;
+    if let Some((stag, va)) = write {
+        h[0] |= 0x08;
+        h[4..8].copy_from_slice(&stag.to_be_bytes());
+        h[8..16].copy_from_slice(&va.to_be_bytes());
+    }
+    if let Some((stag, va)) = read {
+        h[0] |= 0x04;
+        h[16..20].copy_from_slice(&stag.to_be_bytes());
+        h[20..28].copy_from_slice(&va.to_be_bytes());
+    }
+    h
+}
+
+/// A raw iSER initiator: a queue pair, its receives, its send buffers and what arrived.
+/// (Fields drop in order: the queue pair goes before the memory it used.)
+struct Peer {
+    qp: rnic::Qp,
+    recv: rnic::Mr,
+    send: rnic::Mr,
+    cq: rnic::Cq,
+    sends_posted: u64,
+    sends_done: u64,
+    received: VecDeque<([u8; 48], Vec<u8>)>,
+    opcodes: HashMap<u8, usize>,
+    violation: Option<String>,
+    failed: bool,
+    cmd_sn: u32,
+    exp_stat_sn: u32,
+    nop_ttt: Option<u32>,
+    ping_answered: bool,
+}
+
+impl Peer {
+    /// A connected queue pair (the MPA exchange), or None if the target refused it.
+    fn connect(ifx: &IserFixture) -> Option<Peer> {
+        let dev = &ifx.rnic;
+        let cq = dev.create_cq(1024, None).ok()?;
+        let caps = QpCaps {
+            max_send_wr: SEND_SLOTS as u32 + 8,
+            max_recv_wr: RECV_SLOTS as u32,
+            max_sge: 2,
+        };
+        let qp = dev.create_qp(&ifx.pd, &cq, &cq, caps).ok()?;
+        let recv = dev
+            .reg_mr(&ifx.pd, RECV_SLOTS * RECV_LEN, Access::LOCAL_WRITE)
+            .ok()?;
+        let send = dev
+            .reg_mr(&ifx.pd, SEND_SLOTS * SEND_LEN, Access::NONE)
+            .ok()?;
+        for slot in 0..RECV_SLOTS {
+            qp.post_recv(RecvWr {
+                wr_id: slot as u64,
+                sges: vec![recv.sge(slot * RECV_LEN, RECV_LEN)],
+            })
+            .ok()?;
+        }
+        // As Linux ib_iser: the iSER word 0x80 (ZBVA not used, Send with Invalidate taken).
+        let params = ConnParams {
+            private_data: vec![0x80, 0, 0, 0],
+            mpa_revision: 2,
+            ird: 16,
+            ord: 1,
+            // The target is ironsan's own, which reads its socket at once: no waiting after
+            // the MPA Reply (the default's 20 ms would be most of an input's time).
+            first_fpdu_delay: Duration::ZERO,
+            ..ConnParams::default()
+        };
+        qp.connect(ifx.fx.addr, &params).ok()?;
+        Some(Peer {
+            qp,
+            recv,
+            send,
+            cq,
+            sends_posted: 0,
+            sends_done: 0,
+            received: VecDeque::new(),
+            opcodes: HashMap::new(),
+            violation: None,
+            failed: false,
+            cmd_sn: 1,
+            exp_stat_sn: 0,
+            nop_ttt: None,
+            ping_answered: false,
+        })
+    }
+
+    /// Takes every waiting completion: received Sends are checked and queued (their
+    /// buffers posted again), Sends counted. Returns how many there were.
+    fn poll(&mut self) -> usize {
+        let mut wcs = [Wc::EMPTY; 64];
+        let n = self.cq.poll(&mut wcs);
+        for wc in &wcs[..n] {
+            if wc.opcode == WcOpcode::Send {
+                self.sends_done += 1;
+            }
+            if wc.status != WcStatus::Success {
+                self.failed = true;
+                continue;
+            }
+            if wc.opcode == WcOpcode::Recv {
+                let slot = wc.wr_id as usize;
+                let mut bytes = vec![0u8; wc.byte_len as usize];
+                self.recv.read_at(slot * RECV_LEN, &mut bytes);
+                let _ = self.qp.post_recv(RecvWr {
+                    wr_id: slot as u64,
+                    sges: vec![self.recv.sge(slot * RECV_LEN, RECV_LEN)],
+                });
+                self.take(&bytes);
+            }
+        }
+        n
+    }
+
+    /// One Send from the target: an iSER control header and a whole PDU.
+    fn take(&mut self, bytes: &[u8]) {
+        if bytes.len() < 76 || bytes[0] & 0xf0 != 0x10 {
+            self.violation.get_or_insert(format!(
+                "the target sent a Send of {} bytes without a control iSER header and a BHS",
+                bytes.len()
+            ));
+            return;
+        }
+        let b: [u8; 48] = bytes[28..76].try_into().expect("48 bytes");
+        let op = b[0] & 0x3f;
+        let len = u32::from_be_bytes([0, b[5], b[6], b[7]]) as usize;
+        let start = 76 + b[4] as usize * 4;
+        if start + len > bytes.len() {
+            self.violation.get_or_insert(format!(
+                "a Send from the target of {} bytes holds a PDU (opcode 0x{op:02x}) of {}",
+                bytes.len(),
+                start + len
+            ));
+            return;
+        }
+        if !matches!(op, 0x20..=0x26 | 0x31 | 0x32 | 0x3c | 0x3e | 0x3f) {
+            self.violation
+                .get_or_insert(format!("the target sent opcode 0x{op:02x}"));
+        }
+        *self.opcodes.entry(op).or_default() += 1;
+        let status_data_in = op == 0x25 && b[1] & 1 != 0;
+        let nop_answer = op == 0x20 && be32(&b[20..24]) == u32::MAX;
+        if matches!(op, 0x21 | 0x22 | 0x24 | 0x26 | 0x3f) || status_data_in || nop_answer {
+            self.exp_stat_sn = be32(&b[24..28]).wrapping_add(1);
+        }
+        if op == 0x20 {
+            if be32(&b[16..20]) == PING_ITT {
+                self.ping_answered = true;
+            } else if !nop_answer {
+                self.nop_ttt = Some(be32(&b[20..24]));
+            }
+        }
+        self.received
+            .push_back((b, bytes[start..start + len].to_vec()));
+    }
+
+    fn broken(&self) -> bool {
+        self.failed || self.qp.state() == QpState::Error
+    }
+
+    /// Polls until `done` holds, the connection fails, or `d` passes.
+    fn wait(&mut self, d: Duration, done: impl Fn(&Peer) -> bool) {
+        let deadline = Instant::now() + d;
+        while !done(self) && !self.broken() && Instant::now() < deadline {
+            if self.poll() == 0 {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
+    }
+
+    /// Posts one Send: the iSER header, the BHS, the data padded to 4 (cut to fit a send
+    /// buffer, the BHS's length with it). False if the connection failed first.
+    fn post(&mut self, header: &[u8; 28], pdu: &[u8; 48], data: &[u8]) -> bool {
+        let data = &data[..data.len().min(SEND_LEN - 76)];
+        let mut pdu = *pdu;
+        pdu[5..8].copy_from_slice(&(data.len() as u32).to_be_bytes()[1..]);
+        let mut bytes = header.to_vec();
+        bytes.extend_from_slice(&pdu);
+        bytes.extend_from_slice(data);
+        bytes.resize((76 + data.len().next_multiple_of(4)).min(SEND_LEN), 0);
+        self.wait(LIVENESS_WAIT, |p| {
+            p.sends_posted - p.sends_done < SEND_SLOTS as u64
+        });
+        if self.broken() || self.sends_posted - self.sends_done >= SEND_SLOTS as u64 {
+            return false;
+        }
+        let at = (self.sends_posted as usize % SEND_SLOTS) * SEND_LEN;
+        self.send.write_at(at, &bytes);
+        let posted = self.qp.post_send(SendWr {
+            wr_id: (1 << 32) | self.sends_posted,
+            op: SendOp::Send,
+            sges: vec![self.send.sge(at, bytes.len())],
+            signaled: true,
+        });
+        self.sends_posted += 1;
+        if posted.is_err() {
+            self.sends_done += 1;
+            return false;
+        }
+        true
+    }
+
+    /// Logs in to full feature phase in one Login Request (operational stage); false if
+    /// the target refused.
+    fn login(&mut self, isid_last: u8, options: u8) -> bool {
+        let yes_no = |b: bool| if b { "Yes" } else { "No" };
+        let (burst, first) = if options & 0x10 != 0 {
+            ("16776192", "16776192")
+        } else {
+            ("65536", "8192")
+        };
+        let first = if options & 0x20 != 0 { "512" } else { first };
+        let keys = key_values(&[
+            ("InitiatorName", INITIATOR),
+            ("TargetName", IQN),
+            ("SessionType", "Normal"),
+            ("RDMAExtensions", "Yes"),
+            ("HeaderDigest", "None"),
+            ("DataDigest", "None"),
+            ("ErrorRecoveryLevel", "0"),
+            ("ImmediateData", yes_no(options & 4 == 0)),
+            ("InitialR2T", yes_no(options & 8 != 0)),
+            ("MaxBurstLength", burst),
+            ("FirstBurstLength", first),
+            (
+                "MaxOutstandingR2T",
+                if options & 0x40 != 0 { "1" } else { "8" },
+            ),
+            ("InitiatorRecvDataSegmentLength", "8192"),
+            ("TargetRecvDataSegmentLength", "8192"),
+            ("DefaultTime2Wait", "0"),
+            ("DefaultTime2Retain", "0"),
+        ]);
+        let mut b = bhs(0x43, 0x87, keys.len(), 0x4000_0000);
+        b[8..14].copy_from_slice(&[0x80, 0, 0, 0xf0, 0x3e, isid_last]);
+        b[20..22].copy_from_slice(&1u16.to_be_bytes());
+        put32(&mut b, 24, self.cmd_sn);
+        if !self.post(&iser_header(None, None), &b, &keys) {
+            return false;
+        }
+        self.wait(LIVENESS_WAIT, |p| !p.received.is_empty());
+        let Some((r, _)) = self.received.pop_front() else {
+            return false;
+        };
+        if r[0] & 0x3f != 0x23 || r[36..38] != [0, 0] || r[1] & 0x83 != 0x83 {
+            return false;
+        }
+        self.cmd_sn = be32(&r[28..32]);
+        self.exp_stat_sn = be32(&r[24..28]).wrapping_add(1);
+        self.opcodes.clear();
+        true
+    }
+}
+
+/// Runs one input against the iSER target and checks it; returns what came back.
+pub fn session_iser_run(data: &[u8]) -> Outcome {
+    // One input at a time: inputs share the fuzzed ISID and the probe's.
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let ifx = fixture();
+    let outcome = run_input(ifx, data);
+    if probe_due() {
+        probe(ifx);
+    }
+    ifx.fx.check_bounds();
+    outcome
+}
+
+/// [`session_iser_run`] without the outcome: the fuzz target.
+pub fn session_iser(data: &[u8]) {
+    session_iser_run(data);
+}
+
+fn run_input(ifx: &IserFixture, data: &[u8]) -> Outcome {
+    let mut inp = Input::new(data);
+    let options = inp.u8();
+    let Some(mut p) = Peer::connect(ifx) else {
+        panic!("the fuzzed iSER connection was refused");
+    };
+    assert!(
+        p.login(1, options),
+        "the fuzzed iSER connection cannot log in"
+    );
+    let mut regions: Vec<rnic::Mr> = Vec::new();
+    for _ in 0..MAX_RECORDS {
+        if inp.is_empty() || p.broken() {
+            break;
+        }
+        let r = Record::next(&mut inp);
+        if r.kind == Kind::Wait {
+            let before = p.received.len();
+            p.wait(WAIT_STEP, |p| p.received.len() > before);
+            p.received.clear();
+            continue;
+        }
+        p.poll();
+        p.received.clear();
+        let mut cmd_sn = p.cmd_sn;
+        let (pdu, payload) = r.pdu(&mut cmd_sn, p.exp_stat_sn, None, p.nop_ttt);
+        p.cmd_sn = cmd_sn;
+        let mut header = iser_header(None, None);
+        if r.kind == Kind::Command {
+            // The memory a command that moves data advertises.
+            let edtl = be32(&pdu[20..24]) as usize;
+            let bogus = r.task & 0x20 != 0 || regions.len() >= MAX_REGIONS;
+            let mut region = |access| {
+                if bogus {
+                    return Some((r.b | 0x100, u64::from(r.a)));
+                }
+                let mr = ifx
+                    .rnic
+                    .reg_mr(&ifx.pd, edtl.clamp(1, MAX_REGION), access)
+                    .ok()?;
+                let at = (mr.rkey(), mr.addr());
+                regions.push(mr);
+                Some(at)
+            };
+            let write = if pdu[1] & 0x20 != 0 {
+                region(Access::REMOTE_READ)
+                    .map(|(stag, va)| (stag, va.wrapping_add(payload.len() as u64)))
+            } else {
+                None
+            };
+            let read = if pdu[1] & 0x40 != 0 {
+                region(Access::REMOTE_WRITE)
+            } else {
+                None
+            };
+            header = iser_header(write, read);
+        }
+        p.post(&header, &pdu, &payload);
+    }
+    // An immediate ping: once it is answered, the target has taken everything before it.
+    let mut ping = bhs(0x40, 0x80, 0, PING_ITT);
+    put32(&mut ping, 20, u32::MAX);
+    put32(&mut ping, 24, p.cmd_sn);
+    put32(&mut ping, 28, p.exp_stat_sn);
+    if p.post(&iser_header(None, None), &ping, &[]) {
+        p.wait(PING_WAIT, |p| p.ping_answered);
+    }
+    p.poll();
+    if let Some(v) = p.violation.take() {
+        panic!("{v}");
+    }
+    let closed = p.broken();
+    let opcodes = std::mem::take(&mut p.opcodes);
+    // The queue pair goes (disconnecting) before the regions it advertised.
+    drop(p);
+    drop(regions);
+    Outcome { opcodes, closed }
+}
+
+/// A fresh initiator logs in and gets an answer to TEST UNIT READY.
+fn probe(ifx: &IserFixture) {
+    let Some(mut p) = Peer::connect(ifx) else {
+        panic!("the target refused a fresh iSER connection after the input");
+    };
+    assert!(
+        p.login(2, 0),
+        "the target refused a fresh iSER login after the input"
+    );
+    let mut b = bhs(0x01, 0x80, 0, 1);
+    put32(&mut b, 24, p.cmd_sn);
+    put32(&mut b, 28, p.exp_stat_sn);
+    assert!(
+        p.post(&iser_header(None, None), &b, &[]),
+        "the probe's connection failed"
+    );
+    let answered = |p: &Peer| {
+        p.received
+            .iter()
+            .any(|(r, _)| r[0] & 0x3f == 0x21 && be32(&r[16..20]) == 1)
+    };
+    p.wait(LIVENESS_WAIT, answered);
+    assert!(
+        answered(&p),
+        "the target did not answer TEST UNIT READY on a fresh iSER login after the input"
+    );
+}
