@@ -6,7 +6,7 @@
 //! lengths the commands announce.
 
 use bytes::Bytes;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -18,8 +18,10 @@ pub struct Budget {
     limit: u64,
     used: AtomicU64,
     parent: Option<Arc<Budget>>,
-    /// Woken whenever bytes of this account are given back.
+    /// Woken when bytes of this account are given back while reservations wait for room.
     freed: Notify,
+    /// Reservations waiting for room in this account.
+    waiting: AtomicUsize,
 }
 
 /// Why a reservation was refused: the account that had no room, and its state then.
@@ -48,6 +50,7 @@ impl Budget {
             used: AtomicU64::new(0),
             parent: None,
             freed: Notify::new(),
+            waiting: AtomicUsize::new(0),
         })
     }
 
@@ -59,6 +62,7 @@ impl Budget {
             used: AtomicU64::new(0),
             parent: Some(self.clone()),
             freed: Notify::new(),
+            waiting: AtomicUsize::new(0),
         })
     }
 
@@ -77,31 +81,14 @@ impl Budget {
 
     /// Bytes reserved now in this account (its own and those of the accounts below it).
     pub fn used(&self) -> u64 {
-        self.used.load(Ordering::Acquire)
+        self.used.load(Ordering::SeqCst)
     }
 
     /// Takes `bytes` in this account and every one above it if each has room; otherwise
     /// nothing is taken and the error names the first account without room.
     pub fn try_reserve(self: &Arc<Self>, bytes: u64) -> Result<Reservation, OverBudget> {
-        if bytes == 0 {
-            return Ok(Reservation::none());
-        }
-        let mut taken: Vec<&Budget> = Vec::new();
-        let mut level = Some(self.as_ref());
-        while let Some(b) = level {
-            if let Err(e) = b.take(bytes) {
-                for t in taken {
-                    t.give_back(bytes);
-                }
-                return Err(e);
-            }
-            taken.push(b);
-            level = b.parent.as_deref();
-        }
-        Ok(Reservation {
-            budget: Some(self.clone()),
-            bytes,
-        })
+        self.take_all(bytes).map_err(|(_, e)| e)?;
+        Ok(self.held(bytes))
     }
 
     /// As [`Budget::try_reserve`], waiting up to `wait` for room to be given back.
@@ -112,44 +99,67 @@ impl Budget {
     ) -> Result<Reservation, OverBudget> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
-            let refused = match self.try_reserve(bytes) {
-                Ok(r) => return Ok(r),
-                Err(e) => e,
+            let full = match self.take_all(bytes) {
+                Ok(()) => return Ok(self.held(bytes)),
+                // More than the account can ever hold: waiting cannot help.
+                Err((_, e)) if e.wanted > e.limit => return Err(e),
+                Err((full, _)) => full,
             };
-            // More than the account can ever hold: waiting cannot help.
-            if refused.wanted > refused.limit {
-                return Err(refused);
-            }
-            let full = self.level_named(refused.account);
             let freed = full.freed.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();
-            // Room may have come back between the refusal and `enable`.
-            match self.try_reserve(bytes) {
-                Ok(r) => return Ok(r),
-                Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
-                Err(_) => {}
-            }
-            if tokio::time::timeout_at(deadline, freed).await.is_err() {
-                return self.try_reserve(bytes);
+            full.waiting.fetch_add(1, Ordering::SeqCst);
+            // Room may have come back before this waiter was counted.
+            let retried = self.take_all(bytes);
+            let woken = match retried {
+                Ok(()) => None,
+                Err(_) if tokio::time::Instant::now() >= deadline => None,
+                Err(_) => Some(tokio::time::timeout_at(deadline, freed).await.is_ok()),
+            };
+            full.waiting.fetch_sub(1, Ordering::SeqCst);
+            match (retried, woken) {
+                (Ok(()), _) => return Ok(self.held(bytes)),
+                (Err(_), Some(true)) => continue,
+                (Err(_), _) => return self.try_reserve(bytes),
             }
         }
     }
 
-    fn level_named(&self, name: &'static str) -> &Budget {
-        let mut level = self;
-        while level.name != name {
-            match level.parent.as_deref() {
-                Some(p) => level = p,
-                None => return self,
-            }
+    /// A reservation of `bytes` already taken at every level.
+    fn held(self: &Arc<Self>, bytes: u64) -> Reservation {
+        Reservation {
+            budget: (bytes > 0).then(|| self.clone()),
+            bytes,
         }
-        level
+    }
+
+    /// Takes `bytes` at every level from this one up, or at none: the level without room
+    /// and why.
+    fn take_all(&self, bytes: u64) -> Result<(), (&Budget, OverBudget)> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let mut level = Some(self);
+        while let Some(b) = level {
+            if let Err(e) = b.take(bytes) {
+                // Give back what the levels below it took.
+                let mut undo = Some(self);
+                while let Some(u) = undo.filter(|u| !std::ptr::eq(*u, b)) {
+                    u.give_back(bytes);
+                    undo = u.parent.as_deref();
+                }
+                return Err((b, e));
+            }
+            level = b.parent.as_deref();
+        }
+        Ok(())
     }
 
     fn take(&self, bytes: u64) -> Result<(), OverBudget> {
         self.used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+            // Sequentially consistent with `give_back`'s look at `waiting`: a waiter counted
+            // after a release looked sees that release's room when it tries again.
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
                 used.checked_add(bytes).filter(|&n| n <= self.limit)
             })
             .map(|_| ())
@@ -162,8 +172,20 @@ impl Budget {
     }
 
     fn give_back(&self, bytes: u64) {
-        self.used.fetch_sub(bytes, Ordering::AcqRel);
-        self.freed.notify_waiters();
+        self.used.fetch_sub(bytes, Ordering::SeqCst);
+        // Waking is a lock in `Notify`: only when a reservation waits here.
+        if self.waiting.load(Ordering::SeqCst) > 0 {
+            self.freed.notify_waiters();
+        }
+    }
+
+    /// Gives `bytes` back at every level from this one up.
+    fn give_back_all(&self, bytes: u64) {
+        let mut level = Some(self);
+        while let Some(b) = level {
+            b.give_back(bytes);
+            level = b.parent.as_deref();
+        }
     }
 }
 
@@ -185,11 +207,8 @@ impl Reservation {
         if bytes >= self.bytes {
             return;
         }
-        let excess = self.bytes - bytes;
-        let mut level = self.budget.as_deref();
-        while let Some(b) = level {
-            b.give_back(excess);
-            level = b.parent.as_deref();
+        if let Some(b) = &self.budget {
+            b.give_back_all(self.bytes - bytes);
         }
         self.bytes = bytes;
     }
@@ -240,10 +259,8 @@ impl<T: AsRef<[u8]>> AsRef<[u8]> for Held<T> {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        let mut level = self.budget.as_deref();
-        while let Some(b) = level {
-            b.give_back(self.bytes);
-            level = b.parent.as_deref();
+        if let Some(b) = &self.budget {
+            b.give_back_all(self.bytes);
         }
     }
 }
@@ -303,6 +320,35 @@ mod tests {
         assert_eq!(&copy[..], &[7u8; 10]);
         drop(copy);
         assert_eq!((conn.used(), target.used()), (0, 0));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn waiters_taking_turns_are_never_left_asleep() {
+        // Four tasks each want 60 of 100 bytes, 200 times: every turn must be had by a
+        // wake-up long before the 5 s wait, or a release was missed.
+        let target = Budget::root("target", 100);
+        let conn = target.child("connection", 100);
+        let start = std::time::Instant::now();
+        let tasks: Vec<_> = (0..4)
+            .map(|_| {
+                let conn = conn.clone();
+                tokio::spawn(async move {
+                    for _ in 0..200 {
+                        let r = conn.reserve(60, Duration::from_secs(5)).await.unwrap();
+                        tokio::task::yield_now().await;
+                        drop(r);
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "a wake-up was missed"
+        );
+        assert_eq!(target.used(), 0);
     }
 
     #[tokio::test]
