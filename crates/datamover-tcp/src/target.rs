@@ -423,11 +423,6 @@ impl Datamover for TcpDatamover {
                 slots.remove(&write.itt);
                 return Err(e);
             }
-            if slot.xfer.is_complete() && slot.over_budget.is_none() {
-                let slot = slots.remove(&write.itt).expect("present");
-                let r2ts = slot.xfer.r2t_count();
-                return Ok((slot.into_data(), r2ts));
-            }
             (slot.buf.len() as u32, slot.over_budget.take())
         };
         if let Some(why) = over_budget {

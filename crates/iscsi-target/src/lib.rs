@@ -727,14 +727,6 @@ fn enter_full_feature(
             cp.initiator_recv_data_segment_length,
         ),
     };
-    let budget = session
-        .budget
-        .child("connection", config.connection_memory_mib << 20);
-    let timeouts = PeerTimeouts {
-        data_out: Duration::from_secs(config.data_out_timeout_secs),
-        send_stall: Duration::from_secs(config.nop_timeout_secs.max(1)),
-        ..PeerTimeouts::default()
-    };
     let ffp = FfpConfig {
         digests: Digests {
             header: cp.header_digest,
@@ -755,10 +747,16 @@ fn enter_full_feature(
         max_write_len: MAX_WRITE_LEN,
         error_recovery_level: sp.error_recovery_level,
         recovery: recovery.clone(),
-        budget: budget.clone(),
-        timeouts,
+        budget: session
+            .budget
+            .child("connection", config.connection_memory_mib << 20),
+        timeouts: PeerTimeouts {
+            data_out: Duration::from_secs(config.data_out_timeout_secs),
+            send_stall: Duration::from_secs(config.nop_timeout_secs.max(1)),
+            ..PeerTimeouts::default()
+        },
     };
-    let (dm, notices) = conn.into_full_feature(ffp, session.sn.clone());
+    let (dm, notices) = conn.into_full_feature(ffp.clone(), session.sn.clone());
     let cid = outcome.cid;
     // Control PDUs (NOP-In, Text) must fit what the initiator receives. Over iSER its data
     // arrives in RDMA Writes and only control PDUs use its receive buffers, which Linux
@@ -767,10 +765,7 @@ fn enter_full_feature(
         TransportKind::Tcp => send_len,
         TransportKind::Iser => send_len.min(datamover_iser::target::CONTROL_DATA_MAX),
     };
-    let c = Arc::new(
-        Conn::new(cid, peer, transport, dm, control_send, status, recovery)
-            .with_budget(budget, timeouts.budget_wait),
-    );
+    let c = Arc::new(Conn::new(cid, peer, transport, dm, control_send, &ffp));
     match session.add_connection(c.clone(), ticket) {
         Ok(Some(old)) => {
             tracing::info!(%peer, cid, "connection reinstatement: closing the old connection");

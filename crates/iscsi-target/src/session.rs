@@ -5,7 +5,7 @@ use crate::Target;
 use bytes::{BufMut, Bytes, BytesMut};
 use datamover::budget::{Budget, OverBudget, Reservation};
 use datamover::{
-    CmdSnState, CollapsedStatus, Datamover, DmError, InPdu, Notice, RecoveryCounters,
+    CmdSnState, CollapsedStatus, Datamover, DmError, FfpConfig, InPdu, Notice, RecoveryCounters,
     StatusNumbering, TaskRef, WriteHandle,
 };
 use iscsi_login::params::{SessionParams, SessionType, TransportKind};
@@ -151,14 +151,15 @@ impl Conn {
         }
     }
 
+    /// A connection in full feature phase over `dm`, numbering status, counting recovery
+    /// and reserving read data as `ffp` (what `dm` was made with) says.
     pub fn new(
         cid: u16,
         peer: SocketAddr,
         transport: TransportKind,
         dm: Arc<dyn Datamover>,
         max_send: u32,
-        status: StatusNumbering,
-        recovery: Arc<RecoveryCounters>,
+        ffp: &FfpConfig,
     ) -> Conn {
         Conn {
             cid,
@@ -170,20 +171,13 @@ impl Conn {
             idle: Notify::new(),
             ping_ttt: AtomicU32::new(RESERVED_TAG),
             text: Mutex::new(None),
-            status,
-            recovery,
+            status: ffp.status.clone(),
+            recovery: ffp.recovery.clone(),
             tasks_ended: Default::default(),
-            budget: Budget::unlimited(),
-            budget_wait: Duration::ZERO,
+            budget: ffp.budget.clone(),
+            budget_wait: ffp.timeouts.budget_wait,
             rejects: AtomicU32::new(0),
         }
-    }
-
-    /// The memory account read data is reserved in, and how long a command may wait for room.
-    pub fn with_budget(mut self, budget: Arc<Budget>, wait: Duration) -> Conn {
-        self.budget = budget;
-        self.budget_wait = wait;
-        self
     }
 
     /// Reserves the read data a command may bring (at most its Expected Data Transfer
