@@ -8,31 +8,17 @@
 //! and a Send that finds it full ends the connection: an honest peer never has more
 //! outstanding, whatever the session is busy with.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::mpsc;
 
-/// The most received Sends one connection held for its session at once, in this process.
-static MOST_HELD: AtomicUsize = AtomicUsize::new(0);
 /// Connections ended because their peer overran the receive credit, in this process.
 static OVERRUNS: AtomicU64 = AtomicU64::new(0);
-
-/// The most received Sends any connection of this process held for its session at once (in
-/// the login channel or as full feature phase notices): never more than its receive credit.
-/// A diagnostic, and what tests check.
-pub fn most_sends_held() -> usize {
-    MOST_HELD.load(Ordering::Relaxed)
-}
 
 /// How many connections of this process were ended because their peer had more Sends
 /// outstanding than receives posted for it.
 pub fn overruns() -> u64 {
     OVERRUNS.load(Ordering::Relaxed)
-}
-
-/// Records that a connection holds `held` received Sends for its session.
-pub(crate) fn note_held(held: usize) {
-    MOST_HELD.fetch_max(held, Ordering::Relaxed);
 }
 
 /// Items waiting in a bounded channel (nobody reserves places in these).

@@ -160,7 +160,6 @@ impl Delivery {
                     if held >= *credit {
                         return Err(crate::credit::overrun_reason(held, *credit));
                     }
-                    crate::credit::note_held(held + 1);
                 }
                 // Cannot be full: Sends take at most `credit` places, the end the last one.
                 // Closed: the login phase is over and what comes is dropped.
