@@ -546,8 +546,8 @@ fn joining_with_another_isid_is_session_does_not_exist() {
     assert_eq!(s.state, LoginState::Failed);
 }
 
-/// Runs a joining login through CHAP (user "user", secret "libiscsi-secret") straight
-/// to full feature phase; returns the last step.
+/// Runs a joining login through CHAP as `user` with `secret` straight to full feature
+/// phase; returns the last step.
 fn joining_chap_login(t: &mut TargetLogin, user: &str, secret: &str) -> LoginStep {
     let s = step(
         t,

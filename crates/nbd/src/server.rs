@@ -278,7 +278,7 @@ impl Server {
                 t.parse(&mut input)
             };
             let req = match parsed {
-                Err(e) => break Err(e.to_string()),
+                Err(e) => break Err(Some(e.to_string())),
                 Ok(Some(req)) => req,
                 Ok(None) => {
                     while running.try_join_next().is_some() {}
@@ -294,23 +294,23 @@ impl Server {
                         r = rd.read_buf(&mut input) => match r {
                             Ok(0) if input.is_empty() && discard == 0 => break Ok(End::Closed),
                             Ok(0) => {
-                                break Err(format!(
+                                break Err(Some(format!(
                                     "the client vanished in the middle of a request ({} bytes of it received)",
                                     input.len()
-                                ))
+                                )))
                             }
                             Ok(_) => continue,
-                            Err(e) => break Err(format!("reading requests: {e}")),
+                            Err(e) => break Err(Some(format!("reading requests: {e}"))),
                         },
-                        _ = tx.closed() => break Err(String::new()),
+                        _ = tx.closed() => break Err(None),
                         _ = idle => {
                             if outstanding() {
                                 continue;
                             }
-                            break Err(format!(
+                            break Err(Some(format!(
                                 "idle for {:?}",
                                 self.timeouts.idle.unwrap_or_default()
-                            ));
+                            )));
                         }
                     }
                 }
@@ -322,9 +322,9 @@ impl Server {
             let slot = tokio::select! {
                 s = slots.clone().acquire_owned() => match s {
                     Ok(s) => s,
-                    Err(_) => break Err("request slots closed".into()),
+                    Err(_) => break Err(Some("request slots closed".into())),
                 },
-                _ = tx.closed() => break Err(String::new()),
+                _ = tx.closed() => break Err(None),
             };
             let command = match &req.command {
                 Err(refusal) => {
@@ -366,12 +366,12 @@ impl Server {
         let sent = writer
             .await
             .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+        // `Err(None)`: the reply writer ended first, and its error is why.
         match (result, sent) {
-            // The writer ended first (an empty reason): its error is why.
-            (Err(why), Err(e)) if why.is_empty() => Err(format!("sending replies: {e}")),
-            (Err(why), _) if why.is_empty() => Err("the reply writer ended".into()),
-            (Ok(_), Err(e)) => Err(format!("sending replies: {e}")),
-            (result, _) => result,
+            (Err(None) | Ok(_), Err(e)) => Err(format!("sending replies: {e}")),
+            (Err(None), Ok(())) => Err("the reply writer ended".into()),
+            (Err(Some(why)), _) => Err(why),
+            (Ok(end), Ok(())) => Ok(end),
         }
     }
 }

@@ -1298,8 +1298,7 @@ async fn block4(d: &Device, lun: u64) -> Bytes {
 
 /// A WRITE waiting for a range a read keeps while its data is (never) sent ends as
 /// aborted within a second of ABORT TASK, ABORT TASK SET, CLEAR TASK SET or the loss of
-/// its nexus, and writes nothing. Before waits for ranges heeded aborts, each of these
-/// left the WRITE waiting (and ABORT TASK itself waited 60 s for it).
+/// its nexus, and writes nothing.
 #[tokio::test]
 async fn a_write_waiting_for_an_unsent_reads_range_ends_when_aborted() {
     for how in [
@@ -1450,8 +1449,7 @@ fn extended_copy_between_luns_reads_back() {
 
 /// Nexus 2 holds WRITE EXCLUSIVE on LUN 1: nexus 1's copy into LUN 1 is a
 /// RESERVATION CONFLICT, as its WRITE there would be, and LUN 1 is unchanged; a copy
-/// out of LUN 1 (a read, which WRITE EXCLUSIVE allows) still works. Before the copy
-/// manager checked its copy targets, the copy went through and overwrote LUN 1.
+/// out of LUN 1 (a read, which WRITE EXCLUSIVE allows) still works.
 #[test]
 fn extended_copy_into_a_lun_another_nexus_write_reserved_conflicts() {
     let (d, on_lun0, on_lun1) = two_luns_with_data();
