@@ -56,14 +56,12 @@ impl Stags {
 /// Write data being collected for one command, in a registered region: immediate and
 /// unsolicited data are copied in, RDMA Reads land in it, and it goes up as the data.
 struct WriteSlot<P: Device> {
-    /// `None` when the memory budget had no room for it: the command ends with TASK SET
-    /// FULL, what arrives for it is checked and dropped.
-    region: Option<Arc<PooledMr<P>>>,
-    /// The region's bytes in the connection's memory budget.
-    reservation: Reservation,
-    over_budget: Option<String>,
+    /// The region and its bytes in the connection's memory budget; `None` when the budget
+    /// had no room (then `failed` says so: the command ends with TASK SET FULL, and what
+    /// arrives for it is dropped).
+    region: Option<(Arc<PooledMr<P>>, Reservation)>,
     xfer: WriteTransfer,
-    /// Set when an unsolicited Data-Out broke the rules.
+    /// Set when an unsolicited Data-Out broke the rules, or the budget had no room.
     failed: Option<DmError>,
     /// Woken when the unsolicited part is complete (or failed), or with the abort.
     unsolicited_done: Option<oneshot::Sender<Result<(), DmError>>>,
@@ -319,10 +317,6 @@ impl<P: Device> Datamover for IserDatamover<P> {
     async fn get_data(&self, task: TaskRef, write: WriteHandle) -> Result<(Bytes, u32), DmError> {
         let sh = &self.shared;
         let itt = write.itt;
-        if let Some(why) = sh.with_slot(itt, |slot| slot.over_budget.take())? {
-            self.abort_task(itt);
-            return Err(DmError::OverBudget(why));
-        }
         // First the unsolicited part, then RDMA Reads for the rest.
         let wait = sh.with_slot(itt, |slot| {
             slot.xfer.awaiting_unsolicited().then(|| {
@@ -363,8 +357,10 @@ impl<P: Device> Datamover for IserDatamover<P> {
                 let slot = sh.slots.lock().expect("slots").remove(&itt);
                 let slot = slot.ok_or(DmError::Aborted)?;
                 let len = write.expected_len as usize;
-                let region = slot.region.expect("a slot within budget has its region");
-                return Ok((lent::view_holding(region, len, slot.reservation), reads));
+                let (region, held) = slot
+                    .region
+                    .expect("a slot that has not failed has its region");
+                return Ok((lent::view_holding(region, len, held), reads));
             };
             let Some((stag, va)) = write_stag else {
                 tracing::warn!(peer = %sh.peer, itt, "solicited data for a command without a Write STag: closing the connection");
@@ -376,8 +372,8 @@ impl<P: Device> Datamover for IserDatamover<P> {
                 // Held through the Read: an abort meanwhile must not return the region to
                 // the pool while the Read Response may still land in it.
                 let region = sh
-                    .with_slot(itt, |slot| slot.region.clone())?
-                    .expect("a slot within budget has its region");
+                    .with_slot(itt, |slot| slot.region.as_ref().map(|(r, _)| r.clone()))?
+                    .expect("a slot that has not failed has its region");
                 sh.rdma_read(
                     stag,
                     va + u64::from(r.offset - base),
@@ -582,23 +578,21 @@ fn on_command<P: Device>(
     let len = c.expected_data_len as usize;
     // Budgeted before the region is taken: a flood of commands announcing large writes gets
     // TASK SET FULL, not registered memory.
-    let (region, reservation, over_budget) = match cfg.budget.try_reserve(len as u64) {
+    let (region, failed) = match cfg.budget.try_reserve(len as u64) {
         Ok(reservation) => {
             let region = sh.ep.sink(len).map_err(|e| {
                 sh.registration_failed(len, e);
                 format!("no registered region for the write of ITT 0x{:08x}", c.itt)
             })?;
             region.mr().write_at(0, immediate);
-            (Some(Arc::new(region)), reservation, None)
+            (Some((Arc::new(region), reservation)), None)
         }
-        Err(e) => (None, Reservation::none(), Some(e.to_string())),
+        Err(e) => (None, Some(DmError::OverBudget(e.to_string()))),
     };
     let slot = WriteSlot {
         region,
-        reservation,
-        over_budget,
         xfer,
-        failed: None,
+        failed,
         unsolicited_done: None,
     };
     if sh
@@ -645,7 +639,7 @@ fn on_data_out<P: Device>(sh: &Shared<P>, d: &DataOut, data: &Bytes, raw_bhs: [u
     };
     match checked {
         Ok(()) => {
-            if let Some(region) = &slot.region {
+            if let Some((region, _)) = &slot.region {
                 region.mr().write_at(d.buffer_offset as usize, data);
             }
             if !slot.xfer.awaiting_unsolicited() {
