@@ -168,7 +168,8 @@ impl LoginChannel for TcpConnection {
 }
 
 struct WriteSlot {
-    /// Set when a Data-Out broke the rules: later Data-Outs are discarded.
+    /// Set when a Data-Out broke the rules, or the budget had no room even for the
+    /// unsolicited data (then `buf` is empty): later Data-Outs are discarded.
     failed: Option<DmError>,
     /// When data for it last arrived (or its R2Ts went out): the sequence reception
     /// timeout counts from here.
@@ -180,9 +181,6 @@ struct WriteSlot {
     buf: BytesMut,
     /// `buf`'s bytes in the connection's memory budget.
     reservation: Reservation,
-    /// The budget had no room even for the unsolicited data: what arrives is checked and
-    /// dropped, and the command ends with TASK SET FULL.
-    over_budget: Option<String>,
     xfer: WriteTransfer,
     lun: u64,
     solicited: bool,
@@ -190,10 +188,11 @@ struct WriteSlot {
 }
 
 impl WriteSlot {
-    /// Places a PDU's payload (already checked against the transfer) at `offset`; without a
-    /// buffer (over budget) only its digest is checked.
+    /// Places a PDU's payload (already checked against the transfer) at `offset`; for a
+    /// write that failed (the command's immediate data, over budget) only its digest is
+    /// checked.
     fn place(&mut self, frame: &Frame, bytes: &[u8], offset: u32) -> Result<(), String> {
-        if self.over_budget.is_some() {
+        if self.failed.is_some() {
             return frame.verify_data_digest(bytes).map_err(|e| e.to_string());
         }
         let off = offset as usize;
@@ -414,7 +413,7 @@ impl Datamover for TcpDatamover {
     }
 
     async fn get_data(&self, task: TaskRef, write: WriteHandle) -> Result<(Bytes, u32), DmError> {
-        let (held, over_budget) = {
+        let held = {
             let mut slots = self.shared.slots.lock().expect("slots lock");
             let Some(slot) = slots.get_mut(&write.itt) else {
                 return Err(DmError::Aborted);
@@ -423,12 +422,8 @@ impl Datamover for TcpDatamover {
                 slots.remove(&write.itt);
                 return Err(e);
             }
-            (slot.buf.len() as u32, slot.over_budget.take())
+            slot.buf.len() as u32
         };
-        if let Some(why) = over_budget {
-            self.abort_task(write.itt);
-            return Err(DmError::OverBudget(why));
-        }
         // The rest of the data is reserved before it is asked for.
         let mut more = None;
         if held < write.expected_len {
@@ -562,7 +557,6 @@ impl Datamover for TcpDatamover {
             data_seen: std::time::Instant::now(),
             buf: BytesMut::zeroed(expected_len as usize),
             reservation,
-            over_budget: None,
             xfer,
             lun: task.lun,
             solicited: false,
@@ -950,17 +944,20 @@ async fn on_write_command(
     // FirstBurstLength) is held now; the rest is reserved when the command runs and asks
     // for it, so a flood of commands announcing large writes costs what they carry.
     let unasked = xfer.unrequested_from();
-    let (buf, reservation, over_budget) = match cfg.budget.try_reserve(unasked.into()) {
+    let (buf, reservation, failed) = match cfg.budget.try_reserve(unasked.into()) {
         Ok(r) => (BytesMut::zeroed(unasked as usize), r, None),
-        Err(e) => (BytesMut::new(), Reservation::none(), Some(e.to_string())),
+        Err(e) => (
+            BytesMut::new(),
+            Reservation::none(),
+            Some(DmError::OverBudget(e.to_string())),
+        ),
     };
     let mut slot = WriteSlot {
-        failed: None,
+        failed,
         progress: std::time::Instant::now(),
         data_seen: std::time::Instant::now(),
         buf,
         reservation,
-        over_budget,
         xfer,
         lun: c.lun,
         solicited: false,
