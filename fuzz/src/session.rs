@@ -211,43 +211,31 @@ async fn read_pdu(r: &mut OwnedReadHalf) -> Option<([u8; 48], Vec<u8>)> {
 /// Reads the target's PDUs until the connection ends, recording what the sender needs.
 async fn reader(mut r: OwnedReadHalf, shared: Arc<Shared>) {
     while let Some((b, data)) = read_pdu(&mut r).await {
-        let op = b[0] & 0x3f;
+        let note = TargetPdu::read(&b);
         let mut seen = shared.seen.lock().expect("seen");
-        *seen.opcodes.entry(op).or_default() += 1;
-        // The target's opcodes (RFC 7143 §11.1.1).
-        if !matches!(op, 0x20..=0x26 | 0x31 | 0x32 | 0x3c | 0x3e | 0x3f) {
-            seen.violation
-                .get_or_insert(format!("the target sent opcode 0x{op:02x}"));
+        *seen.opcodes.entry(note.op).or_default() += 1;
+        if let Some(v) = note.violation {
+            seen.violation.get_or_insert(v);
         }
         if data.len() > OUR_MRDSL {
             seen.violation.get_or_insert(format!(
-                "a PDU with opcode 0x{op:02x} carries {} bytes, past our \
+                "a PDU with opcode 0x{:02x} carries {} bytes, past our \
                  MaxRecvDataSegmentLength {OUR_MRDSL}",
+                note.op,
                 data.len()
             ));
         }
-        // Responses that take a StatSN (a Data-In only with its status; a NOP-In only as
-        // an answer) carry it in the same place.
-        let status_data_in = op == 0x25 && b[1] & 1 != 0;
-        let nop_answer = op == 0x20 && be32(&b[20..24]) == u32::MAX;
-        if matches!(op, 0x21 | 0x22 | 0x24 | 0x26 | 0x3f) || status_data_in || nop_answer {
-            seen.exp_stat_sn = be32(&b[24..28]).wrapping_add(1);
+        if let Some(sn) = note.exp_stat_sn {
+            seen.exp_stat_sn = sn;
         }
-        match op {
-            0x31 => {
-                let itt = be32(&b[16..20]);
-                seen.r2t
-                    .insert(itt, (be32(&b[20..24]), be32(&b[40..44]), be32(&b[44..48])));
-            }
-            0x20 => {
-                let ttt = be32(&b[20..24]);
-                if be32(&b[16..20]) == PING_ITT {
-                    seen.ping_answered = true;
-                } else if ttt != u32::MAX {
-                    seen.nop_ttt = Some(ttt);
-                }
-            }
-            _ => {}
+        seen.ping_answered |= note.ping_answered;
+        if note.nop_ttt.is_some() {
+            seen.nop_ttt = note.nop_ttt;
+        }
+        if note.op == 0x31 {
+            let itt = be32(&b[16..20]);
+            seen.r2t
+                .insert(itt, (be32(&b[20..24]), be32(&b[40..44]), be32(&b[44..48])));
         }
         drop(seen);
         shared.news.notify_waiters();
@@ -286,6 +274,91 @@ pub(crate) fn key_values(pairs: &[(&str, &str)]) -> Vec<u8> {
     out
 }
 
+/// What a PDU from the target tells the harness, over either transport.
+pub(crate) struct TargetPdu {
+    pub op: u8,
+    /// The ExpStatSN to send next, if the PDU carried a StatSN.
+    pub exp_stat_sn: Option<u32>,
+    /// The answer to the harness's final ping.
+    pub ping_answered: bool,
+    /// The Target Transfer Tag of a NOP-In that asks for an answer.
+    pub nop_ttt: Option<u32>,
+    /// A rule the PDU breaks.
+    pub violation: Option<String>,
+}
+
+impl TargetPdu {
+    pub(crate) fn read(b: &[u8; 48]) -> TargetPdu {
+        let op = b[0] & 0x3f;
+        // The target's opcodes (RFC 7143 §11.1.1).
+        let violation = (!matches!(op, 0x20..=0x26 | 0x31 | 0x32 | 0x3c | 0x3e | 0x3f))
+            .then(|| format!("the target sent opcode 0x{op:02x}"));
+        // Responses that take a StatSN (a Data-In only with its status; a NOP-In only as
+        // an answer) carry it in the same place.
+        let status_data_in = op == 0x25 && b[1] & 1 != 0;
+        let nop_answer = op == 0x20 && be32(&b[20..24]) == u32::MAX;
+        let takes_stat_sn =
+            matches!(op, 0x21 | 0x22 | 0x24 | 0x26 | 0x3f) || status_data_in || nop_answer;
+        let ping_answered = op == 0x20 && be32(&b[16..20]) == PING_ITT;
+        TargetPdu {
+            op,
+            exp_stat_sn: takes_stat_sn.then(|| be32(&b[24..28]).wrapping_add(1)),
+            ping_answered,
+            nop_ttt: (op == 0x20 && !ping_answered && !nop_answer).then(|| be32(&b[20..24])),
+            violation,
+        }
+    }
+}
+
+/// The keys of the harness's one-step login: those both transports send, from the input's
+/// options byte, then `transport`'s own.
+pub(crate) fn login_keys(initiator: &str, options: u8, transport: &[(&str, &str)]) -> Vec<u8> {
+    let yes_no = |b: bool| if b { "Yes" } else { "No" };
+    let (burst, first) = if options & 0x10 != 0 {
+        ("16776192", "16776192")
+    } else {
+        ("65536", "8192")
+    };
+    let first = if options & 0x20 != 0 { "512" } else { first };
+    let mut keys = vec![
+        ("InitiatorName", initiator),
+        ("TargetName", IQN),
+        ("SessionType", "Normal"),
+        ("HeaderDigest", "None"),
+        ("DataDigest", "None"),
+        ("ImmediateData", yes_no(options & 4 == 0)),
+        ("InitialR2T", yes_no(options & 8 != 0)),
+        ("MaxBurstLength", burst),
+        ("FirstBurstLength", first),
+        (
+            "MaxOutstandingR2T",
+            if options & 0x40 != 0 { "1" } else { "8" },
+        ),
+        ("DefaultTime2Wait", "0"),
+    ];
+    keys.extend_from_slice(transport);
+    key_values(&keys)
+}
+
+/// The Login Request that carries `keys` from the operational stage straight to full
+/// feature phase (no security stage: the target asks for no authentication).
+pub(crate) fn login_request(isid: [u8; 6], cmd_sn: u32, keys: &[u8]) -> [u8; 48] {
+    let mut b = bhs(0x43, 0x87, keys.len(), 0x4000_0000);
+    b[8..14].copy_from_slice(&isid);
+    b[20..22].copy_from_slice(&1u16.to_be_bytes());
+    put32(&mut b, 24, cmd_sn);
+    b
+}
+
+/// The (next CmdSN, ExpStatSN) a Login Response that reached full feature phase gives;
+/// None if the target refused.
+pub(crate) fn login_accepted(r: &[u8; 48]) -> Option<(u32, u32)> {
+    if r[0] & 0x3f != 0x23 || r[36..38] != [0, 0] || r[1] & 0x83 != 0x83 {
+        return None;
+    }
+    Some((be32(&r[28..32]), be32(&r[24..28]).wrapping_add(1)))
+}
+
 /// Sends a BHS and its data segment, padded; false if the connection failed or the target
 /// stopped reading for [`SEND_WAIT`] (the input ends there).
 async fn send(w: &mut (impl AsyncWriteExt + Unpin), b: &[u8; 48], data: &[u8]) -> bool {
@@ -306,39 +379,17 @@ async fn login(addr: SocketAddr, isid_last: u8, options: u8) -> Option<(TcpStrea
     // A reset instead of TIME_WAIT: thousands of connections a second would otherwise
     // use up the loopback's ports.
     s.set_zero_linger().ok()?;
-    let yes_no = |b: bool| if b { "Yes" } else { "No" };
     let erl = (options & 3).min(2).to_string();
-    let (burst, first) = if options & 0x10 != 0 {
-        ("16776192", "16776192")
-    } else {
-        ("65536", "8192")
-    };
-    let first = if options & 0x20 != 0 { "512" } else { first };
-    let keys = key_values(&[
-        ("InitiatorName", INITIATOR),
-        ("TargetName", IQN),
-        ("SessionType", "Normal"),
-        ("HeaderDigest", "None"),
-        ("DataDigest", "None"),
-        ("ErrorRecoveryLevel", &erl),
-        ("ImmediateData", yes_no(options & 4 == 0)),
-        ("InitialR2T", yes_no(options & 8 != 0)),
-        ("MaxBurstLength", burst),
-        ("FirstBurstLength", first),
-        (
-            "MaxOutstandingR2T",
-            if options & 0x40 != 0 { "1" } else { "8" },
-        ),
-        ("MaxRecvDataSegmentLength", &OUR_MRDSL.to_string()),
-        ("DefaultTime2Wait", "0"),
-        ("DefaultTime2Retain", "1"),
-    ]);
-    // Transit from the operational stage to full feature phase at once (no security
-    // stage: the target asks for no authentication).
-    let mut b = bhs(0x43, 0x87, keys.len(), 0x4000_0000);
-    b[8..14].copy_from_slice(&[0x80, 0, 0, 0xf0, 0x22, isid_last]);
-    put32(&mut b, 24, 1);
-    b[20..22].copy_from_slice(&1u16.to_be_bytes());
+    let keys = login_keys(
+        INITIATOR,
+        options,
+        &[
+            ("ErrorRecoveryLevel", &erl),
+            ("MaxRecvDataSegmentLength", &OUR_MRDSL.to_string()),
+            ("DefaultTime2Retain", "1"),
+        ],
+    );
+    let b = login_request([0x80, 0, 0, 0xf0, 0x22, isid_last], 1, &keys);
     if !send(&mut s, &b, &keys).await {
         return None;
     }
@@ -351,10 +402,8 @@ async fn login(addr: SocketAddr, isid_last: u8, options: u8) -> Option<(TcpStrea
         rd.read_exact(&mut data).await.ok()?;
         (hdr, data)
     };
-    if r[0] & 0x3f != 0x23 || r[36..38] != [0, 0] || r[1] & 0x83 != 0x83 {
-        return None;
-    }
-    Some((s, be32(&r[28..32]), be32(&r[24..28]).wrapping_add(1)))
+    let (cmd_sn, exp_stat_sn) = login_accepted(&r)?;
+    Some((s, cmd_sn, exp_stat_sn))
 }
 
 /// A CDB from the record's `b` (top byte: which command; the rest: the LBA) and `c` (the
