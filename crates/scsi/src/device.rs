@@ -337,12 +337,7 @@ impl Device {
     pub async fn abort_task(&self, nexus: NexusId, tag: u64) -> bool {
         let mut found = false;
         for lun in self.luns.values() {
-            found |= lun
-                .tasks
-                .abort_where(|t| t.nexus == nexus && t.tag == tag)
-                .await
-                > 0;
-            lun.ranges.revoke_sending(|n, t| n == nexus && t == tag);
+            found |= lun.abort_where(|n, t| n == nexus && t == tag).await > 0;
         }
         found
     }
@@ -351,11 +346,7 @@ impl Device {
     /// while their data is sent.
     pub async fn abort_task_set(&self, nexus: NexusId, lun: u64) -> usize {
         match self.luns.get(&lun) {
-            Some(l) => {
-                let aborted = l.tasks.abort_where(|t| t.nexus == nexus).await;
-                l.ranges.revoke_sending(|n, _| n == nexus);
-                aborted
-            }
+            Some(l) => l.abort_where(|n, _| n == nexus).await,
             None => 0,
         }
     }

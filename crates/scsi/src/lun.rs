@@ -213,8 +213,15 @@ impl Lun {
     /// Aborts every task in the task set (waiting, bounded, until they left) and revokes
     /// the ranges ended reads hold while their data is sent; returns how many tasks.
     pub async fn abort_all(&self) -> usize {
-        let aborted = self.tasks.abort_where(|_| true).await;
-        self.ranges.revoke_sending(|_, _| true);
+        self.abort_where(|_, _| true).await
+    }
+
+    /// Aborts the tasks whose (nexus, tag) `pred` picks (waiting, bounded, until they
+    /// left) and revokes the ranges such tasks' ended reads hold while their data is sent:
+    /// an aborted read must not keep other tasks off its blocks. Returns how many tasks.
+    pub async fn abort_where(&self, pred: impl Fn(NexusId, u64) -> bool) -> usize {
+        let aborted = self.tasks.abort_where(|t| pred(t.nexus, t.tag)).await;
+        self.ranges.revoke_sending(pred);
         aborted
     }
 
