@@ -114,21 +114,11 @@ async fn login_as(
     ];
     let r = c.login_request(0, 1, true, &key_values(&first)).await;
     assert_eq!(r.opcode(), 0x23, "login response");
-    if r.bhs[36..38] != [0, 0] {
-        return ([r.bhs[36], r.bhs[37]], c);
+    if login_status(&r) != OK {
+        return (login_status(&r), c);
     }
-    c.exp_stat_sn = r.field32(24).wrapping_add(1);
-    let r = c
-        .login_request(1, 3, true, &key_values(&plain_keys()))
-        .await;
-    assert_eq!(r.opcode(), 0x23, "login response");
-    if r.bhs[36..38] == [0, 0] {
-        c.tsih = u16::from_be_bytes([r.bhs[14], r.bhs[15]]);
-        c.exp_stat_sn = r.field32(24).wrapping_add(1);
-        c.cmd_sn = r.field32(28);
-        c.target_mrdsl = 65536;
-    }
-    ([r.bhs[36], r.bhs[37]], c)
+    c.took_login_response(&r);
+    (c.operational_stage(&plain_keys()).await, c)
 }
 
 const OK: [u8; 2] = [0, 0];

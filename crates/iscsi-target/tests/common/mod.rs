@@ -31,9 +31,15 @@ pub async fn start_target(extra_config: &str) -> SocketAddr {
 
 /// [`start_target`] with LUN 0 configured by `lun_config` (its table's keys).
 pub async fn start_target_with_lun(extra_config: &str, lun_config: &str) -> SocketAddr {
+    start_target_with(extra_config, "", lun_config).await
+}
+
+/// A target on an ephemeral loopback port: `top` top-level configuration, `target_keys` in
+/// the one target's table, LUN 0 configured by `lun_config`.
+pub async fn start_target_with(top: &str, target_keys: &str, lun_config: &str) -> SocketAddr {
     log_from_env();
     let text = format!(
-        "portals = [\"127.0.0.1:0\"]\n{extra_config}\n[[target]]\nname = \"{IQN}\"\n\
+        "portals = [\"127.0.0.1:0\"]\n{top}\n[[target]]\nname = \"{IQN}\"\n{target_keys}\n\
          [target.lun.0]\n{lun_config}\n"
     );
     let config = iscsi_target::Config::parse(&text, "test.toml").expect("config");
@@ -41,6 +47,11 @@ pub async fn start_target_with_lun(extra_config: &str, lun_config: &str) -> Sock
     let addr = bound.local_addrs()[0];
     tokio::spawn(bound.serve());
     addr
+}
+
+/// The status (class, detail) of a Login Response.
+pub fn login_status(r: &Rx) -> [u8; 2] {
+    [r.bhs[36], r.bhs[37]]
 }
 
 /// One received PDU: the 48-byte BHS and the data segment (padding dropped).
@@ -296,15 +307,35 @@ impl RawConn {
         self.cid = cid;
         let r = self.login_request(0, 1, true, &first).await;
         assert_eq!(r.opcode(), 0x23, "login response");
-        assert_eq!(&r.bhs[36..38], &[0, 0], "security stage status");
-        self.tsih = u16::from_be_bytes([r.bhs[14], r.bhs[15]]);
+        assert_eq!(login_status(&r), [0, 0], "security stage status");
+        self.took_login_response(&r);
+        assert_eq!(
+            self.operational_stage(keys).await,
+            [0, 0],
+            "operational stage status"
+        );
+        self.params.clone()
+    }
+
+    /// Takes the ExpStatSN a Login Response that passed gives (the TSIH counts only in the
+    /// final one, which [`RawConn::operational_stage`] takes).
+    pub fn took_login_response(&mut self, r: &Rx) {
         self.exp_stat_sn = r.field32(24).wrapping_add(1);
+    }
+
+    /// After a security stage that passed: the operational stage with `keys`, to full
+    /// feature phase. Returns the Login Response's status (class, detail); when it is
+    /// 0x0000 the connection is in full feature phase with the negotiated keys in `params`.
+    pub async fn operational_stage(&mut self, keys: &[(&str, &str)]) -> [u8; 2] {
         let r = self.login_request(1, 3, true, &key_values(keys)).await;
         assert_eq!(r.opcode(), 0x23, "login response");
-        assert_eq!(&r.bhs[36..38], &[0, 0], "operational stage status");
+        let status = login_status(&r);
+        if status != [0, 0] {
+            return status;
+        }
         assert!(r.bhs[1] & 0x80 != 0, "transit to full feature");
+        self.took_login_response(&r);
         self.tsih = u16::from_be_bytes([r.bhs[14], r.bhs[15]]);
-        self.exp_stat_sn = r.field32(24).wrapping_add(1);
         self.cmd_sn = r.field32(28);
         self.params = parse_keys(&r.data);
         self.target_mrdsl = self
@@ -312,7 +343,7 @@ impl RawConn {
             .get("MaxRecvDataSegmentLength")
             .map(|v| v.parse().unwrap())
             .unwrap_or(8192);
-        self.params.clone()
+        status
     }
 
     /// A discovery session's login (no target name, AuthMethod=None); enters full feature
@@ -324,16 +355,13 @@ impl RawConn {
             ("AuthMethod", "None"),
         ]);
         let r = self.login_request(0, 1, true, &keys).await;
-        assert_eq!(&r.bhs[36..38], &[0, 0], "discovery security stage status");
-        self.tsih = u16::from_be_bytes([r.bhs[14], r.bhs[15]]);
-        self.exp_stat_sn = r.field32(24).wrapping_add(1);
-        let r = self
-            .login_request(1, 3, true, &key_values(&[("HeaderDigest", "None")]))
-            .await;
-        assert_eq!(&r.bhs[36..38], &[0, 0], "discovery login");
-        self.tsih = u16::from_be_bytes([r.bhs[14], r.bhs[15]]);
-        self.exp_stat_sn = r.field32(24).wrapping_add(1);
-        self.cmd_sn = r.field32(28);
+        assert_eq!(login_status(&r), [0, 0], "discovery security stage status");
+        self.took_login_response(&r);
+        assert_eq!(
+            self.operational_stage(&[("HeaderDigest", "None")]).await,
+            [0, 0],
+            "discovery login"
+        );
     }
 
     pub fn itt(&mut self) -> u32 {
