@@ -342,14 +342,12 @@ impl Config {
             let unknown = msg
                 .strip_prefix("unknown field `")
                 .and_then(|r| r.split('`').next());
-            let line = match unknown
-                .and_then(|k| text.lines().position(|l| l.trim_start().starts_with(k)))
-            {
-                Some(i) => Some(i + 1),
-                None => e
-                    .span()
-                    .map(|s| text[..s.start.min(text.len())].lines().count().max(1)),
-            };
+            let line = unknown
+                .and_then(|k| line_number(text, 0, |l| l.trim_start().starts_with(k)))
+                .or_else(|| {
+                    e.span()
+                        .map(|s| text[..s.start.min(text.len())].lines().count().max(1))
+                });
             match line {
                 Some(l) => ConfigError(format!("{origin}:{l}: {msg}")),
                 None => ConfigError(format!("{origin}: {msg}")),
@@ -360,12 +358,11 @@ impl Config {
     }
 
     fn validate(&self, text: &str, origin: &str) -> Result<(), ConfigError> {
-        let line_of = |needle: &str| {
-            text.lines()
-                .position(|l| l.contains(needle))
-                .map(|i| format!("{origin}:{}", i + 1))
-                .unwrap_or_else(|| origin.to_string())
+        let at = |line: Option<usize>| match line {
+            Some(n) => format!("{origin}:{n}"),
+            None => origin.to_string(),
         };
+        let line_of = |needle: &str| at(line_number(text, 0, |l| l.contains(needle)));
         for p in &self.portals {
             PortalSpec::parse(p).map_err(|why| ConfigError(format!("{}: {why}", line_of(p))))?;
         }
@@ -429,19 +426,18 @@ impl Config {
         // The line of `needle` within the table that holds the line with `anchor` (a target's
         // name, or `[discovery`), for keys that many tables have.
         let line_in_table_of = |anchor: &str, needle: &str| {
-            let lines: Vec<&str> = text.lines().collect();
-            let at = lines.iter().position(|l| l.contains(anchor)).unwrap_or(0);
-            let table = lines
-                .iter()
-                .take(at + 1)
-                .rposition(|l| l.trim_start().starts_with('['))
-                .unwrap_or(0);
-            lines
-                .iter()
-                .skip(table)
-                .position(|l| l.contains(needle))
-                .map(|i| format!("{origin}:{}", table + i + 1))
-                .unwrap_or_else(|| line_of(anchor))
+            let anchor_line = line_number(text, 0, |l| l.contains(anchor)).unwrap_or(1);
+            let table = text
+                .lines()
+                .take(anchor_line)
+                .enumerate()
+                .filter(|(_, l)| l.trim_start().starts_with('['))
+                .last()
+                .map_or(0, |(i, _)| i);
+            match line_number(text, table, |l| l.contains(needle)) {
+                Some(n) => at(Some(n)),
+                None => line_of(anchor),
+            }
         };
         // RFC 7143 §12.1.3: the secrets of the two directions must differ, else a peer could
         // answer the target's challenge by reflecting it.
@@ -526,13 +522,12 @@ impl Config {
     /// that do not nest, the one in the file).
     fn validate_memory(&self, text: &str, origin: &str) -> Result<(), ConfigError> {
         let line_of_key = |key: &str| {
-            text.lines()
-                .position(|l| {
-                    l.trim_start()
-                        .strip_prefix(key)
-                        .is_some_and(|rest| rest.trim_start().starts_with('='))
-                })
-                .map(|i| format!("{origin}:{}", i + 1))
+            line_number(text, 0, |l| {
+                l.trim_start()
+                    .strip_prefix(key)
+                    .is_some_and(|rest| rest.trim_start().starts_with('='))
+            })
+            .map(|n| format!("{origin}:{n}"))
         };
         let largest_write_mib = u64::from(MAX_WRITE_LEN >> 20);
         let budgets = [
@@ -593,6 +588,15 @@ impl Config {
             .map(|(k, v)| (k.parse::<u64>().expect("validated"), v.clone()))
             .collect()
     }
+}
+
+/// The number (from 1) of the first line of `text`, from the line at index `from` on, that
+/// `wanted` accepts: where a configuration error points.
+fn line_number(text: &str, from: usize, wanted: impl Fn(&str) -> bool) -> Option<usize> {
+    text.lines()
+        .skip(from)
+        .position(wanted)
+        .map(|i| from + i + 1)
 }
 
 /// Sessions a target can have at once: one per TSIH other than 0.
