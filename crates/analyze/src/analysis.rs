@@ -1,13 +1,14 @@
 //! The pipeline from frames to PDUs: finds iSCSI (and iSER) connections among the TCP
 //! flows of a capture, reassembles both directions, frames the PDUs and numbers them.
 
+use std::borrow::Borrow;
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::Path;
 
 use serde::Serialize;
 
-use crate::capture::{read_frames, tcp_segment, CaptureError, Frame, SynOptions, TcpSegment};
+use crate::capture::{tcp_segment, CaptureError, Frame, FrameReader, SynOptions, TcpSegment};
 use iscsi_wire::{Bhs, Stage};
 
 use crate::iscsi::{record, Dir, FramedPdu, FramerStats, PduFramer, PduRecord};
@@ -42,16 +43,22 @@ pub struct Limits {
     pub max_flows: usize,
     /// Bytes held beyond holes across all connections: a segment that takes the total past
     /// it makes its stream give up its holes (reported as unrecovered) until the total is
-    /// back within it. Each stream has its own limit too ([`crate::tcp::DEFAULT_AHEAD_LIMIT`]).
+    /// back within it.
     pub max_ahead_bytes: usize,
+    /// Bytes one direction of one connection may hold beyond holes: past it the stream gives
+    /// up its first hole (reported as unrecovered, and in [`Analysis::notes`]) and decoding
+    /// goes on after it, so one peer's out-of-order data cannot take the whole of
+    /// `max_ahead_bytes`.
+    pub max_ahead_bytes_per_stream: usize,
 }
 
 impl Default for Limits {
-    /// 65,536 flows; 256 MiB held ahead of holes.
+    /// 65,536 flows; 256 MiB held ahead of holes, 64 MiB of it by one stream.
     fn default() -> Limits {
         Limits {
             max_flows: 1 << 16,
             max_ahead_bytes: 256 << 20,
+            max_ahead_bytes_per_stream: crate::tcp::DEFAULT_AHEAD_LIMIT,
         }
     }
 }
@@ -198,10 +205,31 @@ fn orient(seg: &TcpSegment, opts: &Options) -> Option<(SocketAddr, SocketAddr)> 
     None
 }
 
-/// Reads and analyzes a capture file.
+/// Reads and analyzes a capture file, one frame at a time: the capture is never held whole
+/// in memory.
 pub fn analyze_file(path: &Path, opts: &Options) -> Result<Analysis, CaptureError> {
-    let frames = read_frames(path)?;
-    Ok(analyze_frames(&frames, opts))
+    analyze_file_within(path, opts, &Limits::default())
+}
+
+/// As [`analyze_file`], within `limits`.
+pub fn analyze_file_within(
+    path: &Path,
+    opts: &Options,
+    limits: &Limits,
+) -> Result<Analysis, CaptureError> {
+    let mut failed = None;
+    let frames = FrameReader::open(path)?.map_while(|f| match f {
+        Ok(frame) => Some(frame),
+        Err(e) => {
+            failed = Some(e);
+            None
+        }
+    });
+    let analysis = analyze_each(frames, opts, limits);
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(analysis),
+    }
 }
 
 /// Analyzes frames in capture order, within the default [`Limits`].
@@ -218,6 +246,15 @@ struct AheadBudget {
 
 /// As [`analyze_frames`], within `limits`.
 pub fn analyze_frames_within(frames: &[Frame], opts: &Options, limits: &Limits) -> Analysis {
+    analyze_each(frames.iter(), opts, limits)
+}
+
+/// Analyzes frames as they come, in capture order.
+fn analyze_each<F: Borrow<Frame>>(
+    frames: impl Iterator<Item = F>,
+    opts: &Options,
+    limits: &Limits,
+) -> Analysis {
     let mut budget = AheadBudget {
         held: 0,
         peak: 0,
@@ -231,7 +268,15 @@ pub fn analyze_frames_within(frames: &[Frame], opts: &Options, limits: &Limits) 
     let mut pending_syn: HashMap<(SocketAddr, SocketAddr), Vec<TcpSegment>> = HashMap::new();
     let mut rejected: HashSet<(SocketAddr, SocketAddr)> = HashSet::new();
     let mut tcp_segments = 0;
+    let mut frame_count = 0u64;
+    let mut times: Option<(u64, u64)> = None;
     for frame in frames {
+        let frame = frame.borrow();
+        frame_count += 1;
+        times = Some(match times {
+            None => (frame.ts_ns, frame.ts_ns),
+            Some((first, last)) => (first.min(frame.ts_ns), last.max(frame.ts_ns)),
+        });
         let Some(seg) = tcp_segment(frame) else {
             continue;
         };
@@ -263,7 +308,7 @@ pub fn analyze_frames_within(frames: &[Frame], opts: &Options, limits: &Limits) 
                 match orient(&seg, opts) {
                     Some((ini, tgt)) => {
                         let id = conns.len();
-                        conns.push(new_conn(id, ini, tgt, seg.ts_ns));
+                        conns.push(new_conn(id, ini, tgt, seg.ts_ns, limits));
                         by_flow.insert(key, id);
                         for old in pending_syn.remove(&key).unwrap_or_default() {
                             feed(&mut conns[id], &old, &mut budget);
@@ -309,11 +354,27 @@ pub fn analyze_frames_within(frames: &[Frame], opts: &Options, limits: &Limits) 
             limits.max_flows
         ));
     }
-    let start_ns = frames.iter().map(|f| f.ts_ns).min().unwrap_or(0);
-    let end_ns = frames.iter().map(|f| f.ts_ns).max().unwrap_or(0);
+    let (start_ns, end_ns) = times.unwrap_or((0, 0));
     let mut pdus: Vec<PduRecord> = Vec::new();
     let mut connections = Vec::new();
     for mut c in conns {
+        for (dir, h) in [
+            (Dir::ToTarget, &c.halves[0]),
+            (Dir::ToInitiator, &c.halves[1]),
+        ] {
+            let given_up = h.stream.holes_given_up_at_limit;
+            if given_up > 0 {
+                let towards = match dir {
+                    Dir::ToTarget => "to the target",
+                    Dir::ToInitiator => "to the initiator",
+                };
+                notes.push(format!(
+                    "connection {} ({} -> {}), {towards}: {given_up} holes given up unfilled: \
+                     more than {} bytes held beyond them (the per-stream limit)",
+                    c.conn.id, c.conn.initiator, c.conn.target, limits.max_ahead_bytes_per_stream
+                ));
+            }
+        }
         c.conn.pdus = c.records.len();
         pdus.append(&mut c.records);
         connections.push(c.conn);
@@ -324,7 +385,7 @@ pub fn analyze_frames_within(frames: &[Frame], opts: &Options, limits: &Limits) 
         p.time = p.ts_ns.saturating_sub(start_ns) as f64 / 1e9;
     }
     Analysis {
-        frames: frames.len() as u64,
+        frames: frame_count,
         tcp_segments,
         start_ns,
         end_ns,
@@ -341,9 +402,15 @@ pub fn analyze_frames_within(frames: &[Frame], opts: &Options, limits: &Limits) 
 /// decides.
 const PENDING_SEGMENTS: usize = 8;
 
-fn new_conn(id: usize, initiator: SocketAddr, target: SocketAddr, ts: u64) -> ConnState {
+fn new_conn(
+    id: usize,
+    initiator: SocketAddr,
+    target: SocketAddr,
+    ts: u64,
+    limits: &Limits,
+) -> ConnState {
     let half = || Half {
-        stream: HalfStream::default(),
+        stream: HalfStream::new(limits.max_ahead_bytes_per_stream),
         decoder: None,
         saw_syn: false,
     };
@@ -638,6 +705,7 @@ mod tests {
         let limits = Limits {
             max_flows: 2000,
             max_ahead_bytes: 256 << 10,
+            ..Limits::default()
         };
         let a = analyze_frames_within(&frames, &Options::default(), &limits);
         assert_eq!(a.connections.len(), 2000);
@@ -704,6 +772,7 @@ mod tests {
         let limits = Limits {
             max_flows: 1000,
             max_ahead_bytes: 256 << 10,
+            ..Limits::default()
         };
         let a = analyze_frames_within(&frames, &Options::default(), &limits);
         assert!(a.connections.is_empty());
@@ -837,5 +906,89 @@ mod tests {
             "{text}"
         );
         assert!(lines[2].contains("SCSI Response"), "{text}");
+    }
+
+    /// A capture file with two connections, one of which sends 200 segments of 1,000 bytes,
+    /// each past a 100-byte hole of its own, while the other runs a READ. Read from the
+    /// file with 64 KiB allowed per stream: the flooding direction gives up holes as it goes
+    /// (one note says so) and never holds more than its limit and a segment; the other
+    /// connection is decoded whole. Without the per-stream limit all 200,000 bytes are held
+    /// to the end.
+    #[test]
+    fn one_stream_past_its_own_ahead_limit_gives_up_holes_and_the_rest_is_analyzed() {
+        use crate::synthetic::{data_in, rw10, Synthetic};
+        let flooder: SocketAddr = "10.9.9.9:50000".parse().unwrap();
+        let target: SocketAddr = "10.0.0.2:3260".parse().unwrap();
+        // Handshakes, so that each stream is framed from its first byte.
+        let handshake = |ini: SocketAddr| {
+            [(ini, target, 0x02), (target, ini, 0x12)].map(|(src, dst, flags)| Frame {
+                number: 0,
+                ts_ns: 0,
+                linktype: 1,
+                data: pcap_trace::build_frame(src, dst, 0, 0, flags, &[]),
+            })
+        };
+        let mut reader = Synthetic::new();
+        reader.pdu(0, rw10(1, false, 0, 8, 0), &[]);
+        let mut frames = handshake("10.0.0.1:40000".parse().unwrap()).to_vec();
+        frames.extend_from_slice(reader.frames());
+        frames.extend(handshake(flooder));
+        let first = iscsi_wire::encode_pdu(
+            &iscsi_wire::Pdu::new(rw10(7, false, 0, 8, 0), bytes::Bytes::new()),
+            None,
+            None,
+        );
+        let n = frames.len() as u64 + 1;
+        frames.push(tcp_frame(n, flooder, target, 1, &first));
+        let mut seq = 1 + first.len() as u32;
+        for _ in 0..200 {
+            seq += 100;
+            let n = frames.len() as u64 + 1;
+            frames.push(tcp_frame(n, flooder, target, seq, &[0x55; 1000]));
+            seq += 1000;
+        }
+        reader.pdu(frames.len() as u64 + 1, data_in(1, 0, true), &[0; 4096]);
+        let answer = reader.frames().last().unwrap().clone();
+        frames.push(answer);
+
+        let path =
+            std::env::temp_dir().join(format!("analyze-ahead-limit-{}.pcapng", std::process::id()));
+        let mut w = pcap_trace::PcapngWriter::new(std::fs::File::create(&path).unwrap()).unwrap();
+        for f in &frames {
+            w.write_frame(f.ts_ns, &f.data).unwrap();
+        }
+        w.flush().unwrap();
+        drop(w);
+        let limits = Limits {
+            max_ahead_bytes_per_stream: 64 << 10,
+            ..Limits::default()
+        };
+        let a = analyze_file_within(&path, &Options::default(), &limits).expect("reads");
+        let unbounded = analyze_file(&path, &Options::default()).expect("reads");
+        let _ = std::fs::remove_file(&path);
+
+        assert_eq!(a.frames, frames.len() as u64);
+        assert_eq!(a.connections.len(), 2);
+        assert_eq!(
+            a.notes,
+            [format!(
+                "connection 1 ({flooder} -> {target}), to the target: {} holes given up \
+                 unfilled: more than 65536 bytes held beyond them (the per-stream limit)",
+                200 - (64 << 10) / 1000
+            )]
+        );
+        assert!(
+            a.ahead_peak_bytes <= (64 << 10) + 1000,
+            "peak {}",
+            a.ahead_peak_bytes
+        );
+        let pdus_of = |a: &Analysis, conn: usize| a.pdus.iter().filter(|p| p.conn == conn).count();
+        assert_eq!(pdus_of(&a, 0), 2, "the READ and its Data-In");
+        assert_eq!(a.connections[0].to_target.unrecovered_bytes, 0);
+        assert_eq!(a.connections[1].to_target.unrecovered_bytes, 200 * 100);
+
+        assert!(unbounded.notes.is_empty(), "{:?}", unbounded.notes);
+        assert_eq!(unbounded.ahead_peak_bytes, 200 * 1000);
+        assert_eq!(pdus_of(&unbounded, 0), 2);
     }
 }

@@ -10,6 +10,7 @@ use std::path::Path;
 use etherparse::{LaxNetSlice, LaxSlicedPacket, TransportSlice};
 use pcap_parser::pcapng::Block;
 use pcap_parser::traits::PcapNGPacketBlock;
+use pcap_parser::traits::PcapReaderIterator;
 use pcap_parser::{create_reader, PcapBlockOwned, PcapError};
 
 /// Link-layer header types (tcpdump LINKTYPE_ values) this reader understands.
@@ -80,109 +81,171 @@ const READ_BUFFER: usize = 1 << 22;
 
 /// Reads every frame from a pcap or pcapng byte stream.
 pub fn read_frames_from<R: Read>(input: R) -> Result<Vec<Frame>, CaptureError> {
-    read_frames_buffered(input, READ_BUFFER)
+    FrameReader::with_buffer(input, READ_BUFFER)?.collect()
 }
 
 /// Reads every frame of a capture held in memory, with a buffer no larger than it (no block
 /// can be longer than the whole capture): a small capture costs no 4 MiB buffer.
 pub fn read_frames_from_bytes(bytes: &[u8]) -> Result<Vec<Frame>, CaptureError> {
-    read_frames_buffered(bytes, bytes.len().clamp(1 << 16, READ_BUFFER))
+    FrameReader::with_buffer(bytes, bytes.len().clamp(1 << 16, READ_BUFFER))?.collect()
 }
 
-fn read_frames_buffered<R: Read>(input: R, buffer: usize) -> Result<Vec<Frame>, CaptureError> {
-    let mut reader =
-        create_reader(buffer, input).map_err(|e| CaptureError::Format(format!("{e:?}")))?;
-    let mut frames = Vec::new();
-    // Per pcapng section: (linktype, units per second, offset seconds) per interface.
-    let mut interfaces: Vec<(i32, u64, i64)> = Vec::new();
-    let mut legacy: (i32, u64) = (linktype::ETHERNET, 1_000_000);
-    let mut number = 0u64;
-    // The byte order of the pcapng section being read (None: no section yet, or legacy pcap).
-    let mut section_big_endian: Option<bool> = None;
-    // Each iteration consumes a block or refills; a stuck reader fails instead of looping.
-    let mut stalls = 0;
-    loop {
-        if let Some(big_endian) = section_big_endian {
-            if let Some(len) = too_short_pcapng_block(reader.data(), big_endian) {
-                return Err(CaptureError::Format(format!(
-                    "a pcapng block claims to be {len} bytes long, less than the 12 of a \
-                     block's type and two length fields"
-                )));
-            }
-        }
-        match reader.next() {
-            Ok((offset, block)) => {
-                stalls = 0;
-                match block {
-                    PcapBlockOwned::LegacyHeader(h) => {
-                        let units = if h.is_nanosecond_precision() {
-                            1_000_000_000
-                        } else {
-                            1_000_000
-                        };
-                        legacy = (h.network.0, units);
-                    }
-                    PcapBlockOwned::Legacy(b) => {
-                        number += 1;
-                        let frac_ns = b.ts_usec as u64 * (1_000_000_000 / legacy.1);
-                        frames.push(Frame {
-                            number,
-                            ts_ns: b.ts_sec as u64 * 1_000_000_000 + frac_ns,
-                            linktype: legacy.0,
-                            data: b.data[..(b.caplen as usize).min(b.data.len())].to_vec(),
-                        });
-                    }
-                    PcapBlockOwned::NG(Block::SectionHeader(shb)) => {
-                        section_big_endian = Some(shb.big_endian());
-                        interfaces.clear();
-                    }
-                    PcapBlockOwned::NG(Block::InterfaceDescription(idb)) => {
-                        let units = idb.ts_resolution().unwrap_or(1_000_000);
-                        interfaces.push((idb.linktype.0, units, idb.ts_offset()));
-                    }
-                    PcapBlockOwned::NG(Block::EnhancedPacket(epb)) => {
-                        number += 1;
-                        let (lt, units, off) = interfaces
-                            .get(epb.if_id as usize)
-                            .copied()
-                            .unwrap_or((linktype::ETHERNET, 1_000_000, 0));
-                        let ts = ((epb.ts_high as u64) << 32) | epb.ts_low as u64;
-                        frames.push(Frame {
-                            number,
-                            ts_ns: pcapng_ts_ns(ts, units, off),
-                            linktype: lt,
-                            data: epb.packet_data().to_vec(),
-                        });
-                    }
-                    PcapBlockOwned::NG(Block::SimplePacket(spb)) => {
-                        number += 1;
-                        let lt = interfaces.first().map_or(linktype::ETHERNET, |i| i.0);
-                        frames.push(Frame {
-                            number,
-                            ts_ns: 0,
-                            linktype: lt,
-                            data: spb.packet_data().to_vec(),
-                        });
-                    }
-                    PcapBlockOwned::NG(_) => {}
+/// The frames of a pcap or pcapng byte stream one at a time, read through a fixed buffer:
+/// a capture of any size costs the buffer and the frame at hand. A truncated last record
+/// (a capture cut short) ends the frames quietly; damage anywhere else is an error, after
+/// which there are no more frames.
+pub struct FrameReader<'a> {
+    reader: Box<dyn PcapReaderIterator + 'a>,
+    headers: Headers,
+    done: bool,
+}
+
+/// What the header blocks read so far say about the packets that follow.
+struct Headers {
+    /// Per pcapng section: (linktype, units per second, offset seconds) per interface.
+    interfaces: Vec<(i32, u64, i64)>,
+    legacy: (i32, u64),
+    /// Frames so far.
+    number: u64,
+    /// The byte order of the pcapng section being read (None: no section yet, or legacy pcap).
+    section_big_endian: Option<bool>,
+}
+
+impl<'a> FrameReader<'a> {
+    /// Reads `path` through a 4 MiB buffer.
+    pub fn open(path: &Path) -> Result<FrameReader<'static>, CaptureError> {
+        FrameReader::with_buffer(File::open(path)?, READ_BUFFER)
+    }
+
+    fn with_buffer<R: Read + 'a>(input: R, buffer: usize) -> Result<FrameReader<'a>, CaptureError> {
+        let reader =
+            create_reader(buffer, input).map_err(|e| CaptureError::Format(format!("{e:?}")))?;
+        Ok(FrameReader {
+            reader,
+            headers: Headers {
+                interfaces: Vec::new(),
+                legacy: (linktype::ETHERNET, 1_000_000),
+                number: 0,
+                section_big_endian: None,
+            },
+            done: false,
+        })
+    }
+
+    /// The next frame, `Ok(None)` at the end.
+    fn next_frame(&mut self) -> Result<Option<Frame>, CaptureError> {
+        // Each iteration consumes a block or refills; a stuck reader fails instead of looping.
+        let mut stalls = 0;
+        loop {
+            if let Some(big_endian) = self.headers.section_big_endian {
+                if let Some(len) = too_short_pcapng_block(self.reader.data(), big_endian) {
+                    return Err(CaptureError::Format(format!(
+                        "a pcapng block claims to be {len} bytes long, less than the 12 of a \
+                         block's type and two length fields"
+                    )));
                 }
-                reader.consume(offset);
             }
-            Err(PcapError::Eof) => break,
-            Err(PcapError::Incomplete(_)) => {
-                stalls += 1;
-                if stalls > 2 {
-                    // A truncated last record (capture cut short): keep what was read.
-                    break;
+            match self.reader.next() {
+                Ok((offset, block)) => {
+                    stalls = 0;
+                    let frame = self.headers.frame_of(block);
+                    self.reader.consume(offset);
+                    if frame.is_some() {
+                        return Ok(frame);
+                    }
                 }
-                reader
-                    .refill()
-                    .map_err(|e| CaptureError::Format(format!("{e:?}")))?;
+                Err(PcapError::Eof) => return Ok(None),
+                Err(PcapError::Incomplete(_)) => {
+                    stalls += 1;
+                    if stalls > 2 {
+                        // A truncated last record (capture cut short): keep what was read.
+                        return Ok(None);
+                    }
+                    self.reader
+                        .refill()
+                        .map_err(|e| CaptureError::Format(format!("{e:?}")))?;
+                }
+                Err(e) => return Err(CaptureError::Format(format!("{e:?}"))),
             }
-            Err(e) => return Err(CaptureError::Format(format!("{e:?}"))),
         }
     }
-    Ok(frames)
+}
+
+impl Headers {
+    /// The frame a block holds, after taking in what a header block says.
+    fn frame_of(&mut self, block: PcapBlockOwned) -> Option<Frame> {
+        match block {
+            PcapBlockOwned::LegacyHeader(h) => {
+                let units = if h.is_nanosecond_precision() {
+                    1_000_000_000
+                } else {
+                    1_000_000
+                };
+                self.legacy = (h.network.0, units);
+                None
+            }
+            PcapBlockOwned::Legacy(b) => {
+                self.number += 1;
+                let frac_ns = b.ts_usec as u64 * (1_000_000_000 / self.legacy.1);
+                Some(Frame {
+                    number: self.number,
+                    ts_ns: b.ts_sec as u64 * 1_000_000_000 + frac_ns,
+                    linktype: self.legacy.0,
+                    data: b.data[..(b.caplen as usize).min(b.data.len())].to_vec(),
+                })
+            }
+            PcapBlockOwned::NG(Block::SectionHeader(shb)) => {
+                self.section_big_endian = Some(shb.big_endian());
+                self.interfaces.clear();
+                None
+            }
+            PcapBlockOwned::NG(Block::InterfaceDescription(idb)) => {
+                let units = idb.ts_resolution().unwrap_or(1_000_000);
+                self.interfaces
+                    .push((idb.linktype.0, units, idb.ts_offset()));
+                None
+            }
+            PcapBlockOwned::NG(Block::EnhancedPacket(epb)) => {
+                self.number += 1;
+                let (lt, units, off) = self
+                    .interfaces
+                    .get(epb.if_id as usize)
+                    .copied()
+                    .unwrap_or((linktype::ETHERNET, 1_000_000, 0));
+                let ts = ((epb.ts_high as u64) << 32) | epb.ts_low as u64;
+                Some(Frame {
+                    number: self.number,
+                    ts_ns: pcapng_ts_ns(ts, units, off),
+                    linktype: lt,
+                    data: epb.packet_data().to_vec(),
+                })
+            }
+            PcapBlockOwned::NG(Block::SimplePacket(spb)) => {
+                self.number += 1;
+                let lt = self.interfaces.first().map_or(linktype::ETHERNET, |i| i.0);
+                Some(Frame {
+                    number: self.number,
+                    ts_ns: 0,
+                    linktype: lt,
+                    data: spb.packet_data().to_vec(),
+                })
+            }
+            PcapBlockOwned::NG(_) => None,
+        }
+    }
+}
+
+impl Iterator for FrameReader<'_> {
+    type Item = Result<Frame, CaptureError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let next = self.next_frame().transpose();
+        self.done = !matches!(next, Some(Ok(_)));
+        next
+    }
 }
 
 /// The length a pcapng block (other than a Section Header, which the parser checks itself)

@@ -28,7 +28,8 @@ pub mod timeline;
 pub mod window;
 
 pub use analysis::{
-    analyze_file, analyze_frames, analyze_frames_within, Analysis, Connection, Limits, Options,
+    analyze_file, analyze_file_within, analyze_frames, analyze_frames_within, Analysis, Connection,
+    Limits, Options,
 };
 pub use iscsi::{Dir, PduRecord};
 /// The pcapng writer runtimes use for `--trace` (re-exported from the `pcap-trace` crate).

@@ -53,6 +53,10 @@ impl Synthetic {
         self
     }
 
+    pub fn frames(&self) -> &[Frame] {
+        &self.frames
+    }
+
     pub fn analysis(&self) -> Analysis {
         analyze_frames(&self.frames, &Options::default())
     }

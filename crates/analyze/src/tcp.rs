@@ -66,14 +66,27 @@ pub struct HalfStream {
     next: u64,
     /// Segments held beyond a hole: offset -> (bytes, capture ts, frame).
     ahead: BTreeMap<u64, (Vec<u8>, u64, u64)>,
+    /// What `ahead` costs, in bytes ([`held_cost`]).
     ahead_bytes: usize,
     limit: usize,
+    /// Holes given up before the end because `ahead_bytes` passed `limit`.
+    pub holes_given_up_at_limit: u64,
     pub stats: HalfStats,
     pub events: Vec<TcpEvent>,
 }
 
 /// Bytes held beyond a hole before the hole is declared unrecoverable.
 pub const DEFAULT_AHEAD_LIMIT: usize = 64 << 20;
+
+/// What holding a segment beyond a hole counts as at least: its map entry, timestamps and
+/// allocation cost about this much, so that a stream of one-byte segments, each past a hole
+/// of its own, cannot hold many times its limit in memory.
+pub const MIN_HELD_COST: usize = 128;
+
+/// What holding a segment of `len` payload bytes counts as.
+fn held_cost(len: usize) -> usize {
+    len.max(MIN_HELD_COST)
+}
 
 impl Default for HalfStream {
     fn default() -> Self {
@@ -89,6 +102,7 @@ impl HalfStream {
             ahead: BTreeMap::new(),
             ahead_bytes: 0,
             limit,
+            holes_given_up_at_limit: 0,
             stats: HalfStats::default(),
             events: Vec::new(),
         }
@@ -151,10 +165,12 @@ impl HalfStream {
                 len: payload.len() as u64,
             });
             if !self.ahead.contains_key(&off) {
-                self.ahead_bytes += payload.len();
+                self.ahead_bytes += held_cost(payload.len());
                 self.ahead.insert(off, (payload.to_vec(), ts_ns, frame));
             }
+            // One hole per segment taken: what is held stays within the limit and a segment.
             if self.ahead_bytes > self.limit {
+                self.holes_given_up_at_limit += 1;
                 out.extend(self.give_up_hole(ts_ns, frame));
             }
         } else {
@@ -214,7 +230,7 @@ impl HalfStream {
                 break;
             }
             let (data, _, _) = self.ahead.remove(&off).expect("key just seen");
-            self.ahead_bytes -= data.len();
+            self.ahead_bytes -= held_cost(data.len());
             let end = off + data.len() as u64;
             if end <= self.next {
                 continue;
@@ -269,7 +285,8 @@ impl HalfStream {
         self.next
     }
 
-    /// Bytes held beyond holes, waiting for them to fill.
+    /// Bytes held beyond holes, waiting for them to fill (a segment shorter than
+    /// [`MIN_HELD_COST`] counted as that many).
     pub fn ahead_bytes(&self) -> usize {
         self.ahead_bytes
     }
@@ -390,5 +407,24 @@ mod tests {
             }
             prop_assert_eq!(out, data);
         }
+    }
+
+    /// One-byte segments, each past a hole of its own: each is counted as
+    /// [`MIN_HELD_COST`] bytes, so the segments held stay as few as the limit allows.
+    #[test]
+    fn tiny_segments_past_holes_count_at_their_cost() {
+        let limit = 64 << 10;
+        let mut h = HalfStream::new(limit);
+        h.push(0, false, b"x", 0, 1);
+        for i in 0..10_000u32 {
+            h.push(2 + 2 * i, false, b"y", 0, 2 + u64::from(i));
+            assert!(h.ahead_bytes() <= limit + MIN_HELD_COST);
+        }
+        assert!(
+            h.ahead.len() <= limit / MIN_HELD_COST + 1,
+            "{}",
+            h.ahead.len()
+        );
+        assert!(h.holes_given_up_at_limit > 0);
     }
 }

@@ -23,7 +23,8 @@ use std::time::{Duration, Instant};
 pub const MAX_NAME_KEY: usize = 223;
 
 /// How many failures lock out a name or an address, within what window, for how long, and
-/// how many of each the throttle remembers.
+/// how many of each the throttle remembers. The target takes the first four from its
+/// configuration (`auth_failures_per_initiator`, ...; the defaults are these).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ThrottleLimits {
     /// Failed logins of one initiator name within `window` that lock the name out.

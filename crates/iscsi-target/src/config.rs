@@ -2,6 +2,8 @@
 //! `LunConfig`), ACLs and CHAP secrets, read from TOML. Errors name the file, the line
 //! and what to fix.
 
+use crate::auth_throttle::ThrottleLimits;
+use datamover::PeerTimeouts;
 use iscsi_login::chap::{ChapAlgorithm, ChapCredentials};
 use iscsi_login::directory::{AuthRequirement, Portal, TargetDirectory};
 use iscsi_login::params::TransportKind;
@@ -11,6 +13,7 @@ use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::time::Duration;
 
 /// The IQN of the embedded default target.
 pub const DEFAULT_IQN: &str = "iqn.2026-11.org.ironsan:default";
@@ -109,6 +112,21 @@ fn default_max_immediate_commands() -> u32 {
 fn default_data_out_timeout() -> u64 {
     30
 }
+fn default_budget_wait() -> u64 {
+    PeerTimeouts::default().budget_wait.as_secs()
+}
+fn default_auth_failures_per_initiator() -> u32 {
+    ThrottleLimits::default().per_initiator
+}
+fn default_auth_failures_per_address() -> u32 {
+    ThrottleLimits::default().per_address
+}
+fn default_auth_failure_window() -> u64 {
+    ThrottleLimits::default().window.as_secs()
+}
+fn default_auth_lockout() -> u64 {
+    ThrottleLimits::default().lockout.as_secs()
+}
 
 fn default_queue_depth() -> u32 {
     128
@@ -174,6 +192,22 @@ pub struct Config {
     /// dropped (ErrorRecoveryLevel ≥ 1: what is missing is asked for again first).
     #[serde(default = "default_data_out_timeout")]
     pub data_out_timeout_secs: u64,
+    /// Seconds a command may wait for room in the memory budgets before it is refused with
+    /// TASK SET FULL, unexecuted.
+    #[serde(default = "default_budget_wait")]
+    pub budget_wait_secs: u64,
+    /// Failed CHAP logins of one initiator name within `auth_failure_window_secs` after which
+    /// that name's logins that must authenticate are refused for `auth_lockout_secs`.
+    #[serde(default = "default_auth_failures_per_initiator")]
+    pub auth_failures_per_initiator: u32,
+    /// The same from one source address (IPv6: one /64); higher than per initiator, since
+    /// many initiators may share an address and a guesser can change its name at will.
+    #[serde(default = "default_auth_failures_per_address")]
+    pub auth_failures_per_address: u32,
+    #[serde(default = "default_auth_failure_window")]
+    pub auth_failure_window_secs: u64,
+    #[serde(default = "default_auth_lockout")]
+    pub auth_lockout_secs: u64,
     /// Connections still being set up at once, per portal: sorted by their first bytes (a
     /// portal serving iSER and iSCSI/TCP on one port) or logging in. One more drops the one
     /// that has waited longest (idle and stalled clients hold bounded resources and never
@@ -303,6 +337,11 @@ impl Config {
             connection_memory_mib: default_connection_memory_mib(),
             max_immediate_commands: default_max_immediate_commands(),
             data_out_timeout_secs: default_data_out_timeout(),
+            budget_wait_secs: default_budget_wait(),
+            auth_failures_per_initiator: default_auth_failures_per_initiator(),
+            auth_failures_per_address: default_auth_failures_per_address(),
+            auth_failure_window_secs: default_auth_failure_window(),
+            auth_lockout_secs: default_auth_lockout(),
             max_pending_logins: default_max_pending_logins(),
             login_deadline_secs: default_login_deadline(),
             iser_mpa_crc: false,
@@ -342,14 +381,12 @@ impl Config {
             let unknown = msg
                 .strip_prefix("unknown field `")
                 .and_then(|r| r.split('`').next());
-            let line = match unknown
-                .and_then(|k| text.lines().position(|l| l.trim_start().starts_with(k)))
-            {
-                Some(i) => Some(i + 1),
-                None => e
-                    .span()
-                    .map(|s| text[..s.start.min(text.len())].lines().count().max(1)),
-            };
+            let line = unknown
+                .and_then(|k| line_number(text, 0, |l| l.trim_start().starts_with(k)))
+                .or_else(|| {
+                    e.span()
+                        .map(|s| text[..s.start.min(text.len())].lines().count().max(1))
+                });
             match line {
                 Some(l) => ConfigError(format!("{origin}:{l}: {msg}")),
                 None => ConfigError(format!("{origin}: {msg}")),
@@ -360,12 +397,11 @@ impl Config {
     }
 
     fn validate(&self, text: &str, origin: &str) -> Result<(), ConfigError> {
-        let line_of = |needle: &str| {
-            text.lines()
-                .position(|l| l.contains(needle))
-                .map(|i| format!("{origin}:{}", i + 1))
-                .unwrap_or_else(|| origin.to_string())
+        let at = |line: Option<usize>| match line {
+            Some(n) => format!("{origin}:{n}"),
+            None => origin.to_string(),
         };
+        let line_of = |needle: &str| at(line_number(text, 0, |l| l.contains(needle)));
         for p in &self.portals {
             PortalSpec::parse(p).map_err(|why| ConfigError(format!("{}: {why}", line_of(p))))?;
         }
@@ -429,19 +465,18 @@ impl Config {
         // The line of `needle` within the table that holds the line with `anchor` (a target's
         // name, or `[discovery`), for keys that many tables have.
         let line_in_table_of = |anchor: &str, needle: &str| {
-            let lines: Vec<&str> = text.lines().collect();
-            let at = lines.iter().position(|l| l.contains(anchor)).unwrap_or(0);
-            let table = lines
-                .iter()
-                .take(at + 1)
-                .rposition(|l| l.trim_start().starts_with('['))
-                .unwrap_or(0);
-            lines
-                .iter()
-                .skip(table)
-                .position(|l| l.contains(needle))
-                .map(|i| format!("{origin}:{}", table + i + 1))
-                .unwrap_or_else(|| line_of(anchor))
+            let anchor_line = line_number(text, 0, |l| l.contains(anchor)).unwrap_or(1);
+            let table = text
+                .lines()
+                .take(anchor_line)
+                .enumerate()
+                .filter(|(_, l)| l.trim_start().starts_with('['))
+                .last()
+                .map_or(0, |(i, _)| i);
+            match line_number(text, table, |l| l.contains(needle)) {
+                Some(n) => at(Some(n)),
+                None => line_of(anchor),
+            }
         };
         // RFC 7143 §12.1.3: the secrets of the two directions must differ, else a peer could
         // answer the target's challenge by reflecting it.
@@ -522,17 +557,16 @@ impl Config {
     }
 
     /// The memory budgets nest (connection ≤ session ≤ target) and each takes the largest
-    /// write; no timeout is zero. An error names the line of the key that is set (of the two
+    /// write; no timeout, lockout count or window is zero. An error names the line of the key that is set (of the two
     /// that do not nest, the one in the file).
     fn validate_memory(&self, text: &str, origin: &str) -> Result<(), ConfigError> {
         let line_of_key = |key: &str| {
-            text.lines()
-                .position(|l| {
-                    l.trim_start()
-                        .strip_prefix(key)
-                        .is_some_and(|rest| rest.trim_start().starts_with('='))
-                })
-                .map(|i| format!("{origin}:{}", i + 1))
+            line_number(text, 0, |l| {
+                l.trim_start()
+                    .strip_prefix(key)
+                    .is_some_and(|rest| rest.trim_start().starts_with('='))
+            })
+            .map(|n| format!("{origin}:{n}"))
         };
         let largest_write_mib = u64::from(MAX_WRITE_LEN >> 20);
         let budgets = [
@@ -562,6 +596,17 @@ impl Config {
         for (key, value) in [
             ("data_out_timeout_secs", self.data_out_timeout_secs),
             ("max_immediate_commands", self.max_immediate_commands.into()),
+            ("budget_wait_secs", self.budget_wait_secs),
+            (
+                "auth_failures_per_initiator",
+                self.auth_failures_per_initiator.into(),
+            ),
+            (
+                "auth_failures_per_address",
+                self.auth_failures_per_address.into(),
+            ),
+            ("auth_failure_window_secs", self.auth_failure_window_secs),
+            ("auth_lockout_secs", self.auth_lockout_secs),
         ] {
             if value == 0 {
                 let at = line_of_key(key).unwrap_or_else(|| origin.to_string());
@@ -576,6 +621,18 @@ impl Config {
     pub fn memory_mib(&self) -> u64 {
         self.memory_mib
             .unwrap_or_else(|| (physical_memory_mib() / 8).clamp(256, 8 << 10))
+    }
+
+    /// How failed CHAP logins lock out a name or an address (`auth_failures_per_initiator`,
+    /// `auth_failures_per_address`, `auth_failure_window_secs`, `auth_lockout_secs`).
+    pub fn auth_throttle_limits(&self) -> ThrottleLimits {
+        ThrottleLimits {
+            per_initiator: self.auth_failures_per_initiator,
+            per_address: self.auth_failures_per_address,
+            window: Duration::from_secs(self.auth_failure_window_secs),
+            lockout: Duration::from_secs(self.auth_lockout_secs),
+            ..ThrottleLimits::default()
+        }
     }
 
     /// The CHAP algorithms the target accepts (`chap_algorithms`; all when left out).
@@ -593,6 +650,15 @@ impl Config {
             .map(|(k, v)| (k.parse::<u64>().expect("validated"), v.clone()))
             .collect()
     }
+}
+
+/// The number (from 1) of the first line of `text`, from the line at index `from` on, that
+/// `wanted` accepts: where a configuration error points.
+fn line_number(text: &str, from: usize, wanted: impl Fn(&str) -> bool) -> Option<usize> {
+    text.lines()
+        .skip(from)
+        .position(wanted)
+        .map(|i| from + i + 1)
 }
 
 /// Sessions a target can have at once: one per TSIH other than 0.
@@ -867,5 +933,49 @@ read_only = true
             e.contains("x.toml:3:") && e.contains("must be a number"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn auth_lockout_and_budget_wait_are_configured() {
+        let defaults = Config::parse("", "x.toml").expect("no keys");
+        assert_eq!(
+            defaults.auth_throttle_limits(),
+            ThrottleLimits::default(),
+            "left out, the throttle keeps its defaults"
+        );
+        assert_eq!(defaults.budget_wait_secs, 5);
+        let c = Config::parse(
+            "auth_failures_per_initiator = 3\nauth_failures_per_address = 7\n\
+             auth_failure_window_secs = 120\nauth_lockout_secs = 300\nbudget_wait_secs = 9\n",
+            "x.toml",
+        )
+        .expect("valid keys");
+        let limits = c.auth_throttle_limits();
+        assert_eq!(limits.per_initiator, 3);
+        assert_eq!(limits.per_address, 7);
+        assert_eq!(limits.window, Duration::from_secs(120));
+        assert_eq!(limits.lockout, Duration::from_secs(300));
+        assert_eq!(limits.capacity, ThrottleLimits::default().capacity);
+        assert_eq!(c.budget_wait_secs, 9);
+    }
+
+    #[test]
+    fn a_zero_auth_limit_or_budget_wait_names_its_line() {
+        for key in [
+            "auth_failures_per_initiator",
+            "auth_failures_per_address",
+            "auth_failure_window_secs",
+            "auth_lockout_secs",
+            "budget_wait_secs",
+        ] {
+            let e = Config::parse(&format!("queue_depth = 8\n{key} = 0\n"), "x.toml")
+                .unwrap_err()
+                .0;
+            assert_eq!(e, format!("x.toml:2: {key} must be at least 1"));
+        }
+        let e = Config::parse("auth_lockout_secs = -1\n", "x.toml")
+            .unwrap_err()
+            .0;
+        assert!(e.starts_with("x.toml:1:"), "{e}");
     }
 }

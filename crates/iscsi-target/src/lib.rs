@@ -132,6 +132,7 @@ impl Target {
         let (shutdown, _) = watch::channel(false);
         let max_pending_logins = config.max_pending_logins as usize;
         let memory = Budget::root("target", config.memory_mib() << 20);
+        let auth_limits = config.auth_throttle_limits();
         let target = Arc::new(Target {
             directory: Arc::new(config::Directory {
                 config,
@@ -147,7 +148,7 @@ impl Target {
             admission: Mutex::new(()),
             logging_in: datamover::admission::Admission::new(max_pending_logins),
             memory,
-            auth_throttle: Mutex::new(auth_throttle::AuthThrottle::new(Default::default())),
+            auth_throttle: Mutex::new(auth_throttle::AuthThrottle::new(auth_limits)),
         });
         Ok(Bound { target, portals })
     }
@@ -753,7 +754,7 @@ fn enter_full_feature(
         timeouts: PeerTimeouts {
             data_out: Duration::from_secs(config.data_out_timeout_secs),
             send_stall: Duration::from_secs(config.nop_timeout_secs.max(1)),
-            ..PeerTimeouts::default()
+            budget_wait: Duration::from_secs(config.budget_wait_secs),
         },
     };
     let (dm, notices) = conn.into_full_feature(ffp.clone(), session.sn.clone());

@@ -17,8 +17,9 @@
 //!   blocks under a range lock; FLUSH is SYNCHRONIZE CACHE, TRIM is UNMAP (when the LUN is
 //!   thin), WRITE_ZEROES is WRITE SAME(16) (written zeros when the target refuses it), FUA is
 //!   the FUA bit. Writes are answered only after the target's GOOD status.
-//! * [`server`] is the tokio driver: TCP or Unix socket listeners, one task per client, many
-//!   requests of each client carried out at once with replies sent as they complete.
+//! * [`server`] is the tokio driver: TCP or Unix socket listeners, one task per client (at
+//!   most `max_clients`; one more is refused in the handshake), many requests of each client
+//!   carried out at once with replies sent as they complete.
 //!
 //! ```no_run
 //! use std::sync::Arc;

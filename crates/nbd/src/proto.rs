@@ -217,6 +217,10 @@ pub enum Progress {
     Transmission,
     /// The client aborted (`NBD_OPT_ABORT`): send the output and close.
     Abort,
+    /// The client chose an export with `NBD_OPT_EXPORT_NAME` from a handshake that refuses
+    /// it ([`Handshake::refusing`]); that option cannot be answered with an error, so the
+    /// connection ends (a hard disconnect).
+    Refused,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -236,6 +240,8 @@ pub struct Handshake {
     no_zeroes: bool,
     structured: bool,
     options: u32,
+    /// Why every option is refused ([`Handshake::refusing`]).
+    refusal: Option<String>,
 }
 
 impl Handshake {
@@ -254,6 +260,18 @@ impl Handshake {
             no_zeroes: false,
             structured: false,
             options: 0,
+            refusal: None,
+        }
+    }
+
+    /// The same handshake refusing the client: every option but `NBD_OPT_ABORT` is answered
+    /// with `NBD_REP_ERR_POLICY` and `reason` (the error a client reports to its user), so
+    /// the client gives up by itself, as the protocol asks of a server that will not serve
+    /// it; `NBD_OPT_EXPORT_NAME`, which has no error reply, ends in [`Progress::Refused`].
+    pub fn refusing(self, reason: String) -> Handshake {
+        Handshake {
+            refusal: Some(reason),
+            ..self
         }
     }
 
@@ -313,6 +331,7 @@ impl Handshake {
                             return Ok(Progress::Transmission);
                         }
                         Progress::Abort => return Ok(Progress::Abort),
+                        Progress::Refused => return Ok(Progress::Refused),
                     }
                 }
             }
@@ -344,6 +363,19 @@ impl Handshake {
     }
 
     fn option(&mut self, option: u32, data: &[u8]) -> Result<Progress, ProtoError> {
+        if let Some(reason) = self.refusal.clone() {
+            return Ok(match option {
+                opt::ABORT => {
+                    self.reply(option, rep::ACK, &[]);
+                    Progress::Abort
+                }
+                opt::EXPORT_NAME => Progress::Refused,
+                _ => {
+                    self.reply(option, rep::ERR_POLICY, reason.as_bytes());
+                    Progress::NeedMore
+                }
+            });
+        }
         match option {
             opt::EXPORT_NAME => {
                 let name = String::from_utf8_lossy(data).into_owned();

@@ -8,7 +8,10 @@
 //! client's `in_flight` slots from its parsing until its reply is written to the socket, so
 //! a client that does not read its replies stops being read from; a refused write's payload
 //! is skipped, not buffered; the handshake, an idle connection and a write that makes no
-//! progress are each cut after their [`Timeouts`].
+//! progress are each cut after their [`Timeouts`]. The listeners serve at most
+//! `max_clients` clients at once ([`Server::with_max_clients`]); one more is refused in the
+//! handshake (`NBD_REP_ERR_POLICY`, saying why), and past [`REFUSALS_AT_ONCE`] refusals
+//! under way it is closed as soon as it is accepted.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -26,6 +29,13 @@ use lun_io::{IoError, Lun};
 
 /// A client must choose an export within this time (the default of [`Timeouts::handshake`]).
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Clients served at once unless [`Server::with_max_clients`] says otherwise.
+pub const DEFAULT_MAX_CLIENTS: usize = 64;
+/// Clients over the limit being told so in a handshake at once; more are closed unanswered,
+/// so a flood of connections costs a bounded number of tasks.
+pub const REFUSALS_AT_ONCE: usize = 16;
+/// How long a refused client may take to hear why and go (at most the handshake timeout).
+const REFUSAL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest READ/WRITE payload of one request (the protocol's customary 32 MiB).
 pub const MAX_REQUEST: u32 = 32 << 20;
 /// Replies are gathered into one socket write up to this many bytes; read data larger
@@ -118,6 +128,11 @@ pub struct Server {
     timeouts: Timeouts,
     clients: AtomicU64,
     reply_bytes: Arc<ReplyBytes>,
+    max_clients: usize,
+    /// One permit per client the listeners serve at once.
+    client_slots: Arc<Semaphore>,
+    /// One permit per refusal handshake under way.
+    refusal_slots: Arc<Semaphore>,
 }
 
 impl Server {
@@ -144,7 +159,25 @@ impl Server {
             timeouts: Timeouts::default(),
             clients: AtomicU64::new(0),
             reply_bytes: Arc::default(),
+            max_clients: DEFAULT_MAX_CLIENTS,
+            client_slots: Arc::new(Semaphore::new(DEFAULT_MAX_CLIENTS)),
+            refusal_slots: Arc::new(Semaphore::new(REFUSALS_AT_ONCE)),
         }
+    }
+
+    /// The same server serving at most `max_clients` (at least 1) clients at once through
+    /// [`Server::serve_tcp`] and [`Server::serve_unix`].
+    pub fn with_max_clients(self, max_clients: usize) -> Server {
+        let max_clients = max_clients.max(1);
+        Server {
+            max_clients,
+            client_slots: Arc::new(Semaphore::new(max_clients)),
+            ..self
+        }
+    }
+
+    pub fn max_clients(&self) -> usize {
+        self.max_clients
     }
 
     /// The same server with `timeouts`.
@@ -178,8 +211,7 @@ impl Server {
                 a = listener.accept() => match a {
                     Ok((stream, peer)) => {
                         let _ = stream.set_nodelay(true);
-                        let s = self.clone();
-                        clients.spawn(async move { s.serve_client(stream, peer.to_string()).await });
+                        self.admit(stream, peer.to_string(), &mut clients);
                     }
                     Err(e) => {
                         tracing::warn!("nbd: accept failed: {e}");
@@ -198,9 +230,8 @@ impl Server {
             tokio::select! {
                 a = listener.accept() => match a {
                     Ok((stream, _)) => {
-                        let s = self.clone();
                         let n = self.clients.load(Ordering::Relaxed) + 1;
-                        clients.spawn(async move { s.serve_client(stream, format!("unix#{n}")).await });
+                        self.admit(stream, format!("unix#{n}"), &mut clients);
                     }
                     Err(e) => {
                         tracing::warn!("nbd: accept failed: {e}");
@@ -212,7 +243,50 @@ impl Server {
         }
     }
 
-    /// One client, from greeting to close. Ends with one log line saying why.
+    /// Serves a client just accepted, or refuses it when `max_clients` are served already.
+    fn admit<S>(self: &Arc<Self>, stream: S, peer: String, clients: &mut JoinSet<()>)
+    where
+        S: AsyncRead + AsyncWrite + Send + 'static,
+    {
+        let s = self.clone();
+        if let Ok(slot) = self.client_slots.clone().try_acquire_owned() {
+            clients.spawn(async move {
+                s.serve_client(stream, peer).await;
+                drop(slot);
+            });
+        } else if let Ok(slot) = self.refusal_slots.clone().try_acquire_owned() {
+            clients.spawn(async move {
+                s.refuse_client(stream, peer).await;
+                drop(slot);
+            });
+        } else {
+            tracing::warn!(
+                "nbd client ({peer}) refused: {} clients served and {REFUSALS_AT_ONCE} refusals under way; connection closed",
+                self.max_clients
+            );
+        }
+    }
+
+    /// A client over `max_clients`: a handshake that answers every option with the reason,
+    /// so that qemu, libnbd and nbd-client report it, instead of a connection closed before
+    /// the greeting that they report as a broken server. One log line.
+    async fn refuse_client<S>(self: Arc<Self>, stream: S, peer: String)
+    where
+        S: AsyncRead + AsyncWrite + Send + 'static,
+    {
+        let max = self.max_clients;
+        tracing::warn!("nbd client ({peer}) refused: {max} clients served already (the limit)");
+        let reason = format!("too many clients: this server serves at most {max} at once");
+        let hs = Handshake::new(self.export.clone()).refusing(reason);
+        let (mut rd, mut wr) = tokio::io::split(stream);
+        let limit = REFUSAL_TIMEOUT.min(self.timeouts.handshake);
+        // However the client ends it (abort, close, silence, nonsense), it is gone; its
+        // one line is the one above.
+        let _ = tokio::time::timeout(limit, handshake(hs, &mut rd, &mut wr)).await;
+    }
+
+    /// One client, from greeting to close. Ends with one log line saying why. (The listeners
+    /// count it against `max_clients`; called directly, it counts against nothing.)
     pub async fn serve_client<S>(self: Arc<Self>, stream: S, peer: String)
     where
         S: AsyncRead + AsyncWrite + Send + 'static,
@@ -222,6 +296,7 @@ impl Server {
         match self.client(stream).await {
             Ok(End::Disconnect) => tracing::debug!("nbd client {n} ({peer}) disconnected"),
             Ok(End::Abort) => tracing::debug!("nbd client {n} ({peer}) ended the handshake"),
+            Ok(End::Refused) => tracing::debug!("nbd client {n} ({peer}) was refused"),
             Ok(End::Closed) => {
                 tracing::debug!("nbd client {n} ({peer}) closed the connection")
             }
@@ -237,7 +312,8 @@ impl Server {
         let limit = self.timeouts.handshake;
         // The deadline covers the sends too: a client that does not read its option
         // replies cannot hold the handshake open either.
-        let hs = tokio::time::timeout(limit, handshake(self.export.clone(), &mut rd, &mut wr))
+        let hs = Handshake::new(self.export.clone());
+        let hs = tokio::time::timeout(limit, handshake(hs, &mut rd, &mut wr))
             .await
             .map_err(|_| format!("no export chosen within {limit:?}"))??;
         let (t, leftover) = match hs {
@@ -379,7 +455,7 @@ impl Server {
 /// The handshake on `rd`/`wr`: the transmission phase and the bytes past the handshake,
 /// or how the client ended it (abort, close).
 async fn handshake<R, W>(
-    export: Export,
+    mut hs: Handshake,
     rd: &mut R,
     wr: &mut W,
 ) -> Result<Result<(Transmission, BytesMut), End>, String>
@@ -387,7 +463,6 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let mut hs = Handshake::new(export);
     let mut buf = vec![0u8; 4096];
     loop {
         let out = hs.take_output();
@@ -409,6 +484,10 @@ where
                 let _ = wr.shutdown().await;
                 return Ok(Err(End::Abort));
             }
+            Progress::Refused => {
+                let _ = wr.shutdown().await;
+                return Ok(Err(End::Refused));
+            }
             Progress::Transmission => {
                 let out = hs.take_output();
                 wr.write_all(&out)
@@ -425,6 +504,8 @@ enum End {
     Disconnect,
     /// NBD_OPT_ABORT.
     Abort,
+    /// NBD_OPT_EXPORT_NAME in a refusing handshake.
+    Refused,
     /// The client closed between messages.
     Closed,
 }

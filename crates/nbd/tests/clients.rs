@@ -55,6 +55,15 @@ async fn start_with(lun: u16, timeouts: Timeouts) -> Fixture {
 /// As [`start`], the session over `scheme` (`iscsi` or `iser`: the target then serves
 /// iSCSI/TCP and iSER on one port) and the server with `timeouts`.
 async fn start_over(lun: u16, scheme: &str, timeouts: Timeouts) -> Fixture {
+    start_configured(lun, scheme, |s| s.with_timeouts(timeouts)).await
+}
+
+/// As [`start_over`], the server as `configure` makes it.
+async fn start_configured(
+    lun: u16,
+    scheme: &str,
+    configure: impl FnOnce(Server) -> Server,
+) -> Fixture {
     if let Ok(f) = std::env::var("IRONSAN_LOG") {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::new(f))
@@ -85,9 +94,12 @@ async fn start_over(lun: u16, scheme: &str, timeouts: Timeouts) -> Fixture {
             .expect("login"),
     );
     let l = Arc::new(Lun::open(session.clone(), lun).await.expect("open the LUN"));
-    let server = Arc::new(
-        Server::new(l, "lun".into(), "a test LUN".into(), IN_FLIGHT).with_timeouts(timeouts),
-    );
+    let server = Arc::new(configure(Server::new(
+        l,
+        "lun".into(),
+        "a test LUN".into(),
+        IN_FLIGHT,
+    )));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let nbd = listener.local_addr().unwrap();
     tokio::spawn(server.clone().serve_tcp(listener));
@@ -877,4 +889,93 @@ async fn refused_writes_are_answered_at_the_header_and_skipped() {
     request(&mut s, cmd::READ, 5, size - 10, 10, &[]).await;
     assert_eq!(simple_reply(&mut s).await, (0, 5));
     assert_eq!(read_n(&mut s, 10).await, [0; 10]);
+}
+
+/// Connects and asks for the export with NBD_OPT_GO: the connection in transmission, or,
+/// when the server refuses the client, the refusal's message (the client then aborts, as
+/// qemu and libnbd do, and the server closes).
+async fn client_or_refusal(a: SocketAddr) -> Result<TcpStream, String> {
+    let mut s = connect(a).await;
+    send_option(&mut s, opt::GO, &[0, 0, 0, 0, 0, 0]).await;
+    loop {
+        let (option, kind, payload) = option_reply(&mut s).await;
+        assert_eq!(option, opt::GO);
+        match kind {
+            rep::ACK => return Ok(s),
+            rep::INFO => {}
+            rep::ERR_POLICY => {
+                send_option(&mut s, opt::ABORT, &[]).await;
+                assert_eq!(option_reply(&mut s).await.1, rep::ACK);
+                closed_by_server(&mut s).await;
+                return Err(String::from_utf8_lossy(&payload).into_owned());
+            }
+            other => panic!("reply type {other:#x} to NBD_OPT_GO"),
+        }
+    }
+}
+
+/// With `max_clients` served, one more is refused in the handshake with a reason (and one
+/// choosing its export with NBD_OPT_EXPORT_NAME, which has no error reply, is closed); the
+/// served clients carry on, and once one of them goes a new client is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_over_max_clients_is_refused_until_one_goes() {
+    const MAX: usize = 3;
+    let f = start_configured(0, "iscsi", |s| s.with_max_clients(MAX)).await;
+    assert_eq!(f.server.max_clients(), MAX);
+    let mut served = Vec::new();
+    for _ in 0..MAX {
+        served.push(client_or_refusal(f.nbd).await.expect("under the limit"));
+    }
+    let why = client_or_refusal(f.nbd)
+        .await
+        .expect_err("one over the limit is refused");
+    if have(
+        "nbdinfo",
+        "a_client_over_max_clients_is_refused_until_one_goes (nbdinfo)",
+    ) {
+        let o = run("nbdinfo", &["--size", &uri(f.nbd)]).await;
+        assert!(!o.status.success(), "{}", text(&o));
+        // libnbd names the refusal, not the server's message.
+        assert!(
+            text(&o).contains("server policy prevents NBD_OPT_GO"),
+            "{}",
+            text(&o)
+        );
+    }
+    assert!(
+        why.contains("too many clients") && why.contains("at most 3"),
+        "{why}"
+    );
+    let mut by_name = connect(f.nbd).await;
+    send_option(&mut by_name, opt::EXPORT_NAME, b"").await;
+    closed_by_server(&mut by_name).await;
+    for (i, s) in served.iter_mut().enumerate() {
+        let data = random_bytes(4096, i as u64);
+        request(s, cmd::WRITE, 2 * i as u64, 4096 * i as u64, 4096, &data).await;
+        assert_eq!(simple_reply(s).await, (0, 2 * i as u64));
+        request(s, cmd::READ, 2 * i as u64 + 1, 4096 * i as u64, 4096, &[]).await;
+        assert_eq!(simple_reply(s).await, (0, 2 * i as u64 + 1));
+        assert_eq!(read_n(s, 4096).await, data);
+    }
+    let mut leaving = served.pop().expect("served");
+    request(&mut leaving, cmd::DISC, 0, 0, 0, &[]).await;
+    closed_by_server(&mut leaving).await;
+    // The slot is given back when the server's task for that client ends, just after the
+    // close: a client in between may still be refused.
+    let t = Instant::now();
+    let mut newcomer = loop {
+        match client_or_refusal(f.nbd).await {
+            Ok(s) => break s,
+            Err(why) => {
+                assert!(t.elapsed() < LIMIT, "still refused: {why}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    request(&mut newcomer, cmd::FLUSH, 7, 0, 0, &[]).await;
+    assert_eq!(simple_reply(&mut newcomer).await, (0, 7));
+    assert!(
+        client_or_refusal(f.nbd).await.is_err(),
+        "the limit holds again"
+    );
 }

@@ -35,6 +35,10 @@ pub struct NbdArgs {
     /// many seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub stall_timeout: u64,
+    /// Clients served at once; one more is refused in the handshake (its NBD_OPT_GO is
+    /// answered with NBD_REP_ERR_POLICY, "too many clients").
+    #[arg(long, value_name = "N", default_value_t = nbd::server::DEFAULT_MAX_CLIENTS as u64, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub max_clients: u64,
     #[command(flatten)]
     pub login: LoginOpts,
 }
@@ -79,7 +83,8 @@ pub fn run(args: NbdArgs) -> anyhow::Result<()> {
         };
         let server = Arc::new(
             nbd::server::Server::new(lun.clone(), name.clone(), description, in_flight)
-                .with_timeouts(timeouts),
+                .with_timeouts(timeouts)
+                .with_max_clients(args.max_clients as usize),
         );
         let listener = match &args.socket {
             Some(path) => {

@@ -603,3 +603,38 @@ fn structured_replies() {
     let n = u16::from_be_bytes([h[24], h[25]]) as usize;
     assert!(n <= 1024 && std::str::from_utf8(&h[26..26 + n]).is_ok());
 }
+
+#[test]
+fn a_refusing_handshake_errors_every_option_but_abort() {
+    let mut h = Handshake::new(export()).refusing("too many clients".into());
+    let _greeting = h.take_output();
+    let mut input = FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
+    input.extend(option(opt::STRUCTURED_REPLY, &[]));
+    input.extend(option(opt::LIST, &[]));
+    input.extend(option(opt::GO, &go_data("disk", &[])));
+    assert_eq!(h.receive(&input), Ok(Progress::NeedMore));
+    let out = h.take_output();
+    let mut rest = &out[..];
+    for code in [opt::STRUCTURED_REPLY, opt::LIST, opt::GO] {
+        assert_eq!(
+            take_reply(&mut rest),
+            (code, rep::ERR_POLICY, b"too many clients".to_vec())
+        );
+    }
+    assert!(rest.is_empty(), "nothing but the refusals: {rest:?}");
+    assert!(!h.structured());
+    assert_eq!(h.receive(&option(opt::ABORT, &[])), Ok(Progress::Abort));
+    let out = h.take_output();
+    assert_eq!(take_reply(&mut &out[..]), (opt::ABORT, rep::ACK, vec![]));
+
+    let mut h = Handshake::new(export()).refusing("too many clients".into());
+    let mut input = FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
+    input.extend(option(opt::EXPORT_NAME, b"disk"));
+    assert_eq!(h.receive(&input), Ok(Progress::Refused));
+    let greeting_only = h.take_output();
+    assert_eq!(
+        greeting_only.len(),
+        18,
+        "no export details for a refused client"
+    );
+}
