@@ -11,7 +11,8 @@
 //! each: the send CQ is polled whenever the task runs but armed only while someone waits for
 //! one of its completions (an RDMA Read's issuer, a sender out of buffers), since most of
 //! them only give a buffer back. While completions keep coming the task polls again after the
-//! tasks they woke have run, and arms the CQs only when it finds them empty.
+//! tasks they woke have run, and arms the CQs only when it finds them empty. A peer that
+//! stops taking part is dropped with [`Endpoint::abort`] (an orderly close would wait for it).
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
@@ -489,6 +490,12 @@ impl<P: Device> Endpoint<P> {
     /// Closes the connection: queued work goes out, then it is shut down.
     pub fn close(&self) {
         self.qp.disconnect();
+    }
+
+    /// Drops the connection at once, whatever is queued or outstanding: for a peer that
+    /// stopped taking part, which an orderly [`Endpoint::close`] would wait for.
+    pub fn abort(&self) {
+        self.qp.abort();
     }
 
     /// Resolves once the connection is over: closed by both sides (or failed), its work
