@@ -8,7 +8,8 @@
 //! Invalidate of the command's STag when negotiated, posted after the command's data so the
 //! queue pair's ordering places the data first. iSER has no phase collapse: status given
 //! with the data becomes a SCSI Response. Every PDU is stamped (StatSN, ExpCmdSN, MaxCmdSN)
-//! as it is posted, so numbers follow wire order.
+//! as it is posted, so numbers follow wire order. A peer that takes none of what is sent to
+//! it for the send-stall time loses the connection ([`Endpoint::drop_when_send_stalls`]).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -125,6 +126,9 @@ pub(crate) fn start<P: Device>(
         next_ttt: AtomicU32::new(1),
         peer: s.peer,
     });
+    shared
+        .ep
+        .drop_when_send_stalls(shared.cfg.timeouts.send_stall);
     let (notices, rx) = NoticeOut::new(shared.ep.recv_credit());
     let receiver = Receiver {
         sh: shared.clone(),

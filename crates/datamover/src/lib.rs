@@ -295,7 +295,8 @@ pub struct PeerTimeouts {
     /// Over iSER an RDMA Read unanswered this long drops the connection at any level.
     pub data_out: std::time::Duration,
     /// The peer accepts none of what is sent to it for this long (its receive window stays
-    /// shut): the connection is dropped, whatever the peer keeps sending.
+    /// shut; over iSER, none of the Sends and RDMA Writes queued for it complete): the
+    /// connection is dropped, whatever the peer keeps sending.
     pub send_stall: std::time::Duration,
     /// How long a command may wait for memory to be given back before it is refused with
     /// TASK SET FULL.

@@ -8,8 +8,8 @@
 //! breaks the rules; more Sends outstanding than the target has receives posted while its
 //! session is busy (during login, a non-login PDU ends the connection at once; the login
 //! channel's own credit is the endpoint's unit test); a WRITE past its connection's memory
-//! budget; a peer on a driven RNIC whose engine the test stops ([`Peer::driven`]) that never
-//! answers the target's RDMA Read.
+//! budget. Peers on a driven RNIC whose engine the test stops ([`Peer::driven`]) never
+//! answer the target's RDMA Read, or stop reading their socket.
 //!
 //! Each case must end as the standards say (a Terminate from the RNIC that saw the bad
 //! access, a closed connection, or a Reject and CHECK CONDITION) and touch nothing else: a
@@ -1421,4 +1421,74 @@ async fn a_write_whose_rdma_read_is_never_answered_ends_its_connection() {
         "the target ended the connection"
     );
     others_carry_on(addr, &mut keeper, 63);
+}
+
+/// READs from an initiator whose RNIC then stops reading its socket: the target's RDMA
+/// Writes and status Sends stop completing, and after the send-stall time (the NOP timeout)
+/// the target drops the connection, and with it what the commands held; other sessions
+/// carry on meanwhile. Before, the connection and its commands stayed for as long as the
+/// peer kept its socket open: once it read again, every read completed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_stops_reading_is_dropped_after_the_send_stall_time() {
+    // Pings every minute: what ends the connection here is the send stall, not a ping
+    // that goes unanswered.
+    let addr = start_target_with("nop_timeout_secs = 2\nnop_interval_secs = 60").await;
+    let mut keeper = Peer::logged_in(addr);
+    let mut p = Peer::driven().connect(addr, &Connect::default());
+    p.login();
+    // 32 MiB of read data: more than the sockets and the target's RNIC buffer between them.
+    const READS: usize = 16;
+    const LEN: usize = 2 << 20;
+    // A region each: a status invalidates its read's STag.
+    let sinks: Vec<rnic::Mr> = (0..READS)
+        .map(|_| p.reg(LEN, Access::REMOTE_WRITE))
+        .collect();
+    let mut itts = Vec::new();
+    for (i, sink) in sinks.iter().enumerate() {
+        let blocks = (LEN / 512) as u16;
+        let lba = (i % 8) as u32 * u32::from(blocks);
+        let b = p.command_bhs(&read10(lba, blocks), LEN as u32, 0, 0);
+        itts.push(be32(&b[16..20]));
+        let header = iser_header(None, Some((sink.rkey(), sink.addr())));
+        if i + 1 < READS {
+            assert!(p.post_pdu(&header, &b, &[]));
+        } else {
+            p.post_pdu_then_freeze(&header, &b, &[]);
+        }
+    }
+    let start = Instant::now();
+    // Another session writes blocks the stalled reads hold (read data leaves straight from
+    // the RAM LUN's image, whose range stays locked until its RDMA Write completes): done
+    // once the connection is dropped.
+    keeper.roundtrip(1300, 43);
+    let first_write = start.elapsed();
+    assert!(
+        first_write < Duration::from_secs(5),
+        "the other session's write waited {first_write:?} for the stalled reads"
+    );
+    // Past the 2 s send stall and the check's lag, other sessions' I/O goes on.
+    let mut round = 1;
+    while start.elapsed() < Duration::from_millis(4500) {
+        keeper.roundtrip(1300 + round * 100, 43);
+        round += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Running again, the peer gets what was already in the sockets, then the end.
+    p.frozen = false;
+    let mut answered = 0;
+    while let Some(r) = p.recv_or_end() {
+        assert_eq!(r.opcode(), 0x21, "a SCSI Response, got {r:?}");
+        assert!(itts.contains(&r.itt()));
+        answered += 1;
+    }
+    assert_eq!(
+        p.qp.state(),
+        QpState::Error,
+        "the target ended the connection"
+    );
+    assert!(
+        answered < READS,
+        "the connection was dropped before all {READS} reads were answered ({answered} were)"
+    );
+    others_carry_on(addr, &mut keeper, 64);
 }
