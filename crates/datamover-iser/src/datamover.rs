@@ -3,11 +3,13 @@
 //! data rides behind the BHS), unsolicited Data-Out and control PDUs. Read data leaves as
 //! RDMA Writes into the Read STag, solicited write data is fetched with RDMA Reads from the
 //! Write STag (the initiator's Write address is where its solicited data begins, as Linux
-//! sets it), no more Reads in flight than the negotiated ORD; status goes as a Send, with
+//! sets it), no more Reads in flight than the negotiated ORD, and a Read unanswered past the
+//! data-out timeout drops the connection; status goes as a Send, with
 //! Invalidate of the command's STag when negotiated, posted after the command's data so the
 //! queue pair's ordering places the data first. iSER has no phase collapse: status given
 //! with the data becomes a SCSI Response. Every PDU is stamped (StatSN, ExpCmdSN, MaxCmdSN)
-//! as it is posted, so numbers follow wire order.
+//! as it is posted, so numbers follow wire order. A peer that takes none of what is sent to
+//! it for the send-stall time loses the connection ([`Endpoint::drop_when_send_stalls`]).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -124,6 +126,9 @@ pub(crate) fn start<P: Device>(
         next_ttt: AtomicU32::new(1),
         peer: s.peer,
     });
+    shared
+        .ep
+        .drop_when_send_stalls(shared.cfg.timeouts.send_stall);
     let (notices, rx) = NoticeOut::new(shared.ep.recv_credit());
     let receiver = Receiver {
         sh: shared.clone(),
@@ -187,12 +192,16 @@ impl<P: Device> Shared<P> {
     }
 
     /// Fetches `len` bytes at `remote` of the initiator's `stag` with one RDMA Read into
-    /// `into` at `offset`.
+    /// `into` at `offset`, for the write `itt`. A Read that gets no response within the
+    /// data-out timeout (an initiator that never answers would hold the write's region, its
+    /// budget and its task for ever) drops the connection, as a write whose Data-Out never
+    /// comes does over TCP.
     async fn rdma_read(
         &self,
+        itt: u32,
         stag: u32,
         remote: u64,
-        into: &PooledMr<P>,
+        into: &Arc<PooledMr<P>>,
         offset: u32,
         len: u32,
     ) -> Result<(), DmError> {
@@ -207,10 +216,25 @@ impl<P: Device> Shared<P> {
             signaled: true,
         };
         let posted = std::time::Instant::now();
-        self.ep
-            .post_and_wait(wr)
-            .await
-            .map_err(|_| DmError::Closed)?;
+        let limit = self.cfg.timeouts.data_out;
+        let Ok(done) = tokio::time::timeout(limit, self.ep.post_and_wait(wr)).await else {
+            tracing::warn!(
+                peer = %self.peer,
+                "write ITT 0x{itt:08x}: an RDMA Read of {len} bytes got no response in {} s: dropping the connection",
+                limit.as_secs_f32()
+            );
+            self.ep.abort();
+            // The Read Response may still land in the region until the queue pair is down:
+            // it goes back to the pool only then.
+            let region = into.clone();
+            let ended = self.ep.when_ended();
+            tokio::spawn(async move {
+                ended.await;
+                drop(region);
+            });
+            return Err(DmError::Closed);
+        };
+        done.map_err(|_| DmError::Closed)?;
         let took = posted.elapsed();
         if took > std::time::Duration::from_millis(100) {
             tracing::debug!(peer = %self.peer, len, ?took, "a slow RDMA Read");
@@ -375,6 +399,7 @@ impl<P: Device> Datamover for IserDatamover<P> {
                     .with_slot(itt, |slot| slot.region.as_ref().map(|(r, _)| r.clone()))?
                     .expect("a slot that has not failed has its region");
                 sh.rdma_read(
+                    itt,
                     stag,
                     va + u64::from(r.offset - base),
                     &region,

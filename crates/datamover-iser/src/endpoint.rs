@@ -11,7 +11,10 @@
 //! each: the send CQ is polled whenever the task runs but armed only while someone waits for
 //! one of its completions (an RDMA Read's issuer, a sender out of buffers), since most of
 //! them only give a buffer back. While completions keep coming the task polls again after the
-//! tasks they woke have run, and arms the CQs only when it finds them empty.
+//! tasks they woke have run, and arms the CQs only when it finds them empty. A peer that
+//! stops taking part is dropped with [`Endpoint::abort`] (an orderly close would wait for it):
+//! in full feature phase a watch drops a connection whose Sends and RDMA Writes stop
+//! completing ([`Endpoint::drop_when_send_stalls`]).
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
@@ -103,6 +106,12 @@ pub struct Endpoint<P: Provider> {
     send_watchers: AtomicUsize,
     /// Makes the completion task poll at once (a new watcher whose completion may be in).
     poll_now: Notify,
+    /// Sends and RDMA Writes posted and not completed yet (RDMA Reads are bounded by their
+    /// issuer, see [`Endpoint::post_and_wait`]).
+    transmits_outstanding: AtomicUsize,
+    /// Sends and RDMA Writes completed so far: the progress [`Endpoint::drop_when_send_stalls`]
+    /// watches for.
+    transmits_done: AtomicU64,
     // The pools hold the device and the protection domain, which must live as long as the
     // queue pair that uses them (a provider's progress may stop when its last handle goes).
 }
@@ -277,6 +286,8 @@ impl<P: Device> Endpoint<P> {
             send_cq,
             send_watchers: AtomicUsize::new(0),
             poll_now: Notify::new(),
+            transmits_outstanding: AtomicUsize::new(0),
+            transmits_done: AtomicU64::new(0),
         });
         for slot in 0..buffers.recv_slots {
             ep.post_recv(slot)?;
@@ -324,6 +335,9 @@ impl<P: Device> Endpoint<P> {
     }
 
     fn ticket(&self, what: Pending) -> u64 {
+        if matches!(what, Pending::Send(_) | Pending::Holding(_)) {
+            self.transmits_outstanding.fetch_add(1, Ordering::Relaxed);
+        }
         let t = self.next_ticket.fetch_add(1, Ordering::Relaxed);
         self.pending.lock().expect("pending").insert(t, what);
         t
@@ -471,6 +485,10 @@ impl<P: Device> Endpoint<P> {
         let Some(p) = self.pending.lock().expect("pending").remove(&ticket) else {
             return;
         };
+        if matches!(p, Pending::Send(_) | Pending::Holding(_)) {
+            self.transmits_outstanding.fetch_sub(1, Ordering::Relaxed);
+            self.transmits_done.fetch_add(1, Ordering::Relaxed);
+        }
         match p {
             Pending::Send(slot) => {
                 self.send_free.lock().expect("send_free").push(slot);
@@ -489,6 +507,64 @@ impl<P: Device> Endpoint<P> {
     /// Closes the connection: queued work goes out, then it is shut down.
     pub fn close(&self) {
         self.qp.disconnect();
+    }
+
+    /// Drops the connection at once, whatever is queued or outstanding: for a peer that
+    /// stopped taking part, which an orderly [`Endpoint::close`] would wait for.
+    pub fn abort(&self) {
+        self.qp.abort();
+    }
+
+    /// From now on, a connection whose Sends and RDMA Writes wait `limit` with none of them
+    /// completing is dropped ([`Endpoint::abort`]): its peer has stopped taking what is sent
+    /// (on iWARP, stopped reading its TCP socket), and would otherwise hold the commands
+    /// behind them, the regions they leave from and the send buffers for ever. Checked
+    /// every quarter of `limit` by a task that ends with the connection, so a stall is
+    /// found between `limit` and 2 × `limit` after it began.
+    pub fn drop_when_send_stalls(self: &Arc<Self>, limit: std::time::Duration) {
+        const TICKS: u32 = 4;
+        let ep = Arc::downgrade(self);
+        let ended = self.when_ended();
+        let watching = async move {
+            let period = (limit / TICKS).max(std::time::Duration::from_millis(1));
+            let mut tick = tokio::time::interval(period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut seen = None;
+            // Ticks in a row that found work outstanding and none completed since the last.
+            let mut quiet = 0;
+            loop {
+                tick.tick().await;
+                let Some(ep) = ep.upgrade() else { return };
+                let done = ep.transmits_done.load(Ordering::Relaxed);
+                let waiting = ep.transmits_outstanding.load(Ordering::Relaxed) > 0;
+                quiet = if waiting && seen == Some(done) {
+                    quiet + 1
+                } else {
+                    0
+                };
+                seen = Some(done);
+                // One tick more than `limit` holds: the work seen first may have been posted
+                // just before that tick.
+                if quiet > TICKS {
+                    tracing::warn!(
+                        peer = %ep.peer_name(),
+                        "the peer took none of the Sends and RDMA Writes queued for it in {} s (it stopped reading): dropping the connection",
+                        limit.as_secs_f32()
+                    );
+                    ep.abort();
+                    return;
+                }
+                // Send completions wait in the send CQ until something polls it: have them
+                // counted by the next tick.
+                ep.poll_now.notify_one();
+            }
+        };
+        tokio::spawn(async move {
+            tokio::select! {
+                () = ended => {}
+                () = watching => {}
+            }
+        });
     }
 
     /// Resolves once the connection is over: closed by both sides (or failed), its work

@@ -3,7 +3,9 @@
 //! [`endpoint`] is one connection as iSER uses it: a queue pair, a completion task woken by
 //! the completion channel, a ring of registered receive buffers kept posted (iWARP has no
 //! receiver-not-ready retry) and a pool of registered send buffers; a peer with more Sends
-//! waiting for the session than receives posted loses the connection ([`credit`]). [`target`] accepts a
+//! waiting for the session than receives posted loses the connection ([`credit`]), and so
+//! does, abortively, a peer that takes none of what is sent to it for the send-stall time or
+//! leaves an RDMA Read unanswered past the data-out timeout. [`target`] accepts a
 //! connection (the iSER word of the CM private data both ways) and runs the login phase in
 //! iSER mode from the first PDU; [`datamover`] is the target's full feature phase (Data-In as
 //! RDMA Writes, solicited data as RDMA Reads, status in Send with Invalidate), its RDMA

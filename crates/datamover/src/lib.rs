@@ -292,9 +292,11 @@ pub struct PeerTimeouts {
     /// A write whose data was asked for (R2T) gets none for this long: at
     /// ErrorRecoveryLevel 0 the connection is dropped (its tasks end with it); above, what
     /// is missing is asked for again, and after this long again without data it is dropped.
+    /// Over iSER an RDMA Read unanswered this long drops the connection at any level.
     pub data_out: std::time::Duration,
     /// The peer accepts none of what is sent to it for this long (its receive window stays
-    /// shut): the connection is dropped, whatever the peer keeps sending.
+    /// shut; over iSER, none of the Sends and RDMA Writes queued for it complete): the
+    /// connection is dropped, whatever the peer keeps sending.
     pub send_stall: std::time::Duration,
     /// How long a command may wait for memory to be given back before it is refused with
     /// TASK SET FULL.

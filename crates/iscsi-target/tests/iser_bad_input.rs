@@ -8,7 +8,8 @@
 //! breaks the rules; more Sends outstanding than the target has receives posted while its
 //! session is busy (during login, a non-login PDU ends the connection at once; the login
 //! channel's own credit is the endpoint's unit test); a WRITE past its connection's memory
-//! budget.
+//! budget. Peers on a driven RNIC whose engine the test stops ([`Peer::driven`]) never
+//! answer the target's RDMA Read, or stop reading their socket.
 //!
 //! Each case must end as the standards say (a Terminate from the RNIC that saw the bad
 //! access, a closed connection, or a Reject and CHECK CONDITION) and touch nothing else: a
@@ -171,6 +172,11 @@ struct Peer {
     cmd_sn: u32,
     exp_stat_sn: u32,
     next_itt: u32,
+    /// The engine of a driven RNIC ([`Peer::driven`]), turned by [`Peer::poll`].
+    driver: Option<rnic::Driver>,
+    /// A driven RNIC whose engine is no longer turned: it neither reads its socket nor
+    /// answers RDMA Read Requests, as a hostile user-space RNIC may do.
+    frozen: bool,
     /// Declared last: the RNIC's progress thread outlives the queue pair.
     dev: Rnic,
 }
@@ -178,7 +184,17 @@ struct Peer {
 impl Peer {
     /// A queue pair with every receive posted, not connected yet.
     fn new(max_send_wr: u32) -> Peer {
-        let dev = Rnic::new().unwrap();
+        Peer::on(Rnic::new().unwrap(), None, max_send_wr)
+    }
+
+    /// [`Peer::new`] on an RNIC without a progress thread: its engine moves only when the
+    /// test polls, so the test can stop it.
+    fn driven() -> Peer {
+        let (dev, driver) = Rnic::new_driven(|| {}).unwrap();
+        Peer::on(dev, Some(driver), 256)
+    }
+
+    fn on(dev: Rnic, driver: Option<rnic::Driver>, max_send_wr: u32) -> Peer {
         let pd = dev.alloc_pd().unwrap();
         let cq = dev.create_cq(4096, None).unwrap();
         let caps = QpCaps {
@@ -217,6 +233,8 @@ impl Peer {
             cmd_sn: 1,
             exp_stat_sn: 0,
             next_itt: 0x100,
+            driver,
+            frozen: false,
             dev,
         }
     }
@@ -255,8 +273,16 @@ impl Peer {
     }
 
     /// Moves every waiting completion: received Sends are queued (their buffers posted
-    /// again), Send and RDMA Read completions counted, the first error kept.
+    /// again), Send and RDMA Read completions counted, the first error kept. A driven RNIC's
+    /// engine is turned first, unless it is frozen.
     fn poll(&mut self) -> usize {
+        if let Some(driver) = self.driver.as_mut().filter(|_| !self.frozen) {
+            for _ in 0..64 {
+                if !matches!(driver.turn(), rnic::Turn::More) {
+                    break;
+                }
+            }
+        }
         let mut wcs = [Wc::EMPTY; 64];
         let n = self.cq.poll(&mut wcs);
         for wc in &wcs[..n] {
@@ -327,6 +353,25 @@ impl Peer {
 
     fn post_pdu(&mut self, header: &[u8; 28], bhs: &[u8; 48], data: &[u8]) -> bool {
         self.post(&send_bytes(header, bhs, data))
+    }
+
+    /// Posts one more Send on a driven RNIC, turns its engine one turn at a time until every
+    /// Send has left, and freezes it: what the target sends in answer is neither read nor
+    /// answered (a turn reads before it writes, so nothing after the last Send is taken).
+    fn post_pdu_then_freeze(&mut self, header: &[u8; 28], bhs: &[u8; 48], data: &[u8]) {
+        assert!(self.post_pdu(header, bhs, data));
+        self.frozen = true;
+        let mut driver = self.driver.take().expect("a driven RNIC");
+        let deadline = Instant::now() + WAIT;
+        while self.sends_done < self.sends_posted {
+            assert!(Instant::now() < deadline, "the Sends never left");
+            assert!(self.errors.is_empty(), "{:?}", self.errors);
+            driver.turn();
+            if self.poll() == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        self.driver = Some(driver);
     }
 
     /// The next received PDU, or None when the connection ends (or nothing comes in time).
@@ -1308,4 +1353,142 @@ async fn a_write_whose_unsolicited_data_never_comes_ends_its_connection() {
         "after the 2 s data-out timeout: {took:?}"
     );
     others_carry_on(addr, &mut keeper, 61);
+}
+
+/// A WRITE whose data the target fetches by RDMA Read, from an initiator whose RNIC never
+/// answers the Read Request: after the data-out timeout the target drops the connection,
+/// which gives the write's memory back (another session's large write finds room again),
+/// and other sessions carry on meanwhile. Before, the task, its region and its budget were
+/// held for as long as the peer kept the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_rdma_read_is_never_answered_ends_its_connection() {
+    let addr = start_target_with(
+        "data_out_timeout_secs = 2\nconnection_memory_mib = 64\nsession_memory_mib = 64\n\
+         memory_mib = 64",
+    )
+    .await;
+    let mut keeper = Peer::logged_in(addr);
+    let mut p = Peer::driven().connect(addr, &Connect::default());
+    p.login();
+    // 48 MiB announced, all to be fetched by RDMA Read (none of it ever is).
+    let source = p.reg(8192, Access::REMOTE_READ);
+    let hostile = p.command_bhs(&write10(40, 16), 0, 48 << 20, 0);
+    p.post_pdu_then_freeze(
+        &iser_header(Some((source.rkey(), source.addr())), None),
+        &hostile,
+        &[],
+    );
+    let start = Instant::now();
+    // Time for the target to take the hostile write first.
+    std::thread::sleep(Duration::from_millis(300));
+    // A 32 MiB write of another session: no room while the 48 MiB are held.
+    let big = 32usize << 20;
+    let data = pattern(8192, 41);
+    let region = keeper.reg(big, Access::REMOTE_READ);
+    region.write_at(0, &data);
+    let mut refused = 0;
+    let room_after = loop {
+        assert!(
+            start.elapsed() < WAIT,
+            "the hostile write's memory never came back"
+        );
+        let b = keeper.command_bhs(&write10(80, 16), 0, big as u32, 0);
+        // A refusal's response invalidated the STag the last attempt named.
+        let stag = region.revalidate();
+        assert!(keeper.post_pdu(&iser_header(Some((stag, region.addr())), None), &b, &[]));
+        match keeper.response(be32(&b[16..20])).0 {
+            0 => break start.elapsed(),
+            0x28 => refused += 1,
+            other => panic!("status 0x{other:02x}"),
+        }
+        // The session's other I/O goes on meanwhile.
+        keeper.roundtrip(1200, 42);
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(refused > 0, "the hostile write held its memory at first");
+    assert!(
+        room_after >= Duration::from_millis(1500) && room_after < Duration::from_secs(5),
+        "memory back after the 2 s data-out timeout: {room_after:?}"
+    );
+    assert_eq!(keeper.read(80, 16).1, data, "the large write landed");
+    // The hostile peer, running again, finds its connection gone, its write unanswered.
+    p.frozen = false;
+    let got = p.recv_or_end();
+    assert!(got.is_none(), "no answer but the end: {got:?}");
+    assert_eq!(
+        p.qp.state(),
+        QpState::Error,
+        "the target ended the connection"
+    );
+    others_carry_on(addr, &mut keeper, 63);
+}
+
+/// READs from an initiator whose RNIC then stops reading its socket: the target's RDMA
+/// Writes and status Sends stop completing, and after the send-stall time (the NOP timeout)
+/// the target drops the connection, and with it what the commands held; other sessions
+/// carry on meanwhile. Before, the connection and its commands stayed for as long as the
+/// peer kept its socket open: once it read again, every read completed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_stops_reading_is_dropped_after_the_send_stall_time() {
+    // Pings every minute: what ends the connection here is the send stall, not a ping
+    // that goes unanswered.
+    let addr = start_target_with("nop_timeout_secs = 2\nnop_interval_secs = 60").await;
+    let mut keeper = Peer::logged_in(addr);
+    let mut p = Peer::driven().connect(addr, &Connect::default());
+    p.login();
+    // 32 MiB of read data: more than the sockets and the target's RNIC buffer between them.
+    const READS: usize = 16;
+    const LEN: usize = 2 << 20;
+    // A region each: a status invalidates its read's STag.
+    let sinks: Vec<rnic::Mr> = (0..READS)
+        .map(|_| p.reg(LEN, Access::REMOTE_WRITE))
+        .collect();
+    let mut itts = Vec::new();
+    for (i, sink) in sinks.iter().enumerate() {
+        let blocks = (LEN / 512) as u16;
+        let lba = (i % 8) as u32 * u32::from(blocks);
+        let b = p.command_bhs(&read10(lba, blocks), LEN as u32, 0, 0);
+        itts.push(be32(&b[16..20]));
+        let header = iser_header(None, Some((sink.rkey(), sink.addr())));
+        if i + 1 < READS {
+            assert!(p.post_pdu(&header, &b, &[]));
+        } else {
+            p.post_pdu_then_freeze(&header, &b, &[]);
+        }
+    }
+    let start = Instant::now();
+    // Another session writes blocks the stalled reads hold (read data leaves straight from
+    // the RAM LUN's image, whose range stays locked until its RDMA Write completes): done
+    // once the connection is dropped.
+    keeper.roundtrip(1300, 43);
+    let first_write = start.elapsed();
+    assert!(
+        first_write < Duration::from_secs(5),
+        "the other session's write waited {first_write:?} for the stalled reads"
+    );
+    // Past the 2 s send stall and the check's lag, other sessions' I/O goes on.
+    let mut round = 1;
+    while start.elapsed() < Duration::from_millis(4500) {
+        keeper.roundtrip(1300 + round * 100, 43);
+        round += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Running again, the peer gets what was already in the sockets, then the end.
+    p.frozen = false;
+    let mut answered = 0;
+    while let Some(r) = p.recv_or_end() {
+        assert_eq!(r.opcode(), 0x21, "a SCSI Response, got {r:?}");
+        assert!(itts.contains(&r.itt()));
+        answered += 1;
+    }
+    assert_eq!(
+        p.qp.state(),
+        QpState::Error,
+        "the target ended the connection"
+    );
+    assert!(
+        answered < READS,
+        "the connection was dropped before all {READS} reads were answered ({answered} were)"
+    );
+    others_carry_on(addr, &mut keeper, 64);
 }

@@ -392,6 +392,14 @@ pub trait QueuePair: Send + Sync {
     /// Orderly close: queued sends go out, then the connection is shut down; outstanding work
     /// requests are flushed once the peer has closed too.
     fn disconnect(&self);
+    /// Abortive close, for a peer that stopped taking part: the connection is torn down at
+    /// once, whatever is still queued or outstanding, and every work request is flushed (an
+    /// orderly [`QueuePair::disconnect`] waits for the peer to take the queued sends and
+    /// answer the outstanding RDMA Reads). By default the orderly close, for providers whose
+    /// disconnect already does this (rdma_disconnect moves the QP to the error state).
+    fn abort(&self) {
+        self.disconnect();
+    }
     /// Waits until the QP is in the error state (disconnected); true if it got there in time.
     fn wait_closed(&self, timeout: Duration) -> bool;
 }

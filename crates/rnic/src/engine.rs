@@ -63,6 +63,9 @@ pub(crate) enum Cmd {
     Kick(u32),
     Disconnect(u32),
     Abort(u32),
+    /// Tears a connection down at once: what is queued is dropped, everything outstanding
+    /// flushed, the socket shut (see `QueuePair::abort`).
+    Reset(u32),
     /// Moves a QP to the error state for a local reason (e.g. its CQ overflowed).
     Fail(u32, String),
     Stop,
@@ -265,6 +268,14 @@ impl Engine {
             Cmd::Disconnect(n) => {
                 if let Some(c) = self.conns.get_mut(&n) {
                     c.closing = true;
+                    ready.push(n);
+                }
+            }
+            Cmd::Reset(n) => {
+                if let Some(c) = self.conns.get_mut(&n) {
+                    c.fail(None, Some("connection aborted".into()));
+                    // Not waiting for the output queue to drain: the peer may never take it.
+                    c.finish();
                     ready.push(n);
                 }
             }

@@ -255,6 +255,15 @@ impl QueuePair for Qp {
         }
     }
 
+    fn abort(&self) {
+        let attached = self.shared.q.lock().unwrap().attached;
+        if attached {
+            self.shared.engine.send(Cmd::Reset(self.shared.num));
+        } else {
+            self.shared.flush_all(Some("connection aborted".into()));
+        }
+    }
+
     fn wait_closed(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let mut q = self.shared.q.lock().unwrap();

@@ -569,3 +569,71 @@ fn payload_sent_by_its_owners_block_crcs_arrives_intact_and_a_wrong_crc_is_caugh
     let err = err.expect("the receiver rejected the wrong CRC");
     assert!(err.contains("CRC"), "{err}");
 }
+
+/// A peer whose engine never turns answers no RDMA Read and reads nothing: an orderly
+/// disconnect would wait for it for ever, an abort tears the connection down at once, and
+/// the outstanding Read and the RDMA Writes stuck behind the full socket are flushed.
+#[test]
+fn abort_ends_a_connection_whose_peer_stopped() {
+    let a = Rnic::new().unwrap();
+    let pda = a.alloc_pd().unwrap();
+    let (b, _stopped_engine) = Rnic::new_driven(|| {}).unwrap();
+    let pdb = b.alloc_pd().unwrap();
+    let params = ConnParams {
+        first_fpdu_delay: Duration::ZERO,
+        ..Default::default()
+    };
+    let (ea, _eb) = pair(&a, &pda, &b, &pdb, params, |_, _| {});
+    const LEN: usize = 4 << 20;
+    let remote = b
+        .reg_mr(&pdb, LEN, Access::REMOTE_READ | Access::REMOTE_WRITE)
+        .unwrap();
+    let local = a.reg_mr(&pda, LEN, Access::LOCAL_WRITE).unwrap();
+    ea.qp
+        .post_send(SendWr {
+            wr_id: 1,
+            op: SendOp::RdmaRead {
+                remote_addr: remote.addr(),
+                rkey: remote.rkey(),
+            },
+            sges: vec![local.sge(0, 4096)],
+            signaled: true,
+        })
+        .unwrap();
+    // More than the sockets between them hold.
+    const WRITES: u64 = 16;
+    for i in 0..WRITES {
+        ea.qp
+            .post_send(SendWr {
+                wr_id: 2 + i,
+                op: SendOp::RdmaWrite {
+                    remote_addr: remote.addr(),
+                    rkey: remote.rkey(),
+                },
+                sges: vec![local.sge(0, LEN)],
+                signaled: true,
+            })
+            .unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let mut done = std::collections::HashMap::new();
+    let mut wcs = [Wc::EMPTY; 32];
+    let n = ea.scq.poll(&mut wcs);
+    done.extend(wcs[..n].iter().map(|wc| (wc.wr_id, wc.status)));
+    assert!(!done.contains_key(&1), "the Read was answered");
+    ea.qp.abort();
+    assert!(ea.qp.wait_closed(T), "the aborted QP is in the error state");
+    let deadline = std::time::Instant::now() + T;
+    while done.len() < 1 + WRITES as usize {
+        assert!(std::time::Instant::now() < deadline, "completions {done:?}");
+        let n = ea.scq.poll(&mut wcs);
+        done.extend(wcs[..n].iter().map(|wc| (wc.wr_id, wc.status)));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(done[&1], WcStatus::Flushed, "the Read flushed");
+    let flushed = done.values().filter(|s| **s == WcStatus::Flushed).count();
+    assert!(
+        flushed > 1,
+        "the writes the peer never took flushed: {done:?}"
+    );
+}
