@@ -526,6 +526,12 @@ impl Datamover for TcpDatamover {
         }
     }
 
+    fn status_acknowledged(&self) {
+        if self.shared.cfg.error_recovery_level >= 1 {
+            forget_acknowledged_reads(&self.shared.cfg, &self.shared.sent_reads);
+        }
+    }
+
     async fn resend_status(&self, pdu: Pdu) -> Result<(), DmError> {
         if self.shared.cfg.error_recovery_level == 0 {
             return Err(DmError::NotRetained("ErrorRecoveryLevel is 0".into()));
@@ -996,6 +1002,13 @@ async fn on_write_command(
     Ok(true)
 }
 
+/// Forgets the kept reads whose status is no longer retained (acknowledged, or dropped).
+fn forget_acknowledged_reads(cfg: &FfpConfig, sent_reads: &SentReads) {
+    let status = cfg.status.lock().expect("status");
+    let mut reads = sent_reads.lock().expect("sent reads");
+    reads.retain(|_, r| r.stat_sn.is_none_or(|sn| status.retained(sn).is_some()));
+}
+
 /// Reports a refused PDU; the iSCSI layer answers it with a Reject (it numbers status).
 async fn report_reject(
     notices: &mpsc::Sender<Notice>,
@@ -1216,10 +1229,11 @@ impl Writer {
     /// Keeps a read's data for Data SNACK, and forgets those whose status the initiator
     /// has acknowledged since.
     fn keep_read(&mut self, read: SentRead) {
-        let status = self.cfg.status.lock().expect("status");
-        let mut reads = self.sent_reads.lock().expect("sent reads");
-        reads.retain(|_, r| r.stat_sn.is_none_or(|sn| status.retained(sn).is_some()));
-        reads.insert(read.task.itt, read);
+        forget_acknowledged_reads(&self.cfg, &self.sent_reads);
+        self.sent_reads
+            .lock()
+            .expect("sent reads")
+            .insert(read.task.itt, read);
     }
 
     fn max_send(&self) -> u32 {

@@ -257,19 +257,28 @@ impl Conn {
 
 impl Session {
     /// The initiator's ExpStatSN on `conn` (on every PDU it sends): acknowledged status is
-    /// forgotten, and at level 2 so are the tasks it ended.
+    /// forgotten with what the transport kept to resend with it, and at level 2 so are the
+    /// tasks it ended (and those whose status was dropped from retention unacknowledged).
     fn acknowledge(&self, conn: &Arc<Conn>, bhs: &Bhs) {
         let Some(exp) = bhs.initiator_exp_stat_sn() else {
             return;
         };
-        let mut status = conn.status.lock().expect("status");
-        match &self.erl2 {
-            None => status.acknowledge(exp),
-            Some(allegiances) => status.acknowledge_each(exp, |pdu| match pdu.bhs {
-                Bhs::ScsiResponse(r) => allegiances.acknowledged(conn, r.itt),
-                Bhs::DataIn(d) if d.status_present => allegiances.acknowledged(conn, d.itt),
-                _ => {}
-            }),
+        let mut forgotten = 0usize;
+        {
+            let mut status = conn.status.lock().expect("status");
+            status.acknowledge_each(exp, |pdu| {
+                forgotten += 1;
+                if let Some(allegiances) = &self.erl2 {
+                    match pdu.bhs {
+                        Bhs::ScsiResponse(r) => allegiances.acknowledged(conn, r.itt),
+                        Bhs::DataIn(d) if d.status_present => allegiances.acknowledged(conn, d.itt),
+                        _ => {}
+                    }
+                }
+            });
+        }
+        if forgotten > 0 {
+            conn.dm.status_acknowledged();
         }
     }
 
@@ -461,7 +470,7 @@ impl Session {
             Some(why) => {
                 // Its unsolicited data, if any, is discarded as it comes.
                 if write.is_some() {
-                    conn.dm.forget_command(task.itt);
+                    conn.dm.abort_task(task.itt);
                 }
                 tracing::warn!(peer = %conn.peer, tsih = self.tsih, itt = format_args!("0x{:08x}", task.itt), "command refused with TASK SET FULL: responses the initiator has not acknowledged fill the budget ({why})");
                 Some((unexecuted(scsi::status::TASK_SET_FULL, None), 0))
