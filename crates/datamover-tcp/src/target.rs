@@ -1404,6 +1404,8 @@ fn status_to_keep(bhs: &Bhs, data: &Bytes) -> Pdu {
             }),
             Bytes::new(),
         ),
-        other => Pdu::new(other.clone(), data.clone()),
+        // A copy: `data` may be a slice of a whole receive buffer (a NOP-In echoes its
+        // ping's data), which a status kept until acknowledged must not hold.
+        other => Pdu::new(other.clone(), Bytes::copy_from_slice(data)),
     }
 }
