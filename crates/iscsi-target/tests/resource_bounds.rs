@@ -2,7 +2,8 @@
 //! peer would send them, with a victim session beside it that must keep its data and its
 //! answers: WRITEs announcing 64 MiB in a discovery session, immediate and windowed WRITEs
 //! whose data never comes, a window of large READs never read, a peer that never reads, a
-//! LUN reset sent to another target.
+//! LUN reset sent to another target, a write whose unsolicited data finds no room, and
+//! statuses (at ErrorRecoveryLevel 2, whole responses) never acknowledged.
 //! Its own test binary, so the address space and resident set measured are the target's
 //! (and this test's); the tests run one at a time (`SERIAL`), and the attacks that measure
 //! memory one after another in one test.
@@ -510,6 +511,38 @@ async fn responses_kept_at_erl_2_for_an_initiator_that_never_acknowledges_stay_i
     );
     c.exp_stat_sn = last_stat_sn.wrapping_add(1);
     roundtrip(&mut c, 200_000, 64, 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statuses_kept_for_an_initiator_that_never_acknowledges_hold_their_bytes_only() {
+    let _serial = SERIAL.lock().await;
+    let addr = start_target(LIMITS).await;
+    let mut c = attacker(addr, 0xa5).await;
+    let before = memory_mib();
+    // 1,024 rounds of 248 KiB of Data-Out for no task (discarded) and an 8 KiB ping, each
+    // round read by the target into a buffer of its own; the NOP-In echoing each ping is a
+    // status kept until acknowledged, which never comes.
+    let segment = pattern(8192, 1);
+    let mut padding = Vec::new();
+    for i in 0..31u32 {
+        let mut b = bhs(0x05, 0x80, segment.len(), 0x7000_0000);
+        b[20..24].copy_from_slice(&u32::MAX.to_be_bytes());
+        b[40..44].copy_from_slice(&(i * 8192).to_be_bytes());
+        padding.extend_from_slice(&b);
+        padding.extend_from_slice(&segment);
+    }
+    for _ in 0..1024 {
+        c.send_raw(&padding).await;
+        c.ping(&segment).await;
+    }
+    let grew = memory_mib().1.saturating_sub(before.1);
+    println!("resident set grew {grew} MiB for 1,024 unacknowledged NOP-In echoes of 8 KiB");
+    assert!(
+        grew < 64,
+        "a kept echo holds its 8 KiB, not the receive buffer it came in ({grew} MiB)"
+    );
+    c.exp_stat_sn = c.ping(b"ack").await.field32(24).wrapping_add(1);
+    roundtrip(&mut c, 4096, 64, 4).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
