@@ -18,7 +18,7 @@ use crate::socket::PduSocket;
 use crate::trace::Traced;
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
-use datamover::budget::Reservation;
+use datamover::budget::{Budget, Reservation};
 use datamover::login_pdu::LOGIN_MAX_DATA;
 use datamover::{
     CmdSnState, CollapsedStatus, Datamover, DmError, FfpConfig, InPdu, LoginChannel,
@@ -1146,7 +1146,7 @@ impl Writer {
             let mut status = self.cfg.status.lock().expect("status numbering");
             bhs.set_target_sns(status.next(), exp, max);
             if bhs.advances_stat_sn() {
-                status.assign(status_to_keep(&bhs, &data));
+                status.assign(status_to_keep(&bhs, &data, &self.cfg.budget));
             }
         }
         batch.push(&bhs, ahs, data, self.cfg.digests, data_crc);
@@ -1387,7 +1387,7 @@ fn data_in_header(
 /// Data-In, the SCSI Response that says the same. Its ExpDataSN counts the Data-In sent (the
 /// collapsed one was the last): an initiator that lost that Data-In with its status learns
 /// from it that data is missing too, and asks for it with a Data SNACK.
-fn status_to_keep(bhs: &Bhs, data: &Bytes) -> Pdu {
+fn status_to_keep(bhs: &Bhs, data: &Bytes, budget: &Arc<Budget>) -> Pdu {
     match bhs {
         Bhs::DataIn(d) => Pdu::new(
             Bhs::ScsiResponse(iscsi_wire::ScsiResponse {
@@ -1404,8 +1404,25 @@ fn status_to_keep(bhs: &Bhs, data: &Bytes) -> Pdu {
             }),
             Bytes::new(),
         ),
-        // A copy: `data` may be a slice of a whole receive buffer (a NOP-In echoes its
-        // ping's data), which a status kept until acknowledged must not hold.
-        other => Pdu::new(other.clone(), Bytes::copy_from_slice(data)),
+        other => Pdu::new(other.clone(), kept_status_data(data, budget)),
+    }
+}
+
+/// Status data up to this size is kept without being counted, as the header is: sense
+/// data, a Reject's header. 1,024 kept statuses hold at most 256 KiB of it.
+const UNCOUNTED_STATUS_DATA: usize = 256;
+
+/// What a status kept until acknowledged holds of its data: its own copy (`data` may be a
+/// slice of a whole receive buffer: a NOP-In echoes its ping's data), beyond
+/// [`UNCOUNTED_STATUS_DATA`] counted in the connection's budget. With no room, none: a
+/// status SNACK then resends the status without it (a NOP-In without its echo), rather
+/// than the target holding more for a peer that does not acknowledge.
+fn kept_status_data(data: &Bytes, budget: &Arc<Budget>) -> Bytes {
+    if data.len() <= UNCOUNTED_STATUS_DATA {
+        return Bytes::copy_from_slice(data);
+    }
+    match budget.try_reserve(data.len() as u64) {
+        Ok(held) => held.travel_with(data.to_vec()),
+        Err(_) => Bytes::new(),
     }
 }
