@@ -543,6 +543,34 @@ async fn statuses_kept_for_an_initiator_that_never_acknowledges_hold_their_bytes
     );
     c.exp_stat_sn = c.ping(b"ack").await.field32(24).wrapping_add(1);
     roundtrip(&mut c, 4096, 64, 4).await;
+
+    // 1,024 pings of 256 KiB (the target's MaxRecvDataSegmentLength), echoed whole to a
+    // peer that takes segments as large: 256 MiB of echoes kept, if nothing counted them.
+    let mut big = RawConn::connect(addr).await;
+    big.isid[5] = 0xa6;
+    let mut keys = plain_keys();
+    for (k, v) in keys.iter_mut() {
+        if *k == "MaxRecvDataSegmentLength" {
+            *v = "262144";
+        }
+    }
+    big.login(1, &keys).await;
+    let ping = pattern(262_144, 2);
+    let mut last = None;
+    for _ in 0..1024 {
+        let echo = big.ping(&ping).await;
+        assert_eq!(echo.data.len(), ping.len(), "echoed whole");
+        last = Some(echo.field32(24));
+        let now = memory_mib();
+        let grew = now.1.saturating_sub(before.1);
+        assert!(
+            grew < 160,
+            "kept echoes count in the connection's 64 MiB budget ({grew} MiB)"
+        );
+    }
+    big.exp_stat_sn = last.expect("echoes").wrapping_add(1);
+    big.ping(b"ack").await;
+    roundtrip(&mut big, 8192, 64, 5).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
