@@ -404,12 +404,16 @@ async fn a_write_whose_unsolicited_data_finds_no_room_gets_task_set_full_and_its
 /// counts, 64 of them take a 64 MiB connection budget exactly.
 const KEPT_READ_BLOCKS: u16 = 2046;
 
-/// Sends `n` READs of [`KEPT_READ_BLOCKS`] without acknowledging any status, and reads
-/// their answers: their SCSI statuses, the time the last took, and the highest StatSN.
-async fn reads_never_acknowledged(c: &mut RawConn, n: usize) -> (Counts, Duration, u32) {
-    let len = u32::from(KEPT_READ_BLOCKS) * 512;
+/// Sends `n` READs of `blocks` without acknowledging any status, and reads their answers:
+/// their SCSI statuses, the time the last took, and the highest StatSN.
+async fn reads_of_never_acknowledged(
+    c: &mut RawConn,
+    n: usize,
+    blocks: u16,
+) -> (Counts, Duration, u32) {
+    let len = u32::from(blocks) * 512;
     let burst: Vec<u8> = (0..n)
-        .flat_map(|i| c.scsi_bhs(&read10(i as u32 * 4096, KEPT_READ_BLOCKS), len, 0, 0))
+        .flat_map(|i| c.scsi_bhs(&read10(i as u32 * 4096, blocks), len, 0, 0))
         .collect();
     let start = Instant::now();
     c.send_raw(&burst).await;
@@ -423,6 +427,11 @@ async fn reads_never_acknowledged(c: &mut RawConn, n: usize) -> (Counts, Duratio
         }
     }
     (statuses, start.elapsed(), stat_sn)
+}
+
+/// [`reads_of_never_acknowledged`] of [`KEPT_READ_BLOCKS`] each.
+async fn reads_never_acknowledged(c: &mut RawConn, n: usize) -> (Counts, Duration, u32) {
+    reads_of_never_acknowledged(c, n, KEPT_READ_BLOCKS).await
 }
 
 /// Sends `n` NOP-Out pings without acknowledging any status, and reads their NOP-Ins (each
@@ -511,6 +520,43 @@ async fn responses_kept_at_erl_2_for_an_initiator_that_never_acknowledges_stay_i
     );
     c.exp_stat_sn = last_stat_sn.wrapping_add(1);
     roundtrip(&mut c, 200_000, 64, 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_data_kept_at_erl_1_goes_when_acknowledged_though_no_read_can_be_sent() {
+    let _serial = SERIAL.lock().await;
+    const TARGET: &str = "iqn.2026-11.org.ironsan.test:erl1-kept";
+    let addr = start_target(&format!(
+        "connection_memory_mib = 64\nsession_memory_mib = 128\nmemory_mib = 192\n\
+         [[target]]\nname = \"{TARGET}\"\nerror_recovery_level = 1\n\
+         [target.lun.0]\nsize = \"512MiB\"\nbackend = \"memory\"\n"
+    ))
+    .await;
+    let mut c = RawConn::connect(addr).await;
+    c.target_name = TARGET.into();
+    let mut keys = plain_keys();
+    for (k, v) in keys.iter_mut() {
+        if *k == "ErrorRecoveryLevel" {
+            *v = "1";
+        }
+    }
+    c.login(1, &keys).await;
+    // 64 READs of 1 MiB, kept for Data SNACK, fill the connection's budget.
+    let (statuses, _, last_stat_sn) = reads_of_never_acknowledged(&mut c, 64, 2048).await;
+    assert_eq!(statuses.get(&0), Some(&64), "{statuses:?}");
+    // Acknowledged by a NOP-Out: the data goes though no read was sent since.
+    c.exp_stat_sn = last_stat_sn.wrapping_add(1);
+    c.ping(b"ack").await;
+    let (statuses, took, _) = reads_of_never_acknowledged(&mut c, 64, 2048).await;
+    assert_eq!(
+        statuses.get(&0),
+        Some(&64),
+        "served once acknowledged: {statuses:?}"
+    );
+    assert!(
+        took < Duration::from_secs(4),
+        "without waiting for room ({took:?})"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
