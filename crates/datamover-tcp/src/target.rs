@@ -18,7 +18,7 @@ use crate::socket::PduSocket;
 use crate::trace::Traced;
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
-use datamover::budget::Reservation;
+use datamover::budget::{Budget, Reservation};
 use datamover::login_pdu::LOGIN_MAX_DATA;
 use datamover::{
     CmdSnState, CollapsedStatus, Datamover, DmError, FfpConfig, InPdu, LoginChannel,
@@ -526,6 +526,12 @@ impl Datamover for TcpDatamover {
         }
     }
 
+    fn status_acknowledged(&self) {
+        if self.shared.cfg.error_recovery_level >= 1 {
+            forget_acknowledged_reads(&self.shared.cfg, &self.shared.sent_reads);
+        }
+    }
+
     async fn resend_status(&self, pdu: Pdu) -> Result<(), DmError> {
         if self.shared.cfg.error_recovery_level == 0 {
             return Err(DmError::NotRetained("ErrorRecoveryLevel is 0".into()));
@@ -996,6 +1002,13 @@ async fn on_write_command(
     Ok(true)
 }
 
+/// Forgets the kept reads whose status is no longer retained (acknowledged, or dropped).
+fn forget_acknowledged_reads(cfg: &FfpConfig, sent_reads: &SentReads) {
+    let status = cfg.status.lock().expect("status");
+    let mut reads = sent_reads.lock().expect("sent reads");
+    reads.retain(|_, r| r.stat_sn.is_none_or(|sn| status.retained(sn).is_some()));
+}
+
 /// Reports a refused PDU; the iSCSI layer answers it with a Reject (it numbers status).
 async fn report_reject(
     notices: &mpsc::Sender<Notice>,
@@ -1133,7 +1146,7 @@ impl Writer {
             let mut status = self.cfg.status.lock().expect("status numbering");
             bhs.set_target_sns(status.next(), exp, max);
             if bhs.advances_stat_sn() {
-                status.assign(status_to_keep(&bhs, &data));
+                status.assign(status_to_keep(&bhs, &data, &self.cfg.budget));
             }
         }
         batch.push(&bhs, ahs, data, self.cfg.digests, data_crc);
@@ -1216,10 +1229,11 @@ impl Writer {
     /// Keeps a read's data for Data SNACK, and forgets those whose status the initiator
     /// has acknowledged since.
     fn keep_read(&mut self, read: SentRead) {
-        let status = self.cfg.status.lock().expect("status");
-        let mut reads = self.sent_reads.lock().expect("sent reads");
-        reads.retain(|_, r| r.stat_sn.is_none_or(|sn| status.retained(sn).is_some()));
-        reads.insert(read.task.itt, read);
+        forget_acknowledged_reads(&self.cfg, &self.sent_reads);
+        self.sent_reads
+            .lock()
+            .expect("sent reads")
+            .insert(read.task.itt, read);
     }
 
     fn max_send(&self) -> u32 {
@@ -1373,7 +1387,7 @@ fn data_in_header(
 /// Data-In, the SCSI Response that says the same. Its ExpDataSN counts the Data-In sent (the
 /// collapsed one was the last): an initiator that lost that Data-In with its status learns
 /// from it that data is missing too, and asks for it with a Data SNACK.
-fn status_to_keep(bhs: &Bhs, data: &Bytes) -> Pdu {
+fn status_to_keep(bhs: &Bhs, data: &Bytes, budget: &Arc<Budget>) -> Pdu {
     match bhs {
         Bhs::DataIn(d) => Pdu::new(
             Bhs::ScsiResponse(iscsi_wire::ScsiResponse {
@@ -1390,6 +1404,25 @@ fn status_to_keep(bhs: &Bhs, data: &Bytes) -> Pdu {
             }),
             Bytes::new(),
         ),
-        other => Pdu::new(other.clone(), data.clone()),
+        other => Pdu::new(other.clone(), kept_status_data(data, budget)),
+    }
+}
+
+/// Status data up to this size is kept without being counted, as the header is: sense
+/// data, a Reject's header. 1,024 kept statuses hold at most 256 KiB of it.
+const UNCOUNTED_STATUS_DATA: usize = 256;
+
+/// What a status kept until acknowledged holds of its data: its own copy (`data` may be a
+/// slice of a whole receive buffer: a NOP-In echoes its ping's data), beyond
+/// [`UNCOUNTED_STATUS_DATA`] counted in the connection's budget. With no room, none: a
+/// status SNACK then resends the status without it (a NOP-In without its echo), rather
+/// than the target holding more for a peer that does not acknowledge.
+fn kept_status_data(data: &Bytes, budget: &Arc<Budget>) -> Bytes {
+    if data.len() <= UNCOUNTED_STATUS_DATA {
+        return Bytes::copy_from_slice(data);
+    }
+    match budget.try_reserve(data.len() as u64) {
+        Ok(held) => held.travel_with(data.to_vec()),
+        Err(_) => Bytes::new(),
     }
 }

@@ -223,6 +223,11 @@ pub trait Datamover: Send + Sync {
     fn data_acked(&self, ttt: u32, beg_run: u32) {
         let _ = (ttt, beg_run);
     }
+    /// ErrorRecoveryLevel ≥ 1: the initiator acknowledged statuses (its ExpStatSN moved
+    /// on, or they were dropped from retention): what was kept to resend with them (read
+    /// data for Data SNACK) may go now, not only when the next read is sent, as its room in
+    /// the budget may be what that read waits for.
+    fn status_acknowledged(&self) {}
     /// ErrorRecoveryLevel ≥ 1, a Status SNACK: send a retained status PDU again with its
     /// StatSN unchanged (ExpCmdSN and MaxCmdSN current).
     async fn resend_status(&self, pdu: Pdu) -> Result<(), DmError> {

@@ -12,12 +12,21 @@ use std::collections::VecDeque;
 /// nothing asks for them, and an initiator that never acknowledges must not grow memory).
 pub const RETAINED_MAX: usize = 1024;
 
+/// Statuses dropped unacknowledged waiting to be handed over by the next
+/// [`StatusSeq::acknowledge_each`] at most (every PDU an initiator sends that can cause a
+/// status also acknowledges, so this is only ever reached by absurd bursts).
+const DROPPED_MAX: usize = RETAINED_MAX;
+
 /// StatSN assignment and retention of unacknowledged status for one connection. `T` is
 /// what the runtime keeps to resend a status (a PDU).
 #[derive(Debug)]
 pub struct StatusSeq<T> {
     next: u32,
     retained: VecDeque<(u32, T)>,
+    /// Statuses dropped past [`RETAINED_MAX`] before their acknowledgement: they can no
+    /// longer be acknowledged, so [`StatusSeq::acknowledge_each`] hands them over with the
+    /// acknowledged ones (at ErrorRecoveryLevel 2 what they ended must not be kept forever).
+    dropped: Vec<T>,
 }
 
 impl<T> StatusSeq<T> {
@@ -27,6 +36,7 @@ impl<T> StatusSeq<T> {
         StatusSeq {
             next,
             retained: VecDeque::new(),
+            dropped: Vec::new(),
         }
     }
 
@@ -40,7 +50,11 @@ impl<T> StatusSeq<T> {
         let sn = self.next;
         self.next = self.next.wrapping_add(1);
         if self.retained.len() == RETAINED_MAX {
-            self.retained.pop_front();
+            if let Some((_, old)) = self.retained.pop_front() {
+                if self.dropped.len() < DROPPED_MAX {
+                    self.dropped.push(old);
+                }
+            }
         }
         self.retained.push_back((sn, status));
         sn
@@ -53,8 +67,12 @@ impl<T> StatusSeq<T> {
     }
 
     /// [`StatusSeq::acknowledge`], handing each status it forgets to `forgotten` (at
-    /// ErrorRecoveryLevel 2 a task is kept until its status is acknowledged).
+    /// ErrorRecoveryLevel 2 a task is kept until its status is acknowledged), and first
+    /// those dropped unacknowledged since the last call.
     pub fn acknowledge_each(&mut self, exp_stat_sn: u32, mut forgotten: impl FnMut(T)) {
+        for t in self.dropped.drain(..) {
+            forgotten(t);
+        }
         if sn_lt(self.next, exp_stat_sn) {
             return;
         }
@@ -142,5 +160,11 @@ mod tests {
         assert_eq!(s.unacknowledged(), RETAINED_MAX);
         assert_eq!(s.retained(9), None);
         assert_eq!(s.retained(10), Some(&10));
+        // Those dropped are handed over by the next acknowledgement, even one of nothing.
+        let mut gone = Vec::new();
+        s.acknowledge_each(0, |t| gone.push(t));
+        assert_eq!(gone, (0..10).collect::<Vec<u32>>());
+        s.acknowledge_each(0, |t| gone.push(t));
+        assert_eq!(gone.len(), 10, "handed over once");
     }
 }

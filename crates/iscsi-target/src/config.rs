@@ -173,15 +173,17 @@ pub struct Config {
     /// refused with status 0x0206 Too many connections.
     #[serde(default = "default_max_connections_per_initiator")]
     pub max_connections_per_initiator: Option<u32>,
-    /// MiB of write data all peers together may make the target hold (left out: an eighth of
-    /// the machine's memory, at least 256 MiB and at most 8 GiB). A command whose data does
-    /// not fit waits for room, then is refused with TASK SET FULL.
+    /// MiB of data all peers together may make the target hold (left out: an eighth of the
+    /// machine's memory, at least 256 MiB and at most 8 GiB): write and read data, and what
+    /// is kept until the initiator acknowledges it (status data, at ErrorRecoveryLevel 2 the
+    /// tasks). A command whose data does not fit waits for room, then is refused with TASK
+    /// SET FULL.
     pub memory_mib: Option<u64>,
-    /// MiB of write data one session may make the target hold.
+    /// MiB of data one session may make the target hold.
     #[serde(default = "default_session_memory_mib")]
     pub session_memory_mib: u64,
-    /// MiB of write data one connection may make the target hold (at least 64: the largest
-    /// write the target takes).
+    /// MiB of data one connection may make the target hold (at least 64: the largest write
+    /// the target takes).
     #[serde(default = "default_connection_memory_mib")]
     pub connection_memory_mib: u64,
     /// Immediate SCSI commands (I bit, outside the CmdSN window) one session may have

@@ -14,9 +14,18 @@
 //! A session whose last connection fails stays as long, so that the initiator may log a
 //! connection in to it again (its TSIH) and reassign the tasks. Below level 2 nothing here
 //! runs: TASK REASSIGN gets "allegiance reassignment not supported".
+//!
+//! What is kept counts in the memory budget of the connection the task arrived on (and so
+//! of its session and the target): the task itself from its arrival, its read data through
+//! the reservation that travels with the data. An initiator that never advances ExpStatSN
+//! fills that budget and no more: a command that finds no room to be kept is answered
+//! TASK SET FULL in its turn, neither run nor kept, until acknowledgements give room back.
+//! A status dropped from the connection's retention unacknowledged (`StatusSeq` keeps at
+//! most 1,024) can no longer be acknowledged: its task is forgotten as if it had been.
 
 use crate::session::{send_scsi_response, Allegiances, Conn, KeptState, KeptTask, Session};
 use crate::Target;
+use datamover::budget::OverBudget;
 use datamover::{DmError, RecoveryCounters, TaskRef, WriteHandle};
 use iscsi_wire::{tmf, Bhs, Pdu, TaskMgmtRequest, TaskMgmtResponse};
 use std::collections::HashMap;
@@ -24,19 +33,31 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
 
+/// What keeping one task costs beyond its read data, counted in the budget: the task, its
+/// response with sense data (at most 252 bytes), and its entry in the map.
+const KEPT_TASK_BYTES: u64 = 1024;
+
 impl Allegiances {
-    /// Starts keeping `task`, arrived on `conn`; `None` when a task with its ITT is still
-    /// in progress (this is a copy of its command, which the CmdSN window turns away). A
-    /// kept task whose response went out is replaced: the initiator reuses an ITT only
-    /// once it has the status (its acknowledgement may come later, on another connection).
-    pub(crate) fn keep(&self, conn: &Arc<Conn>, task: TaskRef) -> Option<Arc<KeptTask>> {
+    /// Starts keeping `task`, arrived on `conn`, its bytes counted in `conn`'s budget;
+    /// `None` when a task with its ITT is still in progress (this is a copy of its command,
+    /// which the CmdSN window turns away). A kept task whose response went out is
+    /// replaced: the initiator reuses an ITT only once it has the status (its
+    /// acknowledgement may come later, on another connection). Refused when the budget has
+    /// no room: an initiator that does not acknowledge responses cannot make the target
+    /// keep more of them than its budget.
+    pub(crate) fn keep(
+        &self,
+        conn: &Arc<Conn>,
+        task: TaskRef,
+    ) -> Result<Option<Arc<KeptTask>>, OverBudget> {
         let mut tasks = self.lock();
         if tasks
             .get(&task.itt)
             .is_some_and(|k| k.state.lock().expect("kept task").response.is_none())
         {
-            return None;
+            return Ok(None);
         }
+        let counted = conn.budget.try_reserve(KEPT_TASK_BYTES)?;
         let kept = Arc::new(KeptTask {
             task,
             state: Mutex::new(KeptState {
@@ -45,9 +66,10 @@ impl Allegiances {
                 response: None,
             }),
             moved: Notify::new(),
+            _counted: counted,
         });
         tasks.insert(task.itt, kept.clone());
-        Some(kept)
+        Ok(Some(kept))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Arc<KeptTask>>> {

@@ -33,6 +33,9 @@ pub(crate) enum Work {
         /// ErrorRecoveryLevel 2: the task, kept from its arrival (TASK REASSIGN finds it
         /// even while it waits for its turn in CmdSN order).
         kept: Option<Arc<KeptTask>>,
+        /// ErrorRecoveryLevel 2: the budget had no room to keep the task; it is answered
+        /// TASK SET FULL in its turn, unexecuted and not kept.
+        unkept: Option<OverBudget>,
     },
     Control {
         conn: Arc<Conn>,
@@ -92,6 +95,10 @@ pub(crate) struct KeptTask {
     pub(crate) state: Mutex<KeptState>,
     /// Woken when the task moves to another connection.
     pub(crate) moved: tokio::sync::Notify,
+    /// The task's own bytes (its response and sense, its place in the map) in the budget
+    /// of the connection it arrived on, until it is forgotten; its read data carries a
+    /// reservation of its own.
+    pub(crate) _counted: Reservation,
 }
 
 pub(crate) struct KeptState {
@@ -125,8 +132,8 @@ pub(crate) struct Conn {
     /// Set once its tasks were told it ended (by a logout, or when it closed).
     tasks_ended: std::sync::atomic::AtomicBool,
     /// This connection's memory account (the datamover's too): read data is reserved in it
-    /// before the backend produces it.
-    budget: Arc<Budget>,
+    /// before the backend produces it, and at level 2 each task kept until acknowledged.
+    pub(crate) budget: Arc<Budget>,
     /// How long a command waits for room in `budget` before TASK SET FULL.
     budget_wait: Duration,
     /// Rejects sent on this connection.
@@ -250,19 +257,28 @@ impl Conn {
 
 impl Session {
     /// The initiator's ExpStatSN on `conn` (on every PDU it sends): acknowledged status is
-    /// forgotten, and at level 2 so are the tasks it ended.
+    /// forgotten with what the transport kept to resend with it, and at level 2 so are the
+    /// tasks it ended (and those whose status was dropped from retention unacknowledged).
     fn acknowledge(&self, conn: &Arc<Conn>, bhs: &Bhs) {
         let Some(exp) = bhs.initiator_exp_stat_sn() else {
             return;
         };
-        let mut status = conn.status.lock().expect("status");
-        match &self.erl2 {
-            None => status.acknowledge(exp),
-            Some(allegiances) => status.acknowledge_each(exp, |pdu| match pdu.bhs {
-                Bhs::ScsiResponse(r) => allegiances.acknowledged(conn, r.itt),
-                Bhs::DataIn(d) if d.status_present => allegiances.acknowledged(conn, d.itt),
-                _ => {}
-            }),
+        let mut forgotten = 0usize;
+        {
+            let mut status = conn.status.lock().expect("status");
+            status.acknowledge_each(exp, |pdu| {
+                forgotten += 1;
+                if let Some(allegiances) = &self.erl2 {
+                    match pdu.bhs {
+                        Bhs::ScsiResponse(r) => allegiances.acknowledged(conn, r.itt),
+                        Bhs::DataIn(d) if d.status_present => allegiances.acknowledged(conn, d.itt),
+                        _ => {}
+                    }
+                }
+            });
+        }
+        if forgotten > 0 {
+            conn.dm.status_acknowledged();
         }
     }
 
@@ -407,6 +423,7 @@ impl Session {
                 ahs,
                 write,
                 kept,
+                unkept,
             } => {
                 conn.inflight.fetch_add(1, Ordering::AcqRel);
                 // At level 2 it may have moved while it waited for its turn.
@@ -420,7 +437,7 @@ impl Session {
                 self.tasks.lock().expect("tasks").insert(cmd.itt, entry);
                 let s = self.clone();
                 tokio::spawn(async move {
-                    s.run_command(conn, cmd, ahs, write, kept, counted, settled)
+                    s.run_command(conn, cmd, ahs, write, (kept, unkept), counted, settled)
                         .await
                 });
             }
@@ -440,7 +457,7 @@ impl Session {
         cmd: ScsiCommand,
         ahs: Bytes,
         write: Option<WriteHandle>,
-        kept: Option<Arc<KeptTask>>,
+        (kept, unkept): (Option<Arc<KeptTask>>, Option<OverBudget>),
         counted: bool,
         // This task's `TaskEntry::settled` (by value: its ITT may be reused once aborted).
         settled: Arc<AtomicBool>,
@@ -449,9 +466,20 @@ impl Session {
             itt: cmd.itt,
             lun: cmd.lun,
         };
-        let rsp = self
-            .execute(&conn, task, &cmd, &ahs, write, kept.as_ref())
-            .await;
+        let rsp = match unkept {
+            Some(why) => {
+                // Its unsolicited data, if any, is discarded as it comes.
+                if write.is_some() {
+                    conn.dm.abort_task(task.itt);
+                }
+                tracing::warn!(peer = %conn.peer, tsih = self.tsih, itt = format_args!("0x{:08x}", task.itt), "command refused with TASK SET FULL: responses the initiator has not acknowledged fill the budget ({why})");
+                Some((unexecuted(scsi::status::TASK_SET_FULL, None), 0))
+            }
+            None => {
+                self.execute(&conn, task, &cmd, &ahs, write, kept.as_ref())
+                    .await
+            }
+        };
         let aborted_by_tmf = settled.swap(true, Ordering::AcqRel);
         // Free the window slot first so the response carries the larger MaxCmdSN. Only this
         // task's entry: after an ABORT TASK the initiator may reuse the ITT at once.
@@ -1058,13 +1086,18 @@ impl Session {
                     itt: cmd.itt,
                     lun: cmd.lun,
                 };
-                let kept = self.erl2.as_ref().and_then(|a| a.keep(conn, task));
+                let (kept, unkept) = match self.erl2.as_ref().map(|a| a.keep(conn, task)) {
+                    None => (None, None),
+                    Some(Ok(kept)) => (kept, None),
+                    Some(Err(why)) => (None, Some(why)),
+                };
                 let work = Work::Command {
                     conn: conn.clone(),
                     cmd,
                     ahs: pdu.pdu.ahs,
                     write,
                     kept,
+                    unkept,
                 };
                 self.order(target, immediate, cmd_sn, work).await;
             }

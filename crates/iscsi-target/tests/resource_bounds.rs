@@ -2,7 +2,8 @@
 //! peer would send them, with a victim session beside it that must keep its data and its
 //! answers: WRITEs announcing 64 MiB in a discovery session, immediate and windowed WRITEs
 //! whose data never comes, a window of large READs never read, a peer that never reads, a
-//! LUN reset sent to another target.
+//! LUN reset sent to another target, a write whose unsolicited data finds no room, and
+//! statuses (at ErrorRecoveryLevel 2, whole responses) never acknowledged.
 //! Its own test binary, so the address space and resident set measured are the target's
 //! (and this test's); the tests run one at a time (`SERIAL`), and the attacks that measure
 //! memory one after another in one test.
@@ -332,6 +333,290 @@ async fn a_write_over_budget_ends_with_task_set_full_and_runs_when_room_is_back(
     let (st, _, _) = c.command(&write10(7, 8), 0, &data).await;
     assert_eq!(st, 0, "the same write once room is back");
     read_back(&mut c, 7, &data).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_unsolicited_data_finds_no_room_gets_task_set_full_and_its_data_is_swallowed()
+{
+    let _serial = SERIAL.lock().await;
+    let addr = start_target("connection_memory_mib = 64\nsession_memory_mib = 128").await;
+    let mut c = RawConn::connect(addr).await;
+    let mut keys = plain_keys();
+    for (k, v) in keys.iter_mut() {
+        match *k {
+            "ImmediateData" => *v = "Yes",
+            "InitialR2T" => *v = "No",
+            _ => {}
+        }
+    }
+    let got = c.login(1, &keys).await;
+    assert_eq!(got.get("InitialR2T").map(String::as_str), Some("No"));
+    // The first write takes the connection's whole budget and waits for its data.
+    let first = empty_write(&mut c, BIG_WRITE, false);
+    c.send(&first, &[]).await;
+    let r2t = c.recv().await;
+    assert_eq!(r2t.opcode(), 0x31, "an R2T for the first write");
+    // The second brings 16 KiB immediate and 16 KiB unsolicited data: no room even for
+    // that, held at its arrival.
+    let data = pattern(32768, 5);
+    let unsolicited_write = |c: &mut RawConn| {
+        let mut b = c.scsi_bhs(&write10(9, 64), 0, 32768, 16384);
+        b[1] &= !0x80; // unsolicited Data-Out follows
+        b
+    };
+    let second = unsolicited_write(&mut c);
+    let itt = be32(&second[16..20]);
+    let start = Instant::now();
+    c.send(&second, &data[..16384]).await;
+    c.data_out(itt, u32::MAX, 16384, &data[16384..]).await;
+    let rsp = c.recv().await;
+    assert_eq!(
+        (rsp.opcode(), rsp.itt()),
+        (0x21, itt),
+        "the second write's response"
+    );
+    assert_eq!(rsp.bhs[3], 0x28, "TASK SET FULL");
+    assert!(
+        start.elapsed() < Duration::from_secs(4),
+        "refused at once: its unsolicited data had no room when it came"
+    );
+    c.exp_stat_sn = rsp.field32(24).wrapping_add(1);
+    // Its Data-Out were swallowed: no Reject, no R2T, and the connection goes on.
+    assert!(
+        c.recv_within(Duration::from_millis(500)).await.is_none(),
+        "nothing more for the refused write"
+    );
+    let first_itt = be32(&first[16..20]);
+    let whole = vec![0x5a; BIG_WRITE as usize];
+    let (st, _, _) = c.finish_after_r2t(first_itt, r2t, &whole).await;
+    assert_eq!(st, 0, "the first write");
+    // The same write, unsolicited data and all, runs once room is back.
+    let again = unsolicited_write(&mut c);
+    let itt = be32(&again[16..20]);
+    c.send(&again, &data[..16384]).await;
+    c.data_out(itt, u32::MAX, 16384, &data[16384..]).await;
+    let (st, _, _) = c.finish(itt, &data).await;
+    assert_eq!(st, 0, "the same write once room is back");
+    read_back(&mut c, 9, &data).await;
+}
+
+/// A READ(10) of 1 MiB less 1 KiB: with the 1 KiB a task kept at ErrorRecoveryLevel 2
+/// counts, 64 of them take a 64 MiB connection budget exactly.
+const KEPT_READ_BLOCKS: u16 = 2046;
+
+/// Sends `n` READs of `blocks` without acknowledging any status, and reads their answers:
+/// their SCSI statuses, the time the last took, and the highest StatSN.
+async fn reads_of_never_acknowledged(
+    c: &mut RawConn,
+    n: usize,
+    blocks: u16,
+) -> (Counts, Duration, u32) {
+    let len = u32::from(blocks) * 512;
+    let burst: Vec<u8> = (0..n)
+        .flat_map(|i| c.scsi_bhs(&read10(i as u32 * 4096, blocks), len, 0, 0))
+        .collect();
+    let start = Instant::now();
+    c.send_raw(&burst).await;
+    let (mut statuses, mut stat_sn) = (Counts::new(), 0);
+    while statuses.values().sum::<usize>() < n {
+        let r = c.recv().await;
+        let status_in_data_in = r.opcode() == 0x25 && r.bhs[1] & 0x01 != 0;
+        if r.opcode() == 0x21 || status_in_data_in {
+            *statuses.entry(r.bhs[3]).or_default() += 1;
+            stat_sn = stat_sn.max(r.field32(24));
+        }
+    }
+    (statuses, start.elapsed(), stat_sn)
+}
+
+/// [`reads_of_never_acknowledged`] of [`KEPT_READ_BLOCKS`] each.
+async fn reads_never_acknowledged(c: &mut RawConn, n: usize) -> (Counts, Duration, u32) {
+    reads_of_never_acknowledged(c, n, KEPT_READ_BLOCKS).await
+}
+
+/// Sends `n` NOP-Out pings without acknowledging any status, and reads their NOP-Ins (each
+/// a status); the highest StatSN.
+async fn pings_never_acknowledged(c: &mut RawConn, n: usize) -> u32 {
+    let burst: Vec<u8> = (0..n)
+        .flat_map(|_| {
+            let itt = c.itt();
+            c.nop_out(itt, 0)
+        })
+        .collect();
+    c.send_raw(&burst).await;
+    let (mut answered, mut stat_sn) = (0, 0);
+    while answered < n {
+        let r = c.recv().await;
+        if r.opcode() == 0x20 && r.itt() != u32::MAX {
+            answered += 1;
+            stat_sn = stat_sn.max(r.field32(24));
+        }
+    }
+    stat_sn
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_kept_at_erl_2_for_an_initiator_that_never_acknowledges_stay_in_its_budget() {
+    let _serial = SERIAL.lock().await;
+    const TARGET: &str = "iqn.2026-11.org.ironsan.test:erl2-kept";
+    let addr = start_target(&format!(
+        "connection_memory_mib = 64\nsession_memory_mib = 128\nmemory_mib = 192\n\
+         [[target]]\nname = \"{TARGET}\"\nerror_recovery_level = 2\n\
+         [target.lun.0]\nsize = \"512MiB\"\nbackend = \"memory\"\n"
+    ))
+    .await;
+    let mut c = RawConn::connect(addr).await;
+    c.target_name = TARGET.into();
+    let mut keys = plain_keys();
+    for (k, v) in keys.iter_mut() {
+        if *k == "ErrorRecoveryLevel" {
+            *v = "2";
+        }
+    }
+    let got = c.login(1, &keys).await;
+    assert_eq!(got.get("ErrorRecoveryLevel").map(String::as_str), Some("2"));
+    let before = memory_mib();
+
+    // 64 READs fill the connection's budget with what is kept for them.
+    let (statuses, _, _) = reads_never_acknowledged(&mut c, 64).await;
+    assert_eq!(
+        statuses.get(&0),
+        Some(&64),
+        "the budget holds 64: {statuses:?}"
+    );
+    // More find no room even to be kept: TASK SET FULL at once, whatever the window says.
+    let (statuses, took, last_stat_sn) = reads_never_acknowledged(&mut c, 16).await;
+    assert_eq!(
+        statuses.get(&0x28),
+        Some(&16),
+        "TASK SET FULL: {statuses:?}"
+    );
+    assert!(
+        took < Duration::from_secs(3),
+        "refused as they came, not after waiting for room ({took:?})"
+    );
+    let grew = memory_mib().1.saturating_sub(before.1);
+    println!("resident set grew {grew} MiB while 64 MiB of responses were kept");
+    assert!(grew < 128, "the resident set grew {grew} MiB");
+
+    // An acknowledgement (a NOP-Out's ExpStatSN) gives the room back.
+    c.exp_stat_sn = last_stat_sn.wrapping_add(1);
+    c.ping(b"ack").await;
+    let (statuses, _, _) = reads_never_acknowledged(&mut c, 64).await;
+    assert_eq!(
+        statuses.get(&0),
+        Some(&64),
+        "served again once acknowledged: {statuses:?}"
+    );
+
+    // Statuses pushed out of retention unacknowledged (1,024 are kept) can never be
+    // acknowledged: what they ended is forgotten, and its room given back.
+    pings_never_acknowledged(&mut c, 1100).await;
+    let (statuses, _, last_stat_sn) = reads_never_acknowledged(&mut c, 64).await;
+    assert_eq!(
+        statuses.get(&0),
+        Some(&64),
+        "room given back by statuses no longer retained: {statuses:?}"
+    );
+    c.exp_stat_sn = last_stat_sn.wrapping_add(1);
+    roundtrip(&mut c, 200_000, 64, 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_data_kept_at_erl_1_goes_when_acknowledged_though_no_read_can_be_sent() {
+    let _serial = SERIAL.lock().await;
+    const TARGET: &str = "iqn.2026-11.org.ironsan.test:erl1-kept";
+    let addr = start_target(&format!(
+        "connection_memory_mib = 64\nsession_memory_mib = 128\nmemory_mib = 192\n\
+         [[target]]\nname = \"{TARGET}\"\nerror_recovery_level = 1\n\
+         [target.lun.0]\nsize = \"512MiB\"\nbackend = \"memory\"\n"
+    ))
+    .await;
+    let mut c = RawConn::connect(addr).await;
+    c.target_name = TARGET.into();
+    let mut keys = plain_keys();
+    for (k, v) in keys.iter_mut() {
+        if *k == "ErrorRecoveryLevel" {
+            *v = "1";
+        }
+    }
+    c.login(1, &keys).await;
+    // 64 READs of 1 MiB, kept for Data SNACK, fill the connection's budget.
+    let (statuses, _, last_stat_sn) = reads_of_never_acknowledged(&mut c, 64, 2048).await;
+    assert_eq!(statuses.get(&0), Some(&64), "{statuses:?}");
+    // Acknowledged by a NOP-Out: the data goes though no read was sent since.
+    c.exp_stat_sn = last_stat_sn.wrapping_add(1);
+    c.ping(b"ack").await;
+    let (statuses, took, _) = reads_of_never_acknowledged(&mut c, 64, 2048).await;
+    assert_eq!(
+        statuses.get(&0),
+        Some(&64),
+        "served once acknowledged: {statuses:?}"
+    );
+    assert!(
+        took < Duration::from_secs(4),
+        "without waiting for room ({took:?})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statuses_kept_for_an_initiator_that_never_acknowledges_hold_their_bytes_only() {
+    let _serial = SERIAL.lock().await;
+    let addr = start_target(LIMITS).await;
+    let mut c = attacker(addr, 0xa5).await;
+    let before = memory_mib();
+    // 1,024 rounds of 248 KiB of Data-Out for no task (discarded) and an 8 KiB ping, each
+    // round read by the target into a buffer of its own; the NOP-In echoing each ping is a
+    // status kept until acknowledged, which never comes.
+    let segment = pattern(8192, 1);
+    let mut padding = Vec::new();
+    for i in 0..31u32 {
+        let mut b = bhs(0x05, 0x80, segment.len(), 0x7000_0000);
+        b[20..24].copy_from_slice(&u32::MAX.to_be_bytes());
+        b[40..44].copy_from_slice(&(i * 8192).to_be_bytes());
+        padding.extend_from_slice(&b);
+        padding.extend_from_slice(&segment);
+    }
+    for _ in 0..1024 {
+        c.send_raw(&padding).await;
+        c.ping(&segment).await;
+    }
+    let grew = memory_mib().1.saturating_sub(before.1);
+    println!("resident set grew {grew} MiB for 1,024 unacknowledged NOP-In echoes of 8 KiB");
+    assert!(
+        grew < 64,
+        "a kept echo holds its 8 KiB, not the receive buffer it came in ({grew} MiB)"
+    );
+    c.exp_stat_sn = c.ping(b"ack").await.field32(24).wrapping_add(1);
+    roundtrip(&mut c, 4096, 64, 4).await;
+
+    // 1,024 pings of 256 KiB (the target's MaxRecvDataSegmentLength), echoed whole to a
+    // peer that takes segments as large: 256 MiB of echoes kept, if nothing counted them.
+    let mut big = RawConn::connect(addr).await;
+    big.isid[5] = 0xa6;
+    let mut keys = plain_keys();
+    for (k, v) in keys.iter_mut() {
+        if *k == "MaxRecvDataSegmentLength" {
+            *v = "262144";
+        }
+    }
+    big.login(1, &keys).await;
+    let ping = pattern(262_144, 2);
+    let mut last = None;
+    for _ in 0..1024 {
+        let echo = big.ping(&ping).await;
+        assert_eq!(echo.data.len(), ping.len(), "echoed whole");
+        last = Some(echo.field32(24));
+        let now = memory_mib();
+        let grew = now.1.saturating_sub(before.1);
+        assert!(
+            grew < 160,
+            "kept echoes count in the connection's 64 MiB budget ({grew} MiB)"
+        );
+    }
+    big.exp_stat_sn = last.expect("echoes").wrapping_add(1);
+    big.ping(b"ack").await;
+    roundtrip(&mut big, 8192, 64, 5).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
