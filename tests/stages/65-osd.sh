@@ -35,10 +35,15 @@ backend = { type = "osd", path = "$work/store" }
 size = "64MiB"
 backend = "memory"
 EOT
-start_target() {
+start_target() { # waits for this start's "serving" line (the log is appended across restarts)
+  local before
+  before=$(grep -c "serving iSCSI" "$work/target.log" 2>/dev/null || true)
   "$IRONSAN" target --config "$work/target.toml" >>"$work/target.log" 2>&1 &
   tpid=$!
-  for _ in $(seq 100); do grep -q "serving iSCSI" "$work/target.log" && return; sleep 0.1; done
+  for _ in $(seq 100); do
+    (($(grep -c "serving iSCSI" "$work/target.log" || true) > ${before:-0})) && return
+    sleep 0.1
+  done
   fail "target did not start"
 }
 start_target
