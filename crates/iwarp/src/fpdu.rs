@@ -3,7 +3,7 @@
 //! without negotiated CRC it is sent as zero and ignored on receipt, as Linux siw does.
 
 use crate::crc::Crc32c;
-use crate::rdmap::TerminateCode;
+use crate::terminate_code::TerminateCode;
 use crate::{be16, need};
 
 /// Largest ULPDU the 16-bit length field can describe.

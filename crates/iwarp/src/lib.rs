@@ -9,11 +9,13 @@ pub mod ddp;
 pub mod fpdu;
 pub mod mpa;
 pub mod rdmap;
+pub mod terminate_code;
 
 pub use ddp::{DdpHeader, Opcode, TaggedHeader, UntaggedHeader};
 pub use fpdu::{FpduLayout, MAX_ULPDU};
 pub use mpa::{MpaFrame, MpaKind, Negotiated, Rfc6581};
-pub use rdmap::{ReadRequest, TermLayer, Terminate, TerminateCode};
+pub use rdmap::{ReadRequest, Terminate};
+pub use terminate_code::{TermLayer, TerminateCode};
 
 /// A malformed or unacceptable byte sequence; never a panic.
 #[derive(Debug, Clone, PartialEq, Eq)]
