@@ -2,7 +2,7 @@
 //! a Terminate carries.
 
 use crate::ddp::{DdpHeader, TAGGED_LEN, UNTAGGED_LEN};
-use crate::{be16, be32, be64, need, WireError};
+use crate::fields::{be16, be32, be64, need, WireError};
 
 // Kept here too so `iwarp::rdmap::TerminateCode` still names the code a Terminate carries.
 pub use crate::terminate_code::{TermLayer, TerminateCode};
