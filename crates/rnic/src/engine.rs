@@ -32,12 +32,9 @@ const MAX_IOVECS: usize = 512;
 const STAGE_LEN: usize = 64 << 10;
 /// Payloads at least this long, when nothing is staged, are read from the socket straight
 /// into their destination; shorter ones are copied from the stage. Above the largest Send
-/// iSER carries (8 KiB of data and its headers): at 8 KiB each such Send cost a read of its
-/// own and the short read-ahead after it, and 8 KiB writes at QD 8 ran at half the speed
-/// (409 -> 810-886 MB/s). Below 16 KiB: at 16 KiB the 16 KiB RDMA Read Responses of 16 KiB
-/// writes were staged and those writes ran at 0.6x iSCSI/TCP (646 and 696 MB/s, random, QD 8,
-/// against 1,263 and 1,290 at 12 KiB in the same alternating run). With 32 KiB, 128 KiB reads
-/// ran at 3,856 against 4,889 MB/s in the one run that tried it.
+/// iSER carries (8 KiB of data and its headers), so such a Send costs no read of its own;
+/// below 16 KiB, so 16 KiB RDMA Read Responses are not staged. Measurements:
+/// docs/performance-notes.md.
 const DIRECT_MIN: usize = 12 << 10;
 /// After a long FPDU, read ahead only this much: enough for the next FPDU's header (or a
 /// small Send whole), not so much that a long payload after it lands in the stage, to be
