@@ -196,7 +196,7 @@ impl EngineShared {
 pub(crate) enum Wake {
     /// Its own thread sleeps in epoll: an eventfd registered there.
     Thread(Waker),
-    /// It is driven by its owner's event loop (see [`Driver`]): that loop's own wake-up, so
+    /// It is driven by its owner's event loop (see `Driver`): that loop's own wake-up, so
     /// that posting from it costs no system call.
     Kick(Box<dyn Fn() + Send + Sync>),
 }
