@@ -1,13 +1,14 @@
 //! The software RNIC's progress engine as a task of a tokio runtime rather than a thread of
 //! its own: the thread that posts a verb also runs the engine, and the completions it produces
 //! wake tasks on that thread, with no switch to and from a progress thread in between.
-//! Initiator connections run their RNIC on the caller's runtime ([`spawn_software_rnic`];
-//! 128 KiB reads at QD 32: 1.2x, with less initiator CPU per command). The target runs its RNIC
+//! Initiator connections run their RNIC on the caller's runtime ([`spawn_software_rnic`]:
+//! faster 128 KiB reads at QD 32, with less initiator CPU per command). The target runs its RNIC
 //! on a [`Reactor`]: a thread of its own with a one-thread runtime where the engine, the
 //! connections' completion tasks and their commands all run, so that a command crosses no
 //! thread between its Send arriving and its status leaving. (On the target's multi-threaded
 //! runtime, as a task among the others, the engine made reads slower; on a thread of its own
-//! beside that runtime, each command crossed threads twice.)
+//! beside that runtime, each command crossed threads twice.) Measurements behind this and the
+//! polling constants below: docs/performance-notes.md.
 
 use rnic::{Driver, Rnic, Turn};
 use std::os::fd::{AsRawFd, RawFd};
@@ -20,30 +21,22 @@ use tokio::sync::Notify;
 use tokio::time::MissedTickBehavior;
 
 /// How long an engine task polls on after its last work before it sleeps, by default. Sleeping
-/// in epoll and being woken costs this machine's threads more than polling. Two `bench
-/// transports` runs back to back (random, QD 8), polling off then 50 µs: iSER 4 KiB reads
-/// 260 -> 580 MB/s (0.54x -> 1.40x TCP), 128 KiB writes 2,212 -> 2,934 MB/s (0.83x -> 1.04x);
-/// iSER CPU per GB (both ends) of 4 KiB reads 3.53 -> 3.39 s, of 128 KiB writes 0.56 -> 0.61 s.
-/// An idle connection stops polling after this long.
+/// in epoll and being woken costs more than polling: with it small reads ran twice as fast
+/// and large writes a third faster, for about the same CPU per GB. An idle connection stops
+/// polling after this long.
 pub const DEFAULT_POLL: Duration = Duration::from_micros(50);
 
 /// Writes of this many bytes or more are large: the target fetches their data by RDMA Read,
 /// the initiator's engine only answers, and with several in flight a wake-up is a small part
-/// of such a command's time, so it need not poll ([`PollWindow::follow_write`]). 128 KiB
-/// writes at QD 8, the target polling, the initiator 0 against 50 µs (two rounds): 3,327/3,328
-/// and 3,125/3,232 MB/s, initiator CPU 0.18/0.28 and 0.19/0.28 s/GB. Reads keep polling:
-/// without it 1 MiB reads lost a fifth of their speed for no CPU per GB, 4 KiB reads at QD 32
-/// as much.
+/// of such a command's time, so it need not poll ([`PollWindow::follow_write`]): polling cost
+/// them more initiator CPU for no speed. Reads keep polling: without it they lost speed for no
+/// CPU saved.
 pub const LARGE_WRITE: usize = 64 << 10;
 
 /// With no more large writes than this in flight the engine polls for them all the same:
-/// then each command waits for its own wake-ups (the target's RDMA Read, its status), and on
-/// this machine a wake-up costs some 35 µs. This rule against the one before it (large
-/// writes never polled), alternating, two rounds, CPU s/GB of both ends: 128 KiB at QD 1
-/// 827/870 -> 1,332/1,608 MB/s and 1.69/1.62 -> 1.37/1.19; at QD 2 1,449/1,517 -> 2,411/2,421
-/// MB/s and 0.97/0.93 -> 0.81/0.81; 1 MiB at QD 1 2,450/2,454 -> 2,647/2,695 MB/s and
-/// 0.61/0.62 -> 0.63/0.62; QD 8 and 32 unchanged. Polling at QD 8 too (another sitting) gained
-/// 128 KiB writes a tenth in speed for 4-6% more CPU per GB, so deeper queues do not poll.
+/// then each command waits for its own wake-ups (the target's RDMA Read, its status), which
+/// cost more than polling does. With deeper queues a wake-up is a small part of each
+/// command's time, and polling gained little speed for more CPU, so they do not poll.
 pub const FEW_LARGE_WRITES: usize = 2;
 
 /// How long a driven engine polls after its last work, changeable while it runs: an

@@ -14,9 +14,8 @@
 //!
 //! From [`FOLD_MIN_LEN`] bytes on, where the CPU has AVX-512F and VPCLMULQDQ, [`append`] and
 //! [`copy_append`] fold 64 bytes per 512-bit register with carry-less multiplies instead
-//! (eight registers in flight), which is faster than the `crc32` streams (about 0.045 against
-//! 0.065 cycles/byte at 8 KiB on the machine this was written on), and the fused copy is one
-//! 64-byte store per load. [`append_streams`] keeps the `crc32` streams for comparison.
+//! (eight registers in flight), which is faster than the `crc32` streams (figures in
+//! docs/performance-notes.md), and the fused copy is one 64-byte store per load. [`append_streams`] keeps the `crc32` streams for comparison.
 //!
 //! Every function here panics when [`available`] is false; [`crate::crc32c`] picks this path only
 //! when it is.
@@ -36,8 +35,8 @@ mod arm;
 pub const STREAMS: usize = 4;
 
 /// Shortest buffer folded with VPCLMULQDQ (two steps of eight 64-byte registers): at 512 B,
-/// one step and the final reduction cost more than the `crc32` streams (0.109 against 0.078
-/// cycles/byte measured), from 1 KiB on folding wins.
+/// one step and the final reduction cost more than the `crc32` streams; from 1 KiB on
+/// folding wins (docs/performance-notes.md).
 pub const FOLD_MIN_LEN: usize = 1024;
 
 /// Whether [`append`] and [`copy_append`] fold buffers of [`FOLD_MIN_LEN`] bytes or more (x86-64

@@ -1,8 +1,8 @@
 //! DDP segment headers (RFC 5041 §4) with the RDMAP control byte (RFC 5040 §4) folded in.
 //! Offsets count from the DDP control byte, i.e. after the 2-byte MPA ULPDU_Length.
 
-use crate::rdmap::TerminateCode;
-use crate::{be32, be64, need};
+use crate::fields::{be32, be64, need};
+use crate::terminate_code::TerminateCode;
 
 /// Tagged header: control, RDMAP control, STag, TO.
 pub const TAGGED_LEN: usize = 14;

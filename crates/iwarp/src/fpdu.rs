@@ -3,8 +3,8 @@
 //! without negotiated CRC it is sent as zero and ignored on receipt, as Linux siw does.
 
 use crate::crc::Crc32c;
-use crate::rdmap::TerminateCode;
-use crate::{be16, need};
+use crate::fields::{be16, need};
+use crate::terminate_code::TerminateCode;
 
 /// Largest ULPDU the 16-bit length field can describe.
 pub const MAX_ULPDU: usize = 65535;

@@ -1,7 +1,7 @@
 //! MPA connection setup (RFC 5044 §7.1, RFC 6581): the Request/Reply start frames and the
 //! negotiation of CRC, markers, IRD/ORD and the ready-to-receive (RTR) message.
 
-use crate::{be16, need, WireError};
+use crate::fields::{be16, need, WireError};
 
 pub const KEY_REQUEST: &[u8; 16] = b"MPA ID Req Frame";
 pub const KEY_REPLY: &[u8; 16] = b"MPA ID Rep Frame";

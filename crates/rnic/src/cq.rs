@@ -1,6 +1,5 @@
 //! Completion queues and the completion channel (an eventfd).
 
-use crate::engine::{Cmd, EngineShared};
 use rdma::{CompletionChannel, CompletionQueue, Result, Wc, WcStatus};
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -86,6 +85,12 @@ impl CompletionChannel for Channel {
     }
 }
 
+/// Moves a QP to the error state when its completion finds the CQ overrun: the RNIC's engine.
+/// A trait here so that the CQ, which QPs hold, does not depend on the engine.
+pub(crate) trait QpFailer: Send + Sync {
+    fn fail_qp(&self, qp_num: u32, reason: String);
+}
+
 pub struct CqShared {
     q: Mutex<VecDeque<Wc>>,
     armed: AtomicU8,
@@ -94,7 +99,7 @@ pub struct CqShared {
     /// Set once the CQ overflowed: it stays in error.
     overrun: AtomicBool,
     /// Told to move a QP to the error state when its completion finds the CQ overrun.
-    engine: Option<Arc<EngineShared>>,
+    engine: Option<Arc<dyn QpFailer>>,
 }
 
 impl CqShared {
@@ -126,13 +131,13 @@ impl CqShared {
         }
         if overran {
             if let Some(engine) = &self.engine {
-                engine.send(Cmd::Fail(
+                engine.fail_qp(
                     wc.qp_num,
                     format!(
                         "completion queue overrun: more than {} completions waiting to be polled",
                         self.depth
                     ),
-                ));
+                );
             }
         }
         let armed = self.armed.load(Ordering::Acquire);
@@ -163,7 +168,7 @@ impl Cq {
     pub(crate) fn with_engine(
         depth: u32,
         channel: Option<&Channel>,
-        engine: Option<Arc<EngineShared>>,
+        engine: Option<Arc<dyn QpFailer>>,
     ) -> Cq {
         Cq {
             shared: Arc::new(CqShared {

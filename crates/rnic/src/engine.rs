@@ -7,7 +7,7 @@
 //! read from the socket directly into the target region).
 
 use crate::mem::{AccessError, MrInner};
-use crate::qp::{Piece, PostedRecv, PostedSend, QpShared};
+use crate::shared::{Attach, Cmd, EngineShared, Piece, PostedRecv, PostedSend, QpShared, Wake};
 use iwarp::crc::Crc32c;
 use iwarp::ddp::{self, DdpHeader, Opcode, TaggedHeader, UntaggedHeader};
 use iwarp::fpdu::{self, FpduLayout};
@@ -18,8 +18,8 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use rdma::{Access, QpState, SendOp, Wc, WcOpcode, WcStatus};
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const WAKER: Token = Token(usize::MAX);
@@ -32,12 +32,9 @@ const MAX_IOVECS: usize = 512;
 const STAGE_LEN: usize = 64 << 10;
 /// Payloads at least this long, when nothing is staged, are read from the socket straight
 /// into their destination; shorter ones are copied from the stage. Above the largest Send
-/// iSER carries (8 KiB of data and its headers): at 8 KiB each such Send cost a read of its
-/// own and the short read-ahead after it, and 8 KiB writes at QD 8 ran at half the speed
-/// (409 -> 810-886 MB/s). Below 16 KiB: at 16 KiB the 16 KiB RDMA Read Responses of 16 KiB
-/// writes were staged and those writes ran at 0.6x iSCSI/TCP (646 and 696 MB/s, random, QD 8,
-/// against 1,263 and 1,290 at 12 KiB in the same alternating run). With 32 KiB, 128 KiB reads
-/// ran at 3,856 against 4,889 MB/s in the one run that tried it.
+/// iSER carries (8 KiB of data and its headers), so such a Send costs no read of its own;
+/// below 16 KiB, so 16 KiB RDMA Read Responses are not staged. Measurements:
+/// docs/performance-notes.md.
 const DIRECT_MIN: usize = 12 << 10;
 /// After a long FPDU, read ahead only this much: enough for the next FPDU's header (or a
 /// small Send whole), not so much that a long payload after it lands in the stage, to be
@@ -45,59 +42,6 @@ const DIRECT_MIN: usize = 12 << 10;
 const SHORT_LOOKAHEAD: usize = 256;
 /// After our FIN, how long to wait for the peer's before closing anyway.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
-
-pub(crate) struct Attach {
-    pub qp: Arc<QpShared>,
-    pub stream: std::net::TcpStream,
-    pub crc: bool,
-    pub ird: u16,
-    pub ord: u16,
-    /// Initiator in peer-to-peer mode: send this RTR first.
-    pub send_rtr: Option<Rtr>,
-    /// Responder: send nothing until the initiator's first FPDU has arrived (RFC 5044).
-    pub hold_tx: bool,
-}
-
-pub(crate) enum Cmd {
-    Attach(Box<Attach>),
-    Kick(u32),
-    Disconnect(u32),
-    Abort(u32),
-    /// Tears a connection down at once: what is queued is dropped, everything outstanding
-    /// flushed, the socket shut (see `QueuePair::abort`).
-    Reset(u32),
-    /// Moves a QP to the error state for a local reason (e.g. its CQ overflowed).
-    Fail(u32, String),
-    Stop,
-}
-
-pub(crate) struct EngineShared {
-    wake: Wake,
-    inbox: Mutex<Vec<Cmd>>,
-    /// Align FPDUs with TCP segments on loopback connections too (see `Conn::align_fpdus`).
-    pub(crate) align_on_loopback: AtomicBool,
-}
-
-impl EngineShared {
-    pub(crate) fn send(&self, cmd: Cmd) {
-        self.inbox.lock().unwrap().push(cmd);
-        match &self.wake {
-            Wake::Thread(waker) => {
-                let _ = waker.wake();
-            }
-            Wake::Kick(kick) => kick(),
-        }
-    }
-}
-
-/// How a posted command reaches the engine.
-enum Wake {
-    /// Its own thread sleeps in epoll: an eventfd registered there.
-    Thread(Waker),
-    /// It is driven by its owner's event loop (see [`Driver`]): that loop's own wake-up, so
-    /// that posting from it costs no system call.
-    Kick(Box<dyn Fn() + Send + Sync>),
-}
 
 /// Starts an engine on its own progress thread, which goes on turning for `poll` after a turn
 /// that found work before it sleeps in epoll (zero: it sleeps at once).
@@ -161,11 +105,7 @@ impl Engine {
             Some(kick) => Wake::Kick(kick),
             None => Wake::Thread(Waker::new(poll.registry(), WAKER)?),
         };
-        let shared = Arc::new(EngineShared {
-            wake,
-            inbox: Mutex::new(Vec::new()),
-            align_on_loopback: AtomicBool::new(false),
-        });
+        let shared = Arc::new(EngineShared::new(wake));
         Ok(Engine {
             poll,
             events: Events::with_capacity(EVENTS_PER_TURN),
@@ -199,7 +139,7 @@ impl Engine {
         }
         // A full batch of events may have left some behind.
         let events_left = events == EVENTS_PER_TURN;
-        let cmds = std::mem::take(&mut *self.shared.inbox.lock().unwrap());
+        let cmds = self.shared.take_cmds();
         let worked = events > 0 || !cmds.is_empty();
         for cmd in cmds {
             if !self.command(cmd, &mut ready) {

@@ -36,21 +36,23 @@
 mod cm;
 mod cq;
 mod engine;
+mod listener;
 mod mem;
 mod qp;
+mod shared;
 pub mod tools;
 
-pub use cm::{Request, RnicListener, MAX_PENDING_REQUESTS, MAX_PRIVATE_DATA, REQUEST_TIMEOUT};
+pub use cm::MAX_PRIVATE_DATA;
 pub use cq::{Channel, Cq};
 pub use engine::{Driver, Turn};
 /// The fixed part of an MPA Request or Reply (key, flags, revision, private data length).
 pub use iwarp::mpa::HEADER_LEN as MPA_HEADER_LEN;
+pub use listener::{Request, RnicListener, MAX_PENDING_REQUESTS, REQUEST_TIMEOUT};
 pub use mem::{blocks_sent_by_crc, AccessError, Mr, StagTable};
 pub use qp::Qp;
 
-use engine::{Cmd, EngineShared};
-use qp::{QpQueues, QpShared};
 use rdma::{Access, Provider, QpCaps, QpState, Result};
+use shared::{Cmd, EngineShared, QpQueues, QpShared};
 use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};

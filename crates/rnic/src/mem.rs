@@ -425,9 +425,9 @@ impl MemoryRegion for Mr {
 pub const STREAMING_MIN: usize = 32 << 10;
 
 /// Copies `src` to `dst` with non-temporal stores (SSE2, baseline on x86-64), so that the
-/// destination's cache lines are not first fetched only to be overwritten: copying 128 KiB
-/// pieces into a 256 MiB image, 18-21 GB/s in two of three rounds (10.5 in the third) against
-/// memcpy's 9.6-10.3 (one microbenchmark on this machine, with other work running). The head up to 16-byte alignment and the tail go by ordinary copy; a store
+/// destination's cache lines are not first fetched only to be overwritten (up to twice
+/// memcpy's speed into a large image; docs/performance-notes.md). The head up to 16-byte
+/// alignment and the tail go by ordinary copy; a store
 /// fence at the end orders the streamed bytes before whatever this thread stores next (the
 /// release of the lock that publishes them).
 ///

@@ -7,96 +7,14 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
+use crate::cdb::op;
+use crate::cmds::report_luns;
+use crate::command::{finish_data_in, finish_error, Command, NexusId, NexusInfo, Response};
 use crate::config::{derived_naa, derived_serial, parse_naa, BackendConfig, LunConfig};
-use crate::lun::Lun;
+use crate::lun::{DeviceView, Lun};
 use crate::object::ObjectLun;
 use crate::sense::{asc, Sense};
 use crate::status;
-
-/// Identity of an I_T nexus (for iSCSI: one session), allocated by the runtime.
-/// Reservations, unit attentions and PREVENT state are kept per nexus.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct NexusId(pub u64);
-
-/// SAM task attribute.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TaskAttr {
-    Untagged,
-    Simple,
-    Ordered,
-    HeadOfQueue,
-    Aca,
-}
-
-/// Residual of the transfer, comparing what the CDB asked for (SPDTL) with the
-/// transport's expected data transfer length (EDTL).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Residual {
-    None,
-    /// EDTL exceeded what was transferred by this many bytes.
-    Underflow(u32),
-    /// The command wanted this many bytes more than EDTL allowed.
-    Overflow(u32),
-}
-
-/// One SCSI command as the transport received it.
-#[derive(Debug, Clone)]
-pub struct Command {
-    pub nexus: NexusId,
-    pub lun: u64,
-    /// The CDB (6..260 bytes; a transport may pad a short CDB to 16 bytes).
-    pub cdb: Bytes,
-    pub attr: TaskAttr,
-    /// Transport task tag (iSCSI ITT), used by [`Device::abort_task`].
-    pub tag: u64,
-    /// Expected data transfer length from the transport.
-    pub expected_len: u32,
-    /// The transport will accept data-in (iSCSI R bit).
-    pub read: bool,
-    /// The initiator sent data-out (iSCSI W bit).
-    pub write: bool,
-    /// All data-out the initiator sent (length <= `expected_len`).
-    pub data_out: Bytes,
-    /// A bidirectional command's expected data-in length (iSCSI's Bidirectional Expected
-    /// Read-Data Length AHS); `expected_len` is then its data-out length.
-    pub bidi_read_len: Option<u32>,
-    /// Where READ data is produced, when the transport lends buffers: the backend reads
-    /// into one, and what the buffer noted comes back in [`Response::data_in_note`].
-    pub read_buffers: Option<std::sync::Arc<dyn storage::ReadBufSource>>,
-}
-
-/// The outcome of a command.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Response {
-    pub status: u8,
-    /// Raw sense bytes (CHECK CONDITION only).
-    pub sense: Option<Bytes>,
-    /// Data-in, already truncated to `expected_len` (empty unless `Command::read`).
-    pub data_in: Bytes,
-    /// What the lent read buffer noted (see [`Command::read_buffers`]), when `data_in`
-    /// is exactly what was read into it (no cut made the note stale).
-    pub data_in_note: Option<storage::BufNote>,
-    pub residual: Residual,
-    /// A bidirectional command's data-in residual (`residual` is then its data-out's);
-    /// `None` for any other command.
-    pub bidi_read_residual: Option<Residual>,
-    /// The task was aborted by task management: the transport must not send this.
-    pub aborted: bool,
-}
-
-impl Response {
-    pub(crate) fn aborted() -> Self {
-        Response {
-            status: status::TASK_ABORTED,
-            sense: None,
-            data_in: Bytes::new(),
-            data_in_note: None,
-            residual: Residual::None,
-            bidi_read_residual: None,
-            aborted: true,
-        }
-    }
-}
 
 /// Target reset flavour (task management).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,15 +34,6 @@ impl fmt::Display for DeviceError {
 }
 
 impl std::error::Error for DeviceError {}
-
-/// What the device knows about an I_T nexus.
-#[derive(Debug, Clone)]
-pub(crate) struct NexusInfo {
-    /// Initiator port name, e.g. "iqn.1994-05.com.example:host,i,0x23d000000001".
-    pub port: Arc<str>,
-    /// TransportID for PERSISTENT RESERVE IN READ FULL STATUS.
-    pub transport_id: Bytes,
-}
 
 /// A SCSI target device: the logical units of one target.
 pub struct Device {
@@ -300,10 +209,8 @@ impl Device {
     fn no_such_lun(&self, cmd: &Command) -> Response {
         let op = cmd.cdb.first().copied().unwrap_or(0xFF);
         let data: Option<Bytes> = match op {
-            crate::cmds::op::REPORT_LUNS => {
-                Some(crate::cmds::report_luns(&self.luns(), &cmd.cdb).unwrap_or_default())
-            }
-            crate::cmds::op::INQUIRY if cmd.cdb.len() >= 6 && cmd.cdb[1] & 1 == 0 => {
+            op::REPORT_LUNS => Some(report_luns(&self.luns(), &cmd.cdb).unwrap_or_default()),
+            op::INQUIRY if cmd.cdb.len() >= 6 && cmd.cdb[1] & 1 == 0 => {
                 let mut d = vec![0u8; 36];
                 d[0] = 0x7F; // peripheral qualifier 3: no device at this LUN
                 d[2] = 0x06;
@@ -313,7 +220,7 @@ impl Device {
                 d.truncate(alloc);
                 Some(Bytes::from(d))
             }
-            crate::cmds::op::REQUEST_SENSE => {
+            op::REQUEST_SENSE => {
                 let s = Sense::illegal(asc::LUN_NOT_SUPPORTED).to_fixed();
                 let alloc = cmd.cdb.get(4).copied().unwrap_or(0) as usize;
                 Some(Bytes::copy_from_slice(&s[..alloc.min(18)]))
@@ -321,8 +228,8 @@ impl Device {
             _ => None,
         };
         match data {
-            Some(d) => crate::lun::finish_data_in(cmd, d, status::GOOD),
-            None => crate::lun::finish_error(
+            Some(d) => finish_data_in(cmd, d, status::GOOD),
+            None => finish_error(
                 cmd,
                 status::CHECK_CONDITION,
                 Some(Sense::illegal(asc::LUN_NOT_SUPPORTED).encode(false)),
@@ -395,6 +302,20 @@ impl Device {
         }
         l.set_num_blocks(blocks, &self.known_nexuses());
         Ok(())
+    }
+}
+
+impl DeviceView for Device {
+    fn luns(&self) -> Vec<u64> {
+        Device::luns(self)
+    }
+
+    fn known_nexus_ports(&self) -> Vec<(NexusId, Arc<str>)> {
+        Device::known_nexus_ports(self)
+    }
+
+    fn lun_by_naa(&self, naa: &[u8]) -> Option<Arc<Lun>> {
+        Device::lun_by_naa(self, naa)
     }
 }
 

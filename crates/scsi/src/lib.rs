@@ -27,33 +27,26 @@
 //! * Sense: returned raw, fixed (0x70) or descriptor (0x72) format per the D_SENSE bit of
 //!   the control mode page.
 
+mod cdb;
 pub(crate) mod cmds;
+mod command;
 pub mod config;
 mod device;
 mod lun;
 mod object;
+mod outcome;
 mod pr;
 pub mod sense;
+pub mod status;
 mod tasks;
 
-pub use cmds::{op, RwParams, MAX_TRANSFER_BYTES};
+pub use cdb::op;
+pub use cmds::{RwParams, MAX_TRANSFER_BYTES};
+pub use command::{Command, NexusId, Residual, Response, TaskAttr};
 pub use config::{BackendConfig, ByteSize, LunConfig};
-pub use device::{
-    Command, Device, DeviceError, ImageProvider, NexusId, ResetKind, Residual, Response, TaskAttr,
-};
+pub use device::{Device, DeviceError, ImageProvider, ResetKind};
 pub use object::OSD_DEVICE_TYPE;
 pub use sense::Sense;
-
-/// SCSI status codes (SAM-5).
-pub mod status {
-    pub const GOOD: u8 = 0x00;
-    pub const CHECK_CONDITION: u8 = 0x02;
-    pub const CONDITION_MET: u8 = 0x04;
-    pub const BUSY: u8 = 0x08;
-    pub const RESERVATION_CONFLICT: u8 = 0x18;
-    pub const TASK_SET_FULL: u8 = 0x28;
-    pub const TASK_ABORTED: u8 = 0x40;
-}
 
 #[cfg(test)]
 mod tests;

@@ -9,69 +9,29 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use bytes::Bytes;
 use storage::Backend;
 
-use crate::cmds::op;
+use crate::cdb::{allowed_under_reserve6, data_out_len, needs_medium, op};
+use crate::command::{
+    finish_data_in, finish_error, finish_out, residual, Command, NexusId, NexusInfo, Residual,
+    Response,
+};
 use crate::config::LunConfig;
-use crate::device::{Command, Device, NexusId, NexusInfo, Residual, Response};
+use crate::outcome::Fail;
 use crate::pr::PrState;
 use crate::sense::{asc, key, Sense};
 use crate::status;
-use crate::tasks::{Aborted, RangeLock, TaskSet};
+use crate::tasks::{RangeLock, TaskSet};
 
-/// How a command failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Fail {
-    Check(Sense),
-    Status(u8),
+/// What a LUN's commands ask of the device that holds it: the other LUNs (REPORT LUNS,
+/// EXTENDED COPY) and the known nexuses (PERSISTENT RESERVE OUT). `Device` implements it;
+/// a trait here so that LUN code does not depend on the device above it.
+pub(crate) trait DeviceView: Sync {
+    /// Configured LUN numbers (block and object), ascending.
+    fn luns(&self) -> Vec<u64>;
+    /// Every registered nexus with its initiator port name.
+    fn known_nexus_ports(&self) -> Vec<(NexusId, Arc<str>)>;
+    /// The LUN whose NAA designator (VPD page 0x83) is `naa`.
+    fn lun_by_naa(&self, naa: &[u8]) -> Option<Arc<Lun>>;
 }
-
-impl From<Sense> for Fail {
-    fn from(s: Sense) -> Fail {
-        Fail::Check(s)
-    }
-}
-
-/// An aborted task's wait ends its command; `Lun::execute` then answers it as aborted.
-impl From<Aborted> for Fail {
-    fn from(_: Aborted) -> Fail {
-        Fail::Status(status::TASK_ABORTED)
-    }
-}
-
-/// A successful command: its data-in (already cut to the allocation length) and status.
-pub(crate) struct Done {
-    pub data: Bytes,
-    /// What a lent read buffer noted while the medium read filled it.
-    pub note: Option<storage::BufNote>,
-    pub status: u8,
-}
-
-impl Done {
-    pub fn none() -> Result<Done, Fail> {
-        Ok(Done {
-            data: Bytes::new(),
-            note: None,
-            status: status::GOOD,
-        })
-    }
-    pub fn data(data: impl Into<Bytes>) -> Result<Done, Fail> {
-        Ok(Done {
-            data: data.into(),
-            note: None,
-            status: status::GOOD,
-        })
-    }
-    /// Data built in a Vec, cut to the CDB's allocation length.
-    pub fn alloc(mut data: Vec<u8>, alloc_len: usize) -> Result<Done, Fail> {
-        data.truncate(alloc_len);
-        Ok(Done {
-            data: Bytes::from(data),
-            note: None,
-            status: status::GOOD,
-        })
-    }
-}
-
-pub(crate) type CmdResult = Result<Done, Fail>;
 
 /// Result of an EXTENDED COPY kept for RECEIVE COPY RESULTS.
 #[derive(Debug, Clone, Copy, Default)]
@@ -244,7 +204,12 @@ impl Lun {
     }
 
     /// The pipeline: task admission, pre-checks, dispatch, response assembly.
-    pub async fn execute(&self, dev: &Device, cmd: Command, info: Option<NexusInfo>) -> Response {
+    pub async fn execute(
+        &self,
+        dev: &dyn DeviceView,
+        cmd: Command,
+        info: Option<NexusInfo>,
+    ) -> Response {
         let Some(&opcode) = cmd.cdb.first() else {
             let s = Sense::illegal(asc::INVALID_OPCODE);
             return finish_error(&cmd, status::CHECK_CONDITION, Some(self.sense_bytes(&s)));
@@ -270,7 +235,7 @@ impl Lun {
         }
         drop(guard);
         match result {
-            Ok(done) => match crate::cmds::data_out_len(&cmd.cdb, self.block_size) {
+            Ok(done) => match data_out_len(&cmd.cdb, self.block_size) {
                 Some(out_len) if done.data.is_empty() => finish_out(&cmd, out_len, done.status),
                 _ => {
                     let mut r = finish_data_in(&cmd, done.data.clone(), done.status);
@@ -283,14 +248,14 @@ impl Lun {
             },
             Err(Fail::Check(s)) => {
                 let mut r = finish_error(&cmd, status::CHECK_CONDITION, Some(self.sense_bytes(&s)));
-                if let Some(out_len) = crate::cmds::data_out_len(&cmd.cdb, self.block_size) {
+                if let Some(out_len) = data_out_len(&cmd.cdb, self.block_size) {
                     r.residual = residual(out_len, cmd.expected_len as u64);
                 }
                 r
             }
             Err(Fail::Status(st)) => {
                 let mut r = finish_error(&cmd, st, None);
-                if let Some(out_len) = crate::cmds::data_out_len(&cmd.cdb, self.block_size) {
+                if let Some(out_len) = data_out_len(&cmd.cdb, self.block_size) {
                     r.residual = residual(out_len, cmd.expected_len as u64);
                 }
                 r
@@ -358,7 +323,7 @@ fn access_check(
         )));
     }
     if let Some(holder) = st.reserve6 {
-        if holder != nexus && !crate::cmds::allowed_under_reserve6(opcode) {
+        if holder != nexus && !allowed_under_reserve6(opcode) {
             return Some(Fail::Status(status::RESERVATION_CONFLICT));
         }
     }
@@ -368,82 +333,11 @@ fn access_check(
             return Some(Fail::Status(status::RESERVATION_CONFLICT));
         }
     }
-    if st.ejected && crate::cmds::needs_medium(opcode) {
+    if st.ejected && needs_medium(opcode) {
         return Some(Fail::Check(Sense::new(
             key::NOT_READY,
             asc::MEDIUM_NOT_PRESENT_TRAY_OPEN,
         )));
     }
     None
-}
-
-fn residual(wanted: u64, edtl: u64) -> Residual {
-    if wanted > edtl {
-        Residual::Overflow((wanted - edtl).min(u32::MAX as u64) as u32)
-    } else if wanted < edtl {
-        Residual::Underflow((edtl - wanted) as u32)
-    } else {
-        Residual::None
-    }
-}
-
-/// Response for a command that produced data-in (possibly none).
-pub(crate) fn finish_data_in(cmd: &Command, data: Bytes, st: u8) -> Response {
-    let edtl = cmd.expected_len as u64;
-    let wanted = data.len() as u64;
-    if !cmd.read {
-        // Data the transport cannot carry (no R bit): drop it, report it as overflow.
-        let residual = if wanted > 0 {
-            Residual::Overflow(wanted.min(u32::MAX as u64) as u32)
-        } else {
-            residual(0, edtl)
-        };
-        return Response {
-            status: st,
-            sense: None,
-            data_in: Bytes::new(),
-            data_in_note: None,
-            residual,
-            bidi_read_residual: None,
-            aborted: false,
-        };
-    }
-    let mut data = data;
-    if wanted > edtl {
-        data.truncate(edtl as usize);
-    }
-    Response {
-        status: st,
-        sense: None,
-        data_in: data,
-        data_in_note: None,
-        residual: residual(wanted, edtl),
-        bidi_read_residual: None,
-        aborted: false,
-    }
-}
-
-/// Response for a data-out command that wanted `out_len` bytes.
-fn finish_out(cmd: &Command, out_len: u64, st: u8) -> Response {
-    Response {
-        status: st,
-        sense: None,
-        data_in: Bytes::new(),
-        data_in_note: None,
-        residual: residual(out_len, cmd.expected_len as u64),
-        bidi_read_residual: None,
-        aborted: false,
-    }
-}
-
-pub(crate) fn finish_error(_cmd: &Command, st: u8, sense: Option<Bytes>) -> Response {
-    Response {
-        status: st,
-        sense,
-        data_in: Bytes::new(),
-        data_in_note: None,
-        residual: Residual::None,
-        bidi_read_residual: None,
-        aborted: false,
-    }
 }

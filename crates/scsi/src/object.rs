@@ -8,9 +8,10 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use crate::cdb::op;
 use crate::cmds::inquiry::pad_ascii;
-use crate::cmds::op;
-use crate::device::{Command, Residual, Response};
+use crate::cmds::report_luns;
+use crate::command::{finish_data_in, finish_error, Command, Residual, Response};
 use crate::sense::{asc, Sense};
 use crate::status;
 
@@ -40,7 +41,7 @@ impl ObjectLun {
     pub(crate) fn open(
         dir: &std::path::Path,
         capacity: u64,
-        cfg: &crate::LunConfig,
+        cfg: &crate::config::LunConfig,
         serial: String,
         naa: Vec<u8>,
     ) -> Result<ObjectLun, String> {
@@ -72,7 +73,7 @@ impl ObjectLun {
                 s.truncate(alloc);
                 data_in(&cmd, s)
             }
-            op::REPORT_LUNS => fixed(crate::cmds::report_luns(luns, &cmd.cdb).map(|b| b.to_vec())),
+            op::REPORT_LUNS => fixed(report_luns(luns, &cmd.cdb).map(|b| b.to_vec())),
             _ => refused(&cmd, &Sense::illegal(asc::INVALID_OPCODE)),
         }
     }
@@ -176,9 +177,9 @@ impl ObjectLun {
 
 /// GOOD with `data` (cut to what the initiator expects).
 fn data_in(cmd: &Command, data: Vec<u8>) -> Response {
-    crate::lun::finish_data_in(cmd, Bytes::from(data), status::GOOD)
+    finish_data_in(cmd, Bytes::from(data), status::GOOD)
 }
 
 fn refused(cmd: &Command, s: &Sense) -> Response {
-    crate::lun::finish_error(cmd, status::CHECK_CONDITION, Some(s.encode(true)))
+    finish_error(cmd, status::CHECK_CONDITION, Some(s.encode(true)))
 }

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::cmds::{be16, be32, be64, op};
-use crate::lun::Fail;
+use crate::cdb::{be16, be32, be64, op};
+use crate::outcome::Fail;
 use crate::sense::{asc, Sense};
 use crate::status;
 

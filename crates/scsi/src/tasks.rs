@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use crate::device::{NexusId, TaskAttr};
+use crate::command::{NexusId, TaskAttr};
 
 /// What the task set remembers about a task.
 pub(crate) struct TaskInfo {

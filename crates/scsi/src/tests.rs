@@ -4,8 +4,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use crate::command::{Command, NexusId, Residual, Response, TaskAttr};
 use crate::config::LunConfig;
-use crate::device::{Command, Device, NexusId, ResetKind, Residual, Response, TaskAttr};
+use crate::device::{Device, ResetKind};
 use crate::status;
 
 const BS: usize = 512;

@@ -29,12 +29,12 @@ use core::mem::MaybeUninit;
 use crate::gf2::xpow;
 
 /// 512-bit accumulators in flight: a fold is a multiply then an XOR, and with fewer the loop
-/// waits on that latency (four measured 0.066 cycles/byte, eight 0.045, twelve no better).
+/// waits on that latency; more gained nothing (docs/performance-notes.md).
 const ACC: usize = 8;
 /// How far ahead of the loads cache lines are prefetched, in bytes: for data coming from L3 or
 /// DRAM (a RAM LUN's pages, a receive buffer already pushed out of L2), where the hardware
-/// prefetcher alone starts too late. Cold 128 KiB fused copies, against memcpy in the same
-/// run: 1.33x with 1 KiB; 1.17x with 4 KiB; 0.94x, 1.22x and 1.26x with 8 KiB (noisy runs).
+/// prefetcher alone starts too late. 4 KiB ahead beat 1 KiB on cold copies; 8 KiB was too
+/// noisy to tell (docs/performance-notes.md).
 const PF: usize = 4096;
 /// Bytes per main-loop step: one 64-byte block per accumulator.
 const STEP: usize = 64 * ACC;

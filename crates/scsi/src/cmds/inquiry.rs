@@ -4,8 +4,9 @@ use super::rw::{
     MAX_CAW_BLOCKS, MAX_TRANSFER_BYTES, MAX_UNMAP_BLOCKS, MAX_UNMAP_DESCRIPTORS,
     MAX_WRITE_SAME_BLOCKS,
 };
-use super::{be16, be32, op};
-use crate::lun::{CmdResult, Done, Lun};
+use crate::cdb::{be16, be32, op};
+use crate::lun::Lun;
+use crate::outcome::{CmdResult, Done};
 use crate::sense::Sense;
 
 /// Whether EXTENDED COPY is offered (3PC bit, supported opcodes).

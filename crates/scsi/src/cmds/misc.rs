@@ -5,9 +5,10 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::{be16, be32, get, op};
-use crate::device::{Command, Device, NexusInfo};
-use crate::lun::{CmdResult, Done, Fail, Lun};
+use crate::cdb::{be16, be32, get, op};
+use crate::command::{Command, NexusInfo};
+use crate::lun::{DeviceView, Lun};
+use crate::outcome::{CmdResult, Done, Fail};
 use crate::sense::{asc, key, Sense};
 use crate::status;
 
@@ -156,7 +157,7 @@ impl Lun {
 
     pub(crate) fn pr_out(
         &self,
-        dev: &Device,
+        dev: &dyn DeviceView,
         cmd: &Command,
         info: Option<&NexusInfo>,
     ) -> CmdResult {

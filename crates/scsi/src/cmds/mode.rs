@@ -4,9 +4,10 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{be16, get, op};
-use crate::device::Command;
-use crate::lun::{CmdResult, Done, Lun};
+use crate::cdb::{be16, get, op};
+use crate::command::Command;
+use crate::lun::Lun;
+use crate::outcome::{CmdResult, Done};
 use crate::sense::{asc, Sense};
 
 const PAGES: [u8; 4] = [0x01, 0x08, 0x0A, 0x1C];

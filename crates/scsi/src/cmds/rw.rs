@@ -4,9 +4,10 @@
 
 use bytes::{Bytes, BytesMut};
 
-use super::{be16, be32, be64, get, op};
-use crate::device::Command;
-use crate::lun::{CmdResult, Done, Fail, Lun};
+use crate::cdb::{be16, be32, be64, get, op};
+use crate::command::Command;
+use crate::lun::Lun;
+use crate::outcome::{CmdResult, Done, Fail};
 use crate::sense::{asc, key, Sense};
 use crate::tasks::{RangeGuard, TaskGuard};
 

@@ -12,9 +12,10 @@
 
 use std::sync::Arc;
 
-use super::{be16, be32, be64, get};
-use crate::device::{Command, Device, NexusId, NexusInfo};
-use crate::lun::{CmdResult, CopyResult, Done, Fail, Lun};
+use crate::cdb::{be16, be32, be64, get};
+use crate::command::{Command, NexusId, NexusInfo};
+use crate::lun::{CopyResult, DeviceView, Lun};
+use crate::outcome::{CmdResult, Done, Fail};
 use crate::sense::{asc, key, Sense};
 use crate::tasks::TaskGuard;
 
@@ -66,7 +67,7 @@ struct CopyList {
 }
 
 /// Parses and checks the parameter list (everything that can fail before data moves).
-fn parse(dev: &Device, data: &[u8]) -> Result<CopyList, Fail> {
+fn parse(dev: &dyn DeviceView, data: &[u8]) -> Result<CopyList, Fail> {
     if data.len() < HEADER_LEN {
         return Err(Sense::illegal(asc::PARAMETER_LIST_LENGTH_ERROR).into());
     }
@@ -229,7 +230,7 @@ fn copy_target_check(
 impl Lun {
     pub(crate) async fn extended_copy(
         &self,
-        dev: &Device,
+        dev: &dyn DeviceView,
         cmd: &Command,
         info: Option<&NexusInfo>,
         guard: &TaskGuard<'_>,
