@@ -8,10 +8,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use analyze::tcpinfo::{self, TcpInfoSampler, TcpSample};
+use analyze::tcpinfo::{self, TcpSample};
 use anyhow::{bail, Context};
 use iscsi_initiator::bench::{self, Pattern, Progress, Rw, Step, Summary, Workload};
 use iscsi_initiator::{IscsiUrl, Session};
+use lab::tcpinfo::TcpInfoSampler;
 use report::{Cell, LinePlot, Series, Table, TickLabels};
 
 use super::initiator::LoginOpts;
