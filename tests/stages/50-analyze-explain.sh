@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `ironsan analyze --explain` on a staged loss (the in-process causes are
-# crates/analyze/tests/staged_causes.rs; a real segment loss needs root, a network namespace and
+# crates/lab/tests/staged_causes.rs; a real segment loss needs root, a network namespace and
 # a capture below TCP): the ironsan initiator reads 4 KiB at a time, one outstanding, from tgtd
 # through `ironsan delay-proxy --drop-nth`, which drops one segment towards the initiator after
 # tcpdump saw it. Each answer is one segment with nothing behind it, so the kernel resends it

@@ -215,9 +215,9 @@ pub fn describe_sense(sense: &[u8]) -> String {
         ),
         other => return format!("sense response code 0x{other:02x}"),
     };
-    // Names from the initiator's sense decoder; the fields are taken leniently above so that
+    // Names from the codec's sense decoder; the fields are taken leniently above so that
     // truncated sense from a capture still gets a line.
-    let s = iscsi_initiator::scsi::Sense { key, asc, ascq };
+    let s = iscsi_wire::sense::Sense { key, asc, ascq };
     let text = s.asc_name().map(|t| format!(" ({t})")).unwrap_or_default();
     format!("{} ASC/ASCQ 0x{asc:02x}/0x{ascq:02x}{text}", s.key_name())
 }

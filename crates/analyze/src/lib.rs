@@ -1,23 +1,20 @@
 //! The IP-SAN analysis system of ironsan: reads pcap/pcapng captures (any iSCSI
 //! implementation, and ironsan's own `--trace` files), reassembles TCP, decodes iSCSI and
 //! iSER/iWARP PDUs into readable lines and JSON, computes per-command and per-connection
-//! statistics (latency, idle time on the wire, retransmissions and losses), draws timelines,
-//! samples TCP_INFO of live sockets, and runs the long-delay experiment through its delay
-//! proxy with the ironsan initiator. Protocol decoding is sans-IO; the proxy, the sampler
-//! and the experiment are the only parts that touch sockets.
+//! statistics (latency, idle time on the wire, retransmissions and losses), draws timelines
+//! (with TCP_INFO samples beside them) and diagnoses what limited a run. It never touches a
+//! socket: the live tools (delay proxy, faults, the long-delay experiment, the TCP_INFO
+//! sampler) are in the `lab` crate.
 
 pub mod analysis;
 pub mod capture;
 pub mod cdb;
-pub mod experiment;
 pub mod explain;
-pub mod fault;
 pub mod iscsi;
 pub mod iser;
 pub mod listing;
 pub mod negotiated;
 pub mod phases;
-pub mod proxy;
 pub mod series;
 pub mod stats;
 #[cfg(test)]

@@ -14,9 +14,9 @@
 //! [`device_portal`] on a provider's own listener (rdma-core). [`initiator`] is the initiator's
 //! end: connection, login in Sends, and a datamover advertising a registered buffer per
 //! command, the caller's own write data registered in place through [`write_regs`] (a
-//! registration cache). [`regcost`] measures what registration costs per command. [`target_device`] keeps a
-//! target's connections on a device in one protection domain, where a RAM LUN's image is
-//! registered once and read data leaves straight from it.
+//! registration cache). [`target_device`] keeps a target's connections on a device in one
+//! protection domain, where a RAM LUN's image is registered once and read data leaves straight
+//! from it.
 
 pub mod credit;
 pub mod datamover;
@@ -26,7 +26,6 @@ pub mod initiator;
 pub mod lent;
 pub mod mr_pool;
 pub mod portal;
-pub mod regcost;
 pub mod rnic_task;
 pub mod target;
 pub mod target_device;

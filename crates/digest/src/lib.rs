@@ -5,7 +5,7 @@
 //! [`SegmentedCopy`] for the per-PDU digests of a Data-In sequence computed during a copy. The fastest implementation the CPU
 //! supports is chosen once at run time: the CRC32C instruction in interleaved streams ([`hw`]),
 //! else Slicing-by-8 ([`slicing8`]); Sarwate's byte table ([`sarwate`]) is the reference. The
-//! [`bench`] module measures them all.
+//! `bench` crate measures them all.
 //!
 //! CRC values here are the finished CRC (initial value and final XOR applied), so
 //! `crc32c(b"123456789") == 0xE3069283`. iSCSI and MPA put them on the wire least significant
@@ -17,7 +17,6 @@ use bytes::BytesMut;
 
 pub use segments::{SegmentCrcs, SegmentedCopy};
 
-pub mod bench;
 mod gf2;
 pub mod hw;
 pub mod sarwate;

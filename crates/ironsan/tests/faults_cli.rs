@@ -22,7 +22,7 @@ const QUEUE_DEPTH: usize = 16;
 /// What write `seed` puts in `unit`: the bench's verify pattern (each block names its LBA).
 fn pattern(unit: usize, seed: u64) -> bytes::Bytes {
     let mut v = vec![0u8; UNIT];
-    iscsi_initiator::bench::fill_pattern(&mut v, (unit * UNIT / BLOCK) as u64, BLOCK as u32, seed);
+    bench::workload::fill_pattern(&mut v, (unit * UNIT / BLOCK) as u64, BLOCK as u32, seed);
     v.into()
 }
 

@@ -10,8 +10,8 @@
 //! tokio driver ([`Session`]) hands its commands and PDUs to each connection's
 //! `datamover::InitiatorDatamover` (iSCSI/TCP today), which runs the data phases and reports
 //! statuses with their read data placed. SCSI helpers (INQUIRY, READ
-//! CAPACITY, READ/WRITE 10/16, SYNCHRONIZE CACHE, UNMAP, REPORT LUNS, raw CDBs) sit on top,
-//! and [`bench`] is the access generator behind `ironsan bench`.
+//! CAPACITY, READ/WRITE 10/16, SYNCHRONIZE CACHE, UNMAP, REPORT LUNS, raw CDBs) sit on top.
+//! The access generator behind `ironsan bench` is the `bench` crate's.
 //!
 //! ```no_run
 //! use iscsi_initiator::{IscsiUrl, Session, SessionConfig};
@@ -30,7 +30,6 @@
 //! # }
 //! ```
 
-pub mod bench;
 mod conn;
 pub mod core;
 pub mod scsi;

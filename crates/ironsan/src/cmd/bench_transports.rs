@@ -16,7 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use iscsi_initiator::bench::{self, Pattern, Progress, Rw, Workload};
+use bench::workload::{self, Pattern, Progress, Rw, Workload};
 use iscsi_initiator::{IscsiUrl, Session, SessionConfig};
 use report::{Cell, LinePlot, Series, Table, TickLabels};
 
@@ -157,7 +157,7 @@ pub fn run(a: TransportsArgs) -> Result<()> {
                         };
                         let (i0, t0) = (cpu_seconds(std::process::id())?, cpu_seconds(target_pid)?);
                         let started = Instant::now();
-                        let s = bench::run(
+                        let s = workload::run(
                             std::slice::from_ref(&sessions[t]),
                             0,
                             cap,
@@ -299,7 +299,7 @@ async fn fill_lun(
         verify: false,
         seed: 1,
     };
-    bench::run(
+    workload::run(
         std::slice::from_ref(session),
         0,
         cap,

@@ -8,10 +8,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use analyze::tcpinfo::{self, TcpInfoSampler, TcpSample};
+use analyze::tcpinfo::{self, TcpSample};
 use anyhow::{bail, Context};
-use iscsi_initiator::bench::{self, Pattern, Progress, Rw, Step, Summary, Workload};
+use bench::workload::{self, Pattern, Progress, Rw, Step, Summary, Workload};
 use iscsi_initiator::{IscsiUrl, Session};
+use lab::tcpinfo::TcpInfoSampler;
 use report::{Cell, LinePlot, Series, Table, TickLabels};
 
 use super::initiator::LoginOpts;
@@ -305,7 +306,7 @@ async fn measure(sessions: &[Arc<Session>], w: &Workload) -> anyhow::Result<Summ
         report::format_size(w.size as u64)
     );
     let ticker = progress_ticker(progress.clone(), label);
-    let r = bench::run(sessions, lun, cap, w, progress).await;
+    let r = workload::run(sessions, lun, cap, w, progress).await;
     if let Some(t) = ticker {
         t.abort();
         eprint!("\r{:70}\r", "");
@@ -359,7 +360,7 @@ pub fn run(a: BlockBenchArgs) -> anyhow::Result<()> {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?;
-            let steps = bench::parse_script(&text).map_err(anyhow::Error::msg)?;
+            let steps = workload::parse_script(&text).map_err(anyhow::Error::msg)?;
             super::initiator::block_on_interruptible(&rt, run_script(&a, steps))
         }
         None => {

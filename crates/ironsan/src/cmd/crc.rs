@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use digest::bench::{self, Clock, Config, Measurement, Method};
+use bench::crc::{self, Clock, Config, Measurement, Method};
 use report::{format_size, parse_size, Cell, LinePlot, Series, Table, TickLabels};
 
 #[derive(clap::Args)]
@@ -87,7 +87,7 @@ pub fn run(args: CrcArgs) -> anyhow::Result<()> {
     }
 
     let clock = Clock::calibrate(Duration::from_millis(50));
-    let rows = bench::run(&config, &clock);
+    let rows = crc::run(&config, &clock);
     let json_to_stdout = args.json.as_deref() == Some(std::path::Path::new("-"));
 
     let mut text = String::new();
@@ -148,7 +148,7 @@ pub fn run(args: CrcArgs) -> anyhow::Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     if args.check {
-        if let Err(problems) = bench::check_ratios(&rows, CHECK_SIZE, args.check_slack) {
+        if let Err(problems) = crc::check_ratios(&rows, CHECK_SIZE, args.check_slack) {
             bail!(
                 "CRC32C performance relations do not hold:\n  {}",
                 problems.join("\n  ")
@@ -217,7 +217,7 @@ fn long_table(rows: &[Measurement], clock: &Clock) -> Table {
 
 /// The ratios the engine is judged by, at `size`, as text.
 fn ratio_summary(rows: &[Measurement], size: usize) -> Option<String> {
-    let get = |m: Method| bench::lookup(rows, m, size);
+    let get = |m: Method| crc::lookup(rows, m, size);
     let crc_alone = get(Method::Hw).or(get(Method::Slicing8))?;
     let mut out = format!("\nAt {}:\n", format_size(size as u64));
     if let (Some(s), Some(s8)) = (get(Method::Sarwate), get(Method::Slicing8)) {
@@ -245,7 +245,7 @@ fn ratio_summary(rows: &[Measurement], size: usize) -> Option<String> {
         out.push_str(&format!(
             "  fused-copy-crc / crc alone  = {:.3}x (bar: <= {})\n",
             fused / crc_alone,
-            bench::FUSED_MAX_RATIO
+            crc::FUSED_MAX_RATIO
         ));
         if let Some(ctc) = get(Method::CopyThenCrc) {
             out.push_str(&format!(

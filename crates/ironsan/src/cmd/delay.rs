@@ -6,11 +6,11 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use analyze::experiment::{self, ExperimentConfig, Op};
-use analyze::fault::Fault;
-use analyze::proxy::{DelayProxy, Direction, DropSegment, ProxyConfig};
 use anyhow::{bail, Context};
 use clap::Args;
+use lab::experiment::{self, ExperimentConfig, Op};
+use lab::fault::Fault;
+use lab::proxy::{DelayProxy, Direction, DropSegment, ProxyConfig};
 
 #[derive(Args, Debug)]
 pub struct ProxyArgs {

@@ -136,7 +136,7 @@ fn sizes_between(min: &str, max: &str) -> Result<Vec<usize>> {
 }
 
 fn registration(a: RegArgs) -> Result<()> {
-    use datamover_iser::regcost::{measure, Strategy};
+    use bench::regcost::{measure, Strategy};
     let sizes = sizes_between(&a.min_size, &a.max_size)?;
     let points = measure(&sizes, size_arg(&a.bytes)?, a.rounds).map_err(|e| anyhow!("{e}"))?;
     let mut table = report::Table::new([

@@ -5,7 +5,7 @@
 //! Every session runs `--qd` workers, and each worker owns a slot of the LUN no other worker
 //! touches, so what it reads back is exactly what it wrote last: each 4 KiB unit holds the
 //! bench's verify pattern for its place and the generation of its last write
-//! (`iscsi_initiator::bench::{fill_pattern, generation_seed}`), and the worker keeps the
+//! (`bench::workload::{fill_pattern, generation_seed}`), and the worker keeps the
 //! generation of each unit it wrote. Units not yet written in this run are read but not checked.
 
 use std::path::PathBuf;
@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use bench::workload::{fill_pattern, generation_seed, Rng};
 use bytes::Bytes;
-use iscsi_initiator::bench::{fill_pattern, generation_seed, Rng};
 use iscsi_initiator::{IscsiUrl, Session};
 use report::{Cell, LinePlot, Series, Table, TickLabels};
 

@@ -154,7 +154,7 @@ fn tcp_info_recorder(
     use std::os::fd::BorrowedFd;
     use std::sync::atomic::{AtomicU64, Ordering};
     struct Recording {
-        sampler: Option<analyze::tcpinfo::TcpInfoSampler>,
+        sampler: Option<lab::tcpinfo::TcpInfoSampler>,
         base: std::path::PathBuf,
     }
     impl Drop for Recording {
@@ -185,7 +185,7 @@ fn tcp_info_recorder(
     std::sync::Arc::new(move |socket: BorrowedFd<'_>, peer: std::net::SocketAddr| {
         let peer = peer.to_string().replace([':', '[', ']'], "_");
         let n = next.fetch_add(1, Ordering::Relaxed);
-        match analyze::tcpinfo::TcpInfoSampler::new(socket, interval) {
+        match lab::tcpinfo::TcpInfoSampler::new(socket, interval) {
             Ok(sampler) => Some(Box::new(Recording {
                 sampler: Some(sampler),
                 base: dir.join(format!("conn-{n}-{peer}")),

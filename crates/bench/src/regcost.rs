@@ -21,7 +21,7 @@ use rdma::{
 use rnic::tools::bw::wait_ok;
 use rnic::{Channel, Cq, Mr, Qp, Rnic};
 
-use crate::mr_pool::MrPool;
+use datamover_iser::mr_pool::MrPool;
 
 /// How the data of one command reaches registered memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

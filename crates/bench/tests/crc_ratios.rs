@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use digest::bench::{check_ratios, run, Clock, Config, Method};
+use bench::crc::{check_ratios, run, Clock, Config, Method};
 
 /// Each relation's factor is doubled: only a collapse fails the test.
 const COLLAPSE_SLACK: f64 = 2.0;

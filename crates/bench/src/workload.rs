@@ -10,9 +10,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use crate::core::CommandRequest;
-use crate::scsi::{self, status, Capacity, Sense};
-use crate::{Error, Session};
+use iscsi_initiator::scsi::{self, status, Capacity, Sense};
+use iscsi_initiator::{CommandRequest, Error, RecoveryStats, Session};
 
 /// Reads, writes, or a mix with the given percentage of reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,7 +99,7 @@ pub struct Summary {
     /// Blocks compared by `--verify`.
     pub verified_bytes: u64,
     /// Error recovery during the point, summed over its sessions.
-    pub recovery: crate::RecoveryStats,
+    pub recovery: RecoveryStats,
     /// Write data registered in place (iSER) during the point: registrations that served
     /// again, and registrations made.
     pub write_registrations: datamover::RegistrationStats,
@@ -420,7 +419,7 @@ async fn run_phase(
     let counters_of = |sessions: &[Arc<Session>]| {
         sessions.iter().fold(
             (
-                crate::RecoveryStats::default(),
+                RecoveryStats::default(),
                 datamover::RegistrationStats::default(),
             ),
             |(r, g), s| (r.plus(s.recovery()), g.plus(s.write_registrations())),

@@ -1,4 +1,4 @@
-//! Fault scenarios through the fault-injecting proxy (analyze::proxy with `faults`): a
+//! Fault scenarios through the fault-injecting proxy (`lab::proxy` with `faults`): a
 //! connection cut mid-write, mid-read and mid-login, a corrupted data digest each way (at
 //! ErrorRecoveryLevel 0 a reconnect, at 1 a resend inside the connection), and a target
 //! that stalls past the NOP timeout. After each, every command the initiator (with
@@ -10,11 +10,11 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use analyze::fault::Fault;
-use analyze::proxy::{DelayProxy, ProxyConfig};
 use bytes::Bytes;
 use common::random_bytes;
 use iscsi_initiator::{scsi, CommandRequest, IscsiUrl, Session, SessionConfig};
+use lab::fault::Fault;
+use lab::proxy::{DelayProxy, ProxyConfig};
 
 const CONFIG: &str = r#"
 portals = ["127.0.0.1:0"]

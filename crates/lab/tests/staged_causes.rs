@@ -11,11 +11,11 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use analyze::explain::{explain, text, Diagnosis, Limit};
-use analyze::proxy::{DelayProxy, ProxyConfig};
 use analyze::stats::StatsOptions;
 use analyze::{analyze_file, Options};
 use bytes::Bytes;
 use iscsi_initiator::{scsi, CommandRequest, IscsiUrl, Session, SessionConfig, TraceFile};
+use lab::proxy::{DelayProxy, ProxyConfig};
 
 const TARGET: &str = "iqn.2026-11.org.ironsan:staged";
 const CONFIG: &str = r#"

@@ -9,7 +9,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use crate::{crc32c_append, hw, sarwate, slicing8, Crc32c};
+use digest::{crc32c_append, hw, sarwate, slicing8, Crc32c};
 
 /// What is measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -22,14 +22,14 @@ pub enum Method {
     Hw1Stream,
     /// The CRC32C instruction in [`hw::STREAMS`] interleaved streams joined by PCLMULQDQ.
     HwStreams,
-    /// What [`crate::crc32c`] uses: [`hw::append`], i.e. AVX-512 VPCLMULQDQ folding for
+    /// What [`digest::crc32c`] uses: [`hw::append`], i.e. AVX-512 VPCLMULQDQ folding for
     /// buffers of [`hw::FOLD_MIN_LEN`] bytes and more where the CPU has it, else the streams.
     Hw,
     /// `copy_from_slice` alone, for reference.
     Copy,
     /// `copy_from_slice`, then the CRC over the copy: two passes.
     CopyThenCrc,
-    /// [`crate::copy_with_crc32c`] (via [`Crc32c::update_copy`]): one pass.
+    /// [`digest::copy_with_crc32c`] (via [`Crc32c::update_copy`]): one pass.
     FusedCopyCrc,
 }
 
