@@ -341,14 +341,7 @@ async fn a_write_whose_unsolicited_data_finds_no_room_gets_task_set_full_and_its
     let _serial = SERIAL.lock().await;
     let addr = start_target("connection_memory_mib = 64\nsession_memory_mib = 128").await;
     let mut c = RawConn::connect(addr).await;
-    let mut keys = plain_keys();
-    for (k, v) in keys.iter_mut() {
-        match *k {
-            "ImmediateData" => *v = "Yes",
-            "InitialR2T" => *v = "No",
-            _ => {}
-        }
-    }
+    let keys = plain_keys_with(&[("ImmediateData", "Yes"), ("InitialR2T", "No")]);
     let got = c.login(1, &keys).await;
     assert_eq!(got.get("InitialR2T").map(String::as_str), Some("No"));
     // The first write takes the connection's whole budget and waits for its data.
@@ -467,12 +460,7 @@ async fn responses_kept_at_erl_2_for_an_initiator_that_never_acknowledges_stay_i
     .await;
     let mut c = RawConn::connect(addr).await;
     c.target_name = TARGET.into();
-    let mut keys = plain_keys();
-    for (k, v) in keys.iter_mut() {
-        if *k == "ErrorRecoveryLevel" {
-            *v = "2";
-        }
-    }
+    let keys = plain_keys_with(&[("ErrorRecoveryLevel", "2")]);
     let got = c.login(1, &keys).await;
     assert_eq!(got.get("ErrorRecoveryLevel").map(String::as_str), Some("2"));
     let before = memory_mib();
@@ -534,12 +522,7 @@ async fn read_data_kept_at_erl_1_goes_when_acknowledged_though_no_read_can_be_se
     .await;
     let mut c = RawConn::connect(addr).await;
     c.target_name = TARGET.into();
-    let mut keys = plain_keys();
-    for (k, v) in keys.iter_mut() {
-        if *k == "ErrorRecoveryLevel" {
-            *v = "1";
-        }
-    }
+    let keys = plain_keys_with(&[("ErrorRecoveryLevel", "1")]);
     c.login(1, &keys).await;
     // 64 READs of 1 MiB, kept for Data SNACK, fill the connection's budget.
     let (statuses, _, last_stat_sn) = reads_of_never_acknowledged(&mut c, 64, 2048).await;
@@ -594,12 +577,7 @@ async fn statuses_kept_for_an_initiator_that_never_acknowledges_hold_their_bytes
     // peer that takes segments as large: 256 MiB of echoes kept, if nothing counted them.
     let mut big = RawConn::connect(addr).await;
     big.isid[5] = 0xa6;
-    let mut keys = plain_keys();
-    for (k, v) in keys.iter_mut() {
-        if *k == "MaxRecvDataSegmentLength" {
-            *v = "262144";
-        }
-    }
+    let keys = plain_keys_with(&[("MaxRecvDataSegmentLength", "262144")]);
     big.login(1, &keys).await;
     let ping = pattern(262_144, 2);
     let mut last = None;
