@@ -512,10 +512,8 @@ pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
 
 /// Default operational keys: R2T for every write (exercises the solicited path).
 /// [`plain_keys`] with the values of `changes` in place of theirs.
-pub fn plain_keys_with(
-    changes: &[(&'static str, &'static str)],
-) -> Vec<(&'static str, &'static str)> {
-    let mut keys = plain_keys();
+pub fn plain_keys_with<'a>(changes: &[(&str, &'a str)]) -> Vec<(&'static str, &'a str)> {
+    let mut keys: Vec<(&'static str, &'a str)> = plain_keys();
     for (k, v) in keys.iter_mut() {
         if let Some((_, new)) = changes.iter().find(|(ck, _)| ck == k) {
             *v = new;
