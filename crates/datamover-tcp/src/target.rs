@@ -25,6 +25,7 @@ use datamover::{
     LoginRecvError, Notice, Portal, RecoveryCounters, TaskRef, TransportKind, WriteHandle,
 };
 use iscsi_session::{data_in_segments, R2tRequest, WriteTransfer};
+use iscsi_wire::serial::sn_lt;
 use iscsi_wire::{
     reject, Bhs, DataIn, DataOut, Digests, Pdu, R2t, ScsiCommand, WireError, BHS_LEN, RESERVED_TAG,
 };
@@ -1003,10 +1004,12 @@ async fn on_write_command(
 }
 
 /// Forgets the kept reads whose status is no longer retained (acknowledged, or dropped).
+/// Retained statuses are every StatSN from the oldest kept on (acknowledgement and the
+/// retention cap both drop from the front), so one comparison tells.
 fn forget_acknowledged_reads(cfg: &FfpConfig, sent_reads: &SentReads) {
-    let status = cfg.status.lock().expect("status");
+    let first_retained = cfg.status.lock().expect("status").first_retained();
     let mut reads = sent_reads.lock().expect("sent reads");
-    reads.retain(|_, r| r.stat_sn.is_none_or(|sn| status.retained(sn).is_some()));
+    reads.retain(|_, r| r.stat_sn.is_none_or(|sn| !sn_lt(sn, first_retained)));
 }
 
 /// Reports a refused PDU; the iSCSI layer answers it with a Reject (it numbers status).
