@@ -31,11 +31,9 @@ pub(crate) enum Work {
         ahs: Bytes,
         write: Option<WriteHandle>,
         /// ErrorRecoveryLevel 2: the task, kept from its arrival (TASK REASSIGN finds it
-        /// even while it waits for its turn in CmdSN order).
-        kept: Option<Arc<KeptTask>>,
-        /// ErrorRecoveryLevel 2: the budget had no room to keep the task; it is answered
-        /// TASK SET FULL in its turn, unexecuted and not kept.
-        unkept: Option<OverBudget>,
+        /// even while it waits for its turn in CmdSN order); an error when the budget had
+        /// no room to keep it, and it is answered TASK SET FULL in its turn, unexecuted.
+        kept: Result<Option<Arc<KeptTask>>, OverBudget>,
     },
     Control {
         conn: Arc<Conn>,
@@ -379,7 +377,10 @@ impl Session {
         let (command, kept) = match &work {
             Work::Command {
                 conn, cmd, kept, ..
-            } => (Some((conn.clone(), cmd.itt)), kept.clone()),
+            } => (
+                Some((conn.clone(), cmd.itt)),
+                kept.as_ref().ok().and_then(Clone::clone),
+            ),
             _ => (None, None),
         };
         let ready = {
@@ -423,11 +424,13 @@ impl Session {
                 ahs,
                 write,
                 kept,
-                unkept,
             } => {
                 conn.inflight.fetch_add(1, Ordering::AcqRel);
                 // At level 2 it may have moved while it waited for its turn.
-                let cid = kept.as_ref().map_or(conn.cid, |k| k.conn().cid);
+                let cid = match &kept {
+                    Ok(Some(k)) => k.conn().cid,
+                    _ => conn.cid,
+                };
                 let settled = Arc::new(AtomicBool::new(false));
                 let entry = TaskEntry {
                     cid,
@@ -437,7 +440,7 @@ impl Session {
                 self.tasks.lock().expect("tasks").insert(cmd.itt, entry);
                 let s = self.clone();
                 tokio::spawn(async move {
-                    s.run_command(conn, cmd, ahs, write, (kept, unkept), counted, settled)
+                    s.run_command(conn, cmd, ahs, write, kept, counted, settled)
                         .await
                 });
             }
@@ -457,7 +460,7 @@ impl Session {
         cmd: ScsiCommand,
         ahs: Bytes,
         write: Option<WriteHandle>,
-        (kept, unkept): (Option<Arc<KeptTask>>, Option<OverBudget>),
+        kept: Result<Option<Arc<KeptTask>>, OverBudget>,
         counted: bool,
         // This task's `TaskEntry::settled` (by value: its ITT may be reused once aborted).
         settled: Arc<AtomicBool>,
@@ -466,18 +469,23 @@ impl Session {
             itt: cmd.itt,
             lun: cmd.lun,
         };
-        let rsp = match unkept {
-            Some(why) => {
+        let (rsp, kept) = match kept {
+            Err(why) => {
                 // Its unsolicited data, if any, is discarded as it comes.
                 if write.is_some() {
                     conn.dm.abort_task(task.itt);
                 }
                 tracing::warn!(peer = %conn.peer, tsih = self.tsih, itt = format_args!("0x{:08x}", task.itt), "command refused with TASK SET FULL: responses the initiator has not acknowledged fill the budget ({why})");
-                Some((unexecuted(scsi::status::TASK_SET_FULL, None), 0))
+                (
+                    Some((unexecuted(scsi::status::TASK_SET_FULL, None), 0)),
+                    None,
+                )
             }
-            None => {
-                self.execute(&conn, task, &cmd, &ahs, write, kept.as_ref())
-                    .await
+            Ok(kept) => {
+                let rsp = self
+                    .execute(&conn, task, &cmd, &ahs, write, kept.as_ref())
+                    .await;
+                (rsp, kept)
             }
         };
         let aborted_by_tmf = settled.swap(true, Ordering::AcqRel);
@@ -1086,10 +1094,9 @@ impl Session {
                     itt: cmd.itt,
                     lun: cmd.lun,
                 };
-                let (kept, unkept) = match self.erl2.as_ref().map(|a| a.keep(conn, task)) {
-                    None => (None, None),
-                    Some(Ok(kept)) => (kept, None),
-                    Some(Err(why)) => (None, Some(why)),
+                let kept = match &self.erl2 {
+                    Some(allegiances) => allegiances.keep(conn, task),
+                    None => Ok(None),
                 };
                 let work = Work::Command {
                     conn: conn.clone(),
@@ -1097,7 +1104,6 @@ impl Session {
                     ahs: pdu.pdu.ahs,
                     write,
                     kept,
-                    unkept,
                 };
                 self.order(target, immediate, cmd_sn, work).await;
             }
