@@ -448,17 +448,16 @@ async fn pings_never_acknowledged(c: &mut RawConn, n: usize) -> u32 {
     stat_sn
 }
 
-/// A session at ErrorRecoveryLevel `erl` with a target of its own (`target`, a 512 MiB RAM
-/// LUN; budgets of 64 MiB a connection, 128 MiB a session, 192 MiB in all).
-async fn erl_session(target: &str, erl: u8) -> RawConn {
-    let addr = start_target(&format!(
-        "connection_memory_mib = 64\nsession_memory_mib = 128\nmemory_mib = 192\n\
-         [[target]]\nname = \"{target}\"\nerror_recovery_level = {erl}\n\
-         [target.lun.0]\nsize = \"512MiB\"\nbackend = \"memory\"\n"
-    ))
+/// A session at ErrorRecoveryLevel `erl` with a target of its own (a 512 MiB RAM LUN;
+/// budgets of 64 MiB a connection, 128 MiB a session, 192 MiB in all).
+async fn erl_session(erl: u8) -> RawConn {
+    let addr = start_target_with(
+        "connection_memory_mib = 64\nsession_memory_mib = 128\nmemory_mib = 192",
+        &format!("error_recovery_level = {erl}"),
+        "size = \"512MiB\"\nbackend = \"memory\"",
+    )
     .await;
     let mut c = RawConn::connect(addr).await;
-    c.target_name = target.into();
     let erl = erl.to_string();
     let got = c
         .login(1, &plain_keys_with(&[("ErrorRecoveryLevel", &erl)]))
@@ -470,7 +469,7 @@ async fn erl_session(target: &str, erl: u8) -> RawConn {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn responses_kept_at_erl_2_for_an_initiator_that_never_acknowledges_stay_in_its_budget() {
     let _serial = SERIAL.lock().await;
-    let mut c = erl_session("iqn.2026-11.org.ironsan.test:erl2-kept", 2).await;
+    let mut c = erl_session(2).await;
     let before = memory_mib();
 
     // 64 READs fill the connection's budget with what is kept for them.
@@ -521,7 +520,7 @@ async fn responses_kept_at_erl_2_for_an_initiator_that_never_acknowledges_stay_i
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_data_kept_at_erl_1_goes_when_acknowledged_though_no_read_can_be_sent() {
     let _serial = SERIAL.lock().await;
-    let mut c = erl_session("iqn.2026-11.org.ironsan.test:erl1-kept", 1).await;
+    let mut c = erl_session(1).await;
     // 64 READs of 1 MiB, kept for Data SNACK, fill the connection's budget.
     let (statuses, _, last_stat_sn) = reads_of_never_acknowledged(&mut c, 64, 2048).await;
     assert_eq!(statuses.get(&0), Some(&64), "{statuses:?}");

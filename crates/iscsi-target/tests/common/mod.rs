@@ -510,7 +510,6 @@ pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-/// Default operational keys: R2T for every write (exercises the solicited path).
 /// [`plain_keys`] with the values of `changes` in place of theirs.
 pub fn plain_keys_with<'a>(changes: &[(&str, &'a str)]) -> Vec<(&'static str, &'a str)> {
     let mut keys: Vec<(&'static str, &'a str)> = plain_keys();
@@ -522,6 +521,7 @@ pub fn plain_keys_with<'a>(changes: &[(&str, &'a str)]) -> Vec<(&'static str, &'
     keys
 }
 
+/// Default operational keys: R2T for every write (exercises the solicited path).
 pub fn plain_keys() -> Vec<(&'static str, &'static str)> {
     vec![
         ("HeaderDigest", "None"),
