@@ -198,7 +198,7 @@ pub(crate) fn put32(b: &mut [u8; 48], at: usize, v: u32) {
 }
 
 /// Reads one PDU (no digests are negotiated): the BHS and the data segment.
-async fn read_pdu(r: &mut OwnedReadHalf) -> Option<([u8; 48], Vec<u8>)> {
+async fn read_pdu(r: &mut (impl AsyncReadExt + Unpin)) -> Option<([u8; 48], Vec<u8>)> {
     let mut b = [0u8; 48];
     r.read_exact(&mut b).await.ok()?;
     let len = u32::from_be_bytes([0, b[5], b[6], b[7]]) as usize;
@@ -393,15 +393,7 @@ async fn login(addr: SocketAddr, isid_last: u8, options: u8) -> Option<(TcpStrea
     if !send(&mut s, &b, &keys).await {
         return None;
     }
-    let (r, _) = {
-        let (mut rd, _) = s.split();
-        let mut hdr = [0u8; 48];
-        rd.read_exact(&mut hdr).await.ok()?;
-        let len = u32::from_be_bytes([0, hdr[5], hdr[6], hdr[7]]) as usize;
-        let mut data = vec![0u8; hdr[4] as usize * 4 + len.next_multiple_of(4)];
-        rd.read_exact(&mut data).await.ok()?;
-        (hdr, data)
-    };
+    let (r, _) = read_pdu(&mut s).await?;
     let (cmd_sn, exp_stat_sn) = login_accepted(&r)?;
     Some((s, cmd_sn, exp_stat_sn))
 }

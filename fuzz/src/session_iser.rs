@@ -83,7 +83,8 @@ struct Peer {
     cq: rnic::Cq,
     sends_posted: u64,
     sends_done: u64,
-    received: VecDeque<([u8; 48], Vec<u8>)>,
+    /// The BHS of each PDU received and not yet looked at.
+    received: VecDeque<[u8; 48]>,
     opcodes: HashMap<u8, usize>,
     violation: Option<String>,
     failed: bool,
@@ -207,8 +208,7 @@ impl Peer {
         if note.nop_ttt.is_some() {
             self.nop_ttt = note.nop_ttt;
         }
-        self.received
-            .push_back((b, bytes[start..start + len].to_vec()));
+        self.received.push_back(b);
     }
 
     fn broken(&self) -> bool {
@@ -276,7 +276,7 @@ impl Peer {
             return false;
         }
         self.wait(LIVENESS_WAIT, |p| !p.received.is_empty());
-        let Some((r, _)) = self.received.pop_front() else {
+        let Some(r) = self.received.pop_front() else {
             return false;
         };
         let Some((cmd_sn, exp_stat_sn)) = login_accepted(&r) else {
@@ -413,7 +413,7 @@ fn probe_once(ifx: &IserFixture) -> Result<(), &'static str> {
     let answered = |p: &Peer| {
         p.received
             .iter()
-            .any(|(r, _)| r[0] & 0x3f == 0x21 && be32(&r[16..20]) == 1)
+            .any(|r| r[0] & 0x3f == 0x21 && be32(&r[16..20]) == 1)
     };
     p.wait(LIVENESS_WAIT, answered);
     if answered(&p) {
