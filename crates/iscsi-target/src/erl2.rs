@@ -33,8 +33,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
 
-/// What keeping one task costs beyond its read data, counted in the budget: the task, its
-/// response with sense data (at most 252 bytes), and its entry in the map.
+/// What keeping one task is counted as in the budget beyond its read data: a round bound,
+/// not a measured size, on the task, its response with sense data (at most 252 bytes) and
+/// its entry in the map.
 const KEPT_TASK_BYTES: u64 = 1024;
 
 impl Allegiances {
