@@ -89,8 +89,8 @@ for p in "${pids[@]}"; do kill -INT "$p" 2>/dev/null || true; done
 wait 2>/dev/null || true
 pids=()
 
-# The README's configuration example and the one above are the config seeds.
-sed -n '/^```toml$/,/^```$/p' README.md | awk '/^```toml$/{n++; f="'"$tmp"'/readme-" n ".toml"; next} /^```$/{f=""; next} f{print > f}'
+# The documented configuration examples (docs/*.md) and the one above are the config seeds.
+sed -n '/^```toml$/,/^```$/p' docs/*.md | awk '/^```toml$/{n++; f="'"$tmp"'/readme-" n ".toml"; next} /^```$/{f=""; next} f{print > f}'
 cargo run --release --quiet --manifest-path fuzz/Cargo.toml --bin seeds -- "$out" \
   "$tmp/lo.pcap" "$tmp/target.pcapng" \
   $(ls ../shared/captures/*.pcap* ../shared/design/*/reference/*.pcap* 2>/dev/null) \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Coverage-guided fuzzing of ironsan's decoders (fuzz/, see README "Fuzzing").
+# Coverage-guided fuzzing of ironsan's decoders (fuzz/, see docs/testing.md, "Fuzzing").
 #
 # Usage: scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]
 #   SECONDS_PER_TARGET  how long each target runs (default 60)

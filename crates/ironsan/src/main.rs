@@ -4,6 +4,8 @@
 use clap::{Parser, Subcommand};
 
 mod cmd;
+#[cfg(test)]
+mod docs_examples;
 
 /// mimalloc keeps freed pages for reuse: with the system allocator every 128 KiB+ command
 /// buffer freed at the top of the heap was trimmed and faulted in again by the next one,

@@ -813,13 +813,13 @@ read_only = true
         );
     }
 
-    /// The example in README.md is a valid configuration.
+    /// The full example in docs/target.md is a valid configuration, and means what it says.
     #[test]
-    fn readme_example_parses() {
-        let readme = include_str!("../../../README.md");
-        let start = readme.find("```toml\n").expect("a toml block in README.md") + 8;
-        let len = readme[start..].find("```").expect("end of the toml block");
-        let c = Config::parse(&readme[start..start + len], "README.md").unwrap();
+    fn documented_example_parses() {
+        let page = include_str!("../../../docs/target.md");
+        let start = page.find("```toml\n").expect("a toml block in docs/target.md") + 8;
+        let len = page[start..].find("```").expect("end of the toml block");
+        let c = Config::parse(&page[start..start + len], "docs/target.md").unwrap();
         let luns = Config::luns(&c.targets[0]);
         assert_eq!(luns.len(), 5);
         assert!(matches!(luns[4].1.backend, scsi::BackendConfig::Osd { .. }));
