@@ -116,7 +116,7 @@ fn ironsan_words(line: &str) -> Option<Vec<String>> {
                         _ => {}
                     }
                 }
-                word.push_str("1");
+                word.push('1');
                 in_word = true;
             }
             (None, '$') => {

@@ -817,7 +817,10 @@ read_only = true
     #[test]
     fn documented_example_parses() {
         let page = include_str!("../../../docs/target.md");
-        let start = page.find("```toml\n").expect("a toml block in docs/target.md") + 8;
+        let start = page
+            .find("```toml\n")
+            .expect("a toml block in docs/target.md")
+            + 8;
         let len = page[start..].find("```").expect("end of the toml block");
         let c = Config::parse(&page[start..start + len], "docs/target.md").unwrap();
         let luns = Config::luns(&c.targets[0]);
