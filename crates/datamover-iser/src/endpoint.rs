@@ -67,6 +67,14 @@ enum Pending {
     Holding(Box<dyn Send>),
 }
 
+impl Pending {
+    /// A Send, or an operation nobody waits for: what the send-stall watch counts (an
+    /// operation someone waits for is bounded by its waiter).
+    fn is_transmit(&self) -> bool {
+        matches!(self, Pending::Send(_) | Pending::Holding(_))
+    }
+}
+
 /// A connected (or about to be connected) queue pair with its buffers.
 pub struct Endpoint<P: Provider> {
     qp: P::Qp,
@@ -335,7 +343,7 @@ impl<P: Device> Endpoint<P> {
     }
 
     fn ticket(&self, what: Pending) -> u64 {
-        if matches!(what, Pending::Send(_) | Pending::Holding(_)) {
+        if what.is_transmit() {
             self.transmits_outstanding.fetch_add(1, Ordering::Relaxed);
         }
         let t = self.next_ticket.fetch_add(1, Ordering::Relaxed);
@@ -485,7 +493,7 @@ impl<P: Device> Endpoint<P> {
         let Some(p) = self.pending.lock().expect("pending").remove(&ticket) else {
             return;
         };
-        if matches!(p, Pending::Send(_) | Pending::Holding(_)) {
+        if p.is_transmit() {
             self.transmits_outstanding.fetch_sub(1, Ordering::Relaxed);
             self.transmits_done.fetch_add(1, Ordering::Relaxed);
         }
