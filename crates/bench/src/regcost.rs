@@ -18,7 +18,7 @@ use rdma::{
     Access, ConnParams, ConnectRequest, Listener, MemoryRegion, Provider, QpCaps, QueuePair,
     RecvWr, SendOp, SendWr,
 };
-use rnic::tools::bw::wait_ok;
+use rdma_tools::bw::wait_ok;
 use rnic::{Channel, Cq, Mr, Qp, Rnic};
 
 use datamover_iser::mr_pool::MrPool;

@@ -138,7 +138,7 @@ async fn a_client_that_stalls_delays_no_other_login() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_probing_and_trickling_clients_delay_no_login() {
     const IDLE: usize = 2000;
-    let limit = rnic::tools::raise_nofile_limit();
+    let limit = rdma_tools::raise_nofile_limit();
     assert!(
         limit >= 2 * IDLE as u64 + 256,
         "RLIMIT_NOFILE is {limit}: this test needs {} descriptors",

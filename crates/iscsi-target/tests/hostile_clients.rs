@@ -31,7 +31,7 @@ async fn start_with(portals: &str, extra: &str) -> SocketAddr {
 /// `addr`, then a real session (login, write, read back) within a few seconds.
 async fn survives_hostile_clients(addr: SocketAddr) {
     const IDLE: usize = 2000;
-    let limit = rnic::tools::raise_nofile_limit();
+    let limit = rdma_tools::raise_nofile_limit();
     assert!(
         limit >= 2 * IDLE as u64 + 256,
         "RLIMIT_NOFILE is {limit}: this test needs {} descriptors",

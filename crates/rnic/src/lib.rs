@@ -40,7 +40,6 @@ mod listener;
 mod mem;
 mod qp;
 mod shared;
-pub mod tools;
 
 pub use cm::MAX_PRIVATE_DATA;
 pub use cq::{Channel, Cq};

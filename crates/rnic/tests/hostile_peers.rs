@@ -7,7 +7,7 @@ mod common;
 
 use common::wait_wc;
 use rdma::*;
-use rnic::tools::rping;
+use rdma_tools::rping;
 use rnic::{Rnic, RnicListener};
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
@@ -135,7 +135,7 @@ fn a_listener_drops_what_never_completes_and_keeps_serving() {
 #[test]
 fn two_thousand_idle_connections_and_a_real_client_at_once() {
     const IDLE: usize = 2000;
-    let limit = rnic::tools::raise_nofile_limit();
+    let limit = rdma_tools::raise_nofile_limit();
     // Both ends of every idle connection live in this process, plus the test harness's.
     assert!(
         limit >= 2 * IDLE as u64 + 256,

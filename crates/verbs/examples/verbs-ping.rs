@@ -6,7 +6,7 @@
 //! The same ping code as `ironsan rdma ping`, run on libibverbs/librdmacm instead of the software
 //! RNIC; the kernel-peer scenario `siw-verbs` runs it over Linux siw.
 use rdma::Provider;
-use rnic::tools::rping::{self, PingOptions};
+use rdma_tools::rping::{self, PingOptions};
 use std::time::Duration;
 
 fn main() {

@@ -4,7 +4,7 @@
 use anyhow::{anyhow, bail, Result};
 use clap::{Args, Subcommand};
 use rdma::Provider;
-use rnic::tools::{bw, rping};
+use rdma_tools::{bw, rping};
 use rnic::Rnic;
 use std::net::SocketAddr;
 use std::time::Duration;

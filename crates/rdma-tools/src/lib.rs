@@ -1,5 +1,6 @@
-//! Tools built on the RDMA API: an rping-compatible ping and a bandwidth/latency test; and
-//! what a listener tried with thousands of clients needs of the process (descriptors).
+//! Tools built on the RDMA API, outside the RNIC they exercise: an rping-compatible ping (on
+//! any `rdma` provider), a bandwidth/latency test between two software RNICs, and what a
+//! listener tried with thousands of clients needs of the process (descriptors).
 pub mod bw;
 pub mod rping;
 

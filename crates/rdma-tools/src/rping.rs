@@ -7,7 +7,7 @@
 //! 4. server RDMA Writes the data (up to its NUL, inclusive) into the sink, then Sends "go ahead";
 //! 5. client checks the sink equals the source. Repeat; the client then disconnects.
 
-use super::next_wc;
+use crate::next_wc;
 use rdma::{
     Access, ConnParams, ConnectRequest, Listener, MemoryRegion, Provider, QpCaps, QueuePair,
     RecvWr, SendOp, SendWr, WcOpcode, WcStatus,

@@ -2,11 +2,11 @@
 //! perftest's ib_write_bw), measured between two RNIC instances over loopback TCP in one process,
 //! next to a plain TCP socket stream measured in the same run as the baseline.
 
-use crate::{Channel, Cq, Mr, Qp, Rnic};
 use rdma::{
     Access, CompletionChannel, CompletionQueue, ConnParams, ConnectRequest, Listener, MemoryRegion,
     Provider, QpCaps, QueuePair, RecvWr, SendOp, SendWr, WcStatus,
 };
+use rnic::{Channel, Cq, Mr, Qp, Rnic};
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
@@ -62,7 +62,7 @@ struct Side {
     ch: Channel,
 }
 
-fn side(dev: &Rnic, pd: &crate::Pd) -> rdma::Result<Side> {
+fn side(dev: &Rnic, pd: &rnic::Pd) -> rdma::Result<Side> {
     let ch = dev.create_channel()?;
     let scq = dev.create_cq(8192, Some(&ch))?;
     let rcq = dev.create_cq(8192, Some(&ch))?;
