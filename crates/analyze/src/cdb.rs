@@ -184,17 +184,7 @@ fn describe_osd(cdb: &[u8]) -> String {
 
 /// SCSI status byte name.
 pub fn status_name(status: u8) -> String {
-    match status {
-        0x00 => "GOOD".into(),
-        0x02 => "CHECK CONDITION".into(),
-        0x04 => "CONDITION MET".into(),
-        0x08 => "BUSY".into(),
-        0x18 => "RESERVATION CONFLICT".into(),
-        0x28 => "TASK SET FULL".into(),
-        0x30 => "ACA ACTIVE".into(),
-        0x40 => "TASK ABORTED".into(),
-        s => format!("status 0x{s:02x}"),
-    }
+    scsi_spec::status::name(status).map_or_else(|| format!("status 0x{status:02x}"), String::from)
 }
 
 /// Sense data (fixed 0x70/0x71 or descriptor 0x72/0x73 format) in one line.
@@ -202,24 +192,18 @@ pub fn describe_sense(sense: &[u8]) -> String {
     let Some(&code) = sense.first() else {
         return "no sense data".into();
     };
-    let (key, asc, ascq) = match code & 0x7f {
-        0x70 | 0x71 => (
-            sense.get(2).map_or(0, |k| k & 0x0f),
-            sense.get(12).copied().unwrap_or(0),
-            sense.get(13).copied().unwrap_or(0),
-        ),
-        0x72 | 0x73 => (
-            sense.get(1).map_or(0, |k| k & 0x0f),
-            sense.get(2).copied().unwrap_or(0),
-            sense.get(3).copied().unwrap_or(0),
-        ),
-        other => return format!("sense response code 0x{other:02x}"),
+    // The parser reads fields past the end of truncated sense from a capture as zero, so
+    // such sense still gets a line.
+    let Some(s) = scsi_spec::Sense::parse(sense) else {
+        return format!("sense response code 0x{:02x}", code & 0x7f);
     };
-    // Names from the codec's sense decoder; the fields are taken leniently above so that
-    // truncated sense from a capture still gets a line.
-    let s = iscsi_wire::sense::Sense { key, asc, ascq };
     let text = s.asc_name().map(|t| format!(" ({t})")).unwrap_or_default();
-    format!("{} ASC/ASCQ 0x{asc:02x}/0x{ascq:02x}{text}", s.key_name())
+    format!(
+        "{} ASC/ASCQ 0x{:02x}/0x{:02x}{text}",
+        s.key_name(),
+        s.asc,
+        s.ascq
+    )
 }
 
 #[cfg(test)]

@@ -1,37 +1,10 @@
 //! SCSI commands the initiator helpers issue: CDB builders (READ/WRITE choosing the 10- or
-//! 16-byte form by LBA and length), parsers for the data they return, and fixed/descriptor
-//! sense decoding with readable names (`Sense`, from the iSCSI codec).
+//! 16-byte form by LBA and length) and parsers for the data they return. Status codes and
+//! sense data are `scsi-spec`'s, re-exported here.
 
-/// SCSI status codes.
-pub mod status {
-    pub const GOOD: u8 = 0x00;
-    pub const CHECK_CONDITION: u8 = 0x02;
-    pub const CONDITION_MET: u8 = 0x04;
-    pub const BUSY: u8 = 0x08;
-    pub const RESERVATION_CONFLICT: u8 = 0x18;
-    pub const TASK_SET_FULL: u8 = 0x28;
-    pub const ACA_ACTIVE: u8 = 0x30;
-    pub const TASK_ABORTED: u8 = 0x40;
-
-    /// The status name.
-    pub fn name(s: u8) -> &'static str {
-        match s {
-            GOOD => "GOOD",
-            CHECK_CONDITION => "CHECK CONDITION",
-            CONDITION_MET => "CONDITION MET",
-            BUSY => "BUSY",
-            RESERVATION_CONFLICT => "RESERVATION CONFLICT",
-            TASK_SET_FULL => "TASK SET FULL",
-            ACA_ACTIVE => "ACA ACTIVE",
-            TASK_ABORTED => "TASK ABORTED",
-            _ => "unknown status",
-        }
-    }
-}
-
-/// Decoded sense data with readable names (kept with the iSCSI codec, which carries it in
-/// the SCSI Response, so the capture analyzer names it the same way).
-pub use iscsi_wire::sense::Sense;
+/// Status codes and decoded sense data with readable names: the shared SCSI vocabulary,
+/// so the target builds and the capture analyzer names them the same way.
+pub use scsi_spec::{status, Sense};
 
 /// Operation codes used here.
 pub mod op {
