@@ -247,10 +247,10 @@ pub fn login_target_run(data: &[u8]) -> Option<bool> {
             return None;
         };
         let data = fill_chap_response(data, &challenge, SECRET);
-        let req = datamover::login_pdu::request_in(&r, &data);
+        let req = LoginRequest::from_pdu(&r, &data);
         let step = target.on_request(&req, &mut |b: &mut [u8]| rng.fill(b));
-        check_own_text(&step.response.data, step.response.cont, "the target");
-        let _ = datamover::login_pdu::response_out(&step.response, 1, 1, 1);
+        check_own_text(&step.response.data, step.response.header.cont, "the target");
+        let _ = step.response.clone().into_pdu(1, 1, 1);
         challenge = challenge_in(&step.response.data, challenge);
         match step.state {
             LoginState::Continue => {}
@@ -300,7 +300,7 @@ fn drive_initiator(
     let mut req: LoginRequest = initiator.first_request();
     let mut challenge: Challenge = None;
     for _ in 0..MAX_PDUS {
-        check_own_text(&req.data, req.cont, "the initiator");
+        check_own_text(&req.data, req.header.cont, "the initiator");
         challenge = challenge_in(&req.data, challenge);
         let Some((bhs, data)) = next_pdu(inp, 0x23) else {
             return;
@@ -309,15 +309,15 @@ fn drive_initiator(
             return;
         };
         let data = fill_chap_response(data, &challenge, secret);
-        let mut rsp: LoginResponse = datamover::login_pdu::response_in(&r, &data);
+        let mut rsp = LoginResponse::from_pdu(&r, &data);
         if copy_ids {
-            rsp.isid = req.isid;
-            rsp.itt = req.itt;
-            rsp.csg = req.csg;
+            rsp.header.isid = req.header.isid;
+            rsp.header.itt = req.header.itt;
+            rsp.header.csg = req.header.csg;
         }
         match initiator.on_response(&rsp, &mut |b: &mut [u8]| rng.fill(b)) {
             Ok(InitiatorStep::Send(next)) => {
-                let _ = datamover::login_pdu::request_out(&next);
+                let _ = next.clone().into_pdu();
                 req = next;
             }
             Ok(InitiatorStep::Complete { .. }) | Err(_) => return,
@@ -363,18 +363,20 @@ pub fn chap(data: &[u8]) {
     });
     let mut rng = Rng(0x1234_5678_9abc_def1);
     let first = LoginRequest {
-        transit: false,
-        cont: false,
-        csg: Stage::Security,
-        nsg: Stage::Operational,
-        version_max: 0,
-        version_min: 0,
-        isid: [0x80, 0, 0, 0, 0, 1],
-        tsih: 0,
-        itt: 1,
-        cid: 0,
-        cmd_sn: 1,
-        exp_stat_sn: 0,
+        header: iscsi_wire::LoginRequest {
+            transit: false,
+            cont: false,
+            csg: Stage::Security,
+            nsg: Stage::Operational,
+            version_max: 0,
+            version_min: 0,
+            isid: [0x80, 0, 0, 0, 0, 1],
+            tsih: 0,
+            itt: 1,
+            cid: 0,
+            cmd_sn: 1,
+            exp_stat_sn: 0,
+        },
         data: text::encode(&[
             ("InitiatorName", INITIATOR),
             ("TargetName", TARGET),
@@ -387,18 +389,20 @@ pub fn chap(data: &[u8]) {
     if step.state == LoginState::Continue {
         for &(flags, data) in &records {
             let req = LoginRequest {
-                transit: flags & 1 != 0,
-                cont: flags & 4 != 0,
-                nsg: if flags & 2 != 0 {
-                    Stage::Operational
-                } else {
-                    Stage::FullFeature
+                header: iscsi_wire::LoginRequest {
+                    transit: flags & 1 != 0,
+                    cont: flags & 4 != 0,
+                    nsg: if flags & 2 != 0 {
+                        Stage::Operational
+                    } else {
+                        Stage::FullFeature
+                    },
+                    ..first.header.clone()
                 },
                 data: fill_chap_response(data, &challenge, SECRET),
-                ..first.clone()
             };
             let step = target.on_request(&req, &mut |b: &mut [u8]| rng.fill(b));
-            check_own_text(&step.response.data, step.response.cont, "the target");
+            check_own_text(&step.response.data, step.response.header.cont, "the target");
             challenge = challenge_in(&step.response.data, challenge);
             if step.state != LoginState::Continue {
                 break;

@@ -90,12 +90,12 @@ pub fn iscsi_pdu(data: &[u8]) {
                 }
                 match &d.bhs {
                     Bhs::LoginRequest(r) => {
-                        let req = datamover::login_pdu::request_in(r, &pdu.data);
-                        let _ = datamover::login_pdu::request_out(&req);
+                        let req = iscsi_login::LoginRequest::from_pdu(r, &pdu.data);
+                        let _ = req.into_pdu();
                     }
                     Bhs::LoginResponse(r) => {
-                        let rsp = datamover::login_pdu::response_in(r, &pdu.data);
-                        let _ = datamover::login_pdu::response_out(&rsp, 1, 2, 3);
+                        let rsp = iscsi_login::LoginResponse::from_pdu(r, &pdu.data);
+                        let _ = rsp.into_pdu(1, 2, 3);
                     }
                     _ => {}
                 }

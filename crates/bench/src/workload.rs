@@ -617,7 +617,7 @@ pub fn parse_script(text: &str) -> Result<Vec<Step>, String> {
                     "write" => true,
                     _ => return Err(bad("expected read or write".into())),
                 };
-                let size = parse_size(words[3]).map_err(bad)?;
+                let size = byte_size::parse_size(words[3]).map_err(|e| bad(e.to_string()))?;
                 let pattern = match words.get(4).copied() {
                     None | Some("seq") => Pattern::Seq,
                     Some("rand") => Pattern::Rand,
@@ -639,24 +639,6 @@ pub fn parse_script(text: &str) -> Result<Vec<Step>, String> {
         }
     }
     Ok(steps)
-}
-
-/// Sizes as `4096`, `4k`, `1m`, `1MiB` (binary units).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim().to_ascii_lowercase();
-    let end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let n: u64 = t[..end]
-        .parse()
-        .map_err(|_| format!("size {s:?} is not a number"))?;
-    let shift = match t[end..].trim() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        _ => return Err(format!("size {s:?} has an unknown unit")),
-    };
-    n.checked_mul(1 << shift)
-        .ok_or_else(|| format!("size {s:?} is too large"))
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ use crate::trace::Traced;
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use datamover::budget::{Budget, Reservation};
-use datamover::login_pdu::LOGIN_MAX_DATA;
+use datamover::LOGIN_MAX_DATA;
 use datamover::{
     CmdSnState, CollapsedStatus, Datamover, DmError, FfpConfig, InPdu, LoginChannel,
     LoginRecvError, Notice, Portal, RecoveryCounters, TaskRef, TransportKind, WriteHandle,

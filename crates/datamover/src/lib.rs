@@ -23,7 +23,6 @@ pub mod admission;
 pub mod budget;
 pub mod conformance;
 pub mod initiator;
-pub mod login_pdu;
 
 pub use initiator::{
     ClosedFuture, CommandOut, InitiatorDatamover, InitiatorFfpConfig, InitiatorNotice, NoticeSink,
@@ -38,8 +37,13 @@ use iscsi_wire::{Digests, Pdu};
 use std::net::SocketAddr;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
+
 use std::sync::Arc;
 use tokio::sync::mpsc;
+
+/// Login and text PDUs longer than this are refused (the RFC default
+/// MaxRecvDataSegmentLength is 8 KiB; continuation carries longer text).
+pub const LOGIN_MAX_DATA: u32 = 64 * 1024;
 
 /// Why a datamover operation failed: the connection is gone or the task was aborted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::SessionConfig;
 use bytes::Bytes;
-use datamover::login_pdu::LOGIN_MAX_DATA;
+use datamover::LOGIN_MAX_DATA;
 use datamover::{InitiatorChannel, LoginRecvError};
 use datamover_iser::rnic_task::PollWindow;
 use datamover_iser::IserInitiatorConnection;
@@ -15,7 +15,7 @@ use datamover_tcp::initiator::TcpInitiatorConnection;
 use iscsi_login::TransportKind;
 use iscsi_login::{
     ConnectionParams, InitiatorLogin, InitiatorLoginConfig, InitiatorStep, LoginError,
-    SessionParams,
+    LoginResponse, SessionParams,
 };
 use iscsi_wire::{Bhs, Digests, Pdu};
 use rnic::Rnic;
@@ -187,7 +187,7 @@ async fn login_exchange(
     let mut req = sm.first_request();
     // InitiatorLogin bounds the exchanges itself; this bound only guards the loop.
     for _ in 0..100 {
-        let pdu = datamover::login_pdu::request_out(&req);
+        let pdu = req.into_pdu();
         send(stream, &pdu, Digests::default()).await?;
         let resp = read_pdu(stream, Digests::default()).await?;
         let Bhs::LoginResponse(r) = resp.bhs else {
@@ -197,7 +197,7 @@ async fn login_exchange(
             )));
         };
         let exp_stat_sn = r.stat_sn.wrapping_add(1);
-        let lr = datamover::login_pdu::response_in(&r, &resp.data);
+        let lr = LoginResponse::from_pdu(&r, &resp.data);
         let mut rng = |b: &mut [u8]| rand::RngCore::fill_bytes(&mut rand::thread_rng(), b);
         let step = sm.on_response(&lr, &mut rng);
         if let Err(LoginError::Rejected { .. }) = step {
@@ -207,7 +207,7 @@ async fn login_exchange(
             InitiatorStep::Send(next) => {
                 req = next;
                 // The state machine does not see StatSN: the runtime acknowledges it.
-                req.exp_stat_sn = exp_stat_sn;
+                req.header.exp_stat_sn = exp_stat_sn;
             }
             InitiatorStep::Complete {
                 tsih,

@@ -63,7 +63,7 @@ pub enum Error {
     #[error("{0}")]
     Task(TaskError),
     /// A command ended with a status other than GOOD.
-    #[error("{what} failed: {}{}", scsi::status::name(*status), sense.map(|s| format!(", {s}")).unwrap_or_default())]
+    #[error("{what} failed: {}{}", scsi::status::name(*status).unwrap_or("unknown status"), sense.map(|s| format!(", {s}")).unwrap_or_default())]
     Scsi {
         what: String,
         status: u8,

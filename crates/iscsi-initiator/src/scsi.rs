@@ -1,53 +1,13 @@
 //! SCSI commands the initiator helpers issue: CDB builders (READ/WRITE choosing the 10- or
-//! 16-byte form by LBA and length), parsers for the data they return, and fixed/descriptor
-//! sense decoding with readable names (`Sense`, from the iSCSI codec).
+//! 16-byte form by LBA and length) and parsers for the data they return. Operation codes,
+//! status codes and sense data are `scsi-spec`'s, re-exported here.
 
-/// SCSI status codes.
-pub mod status {
-    pub const GOOD: u8 = 0x00;
-    pub const CHECK_CONDITION: u8 = 0x02;
-    pub const CONDITION_MET: u8 = 0x04;
-    pub const BUSY: u8 = 0x08;
-    pub const RESERVATION_CONFLICT: u8 = 0x18;
-    pub const TASK_SET_FULL: u8 = 0x28;
-    pub const ACA_ACTIVE: u8 = 0x30;
-    pub const TASK_ABORTED: u8 = 0x40;
+/// Status codes and decoded sense data with readable names: the shared SCSI vocabulary,
+/// so the target builds and the capture analyzer names them the same way.
+pub use scsi_spec::{status, Sense};
 
-    /// The status name.
-    pub fn name(s: u8) -> &'static str {
-        match s {
-            GOOD => "GOOD",
-            CHECK_CONDITION => "CHECK CONDITION",
-            CONDITION_MET => "CONDITION MET",
-            BUSY => "BUSY",
-            RESERVATION_CONFLICT => "RESERVATION CONFLICT",
-            TASK_SET_FULL => "TASK SET FULL",
-            ACA_ACTIVE => "ACA ACTIVE",
-            TASK_ABORTED => "TASK ABORTED",
-            _ => "unknown status",
-        }
-    }
-}
-
-/// Decoded sense data with readable names (kept with the iSCSI codec, which carries it in
-/// the SCSI Response, so the capture analyzer names it the same way).
-pub use iscsi_wire::sense::Sense;
-
-/// Operation codes used here.
-pub mod op {
-    pub const TEST_UNIT_READY: u8 = 0x00;
-    pub const INQUIRY: u8 = 0x12;
-    pub const READ_CAPACITY_10: u8 = 0x25;
-    pub const READ_10: u8 = 0x28;
-    pub const WRITE_10: u8 = 0x2a;
-    pub const SYNCHRONIZE_CACHE_10: u8 = 0x35;
-    pub const SYNCHRONIZE_CACHE_16: u8 = 0x91;
-    pub const UNMAP: u8 = 0x42;
-    pub const READ_16: u8 = 0x88;
-    pub const WRITE_16: u8 = 0x8a;
-    pub const SERVICE_ACTION_IN_16: u8 = 0x9e;
-    pub const REPORT_LUNS: u8 = 0xa0;
-}
+/// Operation codes: the shared vocabulary's.
+pub use scsi_spec::cdb::op;
 
 pub fn test_unit_ready() -> Vec<u8> {
     vec![op::TEST_UNIT_READY, 0, 0, 0, 0, 0]
@@ -69,7 +29,7 @@ pub fn read_capacity10() -> Vec<u8> {
 pub fn read_capacity16(alloc: u32) -> Vec<u8> {
     let mut c = vec![0u8; 16];
     c[0] = op::SERVICE_ACTION_IN_16;
-    c[1] = 0x10;
+    c[1] = op::SA_READ_CAPACITY_16;
     c[10..14].copy_from_slice(&alloc.to_be_bytes());
     c
 }
@@ -106,13 +66,13 @@ pub fn read_write(write: bool, lba: u64, blocks: u32, fua: bool) -> Vec<u8> {
 pub fn synchronize_cache(lba: u64, blocks: u32) -> Vec<u8> {
     if lba <= u32::MAX as u64 && blocks <= u16::MAX as u32 {
         let mut c = vec![0u8; 10];
-        c[0] = op::SYNCHRONIZE_CACHE_10;
+        c[0] = op::SYNC_CACHE_10;
         c[2..6].copy_from_slice(&(lba as u32).to_be_bytes());
         c[7..9].copy_from_slice(&(blocks as u16).to_be_bytes());
         c
     } else {
         let mut c = vec![0u8; 16];
-        c[0] = op::SYNCHRONIZE_CACHE_16;
+        c[0] = op::SYNC_CACHE_16;
         c[2..10].copy_from_slice(&lba.to_be_bytes());
         c[10..14].copy_from_slice(&blocks.to_be_bytes());
         c

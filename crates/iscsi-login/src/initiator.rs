@@ -278,18 +278,20 @@ impl InitiatorLogin {
         self.last_transit = transit;
         self.last_nsg = nsg;
         LoginRequest {
-            transit,
-            cont: false,
-            csg: self.stage,
-            nsg: if transit { nsg } else { self.stage },
-            version_max: SUPPORTED_VERSION,
-            version_min: SUPPORTED_VERSION,
-            isid: self.config.isid,
-            tsih: self.config.tsih,
-            itt: self.config.itt,
-            cid: self.config.cid,
-            cmd_sn: self.config.cmd_sn,
-            exp_stat_sn: self.exp_stat_sn,
+            header: iscsi_wire::LoginRequest {
+                transit,
+                cont: false,
+                csg: self.stage,
+                nsg: if transit { nsg } else { self.stage },
+                version_max: SUPPORTED_VERSION,
+                version_min: SUPPORTED_VERSION,
+                isid: self.config.isid,
+                tsih: self.config.tsih,
+                itt: self.config.itt,
+                cid: self.config.cid,
+                cmd_sn: self.config.cmd_sn,
+                exp_stat_sn: self.exp_stat_sn,
+            },
             data: text::encode(pairs),
         }
     }
@@ -425,38 +427,38 @@ impl InitiatorLogin {
                 target_address,
             });
         }
-        if resp.version_active != SUPPORTED_VERSION {
+        if resp.header.version_active != SUPPORTED_VERSION {
             return Err(protocol(format!(
                 "version-active {} is not 0",
-                resp.version_active
+                resp.header.version_active
             )));
         }
-        if resp.isid != self.config.isid || resp.itt != self.config.itt {
+        if resp.header.isid != self.config.isid || resp.header.itt != self.config.itt {
             return Err(protocol("response ISID/ITT does not match the request"));
         }
-        self.exp_stat_sn = resp.stat_sn.wrapping_add(1);
-        if resp.transit && resp.cont {
+        self.exp_stat_sn = resp.header.stat_sn.wrapping_add(1);
+        if resp.header.transit && resp.header.cont {
             return Err(protocol("T and C both set"));
         }
-        if resp.csg != self.stage {
+        if resp.header.csg != self.stage {
             return Err(protocol(format!(
                 "response CSG {:?} while in {:?}",
-                resp.csg, self.stage
+                resp.header.csg, self.stage
             )));
         }
-        if resp.transit && (!self.last_transit || resp.nsg > self.last_nsg) {
+        if resp.header.transit && (!self.last_transit || resp.header.nsg > self.last_nsg) {
             return Err(protocol(
                 "target moved to a stage the initiator did not ask for",
             ));
         }
-        if resp.transit && resp.nsg <= self.stage {
+        if resp.header.transit && resp.header.nsg <= self.stage {
             return Err(protocol("target transit does not move forward"));
         }
         if self.response_buffer.len() + resp.data.len() > 64 * 1024 {
             return Err(protocol("login response data too long"));
         }
         self.response_buffer.extend_from_slice(&resp.data);
-        if resp.cont {
+        if resp.header.cont {
             // Fetch the rest with an empty request.
             let stage = self.stage;
             return Ok(InitiatorStep::Send(self.request(false, stage, &[])));
@@ -491,26 +493,26 @@ impl InitiatorLogin {
         }
         let mut chap_pairs = Vec::new();
         if self.stage == Stage::Security {
-            self.chap_step(&chap_keys, resp.transit, &mut chap_pairs, rng)?;
+            self.chap_step(&chap_keys, resp.header.transit, &mut chap_pairs, rng)?;
         }
 
-        if resp.transit {
-            self.stage = resp.nsg;
-            if resp.nsg == Stage::FullFeature {
+        if resp.header.transit {
+            self.stage = resp.header.nsg;
+            if resp.header.nsg == Stage::FullFeature {
                 if !matches!(self.chap, ChapPhase::Done) {
                     return Err(LoginError::MutualChapFailed(
                         "the target completed login without answering our challenge".into(),
                     ));
                 }
-                if self.leading() && resp.tsih == 0 {
+                if self.leading() && resp.header.tsih == 0 {
                     return Err(protocol("final login response without a TSIH"));
                 }
-                if !self.leading() && resp.tsih != self.config.tsih {
+                if !self.leading() && resp.header.tsih != self.config.tsih {
                     return Err(protocol("final login response with a different TSIH"));
                 }
                 self.finish_params();
                 return Ok(InitiatorStep::Complete {
-                    tsih: resp.tsih,
+                    tsih: resp.header.tsih,
                     session: self.session.clone(),
                     connection: self.connection,
                     target_portal_group_tag: self.tpgt,

@@ -1,8 +1,9 @@
 //! iscsi-login: the sans-IO login and text-negotiation core of iSCSI
 //! (RFC 7143, with the RFC 7144 and RFC 7145 keys) for both the target and
 //! the initiator side, plus CHAP authentication. It never touches sockets,
-//! clocks or threads: the runtime feeds it the fields of parsed Login/Text
-//! PDUs and their data segments, and sends the responses it returns.
+//! clocks or threads: the runtime feeds it Login PDUs decoded by the codec
+//! (`iscsi_wire`'s header structs with their data segments, see [`pdu`]) and
+//! the fields of Text PDUs, and sends the responses it returns.
 
 pub mod chap;
 pub mod directory;

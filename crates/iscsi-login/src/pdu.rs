@@ -1,102 +1,92 @@
-//! The fields of Login Request/Response PDUs this crate reads and writes,
-//! as plain structs (the PDU codec lives elsewhere), and login status codes.
+//! Login Request/Response PDUs as the state machines read and write them: the PDU codec's
+//! header (`iscsi_wire`, the one definition of their fields) with the data segment that
+//! carries the text keys; and the login status codes.
 
 use std::fmt;
 
-/// Login stages (CSG/NSG, RFC 7143 §11.12.3). Code 2 is reserved.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Stage {
-    Security = 0,
-    Operational = 1,
-    FullFeature = 3,
-}
+use bytes::Bytes;
+pub use iscsi_wire::Stage;
+use iscsi_wire::{Bhs, Pdu};
 
-impl Stage {
-    /// The 2-bit wire code.
-    pub fn code(self) -> u8 {
-        self as u8
-    }
-
-    /// Decodes a 2-bit stage code; 2 (reserved) and anything else is `None`.
-    pub fn from_code(code: u8) -> Option<Stage> {
-        match code {
-            0 => Some(Stage::Security),
-            1 => Some(Stage::Operational),
-            3 => Some(Stage::FullFeature),
-            _ => None,
-        }
-    }
-}
-
-/// The fields of a Login Request that matter to negotiation.
+/// A Login Request: the codec's header and its data segment.
 ///
 /// A request whose CSG is the reserved code 2, or whose NSG is 2 with T=1,
-/// cannot be represented: the codec should refuse it with
-/// [`LoginStatus::INITIATOR_ERROR`] (see [`LoginResponse::failure`]). When
-/// T=0 the NSG is meaningless and ignored here, so a codec may map any
-/// code to any stage.
+/// cannot be represented: the codec refuses it, and the runtime answers
+/// [`LoginStatus::INITIATOR_ERROR`] (see [`LoginResponse::failure`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoginRequest {
-    pub transit: bool,
-    pub cont: bool,
-    pub csg: Stage,
-    pub nsg: Stage,
-    pub version_max: u8,
-    pub version_min: u8,
-    pub isid: [u8; 6],
-    pub tsih: u16,
-    pub itt: u32,
-    pub cid: u16,
-    pub cmd_sn: u32,
-    pub exp_stat_sn: u32,
+    pub header: iscsi_wire::LoginRequest,
     pub data: Vec<u8>,
 }
 
-/// The fields of a Login Response this crate fills in. StatSN, ExpCmdSN
-/// and MaxCmdSN are the runtime's.
+impl LoginRequest {
+    /// A received request, for the target's state machine.
+    pub fn from_pdu(header: &iscsi_wire::LoginRequest, data: &[u8]) -> LoginRequest {
+        LoginRequest {
+            header: header.clone(),
+            data: data.to_vec(),
+        }
+    }
+
+    /// The initiator's request as a PDU to send.
+    pub fn into_pdu(self) -> Pdu {
+        Pdu::new(Bhs::LoginRequest(self.header), Bytes::from(self.data))
+    }
+}
+
+/// A Login Response: the codec's header and its data segment. The state
+/// machine leaves StatSN, ExpCmdSN and MaxCmdSN zero: they are the runtime's.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoginResponse {
-    pub transit: bool,
-    pub cont: bool,
-    pub csg: Stage,
-    pub nsg: Stage,
-    pub version_max: u8,
-    pub version_active: u8,
-    pub isid: [u8; 6],
-    pub tsih: u16,
-    pub itt: u32,
-    /// The StatSN it carried (set by the target's runtime when it goes out: 0 here).
-    pub stat_sn: u32,
-    pub status_class: u8,
-    pub status_detail: u8,
+    pub header: iscsi_wire::LoginResponse,
     pub data: Vec<u8>,
 }
 
 impl LoginResponse {
+    /// A received response, for the initiator's state machine.
+    pub fn from_pdu(header: &iscsi_wire::LoginResponse, data: &[u8]) -> LoginResponse {
+        LoginResponse {
+            header: header.clone(),
+            data: data.to_vec(),
+        }
+    }
+
+    /// The target's response as a PDU, with the sequence numbers only the runtime knows.
+    pub fn into_pdu(mut self, stat_sn: u32, exp_cmd_sn: u32, max_cmd_sn: u32) -> Pdu {
+        self.header.stat_sn = stat_sn;
+        self.header.exp_cmd_sn = exp_cmd_sn;
+        self.header.max_cmd_sn = max_cmd_sn;
+        Pdu::new(Bhs::LoginResponse(self.header), Bytes::from(self.data))
+    }
+
     /// A failure response to `req` with the given status and no data:
     /// what a runtime sends before closing the connection (for instance
     /// 0x0206 too many connections or 0x020a unknown TSIH, which only the
     /// runtime can detect).
     pub fn failure(req: &LoginRequest, status: LoginStatus) -> LoginResponse {
         LoginResponse {
-            transit: false,
-            cont: false,
-            csg: req.csg,
-            nsg: Stage::Security,
-            version_max: SUPPORTED_VERSION,
-            version_active: SUPPORTED_VERSION,
-            isid: req.isid,
-            tsih: req.tsih,
-            itt: req.itt,
-            stat_sn: 0,
-            status_class: status.class,
-            status_detail: status.detail,
+            header: iscsi_wire::LoginResponse {
+                transit: false,
+                cont: false,
+                csg: req.header.csg,
+                nsg: Stage::Security,
+                version_max: SUPPORTED_VERSION,
+                version_active: SUPPORTED_VERSION,
+                isid: req.header.isid,
+                tsih: req.header.tsih,
+                itt: req.header.itt,
+                stat_sn: 0,
+                exp_cmd_sn: 0,
+                max_cmd_sn: 0,
+                status_class: status.class,
+                status_detail: status.detail,
+            },
             data: Vec::new(),
         }
     }
 
     pub fn status(&self) -> LoginStatus {
-        LoginStatus::new(self.status_class, self.status_detail)
+        LoginStatus::new(self.header.status_class, self.header.status_detail)
     }
 }
 
@@ -207,6 +197,61 @@ mod tests {
         assert_eq!(Stage::from_code(2), None);
         assert_eq!(Stage::from_code(3), Some(Stage::FullFeature));
         assert_eq!(Stage::FullFeature.code(), 3);
+    }
+
+    #[test]
+    fn a_request_survives_both_mappings() {
+        let req = LoginRequest {
+            header: iscsi_wire::LoginRequest {
+                transit: true,
+                cont: false,
+                csg: Stage::Security,
+                nsg: Stage::Operational,
+                version_max: 0,
+                version_min: 0,
+                isid: [0x80, 0, 1, 2, 3, 4],
+                tsih: 7,
+                itt: 0x1000,
+                cid: 1,
+                cmd_sn: 5,
+                exp_stat_sn: 9,
+            },
+            data: b"InitiatorName=iqn.x\0".to_vec(),
+        };
+        let pdu = req.clone().into_pdu();
+        let Bhs::LoginRequest(bhs) = &pdu.bhs else {
+            panic!("not a login request")
+        };
+        assert_eq!(LoginRequest::from_pdu(bhs, &pdu.data), req);
+    }
+
+    #[test]
+    fn a_response_survives_both_mappings() {
+        let rsp = LoginResponse {
+            header: iscsi_wire::LoginResponse {
+                transit: true,
+                cont: false,
+                csg: Stage::Operational,
+                nsg: Stage::FullFeature,
+                version_max: 0,
+                version_active: 0,
+                isid: [0x80, 0, 1, 2, 3, 4],
+                tsih: 3,
+                itt: 0x1000,
+                stat_sn: 1,
+                exp_cmd_sn: 2,
+                max_cmd_sn: 3,
+                status_class: 0,
+                status_detail: 0,
+            },
+            data: b"MaxBurstLength=262144\0".to_vec(),
+        };
+        let pdu = rsp.clone().into_pdu(1, 2, 3);
+        let Bhs::LoginResponse(bhs) = &pdu.bhs else {
+            panic!("not a login response")
+        };
+        assert_eq!((bhs.stat_sn, bhs.exp_cmd_sn, bhs.max_cmd_sn), (1, 2, 3));
+        assert_eq!(LoginResponse::from_pdu(bhs, &pdu.data), rsp);
     }
 
     #[test]

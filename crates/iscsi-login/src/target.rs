@@ -21,7 +21,7 @@
 //! TSIH: a [`LoginState::Complete`] step of a leading login carries TSIH 0
 //! in its response. The runtime allocates the session (performing session
 //! reinstatement when [`LoginOutcome::identity`] matches an existing
-//! session), writes the new non-zero TSIH into `response.tsih`, then sends
+//! session), writes the new non-zero TSIH into `response.header.tsih`, then sends
 //! it. For an added connection the response already carries the
 //! session's TSIH; one whose ISID or CHAP user is not its session's is
 //! refused (see [`ExistingSession`]). MaxConnections accounting (0x0206) and unknown TSIHs
@@ -304,18 +304,22 @@ impl TargetLogin {
 
     fn response(&self, req: &LoginRequest, transit: bool, cont: bool, nsg: Stage) -> LoginResponse {
         LoginResponse {
-            transit,
-            cont,
-            csg: self.stage,
-            nsg: if transit { nsg } else { self.stage },
-            version_max: SUPPORTED_VERSION,
-            version_active: SUPPORTED_VERSION,
-            isid: req.isid,
-            tsih: if self.leading() { 0 } else { req.tsih },
-            itt: req.itt,
-            stat_sn: 0,
-            status_class: 0,
-            status_detail: 0,
+            header: iscsi_wire::LoginResponse {
+                transit,
+                cont,
+                csg: self.stage,
+                nsg: if transit { nsg } else { self.stage },
+                version_max: SUPPORTED_VERSION,
+                version_active: SUPPORTED_VERSION,
+                isid: req.header.isid,
+                tsih: if self.leading() { 0 } else { req.header.tsih },
+                itt: req.header.itt,
+                stat_sn: 0,
+                exp_cmd_sn: 0,
+                max_cmd_sn: 0,
+                status_class: 0,
+                status_detail: 0,
+            },
             data: Vec::new(),
         }
     }
@@ -323,7 +327,7 @@ impl TargetLogin {
     fn fail(&mut self, req: &LoginRequest, status: LoginStatus) -> LoginStep {
         self.finished = true;
         let mut response = LoginResponse::failure(req, status);
-        response.csg = self.stage;
+        response.header.csg = self.stage;
         LoginStep {
             response,
             state: LoginState::Failed,
@@ -342,32 +346,37 @@ impl TargetLogin {
     }
 
     fn handle(&mut self, req: &LoginRequest, rng: &mut dyn Entropy) -> Result<LoginStep, Fail> {
-        if req.transit && req.cont {
+        if req.header.transit && req.header.cont {
             return Err(Fail(LoginStatus::INITIATOR_ERROR));
         }
         // Version 0 is the only one; any version-max covers it.
-        if req.version_min > SUPPORTED_VERSION {
+        if req.header.version_min > SUPPORTED_VERSION {
             return Err(Fail(LoginStatus::UNSUPPORTED_VERSION));
         }
         if self.first {
-            if req.csg == Stage::FullFeature {
+            if req.header.csg == Stage::FullFeature {
                 return Err(Fail(LoginStatus::INITIATOR_ERROR));
             }
-            self.stage = req.csg;
-            self.isid = req.isid;
-            self.tsih = req.tsih;
-            self.cid = req.cid;
-        } else if req.isid != self.isid || req.tsih != self.tsih || req.cid != self.cid {
+            self.stage = req.header.csg;
+            self.isid = req.header.isid;
+            self.tsih = req.header.tsih;
+            self.cid = req.header.cid;
+        } else if req.header.isid != self.isid
+            || req.header.tsih != self.tsih
+            || req.header.cid != self.cid
+        {
             return Err(Fail(LoginStatus::INITIATOR_ERROR));
         }
-        if req.csg != self.stage {
+        if req.header.csg != self.stage {
             // Going backwards, or skipping a stage without a transition.
             return Err(Fail(LoginStatus::INITIATOR_ERROR));
         }
-        if req.transit {
-            let legal = match req.csg {
-                Stage::Security => matches!(req.nsg, Stage::Operational | Stage::FullFeature),
-                Stage::Operational => req.nsg == Stage::FullFeature,
+        if req.header.transit {
+            let legal = match req.header.csg {
+                Stage::Security => {
+                    matches!(req.header.nsg, Stage::Operational | Stage::FullFeature)
+                }
+                Stage::Operational => req.header.nsg == Stage::FullFeature,
                 Stage::FullFeature => false,
             };
             if !legal {
@@ -377,7 +386,7 @@ impl TargetLogin {
 
         // The initiator is fetching the rest of a long response.
         if self.pending.is_some() {
-            if !req.data.is_empty() || req.cont {
+            if !req.data.is_empty() || req.header.cont {
                 return Err(Fail(LoginStatus::INITIATOR_ERROR));
             }
             return Ok(self.next_pending_chunk(req));
@@ -387,7 +396,7 @@ impl TargetLogin {
             return Err(Fail(LoginStatus::OUT_OF_RESOURCES));
         }
         self.request_buffer.extend_from_slice(&req.data);
-        if req.cont {
+        if req.header.cont {
             // More of this request follows: acknowledge with an empty response.
             return Ok(LoginStep {
                 response: self.response(req, false, false, self.stage),
@@ -421,7 +430,7 @@ impl TargetLogin {
 
         // Decide on the transition.
         let mut transit = false;
-        if req.transit {
+        if req.header.transit {
             transit = match self.stage {
                 Stage::Security => match (&self.auth, &self.auth_required) {
                     (AuthState::Done, _) => true,
@@ -438,7 +447,7 @@ impl TargetLogin {
                 _ => true,
             };
         }
-        if req.csg == Stage::Operational
+        if req.header.csg == Stage::Operational
             && matches!(self.auth_required, AuthRequirement::Chap { .. })
         {
             // Started in (or reached) the operational stage without CHAP.
@@ -448,7 +457,7 @@ impl TargetLogin {
         }
 
         let mut outcome = None;
-        if transit && req.nsg == Stage::FullFeature {
+        if transit && req.header.nsg == Stage::FullFeature {
             // A digest the target requires but the initiator refused (or never offered, so it
             // stays None) ends the login: the connection would otherwise run unprotected.
             let limits = &self.config.limits;
@@ -479,7 +488,7 @@ impl TargetLogin {
             self.pending = Some(PendingResponse {
                 chunks,
                 transit,
-                nsg: req.nsg,
+                nsg: req.header.nsg,
                 outcome,
             });
             let mut response = self.response(req, false, true, self.stage);
@@ -489,9 +498,9 @@ impl TargetLogin {
                 state: LoginState::Continue,
             });
         }
-        let mut response = self.response(req, transit, false, req.nsg);
+        let mut response = self.response(req, transit, false, req.header.nsg);
         response.data = chunks.pop_front().unwrap_or_default();
-        Ok(self.finish_step(response, transit, req.nsg, outcome))
+        Ok(self.finish_step(response, transit, req.header.nsg, outcome))
     }
 
     fn finish_step(

@@ -368,7 +368,7 @@ fn a_special_reply_to_a_name_key_is_taken_like_lio_joining_a_session() {
             .data
             .extend_from_slice(b"SessionType=NotUnderstood\0");
         if matches!(step.state, iscsi_login::LoginState::Complete(_)) {
-            step.response.tsih = 0x1234;
+            step.response.header.tsih = 0x1234;
         }
         match initiator.on_response(&step.response, &mut |b: &mut [u8]| rng.fill(b)) {
             Ok(InitiatorStep::Send(next)) => req = next,
@@ -391,18 +391,22 @@ fn a_restarted_connection_s_login_acknowledges_the_old_statuses_then_the_login_r
     cfg.exp_stat_sn = 41;
     let mut initiator = InitiatorLogin::new(cfg);
     let mut req = initiator.first_request();
-    assert_eq!(req.exp_stat_sn, 41);
+    assert_eq!(req.header.exp_stat_sn, 41);
     let mut rng = |b: &mut [u8]| b.fill(7);
     for stat_sn in 77..90 {
         let mut step = target.on_request(&req, &mut rng);
         // The target's runtime numbers its Login Responses and gives the TSIH.
-        step.response.stat_sn = stat_sn;
+        step.response.header.stat_sn = stat_sn;
         if matches!(step.state, iscsi_login::LoginState::Complete(_)) {
-            step.response.tsih = 0x1234;
+            step.response.header.tsih = 0x1234;
         }
         match initiator.on_response(&step.response, &mut rng) {
             Ok(InitiatorStep::Send(next)) => {
-                assert_eq!(next.exp_stat_sn, stat_sn + 1, "the response acknowledged");
+                assert_eq!(
+                    next.header.exp_stat_sn,
+                    stat_sn + 1,
+                    "the response acknowledged"
+                );
                 req = next;
             }
             Ok(InitiatorStep::Complete { .. }) => return,

@@ -12,18 +12,20 @@ use iscsi_login::{
 
 fn req(transit: bool, csg: Stage, nsg: Stage, pairs: &[(&str, &str)]) -> LoginRequest {
     LoginRequest {
-        transit,
-        cont: false,
-        csg,
-        nsg,
-        version_max: 0,
-        version_min: 0,
-        isid: [0x80, 0, 0, 0x12, 0x34, 0x56],
-        tsih: 0,
-        itt: 0x11,
-        cid: 0,
-        cmd_sn: 1,
-        exp_stat_sn: 0,
+        header: iscsi_wire::LoginRequest {
+            transit,
+            cont: false,
+            csg,
+            nsg,
+            version_max: 0,
+            version_min: 0,
+            isid: [0x80, 0, 0, 0x12, 0x34, 0x56],
+            tsih: 0,
+            itt: 0x11,
+            cid: 0,
+            cmd_sn: 1,
+            exp_stat_sn: 0,
+        },
         data: encode(pairs),
     }
 }
@@ -158,21 +160,21 @@ fn header_rules() {
         f(&mut r);
         status(&step(&mut t, &r))
     };
-    assert_eq!(bad(&|r| r.cont = true), LoginStatus::INITIATOR_ERROR); // T and C
+    assert_eq!(bad(&|r| r.header.cont = true), LoginStatus::INITIATOR_ERROR); // T and C
     assert_eq!(
-        bad(&|r| r.version_min = 1),
+        bad(&|r| r.header.version_min = 1),
         LoginStatus::UNSUPPORTED_VERSION
     );
     assert_eq!(
-        bad(&|r| r.csg = Stage::FullFeature),
+        bad(&|r| r.header.csg = Stage::FullFeature),
         LoginStatus::INITIATOR_ERROR
     );
     assert_eq!(
-        bad(&|r| r.nsg = Stage::Operational),
+        bad(&|r| r.header.nsg = Stage::Operational),
         LoginStatus::INITIATOR_ERROR
     );
     assert_eq!(
-        bad(&|r| r.nsg = Stage::Security),
+        bad(&|r| r.header.nsg = Stage::Security),
         LoginStatus::INITIATOR_ERROR
     );
     assert_eq!(
@@ -193,8 +195,8 @@ fn stage_going_backwards_or_changing_ids_fails() {
             &[NAMES[0], NAMES[1], ("AuthMethod", "None")],
         ),
     );
-    assert!(s.response.transit);
-    assert_eq!(s.response.nsg, Stage::Operational);
+    assert!(s.response.header.transit);
+    assert_eq!(s.response.header.nsg, Stage::Operational);
     let s = step(&mut t, &req(false, Stage::Security, Stage::Security, &[]));
     assert_eq!(status(&s), LoginStatus::INITIATOR_ERROR);
 
@@ -209,7 +211,7 @@ fn stage_going_backwards_or_changing_ids_fails() {
         ),
     );
     let mut r = req(true, Stage::Security, Stage::Operational, &[]);
-    r.isid[5] ^= 1;
+    r.header.isid[5] ^= 1;
     assert_eq!(status(&step(&mut t, &r)), LoginStatus::INITIATOR_ERROR);
 }
 
@@ -225,7 +227,7 @@ fn target_does_not_transit_unasked_and_answers_every_key() {
             &[NAMES[0], NAMES[1], ("HeaderDigest", "None,CRC32C")],
         ),
     );
-    assert!(!s.response.transit);
+    assert!(!s.response.header.transit);
     let r = reply(&s);
     assert_eq!(value(&r, "HeaderDigest"), Some("None"));
     assert_eq!(value(&r, "TargetPortalGroupTag"), Some("1"));
@@ -235,8 +237,8 @@ fn target_does_not_transit_unasked_and_answers_every_key() {
         &mut t,
         &req(true, Stage::Operational, Stage::FullFeature, &[]),
     );
-    assert!(s.response.transit);
-    assert_eq!(s.response.tsih, 0, "TSIH is the runtime's to fill");
+    assert!(s.response.header.transit);
+    assert_eq!(s.response.header.tsih, 0, "TSIH is the runtime's to fill");
     let LoginState::Complete(o) = s.state else {
         panic!()
     };
@@ -488,8 +490,8 @@ fn joining_target(auth: AuthRequirement, existing: ExistingSession) -> TargetLog
 
 /// A request of a login joining the session with TSIH 7 on CID 1.
 fn joining(mut r: LoginRequest) -> LoginRequest {
-    r.tsih = 7;
-    r.cid = 1;
+    r.header.tsih = 7;
+    r.header.cid = 1;
     r
 }
 
@@ -509,7 +511,7 @@ fn non_leading_connection() {
         ],
     ));
     let s = step(&mut t, &r);
-    assert_eq!(s.response.tsih, 7);
+    assert_eq!(s.response.header.tsih, 7);
     let rp = reply(&s);
     assert_eq!(value(&rp, "MaxBurstLength"), Some("Irrelevant"));
     assert_eq!(value(&rp, "HeaderDigest"), Some("CRC32C"));
@@ -539,7 +541,7 @@ fn joining_with_another_isid_is_session_does_not_exist() {
     // session of this initiator port (RFC 7143: ISID and TSIH name the session).
     let mut t = joining_target(AuthRequirement::None, existing_session(None));
     let mut r = joining(req(true, Stage::Operational, Stage::FullFeature, &NAMES));
-    r.isid = [0x80, 0, 0, 0x12, 0x34, 0x57];
+    r.header.isid = [0x80, 0, 0, 0x12, 0x34, 0x57];
     let s = step(&mut t, &r);
     assert_eq!(status(&s), LoginStatus::SESSION_DOES_NOT_EXIST);
     assert_eq!(s.response.status().code(), 0x020a);
@@ -569,7 +571,7 @@ fn joining_chap_login(t: &mut TargetLogin, user: &str, secret: &str) -> LoginSte
         )),
     );
     let mut r = joining(answer(&s, user, secret, false));
-    r.nsg = Stage::FullFeature;
+    r.header.nsg = Stage::FullFeature;
     step(t, &r)
 }
 
@@ -583,7 +585,7 @@ fn joining_must_authenticate_as_the_sessions_chap_user() {
     let mut t = joining_target(chap_auth(), existing_session(Some("user")));
     let s = joining_chap_login(&mut t, "user", "libiscsi-secret");
     assert!(s.response.status().is_success());
-    assert_eq!(s.response.tsih, 7);
+    assert_eq!(s.response.header.tsih, 7);
     let LoginState::Complete(o) = s.state else {
         panic!("joining login did not complete: {:?}", s.response.status())
     };
@@ -616,7 +618,7 @@ fn leading_chap_login_reports_its_user() {
     let mut t = chap_target("user");
     let s = chap_until_challenge(&mut t, "5");
     let mut r = answer(&s, "user", "libiscsi-secret", false);
-    r.nsg = Stage::FullFeature;
+    r.header.nsg = Stage::FullFeature;
     let LoginState::Complete(o) = step(&mut t, &r).state else {
         panic!("CHAP login did not complete")
     };
@@ -646,10 +648,10 @@ fn request_continuation_is_buffered() {
     let full = encode(&[NAMES[0], NAMES[1], ("MaxBurstLength", "65536")]);
     let (a, b) = full.split_at(20); // splits inside a key=value pair
     let mut r1 = req(false, Stage::Operational, Stage::Operational, &[]);
-    r1.cont = true;
+    r1.header.cont = true;
     r1.data = a.to_vec();
     let s = step(&mut t, &r1);
-    assert!(s.response.data.is_empty() && !s.response.cont && !s.response.transit);
+    assert!(s.response.data.is_empty() && !s.response.header.cont && !s.response.header.transit);
     assert_eq!(s.state, LoginState::Continue);
     let mut r2 = req(true, Stage::Operational, Stage::FullFeature, &[]);
     r2.data = b.to_vec();
@@ -668,7 +670,7 @@ fn initiator_name_and_chap_requirement_are_known_once_the_first_request_is_whole
     let full = encode(&[NAMES[0], NAMES[1], ("AuthMethod", "CHAP")]);
     let (a, b) = full.split_at(20);
     let mut r1 = req(false, Stage::Security, Stage::Operational, &[]);
-    r1.cont = true;
+    r1.header.cont = true;
     r1.data = a.to_vec();
     assert_eq!(step(&mut t, &r1).state, LoginState::Continue);
     assert_eq!(t.initiator_name(), None);
@@ -712,8 +714,8 @@ fn long_response_is_split_with_c_bit() {
         &req(true, Stage::Operational, Stage::FullFeature, &pairs),
     );
     let mut pieces = 1;
-    while s.response.cont {
-        assert!(!s.response.transit);
+    while s.response.header.cont {
+        assert!(!s.response.header.transit);
         assert!(s.response.data.len() <= 8192);
         assert_eq!(s.state, LoginState::Continue);
         all.extend_from_slice(&s.response.data);
@@ -725,7 +727,7 @@ fn long_response_is_split_with_c_bit() {
     }
     all.extend_from_slice(&s.response.data);
     assert!(pieces >= 2);
-    assert!(s.response.transit);
+    assert!(s.response.header.transit);
     assert!(matches!(s.state, LoginState::Complete(_)));
     let r = parse(&all).unwrap();
     assert_eq!(r.iter().filter(|(_, v)| v == "NotUnderstood").count(), 300);
@@ -743,7 +745,10 @@ fn chap_until_challenge(t: &mut TargetLogin, chap_a: &str) -> LoginStep {
             &[NAMES[0], NAMES[1], NAMES[2], ("AuthMethod", "CHAP,None")],
         ),
     );
-    assert!(!s.response.transit, "must stay in security while CHAP runs");
+    assert!(
+        !s.response.header.transit,
+        "must stay in security while CHAP runs"
+    );
     assert_eq!(value(&reply(&s), "AuthMethod"), Some("CHAP"));
     step(
         t,
@@ -792,8 +797,8 @@ fn libiscsi_chap_simple_and_invalid() {
     let s = chap_until_challenge(&mut t, "5,6,7,8");
     assert_eq!(value(&reply(&s), "CHAP_A"), Some("5"));
     let s = step(&mut t, &answer(&s, "user", "libiscsi-secret", false));
-    assert!(s.response.transit && s.response.status().is_success());
-    assert_eq!(s.response.nsg, Stage::Operational);
+    assert!(s.response.header.transit && s.response.status().is_success());
+    assert_eq!(s.response.header.nsg, Stage::Operational);
 
     // SHA-256 when preferred.
     let mut t = chap_target("user");
@@ -802,6 +807,7 @@ fn libiscsi_chap_simple_and_invalid() {
     assert!(
         step(&mut t, &answer(&s, "user", "libiscsi-secret", false))
             .response
+            .header
             .transit
     );
 
@@ -841,7 +847,7 @@ fn libiscsi_chap_base64_and_oversize() {
     let mut t = chap_target("user");
     let s = chap_until_challenge(&mut t, "5");
     let s = step(&mut t, &answer(&s, "user", "libiscsi-secret", true));
-    assert!(s.response.transit && s.response.status().is_success());
+    assert!(s.response.header.transit && s.response.status().is_success());
 
     let mut t = chap_target("user");
     let s = chap_until_challenge(&mut t, "5");
@@ -958,7 +964,7 @@ fn mutual_chap_answer_is_correct() {
     ));
     r.data = encode(&pairs);
     let s = step(&mut t, &r);
-    assert!(s.response.transit);
+    assert!(s.response.header.transit);
     let rp = reply(&s);
     assert_eq!(value(&rp, "CHAP_N"), Some("tgt"));
     let got = parse_binary(value(&rp, "CHAP_R").unwrap()).unwrap();

@@ -214,18 +214,20 @@ fn arb_request() -> impl Strategy<Value = LoginRequest> {
     )
         .prop_map(
             |(transit, cont, csg, nsg, vmax, vmin, tsih, data)| LoginRequest {
-                transit,
-                cont,
-                csg,
-                nsg,
-                version_max: vmax,
-                version_min: vmin,
-                isid: [0x80, 0, 0, 0, 0, 1],
-                tsih: tsih % 3,
-                itt: 1,
-                cid: 0,
-                cmd_sn: 1,
-                exp_stat_sn: 0,
+                header: iscsi_wire::LoginRequest {
+                    transit,
+                    cont,
+                    csg,
+                    nsg,
+                    version_max: vmax,
+                    version_min: vmin,
+                    isid: [0x80, 0, 0, 0, 0, 1],
+                    tsih: tsih % 3,
+                    itt: 1,
+                    cid: 0,
+                    cmd_sn: 1,
+                    exp_stat_sn: 0,
+                },
                 data,
             },
         )
@@ -255,9 +257,9 @@ proptest! {
         for r in &reqs {
             let s = t.on_request(r, &mut |b: &mut [u8]| rng.fill(b));
             prop_assert!(s.response.data.len() <= 8192);
-            prop_assert!(!(s.response.transit && s.response.cont));
-            if s.response.transit {
-                prop_assert!(r.transit, "target transited unasked");
+            prop_assert!(!(s.response.header.transit && s.response.header.cont));
+            if s.response.header.transit {
+                prop_assert!(r.header.transit, "target transited unasked");
             }
         }
     }
@@ -274,9 +276,12 @@ proptest! {
         let mut rng = TestRng(3);
         for (transit, cont, csg, nsg, class, detail, data) in resps {
             let resp = LoginResponse {
-                transit, cont, csg, nsg, version_max: 0, version_active: 0,
-                isid: first.isid, tsih: 1, itt: first.itt, stat_sn: 0,
-                status_class: class % 4, status_detail: detail, data,
+                header: iscsi_wire::LoginResponse {
+                    transit, cont, csg, nsg, version_max: 0, version_active: 0,
+                    isid: first.header.isid, tsih: 1, itt: first.header.itt, stat_sn: 0,
+                    exp_cmd_sn: 0, max_cmd_sn: 0, status_class: class % 4, status_detail: detail,
+                },
+                data,
             };
             if i.on_response(&resp, &mut |b: &mut [u8]| rng.fill(b)).is_err() {
                 break;
@@ -322,18 +327,22 @@ DataDigest=None\0MaxRecvDataSegmentLength=8192\0"
             answer.extend_from_slice(b"ImmediateData=Yes\0");
         }
         let resp = LoginResponse {
-            transit: true,
-            cont: false,
-            csg: Stage::Operational,
-            nsg: Stage::FullFeature,
-            version_max: 0,
-            version_active: 0,
-            isid: first.isid,
-            tsih: 1,
-            itt: first.itt,
-            stat_sn: 0,
-            status_class: 0,
-            status_detail: 0,
+            header: iscsi_wire::LoginResponse {
+                transit: true,
+                cont: false,
+                csg: Stage::Operational,
+                nsg: Stage::FullFeature,
+                version_max: 0,
+                version_active: 0,
+                isid: first.header.isid,
+                tsih: 1,
+                itt: first.header.itt,
+                stat_sn: 0,
+                exp_cmd_sn: 0,
+                max_cmd_sn: 0,
+                status_class: 0,
+                status_detail: 0,
+            },
             data: answer,
         };
         let mut rng = TestRng(1);

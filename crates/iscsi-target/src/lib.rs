@@ -33,7 +33,7 @@ use datamover_iser::TargetDevice;
 
 use iscsi_login::directory::Portal;
 use iscsi_login::params::SessionType;
-use iscsi_login::pdu::LoginStatus;
+use iscsi_login::pdu::{LoginRequest, LoginResponse, LoginStatus};
 use iscsi_login::target::{
     ExistingSession, LoginState, TargetLimits, TargetLogin, TargetLoginConfig,
 };
@@ -405,16 +405,15 @@ async fn login(
         let Bhs::LoginRequest(bhs) = &pdu.pdu.bhs else {
             return Err(format!("{} during login", pdu.pdu.bhs.opcode().name()));
         };
-        let req = datamover::login_pdu::request_in(bhs, &pdu.pdu.data);
+        let req = LoginRequest::from_pdu(bhs, &pdu.pdu.data);
         let (exp, max) = match &existing {
             Some(s) => s.sn.load(),
-            None => (req.cmd_sn, req.cmd_sn.wrapping_add(depth - 1)),
+            None => (req.header.cmd_sn, req.header.cmd_sn.wrapping_add(depth - 1)),
         };
         let step = tl.on_request(&req, &mut system_entropy);
         let mut rsp = step.response;
-        let respond = |rsp: &iscsi_login::pdu::LoginResponse, exp: u32, max: u32| {
-            datamover::login_pdu::response_out(rsp, stat_sn, exp, max)
-        };
+        let respond =
+            |rsp: &LoginResponse, exp: u32, max: u32| rsp.clone().into_pdu(stat_sn, exp, max);
         if let (false, Some(name)) = (throttle_asked, tl.initiator_name()) {
             throttle_asked = true;
             let locked_out = tl.requires_chap()
@@ -426,7 +425,7 @@ async fn login(
                 );
             if locked_out {
                 let status = LoginStatus::AUTHENTICATION_FAILURE;
-                let fail = iscsi_login::pdu::LoginResponse::failure(&req, status);
+                let fail = LoginResponse::failure(&req, status);
                 let _ = conn.send(&respond(&fail, exp, max)).await;
                 tracing::warn!(
                     %peer,
@@ -469,7 +468,7 @@ async fn login(
                         Some(refused) => Err(refused),
                         None => {
                             let session = if outcome.leading {
-                                create_session(target, &outcome, req.cmd_sn, depth)
+                                create_session(target, &outcome, req.header.cmd_sn, depth)
                             } else {
                                 existing.clone().expect("non-leading login has a session")
                             };
@@ -490,7 +489,7 @@ async fn login(
                 let (session, ticket) = match admitted {
                     Ok(s) => s,
                     Err((status, why)) => {
-                        let fail = iscsi_login::pdu::LoginResponse::failure(&req, status);
+                        let fail = LoginResponse::failure(&req, status);
                         let _ = conn.send(&respond(&fail, exp, max)).await;
                         tracing::warn!(
                             %peer,
@@ -502,7 +501,7 @@ async fn login(
                     }
                 };
                 let (exp, max) = session.sn.load();
-                rsp.tsih = session.tsih;
+                rsp.header.tsih = session.tsih;
                 if let Err(e) = conn.send(&respond(&rsp, exp, max)).await {
                     session.release_connection(outcome.cid, ticket);
                     return Err(e.to_string());
@@ -540,10 +539,9 @@ async fn existing_session(
         .get(&first.tsih)
         .cloned();
     if found.is_none() {
-        let req = datamover::login_pdu::request_in(first, data);
-        let rsp =
-            iscsi_login::pdu::LoginResponse::failure(&req, LoginStatus::SESSION_DOES_NOT_EXIST);
-        let pdu = datamover::login_pdu::response_out(&rsp, 0, first.cmd_sn, first.cmd_sn);
+        let req = LoginRequest::from_pdu(first, data);
+        let rsp = LoginResponse::failure(&req, LoginStatus::SESSION_DOES_NOT_EXIST);
+        let pdu = rsp.into_pdu(0, first.cmd_sn, first.cmd_sn);
         let _ = conn.send(&pdu).await;
         return Err(format!("TSIH {} names no session", first.tsih));
     }

@@ -9,8 +9,8 @@ use crate::{Opcode, WireError, BHS_LEN};
 /// The reserved tag value ("no task" / "no reply wanted").
 pub const RESERVED_TAG: u32 = 0xffff_ffff;
 
-/// Login stages (CSG / NSG).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Login stages (CSG / NSG, RFC 7143 11.12.3), in the order a login goes through them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Stage {
     Security = 0,
     Operational = 1,
@@ -18,13 +18,23 @@ pub enum Stage {
 }
 
 impl Stage {
-    fn from_bits(v: u8) -> Result<Stage, WireError> {
-        match v & 3 {
-            0 => Ok(Stage::Security),
-            1 => Ok(Stage::Operational),
-            3 => Ok(Stage::FullFeature),
-            _ => Err(WireError::InvalidField("login stage 2 is reserved")),
+    /// The 2-bit wire code.
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// Decodes a 2-bit stage code; 2 (reserved) and anything else is `None`.
+    pub fn from_code(code: u8) -> Option<Stage> {
+        match code {
+            0 => Some(Stage::Security),
+            1 => Some(Stage::Operational),
+            3 => Some(Stage::FullFeature),
+            _ => None,
         }
+    }
+
+    fn from_bits(v: u8) -> Result<Stage, WireError> {
+        Stage::from_code(v & 3).ok_or(WireError::InvalidField("login stage 2 is reserved"))
     }
 }
 

@@ -1,13 +1,12 @@
 //! iSCSI wire codec (RFC 7143), sans-IO: typed Basic Header Segments for every opcode,
 //! Additional Header Segments, LUN encoding, serial-number arithmetic, the framing
 //! arithmetic (header digest, padding, data digest) that tells a reader how many bytes
-//! the rest of a PDU takes, and the SCSI sense data a SCSI Response carries, with names.
-//! It never touches a socket; transports and the analyzer feed it bytes. Digest values are
-//! computed by the caller (the `digest` crate), so a runtime can fuse the CRC with the copy
-//! of the data segment into its final buffer.
+//! the rest of a PDU takes. It never touches a socket; transports and the analyzer feed it
+//! bytes. Digest values are computed by the caller (the `digest` crate), so a runtime can
+//! fuse the CRC with the copy of the data segment into its final buffer. The SCSI sense
+//! data a SCSI Response carries is the `scsi-spec` crate's to read.
 
 mod bhs;
-pub mod sense;
 pub mod serial;
 
 pub use bhs::*;

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use crate::size::format_size;
+use byte_size::format_size;
 
 const WIDTH: f64 = 820.0;
 const HEIGHT: f64 = 500.0;

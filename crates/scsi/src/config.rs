@@ -29,48 +29,12 @@ use serde::Deserialize;
 pub struct ByteSize(pub u64);
 
 impl ByteSize {
-    /// Parses "123", "4k", "4KiB", "1.5GiB", "10MB" (KB/MB/GB/TB decimal; K/M/G/T, KiB.. binary).
+    /// Parses "123", "4k", "4KiB", "1.5GiB", "10MB" (KB/MB/GB/TB decimal; K/M/G/T, KiB..
+    /// binary), as configuration files write sizes ([`byte_size::parse_size_si`]).
     pub fn parse(text: &str) -> Result<ByteSize, String> {
-        let t = text.trim();
-        let split = t
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(t.len());
-        let (num, unit) = t.split_at(split);
-        let unit = unit.trim();
-        let mult: u64 = match unit.to_ascii_lowercase().as_str() {
-            "" | "b" => 1,
-            "k" | "kib" => 1 << 10,
-            "m" | "mib" => 1 << 20,
-            "g" | "gib" => 1 << 30,
-            "t" | "tib" => 1 << 40,
-            "kb" => 1_000,
-            "mb" => 1_000_000,
-            "gb" => 1_000_000_000,
-            "tb" => 1_000_000_000_000,
-            _ => return Err(format!("invalid size {text:?}: unknown unit {unit:?} (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)")),
-        };
-        if num.is_empty() {
-            return Err(format!(
-                "invalid size {text:?}: expected a number such as \"1GiB\" or 1073741824"
-            ));
-        }
-        let bytes = if let Some((int, frac)) = num.split_once('.') {
-            let whole: f64 = format!("{int}.{frac}")
-                .parse()
-                .map_err(|_| format!("invalid size {text:?}"))?;
-            let v = whole * mult as f64;
-            if !(v.is_finite() && v >= 0.0 && v < u64::MAX as f64) || v.fract() != 0.0 {
-                return Err(format!(
-                    "invalid size {text:?}: not a whole number of bytes"
-                ));
-            }
-            v as u64
-        } else {
-            let n: u64 = num.parse().map_err(|_| format!("invalid size {text:?}"))?;
-            n.checked_mul(mult)
-                .ok_or_else(|| format!("invalid size {text:?}: too large"))?
-        };
-        Ok(ByteSize(bytes))
+        byte_size::parse_size_si(text)
+            .map(ByteSize)
+            .map_err(|e| e.to_string())
     }
 }
 

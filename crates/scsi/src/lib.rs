@@ -36,8 +36,6 @@ mod lun;
 mod object;
 mod outcome;
 mod pr;
-pub mod sense;
-pub mod status;
 mod tasks;
 
 pub use cdb::op;
@@ -46,7 +44,8 @@ pub use command::{Command, NexusId, Residual, Response, TaskAttr};
 pub use config::{BackendConfig, ByteSize, LunConfig};
 pub use device::{Device, DeviceError, ImageProvider, ResetKind};
 pub use object::OSD_DEVICE_TYPE;
-pub use sense::Sense;
+/// Status codes and sense data are the shared SCSI vocabulary's.
+pub use scsi_spec::{sense, status, Sense};
 
 #[cfg(test)]
 mod tests;

@@ -102,7 +102,7 @@ pub fn run(initiator: &mut InitiatorLogin, target: &mut TargetLogin, seed: u64) 
                 return RunResult::TargetFailed(step.response.status(), r);
             }
             LoginState::Complete(outcome) => {
-                step.response.tsih = 0x1234;
+                step.response.header.tsih = 0x1234;
                 match initiator.on_response(&step.response, &mut |b: &mut [u8]| rng.fill(b)) {
                     Ok(s @ InitiatorStep::Complete { .. }) => {
                         return RunResult::Ok {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::cdb::{be16, be32, get, op};
+use crate::cdb::{be16, be32, byte, op};
 use crate::command::{Command, NexusInfo};
 use crate::lun::{DeviceView, Lun};
 use crate::outcome::{CmdResult, Done, Fail};
@@ -37,7 +37,7 @@ impl Lun {
     pub(crate) fn request_sense(&self, cmd: &Command) -> CmdResult {
         let cdb: &[u8] = &cmd.cdb;
         let desc = cdb[1] & 0x01 != 0;
-        let alloc = get(cdb, 4) as usize;
+        let alloc = byte(cdb, 4) as usize;
         let sense = match self.take_ua(cmd.nexus) {
             Some(code) => Sense::new(key::UNIT_ATTENTION, code),
             None if self.state().sanitizing => Sense::new(key::NOT_READY, asc::NOT_READY_SANITIZE),

@@ -8,7 +8,7 @@ mod xcopy;
 
 use bytes::Bytes;
 
-use crate::cdb::{be32, get, min_cdb_len, op};
+use crate::cdb::{be32, byte, min_cdb_len, op};
 use crate::command::{Command, NexusInfo};
 use crate::lun::{DeviceView, Lun};
 use crate::outcome::{CmdResult, Done, Fail};
@@ -19,7 +19,7 @@ pub use rw::{RwParams, MAX_TRANSFER_BYTES};
 
 /// REPORT LUNS data for `luns` (SELECT REPORT 0, 1, 2 all return the same flat list).
 pub(crate) fn report_luns(luns: &[u64], cdb: &[u8]) -> Result<Bytes, Sense> {
-    let select = get(cdb, 2);
+    let select = byte(cdb, 2);
     if select > 2 && !(0x10..=0x12).contains(&select) {
         return Err(Sense::invalid_cdb_field(2, None));
     }

@@ -4,7 +4,7 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::cdb::{be16, get, op};
+use crate::cdb::{be16, byte, op};
 use crate::command::Command;
 use crate::lun::Lun;
 use crate::outcome::{CmdResult, Done};
@@ -89,7 +89,7 @@ impl Lun {
         let alloc = if ten {
             be16(cdb, 7) as usize
         } else {
-            get(cdb, 4) as usize
+            byte(cdb, 4) as usize
         };
         let mut pages = Vec::new();
         match (page, subpage) {
@@ -145,7 +145,7 @@ impl Lun {
         let len = if ten {
             be16(cdb, 7) as usize
         } else {
-            get(cdb, 4) as usize
+            byte(cdb, 4) as usize
         };
         if len == 0 {
             return Done::none();

@@ -4,7 +4,7 @@
 
 use bytes::{Bytes, BytesMut};
 
-use crate::cdb::{be16, be32, be64, get, op};
+use crate::cdb::{be16, be32, be64, byte, op};
 use crate::command::Command;
 use crate::lun::Lun;
 use crate::outcome::{CmdResult, Done, Fail};
@@ -34,13 +34,13 @@ pub struct RwParams {
 impl RwParams {
     /// Decodes the LBA/length fields of the 6/10/12/16-byte block command layouts.
     pub fn parse(cdb: &[u8]) -> RwParams {
-        let opcode = get(cdb, 0);
+        let opcode = byte(cdb, 0);
         match opcode >> 5 {
             0 => {
-                let lba = ((get(cdb, 1) as u64 & 0x1F) << 16)
-                    | (get(cdb, 2) as u64) << 8
-                    | get(cdb, 3) as u64;
-                let n = get(cdb, 4) as u32;
+                let lba = ((byte(cdb, 1) as u64 & 0x1F) << 16)
+                    | (byte(cdb, 2) as u64) << 8
+                    | byte(cdb, 3) as u64;
+                let n = byte(cdb, 4) as u32;
                 RwParams {
                     lba,
                     blocks: if n == 0 { 256 } else { n },
@@ -50,22 +50,22 @@ impl RwParams {
             1 | 2 => RwParams {
                 lba: be32(cdb, 2) as u64,
                 blocks: be16(cdb, 7) as u32,
-                flags: get(cdb, 1),
+                flags: byte(cdb, 1),
             },
             5 => RwParams {
                 lba: be32(cdb, 2) as u64,
                 blocks: be32(cdb, 6),
-                flags: get(cdb, 1),
+                flags: byte(cdb, 1),
             },
             _ if opcode == op::WRITE_ATOMIC_16 => RwParams {
                 lba: be64(cdb, 2),
                 blocks: be16(cdb, 12) as u32,
-                flags: get(cdb, 1),
+                flags: byte(cdb, 1),
             },
             _ => RwParams {
                 lba: be64(cdb, 2),
                 blocks: be32(cdb, 10),
-                flags: get(cdb, 1),
+                flags: byte(cdb, 1),
             },
         }
     }
@@ -369,7 +369,7 @@ impl Lun {
     pub(crate) async fn compare_and_write(&self, cmd: &Command, task: &TaskGuard<'_>) -> CmdResult {
         let cdb: &[u8] = &cmd.cdb;
         let lba = be64(cdb, 2);
-        let n = get(cdb, 13);
+        let n = byte(cdb, 13);
         self.check_protect(cdb)?;
         self.check_writable()?;
         if n > MAX_CAW_BLOCKS {

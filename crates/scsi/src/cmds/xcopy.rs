@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use crate::cdb::{be16, be32, be64, get};
+use crate::cdb::{be16, be32, be64, byte};
 use crate::command::{Command, NexusId, NexusInfo};
 use crate::lun::{CopyResult, DeviceView, Lun};
 use crate::outcome::{CmdResult, Done, Fail};
@@ -162,7 +162,7 @@ fn parse(dev: &dyn DeviceView, data: &[u8]) -> Result<CopyList, Fail> {
         };
         let blocks = be16(d, 10) as u64;
         // DC (byte 1 bit 1) picks whose blocks BLOCK DEVICE NUMBER OF BLOCKS counts.
-        let counted_in = if get(d, 1) & 0x02 != 0 { t } else { s };
+        let counted_in = if byte(d, 1) & 0x02 != 0 { t } else { s };
         let bytes = blocks << counted_in.bs_shift;
         if !bytes.is_multiple_of(s.block_size as u64) || !bytes.is_multiple_of(t.block_size as u64)
         {

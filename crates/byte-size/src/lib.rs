@@ -1,6 +1,8 @@
-//! Byte sizes for people: `8 KiB` out, `128k` / `16MiB` / `4096` in. Units are binary (1 KiB =
-//! 1024 B) in both directions, as storage benchmarks conventionally use them; `k`, `kb` and `kib`
-//! all mean 1024.
+//! Byte sizes for people: `8 KiB` out, `128k` / `16MiB` / `4096` in. Command lines and
+//! benchmark scripts read units as binary (1 KiB = 1024 B), as storage benchmarks
+//! conventionally do, so `k`, `kb` and `kib` all mean 1024 ([`parse_size`]). Configuration
+//! files read the two-letter units as decimal and accept a fraction that comes to whole
+//! bytes (`10MB` = 10,000,000, `1.5GiB`) ([`parse_size_si`]). Both are one parser.
 
 use std::fmt;
 
@@ -42,6 +44,8 @@ pub enum SizeError {
     UnknownUnit(String),
     /// The value does not fit in 64 bits.
     Overflow(String),
+    /// A fractional value that does not come to a whole number of bytes.
+    NotWhole(String),
 }
 
 impl fmt::Display for SizeError {
@@ -54,6 +58,7 @@ impl fmt::Display for SizeError {
                 "size {s:?} has an unknown unit (use B, K/KiB, M/MiB, G/GiB, T/TiB)"
             ),
             SizeError::Overflow(s) => write!(f, "size {s:?} is too large"),
+            SizeError::NotWhole(s) => write!(f, "size {s:?} is not a whole number of bytes"),
         }
     }
 }
@@ -63,31 +68,77 @@ impl std::error::Error for SizeError {}
 /// Parses a byte size: a decimal integer, optional whitespace, and an optional binary unit
 /// (`128k`, `1m`, `16MiB`, `8 KiB`, `4096`, `512B`). Units are case-insensitive.
 pub fn parse_size(text: &str) -> Result<u64, SizeError> {
+    parse(text, Dialect::Binary)
+}
+
+/// Parses a byte size as configuration files write it: like [`parse_size`], except that
+/// `kb`, `mb`, `gb`, `tb`, `pb` and `eb` are decimal (`10MB` = 10,000,000) and the number
+/// may have a fraction when the result is a whole number of bytes (`1.5GiB`).
+pub fn parse_size_si(text: &str) -> Result<u64, SizeError> {
+    parse(text, Dialect::Si)
+}
+
+/// How the two-letter units read, and whether a fraction is allowed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dialect {
+    Binary,
+    Si,
+}
+
+fn parse(text: &str, dialect: Dialect) -> Result<u64, SizeError> {
     let s = text.trim();
     if s.is_empty() {
         return Err(SizeError::Empty);
     }
-    let digits_end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    if digits_end == 0 {
+    let is_number = |c: char| c.is_ascii_digit() || (dialect == Dialect::Si && c == '.');
+    let number_end = s.find(|c: char| !is_number(c)).unwrap_or(s.len());
+    let number = &s[..number_end];
+    if !number.starts_with(|c: char| c.is_ascii_digit()) {
         return Err(SizeError::NoNumber(text.to_string()));
     }
-    let number: u64 = s[..digits_end]
-        .parse()
-        .map_err(|_| SizeError::Overflow(text.to_string()))?;
-    let unit = s[digits_end..].trim_start().to_ascii_lowercase();
-    let shift = match unit.as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        "p" | "pb" | "pib" => 50,
-        "e" | "eb" | "eib" => 60,
-        _ => return Err(SizeError::UnknownUnit(text.to_string())),
+    let unit = s[number_end..].trim_start().to_ascii_lowercase();
+    let binary = |shift: u32| Some(1u64 << shift);
+    let decimal = |power: u32| match dialect {
+        Dialect::Binary => binary(power / 3 * 10),
+        Dialect::Si => Some(10u64.pow(power)),
     };
-    number
-        .checked_mul(1u64 << shift)
-        .ok_or_else(|| SizeError::Overflow(text.to_string()))
+    let multiplier = match unit.as_str() {
+        "" | "b" => Some(1),
+        "k" | "kib" => binary(10),
+        "m" | "mib" => binary(20),
+        "g" | "gib" => binary(30),
+        "t" | "tib" => binary(40),
+        "p" | "pib" => binary(50),
+        "e" | "eib" => binary(60),
+        "kb" => decimal(3),
+        "mb" => decimal(6),
+        "gb" => decimal(9),
+        "tb" => decimal(12),
+        "pb" => decimal(15),
+        "eb" => decimal(18),
+        _ => None,
+    }
+    .ok_or_else(|| SizeError::UnknownUnit(text.to_string()))?;
+    match number.split_once('.') {
+        None => number
+            .parse::<u64>()
+            .ok()
+            .and_then(|n| n.checked_mul(multiplier))
+            .ok_or_else(|| SizeError::Overflow(text.to_string())),
+        Some((whole, fraction)) => {
+            let value: f64 = format!("{whole}.{fraction}")
+                .parse()
+                .map_err(|_| SizeError::NoNumber(text.to_string()))?;
+            let bytes = value * multiplier as f64;
+            if !(bytes.is_finite() && bytes < u64::MAX as f64) {
+                Err(SizeError::Overflow(text.to_string()))
+            } else if bytes.fract() != 0.0 {
+                Err(SizeError::NotWhole(text.to_string()))
+            } else {
+                Ok(bytes as u64)
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -141,6 +192,29 @@ mod tests {
         assert!(parse_size("12x").unwrap_err().to_string().contains("12x"));
     }
 
+    #[test]
+    fn configuration_sizes() {
+        assert_eq!(parse_size_si("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size_si("64k"), Ok(65536));
+        assert_eq!(parse_size_si("1.5GiB"), Ok(3 << 29));
+        assert_eq!(parse_size_si("10MB"), Ok(10_000_000));
+        assert_eq!(parse_size("10MB"), Ok(10 << 20));
+        assert!(matches!(
+            parse_size_si("1.0001k"),
+            Err(SizeError::NotWhole(_))
+        ));
+        assert!(matches!(
+            parse_size_si("1..5k"),
+            Err(SizeError::NoNumber(_))
+        ));
+        assert!(matches!(parse_size_si(".5k"), Err(SizeError::NoNumber(_))));
+        assert!(matches!(parse_size_si("GiB"), Err(SizeError::NoNumber(_))));
+        assert!(matches!(
+            parse_size_si("99999999999e"),
+            Err(SizeError::Overflow(_))
+        ));
+    }
+
     proptest! {
         #[test]
         fn exact_multiples_round_trip(value in 1u64..1024, shift in prop::sample::select(vec![0u32, 10, 20, 30, 40, 50])) {
@@ -160,6 +234,7 @@ mod tests {
         #[test]
         fn parse_never_panics(s in "\\PC{0,12}") {
             let _ = parse_size(&s);
+            let _ = parse_size_si(&s);
         }
     }
 }
