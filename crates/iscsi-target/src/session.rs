@@ -578,17 +578,10 @@ impl Session {
             Bhs::LogoutRequest(l) => self.logout(target, conn, l).await,
             Bhs::TaskMgmtRequest(t) => self.task_management(target, conn, t).await,
             Bhs::SnackRequest(snack) => self.snack(conn, snack, pdu.raw_bhs).await,
-            Bhs::ScsiCommand(_) => {
-                conn.reject(
-                    reject::PROTOCOL_ERROR,
-                    pdu.raw_bhs,
-                    "SCSI command in a discovery session",
-                )
-                .await
-            }
             other => {
-                let why = format!("unexpected {} in full feature phase", other.opcode().name());
-                conn.reject(reject::PROTOCOL_ERROR, pdu.raw_bhs, &why).await
+                if let Some((reason, why)) = core::refuse_control(other) {
+                    conn.reject(reason, pdu.raw_bhs, &why).await
+                }
             }
         }
     }
@@ -966,21 +959,15 @@ impl Session {
             }
             Notice::Control(pdu) => {
                 self.acknowledge(conn, &pdu.pdu.bhs);
-                let (immediate, cmd_sn) = match &pdu.pdu.bhs {
-                    // Ping answers and ExpStatSN updates are immediate by rule, no reply.
-                    Bhs::NopOut(n) if n.itt == RESERVED_TAG => return None,
-                    Bhs::NopOut(n) => (n.immediate, n.cmd_sn),
-                    Bhs::TextRequest(t) => (t.immediate, t.cmd_sn),
-                    Bhs::LogoutRequest(l) => (l.immediate, l.cmd_sn),
-                    Bhs::TaskMgmtRequest(t) => (t.immediate, t.cmd_sn),
-                    _ => (true, 0),
-                };
-                let work = Work::Control {
-                    conn: conn.clone(),
-                    pdu,
-                };
-                let orders = self.with_core(|c| c.order(immediate, cmd_sn, work));
-                self.carry_out(target, orders).await;
+                // A ping answer or an ExpStatSN update has nothing more to do.
+                if let Some((immediate, cmd_sn)) = core::control_order(&pdu.pdu.bhs) {
+                    let work = Work::Control {
+                        conn: conn.clone(),
+                        pdu,
+                    };
+                    let orders = self.with_core(|c| c.order(immediate, cmd_sn, work));
+                    self.carry_out(target, orders).await;
+                }
             }
         }
         None
@@ -1023,7 +1010,7 @@ impl Session {
             }
             conns.is_empty()
         };
-        if now_empty && !kept {
+        if core::session_ends(!now_empty, kept) {
             target.remove_session(self);
         }
     }

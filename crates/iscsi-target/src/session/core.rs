@@ -234,6 +234,45 @@ impl<W> SessionCore<W> {
     }
 }
 
+/// Where a control PDU (anything but a SCSI Command) goes in CmdSN order: `(immediate,
+/// CmdSN)` for [`SessionCore::order`], or `None` for a NOP-Out that answers a ping or only
+/// updates ExpStatSN (immediate by rule, no reply). A PDU the session does not take in full
+/// feature phase runs at once, to be rejected.
+pub(crate) fn control_order(bhs: &Bhs) -> Option<(bool, u32)> {
+    Some(match bhs {
+        Bhs::NopOut(n) if n.itt == RESERVED_TAG => return None,
+        Bhs::NopOut(n) => (n.immediate, n.cmd_sn),
+        Bhs::TextRequest(t) => (t.immediate, t.cmd_sn),
+        Bhs::LogoutRequest(l) => (l.immediate, l.cmd_sn),
+        Bhs::TaskMgmtRequest(t) => (t.immediate, t.cmd_sn),
+        _ => (true, 0),
+    })
+}
+
+/// The Reject (Protocol Error) of a control PDU the session does not answer: a SCSI
+/// Command that came as control (the datamover of a discovery session does not take
+/// commands), or any PDU an initiator does not send in full feature phase; `None` for a
+/// PDU the session answers.
+pub(crate) fn refuse_control(bhs: &Bhs) -> Option<(u8, String)> {
+    let why = match bhs {
+        Bhs::NopOut(_)
+        | Bhs::TextRequest(_)
+        | Bhs::LogoutRequest(_)
+        | Bhs::TaskMgmtRequest(_)
+        | Bhs::SnackRequest(_) => return None,
+        Bhs::ScsiCommand(_) => "SCSI command in a discovery session".to_string(),
+        other => format!("unexpected {} in full feature phase", other.opcode().name()),
+    };
+    Some((reject::PROTOCOL_ERROR, why))
+}
+
+/// Whether a session goes when one of its connections ended: when none is left and no
+/// task of a failed connection waits for reassignment (ERL 2: a connection logged in again
+/// in a failed one's place may still take them over).
+pub(crate) fn session_ends(connections_left: bool, tasks_kept: bool) -> bool {
+    !connections_left && !tasks_kept
+}
+
 /// The NOP-In answering a NOP-Out that asks for one (its data echoed, cut to the
 /// initiator's MaxRecvDataSegmentLength); `None` for a ping answer or an ExpStatSN update
 /// (ITT 0xffffffff), which get no reply.

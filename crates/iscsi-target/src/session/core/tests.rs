@@ -582,3 +582,54 @@ fn a_good_read_collapses_its_status_into_the_last_data_in() {
     };
     assert!(collapsed_status(&no_data).is_none());
 }
+
+#[test]
+fn control_pdus_are_ordered_by_their_cmd_sn_and_immediate_bit() {
+    let nop = NopOut {
+        itt: 3,
+        cmd_sn: 44,
+        ..Default::default()
+    };
+    assert_eq!(control_order(&Bhs::NopOut(nop.clone())), Some((false, 44)));
+    let ping_answer = NopOut {
+        itt: RESERVED_TAG,
+        ..nop
+    };
+    assert_eq!(control_order(&Bhs::NopOut(ping_answer)), None);
+    let logout = LogoutRequest {
+        immediate: true,
+        cmd_sn: 7,
+        ..Default::default()
+    };
+    assert_eq!(control_order(&Bhs::LogoutRequest(logout)), Some((true, 7)));
+    let t = TaskMgmtRequest {
+        cmd_sn: 9,
+        ..tmf(tmf::ABORT_TASK, 0)
+    };
+    assert_eq!(control_order(&Bhs::TaskMgmtRequest(t)), Some((false, 9)));
+    // Not ordered: it runs at once, to be answered (SNACK) or rejected.
+    let snack = Bhs::SnackRequest(snack_req(snack_type::STATUS, 0, 0));
+    assert_eq!(control_order(&snack), Some((true, 0)));
+}
+
+#[test]
+fn pdus_an_initiator_does_not_send_in_full_feature_phase_are_rejected() {
+    let snack = Bhs::SnackRequest(snack_req(snack_type::STATUS, 0, 0));
+    assert_eq!(refuse_control(&snack), None);
+    assert_eq!(refuse_control(&Bhs::NopOut(NopOut::default())), None);
+    let (reason, why) = refuse_control(&Bhs::NopIn(NopIn::default())).expect("a Reject");
+    assert_eq!(reason, reject::PROTOCOL_ERROR);
+    assert!(why.contains("in full feature phase"), "{why}");
+    let rsp = Bhs::LogoutResponse(LogoutResponse::default());
+    assert!(refuse_control(&rsp).is_some());
+}
+
+#[test]
+fn a_session_ends_with_its_last_connection_unless_tasks_wait_for_reassignment() {
+    assert!(session_ends(false, false));
+    assert!(!session_ends(true, false));
+    assert!(
+        !session_ends(false, true),
+        "ERL 2: kept for DefaultTime2Retain"
+    );
+}
