@@ -261,10 +261,8 @@ impl Session {
             status.acknowledge_each(exp, |pdu| {
                 forgotten += 1;
                 if let Some(allegiances) = &self.erl2 {
-                    match pdu.bhs {
-                        Bhs::ScsiResponse(r) => allegiances.acknowledged(conn, r.itt),
-                        Bhs::DataIn(d) if d.status_present => allegiances.acknowledged(conn, d.itt),
-                        _ => {}
+                    if let Some(itt) = core::erl2::status_of(&pdu.bhs) {
+                        allegiances.acknowledged(conn, itt);
                     }
                 }
             });

@@ -1,9 +1,9 @@
 //! ErrorRecoveryLevel 2 decisions of the target session core: whether an arriving task is
-//! kept for reassignment, when an acknowledgement ends a kept task, and how a TASK
+//! kept for reassignment, which task an acknowledged status ends and when, and how a TASK
 //! REASSIGN is answered. The kept tasks themselves, with the connections they are
 //! allegiant to, are the driver's (`erl2.rs`), which asks these questions of what it holds.
 
-use iscsi_wire::tmf;
+use iscsi_wire::{tmf, Bhs};
 
 /// A kept task under an arriving command's ITT, as the command finds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +22,16 @@ pub(crate) fn keep(existing_has_response: Option<bool>) -> KeepDecision {
     match existing_has_response {
         Some(false) => KeepDecision::InProgress,
         _ => KeepDecision::Keep,
+    }
+}
+
+/// The task whose status a retained status PDU carries (a SCSI Response, or a Data-In with
+/// the status in it); `None` for status that ends no task (NOP-In, Logout Response …).
+pub(crate) fn status_of(bhs: &Bhs) -> Option<u32> {
+    match bhs {
+        Bhs::ScsiResponse(r) => Some(r.itt),
+        Bhs::DataIn(d) if d.status_present => Some(d.itt),
+        _ => None,
     }
 }
 

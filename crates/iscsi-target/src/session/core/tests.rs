@@ -633,3 +633,28 @@ fn a_session_ends_with_its_last_connection_unless_tasks_wait_for_reassignment() 
         "ERL 2: kept for DefaultTime2Retain"
     );
 }
+
+#[test]
+fn erl2_an_acknowledged_status_names_its_task() {
+    let rsp = Bhs::ScsiResponse(ScsiResponse {
+        itt: 0x51,
+        ..Default::default()
+    });
+    assert_eq!(erl2::status_of(&rsp), Some(0x51));
+    let last = iscsi_wire::DataIn {
+        itt: 0x52,
+        status_present: true,
+        ..Default::default()
+    };
+    assert_eq!(erl2::status_of(&Bhs::DataIn(last.clone())), Some(0x52));
+    let middle = iscsi_wire::DataIn {
+        status_present: false,
+        ..last
+    };
+    assert_eq!(erl2::status_of(&Bhs::DataIn(middle)), None);
+    let nop = Bhs::NopIn(NopIn {
+        itt: 0x53,
+        ..Default::default()
+    });
+    assert_eq!(erl2::status_of(&nop), None);
+}
