@@ -23,11 +23,12 @@
 //! A status dropped from the connection's retention unacknowledged (`StatusSeq` keeps at
 //! most 1,024) can no longer be acknowledged: its task is forgotten as if it had been.
 
+use crate::session::core::erl2::{self as decide, KeepDecision, KeptView, Reassign};
 use crate::session::{send_scsi_response, Allegiances, Conn, KeptState, KeptTask, Session};
 use crate::Target;
 use datamover::budget::OverBudget;
 use datamover::{DmError, RecoveryCounters, TaskRef, WriteHandle};
-use iscsi_wire::{tmf, Bhs, Pdu, TaskMgmtRequest, TaskMgmtResponse};
+use iscsi_wire::{Bhs, Pdu, TaskMgmtRequest, TaskMgmtResponse};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -52,10 +53,10 @@ impl Allegiances {
         task: TaskRef,
     ) -> Result<Option<Arc<KeptTask>>, OverBudget> {
         let mut tasks = self.lock();
-        if tasks
+        let existing = tasks
             .get(&task.itt)
-            .is_some_and(|k| k.state.lock().expect("kept task").response.is_none())
-        {
+            .map(|k| k.state.lock().expect("kept task").response.is_some());
+        if decide::keep(existing) == KeepDecision::InProgress {
             return Ok(None);
         }
         let counted = conn.budget.try_reserve(KEPT_TASK_BYTES)?;
@@ -119,7 +120,7 @@ impl Allegiances {
         let mut tasks = self.lock();
         let done = tasks.get(&itt).is_some_and(|k| {
             let st = k.state.lock().expect("kept task");
-            Arc::ptr_eq(&st.conn, conn) && st.response.is_some()
+            decide::acknowledged(Arc::ptr_eq(&st.conn, conn), st.response.is_some())
         });
         if done {
             tasks.remove(&itt);
@@ -299,26 +300,30 @@ impl Session {
         Option<Arc<KeptTask>>,
         Option<(TaskRef, scsi::Response, u32)>,
     ) {
-        let Some(allegiances) = &self.erl2 else {
-            return (tmf::RSP_REASSIGN_NOT_SUPPORTED, None, None);
-        };
         let itt = t.ref_task_tag;
-        let Some(kept) = allegiances.lock().get(&itt).cloned() else {
-            tracing::info!(peer = %conn.peer, tsih = self.tsih, "TASK REASSIGN of ITT 0x{itt:08x}: no such task");
-            return (tmf::RSP_NO_TASK, None, None);
+        let kept = self.erl2.as_ref().and_then(|a| a.lock().get(&itt).cloned());
+        let Some(kept) = kept else {
+            let decision = decide::reassign(self.erl2.is_some(), None);
+            if decision == Reassign::NoTask {
+                tracing::info!(peer = %conn.peer, tsih = self.tsih, "TASK REASSIGN of ITT 0x{itt:08x}: no such task");
+            }
+            return (decision.response(), None, None);
         };
         let mut st = kept.state.lock().expect("kept task");
-        if self.is_live(&st.conn) {
-            return (tmf::RSP_STILL_ALLEGIANT, None, None);
+        let view = KeptView {
+            allegiant_live: self.is_live(&st.conn),
+            executed: st.response.is_some(),
+        };
+        let decision = decide::reassign(true, Some(view));
+        if !matches!(decision, Reassign::Move { .. }) {
+            return (decision.response(), None, None);
         }
         let from = st.conn.cid;
         st.conn = conn.clone();
         st.answered = false;
         let resend = st.response.clone().map(|(r, n)| (kept.task, r, n));
         drop(st);
-        if let Some(e) = self.tasks.lock().expect("tasks").get_mut(&itt) {
-            e.cid = conn.cid;
-        }
+        self.with_core(|c| c.move_task(itt, conn.cid));
         RecoveryCounters::bump(&conn.recovery.task_reassigns);
         tracing::info!(
             peer = %conn.peer,
@@ -327,7 +332,7 @@ impl Session {
             "TASK REASSIGN: ITT 0x{itt:08x} moved from connection {from} ({})",
             if resend.is_some() { "its response sent again" } else { "in progress" }
         );
-        (tmf::RSP_COMPLETE, Some(kept), resend)
+        (decision.response(), Some(kept), resend)
     }
 
     /// Level 2, connection `conn` failed: its tasks wait DefaultTime2Retain for

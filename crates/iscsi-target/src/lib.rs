@@ -37,12 +37,12 @@ use iscsi_login::pdu::{LoginRequest, LoginResponse, LoginStatus};
 use iscsi_login::target::{
     ExistingSession, LoginState, TargetLimits, TargetLogin, TargetLoginConfig,
 };
-use iscsi_session::{CmdWindow, WriteLimits};
+use iscsi_session::WriteLimits;
 use iscsi_wire::{AsyncMessage, Bhs, Digests};
 use session::{Conn, Session};
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -842,17 +842,19 @@ fn create_session(
         chap_user: outcome.chap_user.clone(),
         params: outcome.session.clone(),
         device,
-        window: Mutex::new(CmdWindow::new(cmd_sn, depth)),
+        core: Mutex::new(session::core::SessionCore::new(
+            cmd_sn,
+            depth,
+            outcome.session.session_type == SessionType::Discovery,
+        )),
         sn: CmdSnState::new(cmd_sn, cmd_sn.wrapping_add(depth - 1)),
         conns: Mutex::new(HashMap::new()),
         joining: Mutex::new(Default::default()),
         latest_login: Mutex::new(HashMap::new()),
-        tasks: Mutex::new(HashMap::new()),
         erl2: (outcome.session.error_recovery_level >= 2).then(session::Allegiances::default),
         budget: target
             .memory
             .child("session", target.config().session_memory_mib << 20),
-        immediate_running: AtomicU32::new(0),
     });
     sessions.insert(tsih, session.clone());
     session

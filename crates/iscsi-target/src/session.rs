@@ -1,24 +1,28 @@
-//! Sessions and connections in full feature phase: command ordering across connections,
-//! SCSI execution, and the answers to NOP-Out, Text, Logout, SNACK and task management.
+//! Sessions and connections in full feature phase, the driver side: it feeds each
+//! connection's datamover notices to the session's sans-IO core (`session::core`), which
+//! orders commands across connections and decides the answers to NOP-Out, Logout, SNACK
+//! and task management, and carries out what the core decides — SCSI execution on the
+//! `scsi` engine, data phases and sends on the datamover, timers on tokio.
+
+pub(crate) mod core;
 
 use crate::Target;
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
+use core::{AfterLogout, BudgetRefusal, Order, PingStep, PingTimer, SessionCore, TaskId, TmfPlan};
 use datamover::budget::{Budget, OverBudget, Reservation};
 use datamover::{
-    CmdSnState, CollapsedStatus, Datamover, DmError, FfpConfig, InPdu, Notice, RecoveryCounters,
-    StatusNumbering, TaskRef, WriteHandle,
+    CmdSnState, Datamover, DmError, FfpConfig, InPdu, Notice, RecoveryCounters, StatusNumbering,
+    TaskRef, WriteHandle,
 };
-use iscsi_login::params::{SessionParams, SessionType, TransportKind};
+use iscsi_login::params::{SessionParams, TransportKind};
 use iscsi_login::target::SessionIdentity;
 use iscsi_login::textneg::{TextContext, TextResponder};
-use iscsi_session::{Admission, CmdWindow};
 use iscsi_wire::{
-    reject, tmf, Bhs, LogoutResponse, NopIn, Pdu, Reject, ScsiCommand, ScsiResponse,
-    TaskMgmtResponse, TextResponse, RESERVED_TAG,
+    reject, tmf, Bhs, Pdu, Reject, ScsiCommand, TaskMgmtResponse, TextResponse, RESERVED_TAG,
 };
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, Notify};
@@ -41,15 +45,6 @@ pub(crate) enum Work {
     },
 }
 
-pub(crate) struct TaskEntry {
-    pub(crate) cid: u16,
-    lun: u64,
-    /// Set by whichever comes first: the task's end, which then sends its response, or an
-    /// ABORT TASK, which then answers Function complete and no response is sent. So an
-    /// abort racing the task's end never both succeeds and lets the status out.
-    settled: Arc<AtomicBool>,
-}
-
 pub(crate) struct Session {
     pub tsih: u16,
     pub nexus: scsi::NexusId,
@@ -59,7 +54,10 @@ pub(crate) struct Session {
     pub chap_user: Option<String>,
     pub params: SessionParams,
     pub device: Option<Arc<scsi::Device>>,
-    pub window: Mutex<CmdWindow<Work>>,
+    /// The CmdSN window, the task table and the protocol decisions (see `core`).
+    pub core: Mutex<SessionCore<Work>>,
+    /// The window as the core last computed it, published to the datamovers (every
+    /// response carries it).
     pub sn: Arc<CmdSnState>,
     pub conns: Mutex<HashMap<u16, Arc<Conn>>>,
     /// CIDs whose login succeeded and whose Login Response is on its way (not in `conns` yet).
@@ -68,16 +66,12 @@ pub(crate) struct Session {
     /// Response went out before a newer login of its CID, but which reaches full feature
     /// phase after it, must not replace the newer one.
     pub latest_login: Mutex<HashMap<u16, u64>>,
-    pub tasks: Mutex<HashMap<u32, TaskEntry>>,
     /// ErrorRecoveryLevel 2: every SCSI task until its status is acknowledged, for TASK
     /// REASSIGN after its connection fails (`None` below level 2).
     pub erl2: Option<Allegiances>,
     /// The memory this session's peers may make the target hold; each connection's account
     /// counts in it.
     pub budget: Arc<datamover::budget::Budget>,
-    /// Immediate SCSI commands running now (`max_immediate_commands`): outside the CmdSN
-    /// window, nothing else bounds them.
-    pub immediate_running: AtomicU32,
 }
 
 /// The SCSI tasks of a level 2 session, by ITT, until their status is acknowledged (what
@@ -267,10 +261,8 @@ impl Session {
             status.acknowledge_each(exp, |pdu| {
                 forgotten += 1;
                 if let Some(allegiances) = &self.erl2 {
-                    match pdu.bhs {
-                        Bhs::ScsiResponse(r) => allegiances.acknowledged(conn, r.itt),
-                        Bhs::DataIn(d) if d.status_present => allegiances.acknowledged(conn, d.itt),
-                        _ => {}
+                    if let Some(itt) = core::erl2::status_of(&pdu.bhs) {
+                        allegiances.acknowledged(conn, itt);
                     }
                 }
             });
@@ -357,62 +349,47 @@ impl Session {
         }
     }
 
-    fn publish_window(&self, w: &mut CmdWindow<Work>) {
-        self.sn.store(w.exp_cmd_sn(), w.max_cmd_sn());
+    /// Runs `f` on the core and publishes the window as it left it (under the same lock, so
+    /// the published window never goes back to an older one).
+    pub(crate) fn with_core<R>(&self, f: impl FnOnce(&mut SessionCore<Work>) -> R) -> R {
+        let mut core = self.core.lock().expect("session core");
+        let r = f(&mut core);
+        let (exp, max) = core.window();
+        self.sn.store(exp, max);
+        r
     }
 
-    fn complete_one(&self) {
-        let mut w = self.window.lock().expect("window");
-        w.complete();
-        self.publish_window(&mut w);
+    /// Carries out the core's ordering of a PDU: what is ready runs, what the window turned
+    /// away is freed.
+    async fn carry_out(self: &Arc<Self>, target: &Arc<Target>, orders: Vec<Order<Work>>) {
+        for order in orders {
+            match order {
+                Order::Run { work, counted } => self.dispatch(target, work, counted).await,
+                Order::Ignored { work, cmd_sn } => self.ignored(work, cmd_sn),
+            }
+        }
     }
 
-    /// Admit a non-immediate PDU into CmdSN order and run whatever became ready.
-    async fn admit(self: &Arc<Self>, target: &Arc<Target>, cmd_sn: u32, work: Work) {
-        // A command the window turns away still holds what its transport set up (a write's
-        // buffer, on iSER a registered region and the command's STags): freed here, or a
-        // flood of out-of-window commands would hold it until the connection ends. The
-        // transports refuse an ITT reused while its write is pending, so the state under this
-        // ITT is this command's.
-        let (command, kept) = match &work {
-            Work::Command {
-                conn, cmd, kept, ..
-            } => (
-                Some((conn.clone(), cmd.itt)),
-                kept.as_ref().ok().and_then(Clone::clone),
-            ),
-            _ => (None, None),
-        };
-        let ready = {
-            let mut w = self.window.lock().expect("window");
-            match w.admit(cmd_sn, work) {
-                Admission::Queued => {}
-                Admission::OutOfWindow | Admission::Duplicate => {
-                    tracing::debug!(
-                        tsih = self.tsih,
-                        cmd_sn,
-                        exp = w.exp_cmd_sn(),
-                        "ignoring PDU with CmdSN outside the window"
-                    );
-                    drop(w);
-                    if let Some((conn, itt)) = command {
-                        conn.dm.forget_command(itt);
-                    }
-                    if let (Some(allegiances), Some(k)) = (&self.erl2, &kept) {
-                        allegiances.forget(k);
-                    }
-                    return;
-                }
+    /// Work whose CmdSN was outside the window (or a duplicate): no answer. A command still
+    /// holds what its transport set up (a write's buffer, on iSER a registered region and
+    /// the command's STags): freed here, or a flood of out-of-window commands would hold it
+    /// until the connection ends. The transports refuse an ITT reused while its write is
+    /// pending, so the state under this ITT is this command's.
+    fn ignored(&self, work: Work, cmd_sn: u32) {
+        tracing::debug!(
+            tsih = self.tsih,
+            cmd_sn,
+            exp = self.sn.load().0,
+            "ignoring PDU with CmdSN outside the window"
+        );
+        if let Work::Command {
+            conn, cmd, kept, ..
+        } = work
+        {
+            conn.dm.forget_command(cmd.itt);
+            if let (Some(allegiances), Ok(Some(k))) = (&self.erl2, &kept) {
+                allegiances.forget(k);
             }
-            let mut ready = Vec::new();
-            while let Some(x) = w.pop_ready() {
-                ready.push(x);
-            }
-            self.publish_window(&mut w);
-            ready
-        };
-        for work in ready {
-            self.dispatch(target, work, true).await;
         }
     }
 
@@ -431,23 +408,17 @@ impl Session {
                     Ok(Some(k)) => k.conn().cid,
                     _ => conn.cid,
                 };
-                let settled = Arc::new(AtomicBool::new(false));
-                let entry = TaskEntry {
-                    cid,
-                    lun: cmd.lun,
-                    settled: settled.clone(),
-                };
-                self.tasks.lock().expect("tasks").insert(cmd.itt, entry);
+                let id = self.with_core(|c| c.start_task(cmd.itt, cid, cmd.lun));
                 let s = self.clone();
                 tokio::spawn(async move {
-                    s.run_command(conn, cmd, ahs, write, kept, counted, settled)
+                    s.run_command(conn, cmd, ahs, write, kept, counted, id)
                         .await
                 });
             }
             Work::Control { conn, pdu } => {
                 self.control(target, &conn, pdu).await;
                 if counted {
-                    self.complete_one();
+                    self.with_core(|c| c.complete());
                 }
             }
         }
@@ -462,49 +433,37 @@ impl Session {
         write: Option<WriteHandle>,
         kept: Result<Option<Arc<KeptTask>>, OverBudget>,
         counted: bool,
-        // This task's `TaskEntry::settled` (by value: its ITT may be reused once aborted).
-        settled: Arc<AtomicBool>,
+        // This run of the task (its ITT may be reused once it is aborted).
+        id: TaskId,
     ) {
         let task = TaskRef {
             itt: cmd.itt,
             lun: cmd.lun,
         };
-        let (rsp, kept) = match kept {
+        let (outcome, kept) = match kept {
             Err(why) => {
                 // Its unsolicited data, if any, is discarded as it comes.
                 if write.is_some() {
                     conn.dm.abort_task(task.itt);
                 }
-                tracing::warn!(peer = %conn.peer, tsih = self.tsih, itt = format_args!("0x{:08x}", task.itt), "command refused with TASK SET FULL: responses the initiator has not acknowledged fill the budget ({why})");
-                (
-                    Some((unexecuted(scsi::status::TASK_SET_FULL, None), 0)),
-                    None,
-                )
+                (Err((BudgetRefusal::Keep(why.to_string()), 0)), None)
             }
             Ok(kept) => {
-                let rsp = self
+                let outcome = self
                     .execute(&conn, task, &cmd, &ahs, write, kept.as_ref())
                     .await;
-                (rsp, kept)
+                (outcome, kept)
             }
         };
-        let aborted_by_tmf = settled.swap(true, Ordering::AcqRel);
-        // Free the window slot first so the response carries the larger MaxCmdSN. Only this
-        // task's entry: after an ABORT TASK the initiator may reuse the ITT at once.
-        {
-            let mut tasks = self.tasks.lock().expect("tasks");
-            if tasks
-                .get(&cmd.itt)
-                .is_some_and(|e| Arc::ptr_eq(&e.settled, &settled))
-            {
-                tasks.remove(&cmd.itt);
+        let rsp = match outcome {
+            Ok(rsp) => rsp,
+            Err((refusal, r2ts)) => {
+                tracing::warn!(peer = %conn.peer, tsih = self.tsih, itt = format_args!("0x{:08x}", task.itt), "{refusal}");
+                Some((core::task_set_full(), r2ts))
             }
-        }
-        if counted {
-            self.complete_one();
-        } else {
-            self.immediate_running.fetch_sub(1, Ordering::AcqRel);
-        }
+        };
+        // Frees the window slot first so the response carries the larger MaxCmdSN.
+        let aborted_by_tmf = self.with_core(|c| c.end_task(cmd.itt, id, counted));
         match rsp.filter(|(r, _)| !r.aborted && !aborted_by_tmf) {
             Some((rsp, r2ts)) => {
                 // At level 2 the response goes where the task is allegiant now.
@@ -523,8 +482,9 @@ impl Session {
         conn.task_done();
     }
 
-    /// Collect the write data and run the command. `None`: nothing is to be sent (the task
-    /// was aborted or its connection is gone). The second value counts the R2Ts used.
+    /// Collect the write data and run the command. `Ok(None)`: nothing is to be sent (the
+    /// task was aborted or its connection is gone); `Err`: the budget refused it (with the
+    /// R2Ts its data took). The R2Ts used go with the response.
     async fn execute(
         &self,
         conn: &Arc<Conn>,
@@ -533,7 +493,7 @@ impl Session {
         ahs: &Bytes,
         write: Option<WriteHandle>,
         kept: Option<&Arc<KeptTask>>,
-    ) -> Option<(scsi::Response, u32)> {
+    ) -> Result<Option<(scsi::Response, u32)>, (BudgetRefusal, u32)> {
         let collected = match (write, kept) {
             (Some(w), Some(k)) => Some(self.collect_write(k, conn, w).await),
             (Some(w), None) => Some(conn.dm.get_data(task, w).await),
@@ -545,36 +505,27 @@ impl Session {
                 Err(DmError::DataPhase { why, raw_bhs }) => {
                     // The Reject goes out before the command's status.
                     conn.reject(reject::PROTOCOL_ERROR, raw_bhs, &why).await;
-                    let sense = scsi::Sense::new(
-                        scsi::sense::key::ABORTED_COMMAND,
-                        scsi::sense::asc::DATA_PHASE_ERROR,
-                    );
-                    let status = scsi::status::CHECK_CONDITION;
-                    return Some((unexecuted(status, Some(sense.encode(false))), 0));
+                    return Ok(Some((core::data_phase_error(), 0)));
                 }
-                Err(DmError::OverBudget(why)) => {
-                    // SAM-5: the task set lacks the resources to take this command now; the
-                    // initiator sends it again later.
-                    tracing::warn!(peer = %conn.peer, tsih = self.tsih, itt = format_args!("0x{:08x}", task.itt), "write refused with TASK SET FULL: {why}");
-                    return Some((unexecuted(scsi::status::TASK_SET_FULL, None), 0));
+                Err(DmError::OverBudget(why)) => return Err((BudgetRefusal::Write(why), 0)),
+                Err(DmError::Aborted | DmError::Closed | DmError::NotRetained(_)) => {
+                    return Ok(None)
                 }
-                Err(DmError::Aborted | DmError::Closed | DmError::NotRetained(_)) => return None,
             },
             None => (Bytes::new(), 0),
         };
-        let device = self.device.clone()?;
-        let read_held = match conn.reserve_read(cmd).await {
-            Ok(held) => held,
-            Err(e) => {
-                tracing::warn!(peer = %conn.peer, tsih = self.tsih, itt = format_args!("0x{:08x}", task.itt), "read refused with TASK SET FULL: {e}");
-                return Some((unexecuted(scsi::status::TASK_SET_FULL, None), r2ts));
-            }
+        let Some(device) = self.device.clone() else {
+            return Ok(None);
         };
+        let read_held = conn
+            .reserve_read(cmd)
+            .await
+            .map_err(|e| (BudgetRefusal::Read(e.to_string()), r2ts))?;
         // A command whose connection ended while it waited runs for no one (below level 2
         // nothing of it can be reassigned): a peer that queued a window of commands and went
         // away must not leave the target executing them.
         if kept.is_none() && conn.tasks_ended.load(Ordering::Acquire) {
-            return None;
+            return Ok(None);
         }
         let (cdb, bidi_read_len) = match iscsi_wire::parse_ahs(ahs) {
             Ok(a) => (iscsi_wire::full_cdb(cmd, &a), bidi_read_len(cmd, &a)),
@@ -611,109 +562,69 @@ impl Session {
                 rsp.data_in = held.travel_with(rsp.data_in);
             }
         }
-        Some((rsp, r2ts))
+        Ok(Some((rsp, r2ts)))
     }
 
     async fn control(self: &Arc<Self>, target: &Arc<Target>, conn: &Arc<Conn>, pdu: InPdu) {
         match &pdu.pdu.bhs {
             Bhs::NopOut(n) => {
-                if n.itt == RESERVED_TAG {
-                    return; // a ping answer or an ExpStatSN update: no reply
+                if let Some(reply) = core::nop_reply(n, &pdu.pdu.data, conn.max_send()) {
+                    let _ = conn.dm.send_control(reply).await;
                 }
-                let mut data = pdu.pdu.data.clone();
-                data.truncate(conn.max_send() as usize);
-                let nop = NopIn {
-                    lun: n.lun,
-                    itt: n.itt,
-                    ttt: RESERVED_TAG,
-                    ..Default::default()
-                };
-                conn.send(Bhs::NopIn(nop), data).await;
             }
             Bhs::TextRequest(t) => self.text(target, conn, t.clone(), &pdu).await,
-            Bhs::LogoutRequest(l) => {
-                let response = match l.reason {
-                    0 => 0,
-                    1 | 2 if self.conns.lock().expect("conns").contains_key(&l.cid) => 0,
-                    // A connection that already failed may still have tasks to reassign.
-                    2 if self.erl2.as_ref().is_some_and(|a| a.any_on_cid(l.cid)) => 0,
-                    1 => 1,
-                    2 if self.erl2.is_some() => 1,
-                    _ => 2, // connection recovery needs ERL 2
-                };
-                if l.reason != 2 {
-                    conn.drain(Duration::from_secs(10)).await;
-                }
-                let rsp = LogoutResponse {
-                    response,
-                    itt: l.itt,
-                    time2wait: self.params.default_time2wait,
-                    time2retain: self.params.default_time2retain,
-                    ..Default::default()
-                };
-                conn.send(Bhs::LogoutResponse(rsp), Bytes::new()).await;
-                match (l.reason, response) {
-                    (0, _) => {
-                        target.remove_session(self);
-                        // The session is closed: nothing of it can be reassigned.
-                        if let Some(allegiances) = &self.erl2 {
-                            allegiances.forget_all();
-                        }
-                        for c in self.connections() {
-                            c.dm.close_after_logout();
-                        }
-                    }
-                    // Out of the session at once: removed for recovery, its tasks may be
-                    // reassigned by the very next PDU (erl2).
-                    (1 | 2, 0) => {
-                        let other = self.conns.lock().expect("conns").remove(&l.cid);
-                        if let Some(c) = other {
-                            c.dm.close();
-                            self.end_tasks_of(target, &c);
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            Bhs::TaskMgmtRequest(t) if t.function == tmf::TASK_REASSIGN && self.erl2.is_some() => {
-                self.reassign(conn, t).await
-            }
-            Bhs::TaskMgmtRequest(t) => {
-                let response = self.task_management(target, t).await;
-                // A cold reset ends the target's sessions as they were when it was done (one
-                // that logs in while the response goes out is not part of it).
-                let reset_sessions = match &self.device {
-                    Some(d)
-                        if t.function == tmf::TARGET_COLD_RESET
-                            && response == tmf::RSP_COMPLETE =>
-                    {
-                        target.sessions_of(d)
-                    }
-                    _ => Vec::new(),
-                };
-                let rsp = TaskMgmtResponse {
-                    response,
-                    itt: t.itt,
-                    ..Default::default()
-                };
-                conn.send(Bhs::TaskMgmtResponse(rsp), Bytes::new()).await;
-                for s in reset_sessions {
-                    s.close_all();
-                }
-            }
+            Bhs::LogoutRequest(l) => self.logout(target, conn, l).await,
+            Bhs::TaskMgmtRequest(t) => self.task_management(target, conn, t).await,
             Bhs::SnackRequest(snack) => self.snack(conn, snack, pdu.raw_bhs).await,
-            Bhs::ScsiCommand(_) => {
-                conn.reject(
-                    reject::PROTOCOL_ERROR,
-                    pdu.raw_bhs,
-                    "SCSI command in a discovery session",
-                )
-                .await
-            }
             other => {
-                let why = format!("unexpected {} in full feature phase", other.opcode().name());
-                conn.reject(reject::PROTOCOL_ERROR, pdu.raw_bhs, &why).await
+                if let Some((reason, why)) = core::refuse_control(other) {
+                    conn.reject(reason, pdu.raw_bhs, &why).await
+                }
             }
+        }
+    }
+
+    /// Answers a Logout Request received on `conn` as the core decides, then carries out
+    /// what follows it.
+    async fn logout(
+        self: &Arc<Self>,
+        target: &Arc<Target>,
+        conn: &Arc<Conn>,
+        l: &iscsi_wire::LogoutRequest,
+    ) {
+        let cx = core::LogoutContext {
+            joined: self.conns.lock().expect("conns").contains_key(&l.cid),
+            tasks_kept: self.erl2.as_ref().is_some_and(|a| a.any_on_cid(l.cid)),
+            erl2: self.erl2.is_some(),
+            time2wait: self.params.default_time2wait,
+            time2retain: self.params.default_time2retain,
+        };
+        let plan = core::logout(l, cx);
+        if plan.drain {
+            conn.drain(Duration::from_secs(10)).await;
+        }
+        conn.send(Bhs::LogoutResponse(plan.response), Bytes::new())
+            .await;
+        match plan.after {
+            AfterLogout::CloseSession => {
+                target.remove_session(self);
+                // The session is closed: nothing of it can be reassigned.
+                if let Some(allegiances) = &self.erl2 {
+                    allegiances.forget_all();
+                }
+                for c in self.connections() {
+                    c.dm.close_after_logout();
+                }
+            }
+            // Its tasks may be reassigned by the very next PDU (erl2).
+            AfterLogout::RemoveConnection(cid) => {
+                let other = self.conns.lock().expect("conns").remove(&cid);
+                if let Some(c) = other {
+                    c.dm.close();
+                    self.end_tasks_of(target, &c);
+                }
+            }
+            AfterLogout::Nothing => {}
         }
     }
 
@@ -782,42 +693,71 @@ impl Session {
             .await;
     }
 
-    /// Abort this session's tasks matching `pred` that wait for write data (at level 2
-    /// they are no longer kept for reassignment either).
-    fn abort_waiting(&self, pred: impl Fn(u32, &TaskEntry) -> bool) {
+    /// Abort this session's tasks matching `pred` (ITT, wire LUN) that wait for write data
+    /// (at level 2 they are no longer kept for reassignment either).
+    fn abort_waiting(&self, pred: impl Fn(u32, u64) -> bool) {
         let conns = self.conns.lock().expect("conns").clone();
-        for (itt, e) in self.tasks.lock().expect("tasks").iter() {
-            if pred(*itt, e) {
-                if let Some(allegiances) = &self.erl2 {
-                    let _ = allegiances.forget_itt(*itt);
-                }
-                if let Some(c) = conns.get(&e.cid) {
-                    c.dm.abort_task(*itt);
-                }
+        let matching = self.with_core(|c| c.tasks_matching(pred));
+        for (itt, cid) in matching {
+            if let Some(allegiances) = &self.erl2 {
+                let _ = allegiances.forget_itt(itt);
+            }
+            if let Some(c) = conns.get(&cid) {
+                c.dm.abort_task(itt);
             }
         }
     }
 
+    /// Answers a task management request received on `conn`.
     async fn task_management(
         self: &Arc<Self>,
         target: &Arc<Target>,
+        conn: &Arc<Conn>,
         t: &iscsi_wire::TaskMgmtRequest,
-    ) -> u8 {
-        let Some(device) = self.device.clone() else {
-            return tmf::RSP_NOT_SUPPORTED;
+    ) {
+        let luns = self.device.as_ref().map(|d| d.luns());
+        let plan = core::tmf_plan(t, self.erl2.is_some(), luns.as_deref());
+        if plan == TmfPlan::Reassign {
+            return self.reassign(conn, t).await;
+        }
+        let response = self.carry_out_tmf(target, t, plan).await;
+        // A cold reset ends the target's sessions as they were when it was done (one that
+        // logs in while the response goes out is not part of it).
+        let reset_sessions = match &self.device {
+            Some(d) if t.function == tmf::TARGET_COLD_RESET && response == tmf::RSP_COMPLETE => {
+                target.sessions_of(d)
+            }
+            _ => Vec::new(),
         };
-        let lun = iscsi_wire::lun_from_wire(t.lun) as u64;
-        let lun_exists = device.luns().contains(&lun);
-        match t.function {
-            tmf::ABORT_TASK => {
-                // Known and not yet ended: from here its response will not be sent. A task
-                // that has ended (its status on its way) no longer exists for an abort.
-                let known = self
-                    .tasks
-                    .lock()
-                    .expect("tasks")
-                    .get(&t.ref_task_tag)
-                    .is_some_and(|e| !e.settled.swap(true, Ordering::AcqRel));
+        let rsp = TaskMgmtResponse {
+            response,
+            itt: t.itt,
+            ..Default::default()
+        };
+        conn.send(Bhs::TaskMgmtResponse(rsp), Bytes::new()).await;
+        for s in reset_sessions {
+            s.close_all();
+        }
+    }
+
+    /// Carries out a task management plan on the SCSI engine; the response code.
+    async fn carry_out_tmf(
+        self: &Arc<Self>,
+        target: &Arc<Target>,
+        t: &iscsi_wire::TaskMgmtRequest,
+        plan: TmfPlan,
+    ) -> u8 {
+        let device = match (&self.device, plan) {
+            (_, TmfPlan::Answer(code)) => return code,
+            (Some(d), _) => d.clone(),
+            (None, _) => return tmf::RSP_NOT_SUPPORTED,
+        };
+        let on_lun =
+            |lun: u64| move |_: u32, wire: u64| iscsi_wire::lun_from_wire(wire) as u64 == lun;
+        match plan {
+            TmfPlan::AbortTask => {
+                // From here its response will not be sent.
+                let claimed = self.with_core(|c| c.claim_for_abort(t.ref_task_tag));
                 // At level 2 a task of a failed connection is kept after it executed (its
                 // response waiting for reassignment): aborting it forgets it, so the
                 // initiator may send the command again with its ITT.
@@ -825,46 +765,34 @@ impl Session {
                     .erl2
                     .as_ref()
                     .is_some_and(|a| a.forget_itt(t.ref_task_tag));
-                if known {
+                if claimed {
                     self.abort_waiting(|itt, _| itt == t.ref_task_tag);
                     device.abort_task(self.nexus, t.ref_task_tag as u64).await;
-                    tmf::RSP_COMPLETE
-                } else if kept {
-                    tmf::RSP_COMPLETE
-                } else if iscsi_wire::serial::sn_le(self.sn.load().0, t.ref_cmd_sn) {
-                    // Not arrived yet: nothing to abort. Its CmdSN is not counted as
-                    // received (RFC 7143 §11.5.1 would), so the initiator, seeing ExpCmdSN
-                    // still at it, sends the command again with that CmdSN, and it runs.
-                    tmf::RSP_COMPLETE
-                } else {
-                    tmf::RSP_NO_TASK
                 }
+                core::abort_task(t, claimed, kept, self.sn.load().0)
             }
-            tmf::ABORT_TASK_SET | tmf::CLEAR_TASK_SET | tmf::LOGICAL_UNIT_RESET if !lun_exists => {
-                tmf::RSP_NO_LUN
-            }
-            tmf::ABORT_TASK_SET => {
-                self.abort_waiting(|_, e| iscsi_wire::lun_from_wire(e.lun) as u64 == lun);
+            TmfPlan::AbortTaskSet(lun) => {
+                self.abort_waiting(on_lun(lun));
                 device.abort_task_set(self.nexus, lun).await;
                 tmf::RSP_COMPLETE
             }
-            tmf::CLEAR_TASK_SET => {
-                self.abort_waiting(|_, e| iscsi_wire::lun_from_wire(e.lun) as u64 == lun);
+            TmfPlan::ClearTaskSet(lun) => {
+                self.abort_waiting(on_lun(lun));
                 device.clear_task_set(lun).await;
                 tmf::RSP_COMPLETE
             }
-            tmf::LOGICAL_UNIT_RESET => {
+            TmfPlan::LunReset(lun) => {
                 for s in target.sessions_of(&device) {
-                    s.abort_waiting(|_, e| iscsi_wire::lun_from_wire(e.lun) as u64 == lun);
+                    s.abort_waiting(on_lun(lun));
                 }
                 device.lun_reset(lun).await;
                 tmf::RSP_COMPLETE
             }
-            tmf::TARGET_WARM_RESET | tmf::TARGET_COLD_RESET => {
+            TmfPlan::TargetReset { cold } => {
                 for s in target.sessions_of(&device) {
                     s.abort_waiting(|_, _| true);
                 }
-                let kind = if t.function == tmf::TARGET_COLD_RESET {
+                let kind = if cold {
                     scsi::ResetKind::Cold
                 } else {
                     scsi::ResetKind::Warm
@@ -872,22 +800,9 @@ impl Session {
                 device.target_reset(kind).await;
                 tmf::RSP_COMPLETE
             }
-            tmf::TASK_REASSIGN => tmf::RSP_REASSIGN_NOT_SUPPORTED, // below level 2
-            _ => tmf::RSP_NOT_SUPPORTED,
+            TmfPlan::Answer(code) => code,
+            TmfPlan::Reassign => tmf::RSP_REASSIGN_NOT_SUPPORTED,
         }
-    }
-}
-
-/// The response of a command that did not reach its logical unit.
-fn unexecuted(status: u8, sense: Option<Bytes>) -> scsi::Response {
-    scsi::Response {
-        status,
-        sense,
-        data_in: Bytes::new(),
-        data_in_note: None,
-        residual: scsi::Residual::None,
-        bidi_read_residual: None,
-        aborted: false,
     }
 }
 
@@ -904,31 +819,16 @@ fn bidi_read_len(cmd: &ScsiCommand, ahs: &[iscsi_wire::Ahs]) -> Option<u32> {
     })
 }
 
-/// (overflow, underflow, count) as the SCSI Response carries a residual.
-fn residual_flags(r: scsi::Residual) -> (bool, bool, u32) {
-    match r {
-        scsi::Residual::None => (false, false, 0),
-        scsi::Residual::Underflow(n) => (false, true, n),
-        scsi::Residual::Overflow(n) => (true, false, n),
-    }
-}
-
 /// A command's data-in and status: in the last Data-In when it went well, else Data-In then
-/// a SCSI Response. A bidirectional command's Data-In is numbered after its R2Ts (the two
-/// share one sequence), and its status always goes in a SCSI Response, which alone carries
-/// both residuals.
-pub(crate) async fn send_scsi_response(conn: &Conn, task: TaskRef, rsp: scsi::Response, r2ts: u32) {
-    let (overflow, underflow, residual) = residual_flags(rsp.residual);
-    let collapsible = rsp.bidi_read_residual.is_none()
-        && rsp.sense.is_none()
-        && (rsp.status == scsi::status::GOOD || rsp.status == scsi::status::CONDITION_MET);
-    if !rsp.data_in.is_empty() && collapsible {
-        let st = CollapsedStatus {
-            status: rsp.status,
-            overflow,
-            underflow,
-            residual,
-        };
+/// a SCSI Response (as `core` builds them). A bidirectional command's Data-In is numbered
+/// after its R2Ts (the two share one sequence).
+pub(crate) async fn send_scsi_response(
+    conn: &Conn,
+    task: TaskRef,
+    mut rsp: scsi::Response,
+    r2ts: u32,
+) {
+    if let Some(st) = core::collapsed_status(&rsp) {
         let _ = conn
             .dm
             .put_data(task, rsp.data_in, rsp.data_in_note, Some(st))
@@ -937,45 +837,20 @@ pub(crate) async fn send_scsi_response(conn: &Conn, task: TaskRef, rsp: scsi::Re
     }
     let mut data_pdus = r2ts;
     if !rsp.data_in.is_empty() {
+        let data_in = std::mem::take(&mut rsp.data_in);
         let sent = match rsp.bidi_read_residual {
-            Some(_) => conn.dm.put_bidi_data(task, rsp.data_in, r2ts).await,
+            Some(_) => conn.dm.put_bidi_data(task, data_in, r2ts).await,
             None => {
-                let note = rsp.data_in_note;
-                conn.dm.put_data(task, rsp.data_in, note, None).await
+                let note = rsp.data_in_note.take();
+                conn.dm.put_data(task, data_in, note, None).await
             }
         };
         data_pdus += sent.unwrap_or(0);
     }
-    let (bidi_overflow, bidi_underflow, bidi_read_residual) =
-        residual_flags(rsp.bidi_read_residual.unwrap_or(scsi::Residual::None));
-    let bhs = ScsiResponse {
-        bidi_overflow,
-        bidi_underflow,
-        overflow,
-        underflow,
-        response: 0,
-        status: rsp.status,
-        itt: task.itt,
-        exp_data_sn: data_pdus,
-        bidi_read_residual,
-        residual,
-        ..Default::default()
-    };
-    conn.send(Bhs::ScsiResponse(bhs), sense_segment(rsp.sense))
+    let _ = conn
+        .dm
+        .send_control(core::scsi_response(task.itt, &rsp, data_pdus))
         .await;
-}
-
-/// The data segment of a SCSI Response: SenseLength and the sense bytes.
-fn sense_segment(sense: Option<Bytes>) -> Bytes {
-    match sense {
-        Some(sense) => {
-            let mut b = BytesMut::with_capacity(2 + sense.len());
-            b.put_u16(sense.len() as u16);
-            b.extend_from_slice(&sense);
-            b.freeze()
-        }
-        None => Bytes::new(),
-    }
 }
 
 /// Drive one connection in full feature phase until it closes.
@@ -989,55 +864,37 @@ pub(crate) async fn run_full_feature(
     let ping_every = Duration::from_secs(cfg.nop_interval_secs);
     let ping_timeout = Duration::from_secs(cfg.nop_timeout_secs.max(1));
     let mut stop = target.shutdown.subscribe();
-    let mut ping_sent: Option<tokio::time::Instant> = None;
-    let mut next_ttt: u32 = 1;
+    let now = || tokio::time::Instant::now().into_std();
+    let mut pings = PingTimer::new(ping_every, ping_timeout, now());
     // One timer for the connection, moved only when it fires early: setting a new one for
     // every PDU re-registered it with the runtime's timer each time (a wake-up of a parked
     // worker, per command).
-    let mut heard = tokio::time::Instant::now();
-    let deadline =
-        |ping_sent: Option<tokio::time::Instant>, heard: tokio::time::Instant| match ping_sent {
-            Some(at) => at + ping_timeout,
-            // No pings: the timer only ever moves on.
-            None if ping_every.is_zero() => tokio::time::Instant::now() + Duration::from_secs(3600),
-            None => heard + ping_every,
-        };
-    let timer = tokio::time::sleep_until(deadline(ping_sent, heard));
+    let timer = tokio::time::sleep_until(pings.deadline(now()).into());
     tokio::pin!(timer);
     let reason = loop {
         let notice = tokio::select! {
             n = notices.recv() => n,
             _ = &mut timer => {
-                let due = deadline(ping_sent, heard);
-                if due > tokio::time::Instant::now() {
-                    // The peer was heard from since the timer was set.
-                    timer.as_mut().reset(due);
-                    continue;
-                }
-                if ping_sent.is_some() {
-                    break "no answer to NOP-In ping".to_string();
-                }
-                if !ping_every.is_zero() {
-                    let ttt = next_ttt;
-                    next_ttt = next_ttt.wrapping_add(1).max(1);
-                    conn.ping_ttt.store(ttt, Ordering::Release);
-                    let nop = NopIn { itt: RESERVED_TAG, ttt, ..Default::default() };
-                    let send = conn.dm.send_control(Pdu::new(Bhs::NopIn(nop), Bytes::new()));
-                    if tokio::time::timeout(ping_timeout, send).await.is_err() {
-                        break "peer stopped reading".to_string();
+                let next = match pings.fired(now()) {
+                    PingStep::Wait(at) => at,
+                    PingStep::Unanswered => break "no answer to NOP-In ping".to_string(),
+                    PingStep::Ping(nop) => {
+                        conn.ping_ttt.store(nop.ttt, Ordering::Release);
+                        let send = conn.dm.send_control(Pdu::new(Bhs::NopIn(nop), Bytes::new()));
+                        if tokio::time::timeout(ping_timeout, send).await.is_err() {
+                            break "peer stopped reading".to_string();
+                        }
+                        pings.ping_sent(now())
                     }
-                    ping_sent = Some(tokio::time::Instant::now());
-                }
-                timer.as_mut().reset(deadline(ping_sent, heard));
+                };
+                timer.as_mut().reset(next.into());
                 continue;
             }
             _ = stop.changed() => break "target shutting down".to_string(),
         };
         // Any PDU shows the peer is alive.
-        heard = tokio::time::Instant::now();
-        if ping_sent.take().is_some() {
-            // The ping's timeout may be later than the next ping is due.
-            timer.as_mut().reset(deadline(None, heard));
+        if let Some(next) = pings.heard(now()) {
+            timer.as_mut().reset(next.into());
         }
         let Some(notice) = notice else {
             break "connection closed".to_string();
@@ -1070,20 +927,10 @@ impl Session {
                 let Bhs::ScsiCommand(cmd) = pdu.pdu.bhs else {
                     unreachable!("datamover sends commands as Command")
                 };
-                let refused = if self.params.session_type == SessionType::Discovery {
-                    Some((
-                        reject::PROTOCOL_ERROR,
-                        "SCSI command in a discovery session",
-                    ))
-                } else if cmd.immediate && !self.start_immediate(target) {
-                    Some((
-                        reject::IMMEDIATE_COMMAND_REJECTED,
-                        "too many immediate commands running (max_immediate_commands)",
-                    ))
-                } else {
-                    None
-                };
-                if let Some((reason, why)) = refused {
+                let max_immediate = target.config().max_immediate_commands;
+                if let Err((reason, why)) =
+                    self.with_core(|c| c.check_command(cmd.immediate, max_immediate))
+                {
                     // What its transport set up for it goes with it.
                     conn.dm.forget_command(cmd.itt);
                     conn.reject(reason, pdu.raw_bhs, why).await;
@@ -1105,52 +952,23 @@ impl Session {
                     write,
                     kept,
                 };
-                self.order(target, immediate, cmd_sn, work).await;
+                let orders = self.with_core(|c| c.order(immediate, cmd_sn, work));
+                self.carry_out(target, orders).await;
             }
             Notice::Control(pdu) => {
                 self.acknowledge(conn, &pdu.pdu.bhs);
-                let (immediate, cmd_sn) = match &pdu.pdu.bhs {
-                    // Ping answers and ExpStatSN updates are immediate by rule, no reply.
-                    Bhs::NopOut(n) if n.itt == RESERVED_TAG => return None,
-                    Bhs::NopOut(n) => (n.immediate, n.cmd_sn),
-                    Bhs::TextRequest(t) => (t.immediate, t.cmd_sn),
-                    Bhs::LogoutRequest(l) => (l.immediate, l.cmd_sn),
-                    Bhs::TaskMgmtRequest(t) => (t.immediate, t.cmd_sn),
-                    _ => (true, 0),
-                };
-                let work = Work::Control {
-                    conn: conn.clone(),
-                    pdu,
-                };
-                self.order(target, immediate, cmd_sn, work).await;
+                // A ping answer or an ExpStatSN update has nothing more to do.
+                if let Some((immediate, cmd_sn)) = core::control_order(&pdu.pdu.bhs) {
+                    let work = Work::Control {
+                        conn: conn.clone(),
+                        pdu,
+                    };
+                    let orders = self.with_core(|c| c.order(immediate, cmd_sn, work));
+                    self.carry_out(target, orders).await;
+                }
             }
         }
         None
-    }
-
-    /// Counts in one more immediate SCSI command, unless `max_immediate_commands` run already.
-    fn start_immediate(&self, target: &Target) -> bool {
-        let max = target.config().max_immediate_commands;
-        self.immediate_running
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .is_ok()
-    }
-
-    /// Immediate work runs now; the rest waits for its turn in CmdSN order.
-    async fn order(
-        self: &Arc<Self>,
-        target: &Arc<Target>,
-        immediate: bool,
-        cmd_sn: u32,
-        work: Work,
-    ) {
-        if immediate {
-            self.dispatch(target, work, false).await;
-        } else {
-            self.admit(target, cmd_sn, work).await;
-        }
     }
 
     /// Connection `conn` is out of the session (once; later calls do nothing): its writes
@@ -1160,14 +978,7 @@ impl Session {
         if conn.tasks_ended.swap(true, Ordering::AcqRel) {
             return self.erl2.as_ref().is_some_and(|a| a.any_on(conn));
         }
-        let waiting_for_data: Vec<u32> = {
-            let tasks = self.tasks.lock().expect("tasks");
-            tasks
-                .iter()
-                .filter(|(_, e)| e.cid == conn.cid)
-                .map(|(itt, _)| *itt)
-                .collect()
-        };
+        let waiting_for_data = self.with_core(|c| c.tasks_on(conn.cid));
         for itt in waiting_for_data {
             conn.dm.abort_task(itt);
         }
@@ -1197,7 +1008,7 @@ impl Session {
             }
             conns.is_empty()
         };
-        if now_empty && !kept {
+        if core::session_ends(!now_empty, kept) {
             target.remove_session(self);
         }
     }
