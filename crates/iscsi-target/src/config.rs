@@ -141,7 +141,7 @@ fn yes() -> bool {
     true
 }
 fn default_iser_poll_us() -> u64 {
-    datamover_iser::rnic_task::DEFAULT_POLL.as_micros() as u64
+    datamover::iser_defaults::DEFAULT_POLL.as_micros() as u64
 }
 
 #[derive(Debug, Clone, Deserialize)]
