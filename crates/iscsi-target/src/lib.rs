@@ -6,7 +6,8 @@
 //! transport ([`datamover::Portal`]), login runs over a [`datamover::LoginChannel`] told its
 //! transport kind, and full feature phase drives the [`datamover::Datamover`] that channel
 //! yields — no socket type appears here, and no transport crate: the portals are built from
-//! the configuration by the `transports` crate and handed in ([`Target::serve`]).
+//! the configuration by the `transports` crate and handed in ([`Target::serve`]), and more
+//! can be added and removed while it runs ([`Target::add_portal`], [`Target::remove_portal`]).
 //! It also answers NOP, Text (SendTargets), Logout and task management, pings idle
 //! connections, and announces shutdown with an Async Message. Error recovery above level 0
 //! has one module per level: `erl1` (SNACK) and `erl2` (a failed connection's tasks kept for
@@ -69,6 +70,16 @@ pub struct Target {
     memory: Arc<Budget>,
     /// Failed authentications by initiator name and address, which lock out further tries.
     auth_throttle: Mutex<auth_throttle::AuthThrottle>,
+    /// The portals accepting connections ([`Target::add_portal`], [`Target::remove_portal`]).
+    accepting: Mutex<Vec<Accepting>>,
+}
+
+/// A portal accepting connections, and what stops its accept loop.
+struct Accepting {
+    portal: Arc<dyn datamover::Portal>,
+    /// Sent (or dropped) when the portal is removed.
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
 }
 
 /// Listeners bound for a target, ready to serve.
@@ -117,7 +128,7 @@ impl Target {
         let target = Arc::new(Target {
             directory: Arc::new(config::Directory {
                 config,
-                portals: addresses,
+                portals: std::sync::RwLock::new(addresses),
             }),
             devices,
             sessions: Mutex::new(HashMap::new()),
@@ -130,6 +141,7 @@ impl Target {
             logging_in: datamover::admission::Admission::new(max_pending_logins),
             memory,
             auth_throttle: Mutex::new(auth_throttle::AuthThrottle::new(auth_limits)),
+            accepting: Mutex::new(Vec::new()),
         });
         Ok(Bound { target, portals })
     }
@@ -236,45 +248,121 @@ impl Bound {
         let _ = self.target.observer.set(observer);
     }
 
-    /// Accept connections until the target shuts down.
-    pub async fn serve(self) {
-        let mut tasks = Vec::new();
-        for l in self.portals {
-            let target = self.target.clone();
-            tasks.push(tokio::spawn(async move {
-                let portal = Portal {
-                    address: l.local_addr(),
-                    tpgt: 1,
-                };
-                let mut stop = target.shutdown.subscribe();
-                loop {
-                    tokio::select! {
-                        r = l.accept(target.trace.get()) => match r {
-                            Ok(channel) => {
-                                // Counted in arrival order, so the longest waiting goes first.
-                                let admitted = target.logging_in.admit();
-                                let t = target.clone();
-                                // Where the transport wants its connections run (iSER on
-                                // the software RNIC's reactor), else here.
-                                let on = channel
-                                    .runtime()
-                                    .unwrap_or_else(tokio::runtime::Handle::current);
-                                on.spawn(async move {
-                                    handle_connection(t, channel, portal, admitted).await
-                                });
-                            }
-                            Err(e) => {
-                                tracing::warn!("accept failed on {}: {e}", portal.address);
-                                tokio::time::sleep(Duration::from_millis(50)).await;
-                            }
-                        },
-                        _ = stop.changed() => break,
-                    }
-                }
-            }));
+    /// Starts accepting connections on these portals at once (call it within the target's
+    /// runtime), and returns what runs until the target shuts down; portals added meanwhile
+    /// ([`Target::add_portal`]) are served too.
+    pub fn serve(self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let target = self.target;
+        let mut stop = target.shutdown.subscribe();
+        for portal in self.portals {
+            target.accept_on(portal);
         }
-        for t in tasks {
-            let _ = t.await;
+        async move {
+            let _ = stop.wait_for(|down| *down).await;
+            let accepting: Vec<_> =
+                std::mem::take(&mut *target.accepting.lock().expect("accepting"));
+            for a in accepting {
+                let _ = a.task.await;
+            }
+        }
+    }
+}
+
+impl Target {
+    /// Starts accepting connections on `portal`, a portal bound while the target runs, and
+    /// lists it in SendTargets answers. Call it within the target's runtime, once
+    /// [`Bound::serve`] runs.
+    pub fn add_portal(self: &Arc<Self>, portal: Arc<dyn datamover::Portal>) {
+        self.directory
+            .portals
+            .write()
+            .expect("portals")
+            .push(Portal {
+                address: portal.local_addr(),
+                tpgt: 1,
+            });
+        self.accept_on(portal);
+    }
+
+    /// Stops accepting connections on the portal bound to `address` (dropping it closes its
+    /// listener) and no longer lists it in SendTargets answers; the connections it accepted
+    /// stay. Whether a portal was there.
+    pub fn remove_portal(&self, address: SocketAddr) -> bool {
+        let removed = {
+            let mut accepting = self.accepting.lock().expect("accepting");
+            let at = accepting
+                .iter()
+                .position(|a| a.portal.local_addr() == address);
+            at.map(|i| accepting.remove(i))
+        };
+        let Some(removed) = removed else {
+            return false;
+        };
+        let _ = removed.stop.send(true);
+        self.directory
+            .portals
+            .write()
+            .expect("portals")
+            .retain(|p| p.address != address);
+        true
+    }
+
+    /// The portals accepting connections: each one's address and what it serves.
+    pub fn portals(&self) -> Vec<(SocketAddr, String)> {
+        self.accepting
+            .lock()
+            .expect("accepting")
+            .iter()
+            .map(|a| (a.portal.local_addr(), a.portal.describe()))
+            .collect()
+    }
+
+    /// Runs `portal`'s accept loop until the target shuts down or the portal is removed.
+    fn accept_on(self: &Arc<Self>, portal: Arc<dyn datamover::Portal>) {
+        let (stop, removed) = watch::channel(false);
+        let task = tokio::spawn(accept_loop(self.clone(), portal.clone(), removed));
+        self.accepting
+            .lock()
+            .expect("accepting")
+            .push(Accepting { portal, stop, task });
+    }
+}
+
+/// Accepts connections on `l` and starts each one's login, until the target shuts down or
+/// `removed` says the portal is gone.
+async fn accept_loop(
+    target: Arc<Target>,
+    l: Arc<dyn datamover::Portal>,
+    mut removed: watch::Receiver<bool>,
+) {
+    let portal = Portal {
+        address: l.local_addr(),
+        tpgt: 1,
+    };
+    let mut stop = target.shutdown.subscribe();
+    loop {
+        tokio::select! {
+            r = l.accept(target.trace.get()) => match r {
+                Ok(channel) => {
+                    // Counted in arrival order, so the longest waiting goes first.
+                    let admitted = target.logging_in.admit();
+                    let t = target.clone();
+                    // Where the transport wants its connections run (iSER on
+                    // the software RNIC's reactor), else here.
+                    let on = channel
+                        .runtime()
+                        .unwrap_or_else(tokio::runtime::Handle::current);
+                    on.spawn(async move {
+                        handle_connection(t, channel, portal, admitted).await
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!("accept failed on {}: {e}", portal.address);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            _ = stop.changed() => break,
+            _ = removed.changed() => break,
         }
     }
 }
