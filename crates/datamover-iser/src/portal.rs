@@ -134,7 +134,13 @@ async fn accept_loop(
 ) {
     let sorting = datamover::admission::Admission::new(cfg.max_sorting);
     loop {
-        let (stream, peer) = match listener.accept().await {
+        // The portal dropped (removed from its target): the listener closes now, not at the
+        // next connection.
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = tx.closed() => return,
+        };
+        let (stream, peer) = match accepted {
             Ok(c) => c,
             Err(e) => {
                 // Out of descriptors and the like: wait a little, the listener stays.

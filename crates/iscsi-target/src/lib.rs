@@ -270,8 +270,8 @@ impl Bound {
 
 impl Target {
     /// Starts accepting connections on `portal`, a portal bound while the target runs, and
-    /// lists it in SendTargets answers. Call it within the target's runtime, once
-    /// [`Bound::serve`] runs.
+    /// lists it in SendTargets answers. Call it within the target's runtime, after
+    /// [`Bound::serve`].
     pub fn add_portal(self: &Arc<Self>, portal: Arc<dyn datamover::Portal>) {
         self.directory
             .portals
@@ -340,6 +340,10 @@ async fn accept_loop(
         tpgt: 1,
     };
     let mut stop = target.shutdown.subscribe();
+    // A portal added after the shutdown accepts nothing.
+    if *stop.borrow_and_update() {
+        return;
+    }
     loop {
         tokio::select! {
             r = l.accept(target.trace.get()) => match r {
