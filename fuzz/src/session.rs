@@ -114,7 +114,7 @@ impl Fixture {
             let mut pipe = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::pipe())
                 .expect("a SIGPIPE handler");
             tokio::spawn(async move { while pipe.recv().await.is_some() {} });
-            let bound = iscsi_target::Target::bind(config).await.expect("bind");
+            let bound = transports::bind_target(config).await.expect("bind");
             let addr = bound.local_addrs()[0];
             let target = bound.target();
             tokio::spawn(bound.serve());

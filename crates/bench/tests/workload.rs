@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bench::workload::{self, Pattern, Progress, Rw, Workload};
 use bytes::Bytes;
-use iscsi_initiator::{IscsiUrl, Session, SessionConfig};
+use iscsi_initiator::{IscsiUrl, SessionConfig};
 
 const CONFIG: &str = r#"
 portals = ["127.0.0.1:0"]
@@ -22,7 +22,7 @@ backend = "memory"
 
 async fn start_target() -> SocketAddr {
     let config = iscsi_target::Config::parse(CONFIG, "test.toml").expect("config");
-    let bound = iscsi_target::Target::bind(config).await.expect("bind");
+    let bound = transports::bind_target(config).await.expect("bind");
     let addr = bound.local_addrs()[0];
     tokio::spawn(bound.serve());
     addr
@@ -42,7 +42,7 @@ async fn bench_verifies_what_it_wrote() {
         let addr = start_target().await;
         let u = url(addr);
         let s = Arc::new(
-            Session::connect(&u, SessionConfig::from_url(&u))
+            transports::connect_session(&u, SessionConfig::from_url(&u))
                 .await
                 .unwrap(),
         );

@@ -14,8 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use datamover::{LoginChannel, Portal, TransportKind};
-use datamover_tcp::TcpConnection;
+use datamover::{LoginChannel, Portal, TcpLoginChannels, TransportKind};
 use pcap_trace::PduTrace;
 use rnic::Rnic;
 use tokio::io::AsyncReadExt;
@@ -42,22 +41,23 @@ enum Arrival {
 /// An iSER portal on the software RNIC (and iSCSI/TCP on the same port when asked).
 pub struct IserPortal {
     local: SocketAddr,
-    also_tcp: bool,
+    /// What serves the iSCSI/TCP connections that arrive on the port, when it is shared.
+    tcp: Option<TcpLoginChannels>,
     arrivals: Mutex<mpsc::Receiver<Arrival>>,
     /// Held so that the reactor its connections run on lives as long as the portal.
     _reactor: Option<Arc<Reactor>>,
 }
 
 impl IserPortal {
-    /// Listens on `addr` for iSER over the software RNIC `dev`; with `also_tcp`, iSCSI/TCP
-    /// logins on the same port are served too.
+    /// Listens on `addr` for iSER over the software RNIC `dev`; given `tcp`, iSCSI/TCP
+    /// logins on the same port are served too, through the login channels it makes.
     pub async fn bind(
         addr: SocketAddr,
         dev: Arc<TargetDevice<Rnic>>,
         cfg: AcceptConfig,
-        also_tcp: bool,
+        tcp: Option<TcpLoginChannels>,
     ) -> io::Result<IserPortal> {
-        Self::bind_on(addr, dev, None, cfg, also_tcp).await
+        Self::bind_on(addr, dev, None, cfg, tcp).await
     }
 
     /// [`IserPortal::bind`] for an RNIC driven on `reactor` when given (see
@@ -68,8 +68,9 @@ impl IserPortal {
         dev: Arc<TargetDevice<Rnic>>,
         reactor: Option<Arc<Reactor>>,
         cfg: AcceptConfig,
-        also_tcp: bool,
+        tcp: Option<TcpLoginChannels>,
     ) -> io::Result<IserPortal> {
+        let also_tcp = tcp.is_some();
         let listener = TcpListener::bind(addr).await?;
         let local = listener.local_addr()?;
         let (tx, rx) = mpsc::channel(64);
@@ -77,7 +78,7 @@ impl IserPortal {
         tokio::spawn(accept_loop(listener, dev, on, cfg, also_tcp, tx));
         Ok(IserPortal {
             local,
-            also_tcp,
+            tcp,
             arrivals: Mutex::new(rx),
             _reactor: reactor,
         })
@@ -95,7 +96,7 @@ impl Portal for IserPortal {
     }
 
     fn describe(&self) -> String {
-        if self.also_tcp {
+        if self.tcp.is_some() {
             "iSCSI/TCP and iSER (software iWARP RNIC)".into()
         } else {
             "iSER (software iWARP RNIC)".into()
@@ -106,11 +107,14 @@ impl Portal for IserPortal {
         let mut arrivals = self.arrivals.lock().await;
         match arrivals.recv().await {
             Some(Arrival::Iser(login)) => Ok(login),
-            Some(Arrival::Tcp(stream)) => Ok(Box::new(TcpConnection::new(stream, trace)?)),
+            Some(Arrival::Tcp(stream)) => match &self.tcp {
+                Some(channels) => channels(stream, trace),
+                None => Err(io::Error::other("iSCSI/TCP on an iSER-only portal")),
+            },
             None => Err(io::Error::other(format!(
                 "the iSER portal on {}{} stopped",
                 self.local,
-                if self.also_tcp {
+                if self.tcp.is_some() {
                     " (and iSCSI/TCP)"
                 } else {
                     ""
@@ -130,7 +134,13 @@ async fn accept_loop(
 ) {
     let sorting = datamover::admission::Admission::new(cfg.max_sorting);
     loop {
-        let (stream, peer) = match listener.accept().await {
+        // The portal dropped (removed from its target): the listener closes now, not at the
+        // next connection.
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = tx.closed() => return,
+        };
+        let (stream, peer) = match accepted {
             Ok(c) => c,
             Err(e) => {
                 // Out of descriptors and the like: wait a little, the listener stays.

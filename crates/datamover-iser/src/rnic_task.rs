@@ -24,7 +24,7 @@ use tokio::time::MissedTickBehavior;
 /// in epoll and being woken costs more than polling: with it small reads ran twice as fast
 /// and large writes a third faster, for about the same CPU per GB. An idle connection stops
 /// polling after this long.
-pub const DEFAULT_POLL: Duration = Duration::from_micros(50);
+pub use datamover::iser_defaults::DEFAULT_POLL;
 
 /// Writes of this many bytes or more are large: the target fetches their data by RDMA Read,
 /// the initiator's engine only answers, and with several in flight a wake-up is a small part

@@ -46,16 +46,15 @@ pub const DEFAULT_RECV_LEN: usize =
 /// Bidirectional Expected Read-Data Length AHS (8).
 pub const COMMAND_AHS_MAX: usize = 256;
 /// The data segment a Send to the target may carry with [`DEFAULT_RECV_LEN`] buffers
-/// (declared as TargetRecvDataSegmentLength).
-pub const DEFAULT_RECV_DATA: u32 = 8192;
+/// (declared as TargetRecvDataSegmentLength); receives kept posted beyond the command window:
+/// NOP-Out, task management, logout and text, and the Data-Out of unsolicited data (iWARP has
+/// no receiver-not-ready retry). Both are declared at login by the iSCSI layer, which has
+/// them from `datamover`.
+pub use datamover::iser_defaults::{DEFAULT_RECV_DATA, UNEXPECTED_RECVS};
 
 /// The most data a control PDU to the initiator may carry: Linux ib_iser's receive buffers
 /// hold 128 bytes after the headers, whatever InitiatorRecvDataSegmentLength it declares.
 pub const CONTROL_DATA_MAX: u32 = iser::LINUX_INITIATOR_RECV_DATA;
-
-/// Receives kept posted beyond the command window: NOP-Out, task management, logout and
-/// text, and the Data-Out of unsolicited data (iWARP has no receiver-not-ready retry).
-pub const UNEXPECTED_RECVS: u32 = 64;
 
 impl AcceptConfig {
     /// Buffers for a session whose command window is `queue_depth`: that many commands, one
@@ -184,6 +183,10 @@ impl<P: Device> LoginChannel for IserLogin<P> {
 
     fn runtime(&self) -> Option<tokio::runtime::Handle> {
         self.runs_on.clone()
+    }
+
+    fn control_data_max(&self) -> u32 {
+        CONTROL_DATA_MAX
     }
 
     /// The next PDU from the initiator. A Send that is no valid iSER control message ends the

@@ -24,7 +24,7 @@ async fn portal(also_tcp: bool) -> IserPortal {
         "127.0.0.1:0".parse().unwrap(),
         dev,
         AcceptConfig::default(),
-        also_tcp,
+        also_tcp.then(datamover_tcp::login_channels),
     )
     .await
     .unwrap()

@@ -14,4 +14,4 @@ mod socket;
 pub mod target;
 pub mod trace;
 
-pub use target::{TcpConnection, TcpDatamover, TcpPortal};
+pub use target::{login_channels, TcpConnection, TcpDatamover, TcpPortal};

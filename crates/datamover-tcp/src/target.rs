@@ -79,6 +79,14 @@ impl Portal for TcpPortal {
     }
 }
 
+/// Login channels of iSCSI/TCP for connections another portal accepted (one that shares its
+/// port with iSCSI/TCP and sorts connections by their first bytes).
+pub fn login_channels() -> datamover::TcpLoginChannels {
+    std::sync::Arc::new(|stream, trace| {
+        Ok(Box::new(TcpConnection::new(stream, trace)?) as Box<dyn LoginChannel>)
+    })
+}
+
 /// An accepted connection before full feature phase: plain PDU exchange for login.
 pub struct TcpConnection {
     socket: PduSocket,

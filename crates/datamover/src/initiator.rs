@@ -211,3 +211,57 @@ pub trait InitiatorDatamover: Send + Sync {
     /// Drops the connection now, sending nothing more and reporting nothing more.
     fn abort(&self);
 }
+
+/// The RDMA provider an `iser://` connection runs on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum IserProvider {
+    /// ironsan's software iWARP RNIC in this process (over the kernel's TCP).
+    #[default]
+    Software,
+    /// The first device rdma-core reports (libibverbs/librdmacm: Linux siw or a hardware RNIC);
+    /// only in a build with the `rdma-core` feature.
+    RdmaCore,
+}
+
+impl std::str::FromStr for IserProvider {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "software" => Ok(IserProvider::Software),
+            "rdma-core" => Ok(IserProvider::RdmaCore),
+            _ => Err(format!(
+                "unknown RDMA provider '{s}': say software or rdma-core"
+            )),
+        }
+    }
+}
+
+/// How an initiator's connection is opened: the session's settings a transport reads.
+#[derive(Clone, Copy)]
+pub struct ConnectSettings<'a> {
+    /// The whole connect (iSER: address resolution and the MPA exchange too) ends by then.
+    pub timeout: std::time::Duration,
+    /// Where an iSCSI/TCP connection's bytes are recorded.
+    pub trace: Option<&'a pcap_trace::PduTrace>,
+    /// What an iSER connection runs on.
+    pub iser_provider: IserProvider,
+    /// iSER: the target may end a command with Send with Invalidate of its STag.
+    pub iser_remote_invalidation: bool,
+    /// iSER on the software RNIC: how long its engine polls on after its last work.
+    pub iser_poll: std::time::Duration,
+}
+
+/// Opens an initiator's connections, of whatever transport is asked for: the initiator is
+/// handed one by whoever composes it with the transports, and sees only the
+/// [`crate::InitiatorChannel`] it yields.
+#[async_trait::async_trait]
+pub trait Connector: Send + Sync {
+    /// A connection of `transport` to `addr` (`host:port`), ready for login; the error says
+    /// why not in one line.
+    async fn connect(
+        &self,
+        transport: crate::TransportKind,
+        addr: &str,
+        settings: &ConnectSettings<'_>,
+    ) -> Result<Box<dyn crate::InitiatorChannel>, String>;
+}

@@ -23,10 +23,11 @@ pub mod admission;
 pub mod budget;
 pub mod conformance;
 pub mod initiator;
+pub mod iser_defaults;
 
 pub use initiator::{
-    ClosedFuture, CommandOut, InitiatorDatamover, InitiatorFfpConfig, InitiatorNotice, NoticeSink,
-    RegistrationStats, Resume, SnackFor,
+    ClosedFuture, CommandOut, ConnectSettings, Connector, InitiatorDatamover, InitiatorFfpConfig,
+    InitiatorNotice, IserProvider, NoticeSink, RegistrationStats, Resume, SnackFor,
 };
 
 use async_trait::async_trait;
@@ -426,6 +427,12 @@ pub trait LoginChannel: Send {
     }
     /// Sends a login-phase PDU (a Login Response).
     async fn send(&mut self, pdu: &Pdu) -> std::io::Result<()>;
+    /// The largest data segment of a control PDU (NOP-In, Text) the initiator can receive,
+    /// whatever it declared, where the transport knows a smaller bound than the declared one
+    /// (iSER: Linux sizes its receive buffers for control PDUs alone); by default none.
+    fn control_data_max(&self) -> u32 {
+        u32::MAX
+    }
     /// Enters full feature phase with the negotiated parameters and the session's command
     /// window (read when each PDU is stamped).
     fn into_full_feature(
@@ -454,6 +461,18 @@ pub trait Portal: Send + Sync {
         trace: Option<&pcap_trace::PduTrace>,
     ) -> std::io::Result<Box<dyn LoginChannel>>;
 }
+
+/// Makes an iSCSI/TCP login channel of a TCP connection accepted elsewhere (its bytes traced
+/// into the trace when given): what a portal that shares its port with iSCSI/TCP is handed to
+/// serve the connections that turn out to speak it.
+pub type TcpLoginChannels = Arc<
+    dyn Fn(
+            tokio::net::TcpStream,
+            Option<&pcap_trace::PduTrace>,
+        ) -> std::io::Result<Box<dyn LoginChannel>>
+        + Send
+        + Sync,
+>;
 
 /// Called with every accepted connection's socket and peer; what it returns is dropped
 /// when the connection ends (e.g. a TCP_INFO sampler).

@@ -136,7 +136,7 @@ fn every_acknowledged_write_survives_kill_9_of_the_target() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (mut target, url) = start_target(&config);
     let (units, counts) = rt.block_on(async {
-        let s = Session::connect(&url, SessionConfig::from_url(&url))
+        let s = transports::connect_session(&url, SessionConfig::from_url(&url))
             .await
             .expect("login");
         tokio::time::timeout(
@@ -154,7 +154,7 @@ fn every_acknowledged_write_survives_kill_9_of_the_target() {
 
     let (_target, url) = start_target(&config);
     let (checked, skipped) = rt.block_on(async {
-        let s = Session::connect(&url, SessionConfig::from_url(&url))
+        let s = transports::connect_session(&url, SessionConfig::from_url(&url))
             .await
             .expect("login after the restart");
         let (mut checked, mut skipped) = (0, 0);

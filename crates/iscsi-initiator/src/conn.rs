@@ -1,5 +1,5 @@
 //! The login-phase exchanges of a connection, over any transport's
-//! `datamover::InitiatorChannel` (TCP: `datamover_tcp`'s connection): the login driven by
+//! `datamover::InitiatorChannel` (opened by the session's `datamover::Connector`): the login driven by
 //! `iscsi_login::InitiatorLogin` (offering the keys of the channel's transport), the
 //! SendTargets exchange of a discovery session, and the plain logout that ends it.
 
@@ -8,130 +8,48 @@ use std::time::Duration;
 use crate::SessionConfig;
 use bytes::Bytes;
 use datamover::LOGIN_MAX_DATA;
-use datamover::{InitiatorChannel, LoginRecvError};
-use datamover_iser::rnic_task::PollWindow;
-use datamover_iser::IserInitiatorConnection;
-use datamover_tcp::initiator::TcpInitiatorConnection;
+use datamover::{ConnectSettings, InitiatorChannel, LoginRecvError};
 use iscsi_login::TransportKind;
 use iscsi_login::{
     ConnectionParams, InitiatorLogin, InitiatorLoginConfig, InitiatorStep, LoginError,
     LoginResponse, SessionParams,
 };
 use iscsi_wire::{Bhs, Digests, Pdu};
-use rnic::Rnic;
-use std::sync::Arc;
 
 use crate::Error;
 
 /// Any transport's connection before full feature phase: what login and discovery use.
 type Channel = dyn InitiatorChannel;
 
-/// The RDMA provider an `iser://` connection runs on.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum IserProvider {
-    /// ironsan's software iWARP RNIC in this process (over the kernel's TCP).
-    #[default]
-    Software,
-    /// The first device rdma-core reports (libibverbs/librdmacm: Linux siw or a hardware RNIC);
-    /// only in a build with the `rdma-core` feature.
-    RdmaCore,
-}
-
-impl std::str::FromStr for IserProvider {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "software" => Ok(IserProvider::Software),
-            "rdma-core" => Ok(IserProvider::RdmaCore),
-            _ => Err(format!(
-                "unknown RDMA provider '{s}': say software or rdma-core"
-            )),
-        }
-    }
-}
-
-/// Opens a connection of `transport` to `addr` (`host:port`), bounded by `cfg`'s connect
-/// timeout; an iSCSI/TCP one is traced into `cfg`'s trace when given, an iSER one runs on
-/// `cfg`'s provider with its iSER settings.
+/// Opens a connection of `transport` to `addr` (`host:port`) through `cfg`'s connector,
+/// bounded by `cfg`'s connect timeout; an iSCSI/TCP one is traced into `cfg`'s trace when
+/// given, an iSER one runs on `cfg`'s provider with its iSER settings.
 pub(crate) async fn connect(
     transport: TransportKind,
     addr: &str,
     cfg: &SessionConfig,
 ) -> Result<Box<Channel>, Error> {
-    let timeout = cfg.connect_timeout;
-    let trace = cfg.trace.as_ref().map(|t| &t.0);
-    let remote_invalidation = cfg.iser_remote_invalidation;
     let failed = |why: String| Error::Connect {
         addr: addr.to_string(),
         why,
     };
-    match transport {
-        TransportKind::Tcp => match TcpInitiatorConnection::connect(addr, timeout, trace).await {
-            Ok(c) => Ok(Box::new(c)),
-            Err(why) => Err(failed(why)),
-        },
-        TransportKind::Iser => {
-            let sockaddr = tokio::net::lookup_host(addr)
-                .await
-                .map_err(|e| failed(e.to_string()))?
-                .next()
-                .ok_or_else(|| failed("no address".into()))?;
-            let connected = match cfg.iser_provider {
-                IserProvider::Software => {
-                    let poll = PollWindow::new(cfg.iser_poll);
-                    let dev = software_rnic(poll.clone()).map_err(|e| failed(e.to_string()))?;
-                    IserInitiatorConnection::connect(dev, sockaddr, timeout, remote_invalidation)
-                        .await
-                        .map(|c| Box::new(c.with_poll_window(poll)) as Box<Channel>)
-                }
-                IserProvider::RdmaCore => {
-                    rdma_core_connect(sockaddr, timeout, remote_invalidation).await
-                }
-            };
-            connected.map_err(failed)
-        }
-    }
-}
-
-/// An iSER connection through the process's rdma-core device (opened on first use).
-#[cfg(feature = "rdma-core")]
-async fn rdma_core_connect(
-    addr: std::net::SocketAddr,
-    timeout: Duration,
-    remote_invalidation: bool,
-) -> Result<Box<Channel>, String> {
-    static DEV: std::sync::OnceLock<Arc<verbs::Verbs>> = std::sync::OnceLock::new();
-    let dev = match DEV.get() {
-        Some(d) => d.clone(),
-        None => {
-            let d = tokio::task::spawn_blocking(verbs::Verbs::open)
-                .await
-                .map_err(|e| format!("opening the rdma-core device: {e}"))?
-                .map_err(|e| format!("no rdma-core device for iSER: {e}"))?;
-            DEV.get_or_init(|| Arc::new(d)).clone()
-        }
+    let Some(connector) = &cfg.connector else {
+        return Err(failed(
+            "no transports to connect with (the session's configuration has no connector; the `transports` crate composes one)".into(),
+        ));
     };
-    let c = IserInitiatorConnection::connect(dev, addr, timeout, remote_invalidation).await?;
-    Ok(Box::new(c))
-}
-
-#[cfg(not(feature = "rdma-core"))]
-async fn rdma_core_connect(
-    _addr: std::net::SocketAddr,
-    _timeout: Duration,
-    _remote_invalidation: bool,
-) -> Result<Box<Channel>, String> {
-    Err("the rdma-core provider needs ironsan built with the rdma-core feature (cargo build --release --features rdma-core; Debian: libibverbs-dev librdmacm-dev)".into())
-}
-
-/// A software iWARP RNIC for one connection, its engine a task of the caller's runtime (the
-/// connection's tasks run there too): posting and completing then cost no thread switch. It
-/// polls by `poll` after its last work before it sleeps (the connection sets the window by
-/// its commands' writes: large writes do not poll while more than two are in flight).
-fn software_rnic(poll: PollWindow) -> std::io::Result<Arc<Rnic>> {
-    Ok(Arc::new(
-        datamover_iser::rnic_task::spawn_software_rnic_polling(poll)?,
-    ))
+    let settings = ConnectSettings {
+        timeout: cfg.connect_timeout,
+        trace: cfg.trace.as_ref().map(|t| &t.0),
+        iser_provider: cfg.iser_provider,
+        iser_remote_invalidation: cfg.iser_remote_invalidation,
+        iser_poll: cfg.iser_poll,
+    };
+    connector
+        .0
+        .connect(transport, addr, &settings)
+        .await
+        .map_err(failed)
 }
 
 /// Sends one PDU.

@@ -8,17 +8,21 @@
 //! (SNACK and command retry; a lost connection logged in again and its commands moved to it
 //! with TASK REASSIGN). The protocol logic is the sans-IO [`core::SessionCore`]; a thin
 //! tokio driver ([`Session`]) hands its commands and PDUs to each connection's
-//! `datamover::InitiatorDatamover` (iSCSI/TCP today), which runs the data phases and reports
+//! `datamover::InitiatorDatamover` (opened by the session's `datamover::Connector`, which
+//! the `transports` crate composes), which runs the data phases and reports
 //! statuses with their read data placed. SCSI helpers (INQUIRY, READ
 //! CAPACITY, READ/WRITE 10/16, SYNCHRONIZE CACHE, UNMAP, REPORT LUNS, raw CDBs) sit on top.
 //! The access generator behind `ironsan bench` is the `bench` crate's.
 //!
 //! ```no_run
-//! use iscsi_initiator::{IscsiUrl, Session, SessionConfig};
+//! use iscsi_initiator::{IscsiUrl, Session, SessionConfig, SessionConnector};
 //!
-//! # async fn demo() -> Result<(), iscsi_initiator::Error> {
+//! // `connector`: the transports' (`transports::connector()`).
+//! # async fn demo(connector: SessionConnector) -> Result<(), iscsi_initiator::Error> {
 //! let url = IscsiUrl::parse_lun("iscsi://127.0.0.1/iqn.2026-11.org.ironsan:default/0")?;
-//! let session = Session::connect(&url, SessionConfig::from_url(&url)).await?;
+//! let mut cfg = SessionConfig::from_url(&url);
+//! cfg.connector = Some(connector);
+//! let session = Session::connect(&url, cfg).await?;
 //! let lun = session.default_lun();
 //! let cap = session.capacity(lun).await?;
 //! let data = vec![0xa5u8; 1 << 20];
@@ -36,11 +40,12 @@ pub mod scsi;
 mod session;
 pub mod url;
 
-pub use crate::conn::IserProvider;
 pub use crate::core::{CommandRequest, CommandResult, RecoveryStats, Residual, TaskError};
+pub use datamover::IserProvider;
 pub use iscsi_login::{ChapCredentials, DigestPreference, DiscoveredTarget, LoginError};
 pub use session::{
-    discover, PendingCommand, Session, SessionConfig, TraceFile, DEFAULT_INITIATOR_NAME,
+    discover, PendingCommand, Session, SessionConfig, SessionConnector, TraceFile,
+    DEFAULT_INITIATOR_NAME,
 };
 pub use url::{parse_portal, IscsiUrl, UrlError};
 

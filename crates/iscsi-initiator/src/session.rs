@@ -19,7 +19,7 @@ use iscsi_login::{
 use iscsi_wire::Digests;
 use tokio::sync::oneshot;
 
-use crate::conn::{self, IserProvider, LoginDone};
+use crate::conn::{self, LoginDone};
 use crate::core::{
     Action, CommandRequest, CommandResult, RecoveryStats, Reply, SessionCore, SessionLimits,
     TaskError,
@@ -27,6 +27,7 @@ use crate::core::{
 use crate::scsi::{self, status, Capacity, Inquiry, Sense};
 use crate::url::IscsiUrl;
 use crate::Error;
+use datamover::IserProvider;
 
 /// The initiator name used unless the caller sets one.
 pub const DEFAULT_INITIATOR_NAME: &str = "iqn.2026-11.org.ironsan:initiator";
@@ -85,8 +86,21 @@ pub struct SessionConfig {
     /// FirstBurstLength allow.
     pub iser_unsolicited_only_whole: bool,
     /// iSER on the software RNIC: how long its engine polls on after its last work before
-    /// it sleeps (zero: at once); see `datamover_iser::rnic_task::DEFAULT_POLL`.
+    /// it sleeps (zero: at once); see `datamover::iser_defaults::DEFAULT_POLL`.
     pub iser_poll: Duration,
+    /// What opens the session's connections, of every transport (the `transports` crate
+    /// composes it); none: connecting fails and says so.
+    pub connector: Option<SessionConnector>,
+}
+
+/// The [`datamover::Connector`] a session opens its connections with.
+#[derive(Clone)]
+pub struct SessionConnector(pub Arc<dyn datamover::Connector>);
+
+impl std::fmt::Debug for SessionConnector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SessionConnector")
+    }
 }
 
 /// A pcapng trace shared by the connections of one or more sessions (`--trace FILE`).
@@ -138,7 +152,8 @@ impl Default for SessionConfig {
             iser_provider: IserProvider::Software,
             iser_remote_invalidation: true,
             iser_unsolicited_only_whole: true,
-            iser_poll: datamover_iser::rnic_task::DEFAULT_POLL,
+            iser_poll: datamover::iser_defaults::DEFAULT_POLL,
+            connector: None,
         }
     }
 }

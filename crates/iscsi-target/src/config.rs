@@ -141,7 +141,7 @@ fn yes() -> bool {
     true
 }
 fn default_iser_poll_us() -> u64 {
-    datamover_iser::rnic_task::DEFAULT_POLL.as_micros() as u64
+    datamover::iser_defaults::DEFAULT_POLL.as_micros() as u64
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -710,7 +710,8 @@ fn auth(chap: &Option<Chap>, mutual: &Option<Chap>) -> AuthRequirement {
 /// The login layer's view of the configured targets.
 pub struct Directory {
     pub config: Config,
-    pub portals: Vec<Portal>,
+    /// The portals SendTargets lists: changed as portals are added and removed.
+    pub portals: std::sync::RwLock<Vec<Portal>>,
 }
 
 impl Directory {
@@ -752,7 +753,7 @@ impl TargetDirectory for Directory {
         self.config.targets.iter().map(|t| t.name.clone()).collect()
     }
     fn portals(&self, _target: &str) -> Vec<Portal> {
-        self.portals.clone()
+        self.portals.read().expect("portals").clone()
     }
 }
 

@@ -5,7 +5,9 @@
 //! moves data only through the `datamover` boundary: portals accept connections of their
 //! transport ([`datamover::Portal`]), login runs over a [`datamover::LoginChannel`] told its
 //! transport kind, and full feature phase drives the [`datamover::Datamover`] that channel
-//! yields — no socket type appears here; `datamover-tcp` provides the iSCSI/TCP portals.
+//! yields — no socket type appears here, and no transport crate: the portals are built from
+//! the configuration by the `transports` crate and handed in ([`Target::serve`]), and more
+//! can be added and removed while it runs ([`Target::add_portal`], [`Target::remove_portal`]).
 //! It also answers NOP, Text (SendTargets), Logout and task management, pings idle
 //! connections, and announces shutdown with an Async Message. Error recovery above level 0
 //! has one module per level: `erl1` (SNACK) and `erl2` (a failed connection's tasks kept for
@@ -29,7 +31,6 @@ pub use datamover::ConnectionObserver;
 use bytes::Bytes;
 use datamover::budget::Budget;
 use datamover::{CmdSnState, FfpConfig, LoginChannel, Notice, PeerTimeouts, TransportKind};
-use datamover_iser::TargetDevice;
 
 use iscsi_login::directory::Portal;
 use iscsi_login::params::SessionType;
@@ -40,7 +41,7 @@ use iscsi_login::target::{
 use iscsi_session::WriteLimits;
 use iscsi_wire::{AsyncMessage, Bhs, Digests};
 use session::{Conn, Session};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -69,6 +70,16 @@ pub struct Target {
     memory: Arc<Budget>,
     /// Failed authentications by initiator name and address, which lock out further tries.
     auth_throttle: Mutex<auth_throttle::AuthThrottle>,
+    /// The portals accepting connections ([`Target::add_portal`], [`Target::remove_portal`]).
+    accepting: Mutex<Vec<Accepting>>,
+}
+
+/// A portal accepting connections, and what stops its accept loop.
+struct Accepting {
+    portal: Arc<dyn datamover::Portal>,
+    /// Sent (or dropped) when the portal is removed.
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
 }
 
 /// Listeners bound for a target, ready to serve.
@@ -78,26 +89,7 @@ pub struct Bound {
 }
 
 impl Target {
-    /// Open every LUN's backend and bind every portal of the configuration.
-    pub async fn bind(mut config: Config) -> Result<Bound, String> {
-        if config.portals.is_empty() {
-            config.portals.push(DEFAULT_PORTAL.to_string());
-        }
-        let specs = config
-            .portals
-            .iter()
-            .map(|p| PortalSpec::parse(p))
-            .collect::<Result<Vec<_>, _>>()?;
-        let (portals, images) = bind_portals(&specs, &config).await?;
-        let register = config
-            .iser_register_ram_luns
-            .unwrap_or(config.iser_provider == IserProvider::Software);
-        let images = images.filter(|_| register);
-        Target::serve(config, portals, images.as_deref())
-    }
-
-    /// Open every LUN's backend and serve on `portals` (of any transport), which replace
-    /// the configuration's.
+    /// Open every LUN's backend and serve on `portals` (of any transport).
     pub fn with_portals(
         config: Config,
         portals: Vec<Arc<dyn datamover::Portal>>,
@@ -107,7 +99,7 @@ impl Target {
 
     /// [`Target::with_portals`], with RAM LUNs' images in memory from `images` (an iSER
     /// device's registered memory) where it gives some.
-    fn serve(
+    pub fn serve(
         config: Config,
         portals: Vec<Arc<dyn datamover::Portal>>,
         images: Option<&scsi::ImageProvider>,
@@ -136,7 +128,7 @@ impl Target {
         let target = Arc::new(Target {
             directory: Arc::new(config::Directory {
                 config,
-                portals: addresses,
+                portals: std::sync::RwLock::new(addresses),
             }),
             devices,
             sessions: Mutex::new(HashMap::new()),
@@ -149,6 +141,7 @@ impl Target {
             logging_in: datamover::admission::Admission::new(max_pending_logins),
             memory,
             auth_throttle: Mutex::new(auth_throttle::AuthThrottle::new(auth_limits)),
+            accepting: Mutex::new(Vec::new()),
         });
         Ok(Bound { target, portals })
     }
@@ -198,9 +191,9 @@ impl Target {
         let mut l = TargetLimits {
             max_outstanding_r2t: 8,
             // What the iSER receive buffers hold (LIO declares the same).
-            iser_recv_data_segment_length: datamover_iser::target::DEFAULT_RECV_DATA,
+            iser_recv_data_segment_length: datamover::iser_defaults::DEFAULT_RECV_DATA,
             // The receives kept posted beyond the command window.
-            max_outstanding_unexpected_pdus: datamover_iser::target::UNEXPECTED_RECVS,
+            max_outstanding_unexpected_pdus: datamover::iser_defaults::UNEXPECTED_RECVS,
             chap_algorithms: self.config().chap_algorithms(),
             ..TargetLimits::default()
         };
@@ -255,45 +248,125 @@ impl Bound {
         let _ = self.target.observer.set(observer);
     }
 
-    /// Accept connections until the target shuts down.
-    pub async fn serve(self) {
-        let mut tasks = Vec::new();
-        for l in self.portals {
-            let target = self.target.clone();
-            tasks.push(tokio::spawn(async move {
-                let portal = Portal {
-                    address: l.local_addr(),
-                    tpgt: 1,
-                };
-                let mut stop = target.shutdown.subscribe();
-                loop {
-                    tokio::select! {
-                        r = l.accept(target.trace.get()) => match r {
-                            Ok(channel) => {
-                                // Counted in arrival order, so the longest waiting goes first.
-                                let admitted = target.logging_in.admit();
-                                let t = target.clone();
-                                // Where the transport wants its connections run (iSER on
-                                // the software RNIC's reactor), else here.
-                                let on = channel
-                                    .runtime()
-                                    .unwrap_or_else(tokio::runtime::Handle::current);
-                                on.spawn(async move {
-                                    handle_connection(t, channel, portal, admitted).await
-                                });
-                            }
-                            Err(e) => {
-                                tracing::warn!("accept failed on {}: {e}", portal.address);
-                                tokio::time::sleep(Duration::from_millis(50)).await;
-                            }
-                        },
-                        _ = stop.changed() => break,
-                    }
-                }
-            }));
+    /// Starts accepting connections on these portals at once (call it within the target's
+    /// runtime), and returns what runs until the target shuts down; portals added meanwhile
+    /// ([`Target::add_portal`]) are served too.
+    pub fn serve(self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let target = self.target;
+        let mut stop = target.shutdown.subscribe();
+        for portal in self.portals {
+            target.accept_on(portal);
         }
-        for t in tasks {
-            let _ = t.await;
+        async move {
+            let _ = stop.wait_for(|down| *down).await;
+            let accepting: Vec<_> =
+                std::mem::take(&mut *target.accepting.lock().expect("accepting"));
+            for a in accepting {
+                let _ = a.task.await;
+            }
+        }
+    }
+}
+
+impl Target {
+    /// Starts accepting connections on `portal`, a portal bound while the target runs, and
+    /// lists it in SendTargets answers. Call it within the target's runtime, after
+    /// [`Bound::serve`].
+    pub fn add_portal(self: &Arc<Self>, portal: Arc<dyn datamover::Portal>) {
+        self.directory
+            .portals
+            .write()
+            .expect("portals")
+            .push(Portal {
+                address: portal.local_addr(),
+                tpgt: 1,
+            });
+        self.accept_on(portal);
+    }
+
+    /// Stops accepting connections on the portal bound to `address` (dropping it closes its
+    /// listener) and no longer lists it in SendTargets answers; the connections it accepted
+    /// stay. Whether a portal was there.
+    pub fn remove_portal(&self, address: SocketAddr) -> bool {
+        let removed = {
+            let mut accepting = self.accepting.lock().expect("accepting");
+            let at = accepting
+                .iter()
+                .position(|a| a.portal.local_addr() == address);
+            at.map(|i| accepting.remove(i))
+        };
+        let Some(removed) = removed else {
+            return false;
+        };
+        let _ = removed.stop.send(true);
+        self.directory
+            .portals
+            .write()
+            .expect("portals")
+            .retain(|p| p.address != address);
+        true
+    }
+
+    /// The portals accepting connections: each one's address and what it serves.
+    pub fn portals(&self) -> Vec<(SocketAddr, String)> {
+        self.accepting
+            .lock()
+            .expect("accepting")
+            .iter()
+            .map(|a| (a.portal.local_addr(), a.portal.describe()))
+            .collect()
+    }
+
+    /// Runs `portal`'s accept loop until the target shuts down or the portal is removed.
+    fn accept_on(self: &Arc<Self>, portal: Arc<dyn datamover::Portal>) {
+        let (stop, removed) = watch::channel(false);
+        let task = tokio::spawn(accept_loop(self.clone(), portal.clone(), removed));
+        self.accepting
+            .lock()
+            .expect("accepting")
+            .push(Accepting { portal, stop, task });
+    }
+}
+
+/// Accepts connections on `l` and starts each one's login, until the target shuts down or
+/// `removed` says the portal is gone.
+async fn accept_loop(
+    target: Arc<Target>,
+    l: Arc<dyn datamover::Portal>,
+    mut removed: watch::Receiver<bool>,
+) {
+    let portal = Portal {
+        address: l.local_addr(),
+        tpgt: 1,
+    };
+    let mut stop = target.shutdown.subscribe();
+    // A portal added after the shutdown accepts nothing.
+    if *stop.borrow_and_update() {
+        return;
+    }
+    loop {
+        tokio::select! {
+            r = l.accept(target.trace.get()) => match r {
+                Ok(channel) => {
+                    // Counted in arrival order, so the longest waiting goes first.
+                    let admitted = target.logging_in.admit();
+                    let t = target.clone();
+                    // Where the transport wants its connections run (iSER on
+                    // the software RNIC's reactor), else here.
+                    let on = channel
+                        .runtime()
+                        .unwrap_or_else(tokio::runtime::Handle::current);
+                    on.spawn(async move {
+                        handle_connection(t, channel, portal, admitted).await
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!("accept failed on {}: {e}", portal.address);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            _ = stop.changed() => break,
+            _ = removed.changed() => break,
         }
     }
 }
@@ -561,144 +634,6 @@ fn named_target(existing: Option<&Session>, first_data: &[u8]) -> Option<String>
     }
 }
 
-/// Binds every listed portal. An address listed for iSER serves iSER over the software RNIC,
-/// and iSCSI/TCP too when it is also listed for TCP (one listener, the protocol told by the
-/// first bytes); with `iser_provider = "rdma-core"`, over the first rdma-core device instead
-/// (its listener owns the port).
-/// Also returns where RAM LUNs' images can be registered: the software RNIC's device when an
-/// iSER portal uses it, else the first rdma-core portal's.
-async fn bind_portals(
-    specs: &[PortalSpec],
-    config: &Config,
-) -> Result<
-    (
-        Vec<Arc<dyn datamover::Portal>>,
-        Option<Box<scsi::ImageProvider>>,
-    ),
-    String,
-> {
-    use TransportKind::{Iser, Tcp};
-    let listed = |kind, address| specs.iter().any(|s| s.kind == kind && s.address == address);
-    let mut rnic: Option<SoftwareRnic> = None;
-    let mut images = None;
-    let mut portals: Vec<Arc<dyn datamover::Portal>> = Vec::new();
-    let mut bound = HashSet::new();
-    for spec in specs {
-        if !bound.insert(spec.address) {
-            continue;
-        }
-        let cannot = |e: std::io::Error| format!("cannot listen on {}: {e}", spec.address);
-        if listed(Iser, spec.address) {
-            let also_tcp = listed(Tcp, spec.address);
-            let cfg = datamover_iser::AcceptConfig {
-                crc: config.iser_mpa_crc,
-                max_sorting: config.max_pending_logins as usize,
-                ..datamover_iser::AcceptConfig::for_queue_depth(config.queue_depth)
-            };
-            if config.iser_provider == IserProvider::RdmaCore {
-                if also_tcp {
-                    return Err(format!(
-                        "{}: with iser_provider = \"rdma-core\" the RDMA device's listener owns the port; list tcp:// on another port",
-                        spec.address
-                    ));
-                }
-                let (portal, device_images) = rdma_core_portal(spec.address, cfg)?;
-                portals.push(portal);
-                images = images.or(Some(device_images));
-                continue;
-            }
-            let (dev, reactor) = match &rnic {
-                Some(d) => d.clone(),
-                None => {
-                    let d = software_rnic(config)?;
-                    rnic = Some(d.clone());
-                    d
-                }
-            };
-            let p = datamover_iser::IserPortal::bind_on(spec.address, dev, reactor, cfg, also_tcp)
-                .await
-                .map_err(cannot)?;
-            portals.push(Arc::new(p));
-        } else {
-            let p = datamover_tcp::TcpPortal::bind(spec.address)
-                .await
-                .map_err(cannot)?;
-            portals.push(Arc::new(p));
-        }
-    }
-    // The software RNIC's device comes first: it serves every software iser:// portal.
-    let images = rnic.map(|(d, _)| image_provider(d)).or(images);
-    Ok((portals, images))
-}
-
-/// The software RNIC iSER portals share, and the reactor it runs on (none: its own thread).
-type SoftwareRnic = (
-    Arc<TargetDevice<rnic::Rnic>>,
-    Option<Arc<datamover_iser::rnic_task::Reactor>>,
-);
-
-/// Starts the software RNIC: on a reactor thread with the connections (`iser_reactor`), or
-/// with an engine thread of its own while connections run on the target's runtime.
-fn software_rnic(config: &Config) -> Result<SoftwareRnic, String> {
-    let cannot =
-        |e: &dyn std::fmt::Display| format!("cannot start the software RNIC for iSER: {e}");
-    let (d, reactor) = if config.iser_reactor {
-        let poll = Duration::from_micros(config.iser_poll_us);
-        let (reactor, d) = datamover_iser::rnic_task::Reactor::start("iser-reactor", poll)
-            .map_err(|e| cannot(&e))?;
-        (d, Some(reactor))
-    } else {
-        (rnic::Rnic::new().map_err(|e| cannot(&e))?, None)
-    };
-    d.align_fpdus_on_loopback(config.iser_align_loopback);
-    let d = TargetDevice::new(Arc::new(d)).map_err(|e| cannot(&e))?;
-    Ok((d, reactor))
-}
-
-/// Registers a RAM LUN's image with `dev` (a LUN whose image cannot be registered lives in
-/// ordinary memory, and the log says why).
-fn image_provider<P: datamover_iser::endpoint::Device>(
-    dev: Arc<TargetDevice<P>>,
-) -> Box<scsi::ImageProvider> {
-    Box::new(move |lun, size| {
-        let len = usize::try_from(size).ok()?;
-        match dev.register_image(len) {
-            Ok(image) => Some(image as Arc<dyn storage::ImageMemory>),
-            Err(e) => {
-                tracing::warn!(
-                    lun,
-                    "the {size}-byte image of RAM LUN {lun} could not be registered with {} ({e}); it lives in ordinary memory and iSER reads copy it (on an RDMA device registration pins memory: raise the memlock limit, or set iser_register_ram_luns = false)",
-                    dev.dev().name()
-                );
-                None
-            }
-        }
-    })
-}
-
-/// An iser:// portal on the first rdma-core device (librdmacm's listener on `address`), and
-/// where RAM LUNs' images can be registered on it.
-#[cfg(feature = "rdma-core")]
-fn rdma_core_portal(
-    address: std::net::SocketAddr,
-    cfg: datamover_iser::AcceptConfig,
-) -> Result<(Arc<dyn datamover::Portal>, Box<scsi::ImageProvider>), String> {
-    let dev = verbs::Verbs::open().map_err(|e| format!("no rdma-core device for iSER: {e}"))?;
-    let dev =
-        TargetDevice::new(Arc::new(dev)).map_err(|e| format!("rdma-core device for iSER: {e}"))?;
-    let p = datamover_iser::DevicePortal::bind(address, dev.clone(), cfg)
-        .map_err(|e| format!("cannot listen on {address} through rdma-core: {e}"))?;
-    Ok((Arc::new(p), image_provider(dev)))
-}
-
-#[cfg(not(feature = "rdma-core"))]
-fn rdma_core_portal(
-    _address: std::net::SocketAddr,
-    _cfg: datamover_iser::AcceptConfig,
-) -> Result<(Arc<dyn datamover::Portal>, Box<scsi::ImageProvider>), String> {
-    Err("iser_provider = \"rdma-core\" needs ironsan built with the rdma-core feature (cargo build --release --features rdma-core; Debian: libibverbs-dev librdmacm-dev)".into())
-}
-
 /// Switches a logged-in connection to full feature phase with what was negotiated and adds
 /// it to its session (replacing a connection with the same CID: connection reinstatement).
 fn enter_full_feature(
@@ -715,6 +650,10 @@ fn enter_full_feature(
     let status = datamover::status_numbering(next_stat_sn);
     let recovery = Arc::new(datamover::RecoveryCounters::default());
     let transport = conn.kind();
+    // Control PDUs (NOP-In, Text) must fit what the initiator receives. Over iSER its data
+    // arrives in RDMA Writes and only control PDUs use its receive buffers, which Linux
+    // sizes for 128 bytes whatever InitiatorRecvDataSegmentLength it declares.
+    let control_data_max = conn.control_data_max();
     // iSER declares its receive limits with its own keys.
     let (recv_len, send_len) = match transport {
         TransportKind::Tcp => (
@@ -757,13 +696,7 @@ fn enter_full_feature(
     };
     let (dm, notices) = conn.into_full_feature(ffp.clone(), session.sn.clone());
     let cid = outcome.cid;
-    // Control PDUs (NOP-In, Text) must fit what the initiator receives. Over iSER its data
-    // arrives in RDMA Writes and only control PDUs use its receive buffers, which Linux
-    // sizes for 128 bytes whatever InitiatorRecvDataSegmentLength it declares.
-    let control_send = match transport {
-        TransportKind::Tcp => send_len,
-        TransportKind::Iser => send_len.min(datamover_iser::target::CONTROL_DATA_MAX),
-    };
+    let control_send = send_len.min(control_data_max);
     let c = Arc::new(Conn::new(cid, peer, transport, dm, control_send, &ffp));
     match session.add_connection(c.clone(), ticket) {
         Ok(Some(old)) => {
@@ -957,41 +890,5 @@ impl Target {
                 d.nexus_removed(s.nexus);
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod iser_provider_tests {
-    use super::*;
-
-    fn config(text: &str) -> Config {
-        Config::parse(text, "t.toml").expect("a valid config")
-    }
-
-    #[tokio::test]
-    async fn rdma_core_iser_and_tcp_on_one_port_is_refused_in_one_line() {
-        let c = config(
-            "portals = [\"tcp://127.0.0.1:0\", \"iser://127.0.0.1:0\"]\niser_provider = \"rdma-core\"\n",
-        );
-        assert_eq!(c.iser_provider, IserProvider::RdmaCore);
-        let e = Target::bind(c).await.err().expect("refused");
-        assert!(e.contains("owns the port") && !e.contains('\n'), "{e}");
-    }
-
-    #[cfg(not(feature = "rdma-core"))]
-    #[tokio::test]
-    async fn rdma_core_without_the_feature_says_how_to_build_it() {
-        let c = config("portals = [\"iser://127.0.0.1:0\"]\niser_provider = \"rdma-core\"\n");
-        let e = Target::bind(c).await.err().expect("refused");
-        assert!(
-            e.contains("--features rdma-core") && !e.contains('\n'),
-            "{e}"
-        );
-    }
-
-    #[test]
-    fn an_unknown_provider_is_a_config_error() {
-        assert!(Config::parse("iser_provider = \"infiniband\"\n", "t.toml").is_err());
-        assert_eq!(config("").iser_provider, IserProvider::Software);
     }
 }

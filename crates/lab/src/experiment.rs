@@ -13,7 +13,7 @@ use report::{Cell, LinePlot, Series, Table, TickLabels};
 use serde::Serialize;
 
 use bytes::Bytes;
-use iscsi_initiator::{IscsiUrl, Session, SessionConfig};
+use iscsi_initiator::{IscsiUrl, SessionConfig};
 
 use crate::proxy::{DelayProxy, ProxyConfig};
 
@@ -156,7 +156,7 @@ async fn measure_session(
     block: u32,
 ) -> Result<(f64, u32), iscsi_initiator::Error> {
     let url = IscsiUrl::parse_lun(&format!("iscsi://{via}/{}/{}", cfg.target_name, cfg.lun))?;
-    let s = Session::connect(&url, session_config(&url)).await?;
+    let s = transports::connect_session(&url, session_config(&url)).await?;
     let lun = cfg.lun;
     s.test_unit_ready(lun).await?;
     let cap = s.capacity(lun).await?;

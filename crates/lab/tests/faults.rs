@@ -100,7 +100,7 @@ async fn session(addr: SocketAddr, target: &str, reconnect: bool) -> Session {
         nop_timeout: Duration::from_secs(2),
         ..SessionConfig::from_url(&u)
     };
-    Session::connect(&u, cfg).await.expect("login")
+    transports::connect_session(&u, cfg).await.expect("login")
 }
 
 /// Submits one 1 MiB WRITE per region, all at once; the data of those acknowledged.
@@ -256,7 +256,7 @@ async fn a_login_cut_is_retried_and_a_first_login_cut_is_a_clear_error() {
 
         let p = proxy(target, &["down:login-resp#1:reset"]);
         let u = url(p.local_addr(), "plain");
-        let e = Session::connect(&u, SessionConfig::from_url(&u))
+        let e = transports::connect_session(&u, SessionConfig::from_url(&u))
             .await
             .err()
             .expect("a login cut before it ended fails")

@@ -72,7 +72,7 @@ fn read(lba: u64, size: u32) -> CommandRequest {
 
 async fn start_target() -> SocketAddr {
     let config = iscsi_target::Config::parse(CONFIG, "staged.toml").expect("config");
-    let bound = iscsi_target::Target::bind(config).await.expect("bind");
+    let bound = transports::bind_target(config).await.expect("bind");
     let addr = bound.local_addrs()[0];
     tokio::spawn(bound.serve());
     addr
@@ -136,7 +136,7 @@ async fn drive(
         nop_interval: None,
         ..SessionConfig::from_url(&url)
     });
-    let s = Session::connect(&url, cfg).await.expect("login");
+    let s = transports::connect_session(&url, cfg).await.expect("login");
     // The new session's unit attention, then a clean TEST UNIT READY.
     for attempt in 0..4 {
         if s.test_unit_ready(0).await.is_ok() {

@@ -23,11 +23,11 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use iscsi_initiator::{IscsiUrl, Session, SessionConfig};
+//! use iscsi_initiator::{IscsiUrl, SessionConfig};
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let url = IscsiUrl::parse_lun("iscsi://127.0.0.1/iqn.2026-11.org.ironsan:default/0")?;
-//! let session = Arc::new(Session::connect(&url, SessionConfig::from_url(&url)).await?);
+//! let session = Arc::new(transports::connect_session(&url, SessionConfig::from_url(&url)).await?);
 //! let lun = Arc::new(lun_io::Lun::open(session.clone(), url.lun.unwrap_or(0)).await?);
 //! let server = Arc::new(nbd::server::Server::new(lun, "disk".into(), String::new(), 64));
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:10809").await?;

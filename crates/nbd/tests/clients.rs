@@ -84,12 +84,12 @@ async fn start_configured(
         CONFIG.to_string()
     };
     let config = iscsi_target::Config::parse(&config, "test.toml").expect("config");
-    let bound = iscsi_target::Target::bind(config).await.expect("bind");
+    let bound = transports::bind_target(config).await.expect("bind");
     let target = bound.local_addrs()[0];
     tokio::spawn(bound.serve());
     let url = IscsiUrl::parse_lun(&format!("{scheme}://{target}/{IQN}/{lun}")).unwrap();
     let session = Arc::new(
-        Session::connect(&url, SessionConfig::from_url(&url))
+        transports::connect_session(&url, SessionConfig::from_url(&url))
             .await
             .expect("login"),
     );

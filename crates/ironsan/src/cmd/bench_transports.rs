@@ -131,7 +131,7 @@ pub fn run(a: TransportsArgs) -> Result<()> {
                 cfg.header_digest = iscsi_initiator::DigestPreference::Crc32c;
                 cfg.data_digest = iscsi_initiator::DigestPreference::Crc32c;
             }
-            let s = Session::connect(&url, cfg)
+            let s = transports::connect_session(&url, cfg)
                 .await
                 .with_context(|| format!("logging in to {url}"))?;
             sessions.push(Arc::new(s));

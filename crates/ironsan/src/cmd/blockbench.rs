@@ -280,7 +280,9 @@ async fn connect_all(
     let cfg = login.config(url)?;
     let mut v = Vec::new();
     for _ in 0..n.max(1) {
-        v.push(Arc::new(Session::connect(url, cfg.clone()).await?));
+        v.push(Arc::new(
+            transports::connect_session(url, cfg.clone()).await?,
+        ));
     }
     Ok(v)
 }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
-use iscsi_initiator::{scsi, CommandRequest, IscsiUrl, Session, SessionConfig, TraceFile};
+use iscsi_initiator::{scsi, CommandRequest, IscsiUrl, SessionConfig, TraceFile};
 
 /// Options shared by the commands that log in.
 #[derive(clap::Args, Clone)]
@@ -231,7 +231,7 @@ pub fn discover(args: DiscoverArgs) -> anyhow::Result<()> {
     let url = IscsiUrl::from_portal_or_url(&args.portal)?;
     let cfg = args.login.config(&url)?;
     let targets = run_interruptible(&args.login, async {
-        Ok(iscsi_initiator::discover(&url, &cfg).await?)
+        Ok(transports::discover(&url, &cfg).await?)
     })?;
     for t in targets {
         if t.addresses.is_empty() {
@@ -265,7 +265,7 @@ pub fn ls(args: LsArgs) -> anyhow::Result<()> {
     let url = IscsiUrl::from_portal_or_url(&args.url)?;
     let cfg = args.login.config(&url)?;
     run_interruptible(&args.login, async {
-        let targets = iscsi_initiator::discover(&url, &cfg).await?;
+        let targets = transports::discover(&url, &cfg).await?;
         let mut failed = 0;
         for t in &targets {
             let addrs: Vec<String> = t
@@ -275,7 +275,7 @@ pub fn ls(args: LsArgs) -> anyhow::Result<()> {
                 .collect();
             println!("Target: {}  Portal: {}", t.name, addrs.join(" "));
             let turl = url.with_target(&t.name, 0);
-            let s = match Session::connect(&turl, cfg.clone()).await {
+            let s = match transports::connect_session(&turl, cfg.clone()).await {
                 Ok(s) => s,
                 Err(e) => {
                     eprintln!("ironsan: {}: {e}", t.name);
@@ -332,7 +332,7 @@ pub fn inq(args: InqArgs) -> anyhow::Result<()> {
     let url = IscsiUrl::parse_lun(&args.url)?;
     let cfg = args.login.config(&url)?;
     run_interruptible(&args.login, async {
-        let s = Session::connect(&url, cfg).await?;
+        let s = transports::connect_session(&url, cfg).await?;
         let lun = s.default_lun();
         let i = s.inquiry(lun).await?;
         println!("Vendor: {}", i.vendor);
@@ -416,7 +416,7 @@ pub fn read(args: ReadArgs) -> anyhow::Result<()> {
         None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
     };
     run_interruptible(&args.login, async {
-        let s = Session::connect(&url, cfg).await?;
+        let s = transports::connect_session(&url, cfg).await?;
         let lun = s.default_lun();
         s.test_unit_ready(lun).await?;
         let cap = s.capacity(lun).await?;
@@ -502,7 +502,7 @@ pub fn write(args: WriteArgs) -> anyhow::Result<()> {
         None => (Box::new(std::io::stdin().lock()), None),
     };
     run_interruptible(&args.login, async {
-        let s = Session::connect(&url, cfg).await?;
+        let s = transports::connect_session(&url, cfg).await?;
         let lun = s.default_lun();
         s.test_unit_ready(lun).await?;
         let cap = s.capacity(lun).await?;

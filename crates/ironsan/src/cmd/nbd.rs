@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use iscsi_initiator::{IscsiUrl, Session};
+use iscsi_initiator::IscsiUrl;
 
 use super::initiator::{run_with, LoginOpts};
 
@@ -54,7 +54,7 @@ pub fn run(args: NbdArgs) -> anyhow::Result<()> {
     let cfg = args.login.config(&url)?;
     run_with(&args.login, async {
         let session = Arc::new(
-            Session::connect(&url, cfg)
+            transports::connect_session(&url, cfg)
                 .await
                 .with_context(|| format!("logging in to {}", args.url))?,
         );

@@ -168,7 +168,7 @@ pub fn run(args: OsdArgs) -> Result<()> {
     let url = IscsiUrl::parse_lun(&args.url)?;
     let cfg = args.login.config(&url)?;
     run_interruptible(&args.login, async {
-        let s = Session::connect(&url, cfg).await?;
+        let s = transports::connect_session(&url, cfg).await?;
         let osd = Osd {
             lun: s.default_lun(),
             session: &s,

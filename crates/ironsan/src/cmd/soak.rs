@@ -127,7 +127,7 @@ async fn soak(
     let cfg = a.login.config(url)?;
     let mut sessions = Vec::with_capacity(a.sessions);
     for i in 0..a.sessions {
-        let s = Session::connect(url, cfg.clone())
+        let s = transports::connect_session(url, cfg.clone())
             .await
             .with_context(|| format!("logging in session {} of {}", i + 1, a.sessions))?;
         sessions.push(Arc::new(s));

@@ -2,7 +2,7 @@
 //! (one 1 GiB RAM LUN on 127.0.0.1:3260).
 
 use anyhow::Context;
-use iscsi_target::{Config, Target};
+use iscsi_target::Config;
 use std::io::IsTerminal;
 use std::time::Duration;
 
@@ -74,7 +74,9 @@ pub fn run(args: TargetArgs) -> anyhow::Result<()> {
                 .get("0")
                 .is_some_and(|l| matches!(l.backend, scsi::BackendConfig::Osd { .. }))
         });
-        let bound = Target::bind(config).await.map_err(anyhow::Error::msg)?;
+        let bound = transports::bind_target(config)
+            .await
+            .map_err(anyhow::Error::msg)?;
         let trace = match &args.trace {
             Some(path) => {
                 let mut t = pcap_trace::PduTrace::create(path).with_context(|| {

@@ -31,7 +31,7 @@ pub async fn start_target(config: &str) -> SocketAddr {
             .try_init();
     }
     let config = iscsi_target::Config::parse(config, "test.toml").expect("config");
-    let bound = iscsi_target::Target::bind(config).await.expect("bind");
+    let bound = transports::bind_target(config).await.expect("bind");
     let addr = bound.local_addrs()[0];
     tokio::spawn(bound.serve());
     addr

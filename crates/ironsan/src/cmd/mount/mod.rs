@@ -76,7 +76,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     let io_timeout = Duration::from_secs(args.io_timeout);
     run_with(&args.login, async {
         let session = Arc::new(
-            Session::connect(&url, cfg)
+            transports::connect_session(&url, cfg)
                 .await
                 .with_context(|| format!("logging in to {url}"))?,
         );

@@ -8,7 +8,7 @@ use std::time::Duration;
 use analyze::stats::{self, StatsOptions};
 use analyze::{analyze_file, Analysis, Options};
 use bytes::Bytes;
-use iscsi_initiator::{IscsiUrl, Session, SessionConfig, TraceFile};
+use iscsi_initiator::{IscsiUrl, SessionConfig, TraceFile};
 use pcap_trace::PduTrace;
 
 const CONFIG: &str = r#"
@@ -40,7 +40,7 @@ async fn a_headers_only_trace_decodes_like_the_whole_one() {
     let (whole, snapped) = (temp("target.pcapng"), temp("initiator.pcapng"));
     let run = async {
         let config = iscsi_target::Config::parse(CONFIG, "snap.toml").expect("config");
-        let bound = iscsi_target::Target::bind(config).await.expect("bind");
+        let bound = transports::bind_target(config).await.expect("bind");
         let addr = bound.local_addrs()[0];
         let target_trace = PduTrace::create(&whole).expect("trace file");
         bound.trace_to(target_trace.clone());
@@ -54,7 +54,7 @@ async fn a_headers_only_trace_decodes_like_the_whole_one() {
             trace: Some(trace.clone()),
             ..SessionConfig::from_url(&url)
         };
-        let s = Session::connect(&url, cfg).await.expect("login");
+        let s = transports::connect_session(&url, cfg).await.expect("login");
         let data = Bytes::from(
             (0..4u32 << 20)
                 .map(|i| (i % 251) as u8)

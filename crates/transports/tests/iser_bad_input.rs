@@ -29,6 +29,7 @@ use rdma::{
 };
 use rnic::{AccessError, Rnic};
 
+#[path = "common/target.rs"]
 mod common;
 use common::{bhs, key_values, parse_keys, pattern, read10, write10};
 
@@ -64,7 +65,7 @@ async fn start_target_with(extra: &str) -> SocketAddr {
          name = \"{IQN}\"\n[target.lun.0]\nsize = \"16MiB\"\nbackend = \"memory\"\n"
     );
     let config = iscsi_target::Config::parse(&text, "test.toml").expect("config");
-    let bound = iscsi_target::Target::bind(config).await.expect("bind");
+    let bound = transports::bind_target(config).await.expect("bind");
     let addr = bound.local_addrs()[0];
     tokio::spawn(bound.serve());
     addr

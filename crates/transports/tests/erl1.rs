@@ -4,6 +4,7 @@
 //! first sent. Every scenario ends with the data read back intact on the same connection.
 //! At level 0 the same faults still end the connection, and SNACK is refused.
 
+#[path = "common/target.rs"]
 mod common;
 use common::*;
 

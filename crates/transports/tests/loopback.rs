@@ -8,10 +8,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use iscsi_initiator::{discover, Error, IscsiUrl, Session, SessionConfig};
+use iscsi_initiator::{Error, IscsiUrl, Session, SessionConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+#[path = "common/initiator.rs"]
 mod common;
 use common::random_bytes;
 
@@ -92,7 +93,7 @@ async fn plain_login_capacity_inquiry_and_data_both_ways() {
     timeout(async {
         let addr = start_target().await;
         let u = url(addr, "", "plain", 0);
-        let s = Session::connect(&u, SessionConfig::from_url(&u))
+        let s = transports::connect_session(&u, SessionConfig::from_url(&u))
             .await
             .unwrap();
         let inq = s.inquiry(0).await.unwrap();
@@ -137,12 +138,12 @@ async fn chap_mutual_chap_and_their_failures() {
     timeout(async {
         let addr = start_target().await;
         let u = url(addr, "alice%alicesecret12@", "chap", 0);
-        let s = Session::connect(&u, SessionConfig::from_url(&u)).await.unwrap();
+        let s = transports::connect_session(&u, SessionConfig::from_url(&u)).await.unwrap();
         write_read_verify(&s, 8, 64 * 1024, 4).await;
         s.logout().await.unwrap();
 
         let u = url(addr, "alice%wrongsecret99@", "chap", 0);
-        let e = Session::connect(&u, SessionConfig::from_url(&u)).await.err().unwrap();
+        let e = transports::connect_session(&u, SessionConfig::from_url(&u)).await.err().unwrap();
         let m = e.to_string();
         assert!(m.contains("authentication failure") && m.contains("0x0201"), "{m}");
 
@@ -150,7 +151,7 @@ async fn chap_mutual_chap_and_their_failures() {
             "iscsi://bob%bobsecret1234@{addr}/iqn.2026-11.org.ironsan:mutual/0?target_user=tgt&target_password=targetsecret1"
         ))
         .unwrap();
-        let s = Session::connect(&u, SessionConfig::from_url(&u)).await.unwrap();
+        let s = transports::connect_session(&u, SessionConfig::from_url(&u)).await.unwrap();
         write_read_verify(&s, 0, 128 * 1024, 5).await;
         s.logout().await.unwrap();
 
@@ -158,12 +159,12 @@ async fn chap_mutual_chap_and_their_failures() {
             "iscsi://bob%bobsecret1234@{addr}/iqn.2026-11.org.ironsan:mutual/0?target_user=tgt&target_password=notthesecret1"
         ))
         .unwrap();
-        let e = Session::connect(&u, SessionConfig::from_url(&u)).await.err().unwrap();
+        let e = transports::connect_session(&u, SessionConfig::from_url(&u)).await.err().unwrap();
         assert!(e.to_string().contains("mutual CHAP"), "{e}");
 
         // A target that demands CHAP, without credentials.
         let u = url(addr, "", "chap", 0);
-        let e = Session::connect(&u, SessionConfig::from_url(&u)).await.err().unwrap();
+        let e = transports::connect_session(&u, SessionConfig::from_url(&u)).await.err().unwrap();
         assert!(matches!(e, Error::Login(_)), "{e}");
     })
     .await
@@ -178,7 +179,7 @@ async fn header_and_data_digests() {
             "iscsi://{addr}/iqn.2026-11.org.ironsan:digests/0?header_digest=crc32c&data_digest=crc32c"
         ))
         .unwrap();
-        let s = Session::connect(&u, SessionConfig::from_url(&u)).await.unwrap();
+        let s = transports::connect_session(&u, SessionConfig::from_url(&u)).await.unwrap();
         write_read_verify(&s, 0, 512, 6).await;
         write_read_verify(&s, 77, 5 << 20, 7).await;
         s.logout().await.unwrap();
@@ -192,7 +193,7 @@ async fn header_and_data_digests() {
             connections: 4,
             ..SessionConfig::from_url(&u)
         };
-        let s = Session::connect(&u, cfg).await.unwrap();
+        let s = transports::connect_session(&u, cfg).await.unwrap();
         assert_eq!(s.connection_count(), 4);
         write_read_verify(&s, 4096, 1 << 20, 8).await;
         s.logout().await.unwrap();
@@ -210,7 +211,7 @@ async fn four_connections_per_session_with_concurrent_verified_io() {
             connections: std::env::var("CONNS").map_or(4, |v| v.parse().unwrap()),
             ..SessionConfig::from_url(&u)
         };
-        let s = Arc::new(Session::connect(&u, cfg).await.unwrap());
+        let s = Arc::new(transports::connect_session(&u, cfg).await.unwrap());
         assert_eq!(
             s.connection_count(),
             std::env::var("CONNS").map_or(4, |v| v.parse().unwrap())
@@ -292,7 +293,7 @@ async fn a_16_mib_read_is_one_scsi_command_on_the_wire() {
         let addr = start_target().await;
         let (proxy, reads, read_bytes) = counting_proxy(addr).await;
         let u = url(proxy, "", "plain", 0);
-        let s = Session::connect(&u, SessionConfig::from_url(&u))
+        let s = transports::connect_session(&u, SessionConfig::from_url(&u))
             .await
             .unwrap();
         s.test_unit_ready(0).await.unwrap();
@@ -319,7 +320,7 @@ async fn discovery_lists_every_target() {
     timeout(async {
         let addr = start_target().await;
         let u = IscsiUrl::from_portal_or_url(&addr.to_string()).unwrap();
-        let mut names: Vec<String> = discover(&u, &SessionConfig::default())
+        let mut names: Vec<String> = transports::discover(&u, &SessionConfig::default())
             .await
             .unwrap()
             .into_iter()
@@ -345,7 +346,7 @@ async fn reconnect_reinstates_the_session_and_io_goes_on() {
             connections: 2,
             ..SessionConfig::from_url(&u)
         };
-        let s = Session::connect(&u, cfg).await.unwrap();
+        let s = transports::connect_session(&u, cfg).await.unwrap();
         write_read_verify(&s, 0, 64 * 1024, 11).await;
         let tsih = s.tsih();
         s.break_connections();
@@ -364,7 +365,7 @@ async fn lost_connection_fails_commands_with_a_clear_error() {
     timeout(async {
         let addr = start_target().await;
         let u = url(addr, "", "plain", 0);
-        let s = Session::connect(&u, SessionConfig::from_url(&u))
+        let s = transports::connect_session(&u, SessionConfig::from_url(&u))
             .await
             .unwrap();
         s.test_unit_ready(0).await.unwrap();
@@ -384,7 +385,7 @@ async fn errors_users_see() {
         let dead = l.local_addr().unwrap();
         drop(l);
         let u = url(dead, "", "plain", 0);
-        let e = Session::connect(&u, SessionConfig::default())
+        let e = transports::connect_session(&u, SessionConfig::default())
             .await
             .err()
             .unwrap();
@@ -396,7 +397,7 @@ async fn errors_users_see() {
 
         let addr = start_target().await;
         let u = url(addr, "", "nosuchtarget", 0);
-        let e = Session::connect(&u, SessionConfig::default())
+        let e = transports::connect_session(&u, SessionConfig::default())
             .await
             .err()
             .unwrap()
@@ -408,7 +409,7 @@ async fn errors_users_see() {
             .to_string()
             .replace("iscsi://", "iser://");
         let u = IscsiUrl::parse_lun(&iser).unwrap();
-        let e = Session::connect(&u, SessionConfig::default())
+        let e = transports::connect_session(&u, SessionConfig::default())
             .await
             .err()
             .unwrap()
@@ -472,7 +473,7 @@ async fn commands_in_flight_when_the_connection_drops_are_retried_or_failed() {
         let target = start_target().await;
         // Known data first, straight to the target.
         let u = url(target, "", "plain", 0);
-        let s = Session::connect(&u, SessionConfig::from_url(&u))
+        let s = transports::connect_session(&u, SessionConfig::from_url(&u))
             .await
             .unwrap();
         s.test_unit_ready(0).await.unwrap();
@@ -488,7 +489,7 @@ async fn commands_in_flight_when_the_connection_drops_are_retried_or_failed() {
                 reconnect,
                 ..SessionConfig::from_url(&u)
             };
-            let s = Session::connect(&u, cfg).await.unwrap();
+            let s = transports::connect_session(&u, cfg).await.unwrap();
             s.test_unit_ready(0).await.unwrap();
             let pending: Vec<_> = (0..8u64)
                 .map(|i| {

@@ -3,6 +3,7 @@
 //! (Reject with the right reason, a login failure status, or a closed connection) while other
 //! sessions carry on.
 
+#[path = "common/target.rs"]
 mod common;
 use common::*;
 use std::time::Duration;

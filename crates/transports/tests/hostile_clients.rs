@@ -7,6 +7,7 @@
 //! 0x0206 Too many connections), and other sessions carry on. A connection naming a session's
 //! TSIH with another ISID is refused (0x020a Session does not exist).
 
+#[path = "common/target.rs"]
 mod common;
 use common::*;
 
@@ -21,7 +22,7 @@ async fn start_with(portals: &str, extra: &str) -> SocketAddr {
          [target.lun.0]\nsize = \"64MiB\"\nbackend = \"memory\"\n"
     );
     let config = iscsi_target::Config::parse(&text, "test.toml").expect("config");
-    let bound = iscsi_target::Target::bind(config).await.expect("bind");
+    let bound = transports::bind_target(config).await.expect("bind");
     let addr = bound.local_addrs()[0];
     tokio::spawn(bound.serve());
     addr

@@ -18,6 +18,7 @@ use iwarp::ddp::{DdpHeader, Opcode, UntaggedHeader, QN_SEND};
 use iwarp::{fpdu, mpa};
 
 #[allow(dead_code)] // start_target is for the tests against ironsan's own target
+#[path = "common/initiator.rs"]
 mod common;
 
 /// The bound on any single wait.
@@ -187,7 +188,7 @@ async fn connect(addr: SocketAddr) -> Session {
         login_timeout: T,
         ..SessionConfig::from_url(&url)
     };
-    tokio::time::timeout(T, Session::connect(&url, cfg))
+    tokio::time::timeout(T, transports::connect_session(&url, cfg))
         .await
         .expect("login in time")
         .expect("iSER login to the MPA peer")

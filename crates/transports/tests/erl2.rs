@@ -6,6 +6,7 @@
 //! RFC 7143 gives: a task whose connection lives, an unknown task, a task kept past
 //! DefaultTime2Retain, and any task below level 2.
 
+#[path = "common/target.rs"]
 mod common;
 use common::*;
 use std::time::Duration;

@@ -2,6 +2,7 @@
 //! reads the answers. Its own test binary, so the resident set measured is the target's (and
 //! this test's), not other tests'.
 
+#[path = "common/target.rs"]
 mod common;
 use common::*;
 use std::time::Duration;

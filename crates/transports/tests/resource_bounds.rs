@@ -8,6 +8,7 @@
 //! (and this test's); the tests run one at a time (`SERIAL`), and the attacks that measure
 //! memory one after another in one test.
 
+#[path = "common/target.rs"]
 mod common;
 use common::*;
 
@@ -682,7 +683,7 @@ async fn a_lun_reset_touches_only_the_target_it_was_sent_to() {
          [[target]]\nname = \"{other}\"\n[target.lun.0]\nsize = \"16MiB\"\nbackend = \"memory\"\n"
     );
     let config = iscsi_target::Config::parse(&text, "test.toml").expect("config");
-    let bound = iscsi_target::Target::bind(config).await.expect("bind");
+    let bound = transports::bind_target(config).await.expect("bind");
     let addr = bound.local_addrs()[0];
     tokio::spawn(bound.serve());
 

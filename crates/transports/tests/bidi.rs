@@ -11,6 +11,7 @@ use iscsi_initiator::{CommandRequest, IscsiUrl, Residual, Session, SessionConfig
 use osd::attr::{number, page, AttrId};
 use osd::client;
 
+#[path = "common/initiator.rs"]
 mod common;
 use common::random_bytes;
 
@@ -39,7 +40,7 @@ async fn session(addr: SocketAddr, scheme: &str, lun: u16) -> Session {
         "{scheme}://{addr}/iqn.2026-11.org.ironsan:objects/{lun}"
     ))
     .expect("url");
-    Session::connect(&url, SessionConfig::from_url(&url))
+    transports::connect_session(&url, SessionConfig::from_url(&url))
         .await
         .expect("login")
 }

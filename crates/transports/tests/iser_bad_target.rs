@@ -27,6 +27,7 @@ use rnic::Rnic;
 use tokio::sync::mpsc;
 
 #[allow(dead_code)] // start_target is for the tests against ironsan's own target
+#[path = "common/initiator.rs"]
 mod common;
 use common::{iser_login_response, random_bytes, raw_target_send};
 
@@ -390,7 +391,7 @@ async fn connect(addr: SocketAddr, reconnect: bool) -> Session {
         reconnect_attempts: 2,
         ..cfg
     };
-    tokio::time::timeout(T + T, Session::connect(&url, cfg))
+    tokio::time::timeout(T + T, transports::connect_session(&url, cfg))
         .await
         .expect("login in time")
         .expect("iSER login to the raw target")
@@ -735,7 +736,7 @@ async fn refusing_remote_invalidation_sends_the_cm_word_0xc0() {
         iser_remote_invalidation: false,
         ..cfg
     };
-    let s = tokio::time::timeout(T + T, Session::connect(&url, cfg))
+    let s = tokio::time::timeout(T + T, transports::connect_session(&url, cfg))
         .await
         .expect("login in time")
         .expect("iSER login to the raw target");
@@ -819,7 +820,7 @@ fn refusing_target(target_closes: bool) -> RawTarget {
 async fn refused_login(addr: SocketAddr) -> (Error, Duration) {
     let (url, cfg) = raw_target_session(addr);
     let started = Instant::now();
-    let got = tokio::time::timeout(T + T, Session::connect(&url, cfg))
+    let got = tokio::time::timeout(T + T, transports::connect_session(&url, cfg))
         .await
         .expect("the login ended in time");
     match got {
@@ -884,7 +885,7 @@ async fn a_failed_login_closes_its_connection() {
         Box::new(|conn: &mut RawConn| Ok(format!("ended, QP error {:?}", conn.wait_ended()?)));
     let mut raw = RawTarget::start_with(RawConn::misanswer_login, vec![(WORD_SIE, ends)]);
     let (url, cfg) = raw_target_session(raw.addr);
-    let got = tokio::time::timeout(T + T, Session::connect(&url, cfg))
+    let got = tokio::time::timeout(T + T, transports::connect_session(&url, cfg))
         .await
         .expect("the login ended in time");
     let e = got.err().expect("a login answered for another ITT fails");

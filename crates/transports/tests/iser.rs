@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use iscsi_initiator::{IscsiUrl, Session, SessionConfig};
 
+#[path = "common/initiator.rs"]
 mod common;
 use common::random_bytes;
 
@@ -97,7 +98,7 @@ async fn iser_connections_on_the_reactor_or_the_targets_runtime_carry_verified_d
 /// A session over iSER to the target at `addr`, with the URL's default settings.
 async fn iser_session(addr: SocketAddr) -> Session {
     let u = url(addr, "iser");
-    Session::connect(&u, SessionConfig::from_url(&u))
+    transports::connect_session(&u, SessionConfig::from_url(&u))
         .await
         .expect("iSER login")
 }
@@ -146,7 +147,7 @@ async fn iser_login_and_verified_data_both_ways() {
         s.logout().await.unwrap();
         // The same port serves iSCSI/TCP: the data written over iSER reads back over TCP.
         let t = url(addr, "iscsi");
-        let s = Session::connect(&t, SessionConfig::from_url(&t))
+        let s = transports::connect_session(&t, SessionConfig::from_url(&t))
             .await
             .unwrap();
         let back = s.read(0, 5000, 6144, 512).await.unwrap();
@@ -191,7 +192,7 @@ async fn iser_login_variants_carry_verified_data() {
         for (k, (what, set)) in variants.into_iter().enumerate() {
             let mut cfg = SessionConfig::from_url(&u);
             set(&mut cfg);
-            let s = Session::connect(&u, cfg).await.expect(what);
+            let s = transports::connect_session(&u, cfg).await.expect(what);
             let seed = 10 * k as u64;
             write_read_verify(&s, 0, 512, seed).await;
             write_read_verify(&s, 100, 200 * 1024, seed + 1).await;
@@ -274,7 +275,7 @@ async fn with_mpa_crc_reads_leave_by_block_crcs_and_racing_writes_never_break_th
             std::sync::Arc::new(iser_session(addr).await),
             std::sync::Arc::new(iser_session(addr).await),
             std::sync::Arc::new(
-                Session::connect(&tcp, SessionConfig::from_url(&tcp))
+                transports::connect_session(&tcp, SessionConfig::from_url(&tcp))
                     .await
                     .unwrap(),
             ),
@@ -336,7 +337,7 @@ async fn a_quiet_iser_connection_does_not_keep_its_reads_blocks_from_writers() {
         let addr = start().await;
         let iser = iser_session(addr).await;
         let tcp = url(addr, "iscsi");
-        let tcp = Session::connect(&tcp, SessionConfig::from_url(&tcp))
+        let tcp = transports::connect_session(&tcp, SessionConfig::from_url(&tcp))
             .await
             .unwrap();
         let iser = std::sync::Arc::new(iser);

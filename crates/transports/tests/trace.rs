@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use analyze::{Dir, PduRecord};
 use bytes::Bytes;
-use iscsi_initiator::{scsi, IscsiUrl, Session, SessionConfig, TraceFile};
+use iscsi_initiator::{scsi, IscsiUrl, SessionConfig, TraceFile};
 
+#[path = "common/initiator.rs"]
 mod common;
 
 const CONFIG: &str = r#"
@@ -43,7 +44,7 @@ async fn exchange(u: &IscsiUrl, trace: &TraceFile) {
         trace: Some(trace.clone()),
         ..SessionConfig::from_url(u)
     };
-    let s = Session::connect(u, cfg).await.expect("login");
+    let s = transports::connect_session(u, cfg).await.expect("login");
     let data: Bytes = (0..1 << 20).map(|i| (i * 7 % 251) as u8).collect();
     // The first command may meet the new session's unit attention: issue it until GOOD.
     let cdb = scsi::read_write(true, 0, 2048, false);

@@ -43,7 +43,7 @@ pub async fn start_target_with(top: &str, target_keys: &str, lun_config: &str) -
          [target.lun.0]\n{lun_config}\n"
     );
     let config = iscsi_target::Config::parse(&text, "test.toml").expect("config");
-    let bound = iscsi_target::Target::bind(config).await.expect("bind");
+    let bound = transports::bind_target(config).await.expect("bind");
     let addr = bound.local_addrs()[0];
     tokio::spawn(bound.serve());
     addr
