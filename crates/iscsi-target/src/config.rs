@@ -938,6 +938,41 @@ read_only = true
     }
 
     #[test]
+    fn rbd_backend_mistakes_name_their_line() {
+        let head = "[[target]]\nname = \"iqn.2026-11.x:y\"\n[target.lun.1]\n";
+        let c = Config::parse(
+            &format!("{head}backend = {{ type = \"rbd\", pool = \"rbd\", image = \"disk1\" }}\n"),
+            "x.toml",
+        )
+        .unwrap();
+        assert!(matches!(
+            &Config::luns(&c.targets[0])[0].1.backend,
+            scsi::BackendConfig::Rbd(s) if s.pool == "rbd" && s.image == "disk1" && !s.create
+        ));
+        let e = Config::parse(
+            &format!("{head}backend = {{ type = \"rbd\", pool = \"rbd\", image = \"d\", create = true }}\n"),
+            "x.toml",
+        )
+        .unwrap_err()
+        .0;
+        assert!(
+            e.starts_with("x.toml:3:") && e.contains("needs a size"),
+            "{e}"
+        );
+        let e = Config::parse(
+            &format!("{head}backend = {{ type = \"rbd\", pool = \"rbd\" }}\n"),
+            "x.toml",
+        )
+        .unwrap_err()
+        .0;
+        assert!(e.starts_with("x.toml:4:") && e.contains("image"), "{e}");
+        let e = Config::parse(&format!("{head}backend = \"rbd\"\n"), "x.toml")
+            .unwrap_err()
+            .0;
+        assert!(e.starts_with("x.toml:4:") && e.contains("pool"), "{e}");
+    }
+
+    #[test]
     fn auth_lockout_and_budget_wait_are_configured() {
         let defaults = Config::parse("", "x.toml").expect("no keys");
         assert_eq!(

@@ -200,6 +200,12 @@ impl Device {
             Some(l) => l.clone(),
             None => return self.no_such_lun(&cmd),
         };
+        // A backend whose size changes by itself (an RBD image resized in the cluster):
+        // the LUN follows, and every nexus hears CAPACITY DATA HAS CHANGED.
+        let blocks = lun.backend.size() >> lun.bs_shift;
+        if blocks != lun.num_blocks() && blocks != 0 {
+            lun.set_num_blocks(blocks, &self.known_nexuses());
+        }
         let info = self.nexus_info(cmd.nexus);
         lun.execute(self, cmd, info).await
     }
@@ -372,5 +378,8 @@ fn open_backend(
             storage::BlockBackend::open(path, size, cfg.read_only).map_err(|e| e.to_string())?,
         ),
         BackendConfig::Osd { .. } => return Err("an object store is not a block backend".into()),
+        BackendConfig::Rbd(spec) => {
+            Arc::new(storage_rbd::RbdBackend::open(spec, size).map_err(|e| e.to_string())?)
+        }
     })
 }
