@@ -10,6 +10,10 @@
 #   * kill -9 of the target while an initiator writes with FUA and with SYNCHRONIZE CACHE:
 #     every write acknowledged as durable is in the image afterwards (`rbd export`);
 #   * `rbd resize` while serving: READ CAPACITY shows the new size;
+#   * monitor and OSD paused (SIGSTOP) when the target starts: the RBD LUN is NOT READY with
+#     a log line while a memory LUN serves, and serves once they resume; the OSD paused
+#     during I/O: a read fails within the op timeout (storage-rbd's OP_TIMEOUT_SECS, 30 s)
+#     and the LUN serves again when it resumes;
 #   * the crate's own tests against this cluster (IRONSAN_RBD_TEST_CONF).
 #
 # Environment: IRONSAN (the ironsan binary; default target/release/ironsan), SUITE_FILTER
@@ -183,6 +187,54 @@ PY
   echo "   kill -9: all $fua FUA and $sync SYNCHRONIZE CACHE acknowledged writes are in the image ($(tail -1 "$work/acks.txt"))"
 }
 
+# ---------------------------------------------------------------- an unreachable or lost cluster
+# The daemons are paused (SIGSTOP) rather than killed: the memstore OSD keeps its data.
+faults() {
+  local mon osd t1 ok=0
+  mon=$(cat "$cluster/run/mon.a.pid"); osd=$(cat "$cluster/run/osd.0.pid")
+  rbdc create rbd/faults --size 16M >/dev/null 2>&1
+  head -c 4096 /dev/urandom >"$work/fault-block.bin"
+  kill -STOP "$mon" "$osd"
+  start_target faults "$(rbd_lun 1 faults 16MiB)
+[target.lun.2]
+size = \"16MiB\"
+backend = \"memory\"" || { kill -CONT "$mon" "$osd"; return 1; }
+  for _ in $(seq 1 150); do grep -q "NOT READY until it connects" "$work/faults.log" && break; sleep 0.2; done
+  grep -q "NOT READY until it connects" "$work/faults.log" || { echo "FAIL: no log line for the unreachable cluster"; ok=1; }
+  timeout 60 "$IRONSAN" read --length 4096 --output /dev/null "$URL/2" >/dev/null 2>&1 || { echo "FAIL: the memory LUN does not serve while the cluster is unreachable"; ok=1; }
+  if timeout 60 "$IRONSAN" read --length 4096 --output /dev/null "$URL/1" >"$work/notready.out" 2>&1; then
+    echo "FAIL: the RBD LUN served a read while its cluster was unreachable"; ok=1
+  fi
+  kill -CONT "$mon" "$osd"
+  t1=$SECONDS
+  until timeout 60 "$IRONSAN" write --input "$work/fault-block.bin" "$URL/1" >/dev/null 2>&1; do
+    ((SECONDS - t1 < 60)) || { echo "FAIL: the RBD LUN did not become ready within 60 s of the cluster's return"; ok=1; break; }
+    sleep 1
+  done
+  echo "   unreachable at start: NOT READY ($(grep -o 'NOT READY\|Not Ready\|not ready' "$work/notready.out" | head -1)), other LUN served, ready $((SECONDS - t1)) s after the cluster came back"
+  # Lost during I/O: the OSD stops answering; the command fails after the op timeout. The
+  # read is of an object that exists (so librbd's object map cannot answer it) at bytes its
+  # cache does not hold.
+  timeout 60 "$IRONSAN" write --offset 8MiB --input "$work/fault-block.bin" "$URL/1" >/dev/null 2>&1 || { echo "FAIL: write at 8 MiB"; ok=1; }
+  kill -STOP "$osd"
+  t1=$SECONDS
+  if timeout 120 "$IRONSAN" read --offset 9MiB --length 4096 --output /dev/null "$URL/1" >"$work/lost.out" 2>&1; then
+    echo "FAIL: a read succeeded with the OSD stopped"; ok=1
+  fi
+  local failed_after=$((SECONDS - t1))
+  kill -CONT "$osd"
+  ((failed_after <= 90)) || { echo "FAIL: the read failed only after $failed_after s"; ok=1; }
+  t1=$SECONDS
+  until timeout 60 "$IRONSAN" read --length 4096 --output "$work/fault-back.bin" "$URL/1" >/dev/null 2>&1; do
+    ((SECONDS - t1 < 60)) || { echo "FAIL: the RBD LUN did not serve again within 60 s of the OSD's return"; ok=1; break; }
+    sleep 1
+  done
+  cmp -s "$work/fault-back.bin" "$work/fault-block.bin" || { echo "FAIL: the block written after the cluster came back reads back differently"; ok=1; }
+  stop_target
+  echo "   lost during I/O: the read failed after $failed_after s ($(tail -1 "$work/lost.out" | cut -c1-120)); served again $((SECONDS - t1)) s after the OSD came back"
+  return $ok
+}
+
 # ---------------------------------------------------------------- the crate's cluster tests
 crate_tests() {
   [[ -n "${SKIP_CARGO:-}" ]] && return 0
@@ -198,6 +250,8 @@ echo "== rbd export / import"
 export_import || status=1
 echo "== kill -9 during FUA and SYNCHRONIZE CACHE writes"
 durability || status=1
+echo "== cluster unreachable at start, cluster lost during I/O"
+faults || status=1
 echo "== storage-rbd tests on the cluster"
 crate_tests || status=1
 echo "== stage 67 done in $((SECONDS - t0)) s: $([[ $status == 0 ]] && echo PASS || echo FAIL)"

@@ -821,8 +821,9 @@ read_only = true
         let len = readme[start..].find("```").expect("end of the toml block");
         let c = Config::parse(&readme[start..start + len], "README.md").unwrap();
         let luns = Config::luns(&c.targets[0]);
-        assert_eq!(luns.len(), 5);
+        assert_eq!(luns.len(), 6);
         assert!(matches!(luns[4].1.backend, scsi::BackendConfig::Osd { .. }));
+        assert!(matches!(luns[5].1.backend, scsi::BackendConfig::Rbd(_)));
         let lun3 = &luns[3].1;
         assert!(lun3.sanitize && lun3.serial.as_deref() == Some("DISK3-0001"));
         // The derived identities must accept the example's WWN too.

@@ -16,7 +16,7 @@ use std::ffi::{c_int, c_void, CString};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -173,12 +173,14 @@ fn connect(api: &'static Api, spec: &RbdSpec, size: Option<u64>) -> io::Result<H
     // SAFETY: a configured cluster handle.
     let r = unsafe { (api.rados_connect)(h.cluster) };
     if r < 0 {
-        return Err(err(
+        // NotConnected marks the one failure that is worth retrying (see RbdBackend::open).
+        return Err(io::Error::new(
+            io::ErrorKind::NotConnected,
             format!(
-                "cannot connect to the cluster of {} within {CONNECT_TIMEOUT_SECS} s",
-                spec.conf_path().display()
+                "rbd image {name}: cannot reach the cluster of {} within {CONNECT_TIMEOUT_SECS} s: {}",
+                spec.conf_path().display(),
+                errno(r as i64)
             ),
-            r,
         ));
     }
     // SAFETY: a connected cluster handle, a NUL-terminated pool name, an out-pointer.
@@ -280,37 +282,63 @@ const COMPLETION_WAIT: Duration = Duration::from_secs(2 * OP_TIMEOUT_SECS + 5);
 /// A RBD image serving as a LUN's backend.
 pub struct RbdBackend {
     spec: RbdSpec,
-    handles: Arc<Handles>,
-    /// The image size, updated when a resize is seen.
+    /// The open image, once the cluster was reached (until then the LUN is NOT READY).
+    conn: Arc<OnceLock<Connection>>,
+    /// The LUN's size in bytes, updated when a resize of the image is seen.
     size: Arc<AtomicU64>,
-    /// The image's update watch: handle and the leaked sender its callback uses.
-    watch: Option<(u64, *mut mpsc::SyncSender<()>)>,
+}
+
+/// An open image and its update watch.
+struct Connection {
+    handles: Arc<Handles>,
+    /// The watch's handle and the leaked sender its callback uses.
+    watch: (u64, *mut mpsc::SyncSender<()>),
 }
 
 // SAFETY: the raw watch pointer is only dereferenced by librbd's callback (through
 // `on_update`) and freed in Drop after the watch is removed; Handles is Send + Sync.
-unsafe impl Send for RbdBackend {}
+unsafe impl Send for Connection {}
 // SAFETY: as for Send; no method touches the watch pointer.
-unsafe impl Sync for RbdBackend {}
+unsafe impl Sync for Connection {}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        let (handle, tx) = self.watch;
+        // SAFETY: the handle came from rbd_update_watch on this open image.
+        unsafe { (self.handles.api.rbd_update_unwatch)(self.handles.image, handle) };
+        // SAFETY: librbd calls `on_update` no more once unwatched: we are the only owner.
+        drop(unsafe { Box::from_raw(tx) });
+    }
+}
 
 /// librbd's update-watch callback: wakes the thread that re-reads the size. Never blocks.
 unsafe extern "C" fn on_update(arg: *mut c_void) {
-    // SAFETY: `arg` is the SyncSender leaked by `RbdBackend::watch_updates`, freed only after
+    // SAFETY: `arg` is the SyncSender leaked by `Connection::open`, freed only after
     // `rbd_update_unwatch` returned (after which librbd no longer calls back).
     let tx = unsafe { &*arg.cast::<mpsc::SyncSender<()>>() };
     let _ = tx.try_send(());
 }
 
-impl RbdBackend {
-    /// Connects to the cluster and opens (with `spec.create`, creates) the image.
-    ///
-    /// `size`: the LUN's size; `None` means the image's size. An image larger than `size`
-    /// is used up to `size`; a smaller one is an error.
-    pub fn open(spec: &RbdSpec, size: Option<u64>) -> io::Result<RbdBackend> {
-        let api = Api::get().map_err(|e| io::Error::new(io::ErrorKind::Unsupported, e))?;
+/// Seconds between attempts to reach a cluster that was unreachable at start.
+pub const RETRY_SECS: u64 = 5;
+
+/// The size a LUN reports while its image's size is unknown (cluster unreachable at start,
+/// no `size` configured): one 4 KiB block, replaced (with CAPACITY DATA HAS CHANGED) once
+/// the image is open.
+pub const UNKNOWN_SIZE: u64 = 4096;
+
+impl Connection {
+    /// Connects and opens the image; checks it against the configured `size` and returns
+    /// the LUN's size with the connection, whose watch keeps `lun_size` current.
+    fn open(
+        api: &'static Api,
+        spec: &RbdSpec,
+        size: Option<u64>,
+        lun_size: &Arc<AtomicU64>,
+    ) -> io::Result<Connection> {
         let handles = Arc::new(connect(api, spec, size)?);
         let image_bytes = image_size(&handles)?;
-        let size = match size {
+        let bytes = match size {
             Some(want) if want > image_bytes => {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidInput,
@@ -323,14 +351,82 @@ impl RbdBackend {
             Some(want) => want,
             None => image_bytes,
         };
-        let mut backend = RbdBackend {
-            spec: spec.clone(),
-            handles,
-            size: Arc::new(AtomicU64::new(size)),
-            watch: None,
+        let (tx, rx) = mpsc::sync_channel::<()>(1);
+        let tx = Box::into_raw(Box::new(tx));
+        let mut handle = 0u64;
+        // SAFETY: an open image; `on_update` matches rbd_update_callback_t, and `tx` lives
+        // until Connection's Drop removes the watch.
+        let r = unsafe { (api.rbd_update_watch)(handles.image, &mut handle, on_update, tx.cast()) };
+        if r < 0 {
+            // SAFETY: the watch was not registered: nobody else holds the pointer.
+            drop(unsafe { Box::from_raw(tx) });
+            return Err(errno(r as i64));
+        }
+        let conn = Connection {
+            handles: handles.clone(),
+            watch: (handle, tx),
         };
-        backend.watch_updates()?;
-        Ok(backend)
+        lun_size.store(bytes, Ordering::Release);
+        let lun_size = lun_size.clone();
+        let name = spec.display_name();
+        // librbd's callback must not wait on the image itself: a thread re-reads the size.
+        std::thread::Builder::new()
+            .name("rbd-watch".into())
+            .spawn(move || {
+                let mut seen = image_bytes;
+                // Ends when the connection's Drop frees the sender (the channel disconnects).
+                while rx.recv().is_ok() {
+                    match image_size(&handles) {
+                        // Other updates (snapshots, metadata) leave a configured size alone.
+                        Ok(new) if new != seen => {
+                            tracing::info!(image = %name, old = seen, new, "rbd image resized");
+                            seen = new;
+                            lun_size.store(new, Ordering::Release);
+                        }
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(image = %name, "cannot read the size after an update: {e}"),
+                    }
+                }
+            })?;
+        Ok(conn)
+    }
+}
+
+impl RbdBackend {
+    /// Connects to the cluster and opens (with `spec.create`, creates) the image.
+    ///
+    /// `size`: the LUN's size; `None` means the image's size. An image larger than `size`
+    /// is used up to `size`; a smaller one is an error, as are a missing pool or image. A
+    /// cluster that cannot be reached is not: the backend is returned not ready
+    /// ([`Backend::ready`]), with a log line, and a thread tries again every
+    /// [`RETRY_SECS`] until it connects or the backend is dropped.
+    pub fn open(spec: &RbdSpec, size: Option<u64>) -> io::Result<RbdBackend> {
+        let api = Api::get().map_err(|e| io::Error::new(io::ErrorKind::Unsupported, e))?;
+        let lun_size = Arc::new(AtomicU64::new(size.unwrap_or(UNKNOWN_SIZE)));
+        let conn = Arc::new(OnceLock::new());
+        match Connection::open(api, spec, size, &lun_size) {
+            Ok(c) => {
+                let _ = conn.set(c);
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotConnected => {
+                tracing::warn!(
+                    "{e}: the LUN is NOT READY until it connects; retrying every {RETRY_SECS} s"
+                );
+                retry_in_background(
+                    api,
+                    spec.clone(),
+                    size,
+                    Arc::downgrade(&conn),
+                    lun_size.clone(),
+                )?;
+            }
+            Err(e) => return Err(e),
+        }
+        Ok(RbdBackend {
+            spec: spec.clone(),
+            conn,
+            size: lun_size,
+        })
     }
 
     /// The image this backend serves.
@@ -338,48 +434,18 @@ impl RbdBackend {
         &self.spec
     }
 
-    /// Registers an update watch on the image and starts the thread that re-reads its size
-    /// when the watch fires (librbd's callback must not block on the image itself).
-    fn watch_updates(&mut self) -> io::Result<()> {
-        let (tx, rx) = mpsc::sync_channel::<()>(1);
-        let tx = Box::into_raw(Box::new(tx));
-        let mut handle = 0u64;
-        // SAFETY: an open image; `on_update` matches rbd_update_callback_t, and `tx` lives
-        // until Drop removes the watch.
-        let r = unsafe {
-            (self.handles.api.rbd_update_watch)(
-                self.handles.image,
-                &mut handle,
-                on_update,
-                tx.cast(),
-            )
-        };
-        if r < 0 {
-            // SAFETY: the watch was not registered: nobody else holds the pointer.
-            drop(unsafe { Box::from_raw(tx) });
-            return Err(errno(r as i64));
+    /// The open image, or the error a command meets while the cluster was never reached.
+    fn handles(&self) -> io::Result<&Arc<Handles>> {
+        match self.conn.get() {
+            Some(c) => Ok(&c.handles),
+            None => Err(io::Error::new(
+                io::ErrorKind::NotConnected,
+                format!(
+                    "rbd image {}: cluster not reached yet",
+                    self.spec.display_name()
+                ),
+            )),
         }
-        self.watch = Some((handle, tx));
-        let handles = self.handles.clone();
-        let size = self.size.clone();
-        let name = self.spec.display_name();
-        std::thread::Builder::new()
-            .name("rbd-watch".into())
-            .spawn(move || {
-                // Ends when Drop frees the sender (the channel disconnects).
-                while rx.recv().is_ok() {
-                    match image_size(&handles) {
-                        Ok(new) => {
-                            let old = size.swap(new, Ordering::AcqRel);
-                            if old != new {
-                                tracing::info!(image = %name, old, new, "rbd image resized");
-                            }
-                        }
-                        Err(e) => tracing::warn!(image = %name, "cannot read the size after an update: {e}"),
-                    }
-                }
-            })?;
-        Ok(())
     }
 
     /// Starts one AIO (`start` issues it with the completion) owning `buf` until it
@@ -412,7 +478,8 @@ impl RbdBackend {
         buf: OpBuf,
         start: impl FnOnce(RbdImageT, libc::iovec, RbdCompletionT) -> c_int,
     ) -> io::Result<oneshot::Receiver<Completed>> {
-        let api = self.handles.api;
+        let handles = self.handles()?;
+        let api = handles.api;
         let mut buf = buf;
         // The data's address, taken before the buffer moves into the context (moving a
         // BytesMut or Bytes does not move the bytes).
@@ -425,7 +492,7 @@ impl RbdBackend {
         let ctx = Box::into_raw(Box::new(OpContext {
             tx,
             buf,
-            handles: self.handles.clone(),
+            handles: handles.clone(),
         }));
         let mut c: RbdCompletionT = std::ptr::null_mut();
         // SAFETY: `ctx` stays valid until `on_complete` reclaims it; `c` is an out-pointer.
@@ -436,7 +503,7 @@ impl RbdBackend {
             return Err(errno(r as i64));
         }
         // From here on `ctx` belongs to the completion (it may fire before `start` returns).
-        let r = start(self.handles.image, iov, c);
+        let r = start(handles.image, iov, c);
         if r < 0 {
             // librbd refused the operation and will not call back: release both ourselves.
             // SAFETY: the completion was never handed to an operation.
@@ -460,7 +527,7 @@ impl RbdBackend {
     }
 
     async fn aio_flush(&self) -> io::Result<()> {
-        let api = self.handles.api;
+        let api = self.handles()?.api;
         // SAFETY: an open image and a fresh completion.
         self.submit(OpBuf::None, |image, _, c| unsafe {
             (api.rbd_aio_flush)(image, c)
@@ -470,15 +537,39 @@ impl RbdBackend {
     }
 }
 
-impl Drop for RbdBackend {
-    fn drop(&mut self) {
-        if let Some((handle, tx)) = self.watch.take() {
-            // SAFETY: the handle came from rbd_update_watch on this open image.
-            unsafe { (self.handles.api.rbd_update_unwatch)(self.handles.image, handle) };
-            // SAFETY: librbd calls `on_update` no more once unwatched: we are the only owner.
-            drop(unsafe { Box::from_raw(tx) });
-        }
-    }
+/// Tries to open the image every [`RETRY_SECS`] until it opens (then sets `conn`) or the
+/// backend is gone (`conn` cannot be upgraded).
+fn retry_in_background(
+    api: &'static Api,
+    spec: RbdSpec,
+    size: Option<u64>,
+    conn: Weak<OnceLock<Connection>>,
+    lun_size: Arc<AtomicU64>,
+) -> io::Result<()> {
+    let name = spec.display_name();
+    std::thread::Builder::new()
+        .name("rbd-connect".into())
+        .spawn(move || {
+            let mut attempt = 1u64;
+            loop {
+                std::thread::sleep(Duration::from_secs(RETRY_SECS));
+                let Some(slot) = conn.upgrade() else { return };
+                attempt += 1;
+                match Connection::open(api, &spec, size, &lun_size) {
+                    Ok(c) => {
+                        let _ = slot.set(c);
+                        tracing::info!(image = %name, attempt, "rbd image open: the LUN is ready");
+                        return;
+                    }
+                    // Only every tenth failure is logged: the first one said what happens.
+                    Err(e) if attempt.is_multiple_of(10) => {
+                        tracing::warn!(image = %name, attempt, "still not open: {e}")
+                    }
+                    Err(_) => {}
+                }
+            }
+        })?;
+    Ok(())
 }
 
 fn iovec(ptr: *mut u8, len: usize) -> libc::iovec {
@@ -502,12 +593,16 @@ impl Backend for RbdBackend {
         true
     }
 
+    fn ready(&self) -> bool {
+        self.conn.get().is_some()
+    }
+
     async fn read_at(&self, offset: u64, len: usize) -> io::Result<Bytes> {
         self.check_range(offset, len as u64)?;
         if len == 0 {
             return Ok(Bytes::new());
         }
-        let api = self.handles.api;
+        let api = self.handles()?.api;
         let done = self
             .submit(OpBuf::Read(BytesMut::zeroed(len)), |image, iov, c| {
                 // SAFETY: the iovec points into the buffer the completion owns until it
@@ -525,7 +620,7 @@ impl Backend for RbdBackend {
     async fn write_at(&self, offset: u64, data: Bytes, fua: bool) -> io::Result<()> {
         self.check_range(offset, data.len() as u64)?;
         if !data.is_empty() {
-            let api = self.handles.api;
+            let api = self.handles()?.api;
             self.submit(OpBuf::Write(data), |image, iov, c| {
                 // SAFETY: librbd only reads through the iovec, which points into the Bytes
                 // the completion owns until it fires.
@@ -548,7 +643,7 @@ impl Backend for RbdBackend {
         if len == 0 {
             return Ok(());
         }
-        let api = self.handles.api;
+        let api = self.handles()?.api;
         // SAFETY: an open image and a fresh completion; no buffer.
         self.submit(OpBuf::None, |image, _, c| unsafe {
             (api.rbd_aio_discard)(image, offset, len, c)
@@ -559,7 +654,7 @@ impl Backend for RbdBackend {
 
     async fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
         self.check_range(offset, len)?;
-        let api = self.handles.api;
+        let api = self.handles()?.api;
         // librbd takes a size_t length: split a longer range (only on 32-bit hosts).
         let step = usize::MAX as u64;
         let mut done = 0;

@@ -63,6 +63,46 @@ fn an_unreadable_conf_says_which_file() {
     assert!(e.to_string().contains("/nonexistent/ceph.conf"), "{e}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_cluster_leaves_the_backend_not_ready() {
+    if Api::get().is_err() {
+        eprintln!("SKIP: librbd is not installed here");
+        return;
+    }
+    // A monitor address nothing listens on (the discard port).
+    let dir = std::env::temp_dir().join(format!("rbd-unreachable-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join("ceph.conf");
+    std::fs::write(
+        &conf,
+        "[global]\nmon host = 127.0.0.1:9\nauth cluster required = none\nauth service required = none\nauth client required = none\n",
+    )
+    .unwrap();
+    let spec = RbdSpec {
+        pool: "rbd".into(),
+        image: "x".into(),
+        conf: Some(conf.clone()),
+        user: None,
+        namespace: None,
+        create: false,
+    };
+    let b = RbdBackend::open(&spec, Some(1 << 20)).unwrap();
+    assert!(!b.ready());
+    assert_eq!(b.size(), 1 << 20);
+    let e = b.read_at(0, 512).await.unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::NotConnected, "{e}");
+    let e = b
+        .write_at(0, Bytes::from(vec![1; 512]), true)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::NotConnected, "{e}");
+    assert!(b.flush().await.is_err());
+    let b = RbdBackend::open(&spec, None).unwrap();
+    assert_eq!(b.size(), UNKNOWN_SIZE);
+    drop(b);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The test cluster's ceph.conf, or None (with a message) when no cluster is available.
 fn cluster() -> Option<PathBuf> {
     match std::env::var_os("IRONSAN_RBD_TEST_CONF") {

@@ -107,6 +107,12 @@ pub trait Backend: Send + Sync + 'static {
     /// Short name for logs: "memory", "file", "block".
     fn kind(&self) -> &'static str;
 
+    /// False while the backend cannot serve I/O at all (a network backend that has not
+    /// reached its cluster yet); the engine then answers NOT READY.
+    fn ready(&self) -> bool {
+        true
+    }
+
     /// True if [`Backend::punch`] really deallocates (so unmapped ranges read back as
     /// zeroes and [`Backend::map_status`] can report them as unmapped).
     fn supports_punch(&self) -> bool;

@@ -147,7 +147,7 @@ impl Lun {
 
     fn read_failed(&self, lba: u64, blocks: u64, e: std::io::Error) -> Fail {
         tracing::warn!(lun = self.id, lba, blocks, "backend read failed: {e}");
-        Fail::Check(Sense::new(key::MEDIUM_ERROR, asc::READ_ERROR))
+        Fail::Check(io_sense(&e, asc::READ_ERROR))
     }
 
     pub(crate) async fn write_bytes(
@@ -158,7 +158,7 @@ impl Lun {
     ) -> Result<(), Fail> {
         self.backend.write_at(offset, data, fua).await.map_err(|e| {
             tracing::warn!(lun = self.id, offset, "backend write failed: {e}");
-            Fail::Check(Sense::new(key::MEDIUM_ERROR, asc::WRITE_ERROR))
+            Fail::Check(io_sense(&e, asc::WRITE_ERROR))
         })
     }
 
@@ -590,7 +590,20 @@ impl Lun {
         self.backend
             .flush()
             .await
-            .map_err(|_| Fail::Check(Sense::new(key::MEDIUM_ERROR, asc::WRITE_ERROR)))?;
+            .map_err(|e| Fail::Check(io_sense(&e, asc::WRITE_ERROR)))?;
         Done::none()
+    }
+}
+
+/// The sense for a failed backend read or write: a backend that lost its storage for now (a
+/// network backend's timeout or lost connection) is NOT READY, which initiators retry;
+/// anything else is a MEDIUM ERROR with `medium` (READ ERROR or WRITE ERROR).
+fn io_sense(e: &std::io::Error, medium: (u8, u8)) -> Sense {
+    use std::io::ErrorKind;
+    match e.kind() {
+        ErrorKind::TimedOut | ErrorKind::NotConnected => {
+            Sense::new(key::NOT_READY, asc::NOT_READY_BECOMING_READY)
+        }
+        _ => Sense::new(key::MEDIUM_ERROR, medium),
     }
 }
