@@ -293,6 +293,9 @@ struct Connection {
     handles: Arc<Handles>,
     /// The watch's handle and the leaked sender its callback uses.
     watch: (u64, *mut mpsc::SyncSender<()>),
+    /// The thread that re-reads the size; joined on drop, so that the image is closed by
+    /// whoever drops the connection and never by that thread while the process exits.
+    watcher: Option<std::thread::JoinHandle<()>>,
 }
 
 // SAFETY: the raw watch pointer is only dereferenced by librbd's callback (through
@@ -308,6 +311,10 @@ impl Drop for Connection {
         unsafe { (self.handles.api.rbd_update_unwatch)(self.handles.image, handle) };
         // SAFETY: librbd calls `on_update` no more once unwatched: we are the only owner.
         drop(unsafe { Box::from_raw(tx) });
+        // The channel is now disconnected: the watcher ends after at most one size query.
+        if let Some(t) = self.watcher.take() {
+            let _ = t.join();
+        }
     }
 }
 
@@ -362,15 +369,16 @@ impl Connection {
             drop(unsafe { Box::from_raw(tx) });
             return Err(errno(r as i64));
         }
-        let conn = Connection {
+        let mut conn = Connection {
             handles: handles.clone(),
             watch: (handle, tx),
+            watcher: None,
         };
         lun_size.store(bytes, Ordering::Release);
         let lun_size = lun_size.clone();
         let name = spec.display_name();
         // librbd's callback must not wait on the image itself: a thread re-reads the size.
-        std::thread::Builder::new()
+        let watcher = std::thread::Builder::new()
             .name("rbd-watch".into())
             .spawn(move || {
                 let mut seen = image_bytes;
@@ -388,6 +396,7 @@ impl Connection {
                     }
                 }
             })?;
+        conn.watcher = Some(watcher);
         Ok(conn)
     }
 }
