@@ -44,6 +44,16 @@ pub struct Api {
     pub rbd_aio_discard: unsafe extern "C" fn(RbdImageT, u64, u64, RbdCompletionT) -> c_int,
     pub rbd_aio_write_zeroes:
         unsafe extern "C" fn(RbdImageT, u64, usize, RbdCompletionT, c_int, c_int) -> c_int,
+    pub rbd_aio_compare_and_write: unsafe extern "C" fn(
+        RbdImageT,
+        u64,
+        usize,
+        *const c_char,
+        *const c_char,
+        RbdCompletionT,
+        *mut u64,
+        c_int,
+    ) -> isize,
     pub rbd_update_watch:
         unsafe extern "C" fn(RbdImageT, *mut u64, RbdUpdateCallbackT, *mut c_void) -> c_int,
     pub rbd_update_unwatch: unsafe extern "C" fn(RbdImageT, u64) -> c_int,
@@ -99,6 +109,7 @@ impl Api {
                 rbd_aio_flush: sym(&rbd_lib, "rbd_aio_flush", rbd)?,
                 rbd_aio_discard: sym(&rbd_lib, "rbd_aio_discard", rbd)?,
                 rbd_aio_write_zeroes: sym(&rbd_lib, "rbd_aio_write_zeroes", rbd)?,
+                rbd_aio_compare_and_write: sym(&rbd_lib, "rbd_aio_compare_and_write", rbd)?,
                 rbd_update_watch: sym(&rbd_lib, "rbd_update_watch", rbd)?,
                 rbd_update_unwatch: sym(&rbd_lib, "rbd_update_unwatch", rbd)?,
                 _rados: rados_lib,

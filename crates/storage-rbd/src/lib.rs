@@ -243,12 +243,27 @@ enum OpBuf {
     None,
     Read(BytesMut),
     Write(Bytes),
+    /// COMPARE AND WRITE: the bytes to compare, the bytes to write.
+    CompareAndWrite(Bytes, Bytes),
+}
+
+/// What `issue` gives the function that starts an operation: pointers into memory the
+/// operation's context owns until its completion fires.
+struct OpArgs {
+    /// The data read into or written from.
+    iov: libc::iovec,
+    /// The compare half of a COMPARE AND WRITE (null otherwise).
+    compare: *const u8,
+    /// Where librbd reports a COMPARE AND WRITE's first differing byte.
+    mismatch: *mut u64,
 }
 
 /// What a completion hands back to the task awaiting it.
 struct Completed {
     ret: isize,
     buf: OpBuf,
+    /// A COMPARE AND WRITE's first differing byte, as librbd reported it.
+    mismatch: u64,
 }
 
 /// The argument of librbd's completion callback for one operation.
@@ -257,6 +272,7 @@ struct OpContext {
     buf: OpBuf,
     /// Keeps the image open until librbd is done with the operation.
     handles: Arc<Handles>,
+    mismatch: u64,
 }
 
 /// librbd's completion callback: hands the result and the buffer back to the awaiting task.
@@ -269,9 +285,14 @@ unsafe extern "C" fn on_complete(c: RbdCompletionT, arg: *mut c_void) {
     let ret = unsafe { (api.rbd_aio_get_return_value)(c) };
     // SAFETY: released once; librbd no longer refers to it after the callback returns.
     unsafe { (api.rbd_aio_release)(c) };
-    let OpContext { tx, buf, handles } = *ctx;
+    let OpContext {
+        tx,
+        buf,
+        handles,
+        mismatch,
+    } = *ctx;
     // The awaiting task may be gone (aborted command): the result is then dropped.
-    let _ = tx.send(Completed { ret, buf });
+    let _ = tx.send(Completed { ret, buf, mismatch });
     drop(handles);
 }
 
@@ -462,11 +483,18 @@ impl RbdBackend {
     async fn submit(
         &self,
         buf: OpBuf,
-        start: impl FnOnce(RbdImageT, libc::iovec, RbdCompletionT) -> c_int,
+        start: impl FnOnce(RbdImageT, OpArgs, RbdCompletionT) -> c_int,
     ) -> io::Result<Completed> {
-        let rx = self.issue(buf, start)?;
+        let done = self.wait(self.issue(buf, start)?).await?;
+        if done.ret < 0 {
+            return Err(errno(done.ret as i64));
+        }
+        Ok(done)
+    }
+
+    /// Awaits a completion, at most [`COMPLETION_WAIT`].
+    async fn wait(&self, rx: oneshot::Receiver<Completed>) -> io::Result<Completed> {
         match tokio::time::timeout(COMPLETION_WAIT, rx).await {
-            Ok(Ok(done)) if done.ret < 0 => Err(errno(done.ret as i64)),
             Ok(Ok(done)) => Ok(done),
             Ok(Err(_)) => Err(io::Error::other("rbd completion dropped")),
             Err(_) => Err(io::Error::new(
@@ -485,24 +513,28 @@ impl RbdBackend {
     fn issue(
         &self,
         buf: OpBuf,
-        start: impl FnOnce(RbdImageT, libc::iovec, RbdCompletionT) -> c_int,
+        start: impl FnOnce(RbdImageT, OpArgs, RbdCompletionT) -> c_int,
     ) -> io::Result<oneshot::Receiver<Completed>> {
         let handles = self.handles()?;
         let api = handles.api;
         let mut buf = buf;
         // The data's address, taken before the buffer moves into the context (moving a
         // BytesMut or Bytes does not move the bytes).
-        let iov = match &mut buf {
-            OpBuf::None => iovec(std::ptr::null_mut(), 0),
-            OpBuf::Read(b) => iovec(b.as_mut_ptr(), b.len()),
-            OpBuf::Write(b) => iovec(b.as_ptr().cast_mut(), b.len()),
+        let (iov, compare) = match &mut buf {
+            OpBuf::None => (iovec(std::ptr::null_mut(), 0), std::ptr::null()),
+            OpBuf::Read(b) => (iovec(b.as_mut_ptr(), b.len()), std::ptr::null()),
+            OpBuf::Write(b) => (iovec(b.as_ptr().cast_mut(), b.len()), std::ptr::null()),
+            OpBuf::CompareAndWrite(cmp, w) => (iovec(w.as_ptr().cast_mut(), w.len()), cmp.as_ptr()),
         };
         let (tx, rx) = oneshot::channel();
         let ctx = Box::into_raw(Box::new(OpContext {
             tx,
             buf,
             handles: handles.clone(),
+            mismatch: u64::MAX,
         }));
+        // SAFETY: `ctx` is a live allocation; only the field's address is taken.
+        let mismatch = unsafe { std::ptr::addr_of_mut!((*ctx).mismatch) };
         let mut c: RbdCompletionT = std::ptr::null_mut();
         // SAFETY: `ctx` stays valid until `on_complete` reclaims it; `c` is an out-pointer.
         let r = unsafe { (api.rbd_aio_create_completion)(ctx.cast(), on_complete, &mut c) };
@@ -512,7 +544,15 @@ impl RbdBackend {
             return Err(errno(r as i64));
         }
         // From here on `ctx` belongs to the completion (it may fire before `start` returns).
-        let r = start(handles.image, iov, c);
+        let r = start(
+            handles.image,
+            OpArgs {
+                iov,
+                compare,
+                mismatch,
+            },
+            c,
+        );
         if r < 0 {
             // librbd refused the operation and will not call back: release both ourselves.
             // SAFETY: the completion was never handed to an operation.
@@ -613,10 +653,10 @@ impl Backend for RbdBackend {
         }
         let api = self.handles()?.api;
         let done = self
-            .submit(OpBuf::Read(BytesMut::zeroed(len)), |image, iov, c| {
+            .submit(OpBuf::Read(BytesMut::zeroed(len)), |image, args, c| {
                 // SAFETY: the iovec points into the buffer the completion owns until it
                 // fires (librbd copies the iovec array itself before returning).
-                unsafe { (api.rbd_aio_readv)(image, &iov, 1, offset, c) }
+                unsafe { (api.rbd_aio_readv)(image, &args.iov, 1, offset, c) }
             })
             .await?;
         match done.buf {
@@ -630,10 +670,10 @@ impl Backend for RbdBackend {
         self.check_range(offset, data.len() as u64)?;
         if !data.is_empty() {
             let api = self.handles()?.api;
-            self.submit(OpBuf::Write(data), |image, iov, c| {
+            self.submit(OpBuf::Write(data), |image, args, c| {
                 // SAFETY: librbd only reads through the iovec, which points into the Bytes
                 // the completion owns until it fires.
-                unsafe { (api.rbd_aio_writev)(image, &iov, 1, offset, c) }
+                unsafe { (api.rbd_aio_writev)(image, &args.iov, 1, offset, c) }
             })
             .await?;
         }
@@ -645,6 +685,71 @@ impl Backend for RbdBackend {
 
     async fn flush(&self) -> io::Result<()> {
         self.aio_flush().await
+    }
+
+    async fn compare_and_write(
+        &self,
+        offset: u64,
+        compare: Bytes,
+        write: Bytes,
+        fua: bool,
+    ) -> Option<io::Result<Option<u64>>> {
+        if compare.len() != write.len() {
+            return None;
+        }
+        if let Err(e) = self.check_range(offset, write.len() as u64) {
+            return Some(Err(e));
+        }
+        let api = match self.handles() {
+            Ok(h) => h.api,
+            Err(e) => return Some(Err(e)),
+        };
+        let len = write.len();
+        let issued = self.issue(OpBuf::CompareAndWrite(compare, write), |image, args, c| {
+            // SAFETY: both buffers and the mismatch word belong to the operation's context
+            // until its completion fires; librbd only reads the buffers.
+            let r = unsafe {
+                (api.rbd_aio_compare_and_write)(
+                    image,
+                    offset,
+                    len,
+                    args.compare.cast(),
+                    args.iov.iov_base.cast_const().cast(),
+                    c,
+                    args.mismatch,
+                    0,
+                )
+            };
+            r as c_int
+        });
+        let done = match issued {
+            Ok(rx) => self.wait(rx).await,
+            Err(e) => Err(e),
+        };
+        let done = match done {
+            Ok(d) => d,
+            // librbd (16) refuses ranges longer than one 512-byte sector or across objects:
+            // the engine does those itself.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return None,
+            Err(e) => return Some(Err(e)),
+        };
+        if done.ret == -(libc::EILSEQ as isize) {
+            // librbd reports the mismatch as an offset in the image.
+            let at = done.mismatch.checked_sub(offset).unwrap_or(done.mismatch);
+            return Some(Ok(Some(at.min(len as u64 - 1))));
+        }
+        if done.ret == -(libc::EINVAL as isize) {
+            return None;
+        }
+        if done.ret < 0 {
+            return Some(Err(errno(done.ret as i64)));
+        }
+        if fua {
+            if let Err(e) = self.aio_flush().await {
+                return Some(Err(e));
+            }
+        }
+        Some(Ok(None))
     }
 
     async fn punch(&self, offset: u64, len: u64) -> io::Result<()> {

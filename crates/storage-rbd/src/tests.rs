@@ -156,6 +156,31 @@ async fn io_round_trips_on_the_test_cluster() {
     assert_eq!(back[..512], data[..512]);
     assert_eq!(back[5120..], data[5120..]);
     assert!(b.map_status(0, 4096).await.unwrap().mapped);
+    // COMPARE AND WRITE in the cluster (librbd does one 512-byte sector): a match writes, a
+    // mismatch names its first byte, a longer range is left to the engine.
+    let old = b.read_at(8192, 512).await.unwrap();
+    let new = Bytes::from(vec![0x5A; 512]);
+    assert_eq!(
+        b.compare_and_write(8192, old.clone(), new.clone(), true)
+            .await
+            .map(|r| r.unwrap()),
+        Some(None)
+    );
+    assert_eq!(b.read_at(8192, 512).await.unwrap(), new);
+    let mut wrong = new.to_vec();
+    wrong[100] ^= 1;
+    assert_eq!(
+        b.compare_and_write(8192, wrong.into(), old.clone(), false)
+            .await
+            .map(|r| r.unwrap()),
+        Some(Some(100))
+    );
+    assert_eq!(b.read_at(8192, 512).await.unwrap(), new);
+    let long = Bytes::from(vec![0; 4096]);
+    assert!(b
+        .compare_and_write(8192, long.clone(), long, false)
+        .await
+        .is_none());
     // Out of range is an error, not a panic.
     assert!(b.read_at(8 << 20, 1).await.is_err());
     // Many operations at once, each on its own completion.

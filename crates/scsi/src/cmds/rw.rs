@@ -387,6 +387,29 @@ impl Lun {
             return Done::none();
         }
         let _range = self.ranges.lock(lba, n as u64, true, task).await?;
+        let fua = cdb[1] & 0x08 != 0;
+        let offered = self
+            .backend
+            .compare_and_write(
+                self.offset(lba),
+                cmd.data_out.slice(..len),
+                cmd.data_out.slice(len..2 * len),
+                fua,
+            )
+            .await;
+        match offered {
+            Some(Ok(None)) => return Done::none(),
+            Some(Ok(Some(at))) => {
+                return Err(Sense::new(key::MISCOMPARE, asc::MISCOMPARE_DURING_VERIFY)
+                    .with_information(at)
+                    .into())
+            }
+            Some(Err(e)) => {
+                tracing::warn!(lun = self.id, lba, "backend compare and write failed: {e}");
+                return Err(Fail::Check(io_sense(&e, asc::WRITE_ERROR)));
+            }
+            None => {}
+        }
         let current = self.read_blocks(lba, n as u64).await?;
         if let Some(at) = current
             .iter()
@@ -397,12 +420,8 @@ impl Lun {
                 .with_information(at as u64)
                 .into());
         }
-        self.write_bytes(
-            self.offset(lba),
-            cmd.data_out.slice(len..2 * len),
-            cdb[1] & 0x08 != 0,
-        )
-        .await?;
+        self.write_bytes(self.offset(lba), cmd.data_out.slice(len..2 * len), fua)
+            .await?;
         Done::none()
     }
 
