@@ -18,6 +18,9 @@ packages=(
   fuse3          # fusermount3: `ironsan mount` by a user other than root (root mounts directly)
   fio            # crc32c-verified random I/O through `ironsan mount` + losetup (crates/ironsan/tests)
   e2fsprogs      # mkfs.ext4 on the loop device of a mounted LUN
+  ceph-mon       # the one-node test cluster of scripts/ceph-test-cluster.sh (RBD LUNs, stage 67)
+  ceph-osd
+  ceph-common    # ceph, rbd: cluster setup, rbd export/import; pulls in librbd1 and librados2
   chromium       # headless browser: runs the self-test of `ironsan analyze --html` pages
 )
 missing=()

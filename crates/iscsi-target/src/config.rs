@@ -825,8 +825,9 @@ read_only = true
         let len = page[start..].find("```").expect("end of the toml block");
         let c = Config::parse(&page[start..start + len], "docs/target.md").unwrap();
         let luns = Config::luns(&c.targets[0]);
-        assert_eq!(luns.len(), 5);
+        assert_eq!(luns.len(), 6);
         assert!(matches!(luns[4].1.backend, scsi::BackendConfig::Osd { .. }));
+        assert!(matches!(luns[5].1.backend, scsi::BackendConfig::Rbd(_)));
         let lun3 = &luns[3].1;
         assert!(lun3.sanitize && lun3.serial.as_deref() == Some("DISK3-0001"));
         // The derived identities must accept the example's WWN too.
@@ -939,6 +940,41 @@ read_only = true
             e.contains("x.toml:3:") && e.contains("must be a number"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn rbd_backend_mistakes_name_their_line() {
+        let head = "[[target]]\nname = \"iqn.2026-11.x:y\"\n[target.lun.1]\n";
+        let c = Config::parse(
+            &format!("{head}backend = {{ type = \"rbd\", pool = \"rbd\", image = \"disk1\" }}\n"),
+            "x.toml",
+        )
+        .unwrap();
+        assert!(matches!(
+            &Config::luns(&c.targets[0])[0].1.backend,
+            scsi::BackendConfig::Rbd(s) if s.pool == "rbd" && s.image == "disk1" && !s.create
+        ));
+        let e = Config::parse(
+            &format!("{head}backend = {{ type = \"rbd\", pool = \"rbd\", image = \"d\", create = true }}\n"),
+            "x.toml",
+        )
+        .unwrap_err()
+        .0;
+        assert!(
+            e.starts_with("x.toml:3:") && e.contains("needs a size"),
+            "{e}"
+        );
+        let e = Config::parse(
+            &format!("{head}backend = {{ type = \"rbd\", pool = \"rbd\" }}\n"),
+            "x.toml",
+        )
+        .unwrap_err()
+        .0;
+        assert!(e.starts_with("x.toml:4:") && e.contains("image"), "{e}");
+        let e = Config::parse(&format!("{head}backend = \"rbd\"\n"), "x.toml")
+            .unwrap_err()
+            .0;
+        assert!(e.starts_with("x.toml:4:") && e.contains("pool"), "{e}");
     }
 
     #[test]

@@ -49,6 +49,7 @@ pub mod key {
 pub mod asc {
     pub const NO_ADDITIONAL: (u8, u8) = (0x00, 0x00);
     pub const NOT_READY_SANITIZE: (u8, u8) = (0x04, 0x1B);
+    pub const NOT_READY_BECOMING_READY: (u8, u8) = (0x04, 0x01);
     pub const UNREACHABLE_COPY_TARGET: (u8, u8) = (0x08, 0x04);
     pub const WRITE_ERROR: (u8, u8) = (0x0C, 0x00);
     pub const COPY_TARGET_NOT_REACHABLE: (u8, u8) = (0x0D, 0x02);

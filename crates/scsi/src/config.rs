@@ -74,6 +74,8 @@ pub enum BackendConfig {
     /// An object store in a directory (created if missing): the LUN is a T10 OSD-2 object
     /// storage device, not a block device; `size` is its capacity.
     Osd { path: PathBuf },
+    /// A Ceph RBD image (crate `storage-rbd`); `size` defaults to the image's.
+    Rbd(storage_rbd::RbdSpec),
 }
 
 #[derive(Deserialize)]
@@ -91,6 +93,15 @@ enum BackendTable {
     Osd {
         path: PathBuf,
     },
+    Rbd {
+        pool: String,
+        image: String,
+        conf: Option<PathBuf>,
+        user: Option<String>,
+        namespace: Option<String>,
+        #[serde(default)]
+        create: bool,
+    },
 }
 
 impl<'de> Deserialize<'de> for BackendConfig {
@@ -99,7 +110,7 @@ impl<'de> Deserialize<'de> for BackendConfig {
         impl<'de> Visitor<'de> for V {
             type Value = BackendConfig;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("\"memory\", or a table { type = \"file\", path = \"...\", create = true }, { type = \"block\", path = \"/dev/...\" } or { type = \"osd\", path = \"dir\" }")
+                f.write_str("\"memory\", or a table { type = \"file\", path = \"...\", create = true }, { type = \"block\", path = \"/dev/...\" } or { type = \"osd\", path = \"dir\" } or { type = \"rbd\", pool = \"rbd\", image = \"...\" }")
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<BackendConfig, E> {
                 match v {
@@ -107,7 +118,10 @@ impl<'de> Deserialize<'de> for BackendConfig {
                     "file" | "block" | "osd" => Err(E::custom(format!(
                         "backend \"{v}\" needs a path: write backend = {{ type = \"{v}\", path = \"...\" }}"
                     ))),
-                    other => Err(E::custom(format!("unknown backend {other:?}: expected memory, file, block or osd"))),
+                    "rbd" => Err(E::custom(
+                        "backend \"rbd\" needs a pool and an image: write backend = { type = \"rbd\", pool = \"rbd\", image = \"...\" }",
+                    )),
+                    other => Err(E::custom(format!("unknown backend {other:?}: expected memory, file, block, osd or rbd"))),
                 }
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<BackendConfig, A::Error> {
@@ -117,6 +131,21 @@ impl<'de> Deserialize<'de> for BackendConfig {
                     BackendTable::File { path, create } => BackendConfig::File { path, create },
                     BackendTable::Block { path } => BackendConfig::Block { path },
                     BackendTable::Osd { path } => BackendConfig::Osd { path },
+                    BackendTable::Rbd {
+                        pool,
+                        image,
+                        conf,
+                        user,
+                        namespace,
+                        create,
+                    } => BackendConfig::Rbd(storage_rbd::RbdSpec {
+                        pool,
+                        image,
+                        conf,
+                        user,
+                        namespace,
+                        create,
+                    }),
                 })
             }
         }
@@ -216,6 +245,16 @@ impl LunConfig {
         }
         if matches!(self.backend, BackendConfig::Memory) && self.size.is_none() {
             return Err("a memory backend needs a size (e.g. size = \"1GiB\")".into());
+        }
+        if let BackendConfig::Rbd(rbd) = &self.backend {
+            if rbd.pool.is_empty() || rbd.image.is_empty() {
+                return Err("an rbd backend needs a pool and an image name".into());
+            }
+            if rbd.create && self.size.is_none() {
+                return Err(
+                    "an rbd backend with create = true needs a size (e.g. size = \"10GiB\")".into(),
+                );
+            }
         }
         for (name, v, max) in [
             ("vendor", &self.vendor, 8),
@@ -349,6 +388,35 @@ mod tests {
                 path: "/srv/objects".into()
             }
         );
+    }
+
+    #[test]
+    fn rbd_tables_parse() {
+        let c: LunConfig = toml::from_str(
+            "backend = { type = \"rbd\", pool = \"p\", image = \"i\", conf = \"/c\", user = \"u\", namespace = \"n\" }",
+        )
+        .unwrap();
+        assert_eq!(
+            c.backend,
+            BackendConfig::Rbd(storage_rbd::RbdSpec {
+                pool: "p".into(),
+                image: "i".into(),
+                conf: Some("/c".into()),
+                user: Some("u".into()),
+                namespace: Some("n".into()),
+                create: false,
+            })
+        );
+        c.validate().unwrap();
+        let e = toml::from_str::<LunConfig>(
+            "backend = { type = \"rbd\", pool = \"p\", image = \"i\", size = 5 }",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("size"), "{e}");
+        let c: LunConfig =
+            toml::from_str("backend = { type = \"rbd\", pool = \"p\", image = \"\" }").unwrap();
+        assert!(c.validate().unwrap_err().contains("image"));
     }
 
     #[test]

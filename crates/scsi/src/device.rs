@@ -3,17 +3,18 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
-use crate::cdb::op;
+use crate::cdb::{needs_medium, op};
 use crate::cmds::report_luns;
 use crate::command::{finish_data_in, finish_error, Command, NexusId, NexusInfo, Response};
 use crate::config::{derived_naa, derived_serial, parse_naa, BackendConfig, LunConfig};
 use crate::lun::{DeviceView, Lun};
 use crate::object::ObjectLun;
-use crate::sense::{asc, Sense};
+use crate::sense::{asc, key, Sense};
 use crate::status;
 
 /// Target reset flavour (task management).
@@ -42,6 +43,9 @@ pub struct Device {
     /// Object-based storage LUNs (OSD), numbered apart from the block LUNs.
     objects: BTreeMap<u64, Arc<ObjectLun>>,
     nexuses: Mutex<HashMap<NexusId, NexusInfo>>,
+    /// Each block LUN's backend size when last looked at, to notice a backend resized
+    /// from outside (see `execute`).
+    backend_sizes: BTreeMap<u64, AtomicU64>,
 }
 
 impl Device {
@@ -94,7 +98,12 @@ impl Device {
                 Arc::new(Lun::new(id, cfg, backend, naa, serial, target_name)),
             );
         }
+        let backend_sizes = map
+            .iter()
+            .map(|(id, l): (&u64, &Arc<Lun>)| (*id, AtomicU64::new(l.backend.size())))
+            .collect();
         Ok(Device {
+            backend_sizes,
             target_name: target_name.to_string(),
             luns: map,
             objects,
@@ -200,6 +209,28 @@ impl Device {
             Some(l) => l.clone(),
             None => return self.no_such_lun(&cmd),
         };
+        // A backend whose size changes by itself (an RBD image resized in the cluster):
+        // the LUN follows, and every nexus hears CAPACITY DATA HAS CHANGED.
+        if let Some(seen) = self.backend_sizes.get(&cmd.lun) {
+            let now = lun.backend.size();
+            if seen.load(Ordering::Acquire) != now && seen.swap(now, Ordering::AcqRel) != now {
+                let blocks = now >> lun.bs_shift;
+                if blocks != 0 {
+                    lun.set_num_blocks(blocks, &self.known_nexuses());
+                }
+            }
+        }
+        // A backend that has not reached its storage yet (an RBD cluster unreachable at
+        // start): commands that need the medium wait for it, as for a spinning-up disk.
+        if !lun.backend.ready() && cmd.cdb.first().is_some_and(|&op| needs_medium(op)) {
+            let sense = Sense::new(key::NOT_READY, asc::NOT_READY_BECOMING_READY);
+            let descriptor = lun.d_sense.load(Ordering::Relaxed);
+            return finish_error(
+                &cmd,
+                status::CHECK_CONDITION,
+                Some(sense.encode(descriptor)),
+            );
+        }
         let info = self.nexus_info(cmd.nexus);
         lun.execute(self, cmd, info).await
     }
@@ -372,5 +403,8 @@ fn open_backend(
             storage::BlockBackend::open(path, size, cfg.read_only).map_err(|e| e.to_string())?,
         ),
         BackendConfig::Osd { .. } => return Err("an object store is not a block backend".into()),
+        BackendConfig::Rbd(spec) => {
+            Arc::new(storage_rbd::RbdBackend::open(spec, size).map_err(|e| e.to_string())?)
+        }
     })
 }

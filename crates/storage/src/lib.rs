@@ -107,6 +107,12 @@ pub trait Backend: Send + Sync + 'static {
     /// Short name for logs: "memory", "file", "block".
     fn kind(&self) -> &'static str;
 
+    /// False while the backend cannot serve I/O at all (a network backend that has not
+    /// reached its cluster yet); the engine then answers NOT READY.
+    fn ready(&self) -> bool {
+        true
+    }
+
     /// True if [`Backend::punch`] really deallocates (so unmapped ranges read back as
     /// zeroes and [`Backend::map_status`] can report them as unmapped).
     fn supports_punch(&self) -> bool;
@@ -131,6 +137,22 @@ pub trait Backend: Send + Sync + 'static {
     /// Writes `data` at `offset`, consumed where it is (the caller's or its transport's
     /// buffer). With `fua`, the data is on stable storage when this returns.
     async fn write_at(&self, offset: u64, data: Bytes, fua: bool) -> io::Result<()>;
+
+    /// COMPARE AND WRITE done by the storage in one operation (atomic also against writers
+    /// this process does not see, such as other gateways of a shared image): writes `write`
+    /// at `offset` if the bytes there equal `compare` (as long), then with `fua` makes it
+    /// durable. `Some(Ok(None))`: written; `Some(Ok(Some(at)))`: not written, the first
+    /// differing byte is `at` bytes past `offset`. `None` (the default): not offered for this
+    /// range; the engine compares and writes under its own range lock.
+    async fn compare_and_write(
+        &self,
+        _offset: u64,
+        _compare: Bytes,
+        _write: Bytes,
+        _fua: bool,
+    ) -> Option<io::Result<Option<u64>>> {
+        None
+    }
 
     /// Makes every completed write durable (fdatasync for file/block backends).
     async fn flush(&self) -> io::Result<()>;

@@ -147,7 +147,7 @@ impl Lun {
 
     fn read_failed(&self, lba: u64, blocks: u64, e: std::io::Error) -> Fail {
         tracing::warn!(lun = self.id, lba, blocks, "backend read failed: {e}");
-        Fail::Check(Sense::new(key::MEDIUM_ERROR, asc::READ_ERROR))
+        Fail::Check(io_sense(&e, asc::READ_ERROR))
     }
 
     pub(crate) async fn write_bytes(
@@ -158,7 +158,7 @@ impl Lun {
     ) -> Result<(), Fail> {
         self.backend.write_at(offset, data, fua).await.map_err(|e| {
             tracing::warn!(lun = self.id, offset, "backend write failed: {e}");
-            Fail::Check(Sense::new(key::MEDIUM_ERROR, asc::WRITE_ERROR))
+            Fail::Check(io_sense(&e, asc::WRITE_ERROR))
         })
     }
 
@@ -387,6 +387,29 @@ impl Lun {
             return Done::none();
         }
         let _range = self.ranges.lock(lba, n as u64, true, task).await?;
+        let fua = cdb[1] & 0x08 != 0;
+        let offered = self
+            .backend
+            .compare_and_write(
+                self.offset(lba),
+                cmd.data_out.slice(..len),
+                cmd.data_out.slice(len..2 * len),
+                fua,
+            )
+            .await;
+        match offered {
+            Some(Ok(None)) => return Done::none(),
+            Some(Ok(Some(at))) => {
+                return Err(Sense::new(key::MISCOMPARE, asc::MISCOMPARE_DURING_VERIFY)
+                    .with_information(at)
+                    .into())
+            }
+            Some(Err(e)) => {
+                tracing::warn!(lun = self.id, lba, "backend compare and write failed: {e}");
+                return Err(Fail::Check(io_sense(&e, asc::WRITE_ERROR)));
+            }
+            None => {}
+        }
         let current = self.read_blocks(lba, n as u64).await?;
         if let Some(at) = current
             .iter()
@@ -397,12 +420,8 @@ impl Lun {
                 .with_information(at as u64)
                 .into());
         }
-        self.write_bytes(
-            self.offset(lba),
-            cmd.data_out.slice(len..2 * len),
-            cdb[1] & 0x08 != 0,
-        )
-        .await?;
+        self.write_bytes(self.offset(lba), cmd.data_out.slice(len..2 * len), fua)
+            .await?;
         Done::none()
     }
 
@@ -590,7 +609,20 @@ impl Lun {
         self.backend
             .flush()
             .await
-            .map_err(|_| Fail::Check(Sense::new(key::MEDIUM_ERROR, asc::WRITE_ERROR)))?;
+            .map_err(|e| Fail::Check(io_sense(&e, asc::WRITE_ERROR)))?;
         Done::none()
+    }
+}
+
+/// The sense for a failed backend read or write: a backend that lost its storage for now (a
+/// network backend's timeout or lost connection) is NOT READY, which initiators retry;
+/// anything else is a MEDIUM ERROR with `medium` (READ ERROR or WRITE ERROR).
+fn io_sense(e: &std::io::Error, medium: (u8, u8)) -> Sense {
+    use std::io::ErrorKind;
+    match e.kind() {
+        ErrorKind::TimedOut | ErrorKind::NotConnected => {
+            Sense::new(key::NOT_READY, asc::NOT_READY_BECOMING_READY)
+        }
+        _ => Sense::new(key::MEDIUM_ERROR, medium),
     }
 }

@@ -1,0 +1,268 @@
+//! Tests without a cluster (library loading, messages), and tests against the one-node
+//! test cluster named by `IRONSAN_RBD_TEST_CONF` (its ceph.conf, as printed by
+//! `scripts/ceph-test-cluster.sh start DIR`), skipped with a message when it is not set.
+
+use super::*;
+use std::process::Command;
+use std::sync::atomic::AtomicUsize;
+
+#[test]
+fn a_missing_library_names_the_package_to_install() {
+    let e = Api::load_from("librados-not-here.so.2", ffi::RBD_LIB)
+        .err()
+        .expect("a made-up library must not load");
+    assert!(e.contains("install librados2"), "{e}");
+    assert!(!e.contains('\n'), "one line: {e}");
+    if Api::load_from(ffi::RADOS_LIB, ffi::RADOS_LIB).is_ok() {
+        panic!("librados does not export rbd_open: loading it as librbd must fail");
+    }
+}
+
+#[test]
+fn the_installed_libraries_load() {
+    match Api::get() {
+        Ok(_) => {}
+        Err(e) => eprintln!("SKIP: librbd is not installed here: {e}"),
+    }
+}
+
+#[test]
+fn names_and_defaults() {
+    let mut s = RbdSpec {
+        pool: "rbd".into(),
+        image: "disk1".into(),
+        conf: None,
+        user: None,
+        namespace: None,
+        create: false,
+    };
+    assert_eq!(s.display_name(), "rbd/disk1");
+    assert_eq!(s.conf_path(), Path::new("/etc/ceph/ceph.conf"));
+    s.namespace = Some("ns".into());
+    assert_eq!(s.display_name(), "rbd/ns/disk1");
+    s.image = "a\0b".into();
+    let e = cstring("image", &s.image).unwrap_err();
+    assert!(e.to_string().contains("NUL"), "{e}");
+}
+
+#[test]
+fn an_unreadable_conf_says_which_file() {
+    if Api::get().is_err() {
+        eprintln!("SKIP: librbd is not installed here");
+        return;
+    }
+    let spec = RbdSpec {
+        pool: "rbd".into(),
+        image: "x".into(),
+        conf: Some("/nonexistent/ceph.conf".into()),
+        user: None,
+        namespace: None,
+        create: false,
+    };
+    let e = RbdBackend::open(&spec, None).err().expect("no such conf");
+    assert!(e.to_string().contains("/nonexistent/ceph.conf"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_cluster_leaves_the_backend_not_ready() {
+    if Api::get().is_err() {
+        eprintln!("SKIP: librbd is not installed here");
+        return;
+    }
+    // A monitor address nothing listens on (the discard port).
+    let dir = std::env::temp_dir().join(format!("rbd-unreachable-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join("ceph.conf");
+    std::fs::write(
+        &conf,
+        "[global]\nmon host = 127.0.0.1:9\nauth cluster required = none\nauth service required = none\nauth client required = none\n",
+    )
+    .unwrap();
+    let spec = RbdSpec {
+        pool: "rbd".into(),
+        image: "x".into(),
+        conf: Some(conf.clone()),
+        user: None,
+        namespace: None,
+        create: false,
+    };
+    let b = RbdBackend::open(&spec, Some(1 << 20)).unwrap();
+    assert!(!b.ready());
+    assert_eq!(b.size(), 1 << 20);
+    let e = b.read_at(0, 512).await.unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::NotConnected, "{e}");
+    let e = b
+        .write_at(0, Bytes::from(vec![1; 512]), true)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::NotConnected, "{e}");
+    assert!(b.flush().await.is_err());
+    let b = RbdBackend::open(&spec, None).unwrap();
+    assert_eq!(b.size(), UNKNOWN_SIZE);
+    drop(b);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The test cluster's ceph.conf, or None (with a message) when no cluster is available.
+fn cluster() -> Option<PathBuf> {
+    match std::env::var_os("IRONSAN_RBD_TEST_CONF") {
+        Some(c) if Path::new(&c).exists() => Some(c.into()),
+        _ => {
+            eprintln!("SKIP: no test cluster (start one with scripts/ceph-test-cluster.sh start DIR and set IRONSAN_RBD_TEST_CONF=DIR/ceph.conf)");
+            None
+        }
+    }
+}
+
+/// A spec for a fresh image name in the test cluster's pool "rbd".
+fn fresh(conf: &Path, create: bool) -> RbdSpec {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    RbdSpec {
+        pool: "rbd".into(),
+        image: format!(
+            "unit-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ),
+        conf: Some(conf.to_path_buf()),
+        user: None,
+        namespace: None,
+        create,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn io_round_trips_on_the_test_cluster() {
+    let Some(conf) = cluster() else { return };
+    let spec = fresh(&conf, true);
+    let b = RbdBackend::open(&spec, Some(8 << 20)).unwrap();
+    assert_eq!(b.size(), 8 << 20);
+    assert_eq!(b.kind(), "rbd");
+    let data: Bytes = (0..65536u32)
+        .map(|i| (i * 7) as u8)
+        .collect::<Vec<_>>()
+        .into();
+    b.write_at(4096, data.clone(), false).await.unwrap();
+    b.write_at(1 << 20, data.clone(), true).await.unwrap();
+    b.flush().await.unwrap();
+    assert_eq!(b.read_at(4096, data.len()).await.unwrap(), data);
+    assert_eq!(b.read_at(1 << 20, data.len()).await.unwrap(), data);
+    // Punched and zeroed ranges read back as zeroes, however small.
+    b.punch(4096 + 512, 512).await.unwrap();
+    b.write_zeroes(4096 + 4096, 1024).await.unwrap();
+    let back = b.read_at(4096, data.len()).await.unwrap();
+    assert!(back[512..1024].iter().all(|&x| x == 0));
+    assert!(back[4096..5120].iter().all(|&x| x == 0));
+    assert_eq!(back[..512], data[..512]);
+    assert_eq!(back[5120..], data[5120..]);
+    assert!(b.map_status(0, 4096).await.unwrap().mapped);
+    // COMPARE AND WRITE in the cluster (librbd does one 512-byte sector): a match writes, a
+    // mismatch names its first byte, a longer range is left to the engine.
+    let old = b.read_at(8192, 512).await.unwrap();
+    let new = Bytes::from(vec![0x5A; 512]);
+    assert_eq!(
+        b.compare_and_write(8192, old.clone(), new.clone(), true)
+            .await
+            .map(|r| r.unwrap()),
+        Some(None)
+    );
+    assert_eq!(b.read_at(8192, 512).await.unwrap(), new);
+    let mut wrong = new.to_vec();
+    wrong[100] ^= 1;
+    assert_eq!(
+        b.compare_and_write(8192, wrong.into(), old.clone(), false)
+            .await
+            .map(|r| r.unwrap()),
+        Some(Some(100))
+    );
+    assert_eq!(b.read_at(8192, 512).await.unwrap(), new);
+    let long = Bytes::from(vec![0; 4096]);
+    assert!(b
+        .compare_and_write(8192, long.clone(), long, false)
+        .await
+        .is_none());
+    // Out of range is an error, not a panic.
+    assert!(b.read_at(8 << 20, 1).await.is_err());
+    // Many operations at once, each on its own completion.
+    let b = Arc::new(b);
+    let mut tasks = Vec::new();
+    for i in 0..64u64 {
+        let b = b.clone();
+        tasks.push(tokio::spawn(async move {
+            let d = Bytes::from(vec![i as u8; 4096]);
+            b.write_at((2 << 20) + i * 4096, d.clone(), false)
+                .await
+                .unwrap();
+            assert_eq!(b.read_at((2 << 20) + i * 4096, 4096).await.unwrap(), d);
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // A read dropped before its completion leaves librbd a buffer that is still valid.
+    let dropped = tokio::time::timeout(Duration::from_micros(1), b.read_at(0, 1 << 20)).await;
+    drop(dropped);
+    b.flush().await.unwrap();
+    drop(b);
+    let _ = Command::new("rbd")
+        .args(["-c", &conf.to_string_lossy(), "rm", &spec.display_name()])
+        .output();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resize_changes_the_size() {
+    let Some(conf) = cluster() else { return };
+    let spec = fresh(&conf, true);
+    let b = RbdBackend::open(&spec, Some(4 << 20)).unwrap();
+    let out = Command::new("rbd")
+        .args([
+            "-c",
+            &conf.to_string_lossy(),
+            "resize",
+            &spec.display_name(),
+            "--size",
+            "12M",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let mut seen = b.size();
+    for _ in 0..100 {
+        if seen == 12 << 20 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        seen = b.size();
+    }
+    assert_eq!(seen, 12 << 20);
+    drop(b);
+    let _ = Command::new("rbd")
+        .args(["-c", &conf.to_string_lossy(), "rm", &spec.display_name()])
+        .output();
+}
+
+#[test]
+fn missing_images_and_pools_say_what_to_do() {
+    let Some(conf) = cluster() else { return };
+    let spec = fresh(&conf, false);
+    let e = RbdBackend::open(&spec, None).err().expect("no such image");
+    assert!(e.to_string().contains("rbd create"), "{e}");
+    let e = RbdBackend::open(&fresh(&conf, true), None)
+        .err()
+        .expect("no size");
+    assert!(e.to_string().contains("without a size"), "{e}");
+    let mut spec = fresh(&conf, false);
+    spec.pool = "no-such-pool".into();
+    let e = RbdBackend::open(&spec, None).err().expect("no such pool");
+    assert!(e.to_string().contains("no-such-pool"), "{e}");
+    let spec = fresh(&conf, true);
+    let b = RbdBackend::open(&spec, Some(1 << 20)).unwrap();
+    drop(b);
+    let e = RbdBackend::open(&spec, Some(2 << 20))
+        .err()
+        .expect("too small");
+    assert!(e.to_string().contains("rbd resize"), "{e}");
+    let _ = Command::new("rbd")
+        .args(["-c", &conf.to_string_lossy(), "rm", &spec.display_name()])
+        .output();
+}
