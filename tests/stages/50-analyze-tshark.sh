@@ -73,8 +73,10 @@ for name in perf cu; do
   # A segment that fills a hole (its first copy never reached the capture) is a loss to
   # ironsan analyze and, to tshark, a retransmission or out-of-order depending on how late it
   # came; duplicates of bytes already seen are retransmissions to both. So tshark's count lies
-  # between ironsan's retransmissions and those plus its filled losses.
-  theirs=$(tshark -r "$f" -Y "tcp.analysis.retransmission || tcp.analysis.fast_retransmission" 2>/dev/null | wc -l)
+  # between ironsan's retransmissions and those plus its filled losses. Bytes sent again after
+  # the receiver had acknowledged them are a spurious retransmission to tshark, not a
+  # retransmission, and a FIN sent again carries no bytes: ironsan counts bytes seen twice.
+  theirs=$(tshark -r "$f" -Y "(tcp.analysis.retransmission || tcp.analysis.fast_retransmission || tcp.analysis.spurious_retransmission) && tcp.len > 0" 2>/dev/null | wc -l)
   read -r ours lost < <("$IRONSAN" analyze --json "$f" | python3 -c 'import json,sys; d=json.load(sys.stdin); c=d["connection_stats"]; print(sum(x["retransmissions"] for x in c), sum(x["lost_segments"] for x in c))')
   if ((theirs < ours || theirs > ours + lost)); then
     echo "FAIL $name: tshark finds $theirs retransmissions, ironsan analyze $ours (+ $lost filled losses)"; fail=1
@@ -105,4 +107,9 @@ for fetch in ("<script src", "<link", "http://", "https://"):
     assert fetch not in page, f"page not self-contained: {fetch}"
 print(f"ok timeline: {len(conns)} connections, {len(lanes)} lanes, {len(marks)} PDU marks")
 PY
+# A failed comparison keeps its captures (the scratch directory goes with the namespace).
+if ((fail)); then
+  keep=${STAGE_KEEP_DIR:-target/stage-logs/50-analyze-tshark-captures}
+  mkdir -p "$keep" && cp "$work"/*.pcap "$keep"/ && echo "captures kept in $keep"
+fi
 exit $fail

@@ -293,7 +293,16 @@ unsafe extern "C" fn on_complete(c: RbdCompletionT, arg: *mut c_void) {
     } = *ctx;
     // The awaiting task may be gone (aborted command): the result is then dropped.
     let _ = tx.send(Completed { ret, buf, mismatch });
-    drop(handles);
+    // When this operation holds the last reference (its backend was dropped while it ran),
+    // closing the image and shutting the cluster connection down here, on librbd's own
+    // callback thread, would wait for this very thread: another thread does it. Should no
+    // thread start, the handles are leaked rather than closed in place.
+    if let Some(last) = Arc::into_inner(handles) {
+        let last = std::mem::ManuallyDrop::new(last);
+        let _ = std::thread::Builder::new()
+            .name("rbd-close".into())
+            .spawn(move || drop(std::mem::ManuallyDrop::into_inner(last)));
+    }
 }
 
 /// Longest a task waits for a completion: librados fails a stuck operation after

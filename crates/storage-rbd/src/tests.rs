@@ -204,8 +204,15 @@ async fn io_round_trips_on_the_test_cluster() {
     drop(dropped);
     b.flush().await.unwrap();
     drop(b);
-    let _ = Command::new("rbd")
-        .args(["-c", &conf.to_string_lossy(), "rm", &spec.display_name()])
+    let _ = Command::new("timeout")
+        .args([
+            "30",
+            "rbd",
+            "-c",
+            &conf.to_string_lossy(),
+            "rm",
+            &spec.display_name(),
+        ])
         .output();
 }
 
@@ -236,8 +243,15 @@ async fn a_resize_changes_the_size() {
     }
     assert_eq!(seen, 12 << 20);
     drop(b);
-    let _ = Command::new("rbd")
-        .args(["-c", &conf.to_string_lossy(), "rm", &spec.display_name()])
+    let _ = Command::new("timeout")
+        .args([
+            "30",
+            "rbd",
+            "-c",
+            &conf.to_string_lossy(),
+            "rm",
+            &spec.display_name(),
+        ])
         .output();
 }
 
@@ -262,7 +276,14 @@ fn missing_images_and_pools_say_what_to_do() {
         .err()
         .expect("too small");
     assert!(e.to_string().contains("rbd resize"), "{e}");
-    let _ = Command::new("rbd")
-        .args(["-c", &conf.to_string_lossy(), "rm", &spec.display_name()])
+    let _ = Command::new("timeout")
+        .args([
+            "30",
+            "rbd",
+            "-c",
+            &conf.to_string_lossy(),
+            "rm",
+            &spec.display_name(),
+        ])
         .output();
 }
