@@ -114,6 +114,15 @@ fn cluster() -> Option<PathBuf> {
     }
 }
 
+/// Removes a test image, waiting at most 30 s (an image left open would hold `rbd rm`).
+fn remove_image(conf: &Path, spec: &RbdSpec) {
+    let conf = conf.to_string_lossy();
+    let name = spec.display_name();
+    let _ = Command::new("timeout")
+        .args(["30", "rbd", "-c", &conf, "rm", &name])
+        .output();
+}
+
 /// A spec for a fresh image name in the test cluster's pool "rbd".
 fn fresh(conf: &Path, create: bool) -> RbdSpec {
     static N: AtomicUsize = AtomicUsize::new(0);
@@ -204,16 +213,7 @@ async fn io_round_trips_on_the_test_cluster() {
     drop(dropped);
     b.flush().await.unwrap();
     drop(b);
-    let _ = Command::new("timeout")
-        .args([
-            "30",
-            "rbd",
-            "-c",
-            &conf.to_string_lossy(),
-            "rm",
-            &spec.display_name(),
-        ])
-        .output();
+    remove_image(&conf, &spec);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -243,16 +243,7 @@ async fn a_resize_changes_the_size() {
     }
     assert_eq!(seen, 12 << 20);
     drop(b);
-    let _ = Command::new("timeout")
-        .args([
-            "30",
-            "rbd",
-            "-c",
-            &conf.to_string_lossy(),
-            "rm",
-            &spec.display_name(),
-        ])
-        .output();
+    remove_image(&conf, &spec);
 }
 
 #[test]
@@ -276,14 +267,5 @@ fn missing_images_and_pools_say_what_to_do() {
         .err()
         .expect("too small");
     assert!(e.to_string().contains("rbd resize"), "{e}");
-    let _ = Command::new("timeout")
-        .args([
-            "30",
-            "rbd",
-            "-c",
-            &conf.to_string_lossy(),
-            "rm",
-            &spec.display_name(),
-        ])
-        .output();
+    remove_image(&conf, &spec);
 }
