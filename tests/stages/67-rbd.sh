@@ -12,7 +12,7 @@
 #   * `rbd resize` while serving: READ CAPACITY shows the new size;
 #   * monitor and OSD paused (SIGSTOP) when the target starts: the RBD LUN is NOT READY with
 #     a log line while a memory LUN serves, and serves once they resume; the OSD paused
-#     during I/O: a read fails within the op timeout (storage-rbd's OP_TIMEOUT_SECS, 30 s)
+#     during I/O: a read fails after the op timeout (storage-rbd's OP_TIMEOUT_SECS, 30 s; at most 60 s)
 #     and the LUN serves again when it resumes;
 #   * the crate's own tests against this cluster (IRONSAN_RBD_TEST_CONF).
 #
@@ -205,6 +205,7 @@ backend = \"memory\"" || { kill -CONT "$mon" "$osd"; return 1; }
   if timeout 60 "$IRONSAN" read --length 4096 --output /dev/null "$URL/1" >"$work/notready.out" 2>&1; then
     echo "FAIL: the RBD LUN served a read while its cluster was unreachable"; ok=1
   fi
+  grep -q 'NOT READY' "$work/notready.out" || { echo "FAIL: the refused read did not say NOT READY: $(tail -1 "$work/notready.out")"; ok=1; }
   kill -CONT "$mon" "$osd"
   t1=$SECONDS
   until timeout 60 "$IRONSAN" write --input "$work/fault-block.bin" "$URL/1" >/dev/null 2>&1; do
@@ -223,7 +224,8 @@ backend = \"memory\"" || { kill -CONT "$mon" "$osd"; return 1; }
   fi
   local failed_after=$((SECONDS - t1))
   kill -CONT "$osd"
-  ((failed_after <= 90)) || { echo "FAIL: the read failed only after $failed_after s"; ok=1; }
+  ((failed_after <= 60)) || { echo "FAIL: the read failed only after $failed_after s"; ok=1; }
+  grep -q 'NOT READY' "$work/lost.out" || { echo "FAIL: the failed read did not say NOT READY: $(tail -1 "$work/lost.out")"; ok=1; }
   t1=$SECONDS
   until timeout 60 "$IRONSAN" read --length 4096 --output "$work/fault-back.bin" "$URL/1" >/dev/null 2>&1; do
     ((SECONDS - t1 < 60)) || { echo "FAIL: the RBD LUN did not serve again within 60 s of the OSD's return"; ok=1; break; }

@@ -468,11 +468,6 @@ impl RbdBackend {
         })
     }
 
-    /// The image this backend serves.
-    pub fn spec(&self) -> &RbdSpec {
-        &self.spec
-    }
-
     /// The open image, or the error a command meets while the cluster was never reached.
     fn handles(&self) -> io::Result<&Arc<Handles>> {
         match self.conn.get() {
@@ -573,17 +568,6 @@ impl RbdBackend {
         Ok(rx)
     }
 
-    fn check_range(&self, offset: u64, len: u64) -> io::Result<()> {
-        let size = self.size();
-        match offset.checked_add(len) {
-            Some(end) if end <= size => Ok(()),
-            _ => Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("range {offset}+{len} outside device of {size} bytes"),
-            )),
-        }
-    }
-
     async fn aio_flush(&self) -> io::Result<()> {
         let api = self.handles()?.api;
         // SAFETY: an open image and a fresh completion.
@@ -656,7 +640,7 @@ impl Backend for RbdBackend {
     }
 
     async fn read_at(&self, offset: u64, len: usize) -> io::Result<Bytes> {
-        self.check_range(offset, len as u64)?;
+        storage::check_range(self.size(), offset, len as u64)?;
         if len == 0 {
             return Ok(Bytes::new());
         }
@@ -676,7 +660,7 @@ impl Backend for RbdBackend {
     }
 
     async fn write_at(&self, offset: u64, data: Bytes, fua: bool) -> io::Result<()> {
-        self.check_range(offset, data.len() as u64)?;
+        storage::check_range(self.size(), offset, data.len() as u64)?;
         if !data.is_empty() {
             let api = self.handles()?.api;
             self.submit(OpBuf::Write(data), |image, args, c| {
@@ -706,7 +690,7 @@ impl Backend for RbdBackend {
         if compare.len() != write.len() {
             return None;
         }
-        if let Err(e) = self.check_range(offset, write.len() as u64) {
+        if let Err(e) = storage::check_range(self.size(), offset, write.len() as u64) {
             return Some(Err(e));
         }
         let api = match self.handles() {
@@ -762,7 +746,7 @@ impl Backend for RbdBackend {
     }
 
     async fn punch(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.check_range(offset, len)?;
+        storage::check_range(self.size(), offset, len)?;
         if len == 0 {
             return Ok(());
         }
@@ -776,26 +760,25 @@ impl Backend for RbdBackend {
     }
 
     async fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.check_range(offset, len)?;
-        let api = self.handles()?.api;
-        // librbd takes a size_t length: split a longer range (only on 32-bit hosts).
-        let step = usize::MAX as u64;
-        let mut done = 0;
-        while done < len {
-            let n = step.min(len - done);
-            let at = offset + done;
-            // SAFETY: an open image and a fresh completion; no buffer; flags 0.
-            self.submit(OpBuf::None, |image, _, c| unsafe {
-                (api.rbd_aio_write_zeroes)(image, at, n as usize, c, 0, 0)
-            })
-            .await?;
-            done += n;
+        storage::check_range(self.size(), offset, len)?;
+        if len == 0 {
+            return Ok(());
         }
-        Ok(())
+        let api = self.handles()?.api;
+        // librbd takes a size_t length.
+        let len = usize::try_from(len).map_err(|_| {
+            io::Error::new(io::ErrorKind::InvalidInput, "range too long for this host")
+        })?;
+        // SAFETY: an open image and a fresh completion; no buffer; flags 0.
+        self.submit(OpBuf::None, |image, _, c| unsafe {
+            (api.rbd_aio_write_zeroes)(image, offset, len, c, 0, 0)
+        })
+        .await
+        .map(drop)
     }
 
     async fn map_status(&self, offset: u64, len: u64) -> io::Result<MapRun> {
-        self.check_range(offset, len)?;
+        storage::check_range(self.size(), offset, len)?;
         // Allocation is not queried from the cluster: everything reports mapped.
         Ok(MapRun {
             mapped: true,

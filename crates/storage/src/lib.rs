@@ -169,7 +169,7 @@ pub trait Backend: Send + Sync + 'static {
 }
 
 /// Checks that `offset..offset+len` lies inside a device of `size` bytes.
-pub(crate) fn check_range(size: u64, offset: u64, len: u64) -> io::Result<()> {
+pub fn check_range(size: u64, offset: u64, len: u64) -> io::Result<()> {
     match offset.checked_add(len) {
         Some(end) if end <= size => Ok(()),
         _ => Err(io::Error::new(
