@@ -60,18 +60,27 @@ impl<T> CmdWindow<T> {
 
     /// Offer a non-immediate command.
     pub fn admit(&mut self, cmd_sn: u32, item: T) -> Admission {
+        match self.offer(cmd_sn, item) {
+            Ok(()) => Admission::Queued,
+            Err((why, _)) => why,
+        }
+    }
+
+    /// Offer a non-immediate command; one not queued is handed back with the reason, so
+    /// that its owner can free what it holds.
+    pub fn offer(&mut self, cmd_sn: u32, item: T) -> Result<(), (Admission, T)> {
         if !sn_in_window(cmd_sn, self.exp_cmd_sn, self.advertised_max) {
-            return Admission::OutOfWindow;
+            return Err((Admission::OutOfWindow, item));
         }
         let idx = cmd_sn.wrapping_sub(self.exp_cmd_sn) as usize;
         if self.slots.len() <= idx {
             self.slots.resize_with(idx + 1, || None);
         }
         if self.slots[idx].is_some() {
-            return Admission::Duplicate;
+            return Err((Admission::Duplicate, item));
         }
         self.slots[idx] = Some(item);
-        Admission::Queued
+        Ok(())
     }
 
     /// Take the next command that is in order, advancing ExpCmdSN. Each taken command

@@ -14,7 +14,7 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 use datamover::CollapsedStatus;
-use iscsi_session::{Admission, CmdWindow};
+use iscsi_session::CmdWindow;
 use iscsi_wire::serial::sn_le;
 use iscsi_wire::{
     reject, tmf, Bhs, LogoutRequest, LogoutResponse, NopIn, NopOut, Pdu, ScsiResponse,
@@ -63,10 +63,9 @@ pub(crate) struct TaskId(u64);
 /// The session's state that every connection shares.
 #[derive(Debug)]
 pub(crate) struct SessionCore<W> {
-    /// Decides admission and order; the work itself waits in `queued`, by CmdSN, so that
-    /// what the window turns away comes back to the driver to be freed.
-    window: CmdWindow<()>,
-    queued: HashMap<u32, W>,
+    /// Admission and order, holding the work that waits for its CmdSN; what it turns away
+    /// comes back to the driver to be freed.
+    window: CmdWindow<W>,
     /// The latest task under each ITT.
     tasks: HashMap<u32, TaskEntry>,
     /// Runs whose ITT a newer task took before they ended: whether an abort settled them.
@@ -84,7 +83,6 @@ impl<W> SessionCore<W> {
     pub(crate) fn new(cmd_sn: u32, depth: u32, discovery: bool) -> Self {
         SessionCore {
             window: CmdWindow::new(cmd_sn, depth),
-            queued: HashMap::new(),
             tasks: HashMap::new(),
             superseded: HashMap::new(),
             next_task: 0,
@@ -133,27 +131,16 @@ impl<W> SessionCore<W> {
                 counted: false,
             }];
         }
-        match self.window.admit(cmd_sn, ()) {
-            Admission::Queued => {
-                self.queued.insert(cmd_sn, work);
-            }
-            Admission::OutOfWindow | Admission::Duplicate => {
-                return vec![Order::Ignored { work, cmd_sn }]
-            }
+        if let Err((_, work)) = self.window.offer(cmd_sn, work) {
+            // Outside the window or a duplicate CmdSN.
+            return vec![Order::Ignored { work, cmd_sn }];
         }
         let mut ready = Vec::new();
-        loop {
-            let sn = self.window.exp_cmd_sn();
-            if self.window.pop_ready().is_none() {
-                break;
-            }
-            // The window queued a slot at `sn` only with its work here.
-            if let Some(work) = self.queued.remove(&sn) {
-                ready.push(Order::Run {
-                    work,
-                    counted: true,
-                });
-            }
+        while let Some(work) = self.window.pop_ready() {
+            ready.push(Order::Run {
+                work,
+                counted: true,
+            });
         }
         ready
     }
