@@ -125,8 +125,8 @@ fn parse(text: &str, dialect: Dialect) -> Result<u64, SizeError> {
             .ok()
             .and_then(|n| n.checked_mul(multiplier))
             .ok_or_else(|| SizeError::Overflow(text.to_string())),
-        Some((whole, fraction)) => {
-            let value: f64 = format!("{whole}.{fraction}")
+        Some(_) => {
+            let value: f64 = number
                 .parse()
                 .map_err(|_| SizeError::NoNumber(text.to_string()))?;
             let bytes = value * multiplier as f64;
