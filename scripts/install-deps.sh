@@ -21,6 +21,7 @@ packages=(
   ceph-mon       # the one-node test cluster of scripts/ceph-test-cluster.sh (RBD LUNs, stage 67)
   ceph-osd
   ceph-common    # ceph, rbd: cluster setup, rbd export/import; pulls in librbd1 and librados2
+  tgt-rbd        # tgtd's bs_rbd store: the comparison of `ironsan bench rbd` (stage 67)
   chromium       # headless browser: runs the self-test of `ironsan analyze --html` pages
 )
 missing=()

@@ -10,8 +10,13 @@
 #   initiator: each build's `ironsan bench` against one target (the BEFORE build's), seq
 #              128 KiB and rand 4 KiB reads, QD 32, as a ratio to iscsi-perf on that target in
 #              the same round
+#   transports: each build's `bench transports` (its own target and initiator, RAM LUN), MB/s
+#              of iSCSI/TCP and iSER at 4k/128k/1m x QD 1/8/32, reads and writes
+#   vstgt:     each build's `bench vs-tgt` (iscsi-perf against its target beside tgtd): the
+#              ironsan IOPS and the ironsan/tgtd ratio of each workload
 # Usage: tests/perf/compare-builds.sh BEFORE-BINARY AFTER-BINARY [ROUNDS] [SECONDS]
-#   PARTS=initiator (or target) runs only that half, for more rounds in the same time.
+#   PARTS=initiator (or target, transports, vstgt; a comma list) runs only those parts, for
+#   more rounds in the same time [default: target,initiator].
 # Not part of the test command: a benchmark for closing notes. Needs iscsi-perf
 # (libiscsi-bin) and python3.
 set -euo pipefail
@@ -93,6 +98,34 @@ for ((r = 1; r <= rounds; r++)); do
     done
     stop_target
   fi
+  for b in "${order[@]}"; do
+    bin=$before
+    [[ $b == after ]] && bin=$after
+    if [[ $parts == *transports* ]]; then
+      for size in 4k 128k 1m; do
+        for qd in 1 8 32; do
+          timeout 120 "$bin" bench transports --size "$size" --qd "$qd" --rounds 1 --duration "$secs" \
+            --json "$work/t.json" >/dev/null
+          python3 - "$work/t.json" "$qd" "$b" >>"$work/results" <<'PY'
+import json, sys
+for row in json.load(open(sys.argv[1])):
+    size = row["size"].replace(" ", "")
+    print(f"transports {row['transport']} {size} {row['rw']} qd {sys.argv[2]} MB/s {sys.argv[3]} {row['MB/s']}")
+PY
+        done
+      done
+    fi
+    if [[ $parts == *vstgt* ]]; then
+      timeout 300 "$bin" bench vs-tgt --seconds "$secs" --repeat 1 --json "$work/v.json" >/dev/null
+      python3 - "$work/v.json" "$b" >>"$work/results" <<'PY'
+import json, sys
+for row in json.load(open(sys.argv[1])):
+    w = row["workload"]
+    print(f"vs-tgt {w} ironsan IOPS {sys.argv[2]} {row['ironsan IOPS']}")
+    print(f"vs-tgt {w} ironsan/tgtd {sys.argv[2]} {row['ironsan/tgtd']}")
+PY
+    fi
+  done
   echo "round $r of $rounds done" >&2
 done
 

@@ -19,6 +19,9 @@ pub enum BenchCommand {
     /// iSCSI/TCP vs iSER (software RNIC) against one ironsan target, alternating, in one run:
     /// throughput and CPU seconds per GB of initiator and target, 4 KiB to 16 MiB.
     Transports(super::bench_transports::TransportsArgs),
+    /// An RBD image served by ironsan against fio's rbd engine (the librbd ceiling) and
+    /// tgtd's bs_rbd, alternating, in one run: throughput and CPU seconds per GB.
+    Rbd(super::bench_rbd::RbdArgs),
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -29,6 +32,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         Some(BenchCommand::Crc(args)) => super::crc::run(args),
         Some(BenchCommand::VsTgt(args)) => super::bench_tgt::run(args),
         Some(BenchCommand::Transports(args)) => super::bench_transports::run(args),
+        Some(BenchCommand::Rbd(args)) => super::bench_rbd::run(args),
         None => super::blockbench::run(*args.iscsi),
     }
 }

@@ -7,10 +7,10 @@
 //! table with both and their ratio.
 
 use anyhow::{anyhow, bail, Context, Result};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+
+use super::bench_procs::{free_port, wait_port, which, Reaped, Scratch};
 
 #[derive(clap::Args)]
 pub struct VsTgtArgs {
@@ -69,23 +69,6 @@ const WORKLOADS: [Workload; 2] = [
 const QUEUE_DEPTH: u32 = 32;
 const TGT_IQN: &str = "iqn.2026-11.org.ironsan.bench:tgtd";
 const IRONSAN_IQN: &str = "iqn.2026-11.org.ironsan.bench:ironsan";
-
-/// A child process killed (and reaped) when dropped.
-struct Reaped(Child);
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A scratch directory removed when dropped.
-struct Scratch(PathBuf);
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 pub fn run(a: VsTgtArgs) -> Result<()> {
     for tool in ["tgtd", "tgtadm", "iscsi-perf"] {
@@ -216,31 +199,6 @@ pub fn run(a: VsTgtArgs) -> Result<()> {
         bail!("ironsan below the bar: {}", short.join(", "));
     }
     Ok(())
-}
-
-fn which(tool: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .chain(["/usr/sbin", "/sbin"])
-        .map(|d| Path::new(d).join(tool))
-        .find(|p| p.is_file())
-}
-
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-/// Waits (bounded) until something accepts on 127.0.0.1:port.
-fn wait_port(port: u16, what: &str) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    bail!("{what} did not listen on 127.0.0.1:{port} within 20 s")
 }
 
 fn start_tgtd(dir: &Path, port: u16, ctl: u16, lun_bytes: u64) -> Result<Reaped> {

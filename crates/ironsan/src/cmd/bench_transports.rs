@@ -12,7 +12,9 @@
 use anyhow::{bail, Context, Result};
 use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
+
+use super::bench_procs::{cpu_seconds, wait_port, Reaped};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,15 +24,15 @@ use report::{Cell, LinePlot, Series, Table, TickLabels};
 
 #[derive(clap::Args)]
 pub struct TransportsArgs {
-    /// Transfer sizes: one (128k) or a doubling sweep.
+    /// Transfer sizes: one (128k), a doubling sweep (4k..16m), or a comma list of both.
     #[arg(long, default_value = "4k..16m")]
     pub size: String,
     /// Directions: read, write or both (read,write).
     #[arg(long, default_value = "read,write")]
     pub rw: String,
-    /// Commands outstanding.
-    #[arg(long, default_value_t = 16)]
-    pub qd: usize,
+    /// Commands outstanding: one depth or a comma list (1,8,32).
+    #[arg(long, default_value = "16")]
+    pub qd: String,
     /// Offsets: rand or seq.
     #[arg(long, default_value = "rand")]
     pub pattern: String,
@@ -69,8 +71,6 @@ pub struct TransportsArgs {
 
 const IQN: &str = "iqn.2026-11.org.ironsan.bench:transports";
 const TRANSPORTS: [&str; 2] = ["iscsi", "iser"];
-/// /proc reports CPU times in USER_HZ ticks, 100 per second on Linux.
-const TICKS_PER_SEC: f64 = 100.0;
 
 /// One point: a size, a direction and a transport, summed over the rounds.
 #[derive(Default, Clone)]
@@ -81,20 +81,12 @@ struct Point {
     target_cpu: f64,
 }
 
-/// A child process killed (and reaped) when dropped.
-struct Reaped(Child);
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 pub fn run(a: TransportsArgs) -> Result<()> {
     let sizes = super::blockbench::sizes(&a.size)?;
     let rws = directions(&a.rw)?;
-    if a.rounds == 0 || a.duration <= 0.0 || a.qd == 0 {
-        bail!("--rounds, --duration and --qd must be positive");
+    let depths = depths(&a.qd)?;
+    if a.rounds == 0 || a.duration <= 0.0 {
+        bail!("--rounds and --duration must be positive");
     }
     let lun_bytes = report::parse_size(&a.lun_size)
         .map_err(|e| anyhow::anyhow!("--lun-size {:?}: {e:?}", a.lun_size))?;
@@ -120,7 +112,7 @@ pub fn run(a: TransportsArgs) -> Result<()> {
         a.rounds
     );
     let rt = super::initiator::runtime()?;
-    // points[rw][size][transport]
+    // points[qd][rw][size][transport]
     let points = rt.block_on(async {
         let mut sessions = Vec::new();
         for t in TRANSPORTS {
@@ -138,9 +130,17 @@ pub fn run(a: TransportsArgs) -> Result<()> {
         }
         let cap = sessions[0].capacity(0).await?;
         fill_lun(&sessions[0], cap, lun_bytes).await?;
-        let mut points = vec![vec![[Point::default(), Point::default()]; sizes.len()]; rws.len()];
+        let mut points =
+            vec![
+                vec![vec![[Point::default(), Point::default()]; sizes.len()]; rws.len()];
+                depths.len()
+            ];
         for round in 0..a.rounds {
-            for (r, &rw) in rws.iter().enumerate() {
+            for ((q, &qd), (r, &rw)) in depths
+                .iter()
+                .enumerate()
+                .flat_map(|d| rws.iter().enumerate().map(move |r| (d, r)))
+            {
                 for (z, &size) in sizes.iter().enumerate() {
                     for k in 0..2 {
                         let t = (k + round as usize) % 2;
@@ -148,7 +148,7 @@ pub fn run(a: TransportsArgs) -> Result<()> {
                             rw,
                             pattern,
                             size,
-                            qd: a.qd,
+                            qd,
                             duration: Some(Duration::from_secs_f64(a.duration)),
                             count: None,
                             span: Some(lun_bytes),
@@ -166,9 +166,9 @@ pub fn run(a: TransportsArgs) -> Result<()> {
                         )
                         .await
                         .with_context(|| {
-                            format!("{} {} over {}", rw.label(), size, TRANSPORTS[t])
+                            format!("{} {} qd {qd} over {}", rw.label(), size, TRANSPORTS[t])
                         })?;
-                        let p = &mut points[r][z][t];
+                        let p = &mut points[q][r][z][t];
                         p.bytes += s.bytes;
                         p.seconds += started.elapsed().as_secs_f64().max(s.seconds);
                         p.initiator_cpu += cpu_seconds(std::process::id())? - i0;
@@ -186,7 +186,7 @@ pub fn run(a: TransportsArgs) -> Result<()> {
     })?;
     drop(rt);
     drop(target);
-    report(&a, &sizes, &rws, &points)
+    report(&a, &sizes, &rws, &depths, &points)
 }
 
 fn directions(s: &str) -> Result<Vec<Rw>> {
@@ -199,10 +199,29 @@ fn directions(s: &str) -> Result<Vec<Rw>> {
         .collect()
 }
 
-fn report(a: &TransportsArgs, sizes: &[u32], rws: &[Rw], points: &[Vec<[Point; 2]>]) -> Result<()> {
+/// Queue depths from `--qd`: one or a comma list.
+fn depths(s: &str) -> Result<Vec<usize>> {
+    s.split(',')
+        .map(|d| match d.trim().parse::<usize>() {
+            Ok(n) if (1..=4096).contains(&n) => Ok(n),
+            _ => bail!("--qd {d:?}: a queue depth from 1 to 4096, or a comma list of them"),
+        })
+        .collect()
+}
+
+type Points = [Vec<Vec<[Point; 2]>>];
+
+fn report(
+    a: &TransportsArgs,
+    sizes: &[u32],
+    rws: &[Rw],
+    depths: &[usize],
+    points: &Points,
+) -> Result<()> {
     let mut table = Table::new([
         "size",
         "rw",
+        "qd",
         "transport",
         "MB/s",
         "initiator CPU s/GB",
@@ -210,16 +229,22 @@ fn report(a: &TransportsArgs, sizes: &[u32], rws: &[Rw], points: &[Vec<[Point; 2
         "iser/iscsi MB/s",
     ]);
     let mut series: Vec<Series> = Vec::new();
-    for (r, rw) in rws.iter().enumerate() {
+    for ((q, &qd), (r, rw)) in depths
+        .iter()
+        .enumerate()
+        .flat_map(|d| rws.iter().enumerate().map(move |r| (d, r)))
+    {
         for (z, &size) in sizes.iter().enumerate() {
             let mbps = |p: &Point| p.bytes as f64 / p.seconds.max(1e-9) / 1e6;
-            let ratio = mbps(&points[r][z][1]) / mbps(&points[r][z][0]).max(1e-9);
+            let here = &points[q][r][z];
+            let ratio = mbps(&here[1]) / mbps(&here[0]).max(1e-9);
             for (t, name) in TRANSPORTS.iter().enumerate() {
-                let p = &points[r][z][t];
+                let p = &here[t];
                 let gb = (p.bytes as f64 / 1e9).max(1e-12);
                 table.push_row([
                     Cell::Text(report::format_size(u64::from(size))),
                     Cell::Text(rw.label()),
+                    Cell::Int(qd as i64),
                     Cell::Text((*name).into()),
                     Cell::float(mbps(p), 1),
                     Cell::float(p.initiator_cpu / gb, 2),
@@ -230,7 +255,11 @@ fn report(a: &TransportsArgs, sizes: &[u32], rws: &[Rw], points: &[Vec<[Point; 2
                         Cell::Text(String::new())
                     },
                 ]);
-                let label = format!("{name} {}", rw.label());
+                let label = if depths.len() > 1 {
+                    format!("{name} {} qd {qd}", rw.label())
+                } else {
+                    format!("{name} {}", rw.label())
+                };
                 let point = (f64::from(size), mbps(p));
                 match series.iter_mut().find(|s| s.name == label) {
                     Some(s) => s.points.push(point),
@@ -261,22 +290,6 @@ fn report(a: &TransportsArgs, sizes: &[u32], rws: &[Rw], points: &[Vec<[Point; 2
         std::fs::write(p, plot.to_svg()).with_context(|| format!("writing {}", p.display()))?;
     }
     Ok(())
-}
-
-/// User plus system CPU seconds of process `pid` so far.
-fn cpu_seconds(pid: u32) -> Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .with_context(|| format!("reading /proc/{pid}/stat"))?;
-    // Fields after the command name (which may hold spaces) start at the last ')'.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let tick = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok());
-    match (tick(11), tick(12)) {
-        (Some(user), Some(sys)) => Ok((user + sys) / TICKS_PER_SEC),
-        _ => bail!("/proc/{pid}/stat: no CPU times"),
-    }
 }
 
 /// Writes the whole span once before measuring: a RAM LUN allocates its memory on first write,
@@ -341,13 +354,7 @@ fn start_target(
         .spawn()
         .context("starting ironsan target")?;
     let guard = Reaped(child);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if Instant::now() > deadline {
-            bail!("ironsan target did not listen on 127.0.0.1:{port} within 20 s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_port(port, "ironsan target")?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(guard)
 }
@@ -357,10 +364,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn this_process_has_cpu_times() {
-        let t = cpu_seconds(std::process::id()).unwrap();
-        assert!(t >= 0.0);
+    fn directions_parse() {
         assert!(directions("read,write").unwrap().len() == 2);
         assert!(directions("sideways").is_err());
+        assert_eq!(depths("1,8, 32").unwrap(), vec![1, 8, 32]);
+        assert!(depths("0").is_err());
+        assert!(depths("8,x").is_err());
     }
 }

@@ -32,7 +32,7 @@ pub struct BlockBenchArgs {
     /// seq or rand; a comma list runs each.
     #[arg(long, default_value = "seq")]
     pub pattern: String,
-    /// Bytes per command: one size (128k) or a doubling sweep (4k..16m).
+    /// Bytes per command: one size (128k), a doubling sweep (4k..16m), or a comma list of both.
     #[arg(long, default_value = "128k")]
     pub size: String,
     /// Commands outstanding per session.
@@ -99,6 +99,8 @@ fn size(s: &str) -> Result<u64, String> {
     report::parse_size(s).map_err(|e| e.to_string())
 }
 
+/// Transfer sizes from `--size`: a comma list of sizes (4k) and doubling sweeps (4k..1m),
+/// in the order given.
 pub(crate) fn sizes(s: &str) -> anyhow::Result<Vec<u32>> {
     let parse = |v: &str| -> anyhow::Result<u32> {
         let n = report::parse_size(v).map_err(|e| anyhow::anyhow!("--size: {e}"))?;
@@ -107,21 +109,26 @@ pub(crate) fn sizes(s: &str) -> anyhow::Result<Vec<u32>> {
         }
         Ok(n as u32)
     };
-    match s.split_once("..") {
-        None => Ok(vec![parse(s)?]),
-        Some((a, b)) => {
-            let (mut lo, hi) = (parse(a)?, parse(b)?);
-            if lo > hi {
-                bail!("--size {s}: the sweep must go up");
+    let mut v = Vec::new();
+    for item in s.split(',').map(str::trim) {
+        match item.split_once("..") {
+            None => v.push(parse(item)?),
+            Some((a, b)) => {
+                let (mut lo, hi) = (parse(a)?, parse(b)?);
+                if lo > hi {
+                    bail!("--size {item}: the sweep must go up");
+                }
+                while lo <= hi && v.len() < 64 {
+                    v.push(lo);
+                    lo = lo.saturating_mul(2);
+                }
             }
-            let mut v = Vec::new();
-            while lo <= hi && v.len() < 64 {
-                v.push(lo);
-                lo = lo.saturating_mul(2);
-            }
-            Ok(v)
+        }
+        if v.len() >= 64 {
+            bail!("--size {s}: at most 64 sizes");
         }
     }
+    Ok(v)
 }
 
 fn rws(a: &BlockBenchArgs) -> anyhow::Result<Vec<Rw>> {
@@ -492,4 +499,23 @@ async fn run_script(a: &BlockBenchArgs, steps: Vec<Step>) -> anyhow::Result<Vec<
         logout_all(old).await;
     }
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sizes;
+
+    #[test]
+    fn sizes_are_single_sweeps_or_comma_lists() {
+        assert_eq!(sizes("128k").unwrap(), vec![128 << 10]);
+        assert_eq!(sizes("4k..16k").unwrap(), vec![4096, 8192, 16384]);
+        assert_eq!(
+            sizes("4k,128k, 1m").unwrap(),
+            vec![4096, 128 << 10, 1 << 20]
+        );
+        assert_eq!(sizes("512,4k..8k").unwrap(), vec![512, 4096, 8192]);
+        assert!(sizes("16k..4k").is_err());
+        assert!(sizes("32m").is_err());
+        assert!(sizes("4k,,8k").is_err());
+    }
 }

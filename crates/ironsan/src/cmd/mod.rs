@@ -1,6 +1,8 @@
 //! One module per subcommand.
 pub mod analyze;
 pub mod bench;
+pub mod bench_procs;
+pub mod bench_rbd;
 pub mod bench_tgt;
 pub mod bench_transports;
 pub mod blockbench;

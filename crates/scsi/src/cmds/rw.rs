@@ -497,7 +497,7 @@ impl Lun {
             }
             result
         };
-        io.map_err(|_| Fail::Check(Sense::new(key::MEDIUM_ERROR, asc::WRITE_ERROR)))?;
+        io.map_err(|e| Fail::Check(io_sense(&e, asc::WRITE_ERROR)))?;
         Done::none()
     }
 
@@ -541,7 +541,7 @@ impl Lun {
             self.backend
                 .punch(self.offset(lba), n << self.bs_shift)
                 .await
-                .map_err(|_| Fail::Check(Sense::new(key::MEDIUM_ERROR, asc::WRITE_ERROR)))?;
+                .map_err(|e| Fail::Check(io_sense(&e, asc::WRITE_ERROR)))?;
         }
         Done::none()
     }
@@ -564,7 +564,7 @@ impl Lun {
                 self.backend
                     .map_status(self.offset(at), (total - at) << self.bs_shift)
                     .await
-                    .map_err(|_| Fail::Check(Sense::new(key::MEDIUM_ERROR, asc::READ_ERROR)))?
+                    .map_err(|e| Fail::Check(io_sense(&e, asc::READ_ERROR)))?
             } else {
                 storage::MapRun {
                     mapped: true,
@@ -617,12 +617,28 @@ impl Lun {
 /// The sense for a failed backend read or write: a backend that lost its storage for now (a
 /// network backend's timeout or lost connection) is NOT READY, which initiators retry;
 /// anything else is a MEDIUM ERROR with `medium` (READ ERROR or WRITE ERROR).
-fn io_sense(e: &std::io::Error, medium: (u8, u8)) -> Sense {
+pub(crate) fn io_sense(e: &std::io::Error, medium: (u8, u8)) -> Sense {
     use std::io::ErrorKind;
     match e.kind() {
         ErrorKind::TimedOut | ErrorKind::NotConnected => {
             Sense::new(key::NOT_READY, asc::NOT_READY_BECOMING_READY)
         }
         _ => Sense::new(key::MEDIUM_ERROR, medium),
+    }
+}
+
+#[cfg(test)]
+mod io_sense_tests {
+    use super::*;
+    use std::io::{Error, ErrorKind};
+
+    #[test]
+    fn a_lost_backend_is_not_ready_and_a_failed_one_a_medium_error() {
+        for kind in [ErrorKind::TimedOut, ErrorKind::NotConnected] {
+            let s = io_sense(&Error::from(kind), asc::WRITE_ERROR);
+            assert_eq!(s, Sense::new(key::NOT_READY, asc::NOT_READY_BECOMING_READY));
+        }
+        let s = io_sense(&Error::other("EIO"), asc::READ_ERROR);
+        assert_eq!(s, Sense::new(key::MEDIUM_ERROR, asc::READ_ERROR));
     }
 }

@@ -1,0 +1,104 @@
+//! What the benchmarks that run other programs share: children reaped when dropped, scratch
+//! directories, free loopback ports, waiting for a listener, and CPU seconds of a process or
+//! of reaped children.
+
+use anyhow::{bail, Context, Result};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+/// /proc reports CPU times in USER_HZ ticks, 100 per second on Linux.
+const TICKS_PER_SEC: f64 = 100.0;
+
+/// A child process killed (and reaped) when dropped.
+pub struct Reaped(pub Child);
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A scratch directory removed when dropped.
+pub struct Scratch(pub PathBuf);
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `tool` on PATH, or in the sbin directories a non-root PATH may lack.
+pub fn which(tool: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .chain(["/usr/sbin", "/sbin"])
+        .map(|d| Path::new(d).join(tool))
+        .find(|p| p.is_file())
+}
+
+pub fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Waits (20 s at most) until something accepts on 127.0.0.1:port.
+pub fn wait_port(port: u16, what: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bail!("{what} did not listen on 127.0.0.1:{port} within 20 s")
+}
+
+/// User plus system CPU seconds of process `pid` so far.
+pub fn cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("reading /proc/{pid}/stat"))?;
+    // Fields after the command name (which may hold spaces) start at the last ')'.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let tick = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok());
+    match (tick(11), tick(12)) {
+        (Some(user), Some(sys)) => Ok((user + sys) / TICKS_PER_SEC),
+        _ => bail!("/proc/{pid}/stat: no CPU times"),
+    }
+}
+
+/// User plus system CPU seconds of all the children this process has waited for so far
+/// (every thread of each): the difference around one child's run is that child's cost.
+pub fn reaped_children_cpu_seconds() -> f64 {
+    // SAFETY: getrusage fills the zeroed struct it is given; RUSAGE_CHILDREN is always valid.
+    let usage = unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_CHILDREN, &mut u);
+        u
+    };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_times_of_this_process_and_of_a_reaped_child() {
+        assert!(cpu_seconds(std::process::id()).unwrap() >= 0.0);
+        let before = reaped_children_cpu_seconds();
+        // A child that burns a little CPU: its cost shows up once it is reaped.
+        let status = std::process::Command::new("sh")
+            .args(["-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done"])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        assert!(reaped_children_cpu_seconds() > before);
+        assert!(which("sh").is_some());
+        assert!(which("no-such-tool-here").is_none());
+    }
+}
