@@ -241,7 +241,13 @@ fn image_size(h: &Handles) -> io::Result<u64> {
 /// Memory an operation reads into or writes from, owned by its completion until it fires.
 enum OpBuf {
     None,
-    Read(BytesMut),
+    /// Empty, with room for the read of `len` bytes: librbd fills that much of its spare
+    /// capacity, and only the bytes it reports read become the buffer's (see `read_at`),
+    /// so nothing is zeroed first.
+    Read {
+        buf: BytesMut,
+        len: usize,
+    },
     Write(Bytes),
     /// COMPARE AND WRITE: the bytes to compare, the bytes to write.
     CompareAndWrite(Bytes, Bytes),
@@ -359,6 +365,12 @@ unsafe extern "C" fn on_update(arg: *mut c_void) {
 /// Seconds between attempts to reach a cluster that was unreachable at start.
 pub const RETRY_SECS: u64 = 5;
 
+/// The LUN's size on an image of `image_bytes`: the configured `size`, or the image's when
+/// none is configured or the image has shrunk below it (the blocks past its end are gone).
+fn lun_bytes(size: Option<u64>, image_bytes: u64) -> u64 {
+    size.map_or(image_bytes, |want| want.min(image_bytes))
+}
+
 /// The size a LUN reports while its image's size is unknown (cluster unreachable at start,
 /// no `size` configured): one 4 KiB block, replaced (with CAPACITY DATA HAS CHANGED) once
 /// the image is open.
@@ -415,11 +427,11 @@ impl Connection {
                 // Ends when the connection's Drop frees the sender (the channel disconnects).
                 while rx.recv().is_ok() {
                     match image_size(&handles) {
-                        // Other updates (snapshots, metadata) leave a configured size alone.
+                        // Other updates (snapshots, metadata) change nothing.
                         Ok(new) if new != seen => {
                             tracing::info!(image = %name, old = seen, new, "rbd image resized");
                             seen = new;
-                            lun_size.store(new, Ordering::Release);
+                            lun_size.store(lun_bytes(size, new), Ordering::Release);
                         }
                         Ok(_) => {}
                         Err(e) => tracing::warn!(image = %name, "cannot read the size after an update: {e}"),
@@ -526,7 +538,13 @@ impl RbdBackend {
         // BytesMut or Bytes does not move the bytes).
         let (iov, compare) = match &mut buf {
             OpBuf::None => (iovec(std::ptr::null_mut(), 0), std::ptr::null()),
-            OpBuf::Read(b) => (iovec(b.as_mut_ptr(), b.len()), std::ptr::null()),
+            OpBuf::Read { buf, len } => {
+                let room = &mut buf.spare_capacity_mut()[..*len];
+                (
+                    iovec(room.as_mut_ptr().cast(), room.len()),
+                    std::ptr::null(),
+                )
+            }
             OpBuf::Write(b) => (iovec(b.as_ptr().cast_mut(), b.len()), std::ptr::null()),
             OpBuf::CompareAndWrite(cmp, w) => (iovec(w.as_ptr().cast_mut(), w.len()), cmp.as_ptr()),
         };
@@ -646,15 +664,30 @@ impl Backend for RbdBackend {
         }
         let api = self.handles()?.api;
         let done = self
-            .submit(OpBuf::Read(BytesMut::zeroed(len)), |image, args, c| {
-                // SAFETY: the iovec points into the buffer the completion owns until it
-                // fires (librbd copies the iovec array itself before returning).
-                unsafe { (api.rbd_aio_readv)(image, &args.iov, 1, offset, c) }
-            })
+            .submit(
+                OpBuf::Read {
+                    buf: BytesMut::with_capacity(len),
+                    len,
+                },
+                |image, args, c| {
+                    // SAFETY: the iovec points into the spare capacity of the buffer the
+                    // completion owns until it fires (librbd copies the iovec array itself
+                    // before returning).
+                    unsafe { (api.rbd_aio_readv)(image, &args.iov, 1, offset, c) }
+                },
+            )
             .await?;
         match done.buf {
-            // A short read (past the image's end after a shrink) leaves zeroes.
-            OpBuf::Read(b) => Ok(b.freeze()),
+            OpBuf::Read { buf: mut b, .. } => {
+                let filled = usize::try_from(done.ret).unwrap_or(0).min(len);
+                // SAFETY: librbd wrote the first `ret` bytes of the spare capacity (the
+                // bytes it reports read); nothing exposes the buffer before this length is
+                // set, and `filled` is within the capacity.
+                unsafe { b.set_len(filled) };
+                // A short read (past the image's end after a shrink) reads as zeroes.
+                b.resize(len, 0);
+                Ok(b.freeze())
+            }
             _ => Err(io::Error::other("rbd read completed without its buffer")),
         }
     }

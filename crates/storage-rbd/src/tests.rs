@@ -158,6 +158,17 @@ async fn io_round_trips_on_the_test_cluster() {
     b.flush().await.unwrap();
     assert_eq!(b.read_at(4096, data.len()).await.unwrap(), data);
     assert_eq!(b.read_at(1 << 20, data.len()).await.unwrap(), data);
+    // Never-written ranges read as zeroes, in an untouched object and behind written bytes
+    // (librbd fills the whole read buffer; nothing is zeroed before it does).
+    assert!(b
+        .read_at(6 << 20, 65536)
+        .await
+        .unwrap()
+        .iter()
+        .all(|&x| x == 0));
+    let across = b.read_at((1 << 20) + 32768, 65536).await.unwrap();
+    assert_eq!(across[..32768], data[32768..]);
+    assert!(across[32768..].iter().all(|&x| x == 0));
     // Punched and zeroed ranges read back as zeroes, however small.
     b.punch(4096 + 512, 512).await.unwrap();
     b.write_zeroes(4096 + 4096, 1024).await.unwrap();
@@ -218,34 +229,54 @@ async fn io_round_trips_on_the_test_cluster() {
     remove_image(&conf, &spec);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_resize_changes_the_size() {
-    let Some(conf) = cluster() else { return };
-    let spec = fresh(&conf, true);
-    let b = RbdBackend::open(&spec, Some(4 << 20)).unwrap();
-    let out = Command::new("rbd")
-        .args([
-            "-c",
-            &conf.to_string_lossy(),
-            "resize",
-            &spec.display_name(),
-            "--size",
-            "12M",
-        ])
+/// Resizes the test image with the `rbd` tool (`--allow-shrink` when it shrinks).
+fn rbd_resize(conf: &Path, spec: &RbdSpec, size: &str) {
+    let out = Command::new("timeout")
+        .args(["30", "rbd", "-c", &conf.to_string_lossy(), "resize"])
+        .arg(spec.display_name())
+        .args(["--size", size, "--allow-shrink"])
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
-    let mut seen = b.size();
+}
+
+/// Waits (10 s at most) for `b` to report `want` bytes; returns what it reports then.
+async fn size_becomes(b: &RbdBackend, want: u64) -> u64 {
     for _ in 0..100 {
-        if seen == 12 << 20 {
+        if b.size() == want {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-        seen = b.size();
     }
-    assert_eq!(seen, 12 << 20);
-    drop(b);
+    b.size()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resize_changes_the_size_within_a_configured_one() {
+    let Some(conf) = cluster() else { return };
+    let spec = fresh(&conf, true);
+    // Created at 4 MiB with that size configured; a second LUN on it configures none.
+    let capped = RbdBackend::open(&spec, Some(4 << 20)).unwrap();
+    let follows = RbdBackend::open(&spec, None).unwrap();
+    rbd_resize(&conf, &spec, "12M");
+    assert_eq!(size_becomes(&follows, 12 << 20).await, 12 << 20);
+    assert_eq!(capped.size(), 4 << 20, "a configured size is not outgrown");
+    rbd_resize(&conf, &spec, "2M");
+    assert_eq!(size_becomes(&follows, 2 << 20).await, 2 << 20);
+    assert_eq!(
+        size_becomes(&capped, 2 << 20).await,
+        2 << 20,
+        "a shrunk image shrinks the LUN"
+    );
+    drop((capped, follows));
     remove_image(&conf, &spec);
+}
+
+#[test]
+fn the_lun_size_is_the_configured_one_within_the_image() {
+    assert_eq!(lun_bytes(None, 8 << 20), 8 << 20);
+    assert_eq!(lun_bytes(Some(4 << 20), 8 << 20), 4 << 20);
+    assert_eq!(lun_bytes(Some(4 << 20), 2 << 20), 2 << 20);
 }
 
 #[test]
