@@ -50,13 +50,7 @@ pub fn describe_sense(sense: &[u8]) -> String {
     let Some(s) = scsi_spec::Sense::parse(sense) else {
         return format!("sense response code 0x{:02x}", code & 0x7f);
     };
-    let text = s.asc_name().map(|t| format!(" ({t})")).unwrap_or_default();
-    format!(
-        "{} ASC/ASCQ 0x{:02x}/0x{:02x}{text}",
-        s.key_name(),
-        s.asc,
-        s.ascq
-    )
+    s.to_string()
 }
 
 #[cfg(test)]
@@ -104,15 +98,15 @@ mod tests {
         fixed[12] = 0x24;
         assert_eq!(
             describe_sense(&fixed),
-            "ILLEGAL REQUEST ASC/ASCQ 0x24/0x00 (invalid field in CDB)"
+            "ILLEGAL REQUEST (ASC/ASCQ 0x24/0x00: invalid field in CDB)"
         );
         assert_eq!(
             describe_sense(&[0x72, 0x06, 0x29, 0x01]),
-            "UNIT ATTENTION ASC/ASCQ 0x29/0x01 (power on occurred)"
+            "UNIT ATTENTION (ASC/ASCQ 0x29/0x01: power on occurred)"
         );
         assert_eq!(
             describe_sense(&[0x70]),
-            "NO SENSE ASC/ASCQ 0x00/0x00 (no additional sense information)"
+            "NO SENSE (ASC/ASCQ 0x00/0x00: no additional sense information)"
         );
     }
 }

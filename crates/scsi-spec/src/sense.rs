@@ -85,35 +85,56 @@ pub mod asc {
     pub const MEDIUM_REMOVAL_PREVENTED: (u8, u8) = (0x53, 0x02);
     pub const INSUFFICIENT_REGISTRATION_RESOURCES: (u8, u8) = (0x55, 0x04);
 
-    /// The name of an additional sense code and qualifier, where it is a common one.
+    /// The name of an additional sense code and qualifier (SPC-4's wording): every pair
+    /// above, and a few families others report.
     pub fn name(asc: u8, ascq: u8) -> Option<&'static str> {
         Some(match (asc, ascq) {
-            (0x00, 0x00) => "no additional sense information",
-            (0x04, 0x00) => "logical unit not ready",
-            (0x0c, 0x00) => "write error",
-            (0x11, 0x00) => "unrecovered read error",
-            (0x1a, 0x00) => "parameter list length error",
-            (0x1d, 0x00) => "miscompare during verify operation",
-            (0x20, 0x00) => "invalid command operation code",
-            (0x21, 0x00) => "logical block address out of range",
-            (0x24, 0x00) => "invalid field in CDB",
-            (0x25, 0x00) => "logical unit not supported",
-            (0x26, 0x00) => "invalid field in parameter list",
+            NO_ADDITIONAL => "no additional sense information",
+            NOT_READY_BECOMING_READY => "logical unit is in process of becoming ready",
+            NOT_READY_SANITIZE => "logical unit not ready, sanitize in progress",
+            (0x04, _) => "logical unit not ready",
+            UNREACHABLE_COPY_TARGET => "logical unit communication failure",
+            WRITE_ERROR => "write error",
+            COPY_TARGET_NOT_REACHABLE => "copy target device not reachable",
+            INVALID_FIELD_IN_IU => "invalid field in information unit",
+            READ_ERROR => "unrecovered read error",
+            PARAMETER_LIST_LENGTH_ERROR => "parameter list length error",
+            MISCOMPARE_DURING_VERIFY => "miscompare during verify operation",
+            INVALID_OPCODE => "invalid command operation code",
+            LBA_OUT_OF_RANGE => "logical block address out of range",
+            INVALID_FIELD_IN_CDB => "invalid field in CDB",
+            LUN_NOT_SUPPORTED => "logical unit not supported",
+            INVALID_FIELD_IN_PARAMETER_LIST => "invalid field in parameter list",
+            TOO_MANY_TARGET_DESCRIPTORS => "too many target descriptors",
+            UNSUPPORTED_TARGET_DESCRIPTOR => "unsupported target descriptor type code",
+            TOO_MANY_SEGMENT_DESCRIPTORS => "too many segment descriptors",
+            UNSUPPORTED_SEGMENT_DESCRIPTOR => "unsupported segment descriptor type code",
+            SOFTWARE_WRITE_PROTECTED => "software write protected",
             (0x27, _) => "write protected",
             (0x28, 0x00) => "not ready to ready change, medium may have changed",
-            (0x29, 0x00) => "power on, reset, or bus device reset occurred",
+            POWER_ON_RESET => "power on, reset, or bus device reset occurred",
             (0x29, 0x01) => "power on occurred",
+            BUS_DEVICE_RESET => "bus device reset function occurred",
+            I_T_NEXUS_LOSS => "I_T nexus loss occurred",
             (0x29, _) => "reset occurred",
-            (0x2a, 0x01) => "mode parameters changed",
-            (0x2a, 0x09) => "capacity data has changed",
+            MODE_PARAMETERS_CHANGED => "mode parameters changed",
+            RESERVATIONS_PREEMPTED => "reservations preempted",
+            RESERVATIONS_RELEASED => "reservations released",
+            REGISTRATIONS_PREEMPTED => "registrations preempted",
+            CAPACITY_DATA_CHANGED => "capacity data has changed",
             (0x2a, _) => "parameters changed",
+            (0x2c, 0x0a) => "partition or collection contains user objects",
+            SAVING_PARAMETERS_NOT_SUPPORTED => "saving parameters not supported",
+            MEDIUM_NOT_PRESENT_TRAY_OPEN => "medium not present, tray open",
             (0x3a, _) => "medium not present",
-            (0x3f, 0x0e) => "reported LUNs data has changed",
+            (0x3b, 0x17) => "read past end of user object",
+            REPORTED_LUNS_CHANGED => "reported LUNs data has changed",
+            INTERNAL_TARGET_FAILURE => "internal target failure",
             (0x47, _) => "SCSI parity error",
             (0x4b, _) => "data phase error",
+            MEDIUM_REMOVAL_PREVENTED => "medium removal prevented",
             (0x55, 0x03) => "insufficient resources",
-            (0x2c, 0x0a) => "partition or collection contains user objects",
-            (0x3b, 0x17) => "read past end of user object",
+            INSUFFICIENT_REGISTRATION_RESOURCES => "insufficient registration resources",
             (0x55, 0x07) => "quota error",
             _ => return None,
         })
@@ -144,10 +165,8 @@ pub struct Sense {
     pub field: Option<FieldPointer>,
 }
 
-/// A byte of sense data, zero past its end (sense from a capture may be cut short).
-fn byte(b: &[u8], at: usize) -> u8 {
-    b.get(at).copied().unwrap_or(0)
-}
+// Sense from a capture may be cut short: its bytes read as zero past the end.
+use crate::cdb::byte;
 
 impl Sense {
     pub const fn new(key: u8, code: (u8, u8)) -> Self {
@@ -399,6 +418,59 @@ mod tests {
         assert_eq!((s.key, s.asc), (6, 0x29));
         assert_eq!(Sense::parse(&[0x7f, 0, 0]), None);
         assert_eq!(Sense::parse(&[]), None);
+    }
+
+    #[test]
+    fn every_pair_the_target_reports_has_a_name() {
+        use asc::*;
+        let pairs = [
+            NO_ADDITIONAL,
+            NOT_READY_SANITIZE,
+            NOT_READY_BECOMING_READY,
+            UNREACHABLE_COPY_TARGET,
+            WRITE_ERROR,
+            COPY_TARGET_NOT_REACHABLE,
+            INVALID_FIELD_IN_IU,
+            READ_ERROR,
+            PARAMETER_LIST_LENGTH_ERROR,
+            MISCOMPARE_DURING_VERIFY,
+            INVALID_OPCODE,
+            LBA_OUT_OF_RANGE,
+            INVALID_FIELD_IN_CDB,
+            LUN_NOT_SUPPORTED,
+            INVALID_FIELD_IN_PARAMETER_LIST,
+            TOO_MANY_TARGET_DESCRIPTORS,
+            UNSUPPORTED_TARGET_DESCRIPTOR,
+            TOO_MANY_SEGMENT_DESCRIPTORS,
+            UNSUPPORTED_SEGMENT_DESCRIPTOR,
+            WRITE_PROTECTED,
+            SOFTWARE_WRITE_PROTECTED,
+            POWER_ON_RESET,
+            BUS_DEVICE_RESET,
+            I_T_NEXUS_LOSS,
+            MODE_PARAMETERS_CHANGED,
+            RESERVATIONS_PREEMPTED,
+            RESERVATIONS_RELEASED,
+            REGISTRATIONS_PREEMPTED,
+            CAPACITY_DATA_CHANGED,
+            SAVING_PARAMETERS_NOT_SUPPORTED,
+            MEDIUM_NOT_PRESENT,
+            MEDIUM_NOT_PRESENT_TRAY_OPEN,
+            REPORTED_LUNS_CHANGED,
+            INTERNAL_TARGET_FAILURE,
+            DATA_PHASE_ERROR,
+            MEDIUM_REMOVAL_PREVENTED,
+            INSUFFICIENT_REGISTRATION_RESOURCES,
+        ];
+        for (a, q) in pairs {
+            assert!(name(a, q).is_some(), "no name for {a:02x}/{q:02x}");
+        }
+        assert_eq!(
+            name(0x04, 0x01),
+            Some("logical unit is in process of becoming ready")
+        );
+        assert_eq!(name(0x04, 0x02), Some("logical unit not ready"));
+        assert_eq!(name(0x99, 0x00), None);
     }
 
     #[test]
