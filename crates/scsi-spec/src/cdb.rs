@@ -153,23 +153,20 @@ pub fn min_cdb_len(opcode: u8) -> usize {
 pub fn data_out_len(cdb: &[u8], block_size: u32) -> Option<u64> {
     let bs = block_size as u64;
     let opcode = byte(cdb, 0);
+    let blocks = u64::from(block_range(cdb).1);
     Some(match opcode {
-        op::WRITE_6 => {
-            let n = byte(cdb, 4) as u64;
-            if n == 0 {
-                256 * bs
-            } else {
-                n * bs
-            }
-        }
-        op::WRITE_10 | op::WRITE_VERIFY_10 => be16(cdb, 7) as u64 * bs,
-        op::WRITE_12 | op::WRITE_VERIFY_12 => be32(cdb, 6) as u64 * bs,
-        op::WRITE_16 | op::WRITE_VERIFY_16 | op::ORWRITE_16 => be32(cdb, 10) as u64 * bs,
-        op::WRITE_ATOMIC_16 => be16(cdb, 12) as u64 * bs,
-        op::VERIFY_10 if byte(cdb, 1) & 0x06 != 0 => be16(cdb, 7) as u64 * bs,
-        op::VERIFY_12 if byte(cdb, 1) & 0x06 != 0 => be32(cdb, 6) as u64 * bs,
-        op::VERIFY_16 if byte(cdb, 1) & 0x06 != 0 => be32(cdb, 10) as u64 * bs,
-        op::COMPARE_AND_WRITE => 2 * byte(cdb, 13) as u64 * bs,
+        op::WRITE_6
+        | op::WRITE_10
+        | op::WRITE_VERIFY_10
+        | op::WRITE_12
+        | op::WRITE_VERIFY_12
+        | op::WRITE_16
+        | op::WRITE_VERIFY_16
+        | op::ORWRITE_16
+        | op::WRITE_ATOMIC_16 => blocks * bs,
+        // BYTCHK set: the data to compare comes with the command.
+        op::VERIFY_10 | op::VERIFY_12 | op::VERIFY_16 if byte(cdb, 1) & 0x06 != 0 => blocks * bs,
+        op::COMPARE_AND_WRITE => 2 * blocks * bs,
         op::WRITE_SAME_10 | op::WRITE_SAME_16 if byte(cdb, 1) & 0x01 == 0 => bs,
         op::MODE_SELECT_6 => byte(cdb, 4) as u64,
         op::MODE_SELECT_10 | op::UNMAP | op::SANITIZE => be16(cdb, 7) as u64,
@@ -179,14 +176,29 @@ pub fn data_out_len(cdb: &[u8], block_size: u32) -> Option<u64> {
     })
 }
 
-/// READ(6)/WRITE(6): 21-bit LBA and a transfer length where 0 means 256 blocks.
-fn rw6_range(cdb: &[u8]) -> (u64, u32) {
-    let lba = be24(cdb, 1) & 0x1f_ffff;
-    let len = match byte(cdb, 4) {
-        0 => 256,
-        n => n as u32,
-    };
-    (lba as u64, len)
+/// The LBA and number of logical blocks of a block command, read from its CDB layout
+/// (SBC-3 §4.2.2): 6-byte (a 21-bit LBA, and 0 blocks meaning 256), 10-, 12- and 16-byte;
+/// COMPARE AND WRITE and WRITE ATOMIC(16) have length fields of their own. Fields past a
+/// short CDB read as zero.
+pub fn block_range(cdb: &[u8]) -> (u64, u32) {
+    let opcode = byte(cdb, 0);
+    match opcode {
+        op::COMPARE_AND_WRITE => (be64(cdb, 2), byte(cdb, 13) as u32),
+        op::WRITE_ATOMIC_16 => (be64(cdb, 2), be16(cdb, 12) as u32),
+        _ => match opcode >> 5 {
+            0 => {
+                let lba = be24(cdb, 1) & 0x1f_ffff;
+                let blocks = match byte(cdb, 4) {
+                    0 => 256,
+                    n => n as u32,
+                };
+                (lba as u64, blocks)
+            }
+            1 | 2 => (be32(cdb, 2) as u64, be16(cdb, 7) as u32),
+            5 => (be32(cdb, 2) as u64, be32(cdb, 6)),
+            _ => (be64(cdb, 2), be32(cdb, 10)),
+        },
+    }
 }
 
 /// The blocks a READ or WRITE (6/10/12/16, WRITE AND VERIFY included) transfers: (LBA,
@@ -194,14 +206,17 @@ fn rw6_range(cdb: &[u8]) -> (u64, u32) {
 /// WRITE SAME, which move no application data of that length.
 pub fn media_range(cdb: &[u8]) -> Option<(u64, u32)> {
     match *cdb.first()? {
-        op::READ_6 | op::WRITE_6 => Some(rw6_range(cdb)),
-        op::READ_10 | op::WRITE_10 | op::WRITE_VERIFY_10 => {
-            Some((be32(cdb, 2) as u64, be16(cdb, 7) as u32))
-        }
-        op::READ_12 | op::WRITE_12 | op::WRITE_VERIFY_12 => {
-            Some((be32(cdb, 2) as u64, be32(cdb, 6)))
-        }
-        op::READ_16 | op::WRITE_16 | op::WRITE_VERIFY_16 => Some((be64(cdb, 2), be32(cdb, 10))),
+        op::READ_6
+        | op::WRITE_6
+        | op::READ_10
+        | op::WRITE_10
+        | op::WRITE_VERIFY_10
+        | op::READ_12
+        | op::WRITE_12
+        | op::WRITE_VERIFY_12
+        | op::READ_16
+        | op::WRITE_16
+        | op::WRITE_VERIFY_16 => Some(block_range(cdb)),
         _ => None,
     }
 }
@@ -214,28 +229,30 @@ pub fn describe(cdb: &[u8]) -> String {
     };
     let name = opcode_name(opcode).map_or_else(|| format!("opcode 0x{opcode:02x}"), String::from);
     match opcode {
-        op::READ_6 | op::WRITE_6 => {
-            let (lba, len) = rw6_range(cdb);
-            format!("{name} LBA {lba} len {len}")
-        }
-        op::READ_10
+        op::READ_6
+        | op::WRITE_6
+        | op::READ_10
         | op::WRITE_10
         | op::WRITE_VERIFY_10
         | op::VERIFY_10
         | op::PRE_FETCH_10
         | op::SYNC_CACHE_10
-        | op::WRITE_SAME_10 => format!("{name} LBA {} len {}", be32(cdb, 2), be16(cdb, 7)),
-        op::READ_12 | op::WRITE_12 | op::WRITE_VERIFY_12 | op::VERIFY_12 => {
-            format!("{name} LBA {} len {}", be32(cdb, 2), be32(cdb, 6))
-        }
-        op::READ_16
+        | op::WRITE_SAME_10
+        | op::READ_12
+        | op::WRITE_12
+        | op::WRITE_VERIFY_12
+        | op::VERIFY_12
+        | op::READ_16
         | op::WRITE_16
         | op::WRITE_VERIFY_16
         | op::VERIFY_16
         | op::PRE_FETCH_16
         | op::SYNC_CACHE_16
-        | op::WRITE_SAME_16 => format!("{name} LBA {} len {}", be64(cdb, 2), be32(cdb, 10)),
-        op::COMPARE_AND_WRITE => format!("{name} LBA {} len {}", be64(cdb, 2), byte(cdb, 13)),
+        | op::WRITE_SAME_16
+        | op::COMPARE_AND_WRITE => {
+            let (lba, len) = block_range(cdb);
+            format!("{name} LBA {lba} len {len}")
+        }
         op::INQUIRY => {
             let evpd = byte(cdb, 1) & 1 != 0;
             let page = byte(cdb, 2);
@@ -295,6 +312,36 @@ mod tests {
         rc16[13] = 32;
         assert_eq!(describe(&rc16), "READ CAPACITY(16) alloc 32");
         assert_eq!(media_range(&rc16), None);
+    }
+
+    #[test]
+    fn block_ranges_of_every_layout() {
+        assert_eq!(
+            block_range(&[op::READ_6, 0xff, 0x00, 0x05, 0, 0]),
+            (0x1f_0005, 256)
+        );
+        let mut c10 = [0u8; 10];
+        c10[0] = op::WRITE_10;
+        c10[2..6].copy_from_slice(&7u32.to_be_bytes());
+        c10[7..9].copy_from_slice(&9u16.to_be_bytes());
+        assert_eq!(block_range(&c10), (7, 9));
+        let mut c12 = [0u8; 12];
+        c12[0] = op::READ_12;
+        c12[6..10].copy_from_slice(&70_000u32.to_be_bytes());
+        assert_eq!(block_range(&c12), (0, 70_000));
+        let mut c16 = [0u8; 16];
+        c16[0] = op::COMPARE_AND_WRITE;
+        c16[2..10].copy_from_slice(&(1u64 << 40).to_be_bytes());
+        c16[10] = 0xff; // reserved: not part of the length
+        c16[13] = 1;
+        assert_eq!(block_range(&c16), (1 << 40, 1));
+        c16[0] = op::WRITE_ATOMIC_16;
+        c16[12..14].copy_from_slice(&3u16.to_be_bytes());
+        assert_eq!(block_range(&c16), (1 << 40, 3));
+        c16[0] = op::WRITE_16;
+        assert_eq!(block_range(&c16), (1 << 40, 0xff00_0003));
+        assert_eq!(data_out_len(&c16, 512), Some(0xff00_0003 * 512));
+        assert_eq!(block_range(&[op::READ_16]), (0, 0));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! the command handlers.
 
 pub use scsi_spec::cdb::op;
-pub(crate) use scsi_spec::cdb::{be16, be32, be64, byte, data_out_len, min_cdb_len};
+pub(crate) use scsi_spec::cdb::{be16, be32, be64, block_range, byte, data_out_len, min_cdb_len};
 
 /// Commands a nexus may run while another holds a RESERVE(6) reservation (SPC-2 5.5.1).
 pub(crate) fn allowed_under_reserve6(opcode: u8) -> bool {

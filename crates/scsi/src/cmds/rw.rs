@@ -4,7 +4,7 @@
 
 use bytes::{Bytes, BytesMut};
 
-use crate::cdb::{be16, be32, be64, byte, op};
+use crate::cdb::{be16, be32, be64, block_range, byte, op};
 use crate::command::Command;
 use crate::lun::Lun;
 use crate::outcome::{CmdResult, Done, Fail};
@@ -34,40 +34,14 @@ pub struct RwParams {
 impl RwParams {
     /// Decodes the LBA/length fields of the 6/10/12/16-byte block command layouts.
     pub fn parse(cdb: &[u8]) -> RwParams {
-        let opcode = byte(cdb, 0);
-        match opcode >> 5 {
-            0 => {
-                let lba = ((byte(cdb, 1) as u64 & 0x1F) << 16)
-                    | (byte(cdb, 2) as u64) << 8
-                    | byte(cdb, 3) as u64;
-                let n = byte(cdb, 4) as u32;
-                RwParams {
-                    lba,
-                    blocks: if n == 0 { 256 } else { n },
-                    flags: 0,
-                }
-            }
-            1 | 2 => RwParams {
-                lba: be32(cdb, 2) as u64,
-                blocks: be16(cdb, 7) as u32,
-                flags: byte(cdb, 1),
-            },
-            5 => RwParams {
-                lba: be32(cdb, 2) as u64,
-                blocks: be32(cdb, 6),
-                flags: byte(cdb, 1),
-            },
-            _ if opcode == op::WRITE_ATOMIC_16 => RwParams {
-                lba: be64(cdb, 2),
-                blocks: be16(cdb, 12) as u32,
-                flags: byte(cdb, 1),
-            },
-            _ => RwParams {
-                lba: be64(cdb, 2),
-                blocks: be32(cdb, 10),
-                flags: byte(cdb, 1),
-            },
-        }
+        let (lba, blocks) = block_range(cdb);
+        // The 6-byte forms have no flags byte: byte 1 holds the LBA's top bits.
+        let flags = if byte(cdb, 0) >> 5 == 0 {
+            0
+        } else {
+            byte(cdb, 1)
+        };
+        RwParams { lba, blocks, flags }
     }
 
     pub fn fua(&self) -> bool {
