@@ -39,22 +39,55 @@ fn pages() -> Vec<(String, String)> {
         .collect()
 }
 
-/// Lines of code in a page: indented by four spaces outside fences, or inside a fence that
-/// is not TOML. A line ending in `\` continues on the next.
-fn code_lines(name: &str, text: &str) -> Vec<Example> {
-    let mut out: Vec<Example> = Vec::new();
-    let mut fence: Option<String> = None;
-    let mut continuing = false;
+/// One line of a page: its number (from 1), its text, and the language of the fenced block it
+/// lies in (`Some("")` for a fence without one); fence markers themselves are `Marker`s.
+enum PageLine<'a> {
+    Marker,
+    Text {
+        number: usize,
+        text: &'a str,
+        fence: Option<&'a str>,
+    },
+}
+
+/// The lines of a page, each with the fenced block it lies in.
+fn page_lines(text: &str) -> Vec<PageLine<'_>> {
+    let mut fence: Option<&str> = None;
+    let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if let Some(lang) = line.trim_start().strip_prefix("```") {
             fence = match fence {
                 Some(_) => None,
-                None => Some(lang.trim().to_string()),
+                None => Some(lang.trim()),
             };
+            out.push(PageLine::Marker);
+        } else {
+            out.push(PageLine::Text {
+                number: i + 1,
+                text: line,
+                fence,
+            });
+        }
+    }
+    out
+}
+
+/// Lines of code in a page: indented by four spaces outside fences, or inside a fence that
+/// is not TOML. A line ending in `\` continues on the next.
+fn code_lines(name: &str, text: &str) -> Vec<Example> {
+    let mut out: Vec<Example> = Vec::new();
+    let mut continuing = false;
+    for line in page_lines(text) {
+        let PageLine::Text {
+            number,
+            text: line,
+            fence,
+        } = line
+        else {
             continuing = false;
             continue;
-        }
-        let is_code = match &fence {
+        };
+        let is_code = match fence {
             Some(lang) => lang != "toml",
             None => line.starts_with("    "),
         };
@@ -69,7 +102,7 @@ fn code_lines(name: &str, text: &str) -> Vec<Example> {
             last.text.push_str(trimmed.trim_end_matches('\\'));
         } else {
             out.push(Example {
-                place: format!("{name}:{}", i + 1),
+                place: format!("{name}:{number}"),
                 text: trimmed.trim_end_matches('\\').to_string(),
             });
         }
@@ -78,10 +111,32 @@ fn code_lines(name: &str, text: &str) -> Vec<Example> {
     out
 }
 
-/// The words of an `ironsan` command line as the shell would pass them, or None when the
-/// line runs something else. Comments, pipes and redirections end the command; `[optional]`
-/// brackets are dropped, `a|b` alternatives keep their first, `$VAR` and `$(...)` become a
-/// placeholder word.
+/// The TOML blocks of a page: where each starts (`page:line`) and its text.
+fn toml_blocks(name: &str, text: &str) -> Vec<(String, String)> {
+    let mut blocks: Vec<(String, String)> = Vec::new();
+    let mut open = false;
+    for line in page_lines(text) {
+        match line {
+            PageLine::Marker => open = false,
+            PageLine::Text {
+                number,
+                text,
+                fence: Some("toml"),
+            } => {
+                if !open {
+                    blocks.push((format!("{name}:{number}"), String::new()));
+                    open = true;
+                }
+                let block = &mut blocks.last_mut().expect("an open block").1;
+                block.push_str(text);
+                block.push('\n');
+            }
+            PageLine::Text { .. } => {}
+        }
+    }
+    blocks
+}
+
 fn ironsan_words(line: &str) -> Option<Vec<String>> {
     let line = line.strip_prefix("$ ").unwrap_or(line);
     let mut words = Vec::new();
@@ -190,23 +245,11 @@ fn every_documented_configuration_parses() {
     let mut checked = 0;
     let mut wrong = Vec::new();
     for (name, text) in pages() {
-        let mut rest = text.as_str();
-        while let Some(start) = rest.find("```toml\n") {
-            let block_start = start + "```toml\n".len();
-            let len = rest[block_start..]
-                .find("```")
-                .expect("a closed toml block");
-            let line = text[..text.len() - rest.len() + block_start]
-                .lines()
-                .count();
-            let origin = format!("{name}:{line}");
-            if let Err(e) =
-                iscsi_target::Config::parse(&rest[block_start..block_start + len], &origin)
-            {
+        for (origin, block) in toml_blocks(&name, &text) {
+            if let Err(e) = iscsi_target::Config::parse(&block, &origin) {
                 wrong.push(e.to_string());
             }
             checked += 1;
-            rest = &rest[block_start + len..];
         }
     }
     assert!(checked >= 3, "only {checked} toml blocks found in the docs");
