@@ -93,15 +93,7 @@ enum BackendTable {
     Osd {
         path: PathBuf,
     },
-    Rbd {
-        pool: String,
-        image: String,
-        conf: Option<PathBuf>,
-        user: Option<String>,
-        namespace: Option<String>,
-        #[serde(default)]
-        create: bool,
-    },
+    Rbd(storage_rbd::RbdSpec),
 }
 
 impl<'de> Deserialize<'de> for BackendConfig {
@@ -131,21 +123,7 @@ impl<'de> Deserialize<'de> for BackendConfig {
                     BackendTable::File { path, create } => BackendConfig::File { path, create },
                     BackendTable::Block { path } => BackendConfig::Block { path },
                     BackendTable::Osd { path } => BackendConfig::Osd { path },
-                    BackendTable::Rbd {
-                        pool,
-                        image,
-                        conf,
-                        user,
-                        namespace,
-                        create,
-                    } => BackendConfig::Rbd(storage_rbd::RbdSpec {
-                        pool,
-                        image,
-                        conf,
-                        user,
-                        namespace,
-                        create,
-                    }),
+                    BackendTable::Rbd(spec) => BackendConfig::Rbd(spec),
                 })
             }
         }

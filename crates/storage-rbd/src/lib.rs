@@ -28,7 +28,8 @@ use ffi::{Api, RadosIoctxT, RadosT, RbdCompletionT, RbdImageT};
 
 /// Where an RBD LUN's image is, as configured
 /// (`backend = { type = "rbd", pool = "rbd", image = "disk1" }`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RbdSpec {
     pub pool: String,
     pub image: String,
@@ -39,6 +40,7 @@ pub struct RbdSpec {
     /// The RADOS namespace of the image within its pool.
     pub namespace: Option<String>,
     /// Create the image (of the LUN's `size`) when it does not exist.
+    #[serde(default)]
     pub create: bool,
 }
 
