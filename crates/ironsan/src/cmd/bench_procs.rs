@@ -3,9 +3,10 @@
 //! of reaped children.
 
 use anyhow::{bail, Context, Result};
+use std::ffi::OsStr;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::Child;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// /proc reports CPU times in USER_HZ ticks, 100 per second on Linux.
@@ -52,6 +53,71 @@ pub fn wait_port(port: u16, what: &str) -> Result<()> {
         std::thread::sleep(Duration::from_millis(50));
     }
     bail!("{what} did not listen on 127.0.0.1:{port} within 20 s")
+}
+
+/// Starts Debian's tgtd in the foreground on 127.0.0.1:`port` with one target `iqn`, open to
+/// every initiator, whose LUN 1 is made by `lun` (tgtadm's words after `--lun 1`: `-b FILE`,
+/// or `--bstype rbd --backing-store POOL/IMAGE --bsopts ...`). `env` is added to tgtd's
+/// environment; its log is `dir`/tgtd.log, quoted in any error.
+pub fn start_tgtd(
+    dir: &Path,
+    port: u16,
+    iqn: &str,
+    lun: &[&str],
+    env: &[(&str, &OsStr)],
+) -> Result<Reaped> {
+    let (tgtd, tgtadm) = match (which("tgtd"), which("tgtadm")) {
+        (Some(d), Some(a)) => (d, a),
+        _ => bail!("tgtd not found: install it with `apt-get install -y tgt`"),
+    };
+    // tgtd's control "port" names its management socket and must be small.
+    let ctl = (100 + port % 10_000).to_string();
+    let log = dir.join("tgtd.log");
+    let the_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let child = Command::new(tgtd)
+        .args(["-f", "-C", &ctl, "--iscsi"])
+        .arg(format!("portal=127.0.0.1:{port}"))
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .spawn()
+        .context("starting tgtd")?;
+    let mut guard = Reaped(child);
+    if let Err(e) = wait_port(port, "tgtd") {
+        let status = guard.0.try_wait().ok().flatten();
+        bail!("{e} (exit {status:?}): {}", the_log().trim());
+    }
+    let target = ["--op", "new", "--mode", "target", "--tid", "1", "-T", iqn];
+    let mut unit = vec![
+        "--op",
+        "new",
+        "--mode",
+        "logicalunit",
+        "--tid",
+        "1",
+        "--lun",
+        "1",
+    ];
+    unit.extend_from_slice(lun);
+    let bind = [
+        "--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL",
+    ];
+    for step in [&target[..], &unit[..], &bind[..]] {
+        let st = Command::new(&tgtadm)
+            .args(["-C", &ctl, "--lld", "iscsi"])
+            .args(step)
+            .status()
+            .context("running tgtadm")?;
+        if !st.success() {
+            bail!(
+                "tgtadm {} failed ({st}): {}",
+                step.join(" "),
+                the_log().trim()
+            );
+        }
+    }
+    Ok(guard)
 }
 
 /// User plus system CPU seconds of process `pid` so far.

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use super::bench_procs::{
-    cpu_seconds, free_port, reaped_children_cpu_seconds, wait_port, which, Reaped, Scratch,
+    self, cpu_seconds, free_port, reaped_children_cpu_seconds, wait_port, which, Reaped, Scratch,
 };
 
 #[derive(clap::Args)]
@@ -526,58 +526,23 @@ fn start_ironsan(a: &RbdArgs, dir: &Path, port: u16) -> Result<Reaped> {
 }
 
 fn start_tgtd(a: &RbdArgs, dir: &Path, port: u16) -> Result<Reaped> {
-    // tgtd's control "port" names its management socket and must be small.
-    let ctl = (100 + port % 10_000).to_string();
-    let log = dir.join("tgtd.log");
-    let child = Command::new(which("tgtd").expect("checked"))
-        .args(["-f", "-C", &ctl, "--iscsi"])
-        .arg(format!("portal=127.0.0.1:{port}"))
-        .env("CEPH_CONF", &a.conf)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log)?)
-        .spawn()
-        .context("starting tgtd")?;
-    let guard = Reaped(child);
-    wait_port(port, "tgtd")?;
     let spec = format!("{}/{}", a.pool, a.image);
     let bsopts = format!("conf={};id={}", a.conf.display(), a.user);
-    let steps: [&[&str]; 3] = [
-        &[
-            "--op", "new", "--mode", "target", "--tid", "1", "-T", TGT_IQN,
-        ],
-        &[
-            "--op",
-            "new",
-            "--mode",
-            "logicalunit",
-            "--tid",
-            "1",
-            "--lun",
-            "1",
-            "--bstype",
-            "rbd",
-            "--backing-store",
-            &spec,
-            "--bsopts",
-            &bsopts,
-        ],
-        &[
-            "--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL",
-        ],
+    let lun = [
+        "--bstype",
+        "rbd",
+        "--backing-store",
+        &spec,
+        "--bsopts",
+        &bsopts,
     ];
-    for step in steps {
-        let st = Command::new(which("tgtadm").expect("checked"))
-            .args(["-C", &ctl, "--lld", "iscsi"])
-            .args(step)
-            .status()
-            .context("running tgtadm")?;
-        if !st.success() {
-            let log = std::fs::read_to_string(&log).unwrap_or_default();
-            bail!("tgtadm {} failed ({st}): {}", step.join(" "), log.trim());
-        }
-    }
-    Ok(guard)
+    bench_procs::start_tgtd(
+        dir,
+        port,
+        TGT_IQN,
+        &lun,
+        &[("CEPH_CONF", a.conf.as_os_str())],
+    )
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use super::bench_procs::{free_port, wait_port, which, Reaped, Scratch};
+use super::bench_procs::{self, free_port, wait_port, which, Reaped, Scratch};
 
 #[derive(clap::Args)]
 pub struct VsTgtArgs {
@@ -89,9 +89,7 @@ pub fn run(a: VsTgtArgs) -> Result<()> {
         .with_context(|| format!("creating {}", scratch.0.display()))?;
 
     let (tgt_port, ironsan_port) = (free_port()?, free_port()?);
-    // tgtd's control "port" names its management socket and must be small.
-    let ctl_port = 100 + tgt_port % 10_000;
-    let _tgtd = start_tgtd(&scratch.0, tgt_port, ctl_port, lun_bytes)?;
+    let _tgtd = start_tgtd(&scratch.0, tgt_port, lun_bytes)?;
     let _ironsan = start_ironsan(&scratch.0, ironsan_port, &a.backend, lun_bytes)?;
     let urls = [
         ("tgtd", format!("iscsi://127.0.0.1:{tgt_port}/{TGT_IQN}/1")),
@@ -201,56 +199,11 @@ pub fn run(a: VsTgtArgs) -> Result<()> {
     Ok(())
 }
 
-fn start_tgtd(dir: &Path, port: u16, ctl: u16, lun_bytes: u64) -> Result<Reaped> {
+fn start_tgtd(dir: &Path, port: u16, lun_bytes: u64) -> Result<Reaped> {
     let img = dir.join("tgtd.img");
     std::fs::File::create(&img)?.set_len(lun_bytes)?;
-    let child = Command::new(which("tgtd").unwrap())
-        .args(["-f", "-C", &ctl.to_string(), "--iscsi"])
-        .arg(format!("portal=127.0.0.1:{port}"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join("tgtd.log"))?)
-        .spawn()
-        .context("starting tgtd")?;
-    let mut guard = Reaped(child);
-    if let Err(e) = wait_port(port, "tgtd") {
-        let log = std::fs::read_to_string(dir.join("tgtd.log")).unwrap_or_default();
-        let status = guard.0.try_wait().ok().flatten();
-        bail!("{e} (exit {status:?}): {}", log.trim());
-    }
-    let ctl = ctl.to_string();
     let img = img.to_string_lossy().into_owned();
-    let steps: [&[&str]; 3] = [
-        &[
-            "--op", "new", "--mode", "target", "--tid", "1", "-T", TGT_IQN,
-        ],
-        &[
-            "--op",
-            "new",
-            "--mode",
-            "logicalunit",
-            "--tid",
-            "1",
-            "--lun",
-            "1",
-            "-b",
-            &img,
-        ],
-        &[
-            "--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL",
-        ],
-    ];
-    for step in steps {
-        let st = Command::new(which("tgtadm").unwrap())
-            .args(["-C", &ctl, "--lld", "iscsi"])
-            .args(step)
-            .status()
-            .context("running tgtadm")?;
-        if !st.success() {
-            bail!("tgtadm {} failed ({st})", step.join(" "));
-        }
-    }
-    Ok(guard)
+    bench_procs::start_tgtd(dir, port, TGT_IQN, &["-b", &img], &[])
 }
 
 fn start_ironsan(dir: &Path, port: u16, backend: &str, lun_bytes: u64) -> Result<Reaped> {
