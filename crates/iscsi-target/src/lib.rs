@@ -8,6 +8,10 @@
 //! yields — no socket type appears here, and no transport crate: the portals are built from
 //! the configuration by the `transports` crate and handed in ([`Target::serve`]), and more
 //! can be added and removed while it runs ([`Target::add_portal`], [`Target::remove_portal`]).
+//! Each target's LUNs live in its `scsi::Device`, built from the configuration at start;
+//! LUNs can be added and removed while it runs as well ([`Target::add_lun`],
+//! [`Target::remove_lun`]), its sessions told by the REPORTED LUNS DATA HAS CHANGED unit
+//! attention.
 //! It also answers NOP, Text (SendTargets), Logout and task management, pings idle
 //! connections, and announces shutdown with an Async Message. Error recovery above level 0
 //! has one module per level: `erl1` (SNACK) and `erl2` (a failed connection's tasks kept for
@@ -88,6 +92,26 @@ pub struct Bound {
     portals: Vec<Arc<dyn datamover::Portal>>,
 }
 
+/// Why a LUN could not be added to or removed from a running target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LunAdminError {
+    /// No configured target has this name.
+    NoSuchTarget(String),
+    /// The target's SCSI device refused the change.
+    Lun(scsi::LunChangeError),
+}
+
+impl std::fmt::Display for LunAdminError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LunAdminError::NoSuchTarget(name) => write!(f, "no target is named {name}"),
+            LunAdminError::Lun(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for LunAdminError {}
+
 impl Target {
     /// Open every LUN's backend and serve on `portals` (of any transport).
     pub fn with_portals(
@@ -98,20 +122,18 @@ impl Target {
     }
 
     /// [`Target::with_portals`], with RAM LUNs' images in memory from `images` (an iSER
-    /// device's registered memory) where it gives some.
+    /// device's registered memory) where it gives some, for the configured LUNs and those
+    /// added later ([`Target::add_lun`]).
     pub fn serve(
         config: Config,
         portals: Vec<Arc<dyn datamover::Portal>>,
-        images: Option<&scsi::ImageProvider>,
+        images: Option<Arc<scsi::ImageProvider>>,
     ) -> Result<Bound, String> {
+        let images = images.unwrap_or_else(|| Arc::new(|_, _| None));
         let mut devices = HashMap::new();
         for t in &config.targets {
-            let device = scsi::Device::with_image_memory(
-                &t.name,
-                Config::luns(t),
-                images.unwrap_or(&|_, _| None),
-            )
-            .map_err(|e| format!("target {}: {e}", t.name))?;
+            let device = scsi::Device::with_image_memory(&t.name, Config::luns(t), images.clone())
+                .map_err(|e| format!("target {}: {e}", t.name))?;
             devices.insert(t.name.to_ascii_lowercase(), Arc::new(device));
         }
         let addresses = portals
@@ -325,6 +347,51 @@ impl Target {
             .lock()
             .expect("accepting")
             .push(Accepting { portal, stop, task });
+    }
+
+    /// Adds LUN `lun` to the target named `target` while it runs, built from `config` as
+    /// the configured LUNs are (a RAM LUN's image in the same memory as theirs). Its
+    /// backend is opened first, on a blocking thread; then REPORT LUNS lists it, it takes
+    /// commands, and every session of that target hears REPORTED LUNS DATA HAS CHANGED.
+    /// A number in use is refused. The [`Config`] the target started with is left as it
+    /// was.
+    pub async fn add_lun(
+        &self,
+        target: &str,
+        lun: u64,
+        config: scsi::LunConfig,
+    ) -> Result<(), LunAdminError> {
+        let device = self.device(target)?;
+        tokio::task::spawn_blocking(move || device.add_lun(lun, config))
+            .await
+            .unwrap_or_else(|e| {
+                Err(scsi::LunChangeError::Build(format!(
+                    "LUN {lun}: opening it failed: {e}"
+                )))
+            })
+            .map_err(LunAdminError::Lun)
+    }
+
+    /// Removes LUN `lun` from the target named `target` while it runs: REPORT LUNS leaves
+    /// it out at once, commands to it get LOGICAL UNIT NOT SUPPORTED, and every session of
+    /// that target hears REPORTED LUNS DATA HAS CHANGED; returns once the commands already
+    /// running on it have finished (see [`scsi::Device::remove_lun`]).
+    pub async fn remove_lun(&self, target: &str, lun: u64) -> Result<(), LunAdminError> {
+        let device = self.device(target)?;
+        device.remove_lun(lun).await.map_err(LunAdminError::Lun)
+    }
+
+    /// The LUN numbers of the target named `target`, ascending; `None` when there is no
+    /// such target.
+    pub fn luns(&self, target: &str) -> Option<Vec<u64>> {
+        self.device(target).ok().map(|d| d.luns())
+    }
+
+    fn device(&self, target: &str) -> Result<Arc<scsi::Device>, LunAdminError> {
+        self.devices
+            .get(&target.to_ascii_lowercase())
+            .cloned()
+            .ok_or_else(|| LunAdminError::NoSuchTarget(target.to_string()))
     }
 }
 
