@@ -710,8 +710,9 @@ fn auth(chap: &Option<Chap>, mutual: &Option<Chap>) -> AuthRequirement {
 /// The login layer's view of the configured targets.
 pub struct Directory {
     pub config: Config,
-    /// The portals SendTargets lists: changed as portals are added and removed.
-    pub portals: std::sync::RwLock<Vec<Portal>>,
+    /// The target's portals, which SendTargets lists: changed as portals are added and
+    /// removed.
+    pub(crate) portals: crate::portals::Portals,
 }
 
 impl Directory {
@@ -753,7 +754,7 @@ impl TargetDirectory for Directory {
         self.config.targets.iter().map(|t| t.name.clone()).collect()
     }
     fn portals(&self, _target: &str) -> Vec<Portal> {
-        self.portals.read().expect("portals").clone()
+        self.portals.entries()
     }
 }
 

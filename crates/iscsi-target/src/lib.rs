@@ -7,7 +7,11 @@
 //! transport kind, and full feature phase drives the [`datamover::Datamover`] that channel
 //! yields — no socket type appears here, and no transport crate: the portals are built from
 //! the configuration by the `transports` crate and handed in ([`Target::serve`]), and more
-//! can be added and removed while it runs ([`Target::add_portal`], [`Target::remove_portal`]).
+//! can be added and removed while it runs ([`Target::add_portal`], [`Target::remove_portal`]),
+//! kept in one list that SendTargets reads too. Each target's LUNs live in its
+//! `scsi::Device`, built from the configuration at start; LUNs can be added and removed
+//! while it runs as well ([`Target::add_lun`], [`Target::remove_lun`]), its sessions told
+//! by the REPORTED LUNS DATA HAS CHANGED unit attention.
 //! It also answers NOP, Text (SendTargets), Logout and task management, pings idle
 //! connections, and announces shutdown with an Async Message. Error recovery above level 0
 //! has one module per level: `erl1` (SNACK) and `erl2` (a failed connection's tasks kept for
@@ -20,6 +24,7 @@ pub mod auth_throttle;
 pub mod config;
 mod erl1;
 mod erl2;
+mod portals;
 mod session;
 
 pub use config::{
@@ -70,23 +75,32 @@ pub struct Target {
     memory: Arc<Budget>,
     /// Failed authentications by initiator name and address, which lock out further tries.
     auth_throttle: Mutex<auth_throttle::AuthThrottle>,
-    /// The portals accepting connections ([`Target::add_portal`], [`Target::remove_portal`]).
-    accepting: Mutex<Vec<Accepting>>,
-}
-
-/// A portal accepting connections, and what stops its accept loop.
-struct Accepting {
-    portal: Arc<dyn datamover::Portal>,
-    /// Sent (or dropped) when the portal is removed.
-    stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
 }
 
 /// Listeners bound for a target, ready to serve.
 pub struct Bound {
     target: Arc<Target>,
-    portals: Vec<Arc<dyn datamover::Portal>>,
 }
+
+/// Why a LUN could not be added to or removed from a running target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LunAdminError {
+    /// No configured target has this name.
+    NoSuchTarget(String),
+    /// The target's SCSI device refused the change.
+    Lun(scsi::LunChangeError),
+}
+
+impl std::fmt::Display for LunAdminError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LunAdminError::NoSuchTarget(name) => write!(f, "no target is named {name}"),
+            LunAdminError::Lun(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for LunAdminError {}
 
 impl Target {
     /// Open every LUN's backend and serve on `portals` (of any transport).
@@ -98,29 +112,20 @@ impl Target {
     }
 
     /// [`Target::with_portals`], with RAM LUNs' images in memory from `images` (an iSER
-    /// device's registered memory) where it gives some.
+    /// device's registered memory) where it gives some, for the configured LUNs and those
+    /// added later ([`Target::add_lun`]).
     pub fn serve(
         config: Config,
         portals: Vec<Arc<dyn datamover::Portal>>,
-        images: Option<&scsi::ImageProvider>,
+        images: Option<Arc<scsi::ImageProvider>>,
     ) -> Result<Bound, String> {
+        let images = images.unwrap_or_else(|| Arc::new(|_, _| None));
         let mut devices = HashMap::new();
         for t in &config.targets {
-            let device = scsi::Device::with_image_memory(
-                &t.name,
-                Config::luns(t),
-                images.unwrap_or(&|_, _| None),
-            )
-            .map_err(|e| format!("target {}: {e}", t.name))?;
+            let device = scsi::Device::with_image_memory(&t.name, Config::luns(t), images.clone())
+                .map_err(|e| format!("target {}: {e}", t.name))?;
             devices.insert(t.name.to_ascii_lowercase(), Arc::new(device));
         }
-        let addresses = portals
-            .iter()
-            .map(|p| Portal {
-                address: p.local_addr(),
-                tpgt: 1,
-            })
-            .collect();
         let (shutdown, _) = watch::channel(false);
         let max_pending_logins = config.max_pending_logins as usize;
         let memory = Budget::root("target", config.memory_mib() << 20);
@@ -128,7 +133,7 @@ impl Target {
         let target = Arc::new(Target {
             directory: Arc::new(config::Directory {
                 config,
-                portals: std::sync::RwLock::new(addresses),
+                portals: portals::Portals::new(portals),
             }),
             devices,
             sessions: Mutex::new(HashMap::new()),
@@ -141,9 +146,8 @@ impl Target {
             logging_in: datamover::admission::Admission::new(max_pending_logins),
             memory,
             auth_throttle: Mutex::new(auth_throttle::AuthThrottle::new(auth_limits)),
-            accepting: Mutex::new(Vec::new()),
         });
-        Ok(Bound { target, portals })
+        Ok(Bound { target })
     }
 
     fn config(&self) -> &Config {
@@ -222,15 +226,7 @@ impl Target {
 impl Bound {
     /// The addresses actually bound (useful with port 0).
     pub fn local_addrs(&self) -> Vec<SocketAddr> {
-        self.portals.iter().map(|p| p.local_addr()).collect()
-    }
-
-    /// Each portal's address and what it serves ("iSCSI/TCP", "iSER", "iSCSI/TCP and iSER").
-    pub fn portal_descriptions(&self) -> Vec<(SocketAddr, String)> {
-        self.portals
-            .iter()
-            .map(|p| (p.local_addr(), p.describe()))
-            .collect()
+        self.target.portals().into_iter().map(|(a, _)| a).collect()
     }
 
     pub fn target(&self) -> Arc<Target> {
@@ -254,15 +250,14 @@ impl Bound {
     pub fn serve(self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let target = self.target;
         let mut stop = target.shutdown.subscribe();
-        for portal in self.portals {
-            target.accept_on(portal);
-        }
+        target
+            .directory
+            .portals
+            .start(|portal| tokio::spawn(accept_loop(target.clone(), portal)));
         async move {
             let _ = stop.wait_for(|down| *down).await;
-            let accepting: Vec<_> =
-                std::mem::take(&mut *target.accepting.lock().expect("accepting"));
-            for a in accepting {
-                let _ = a.task.await;
+            for task in target.directory.portals.close() {
+                let _ = task.await;
             }
         }
     }
@@ -273,100 +268,92 @@ impl Target {
     /// lists it in SendTargets answers. Call it within the target's runtime, after
     /// [`Bound::serve`].
     pub fn add_portal(self: &Arc<Self>, portal: Arc<dyn datamover::Portal>) {
+        let target = self.clone();
         self.directory
             .portals
-            .write()
-            .expect("portals")
-            .push(Portal {
-                address: portal.local_addr(),
-                tpgt: 1,
-            });
-        self.accept_on(portal);
+            .add(portal, |p| tokio::spawn(accept_loop(target, p)));
     }
 
-    /// Stops accepting connections on the portal bound to `address` (dropping it closes its
-    /// listener) and no longer lists it in SendTargets answers; the connections it accepted
-    /// stay. Whether a portal was there.
+    /// Stops accepting connections on the portal bound to `address` (its accept loop ends,
+    /// dropping it closes its listener) and no longer lists it in SendTargets answers; the
+    /// connections it accepted stay. Whether a portal was there.
     pub fn remove_portal(&self, address: SocketAddr) -> bool {
-        let removed = {
-            let mut accepting = self.accepting.lock().expect("accepting");
-            let at = accepting
-                .iter()
-                .position(|a| a.portal.local_addr() == address);
-            at.map(|i| accepting.remove(i))
-        };
-        let Some(removed) = removed else {
-            return false;
-        };
-        let _ = removed.stop.send(true);
-        self.directory
-            .portals
-            .write()
-            .expect("portals")
-            .retain(|p| p.address != address);
-        true
+        self.directory.portals.remove(address)
     }
 
-    /// The portals accepting connections: each one's address and what it serves.
+    /// The target's portals, in the order they were bound or added: each one's address
+    /// and what it serves ("iSCSI/TCP", "iSER", "iSCSI/TCP and iSER").
     pub fn portals(&self) -> Vec<(SocketAddr, String)> {
-        self.accepting
-            .lock()
-            .expect("accepting")
-            .iter()
-            .map(|a| (a.portal.local_addr(), a.portal.describe()))
-            .collect()
+        self.directory.portals.describe()
     }
 
-    /// Runs `portal`'s accept loop until the target shuts down or the portal is removed.
-    fn accept_on(self: &Arc<Self>, portal: Arc<dyn datamover::Portal>) {
-        let (stop, removed) = watch::channel(false);
-        let task = tokio::spawn(accept_loop(self.clone(), portal.clone(), removed));
-        self.accepting
-            .lock()
-            .expect("accepting")
-            .push(Accepting { portal, stop, task });
+    /// Adds LUN `lun` to the target named `target` while it runs, built from `config` as
+    /// the configured LUNs are (a RAM LUN's image in the same memory as theirs). Its
+    /// backend is opened first, on a blocking thread; then REPORT LUNS lists it, it takes
+    /// commands, and every session of that target hears REPORTED LUNS DATA HAS CHANGED.
+    /// A number in use is refused. The [`Config`] the target started with is left as it
+    /// was.
+    pub async fn add_lun(
+        &self,
+        target: &str,
+        lun: u64,
+        config: scsi::LunConfig,
+    ) -> Result<(), LunAdminError> {
+        let device = self.device(target)?;
+        tokio::task::spawn_blocking(move || device.add_lun(lun, config))
+            .await
+            .unwrap_or_else(|e| {
+                Err(scsi::LunChangeError::Build(format!(
+                    "LUN {lun}: opening it failed: {e}"
+                )))
+            })
+            .map_err(LunAdminError::Lun)
+    }
+
+    /// Removes LUN `lun` from the target named `target` while it runs: REPORT LUNS leaves
+    /// it out at once, commands to it get LOGICAL UNIT NOT SUPPORTED, and every session of
+    /// that target hears REPORTED LUNS DATA HAS CHANGED; returns once the commands already
+    /// running on it have finished (see [`scsi::Device::remove_lun`]).
+    pub async fn remove_lun(&self, target: &str, lun: u64) -> Result<(), LunAdminError> {
+        let device = self.device(target)?;
+        device.remove_lun(lun).await.map_err(LunAdminError::Lun)
+    }
+
+    /// The LUN numbers of the target named `target`, ascending; `None` when there is no
+    /// such target.
+    pub fn luns(&self, target: &str) -> Option<Vec<u64>> {
+        self.device(target).ok().map(|d| d.luns())
+    }
+
+    fn device(&self, target: &str) -> Result<Arc<scsi::Device>, LunAdminError> {
+        self.devices
+            .get(&target.to_ascii_lowercase())
+            .cloned()
+            .ok_or_else(|| LunAdminError::NoSuchTarget(target.to_string()))
     }
 }
 
-/// Accepts connections on `l` and starts each one's login, until the target shuts down or
-/// `removed` says the portal is gone.
-async fn accept_loop(
-    target: Arc<Target>,
-    l: Arc<dyn datamover::Portal>,
-    mut removed: watch::Receiver<bool>,
-) {
-    let portal = Portal {
-        address: l.local_addr(),
-        tpgt: 1,
-    };
-    let mut stop = target.shutdown.subscribe();
-    // A portal added after the shutdown accepts nothing.
-    if *stop.borrow_and_update() {
-        return;
-    }
+/// Accepts connections on `l` and starts each one's login, until its task is aborted (the
+/// portal removed, or the target shut down).
+async fn accept_loop(target: Arc<Target>, l: Arc<dyn datamover::Portal>) {
+    let portal = portals::entry(&*l);
     loop {
-        tokio::select! {
-            r = l.accept(target.trace.get()) => match r {
-                Ok(channel) => {
-                    // Counted in arrival order, so the longest waiting goes first.
-                    let admitted = target.logging_in.admit();
-                    let t = target.clone();
-                    // Where the transport wants its connections run (iSER on
-                    // the software RNIC's reactor), else here.
-                    let on = channel
-                        .runtime()
-                        .unwrap_or_else(tokio::runtime::Handle::current);
-                    on.spawn(async move {
-                        handle_connection(t, channel, portal, admitted).await
-                    });
-                }
-                Err(e) => {
-                    tracing::warn!("accept failed on {}: {e}", portal.address);
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
-            _ = stop.changed() => break,
-            _ = removed.changed() => break,
+        match l.accept(target.trace.get()).await {
+            Ok(channel) => {
+                // Counted in arrival order, so the longest waiting goes first.
+                let admitted = target.logging_in.admit();
+                let t = target.clone();
+                // Where the transport wants its connections run (iSER on the software
+                // RNIC's reactor), else here.
+                let on = channel
+                    .runtime()
+                    .unwrap_or_else(tokio::runtime::Handle::current);
+                on.spawn(async move { handle_connection(t, channel, portal, admitted).await });
+            }
+            Err(e) => {
+                tracing::warn!("accept failed on {}: {e}", portal.address);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
         }
     }
 }

@@ -1,10 +1,12 @@
-//! The public face of the engine: a [`Device`] (all LUNs of one target), the
-//! [`Command`]/[`Response`] pair, I_T nexus bookkeeping and task management.
+//! The public face of the engine: a [`Device`] (all LUNs of one target, added and removed
+//! while it runs), the [`Command`]/[`Response`] pair, I_T nexus bookkeeping and task
+//! management.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use bytes::Bytes;
 
@@ -12,7 +14,7 @@ use crate::cdb::{needs_medium, op};
 use crate::cmds::report_luns;
 use crate::command::{finish_data_in, finish_error, Command, NexusId, NexusInfo, Response};
 use crate::config::{derived_naa, derived_serial, parse_naa, BackendConfig, LunConfig};
-use crate::lun::{DeviceView, Lun};
+use crate::lun::{ua_exempt, DeviceView, Lun};
 use crate::object::ObjectLun;
 use crate::sense::{asc, key, Sense};
 use crate::status;
@@ -36,16 +38,69 @@ impl fmt::Display for DeviceError {
 
 impl std::error::Error for DeviceError {}
 
+/// Why a LUN could not be added to or removed from a running device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LunChangeError {
+    /// A LUN (block or object) already has this number.
+    InUse(u64),
+    /// No LUN has this number.
+    NotFound(u64),
+    /// The number is out of range, the configuration invalid, or the backend would not
+    /// open: what went wrong, naming the LUN.
+    Build(String),
+}
+
+impl fmt::Display for LunChangeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LunChangeError::InUse(n) => write!(f, "LUN {n} is already in use"),
+            LunChangeError::NotFound(n) => write!(f, "there is no LUN {n}"),
+            LunChangeError::Build(why) => f.write_str(why),
+        }
+    }
+}
+
+impl std::error::Error for LunChangeError {}
+
+/// How long [`Device::remove_lun`] waits for the commands running on the LUN it removed.
+const DRAIN_LIMIT: Duration = Duration::from_secs(30);
+
+/// One logical unit of a device: a block device (SBC) or an object store (OSD).
+#[derive(Clone)]
+enum Unit {
+    Block(Arc<Lun>),
+    Object(Arc<ObjectLun>),
+}
+
+/// The device's LUNs at one moment, by number. A change builds a new map and publishes it
+/// whole (see [`Device`]), so nothing ever edits a map that someone reads.
+type LunMap = BTreeMap<u64, Unit>;
+
+/// What the device keeps about an I_T nexus.
+struct Nexus {
+    info: NexusInfo,
+    /// The LUN inventory changed since this nexus last heard of it: the next command it
+    /// sends to a LUN (but INQUIRY and REPORT LUNS) carries REPORTED LUNS DATA HAS CHANGED.
+    luns_changed: bool,
+}
+
 /// A SCSI target device: the logical units of one target.
+///
+/// The LUN map is read by every command and changed only by [`Device::add_lun`] and
+/// [`Device::remove_lun`], so it is an `Arc` snapshot behind a `RwLock`: a command takes
+/// the read lock for one lookup and an `Arc` clone (uncontended but for the instant a
+/// change swaps the pointer: readers never wait on each other, and no change is built
+/// while the lock is held), and walks over every LUN (task management, nexus loss) work
+/// on a snapshot without holding any lock across their awaits.
 pub struct Device {
     target_name: String,
-    luns: BTreeMap<u64, Arc<Lun>>,
-    /// Object-based storage LUNs (OSD), numbered apart from the block LUNs.
-    objects: BTreeMap<u64, Arc<ObjectLun>>,
-    nexuses: Mutex<HashMap<NexusId, NexusInfo>>,
-    /// Each block LUN's backend size when last looked at, to notice a backend resized
-    /// from outside (see `execute`).
-    backend_sizes: BTreeMap<u64, AtomicU64>,
+    luns: RwLock<Arc<LunMap>>,
+    /// Held by a change from reading the current map until the next one is published, so
+    /// two changes never build from the same map.
+    changing: Mutex<()>,
+    /// Where RAM LUNs' images live, for LUNs built at start and later alike.
+    image: Arc<ImageProvider>,
+    nexuses: Mutex<HashMap<NexusId, Nexus>>,
 }
 
 impl Device {
@@ -53,62 +108,161 @@ impl Device {
     /// config (serial, NAA) are derived from `target_name` and the LUN number, so they
     /// are stable across restarts.
     pub fn new(target_name: &str, luns: Vec<(u64, LunConfig)>) -> Result<Device, DeviceError> {
-        Device::with_image_memory(target_name, luns, &|_, _| None)
+        Device::with_image_memory(target_name, luns, Arc::new(|_, _| None))
     }
 
     /// [`Device::new`], with RAM LUNs' images in memory `image(lun, size)` provides when it
     /// provides some (a transport's registered memory, so reads leave from where the data
-    /// lies); the heap otherwise.
+    /// lies); the heap otherwise. LUNs added later get theirs from `image` too.
     pub fn with_image_memory(
         target_name: &str,
         luns: Vec<(u64, LunConfig)>,
-        image: &ImageProvider,
+        image: Arc<ImageProvider>,
     ) -> Result<Device, DeviceError> {
-        let mut map = BTreeMap::new();
-        let mut objects = BTreeMap::new();
+        let mut device = Device {
+            target_name: target_name.to_string(),
+            luns: RwLock::default(),
+            changing: Mutex::new(()),
+            image,
+            nexuses: Mutex::new(HashMap::new()),
+        };
+        let mut map = LunMap::new();
         for (id, cfg) in luns {
-            if id >= 16384 {
-                return Err(DeviceError(format!(
-                    "LUN {id}: numbers must be below 16384"
-                )));
-            }
-            if map.contains_key(&id) || objects.contains_key(&id) {
+            if map.contains_key(&id) {
                 return Err(DeviceError(format!("LUN {id} is configured twice")));
             }
-            cfg.validate()
-                .map_err(|e| DeviceError(format!("LUN {id}: {e}")))?;
-            if let BackendConfig::Osd { path } = &cfg.backend {
-                let lun = open_object_lun(target_name, id, path, &cfg)
-                    .map_err(|e| DeviceError(format!("LUN {id}: {e}")))?;
-                objects.insert(id, Arc::new(lun));
-                continue;
-            }
-            let backend =
-                open_backend(id, &cfg, image).map_err(|e| DeviceError(format!("LUN {id}: {e}")))?;
-            let size = backend.size();
-            if size < cfg.block_size as u64 {
-                return Err(DeviceError(format!(
-                    "LUN {id}: backend of {size} bytes is smaller than one block"
-                )));
-            }
-            let (naa, serial) = identities(target_name, id, &cfg)
-                .map_err(|e| DeviceError(format!("LUN {id}: {e}")))?;
-            map.insert(
-                id,
-                Arc::new(Lun::new(id, cfg, backend, naa, serial, target_name)),
-            );
+            let unit = device.build_unit(id, cfg).map_err(DeviceError)?;
+            map.insert(id, unit);
         }
-        let backend_sizes = map
-            .iter()
-            .map(|(id, l): (&u64, &Arc<Lun>)| (*id, AtomicU64::new(l.backend.size())))
-            .collect();
-        Ok(Device {
-            backend_sizes,
-            target_name: target_name.to_string(),
-            luns: map,
-            objects,
-            nexuses: Mutex::new(HashMap::new()),
+        *device.luns.get_mut().unwrap_or_else(|e| e.into_inner()) = Arc::new(map);
+        Ok(device)
+    }
+
+    /// Builds LUN `id` from its configuration, opening its backend: the one place a LUN is
+    /// made, at start ([`Device::with_image_memory`]) and while running
+    /// ([`Device::add_lun`]). Errors name the LUN.
+    fn build_unit(&self, id: u64, cfg: LunConfig) -> Result<Unit, String> {
+        let fail = |e: String| format!("LUN {id}: {e}");
+        if id >= 16384 {
+            return Err(fail("numbers must be below 16384".into()));
+        }
+        cfg.validate().map_err(fail)?;
+        let (naa, serial) = identities(&self.target_name, id, &cfg).map_err(fail)?;
+        if let BackendConfig::Osd { path } = &cfg.backend {
+            let capacity = cfg.size.map_or(1 << 30, |s| s.0);
+            let lun = ObjectLun::open(path, capacity, &cfg, serial, naa).map_err(fail)?;
+            return Ok(Unit::Object(Arc::new(lun)));
+        }
+        let backend = open_backend(id, &cfg, &*self.image).map_err(fail)?;
+        let size = backend.size();
+        if size < cfg.block_size as u64 {
+            return Err(fail(format!(
+                "backend of {size} bytes is smaller than one block"
+            )));
+        }
+        let lun = Lun::new(id, cfg, backend, naa, serial, &self.target_name);
+        Ok(Unit::Block(Arc::new(lun)))
+    }
+
+    /// Adds LUN `id` while the device runs. Its backend is opened first, with no lock held
+    /// (this blocks: call it where blocking is allowed); only then does the LUN appear in
+    /// REPORT LUNS and take commands, and every registered nexus gets REPORTED LUNS DATA
+    /// HAS CHANGED (once, on its next command to any LUN). A number already in use is
+    /// refused, before anything is opened.
+    pub fn add_lun(&self, id: u64, cfg: LunConfig) -> Result<(), LunChangeError> {
+        if self.snapshot().contains_key(&id) {
+            return Err(LunChangeError::InUse(id));
+        }
+        let unit = self.build_unit(id, cfg).map_err(LunChangeError::Build)?;
+        {
+            let _changing = self.changing.lock().unwrap_or_else(|e| e.into_inner());
+            let mut next = LunMap::clone(&self.snapshot());
+            if next.contains_key(&id) {
+                // Added meanwhile by another caller: what was opened here is dropped.
+                return Err(LunChangeError::InUse(id));
+            }
+            next.insert(id, unit);
+            self.publish(next);
+        }
+        self.luns_changed();
+        Ok(())
+    }
+
+    /// Removes LUN `id` while the device runs: from now on REPORT LUNS leaves it out and
+    /// commands to it get LOGICAL UNIT NOT SUPPORTED, and every registered nexus gets
+    /// REPORTED LUNS DATA HAS CHANGED (once, on its next command to any LUN). Commands
+    /// already running on it finish and answer as usual; this returns once they have
+    /// (waiting at most 30 s: one that runs longer still finishes, and its backend closes
+    /// after it). Its reservations, unit attentions and mode settings go with it: a LUN
+    /// added later under the same number starts afresh.
+    pub async fn remove_lun(&self, id: u64) -> Result<(), LunChangeError> {
+        let removed = {
+            let _changing = self.changing.lock().unwrap_or_else(|e| e.into_inner());
+            let mut next = LunMap::clone(&self.snapshot());
+            let Some(removed) = next.remove(&id) else {
+                return Err(LunChangeError::NotFound(id));
+            };
+            self.publish(next);
+            removed
+        };
+        self.luns_changed();
+        if let Unit::Block(lun) = removed {
+            if !lun.tasks.wait_empty(DRAIN_LIMIT).await {
+                tracing::warn!(
+                    target_name = %self.target_name,
+                    lun = id,
+                    "LUN removed with commands still running after {} s; they finish on their own",
+                    DRAIN_LIMIT.as_secs()
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The LUN map as it is now.
+    fn snapshot(&self) -> Arc<LunMap> {
+        self.luns.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Makes `next` the LUN map (the caller holds `changing`).
+    fn publish(&self, next: LunMap) {
+        *self.luns.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
+    }
+
+    /// The LUN numbered `id`: a command's one lookup.
+    fn unit(&self, id: u64) -> Option<Unit> {
+        self.luns
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .cloned()
+    }
+
+    /// The block LUN numbered `id`.
+    fn block(&self, id: u64) -> Option<Arc<Lun>> {
+        match self.unit(id)? {
+            Unit::Block(l) => Some(l),
+            Unit::Object(_) => None,
+        }
+    }
+
+    /// Every block LUN of a snapshot.
+    fn blocks(map: &LunMap) -> impl Iterator<Item = &Arc<Lun>> {
+        map.values().filter_map(|u| match u {
+            Unit::Block(l) => Some(l),
+            Unit::Object(_) => None,
         })
+    }
+
+    /// Tells every registered nexus that the LUN inventory changed.
+    fn luns_changed(&self) {
+        for n in self.nexus_map().values_mut() {
+            n.luns_changed = true;
+        }
+    }
+
+    fn nexus_map(&self) -> std::sync::MutexGuard<'_, HashMap<NexusId, Nexus>> {
+        self.nexuses.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The target name this device was built for.
@@ -118,29 +272,24 @@ impl Device {
 
     /// Configured LUN numbers (block and object), ascending.
     pub fn luns(&self) -> Vec<u64> {
-        let mut all: Vec<u64> = self
-            .luns
-            .keys()
-            .chain(self.objects.keys())
-            .copied()
-            .collect();
-        all.sort_unstable();
-        all
+        self.snapshot().keys().copied().collect()
     }
 
     /// Whether `lun` is an object-based storage device (OSD).
     pub fn is_object_lun(&self, lun: u64) -> bool {
-        self.objects.contains_key(&lun)
+        matches!(self.unit(lun), Some(Unit::Object(_)))
     }
 
     /// The LUN whose NAA designator (VPD page 0x83) is `naa`, for EXTENDED COPY.
     pub(crate) fn lun_by_naa(&self, naa: &[u8]) -> Option<Arc<Lun>> {
-        self.luns.values().find(|l| l.naa == naa).cloned()
+        Device::blocks(&self.snapshot())
+            .find(|l| l.naa == naa)
+            .cloned()
     }
 
     /// Capacity of a LUN as (number of blocks, block size).
     pub fn capacity(&self, lun: u64) -> Option<(u64, u32)> {
-        self.luns.get(&lun).map(|l| (l.num_blocks(), l.block_size))
+        self.block(lun).map(|l| (l.num_blocks(), l.block_size))
     }
 
     /// Registers a new I_T nexus. `initiator_port` names the initiator port (for iSCSI
@@ -151,10 +300,11 @@ impl Device {
             port: Arc::from(initiator_port),
             transport_id,
         };
-        self.nexuses
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(nexus, info);
+        let entry = Nexus {
+            info,
+            luns_changed: false,
+        };
+        self.nexus_map().insert(nexus, entry);
     }
 
     /// I_T nexus loss (session closed or dropped): aborts its tasks (without waiting for
@@ -163,61 +313,64 @@ impl Device {
     /// unit attentions. Persistent reservation registrations survive (they belong to the
     /// initiator port).
     pub fn nexus_removed(&self, nexus: NexusId) {
-        self.nexuses
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&nexus);
-        for lun in self.luns.values() {
+        self.nexus_map().remove(&nexus);
+        for lun in Device::blocks(&self.snapshot()) {
             lun.tasks.mark_aborted(|t| t.nexus == nexus);
             lun.ranges.revoke_sending(|n, _| n == nexus);
             lun.nexus_lost(nexus);
         }
     }
 
-    pub(crate) fn nexus_info(&self, nexus: NexusId) -> Option<NexusInfo> {
-        self.nexuses
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&nexus)
-            .cloned()
-    }
-
     pub(crate) fn known_nexuses(&self) -> Vec<NexusId> {
-        self.nexuses
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .keys()
-            .copied()
-            .collect()
+        self.nexus_map().keys().copied().collect()
     }
 
     pub(crate) fn known_nexus_ports(&self) -> Vec<(NexusId, Arc<str>)> {
-        self.nexuses
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        self.nexus_map()
             .iter()
-            .map(|(n, i)| (*n, i.port.clone()))
+            .map(|(n, e)| (*n, e.info.port.clone()))
             .collect()
+    }
+
+    /// A command's view of its nexus: what the device knows of it, and whether it is to
+    /// hear now that the LUN inventory changed (taken, when `take`: the command may report
+    /// a unit attention).
+    fn nexus_for_command(&self, nexus: NexusId, take: bool) -> (Option<NexusInfo>, bool) {
+        let mut map = self.nexus_map();
+        let Some(n) = map.get_mut(&nexus) else {
+            return (None, false);
+        };
+        let tell = take && std::mem::take(&mut n.luns_changed);
+        (Some(n.info.clone()), tell)
     }
 
     /// Executes one command to completion.
     pub async fn execute(&self, cmd: Command) -> Response {
-        if let Some(object) = self.objects.get(&cmd.lun) {
-            return object.execute(&self.luns(), cmd).await;
+        let opcode = cmd.cdb.first().copied().unwrap_or(0xFF);
+        if opcode == op::REPORT_LUNS {
+            self.luns_reported(cmd.nexus);
         }
-        let lun = match self.luns.get(&cmd.lun) {
-            Some(l) => l.clone(),
+        let lun = match self.unit(cmd.lun) {
+            Some(Unit::Block(l)) => l,
+            Some(Unit::Object(object)) => {
+                let (_, tell) = self.nexus_for_command(cmd.nexus, !ua_exempt(opcode));
+                if tell {
+                    let sense = Sense::new(key::UNIT_ATTENTION, asc::REPORTED_LUNS_CHANGED);
+                    return finish_error(&cmd, status::CHECK_CONDITION, Some(sense.encode(true)));
+                }
+                return object.execute(&self.luns(), cmd).await;
+            }
             None => return self.no_such_lun(&cmd),
         };
         // A backend whose size changes by itself (an RBD image resized in the cluster):
         // the LUN follows, and every nexus hears CAPACITY DATA HAS CHANGED.
-        if let Some(seen) = self.backend_sizes.get(&cmd.lun) {
-            let now = lun.backend.size();
-            if seen.load(Ordering::Acquire) != now && seen.swap(now, Ordering::AcqRel) != now {
-                let blocks = now >> lun.bs_shift;
-                if blocks != 0 {
-                    lun.set_num_blocks(blocks, &self.known_nexuses());
-                }
+        let now = lun.backend.size();
+        if lun.seen_size.load(Ordering::Acquire) != now
+            && lun.seen_size.swap(now, Ordering::AcqRel) != now
+        {
+            let blocks = now >> lun.bs_shift;
+            if blocks != 0 {
+                lun.set_num_blocks(blocks, &self.known_nexuses());
             }
         }
         // A backend that has not reached its storage yet (an RBD cluster unreachable at
@@ -231,8 +384,25 @@ impl Device {
                 Some(sense.encode(descriptor)),
             );
         }
-        let info = self.nexus_info(cmd.nexus);
+        // The inventory news joins this LUN's unit attentions for the nexus, reported in
+        // turn by the LUN's pipeline (or REQUEST SENSE).
+        let take = !matches!(opcode, op::INQUIRY | op::REPORT_LUNS);
+        let (info, tell) = self.nexus_for_command(cmd.nexus, take);
+        if tell {
+            lun.queue_ua(cmd.nexus, asc::REPORTED_LUNS_CHANGED);
+        }
         lun.execute(self, cmd, info).await
+    }
+
+    /// REPORT LUNS from `nexus` gives it the current inventory: the news that it changed,
+    /// not heard yet (pending, or queued on a LUN already), is dropped (SPC-4).
+    fn luns_reported(&self, nexus: NexusId) {
+        if let Some(n) = self.nexus_map().get_mut(&nexus) {
+            n.luns_changed = false;
+        }
+        for lun in Device::blocks(&self.snapshot()) {
+            lun.drop_ua(nexus, asc::REPORTED_LUNS_CHANGED);
+        }
     }
 
     /// Commands to an unconfigured LUN: INQUIRY reports "no device", REPORT LUNS and
@@ -274,7 +444,7 @@ impl Device {
     /// `RangeLock::revoke_sending`).
     pub async fn abort_task(&self, nexus: NexusId, tag: u64) -> bool {
         let mut found = false;
-        for lun in self.luns.values() {
+        for lun in Device::blocks(&self.snapshot()) {
             found |= lun.abort_where(|n, t| n == nexus && t == tag).await > 0;
         }
         found
@@ -283,7 +453,7 @@ impl Device {
     /// ABORT TASK SET: every task of `nexus` on `lun`, and the ranges its reads hold
     /// while their data is sent.
     pub async fn abort_task_set(&self, nexus: NexusId, lun: u64) -> usize {
-        match self.luns.get(&lun) {
+        match self.block(lun) {
             Some(l) => l.abort_where(|n, _| n == nexus).await,
             None => 0,
         }
@@ -292,7 +462,7 @@ impl Device {
     /// CLEAR TASK SET: every task on `lun`, from any nexus, and every range held while
     /// read data is sent.
     pub async fn clear_task_set(&self, lun: u64) -> usize {
-        match self.luns.get(&lun) {
+        match self.block(lun) {
             Some(l) => l.abort_all().await,
             None => 0,
         }
@@ -302,7 +472,7 @@ impl Device {
     /// clears PREVENT, and raises a reset unit attention for every nexus. Returns false if
     /// no such LUN.
     pub async fn lun_reset(&self, lun: u64) -> bool {
-        let Some(l) = self.luns.get(&lun) else {
+        let Some(l) = self.block(lun) else {
             return false;
         };
         l.abort_all().await;
@@ -313,7 +483,7 @@ impl Device {
     /// TARGET WARM/COLD RESET: a LUN reset of every LUN.
     pub async fn target_reset(&self, _kind: ResetKind) {
         let nexuses = self.known_nexuses();
-        for l in self.luns.values() {
+        for l in Device::blocks(&self.snapshot()) {
             l.abort_all().await;
             l.reset(&nexuses);
         }
@@ -323,8 +493,7 @@ impl Device {
     /// nexus gets CAPACITY DATA HAS CHANGED.
     pub fn set_capacity(&self, lun: u64, blocks: u64) -> Result<(), DeviceError> {
         let l = self
-            .luns
-            .get(&lun)
+            .block(lun)
             .ok_or_else(|| DeviceError(format!("no LUN {lun}")))?;
         if blocks == 0 || blocks.saturating_mul(l.block_size as u64) > l.backend.size() {
             return Err(DeviceError(format!(
@@ -364,20 +533,8 @@ fn identities(target_name: &str, id: u64, cfg: &LunConfig) -> Result<(Vec<u8>, S
     Ok((naa, serial))
 }
 
-/// An object store LUN: its capacity is `size` (default 1 GiB).
-fn open_object_lun(
-    target_name: &str,
-    id: u64,
-    dir: &std::path::Path,
-    cfg: &LunConfig,
-) -> Result<ObjectLun, String> {
-    let (naa, serial) = identities(target_name, id, cfg)?;
-    let capacity = cfg.size.map_or(1 << 30, |s| s.0);
-    ObjectLun::open(dir, capacity, cfg, serial, naa)
-}
-
 /// Memory for a RAM LUN's image (LUN number, size in bytes), or `None` for the heap.
-pub type ImageProvider = dyn Fn(u64, u64) -> Option<Arc<dyn storage::ImageMemory>>;
+pub type ImageProvider = dyn Fn(u64, u64) -> Option<Arc<dyn storage::ImageMemory>> + Send + Sync;
 
 fn open_backend(
     id: u64,

@@ -12,6 +12,12 @@
 //! device.nexus_removed(nexus);
 //! ```
 //!
+//! * LUNs: built from their [`LunConfig`] in one place, for the device's start
+//!   ([`Device::new`]) and while it runs ([`Device::add_lun`], [`Device::remove_lun`]).
+//!   A change publishes a new LUN map whole, so a command's lookup is one uncontended read
+//!   lock; every nexus then hears REPORTED LUNS DATA HAS CHANGED once, on its next command
+//!   to any LUN (REPORT LUNS clears it), and commands to a removed LUN get LOGICAL UNIT
+//!   NOT SUPPORTED while those already running on it finish.
 //! * Concurrency: `execute` may be called concurrently for any number of commands;
 //!   SIMPLE tasks run in parallel, ORDERED tasks wait for older ones, HEAD OF QUEUE tasks
 //!   start at once. Reads of independent ranges never share a lock across an await.
@@ -42,7 +48,7 @@ pub use cdb::op;
 pub use cmds::{RwParams, MAX_TRANSFER_BYTES};
 pub use command::{Command, NexusId, Residual, Response, TaskAttr};
 pub use config::{BackendConfig, ByteSize, LunConfig};
-pub use device::{Device, DeviceError, ImageProvider, ResetKind};
+pub use device::{Device, DeviceError, ImageProvider, LunChangeError, ResetKind};
 pub use object::OSD_DEVICE_TYPE;
 /// Status codes and sense data are the shared SCSI vocabulary's.
 pub use scsi_spec::{sense, status, Sense};

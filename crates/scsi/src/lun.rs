@@ -61,6 +61,9 @@ pub(crate) struct Lun {
     pub block_size: u32,
     pub bs_shift: u32,
     num_blocks: AtomicU64,
+    /// The backend's size when last looked at, to notice a backend resized from outside
+    /// (see `Device::execute`).
+    pub seen_size: AtomicU64,
     pub naa: Vec<u8>,
     pub serial: String,
     pub target_name: String,
@@ -78,7 +81,7 @@ pub(crate) struct Lun {
 
 /// Commands that neither report nor clear a unit attention (SPC-4 5.14: INQUIRY,
 /// REPORT LUNS, REQUEST SENSE).
-fn ua_exempt(op: u8) -> bool {
+pub(crate) fn ua_exempt(op: u8) -> bool {
     matches!(op, op::INQUIRY | op::REPORT_LUNS | op::REQUEST_SENSE)
 }
 
@@ -99,6 +102,7 @@ impl Lun {
             block_size,
             bs_shift: block_size.trailing_zeros(),
             num_blocks: AtomicU64::new(num_blocks),
+            seen_size: AtomicU64::new(backend.size()),
             naa,
             serial,
             target_name: target.to_string(),
@@ -150,6 +154,25 @@ impl Lun {
                 q.push_back(code);
             }
         }
+    }
+
+    /// Queues the unit attention `code` for `nexus` alone.
+    pub fn queue_ua(&self, nexus: NexusId, code: (u8, u8)) {
+        let mut st = self.state();
+        self.raise_ua(&mut st, &[nexus], None, code);
+        self.refresh(&st);
+    }
+
+    /// Drops the unit attention `code` from what is pending for `nexus`.
+    pub fn drop_ua(&self, nexus: NexusId, code: (u8, u8)) {
+        if !self.needs_checks.load(Ordering::Acquire) {
+            return;
+        }
+        let mut st = self.state();
+        if let Some(q) = st.ua.get_mut(&nexus) {
+            q.retain(|c| *c != code);
+        }
+        self.refresh(&st);
     }
 
     pub fn set_num_blocks(&self, blocks: u64, nexuses: &[NexusId]) {

@@ -197,8 +197,20 @@ impl TaskSet {
         marked
     }
 
-    /// Number of tasks in the set (for tests and diagnostics).
-    #[allow(dead_code)]
+    /// Waits until the set is empty, at most `limit`; whether it is.
+    pub async fn wait_empty(&self, limit: Duration) -> bool {
+        let tick = Duration::from_millis(100);
+        for _ in 0..=limit.as_millis() / tick.as_millis() {
+            let notified = self.changed.notified();
+            if self.len() == 0 {
+                return true;
+            }
+            let _ = tokio::time::timeout(tick, notified).await;
+        }
+        self.len() == 0
+    }
+
+    /// Number of tasks in the set.
     pub fn len(&self) -> usize {
         self.inner
             .lock()

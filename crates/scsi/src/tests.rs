@@ -1512,3 +1512,5 @@ fn extended_copy_from_a_lun_without_medium_is_copy_aborted() {
     assert_eq!(sense_code(&r), (0x0A, 0x0D, 0x02));
     assert_eq!(sixteen_blocks(&d, 1, 0, 10), before, "unchanged");
 }
+
+mod luns;

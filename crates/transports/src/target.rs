@@ -27,7 +27,7 @@ pub async fn bind_target(mut config: Config) -> Result<Bound, String> {
         .iser_register_ram_luns
         .unwrap_or(config.iser_provider == IserProvider::Software);
     let images = images.filter(|_| register);
-    Target::serve(config, portals, images.as_deref())
+    Target::serve(config, portals, images.map(Arc::from))
 }
 
 /// Binds every listed portal. An address listed for iSER serves iSER over the software RNIC,

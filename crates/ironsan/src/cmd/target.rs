@@ -101,7 +101,7 @@ pub fn run(args: TargetArgs) -> anyhow::Result<()> {
         }
         let addrs = bound.local_addrs();
         let target = bound.target();
-        for (a, what) in bound.portal_descriptions() {
+        for (a, what) in target.portals() {
             println!("ironsan: serving iSCSI on {a} ({what})");
         }
         if let (Some(a), Some(t)) = (addrs.first(), targets.first()) {
