@@ -4,13 +4,12 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::cdb::{needs_medium, op};
+use crate::cdb::op;
 use crate::cmds::report_luns;
 use crate::command::{finish_data_in, finish_error, Command, NexusId, NexusInfo, Response};
 use crate::config::{derived_naa, derived_serial, parse_naa, BackendConfig, LunConfig};
@@ -362,28 +361,7 @@ impl Device {
             }
             None => return self.no_such_lun(&cmd),
         };
-        // A backend whose size changes by itself (an RBD image resized in the cluster):
-        // the LUN follows, and every nexus hears CAPACITY DATA HAS CHANGED.
-        let now = lun.backend.size();
-        if lun.seen_size.load(Ordering::Acquire) != now
-            && lun.seen_size.swap(now, Ordering::AcqRel) != now
-        {
-            let blocks = now >> lun.bs_shift;
-            if blocks != 0 {
-                lun.set_num_blocks(blocks, &self.known_nexuses());
-            }
-        }
-        // A backend that has not reached its storage yet (an RBD cluster unreachable at
-        // start): commands that need the medium wait for it, as for a spinning-up disk.
-        if !lun.backend.ready() && cmd.cdb.first().is_some_and(|&op| needs_medium(op)) {
-            let sense = Sense::new(key::NOT_READY, asc::NOT_READY_BECOMING_READY);
-            let descriptor = lun.d_sense.load(Ordering::Relaxed);
-            return finish_error(
-                &cmd,
-                status::CHECK_CONDITION,
-                Some(sense.encode(descriptor)),
-            );
-        }
+        lun.follow_backend_size(|| self.known_nexuses());
         // The inventory news joins this LUN's unit attentions for the nexus, reported in
         // turn by the LUN's pipeline (or REQUEST SENSE).
         let take = !matches!(opcode, op::INQUIRY | op::REPORT_LUNS);

@@ -62,8 +62,8 @@ pub(crate) struct Lun {
     pub bs_shift: u32,
     num_blocks: AtomicU64,
     /// The backend's size when last looked at, to notice a backend resized from outside
-    /// (see `Device::execute`).
-    pub seen_size: AtomicU64,
+    /// ([`Lun::follow_backend_size`]).
+    seen_size: AtomicU64,
     pub naa: Vec<u8>,
     pub serial: String,
     pub target_name: String,
@@ -288,23 +288,48 @@ impl Lun {
 
     /// Unit attention, sanitize, reservation and medium checks. `None` = go ahead.
     fn pre_checks(&self, opcode: u8, cmd: &Command, info: Option<&NexusInfo>) -> Option<Fail> {
-        if !self.needs_checks.load(Ordering::Acquire) {
-            return None;
-        }
-        let mut st = self.state();
-        if !ua_exempt(opcode) {
-            if let Some(q) = st.ua.get_mut(&cmd.nexus) {
-                if let Some(code) = q.pop_front() {
-                    self.refresh(&st);
-                    return Some(Fail::Check(Sense::new(key::UNIT_ATTENTION, code)));
+        if self.needs_checks.load(Ordering::Acquire) {
+            let mut st = self.state();
+            if !ua_exempt(opcode) {
+                if let Some(q) = st.ua.get_mut(&cmd.nexus) {
+                    if let Some(code) = q.pop_front() {
+                        self.refresh(&st);
+                        return Some(Fail::Check(Sense::new(key::UNIT_ATTENTION, code)));
+                    }
                 }
             }
+            if let Some(fail) = access_check(&st, &cmd.cdb, cmd.nexus, info) {
+                return Some(fail);
+            }
         }
-        access_check(&st, &cmd.cdb, cmd.nexus, info)
+        self.backend_not_ready(opcode)
+    }
+
+    /// NOT READY, becoming ready, for a command that needs the medium while the backend has
+    /// not reached its storage yet (an RBD cluster unreachable at start), as a spinning-up
+    /// disk answers.
+    fn backend_not_ready(&self, opcode: u8) -> Option<Fail> {
+        (needs_medium(opcode) && !self.backend.ready())
+            .then(|| Fail::Check(Sense::new(key::NOT_READY, asc::NOT_READY_BECOMING_READY)))
+    }
+
+    /// Follows a backend whose size changes by itself (an RBD image resized in the
+    /// cluster): the LUN takes the new size and every nexus (`nexuses`, asked only then)
+    /// hears CAPACITY DATA HAS CHANGED.
+    pub(crate) fn follow_backend_size(&self, nexuses: impl FnOnce() -> Vec<NexusId>) {
+        let now = self.backend.size();
+        if self.seen_size.load(Ordering::Acquire) != now
+            && self.seen_size.swap(now, Ordering::AcqRel) != now
+        {
+            let blocks = now >> self.bs_shift;
+            if blocks != 0 {
+                self.set_num_blocks(blocks, &nexuses());
+            }
+        }
     }
 
     /// The checks a READ(16) (`write` false) or WRITE(16) by `nexus` would meet here
-    /// (sanitize, RESERVE(6), persistent reservation, medium; unit attentions aside, as
+    /// (sanitize, RESERVE(6), persistent reservation, medium, a backend not ready; unit attentions aside, as
     /// they are this LUN's news for that nexus, not the copy's), for EXTENDED COPY,
     /// whose copy manager reads and writes this LUN on the nexus's behalf.
     pub(crate) fn copy_access_check(
@@ -313,12 +338,15 @@ impl Lun {
         info: Option<&NexusInfo>,
         write: bool,
     ) -> Option<Fail> {
-        if !self.needs_checks.load(Ordering::Acquire) {
-            return None;
+        let opcode = if write { op::WRITE_16 } else { op::READ_16 };
+        if self.needs_checks.load(Ordering::Acquire) {
+            let mut as_if = [0u8; 16];
+            as_if[0] = opcode;
+            if let Some(fail) = access_check(&self.state(), &as_if, nexus, info) {
+                return Some(fail);
+            }
         }
-        let mut as_if = [0u8; 16];
-        as_if[0] = if write { op::WRITE_16 } else { op::READ_16 };
-        access_check(&self.state(), &as_if, nexus, info)
+        self.backend_not_ready(opcode)
     }
 
     /// Pops the pending unit attention for REQUEST SENSE.
