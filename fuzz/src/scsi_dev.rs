@@ -104,8 +104,9 @@ impl storage::ImageMemory for Image {
         // SAFETY: as in write_at; no write happens while the backend lends this borrow.
         unsafe { std::slice::from_raw_parts(cells.as_ptr() as *const u8, len) }
     }
-    fn as_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
-        self
+    /// Plain memory: no transport sends from it.
+    fn registration(&self) -> Option<storage::Registration> {
+        None
     }
 }
 

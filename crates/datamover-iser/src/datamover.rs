@@ -281,14 +281,14 @@ impl<P: Device> Datamover for IserDatamover<P> {
                 return Err(DmError::Closed);
             };
             // Data produced in a region this connection lent, or lying in a LUN image
-            // registered in its domain, leaves from there; other data is copied into a region
-            // first.
-            let (lease, offset) = match lent::lent_region::<P>(note.as_ref(), &data) {
-                Some(lent) => {
-                    if matches!(lent.0, lent::Lent::Image(_)) {
+            // registered in its domain, leaves from there (`data` keeps that memory); other
+            // data is copied into a region first.
+            let (sge, copy) = match self.shared.read_buffers.sge_of(note.as_ref(), &data) {
+                Some((sge, in_image)) => {
+                    if in_image {
                         WRITES_FROM_LUN_IMAGES.fetch_add(1, Ordering::Relaxed);
                     }
-                    lent
+                    (sge, None)
                 }
                 None => {
                     let lease = self
@@ -297,17 +297,16 @@ impl<P: Device> Datamover for IserDatamover<P> {
                         .source(data.len())
                         .map_err(|e| self.shared.registration_failed(data.len(), e))?;
                     lease.mr().write_at(0, &data);
-                    (lent::Lent::Pool(Arc::new(lease)), 0)
+                    (lease.mr().sge(0, data.len()), Some(lease))
                 }
             };
-            let mr = lease.mr();
             let wr = SendWr {
                 wr_id: 0,
                 op: SendOp::RdmaWrite {
                     remote_addr: va,
                     rkey: stag,
                 },
-                sges: vec![mr.sge(offset, data.len())],
+                sges: vec![sge],
                 signaled: true,
             };
             // Not waited for: the status Send follows it on the queue pair, so the data is
@@ -315,7 +314,7 @@ impl<P: Device> Datamover for IserDatamover<P> {
             // round trip through the completion task per read).
             self.shared
                 .ep
-                .post_holding(wr, Box::new((lease, data)))
+                .post_holding(wr, Box::new((copy, data)))
                 .map_err(|_| DmError::Closed)?;
             ops = 1;
         }

@@ -1,21 +1,22 @@
 //! Registered memory lent to the layers above, so read data is produced where its RDMA Write
 //! leaves from and write data is consumed where its RDMA Read landed: the backend's one copy
 //! is the only one. A RAM LUN whose image is registered in the connection's protection
-//! domain ([`LunImage`]) needs not even that: its bytes leave from where they lie. A region
-//! leaves as `Bytes` over its own memory ([`view`]); the pool gets it back when the last
-//! holder lets go, never while an operation still uses it.
+//! domain ([`crate::target_device::LunImage`], recognised by its [`storage::Registration`])
+//! needs not even that: its bytes leave from where they lie. A read buffer's note
+//! ([`storage::BufNote::Registered`]) says where its data lies as the device addresses it,
+//! so the datamover builds the RDMA Write's SGE from it ([`RegisteredReadBuffers::sge_of`]).
+//! A region leaves as `Bytes` over its own memory ([`view`]); the pool gets it back when the
+//! last holder lets go, never while an operation still uses it.
 
-use std::any::Any;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use datamover::budget::Reservation;
-use rdma::MemoryRegion;
-use storage::{BufNote, ImageMemory, ReadBuf, ReadBufSource};
+use rdma::{MemoryRegion, Sge};
+use storage::{BufNote, Held, ImageMemory, ReadBuf, ReadBufSource, Registered, Registration};
 
 use crate::endpoint::Device;
 use crate::mr_pool::{MrPool, PooledMr};
-use crate::target_device::LunImage;
 
 /// The first `len` bytes of a leased region, as `Bytes` (no copy). The caller must have
 /// finished writing them: the region is read-only from here on.
@@ -30,51 +31,20 @@ pub fn view_holding<P: Device>(lease: Arc<PooledMr<P>>, len: usize, held: Reserv
     held.travel_with(RegionView { lease, len })
 }
 
-/// Registered memory that read data was produced in (or lies in).
-pub enum Lent<P: Device> {
-    Pool(Arc<PooledMr<P>>),
-    Image(Arc<ImageRead<P>>),
-}
-
-impl<P: Device> Lent<P> {
-    pub fn mr(&self) -> &P::Mr {
-        match self {
-            Lent::Pool(lease) => lease.mr(),
-            Lent::Image(read) => read.image.mr(),
-        }
-    }
-}
-
-/// A read served where it lies in a LUN's registered image; holds the reader's range lock
-/// (no atomic write may change the bytes) until the RDMA Write has sent them.
-pub struct ImageRead<P: Device> {
-    image: Arc<LunImage<P>>,
+/// A read served where it lies in a LUN image registered in the lender's domain; holds the
+/// reader's range lock (no atomic write may change the bytes) until the RDMA Write has sent
+/// them.
+struct ImageRead {
+    image: Arc<dyn ImageMemory>,
+    reg: Registration,
     offset: usize,
     len: usize,
-    _hold: Option<Box<dyn Any + Send + Sync>>,
+    _hold: Option<Held>,
 }
 
-/// The region `note` names and the offset of `data` in it, if `data` was lent from it.
-pub fn lent_region<P: Device>(note: Option<&BufNote>, data: &[u8]) -> Option<(Lent<P>, usize)> {
-    let note = note?.0.clone();
-    // The region's bytes that were lent, and their offset in the region (what SGEs count in).
-    let (lent, lent_bytes, at) = match note.downcast::<PooledMr<P>>() {
-        Ok(lease) => {
-            let bytes = lease.mr().as_bytes().as_ptr_range();
-            (Lent::Pool(lease), bytes, 0)
-        }
-        Err(note) => {
-            let read = note.downcast::<ImageRead<P>>().ok()?;
-            let bytes = read.image.bytes_at(read.offset, read.len).as_ptr_range();
-            let at = read.offset;
-            (Lent::Image(read), bytes, at)
-        }
-    };
-    let data = data.as_ptr_range();
-    if lent_bytes.start <= data.start && data.end <= lent_bytes.end {
-        Some((lent, at + (data.start as usize - lent_bytes.start as usize)))
-    } else {
-        None
+impl ImageRead {
+    fn bytes(&self) -> &[u8] {
+        self.image.bytes_at(self.offset, self.len)
     }
 }
 
@@ -89,11 +59,11 @@ impl<P: Device> AsRef<[u8]> for RegionView<P> {
     }
 }
 
-struct ImageView<P: Device>(Arc<ImageRead<P>>);
+struct ImageView(Arc<ImageRead>);
 
-impl<P: Device> AsRef<[u8]> for ImageView<P> {
+impl AsRef<[u8]> for ImageView {
     fn as_ref(&self) -> &[u8] {
-        self.0.image.bytes_at(self.0.offset, self.0.len)
+        self.0.bytes()
     }
 }
 
@@ -108,6 +78,25 @@ pub struct RegisteredReadBuffers<P: Device> {
 impl<P: Device> RegisteredReadBuffers<P> {
     pub fn new(pool: Arc<MrPool<P>>, domain: usize) -> Self {
         RegisteredReadBuffers { pool, domain }
+    }
+
+    /// The SGE that sends `data` from where it lies, and whether that is a LUN image: when
+    /// `note` says `data` lies in memory registered in this lender's domain (its own regions,
+    /// or an image there). `None`: the data must be copied into a region first.
+    pub fn sge_of(&self, note: Option<&BufNote>, data: &[u8]) -> Option<(Sge, bool)> {
+        let Some(BufNote::Registered(at)) = note else {
+            return None;
+        };
+        if at.domain != self.domain {
+            return None;
+        }
+        let addr = at.addr_of(data)?;
+        let sge = Sge {
+            lkey: at.lkey,
+            addr,
+            len: u32::try_from(data.len()).ok()?,
+        };
+        Some((sge, at.in_image))
     }
 }
 
@@ -128,8 +117,8 @@ impl<P: Device> ReadBufSource for RegisteredReadBuffers<P> {
     }
 }
 
-/// A read buffer in registered memory: a pool region taken at the first copy (its note is
-/// the region, which `put_data` finds again), or a range of a registered LUN image.
+/// A read buffer in registered memory: a pool region taken at the first copy, or a range of
+/// a LUN image registered in the lender's domain. Its note says where the data lies.
 struct RegisteredReadBuf<P: Device> {
     pool: Arc<MrPool<P>>,
     domain: usize,
@@ -146,7 +135,7 @@ enum State<P: Device> {
     /// No region could be had: plain memory, copied at the RDMA Write (which registers, and
     /// says why it cannot).
     Heap(BytesMut),
-    Image(ImageRead<P>),
+    Image(ImageRead),
 }
 
 impl<P: Device> RegisteredReadBuf<P> {
@@ -166,7 +155,7 @@ impl<P: Device> RegisteredReadBuf<P> {
             }
             State::Image(read) => {
                 let mut heap = BytesMut::with_capacity(want);
-                heap.extend_from_slice(read.image.bytes_at(read.offset, read.len));
+                heap.extend_from_slice(read.bytes());
                 self.state = State::Heap(heap);
             }
             other => self.state = other,
@@ -180,10 +169,11 @@ impl<P: Device> ReadBuf for RegisteredReadBuf<P> {
         if self.domain == 0 || !matches!(self.state, State::Empty) {
             return false;
         }
-        match image.clone().as_any().downcast::<LunImage<P>>() {
-            Ok(image) if image.domain() == self.domain => {
+        match image.registration() {
+            Some(reg) if reg.domain == self.domain => {
                 self.state = State::Image(ImageRead {
-                    image,
+                    image: image.clone(),
+                    reg,
                     offset,
                     len,
                     _hold: None,
@@ -194,7 +184,7 @@ impl<P: Device> ReadBuf for RegisteredReadBuf<P> {
         }
     }
 
-    fn keep_until_sent(&mut self, hold: Box<dyn Any + Send + Sync>) {
+    fn keep_until_sent(&mut self, hold: Held) {
         if let State::Image(read) = &mut self.state {
             read._hold = Some(hold);
         }
@@ -240,17 +230,38 @@ impl<P: Device> ReadBuf for RegisteredReadBuf<P> {
     }
 
     fn finish(self: Box<Self>) -> (Bytes, Option<BufNote>) {
+        let domain = self.domain;
         match self.state {
             State::Empty => (Bytes::new(), None),
             State::Region { lease, len } => {
-                let note = BufNote(lease.clone());
-                (view(lease, len), Some(note))
+                let mr = lease.mr();
+                let note = Registered {
+                    domain,
+                    lkey: mr.lkey(),
+                    addr: mr.addr(),
+                    at: mr.as_bytes().as_ptr() as usize,
+                    len,
+                    in_image: false,
+                    held: Held::shared(lease.clone()),
+                };
+                (view(lease, len), Some(BufNote::Registered(note)))
             }
             State::Heap(heap) => (heap.freeze(), None),
             State::Image(read) => {
                 let read = Arc::new(read);
-                let note = BufNote(read.clone());
-                (Bytes::from_owner(ImageView(read)), Some(note))
+                let note = Registered {
+                    domain,
+                    lkey: read.reg.lkey,
+                    addr: read.reg.addr + read.offset as u64,
+                    at: read.bytes().as_ptr() as usize,
+                    len: read.len,
+                    in_image: true,
+                    held: Held::shared(read.clone()),
+                };
+                (
+                    Bytes::from_owner(ImageView(read)),
+                    Some(BufNote::Registered(note)),
+                )
             }
         }
     }
@@ -281,15 +292,15 @@ mod tests {
         assert_eq!(&data[..3], b"abc");
         assert!(data[3..5003].iter().all(|&b| b == 0));
         assert_eq!(&data[5003..], b"xyz");
-        // A slice of it (what SCSI may hand on) is found at its offset in the region.
-        let (lease, offset) = lent_region::<Rnic>(note.as_ref(), &data[100..200]).unwrap();
-        assert_eq!(offset, 100);
-        assert_eq!(lease.mr().as_bytes()[offset..offset + 100], data[100..200]);
+        // A slice of it (what SCSI may hand on) is sent from where it lies in the region
+        // (the software RNIC addresses memory where it lies).
+        let (sge, in_image) = lender.sge_of(note.as_ref(), &data[100..200]).unwrap();
+        assert!(!in_image);
+        assert_eq!((sge.addr, sge.len), (data[100..].as_ptr() as u64, 100));
         // Bytes from elsewhere, or no note, are not taken for the region's.
-        assert!(lent_region::<Rnic>(note.as_ref(), &[1, 2, 3]).is_none());
-        assert!(lent_region::<Rnic>(None, &data).is_none());
+        assert!(lender.sge_of(note.as_ref(), &[1, 2, 3]).is_none());
+        assert!(lender.sge_of(None, &data).is_none());
         // The region goes back to the pool only when the data and the note are both gone.
-        drop(lease);
         drop(data);
         assert_eq!(pool.idle_bytes(), 0);
         drop(note);
@@ -310,9 +321,10 @@ mod tests {
     }
 
     /// A LUN image registered in the connection's domain is sent from where it lies: the
-    /// data is the image's memory, its note names the image at the LUN offset, and the
-    /// reader's hold lives until the note and data are gone. An image of another domain
-    /// (another device) is copied instead.
+    /// data is the image's memory (no pool region is taken: nothing was copied), its note
+    /// names the image at the LUN offset, and the reader's hold lives until the note and
+    /// data are gone. Another domain's lender does not send from it; an image of another
+    /// domain (another device) is copied instead.
     #[test]
     fn a_registered_lun_image_is_read_where_it_lies() {
         use crate::target_device::TargetDevice;
@@ -331,21 +343,26 @@ mod tests {
             .block_on(lun.read_into(200_000, 70_000, lender.lend(70_000)))
             .unwrap();
         let hold = Arc::new(());
-        filled.keep_until_sent(Box::new(hold.clone()));
+        filled.keep_until_sent(storage::Held::shared(hold.clone()));
         let (data, note) = filled.finish();
         assert!(data.iter().all(|&b| b == 5));
         assert_eq!(pool.idle_bytes(), 0, "no pool region was taken");
-        let (lent, offset) = lent_region::<Rnic>(note.as_ref(), &data).unwrap();
-        assert!(matches!(lent, Lent::Image(_)));
-        assert_eq!(offset, 200_000, "SGE offset is the LUN offset");
-        assert_eq!(lent.mr().rkey(), image.mr().rkey());
         assert_eq!(data.as_ptr() as u64, image.mr().addr() + 200_000);
+        let (sge, in_image) = lender.sge_of(note.as_ref(), &data).unwrap();
+        assert!(in_image, "sent from the image");
+        assert_eq!(sge.lkey, image.mr().lkey());
+        assert_eq!(sge.addr, image.mr().addr() + 200_000, "at the LUN offset");
+        let elsewhere = TargetDevice::new(Arc::new(Rnic::new().unwrap())).unwrap();
+        let stranger = RegisteredReadBuffers::new(pool.clone(), elsewhere.domain());
+        assert!(stranger.sge_of(note.as_ref(), &data).is_none());
         assert_eq!(
             Arc::strong_count(&hold),
             2,
             "held while the data may be sent"
         );
-        drop((lent, data, note));
+        drop(data);
+        assert_eq!(Arc::strong_count(&hold), 2, "held by the note too");
+        drop(note);
         assert_eq!(Arc::strong_count(&hold), 1, "let go once sent");
 
         // Another device's image: copied into this connection's region.
@@ -356,7 +373,7 @@ mod tests {
             .unwrap();
         let (data, note) = filled.finish();
         assert_eq!(data.len(), 4096);
-        let (lent, _) = lent_region::<Rnic>(note.as_ref(), &data).unwrap();
-        assert!(matches!(lent, Lent::Pool(_)));
+        let (_, in_image) = lender.sge_of(note.as_ref(), &data).unwrap();
+        assert!(!in_image, "copied into a pool region");
     }
 }

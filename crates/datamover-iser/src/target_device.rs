@@ -7,12 +7,11 @@
 //! target grants its peers no remote access to any region (it moves data with RDMA Writes and
 //! Reads on the initiator's memory), so its STags never leave it.
 
-use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rdma::{Access, MemoryRegion};
-use storage::ImageMemory;
+use storage::{ImageMemory, Registration};
 
 use crate::endpoint::Device;
 
@@ -160,8 +159,14 @@ impl<P: Device> ImageMemory for LunImage<P> {
         self.mr.bytes_at(offset, len)
     }
 
-    fn as_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
-        self
+    /// In the domain of the device it was registered with: a connection there sends read
+    /// data straight from it.
+    fn registration(&self) -> Option<Registration> {
+        Some(Registration {
+            domain: self.domain,
+            lkey: self.mr.lkey(),
+            addr: self.mr.addr(),
+        })
     }
 }
 

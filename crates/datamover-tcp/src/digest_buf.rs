@@ -37,8 +37,8 @@ impl ReadBufSource for DigestBuffers {
     }
 }
 
-/// A read buffer whose filling computes the CRC of every `seg_len` piece; its note is the
-/// [`SegmentCrcs`].
+/// A read buffer whose filling computes the CRC of every `seg_len` piece; its note is
+/// [`BufNote::SegmentCrcs`].
 pub struct DigestReadBuf {
     buf: BytesMut,
     /// Bytes taken over whole (the kernel's copy), before anything else was put.
@@ -91,7 +91,7 @@ impl ReadBuf for DigestReadBuf {
                 (me.buf.freeze(), me.copier.finish())
             }
         };
-        (data, Some(BufNote(Arc::new(crcs))))
+        (data, Some(BufNote::SegmentCrcs(Arc::new(crcs))))
     }
 }
 
@@ -101,6 +101,10 @@ mod tests {
 
     fn lender(seg: u32) -> DigestBuffers {
         DigestBuffers { seg_len: seg }
+    }
+
+    fn crcs_note(crcs: SegmentCrcs) -> Option<BufNote> {
+        Some(BufNote::SegmentCrcs(Arc::new(crcs)))
     }
 
     #[test]
@@ -116,24 +120,20 @@ mod tests {
         want.extend_from_slice(&src[1234..]);
         let (data, note) = b.finish();
         assert_eq!(&data[..], &want[..]);
-        let note = note.expect("a note");
-        let crcs = note.0.downcast_ref::<SegmentCrcs>().expect("SegmentCrcs");
-        assert_eq!(*crcs, SegmentCrcs::of(&want, 4096));
+        assert_eq!(note, crcs_note(SegmentCrcs::of(&want, 4096)));
 
         let mut b = lender(1000).lend(src.len());
         b.put_bytes(Bytes::from(src.clone()));
         assert_eq!(b.len(), src.len());
         let (data, note) = b.finish();
         assert_eq!(&data[..], &src[..]);
-        let crcs = note.unwrap().0.downcast::<SegmentCrcs>().unwrap();
-        assert_eq!(*crcs, SegmentCrcs::of(&src, 1000));
+        assert_eq!(note, crcs_note(SegmentCrcs::of(&src, 1000)));
 
         let mut b = lender(1000).lend(src.len() + 10);
         b.put_bytes(Bytes::from(src.clone()));
         b.put(&[1; 10]);
         let (data, note) = b.finish();
         assert_eq!(data.len(), src.len() + 10);
-        let crcs = note.unwrap().0.downcast::<SegmentCrcs>().unwrap();
-        assert_eq!(*crcs, SegmentCrcs::of(&data, 1000));
+        assert_eq!(note, crcs_note(SegmentCrcs::of(&data, 1000)));
     }
 }

@@ -388,8 +388,11 @@ impl Datamover for TcpDatamover {
         note: Option<storage::BufNote>,
         status: Option<CollapsedStatus>,
     ) -> Result<u32, DmError> {
-        // CRCs noted by one of our digest buffers, at our cut (others are not ours).
-        let crcs = note.and_then(|n| n.0.downcast::<digest::SegmentCrcs>().ok());
+        // CRCs our digest buffers noted (another kind of note is not for this transport).
+        let crcs = match note {
+            Some(storage::BufNote::SegmentCrcs(crcs)) => Some(crcs),
+            _ => None,
+        };
         let n = self.data_in_pdus(&data);
         self.enqueue(Out::DataIn {
             task,

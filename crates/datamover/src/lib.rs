@@ -165,8 +165,9 @@ pub trait Datamover: Send + Sync {
     async fn send_control(&self, pdu: Pdu) -> Result<(), DmError>;
     /// Deliver read data for `task`, optionally with collapsed status. `note` is what a
     /// buffer this datamover lent ([`Datamover::read_buffers`]) noted while it was filled
-    /// (the transport's own business; others' notes are ignored). Returns the number of
-    /// data PDUs used (for ExpDataSN).
+    /// (a [`storage::BufNote`]: the data's digests, or where it lies in registered memory);
+    /// a kind of note the transport has no use for is ignored. Returns the number of data
+    /// PDUs used (for ExpDataSN).
     async fn put_data(
         &self,
         task: TaskRef,

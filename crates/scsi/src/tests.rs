@@ -1009,33 +1009,35 @@ fn sanitize_overwrite_block_erase_and_field_errors() {
     assert_eq!(be32_at(&r.data_in, 8 + 8) as u64, BLOCKS);
 }
 
-/// A lender that counts what the backend put into its buffers, and notes it.
-#[derive(Debug)]
-struct CountingLender;
+/// A lender that counts what the backend put into its buffers, which note the CRCs of
+/// their 4 KiB pieces.
+#[derive(Debug, Default)]
+struct CountingLender {
+    /// Bytes copied and zero-filled, over all of its buffers.
+    counts: Arc<std::sync::Mutex<(usize, usize)>>,
+}
 
-#[derive(Default)]
 struct CountingBuf {
     data: Vec<u8>,
-    copied: usize,
-    zeros: usize,
+    counts: Arc<std::sync::Mutex<(usize, usize)>>,
 }
 
 impl storage::ReadBufSource for CountingLender {
     fn lend(&self, len: usize) -> Box<dyn storage::ReadBuf> {
         Box::new(CountingBuf {
             data: Vec::with_capacity(len),
-            ..Default::default()
+            counts: self.counts.clone(),
         })
     }
 }
 
 impl storage::ReadBuf for CountingBuf {
     fn put(&mut self, src: &[u8]) {
-        self.copied += src.len();
+        self.counts.lock().unwrap().0 += src.len();
         self.data.extend_from_slice(src);
     }
     fn put_zeros(&mut self, n: usize) {
-        self.zeros += n;
+        self.counts.lock().unwrap().1 += n;
         self.data.resize(self.data.len() + n, 0);
     }
     fn put_bytes(&mut self, data: Bytes) {
@@ -1045,7 +1047,8 @@ impl storage::ReadBuf for CountingBuf {
         self.data.len()
     }
     fn finish(self: Box<Self>) -> (Bytes, Option<storage::BufNote>) {
-        let note = storage::BufNote(std::sync::Arc::new((self.copied, self.zeros)));
+        let crcs = storage::SegmentCrcs::of(&self.data, 4096);
+        let note = storage::BufNote::SegmentCrcs(Arc::new(crcs));
         (Bytes::from(self.data), Some(note))
     }
 }
@@ -1058,7 +1061,8 @@ fn read_fills_the_transports_buffer_when_one_is_lent() {
     let d = device();
     let data: Vec<u8> = (0..16 * BS).map(|i| (i * 7 + i / 512) as u8).collect();
     good(&run(&d, cmd(1, &write10(40, 16), &data, data.len() as u32)));
-    let lender: std::sync::Arc<dyn storage::ReadBufSource> = std::sync::Arc::new(CountingLender);
+    let counting = Arc::new(CountingLender::default());
+    let lender: Arc<dyn storage::ReadBufSource> = counting.clone();
     let mut c = cmd(1, &read10(38, 20), &[], 20 * BS as u32);
     c.read_buffers = Some(lender.clone());
     let r = run(&d, c);
@@ -1068,8 +1072,10 @@ fn read_fills_the_transports_buffer_when_one_is_lent() {
     want.extend_from_slice(&[0u8; 2 * BS]);
     assert_eq!(&r.data_in[..], &want[..]);
     let note = r.data_in_note.expect("the lent buffer's note");
-    let counts = note.0.downcast_ref::<(usize, usize)>().expect("ours");
+    let crcs = storage::SegmentCrcs::of(&want, 4096);
+    assert_eq!(note, storage::BufNote::SegmentCrcs(Arc::new(crcs)));
     // Chunks never written are zero-filled without a copy; written ones are copied once.
+    let counts = *counting.counts.lock().unwrap();
     assert_eq!(counts.0 + counts.1, 20 * BS);
     assert!(counts.0 >= 16 * BS, "{counts:?}");
 
@@ -1180,7 +1186,7 @@ fn object_lun_beside_a_block_lun() {
 /// (its range) in `kept`, standing for a peer that does not take its read data.
 #[derive(Debug, Default, Clone)]
 struct StallingLender {
-    kept: Arc<std::sync::Mutex<Vec<Box<dyn std::any::Any + Send + Sync>>>>,
+    kept: Arc<std::sync::Mutex<Vec<storage::Held>>>,
 }
 
 struct StallingBuf {
@@ -1207,7 +1213,7 @@ impl storage::ReadBuf for StallingBuf {
     fn put_bytes(&mut self, data: Bytes) {
         self.put(&data)
     }
-    fn keep_until_sent(&mut self, hold: Box<dyn std::any::Any + Send + Sync>) {
+    fn keep_until_sent(&mut self, hold: storage::Held) {
         self.lender.kept.lock().unwrap().push(hold);
     }
     fn len(&self) -> usize {

@@ -8,9 +8,16 @@
 //! that lie inside `0..size()`; backends still check and return `InvalidInput` rather than
 //! panic. Methods must be called from inside a tokio runtime (file and block backends run
 //! their blocking system calls on tokio's blocking pool, bounded per backend).
+//!
+//! A read may be produced into memory its consumer lends ([`ReadBuf`], [`Backend::read_into`]):
+//! the buffer's own work (a transport's CRCs) rides on the backend's copy, and a RAM image in
+//! registered memory ([`ImageMemory`], its [`Registration`]) is taken where it lies. What the
+//! buffer noted goes back to its lender as a [`BufNote`], whose kinds name what the
+//! transports act on (the CRCs of fixed-size pieces; where the bytes lie in registered memory).
 
 mod block;
 mod file;
+mod lent;
 mod memory;
 mod pool;
 
@@ -18,11 +25,11 @@ use std::io;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use std::any::Any;
 use std::sync::Arc;
 
 pub use block::BlockBackend;
 pub use file::FileBackend;
+pub use lent::{BufNote, Held, Registered, Registration, SegmentCrcs};
 pub use memory::{ImageMemory, MemoryBackend};
 
 /// Memory a read is produced into, lent by whoever consumes the data (a transport's buffer,
@@ -37,7 +44,8 @@ pub trait ReadBuf: Send + 'static {
     /// take them over without a copy does.
     fn put_bytes(&mut self, data: Bytes);
     /// Offers the bytes where they lie, in memory the backend was given
-    /// ([`ImageMemory`]): a buffer that can send them from there keeps a reference
+    /// ([`ImageMemory`]): a buffer that can send them from there (memory registered where
+    /// it sends from: [`ImageMemory::registration`]) keeps a reference
     /// (`offset..offset+len` of `image`) instead of a copy and returns true. Only offered to
     /// an empty buffer; the default declines, and the backend copies.
     fn put_image(&mut self, _image: &Arc<dyn ImageMemory>, _offset: usize, _len: usize) -> bool {
@@ -46,7 +54,7 @@ pub trait ReadBuf: Send + 'static {
     /// Keeps `hold` (the reader's lock on the range) until the data has been sent, when the
     /// buffer refers to the bytes where they lie (a writer must not change them before they
     /// leave); a buffer that copied them lets it go at once (the default).
-    fn keep_until_sent(&mut self, hold: Box<dyn Any + Send + Sync>) {
+    fn keep_until_sent(&mut self, hold: Held) {
         drop(hold);
     }
     /// Bytes appended so far.
@@ -57,25 +65,6 @@ pub trait ReadBuf: Send + 'static {
     /// The data, and what the buffer noted while it was filled, for its lender.
     fn finish(self: Box<Self>) -> (Bytes, Option<BufNote>);
 }
-
-/// What a lent [`ReadBuf`] noted while it was filled (for the iSCSI/TCP datamover: the data
-/// digests of its Data-In PDUs), opaque to everyone but the lender, who downcasts it.
-#[derive(Clone)]
-pub struct BufNote(pub Arc<dyn Any + Send + Sync>);
-
-impl std::fmt::Debug for BufNote {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("BufNote")
-    }
-}
-
-impl PartialEq for BufNote {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
-    }
-}
-
-impl Eq for BufNote {}
 
 /// Lends read buffers: a consumer (a transport) hands one to the SCSI engine per command,
 /// which passes it to the backend.

@@ -4,14 +4,13 @@
 //! an RDMA device's region, registered once), with the same chunk locks over it, and reads
 //! offer their bytes where they lie ([`ReadBuf::put_image`]).
 
-use std::any::Any;
 use std::io;
 use std::sync::{Arc, RwLock};
 
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 
-use crate::{check_range, Backend, MapRun, ReadBuf};
+use crate::{check_range, Backend, MapRun, ReadBuf, Registration};
 
 /// Smallest chunk: small enough that a 4 KiB random write allocates little.
 const MIN_CHUNK: u64 = 64 * 1024;
@@ -20,8 +19,8 @@ const MAX_CHUNKS: u64 = 1 << 20;
 
 /// Memory a RAM LUN's image lives in when another layer provides it: zeroed when handed
 /// over, `len()` bytes, written only through the backend (under its chunk locks). A
-/// consumer that knows the concrete kind (an RDMA transport, its registered region) sends
-/// read data straight from it.
+/// consumer that sends from memory registered where this is ([`ImageMemory::registration`]:
+/// an RDMA transport in the same protection domain) sends read data straight from it.
 pub trait ImageMemory: Send + Sync + 'static {
     fn len(&self) -> usize;
     fn is_empty(&self) -> bool {
@@ -32,8 +31,8 @@ pub trait ImageMemory: Send + Sync + 'static {
     /// `len` bytes at `offset`, borrowed; the backend holds the chunk lock that keeps its
     /// own writers away while it copies from them.
     fn bytes_at(&self, offset: usize, len: usize) -> &[u8];
-    /// Itself, for a consumer that recognises its own kind of memory.
-    fn as_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
+    /// Where it is registered with an RDMA device, if it is.
+    fn registration(&self) -> Option<Registration>;
 }
 
 /// Where the image lives.

@@ -159,7 +159,7 @@ proptest! {
                         assert_eq!(&got[..], want);
                         assert!(note.is_none());
                         // Into a buffer that takes lent memory where it lies.
-                        let taker = Box::new(ImageTaker::default());
+                        let taker = ImageTaker::in_domain(TEST_DOMAIN);
                         let (got, _) = b.read_into(off, len, taker).await.unwrap().finish();
                         assert_eq!(&got[..], want);
                     }
@@ -304,20 +304,33 @@ fn a_lent_image_is_read_where_it_lies() {
             .await
             .unwrap();
         let filled = b
-            .read_into(300_000, 100_000, Box::new(ImageTaker::default()))
+            .read_into(300_000, 100_000, ImageTaker::in_domain(TEST_DOMAIN))
             .await
             .unwrap();
-        let (got, _) = filled.finish();
+        let (got, note) = filled.finish();
         assert!(got.iter().all(|&x| x == 9));
         assert_eq!(
             got.as_ptr(),
             image.bytes_at(300_000, 1).as_ptr(),
             "the data is the image's memory, not a copy"
         );
-        // A heap backend offers nothing where it lies: the taker gets a copy.
+        let Some(BufNote::Registered(at)) = note else {
+            panic!("no note of where the data lies: {note:?}")
+        };
+        let reg = image.registration().unwrap();
+        assert_eq!((at.lkey, at.in_image), (reg.lkey, true));
+        assert_eq!(at.addr_of(&got[1000..]), Some(reg.addr + 301_000));
+        // An image registered in another domain, or a heap backend (which offers nothing
+        // where it lies): the taker gets a copy.
+        let filled = b
+            .read_into(300_000, 4096, ImageTaker::in_domain(TEST_DOMAIN + 1))
+            .await
+            .unwrap();
+        let (got, note) = filled.finish();
+        assert!(got.iter().all(|&x| x == 9) && got.len() == 4096 && note.is_none());
         let heap = MemoryBackend::new(1 << 20);
         let filled = heap
-            .read_into(0, 4096, Box::new(ImageTaker::default()))
+            .read_into(0, 4096, ImageTaker::in_domain(TEST_DOMAIN))
             .await
             .unwrap();
         assert_eq!(filled.finish().0.len(), 4096);
@@ -365,28 +378,45 @@ impl ImageMemory for TestImage {
         // SAFETY: as in write_at; no write happens while the backend lends this borrow.
         unsafe { std::slice::from_raw_parts(cells.as_ptr() as *const u8, len) }
     }
-    fn as_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
-        self
+    fn registration(&self) -> Option<Registration> {
+        Some(Registration {
+            domain: TEST_DOMAIN,
+            lkey: 7,
+            addr: 0x10_0000,
+        })
     }
 }
 
-/// A read buffer that takes a [`TestImage`]'s bytes where they lie (as an RDMA transport
-/// takes its own registered memory), and copies anything else.
-#[derive(Default)]
+/// The protection domain [`TestImage`]s say they are registered in.
+const TEST_DOMAIN: usize = 1;
+
+/// A read buffer that takes an image registered in its domain where it lies (as an RDMA
+/// transport takes its own registered memory), and copies anything else.
 struct ImageTaker {
-    lent: Option<(Arc<TestImage>, usize, usize)>,
+    domain: usize,
+    lent: Option<(Arc<dyn ImageMemory>, usize, usize)>,
     copied: Vec<u8>,
+}
+
+impl ImageTaker {
+    fn in_domain(domain: usize) -> Box<ImageTaker> {
+        Box::new(ImageTaker {
+            domain,
+            lent: None,
+            copied: Vec::new(),
+        })
+    }
 }
 
 impl crate::ReadBuf for ImageTaker {
     fn put_image(&mut self, image: &Arc<dyn ImageMemory>, offset: usize, len: usize) -> bool {
-        match image.clone().as_any().downcast::<TestImage>() {
-            Ok(image) => {
-                self.lent = Some((image, offset, len));
-                true
-            }
-            Err(_) => false,
+        let ours = image
+            .registration()
+            .is_some_and(|r| r.domain == self.domain);
+        if ours {
+            self.lent = Some((image.clone(), offset, len));
         }
+        ours
     }
     fn put(&mut self, src: &[u8]) {
         self.copied.extend_from_slice(src);
@@ -402,13 +432,26 @@ impl crate::ReadBuf for ImageTaker {
     }
     fn finish(self: Box<Self>) -> (Bytes, Option<crate::BufNote>) {
         match self.lent {
-            Some((image, offset, len)) => (Bytes::from_owner(LentView(image, offset, len)), None),
+            Some((image, offset, len)) => {
+                let reg = image.registration().expect("registered");
+                let note = crate::Registered {
+                    domain: reg.domain,
+                    lkey: reg.lkey,
+                    addr: reg.addr + offset as u64,
+                    at: image.bytes_at(offset, len).as_ptr() as usize,
+                    len,
+                    in_image: true,
+                    held: Held::new(image.clone()),
+                };
+                let data = Bytes::from_owner(LentView(image, offset, len));
+                (data, Some(BufNote::Registered(note)))
+            }
             None => (Bytes::from(self.copied), None),
         }
     }
 }
 
-struct LentView(Arc<TestImage>, usize, usize);
+struct LentView(Arc<dyn ImageMemory>, usize, usize);
 
 impl AsRef<[u8]> for LentView {
     fn as_ref(&self) -> &[u8] {

@@ -115,7 +115,7 @@ impl Lun {
             .await
             .map_err(|e| self.read_failed(lba, blocks, e))?;
         range.sending();
-        filled.keep_until_sent(Box::new(range));
+        filled.keep_until_sent(storage::Held::new(range));
         Ok(filled.finish())
     }
 
