@@ -1,7 +1,8 @@
 //! The CLI as a script or a new user meets it: `ironsan bench URL --json` puts nothing but JSON
 //! on stdout; log lines written to a file (or a pipe) carry no colour codes; `ironsan rdma ping
 //! --server` outlives a port probe and a client that never sends its MPA Request, and a real
-//! ping is served meanwhile without waiting for them.
+//! ping is served meanwhile without waiting for them. A LUN whose backend cannot be opened
+//! stops the target with one line that names its place in the configuration file.
 
 use std::net::TcpStream;
 use std::path::PathBuf;
@@ -26,6 +27,29 @@ fn run(args: &[&str]) -> std::process::Output {
         .env_remove("IRONSAN_LOG")
         .output()
         .expect("run ironsan")
+}
+
+#[test]
+fn a_lun_that_cannot_open_names_its_line_in_the_config() {
+    let dir = scratch("bad-lun");
+    let config = dir.join("target.toml");
+    std::fs::write(
+        &config,
+        "portals = [\"127.0.0.1:0\"]\n\n[[target]]\nname = \"iqn.2026-11.org.ironsan.test:bad\"\n\n\
+         [target.lun.0]\nsize = \"1MiB\"\nbackend = \"memory\"\n\n\
+         [target.lun.3]\nbackend = { type = \"file\", path = \"/nonexistent/lun.img\" }\n",
+    )
+    .unwrap();
+    let o = run(&["target", "--config", config.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{stderr}");
+    let want = format!(
+        "{}:10: target iqn.2026-11.org.ironsan.test:bad: LUN 3: ",
+        config.display()
+    );
+    assert!(stderr.contains(&want), "{stderr}");
+    assert!(stderr.contains("create = true"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

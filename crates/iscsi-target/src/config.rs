@@ -259,6 +259,9 @@ pub struct Config {
     pub discovery: DiscoveryConfig,
     #[serde(default, rename = "target")]
     pub targets: Vec<TargetConfig>,
+    /// Where each target's LUN tables are in the file read (for errors found when they open).
+    #[serde(skip)]
+    lun_places: BTreeMap<(String, u64), String>,
 }
 
 /// The RDMA provider behind iser:// portals.
@@ -354,6 +357,7 @@ impl Config {
             iser_register_ram_luns: None,
             chap_algorithms: None,
             discovery: DiscoveryConfig::default(),
+            lun_places: BTreeMap::new(),
             targets: vec![TargetConfig {
                 name: DEFAULT_IQN.to_string(),
                 alias: Some("ironsan default RAM disk".to_string()),
@@ -395,7 +399,17 @@ impl Config {
             }
         })?;
         config.validate(text, origin)?;
+        let mut config = config;
+        config.lun_places = lun_places(&config.targets, text, origin);
         Ok(config)
+    }
+
+    /// Where LUN `lun` of target `target` is configured (`file:line` of its table), when
+    /// this configuration was read from a file.
+    pub fn lun_place(&self, target: &str, lun: u64) -> Option<&str> {
+        self.lun_places
+            .get(&(target.to_ascii_lowercase(), lun))
+            .map(String::as_str)
     }
 
     fn validate(&self, text: &str, origin: &str) -> Result<(), ConfigError> {
@@ -654,6 +668,35 @@ impl Config {
     }
 }
 
+/// `file:line` of each target's LUN tables: the `[target.lun.N]` header (or a `lun.N` key)
+/// after the line that names the target, else that line.
+fn lun_places(
+    targets: &[TargetConfig],
+    text: &str,
+    origin: &str,
+) -> BTreeMap<(String, u64), String> {
+    let mut places = BTreeMap::new();
+    for t in targets {
+        let Some(named) = line_number(text, 0, |l| l.contains(&format!("\"{}\"", t.name))) else {
+            continue;
+        };
+        for key in t.lun.keys() {
+            let Ok(n) = key.parse::<u64>() else { continue };
+            let header = format!("lun.{key}");
+            let line = line_number(text, named, |l| {
+                let l = l.trim_start().trim_start_matches('[');
+                l.strip_prefix("target.")
+                    .unwrap_or(l)
+                    .strip_prefix(&header)
+                    .is_some_and(|rest| rest.starts_with([']', ' ', '=']))
+            })
+            .unwrap_or(named);
+            places.insert((t.name.to_ascii_lowercase(), n), format!("{origin}:{line}"));
+        }
+    }
+    places
+}
+
 /// The number (from 1) of the first line of `text`, from the line at index `from` on, that
 /// `wanted` accepts: where a configuration error points.
 fn line_number(text: &str, from: usize, wanted: impl Fn(&str) -> bool) -> Option<usize> {
@@ -816,6 +859,17 @@ read_only = true
     }
 
     /// The full example in docs/target.md is a valid configuration, and means what it says.
+    #[test]
+    fn lun_places_point_at_each_lun_table() {
+        let text = "[[target]]\nname = \"iqn.2026-11.org.x:a\"\n[target.lun.1]\nbackend = \"memory\"\nsize = \"1MiB\"\n[target.lun.10]\nbackend = \"memory\"\nsize = \"1MiB\"\n\n[[target]]\nname = \"iqn.2026-11.org.x:b\"\nlun.1 = { backend = \"memory\", size = \"1MiB\" }\n";
+        let c = Config::parse(text, "t.toml").unwrap();
+        assert_eq!(c.lun_place("iqn.2026-11.org.x:a", 1), Some("t.toml:3"));
+        assert_eq!(c.lun_place("iqn.2026-11.org.x:a", 10), Some("t.toml:6"));
+        assert_eq!(c.lun_place("IQN.2026-11.org.x:B", 1), Some("t.toml:12"));
+        assert_eq!(c.lun_place("iqn.2026-11.org.x:b", 2), None);
+        assert_eq!(Config::embedded_default().lun_place(DEFAULT_IQN, 0), None);
+    }
+
     #[test]
     fn documented_example_parses() {
         let page = include_str!("../../../docs/target.md");

@@ -123,7 +123,13 @@ impl Target {
         let mut devices = HashMap::new();
         for t in &config.targets {
             let device = scsi::Device::with_image_memory(&t.name, Config::luns(t), images.clone())
-                .map_err(|e| format!("target {}: {e}", t.name))?;
+                .map_err(|e| {
+                    let place = e.lun.and_then(|lun| config.lun_place(&t.name, lun));
+                    match place {
+                        Some(place) => format!("{place}: target {}: {e}", t.name),
+                        None => format!("target {}: {e}", t.name),
+                    }
+                })?;
             devices.insert(t.name.to_ascii_lowercase(), Arc::new(device));
         }
         let (shutdown, _) = watch::channel(false);

@@ -25,13 +25,26 @@ pub enum ResetKind {
     Cold,
 }
 
-/// Why a device could not be built.
+/// Why a device could not be built or changed: what to fix, and the LUN it is about
+/// (so a caller can point at that LUN's place in its configuration).
 #[derive(Debug)]
-pub struct DeviceError(pub String);
+pub struct DeviceError {
+    pub message: String,
+    pub lun: Option<u64>,
+}
+
+impl DeviceError {
+    fn of_lun(lun: u64, message: String) -> DeviceError {
+        DeviceError {
+            message,
+            lun: Some(lun),
+        }
+    }
+}
 
 impl fmt::Display for DeviceError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.message)
     }
 }
 
@@ -128,9 +141,14 @@ impl Device {
         let mut map = LunMap::new();
         for (id, cfg) in luns {
             if map.contains_key(&id) {
-                return Err(DeviceError(format!("LUN {id} is configured twice")));
+                return Err(DeviceError::of_lun(
+                    id,
+                    format!("LUN {id} is configured twice"),
+                ));
             }
-            let unit = device.build_unit(id, cfg).map_err(DeviceError)?;
+            let unit = device
+                .build_unit(id, cfg)
+                .map_err(|e| DeviceError::of_lun(id, e))?;
             map.insert(id, unit);
         }
         *device.luns.get_mut().unwrap_or_else(|e| e.into_inner()) = Arc::new(map);
@@ -472,11 +490,12 @@ impl Device {
     pub fn set_capacity(&self, lun: u64, blocks: u64) -> Result<(), DeviceError> {
         let l = self
             .block(lun)
-            .ok_or_else(|| DeviceError(format!("no LUN {lun}")))?;
+            .ok_or_else(|| DeviceError::of_lun(lun, format!("no LUN {lun}")))?;
         if blocks == 0 || blocks.saturating_mul(l.block_size as u64) > l.backend.size() {
-            return Err(DeviceError(format!(
-                "LUN {lun}: {blocks} blocks do not fit the backend"
-            )));
+            return Err(DeviceError::of_lun(
+                lun,
+                format!("LUN {lun}: {blocks} blocks do not fit the backend"),
+            ));
         }
         l.set_num_blocks(blocks, &self.known_nexuses());
         Ok(())
