@@ -26,7 +26,6 @@ use rdma::{
 use rnic::Rnic;
 use tokio::sync::mpsc;
 
-#[allow(dead_code)] // start_target is for the tests against ironsan's own target
 use test_support::iser_raw::{iser_login_response, raw_target_send};
 use test_support::random_bytes;
 

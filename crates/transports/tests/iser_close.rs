@@ -17,8 +17,6 @@ use iscsi_wire::{Bhs, LogoutResponse, Pdu};
 use iwarp::ddp::{DdpHeader, Opcode, UntaggedHeader, QN_SEND};
 use iwarp::{fpdu, mpa};
 
-#[allow(dead_code)] // start_target is for the tests against ironsan's own target
-
 /// The bound on any single wait.
 const T: Duration = Duration::from_secs(10);
 const TARGET_NAME: &str = "iqn.2026-11.org.ironsan:mpa-peer";
