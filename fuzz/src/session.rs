@@ -51,6 +51,7 @@ use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
 use crate::Input;
+use test_support::pdu::{be32, bhs, key_values, put32};
 
 /// The target's IQN.
 pub const IQN: &str = "iqn.2026-11.org.ironsan:fuzz-session";
@@ -114,11 +115,7 @@ impl Fixture {
             let mut pipe = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::pipe())
                 .expect("a SIGPIPE handler");
             tokio::spawn(async move { while pipe.recv().await.is_some() {} });
-            let bound = transports::bind_target(config).await.expect("bind");
-            let addr = bound.local_addrs()[0];
-            let target = bound.target();
-            tokio::spawn(bound.serve());
-            (addr, target)
+            test_support::serve(config).await
         });
         Fixture { rt, addr, target }
     }
@@ -178,23 +175,6 @@ struct Seen {
 struct Shared {
     seen: Mutex<Seen>,
     news: Notify,
-}
-
-pub(crate) fn be32(b: &[u8]) -> u32 {
-    u32::from_be_bytes(b[..4].try_into().expect("4 bytes"))
-}
-
-pub(crate) fn bhs(opcode: u8, flags: u8, data_len: usize, itt: u32) -> [u8; 48] {
-    let mut b = [0u8; 48];
-    b[0] = opcode;
-    b[1] = flags;
-    b[5..8].copy_from_slice(&(data_len as u32).to_be_bytes()[1..]);
-    b[16..20].copy_from_slice(&itt.to_be_bytes());
-    b
-}
-
-pub(crate) fn put32(b: &mut [u8; 48], at: usize, v: u32) {
-    b[at..at + 4].copy_from_slice(&v.to_be_bytes());
 }
 
 /// Reads one PDU (no digests are negotiated): the BHS and the data segment.
@@ -261,17 +241,6 @@ async fn wait_for(shared: &Shared, d: Duration, done: impl Fn(&Seen) -> bool) {
             return;
         }
     }
-}
-
-pub(crate) fn key_values(pairs: &[(&str, &str)]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for (k, v) in pairs {
-        out.extend_from_slice(k.as_bytes());
-        out.push(b'=');
-        out.extend_from_slice(v.as_bytes());
-        out.push(0);
-    }
-    out
 }
 
 /// What a PDU from the target tells the harness, over either transport.

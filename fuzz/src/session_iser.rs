@@ -20,18 +20,16 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use iser::{IserHeader, IserOpcode};
-use rdma::{
-    Access, CompletionQueue, ConnParams, MemoryRegion, Provider, QpCaps, QpState, QueuePair,
-    RecvWr, SendOp, SendWr, Wc, WcOpcode, WcStatus,
-};
+use rdma::{Access, ConnParams, MemoryRegion, Provider, QpState, QueuePair, WcStatus};
 use rnic::Rnic;
 
 use crate::session::{
-    be32, bhs, login_accepted, login_keys, login_request, probe_due, put32, Fixture, Kind, Outcome,
-    Record, TargetPdu, LIVENESS_WAIT, MAX_RECORDS, PING_ITT, PING_WAIT, WAIT_STEP,
+    login_accepted, login_keys, login_request, probe_due, Fixture, Kind, Outcome, Record,
+    TargetPdu, LIVENESS_WAIT, MAX_RECORDS, PING_ITT, PING_WAIT, WAIT_STEP,
 };
 use crate::Input;
+use test_support::iser_raw::{iser_header, send_bytes, RingSizes, Rings};
+use test_support::pdu::{be32, bhs, put32};
 
 const INITIATOR: &str = "iqn.2026-11.org.ironsan:fuzz-iser-initiator";
 /// Receives the initiator keeps posted, and their size: a PDU of at most our
@@ -41,6 +39,12 @@ const RECV_LEN: usize = 8192 + 256;
 /// Send buffers, each big enough for a Send longer than the target's receives.
 const SEND_SLOTS: usize = 32;
 const SEND_LEN: usize = 76 + 9216;
+const RINGS: RingSizes = RingSizes {
+    recv_slots: RECV_SLOTS,
+    recv_len: RECV_LEN,
+    send_slots: SEND_SLOTS,
+    send_len: SEND_LEN,
+};
 /// The largest region a command advertises.
 const MAX_REGION: usize = 1 << 20;
 /// Regions one input registers at most (later commands advertise an STag naming nothing).
@@ -63,26 +67,9 @@ fn fixture() -> &'static IserFixture {
     })
 }
 
-/// The iSER header of a control PDU, with the Write STag and address (WSV) and the Read
-/// STag and address (RSV) when given.
-fn iser_header(write: Option<(u32, u64)>, read: Option<(u32, u64)>) -> [u8; 28] {
-    IserHeader {
-        opcode: IserOpcode::Control,
-        write,
-        read,
-    }
-    .encode()
-}
-
-/// A raw iSER initiator: a queue pair, its receives, its send buffers and what arrived.
-/// (Fields drop in order: the queue pair goes before the memory it used.)
+/// A raw iSER initiator: a queue pair with its receives and send buffers, and what arrived.
 struct Peer {
-    qp: rnic::Qp,
-    recv: rnic::Mr,
-    send: rnic::Mr,
-    cq: rnic::Cq,
-    sends_posted: u64,
-    sends_done: u64,
+    rings: Rings,
     /// The BHS of each PDU received and not yet looked at.
     received: VecDeque<[u8; 48]>,
     opcodes: HashMap<u8, usize>,
@@ -97,27 +84,7 @@ struct Peer {
 impl Peer {
     /// A connected queue pair (the MPA exchange), or None if the target refused it.
     fn connect(ifx: &IserFixture) -> Option<Peer> {
-        let dev = &ifx.rnic;
-        let cq = dev.create_cq(1024, None).ok()?;
-        let caps = QpCaps {
-            max_send_wr: SEND_SLOTS as u32 + 8,
-            max_recv_wr: RECV_SLOTS as u32,
-            max_sge: 2,
-        };
-        let qp = dev.create_qp(&ifx.pd, &cq, &cq, caps).ok()?;
-        let recv = dev
-            .reg_mr(&ifx.pd, RECV_SLOTS * RECV_LEN, Access::LOCAL_WRITE)
-            .ok()?;
-        let send = dev
-            .reg_mr(&ifx.pd, SEND_SLOTS * SEND_LEN, Access::NONE)
-            .ok()?;
-        for slot in 0..RECV_SLOTS {
-            qp.post_recv(RecvWr {
-                wr_id: slot as u64,
-                sges: vec![recv.sge(slot * RECV_LEN, RECV_LEN)],
-            })
-            .ok()?;
-        }
+        let rings = Rings::new(&ifx.rnic, &ifx.pd, 1024, SEND_SLOTS as u32 + 8, 2, RINGS).ok()?;
         // As Linux ib_iser: the iSER word 0x80 (ZBVA not used, Send with Invalidate taken).
         let params = ConnParams {
             private_data: vec![0x80, 0, 0, 0],
@@ -129,14 +96,9 @@ impl Peer {
             first_fpdu_delay: Duration::ZERO,
             ..ConnParams::default()
         };
-        qp.connect(ifx.fx.addr, &params).ok()?;
+        rings.qp.connect(ifx.fx.addr, &params).ok()?;
         Some(Peer {
-            qp,
-            recv,
-            send,
-            cq,
-            sends_posted: 0,
-            sends_done: 0,
+            rings,
             received: VecDeque::new(),
             opcodes: HashMap::new(),
             violation: None,
@@ -151,26 +113,15 @@ impl Peer {
     /// Takes every waiting completion: received Sends are checked and queued (their
     /// buffers posted again), Sends counted. Returns how many there were.
     fn poll(&mut self) -> usize {
-        let mut wcs = [Wc::EMPTY; 64];
-        let n = self.cq.poll(&mut wcs);
-        for wc in &wcs[..n] {
-            if wc.opcode == WcOpcode::Send {
-                self.sends_done += 1;
-            }
+        let mut sends = Vec::new();
+        let n = self.rings.poll(|wc, bytes| {
             if wc.status != WcStatus::Success {
                 self.failed = true;
-                continue;
             }
-            if wc.opcode == WcOpcode::Recv {
-                let slot = wc.wr_id as usize;
-                let mut bytes = vec![0u8; wc.byte_len as usize];
-                self.recv.read_at(slot * RECV_LEN, &mut bytes);
-                let _ = self.qp.post_recv(RecvWr {
-                    wr_id: slot as u64,
-                    sges: vec![self.recv.sge(slot * RECV_LEN, RECV_LEN)],
-                });
-                self.take(&bytes);
-            }
+            sends.extend(bytes);
+        });
+        for bytes in sends {
+            self.take(&bytes);
         }
         n
     }
@@ -212,7 +163,7 @@ impl Peer {
     }
 
     fn broken(&self) -> bool {
-        self.failed || self.qp.state() == QpState::Error
+        self.failed || self.rings.qp.state() == QpState::Error
     }
 
     /// Polls until `done` holds, the connection fails, or `d` passes.
@@ -231,30 +182,12 @@ impl Peer {
         let data = &data[..data.len().min(SEND_LEN - 76)];
         let mut pdu = *pdu;
         pdu[5..8].copy_from_slice(&(data.len() as u32).to_be_bytes()[1..]);
-        let mut bytes = header.to_vec();
-        bytes.extend_from_slice(&pdu);
-        bytes.extend_from_slice(data);
-        bytes.resize((76 + data.len().next_multiple_of(4)).min(SEND_LEN), 0);
-        self.wait(LIVENESS_WAIT, |p| {
-            p.sends_posted - p.sends_done < SEND_SLOTS as u64
-        });
-        if self.broken() || self.sends_posted - self.sends_done >= SEND_SLOTS as u64 {
+        let bytes = send_bytes(header, &pdu, data);
+        self.wait(LIVENESS_WAIT, |p| !p.rings.full());
+        if self.broken() || self.rings.full() {
             return false;
         }
-        let at = (self.sends_posted as usize % SEND_SLOTS) * SEND_LEN;
-        self.send.write_at(at, &bytes);
-        let posted = self.qp.post_send(SendWr {
-            wr_id: (1 << 32) | self.sends_posted,
-            op: SendOp::Send,
-            sges: vec![self.send.sge(at, bytes.len())],
-            signaled: true,
-        });
-        self.sends_posted += 1;
-        if posted.is_err() {
-            self.sends_done += 1;
-            return false;
-        }
-        true
+        self.rings.post_send(&bytes)
     }
 
     /// Logs in to full feature phase in one Login Request (operational stage); false if

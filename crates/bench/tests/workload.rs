@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bench::workload::{self, Pattern, Progress, Rw, Workload};
-use iscsi_initiator::{IscsiUrl, SessionConfig};
+use iscsi_initiator::IscsiUrl;
 
 const CONFIG: &str = r#"
 portals = ["127.0.0.1:0"]
@@ -20,11 +20,7 @@ backend = "memory"
 "#;
 
 async fn start_target() -> SocketAddr {
-    let config = iscsi_target::Config::parse(CONFIG, "test.toml").expect("config");
-    let bound = transports::bind_target(config).await.expect("bind");
-    let addr = bound.local_addrs()[0];
-    tokio::spawn(bound.serve());
-    addr
+    test_support::start_target(CONFIG).await
 }
 
 fn url(addr: SocketAddr) -> IscsiUrl {
@@ -40,11 +36,7 @@ async fn bench_verifies_what_it_wrote() {
     timeout(async {
         let addr = start_target().await;
         let u = url(addr);
-        let s = Arc::new(
-            transports::connect_session(&u, SessionConfig::from_url(&u))
-                .await
-                .unwrap(),
-        );
+        let s = Arc::new(test_support::connect(&u).await.unwrap());
         s.test_unit_ready(0).await.unwrap();
         let cap = s.capacity(0).await.unwrap();
         for (rw, pattern) in [

@@ -5,16 +5,14 @@
 //! reconnect) acknowledged is read back intact straight from the target; without reconnect,
 //! commands fail with a clear error and what was acknowledged is still intact.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::random_bytes;
 use iscsi_initiator::{scsi, CommandRequest, IscsiUrl, Session, SessionConfig};
 use lab::fault::Fault;
 use lab::proxy::{DelayProxy, ProxyConfig};
+use test_support::random_bytes;
 
 const CONFIG: &str = r#"
 portals = ["127.0.0.1:0"]
@@ -181,7 +179,7 @@ async fn in_time<F: std::future::Future>(f: F) -> F::Output {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_cut_mid_write_loses_no_acknowledged_write() {
     in_time(async {
-        let target = common::start_target(CONFIG).await;
+        let target = test_support::start_target(CONFIG).await;
         // 3 MB into the initiator's bytes: the third of eight 1 MiB WRITEs in flight.
         let p = proxy(target, &["up:byte=3000000:reset"]);
         let s = session(p.local_addr(), "plain", true).await;
@@ -211,7 +209,7 @@ async fn a_connection_cut_mid_write_loses_no_acknowledged_write() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_cut_mid_read_is_read_again() {
     in_time(async {
-        let target = common::start_target(CONFIG).await;
+        let target = test_support::start_target(CONFIG).await;
         let data = fill(target, "plain", 300).await;
         // Eight 1 MiB READs come back as 32 Data-In PDUs of 256 KiB: cut at the 13th.
         let p = proxy(target, &["down:data-in#13:reset"]);
@@ -232,7 +230,7 @@ async fn a_connection_cut_mid_read_is_read_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_login_cut_is_retried_and_a_first_login_cut_is_a_clear_error() {
     in_time(async {
-        let target = common::start_target(CONFIG).await;
+        let target = test_support::start_target(CONFIG).await;
         // The first connection is cut mid-write; the reinstating login (the second
         // connection) is cut at its Login Response; the third attempt goes through.
         let p = proxy(
@@ -256,7 +254,7 @@ async fn a_login_cut_is_retried_and_a_first_login_cut_is_a_clear_error() {
 
         let p = proxy(target, &["down:login-resp#1:reset"]);
         let u = url(p.local_addr(), "plain");
-        let e = transports::connect_session(&u, SessionConfig::from_url(&u))
+        let e = test_support::connect(&u)
             .await
             .err()
             .expect("a login cut before it ended fails")
@@ -269,7 +267,7 @@ async fn a_login_cut_is_retried_and_a_first_login_cut_is_a_clear_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn corrupted_data_digests_end_the_connection_and_the_commands_are_sent_again() {
     in_time(async {
-        let target = common::start_target(CONFIG).await;
+        let target = test_support::start_target(CONFIG).await;
         // A Data-Out payload byte flipped: the target's digest check ends the connection
         // (error recovery level 0); the reinstated session sends the WRITEs again.
         let p = proxy(target, &["up:data-out#2:corrupt=data+100"]);
@@ -310,7 +308,7 @@ async fn corrupted_data_digests_end_the_connection_and_the_commands_are_sent_aga
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_erl1_corrupted_data_is_sent_again_inside_the_connection() {
     in_time(async {
-        let target = common::start_target(CONFIG).await;
+        let target = test_support::start_target(CONFIG).await;
         // Data-Out payload bytes flipped: the target Rejects each and asks for the range
         // again with a recovery R2T. A WRITE's immediate data flipped: the target Rejects
         // the command and the initiator sends it again. The session, without reconnect,
@@ -363,7 +361,7 @@ async fn at_erl1_corrupted_data_is_sent_again_inside_the_connection() {
 async fn at_erl1_a_smaller_max_recv_data_segment_length_mid_read_and_a_damaged_data_in_take_an_r_data_snack(
 ) {
     in_time(async {
-        let target = common::start_target(CONFIG).await;
+        let target = test_support::start_target(CONFIG).await;
         let written = fill(target, "erl1", 77).await;
         // Eight 1 MiB READs in flight, then 4 KiB segments declared by Text: the target cuts
         // what is left at 4 KiB. Data-In #200 exists only at the new cut (the old one makes
@@ -395,7 +393,7 @@ async fn at_erl1_a_smaller_max_recv_data_segment_length_mid_read_and_a_damaged_d
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_erl1_target_pdus_with_corrupted_headers_are_discarded_and_asked_for_again() {
     in_time(async {
-        let target = common::start_target(CONFIG).await;
+        let target = test_support::start_target(CONFIG).await;
         // Header bytes flipped (each PDU fails its header digest and is discarded by the
         // length it claims): an R2T (the write hears nothing more: the probe asks again by
         // R2T SNACK), a SCSI Response in the middle (the next StatSN shows the gap: Status
@@ -477,7 +475,7 @@ async fn at_erl1_target_pdus_with_corrupted_headers_are_discarded_and_asked_for_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_target_stalled_past_the_nop_timeout_is_left_and_the_commands_finish() {
     in_time(async {
-        let target = common::start_target(CONFIG).await;
+        let target = test_support::start_target(CONFIG).await;
         let data = fill(target, "plain", 600).await;
         // The target's bytes stop for 60 s from the third Data-In: the initiator's NOP-Out
         // goes unanswered for 2 s, it drops the connection and reinstates the session.
@@ -505,7 +503,7 @@ async fn a_target_stalled_past_the_nop_timeout_is_left_and_the_commands_finish()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_erl2_a_cut_connection_is_logged_in_again_and_its_commands_reassigned() {
     in_time(async {
-        let target = common::start_target(CONFIG).await;
+        let target = test_support::start_target(CONFIG).await;
         // One of the session's two connections is cut 3 MB into its WRITEs: it is logged
         // in again with its CID and its commands are reassigned to it (TASK REASSIGN; the
         // target asks for their data again). No reconnect: a session reinstatement or a
@@ -553,7 +551,7 @@ async fn at_erl2_a_cut_connection_is_logged_in_again_and_its_commands_reassigned
 async fn at_erl2_a_connection_that_cannot_be_recovered_leaves_its_commands_to_the_other_connection()
 {
     in_time(async {
-        let target = common::start_target(CONFIG).await;
+        let target = test_support::start_target(CONFIG).await;
         // Connection 0 is cut 3 MB into its WRITEs, and each connection logged in again in
         // its place (accept order 2, 3, 4) is cut at its TASK REASSIGN: after the fourth
         // failure in a row connection recovery is given up, and the commands are aborted on

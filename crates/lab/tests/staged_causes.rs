@@ -71,11 +71,7 @@ fn read(lba: u64, size: u32) -> CommandRequest {
 }
 
 async fn start_target() -> SocketAddr {
-    let config = iscsi_target::Config::parse(CONFIG, "staged.toml").expect("config");
-    let bound = transports::bind_target(config).await.expect("bind");
-    let addr = bound.local_addrs()[0];
-    tokio::spawn(bound.serve());
-    addr
+    test_support::start_target(CONFIG).await
 }
 
 /// Runs commands with up to `qd` outstanding; fails on anything but GOOD.

@@ -7,12 +7,14 @@ use std::process::Output;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use iscsi_initiator::{IscsiUrl, Session, SessionConfig};
+use iscsi_initiator::{IscsiUrl, Session};
 use lun_io::Lun;
 use nbd::proto::{self, cmd, errno, opt, rep};
 use nbd::server::{Server, Timeouts, MAX_REQUEST};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+use test_support::random_bytes;
 
 const IQN: &str = "iqn.2026-11.org.ironsan:nbd";
 const CONFIG: &str = r#"
@@ -64,18 +66,8 @@ async fn start_configured(
     scheme: &str,
     configure: impl FnOnce(Server) -> Server,
 ) -> Fixture {
-    if let Ok(f) = std::env::var("IRONSAN_LOG") {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new(f))
-            .with_writer(std::io::stderr)
-            .try_init();
-    }
     let config = if scheme == "iser" {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = test_support::target::free_port();
         CONFIG.replace(
             r#"portals = ["127.0.0.1:0"]"#,
             &format!(r#"portals = ["tcp://127.0.0.1:{port}", "iser://127.0.0.1:{port}"]"#),
@@ -83,16 +75,9 @@ async fn start_configured(
     } else {
         CONFIG.to_string()
     };
-    let config = iscsi_target::Config::parse(&config, "test.toml").expect("config");
-    let bound = transports::bind_target(config).await.expect("bind");
-    let target = bound.local_addrs()[0];
-    tokio::spawn(bound.serve());
+    let target = test_support::start_target(&config).await;
     let url = IscsiUrl::parse_lun(&format!("{scheme}://{target}/{IQN}/{lun}")).unwrap();
-    let session = Arc::new(
-        transports::connect_session(&url, SessionConfig::from_url(&url))
-            .await
-            .expect("login"),
-    );
+    let session = Arc::new(test_support::connect(&url).await.expect("login"));
     let l = Arc::new(Lun::open(session.clone(), lun).await.expect("open the LUN"));
     let server = Arc::new(configure(Server::new(
         l,
@@ -164,18 +149,6 @@ async fn qemu_io(target: &str, cmds: &[&str]) -> String {
     out
 }
 
-fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qemu_img_convert_then_compare() {
     if !have("qemu-img", "qemu_img_convert_then_compare") {
@@ -215,7 +188,7 @@ async fn qemu_img_convert_then_compare() {
         .unwrap();
     assert_eq!(&back[..], &data[40 << 20..(40 << 20) + (1 << 20)]);
     // And compare does see a difference.
-    let mut changed = data.clone();
+    let mut changed = data.to_vec();
     changed[12345] ^= 1;
     let other = dir.path().join("changed.raw");
     std::fs::write(&other, &changed).unwrap();

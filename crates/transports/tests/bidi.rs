@@ -7,13 +7,11 @@
 use std::net::SocketAddr;
 
 use bytes::Bytes;
-use iscsi_initiator::{CommandRequest, IscsiUrl, Residual, Session, SessionConfig};
+use iscsi_initiator::{CommandRequest, IscsiUrl, Residual, Session};
 use osd::attr::{number, page, AttrId};
 use osd::client;
 
-#[path = "common/initiator.rs"]
-mod common;
-use common::random_bytes;
+use test_support::random_bytes;
 
 const P: u64 = 0x10000;
 const O: u64 = 0x10000;
@@ -40,9 +38,7 @@ async fn session(addr: SocketAddr, scheme: &str, lun: u16) -> Session {
         "{scheme}://{addr}/iqn.2026-11.org.ironsan:objects/{lun}"
     ))
     .expect("url");
-    transports::connect_session(&url, SessionConfig::from_url(&url))
-        .await
-        .expect("login")
+    test_support::connect(&url).await.expect("login")
 }
 
 fn command(lun: u16, r: &client::Request) -> CommandRequest {
@@ -99,7 +95,7 @@ async fn write_and_get_length(s: &Session, object: u64, seed: u64) {
 async fn bidirectional_commands_over_tcp_and_iser() {
     let store = std::env::temp_dir().join(format!("ironsan-bidi-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&store);
-    let addr = common::start_target(&config(&store)).await;
+    let addr = test_support::start_target(&config(&store)).await;
     let tcp = session(addr, "iscsi", 0).await;
     assert_eq!(osd(&tcp, &client::create_partition(P)).await.status, 0);
     assert_eq!(osd(&tcp, &client::create(P, O, 1)).await.status, 0);

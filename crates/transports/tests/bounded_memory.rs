@@ -2,10 +2,8 @@
 //! reads the answers. Its own test binary, so the resident set measured is the target's (and
 //! this test's), not other tests'.
 
-#[path = "common/target.rs"]
-mod common;
-use common::*;
 use std::time::Duration;
+use test_support::raw_tcp::*;
 
 fn resident_mib() -> f64 {
     let statm = std::fs::read_to_string("/proc/self/statm").expect("statm");

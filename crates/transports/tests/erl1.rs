@@ -4,9 +4,7 @@
 //! first sent. Every scenario ends with the data read back intact on the same connection.
 //! At level 0 the same faults still end the connection, and SNACK is refused.
 
-#[path = "common/target.rs"]
-mod common;
-use common::*;
+use test_support::raw_tcp::*;
 
 const ERL1: &str = "[[target]]\nname = \"iqn.2026-11.org.ironsan.test:erl1\"\nerror_recovery_level = 1\n[target.lun.0]\nsize = \"16MiB\"\nbackend = \"memory\"\n";
 

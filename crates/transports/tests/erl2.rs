@@ -6,10 +6,8 @@
 //! RFC 7143 gives: a task whose connection lives, an unknown task, a task kept past
 //! DefaultTime2Retain, and any task below level 2.
 
-#[path = "common/target.rs"]
-mod common;
-use common::*;
 use std::time::Duration;
+use test_support::raw_tcp::*;
 
 const TARGET: &str = "iqn.2026-11.org.ironsan.test:erl2";
 

@@ -3,9 +3,7 @@
 //! such as a mutual secret equal to the initiator's, are unit tests in `config.rs`). The Login Responses that refuse a login
 //! carry 0x0201 Authentication failure.
 
-#[path = "common/target.rs"]
-mod common;
-use common::*;
+use test_support::raw_tcp::*;
 
 use iscsi_login::chap::{self, ChapAlgorithm};
 use std::net::SocketAddr;

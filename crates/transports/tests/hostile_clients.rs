@@ -7,9 +7,7 @@
 //! 0x0206 Too many connections), and other sessions carry on. A connection naming a session's
 //! TSIH with another ISID is refused (0x020a Session does not exist).
 
-#[path = "common/target.rs"]
-mod common;
-use common::*;
+use test_support::raw_tcp::*;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -17,15 +15,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 async fn start_with(portals: &str, extra: &str) -> SocketAddr {
-    let text = format!(
-        "portals = {portals}\n{extra}\n[[target]]\nname = \"{IQN}\"\n\
-         [target.lun.0]\nsize = \"64MiB\"\nbackend = \"memory\"\n"
-    );
-    let config = iscsi_target::Config::parse(&text, "test.toml").expect("config");
-    let bound = transports::bind_target(config).await.expect("bind");
-    let addr = bound.local_addrs()[0];
-    tokio::spawn(bound.serve());
-    addr
+    let lun = "size = \"64MiB\"\nbackend = \"memory\"";
+    test_support::start_target(&test_support::one_lun_config(portals, extra, IQN, "", lun)).await
 }
 
 /// 2,000 idle connections, probes, a half PDU and a trickling client against the portal at

@@ -8,9 +8,7 @@ use std::time::Duration;
 
 use iscsi_initiator::{IscsiUrl, Session, SessionConfig};
 
-#[path = "common/initiator.rs"]
-mod common;
-use common::random_bytes;
+use test_support::random_bytes;
 
 /// iSCSI/TCP and iSER on one port (told apart by the first bytes).
 const CONFIG: &str = r#"
@@ -35,13 +33,9 @@ async fn start() -> SocketAddr {
 
 /// [`start`] with `settings` (top-level config lines) added.
 async fn start_with(settings: &str) -> SocketAddr {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = test_support::target::free_port();
     let config = format!("{settings}\n{}", CONFIG.replace("PORT", &port.to_string()));
-    common::start_target(&config).await
+    test_support::start_target(&config).await
 }
 
 /// Whether a thread of this process is named `name` within 2 s (a new thread names itself
@@ -98,9 +92,7 @@ async fn iser_connections_on_the_reactor_or_the_targets_runtime_carry_verified_d
 /// A session over iSER to the target at `addr`, with the URL's default settings.
 async fn iser_session(addr: SocketAddr) -> Session {
     let u = url(addr, "iser");
-    transports::connect_session(&u, SessionConfig::from_url(&u))
-        .await
-        .expect("iSER login")
+    test_support::connect(&u).await.expect("iSER login")
 }
 
 async fn write_read_verify(s: &Session, lba: u64, len: usize, seed: u64) {
@@ -147,9 +139,7 @@ async fn iser_login_and_verified_data_both_ways() {
         s.logout().await.unwrap();
         // The same port serves iSCSI/TCP: the data written over iSER reads back over TCP.
         let t = url(addr, "iscsi");
-        let s = transports::connect_session(&t, SessionConfig::from_url(&t))
-            .await
-            .unwrap();
+        let s = test_support::connect(&t).await.unwrap();
         let back = s.read(0, 5000, 6144, 512).await.unwrap();
         assert!(
             back == random_bytes(3 << 20, 3),
@@ -274,11 +264,7 @@ async fn with_mpa_crc_reads_leave_by_block_crcs_and_racing_writes_never_break_th
         let sessions = [
             std::sync::Arc::new(iser_session(addr).await),
             std::sync::Arc::new(iser_session(addr).await),
-            std::sync::Arc::new(
-                transports::connect_session(&tcp, SessionConfig::from_url(&tcp))
-                    .await
-                    .unwrap(),
-            ),
+            std::sync::Arc::new(test_support::connect(&tcp).await.unwrap()),
         ];
         let by_crc = rnic::blocks_sent_by_crc();
         let mut tasks = Vec::new();
@@ -337,9 +323,7 @@ async fn a_quiet_iser_connection_does_not_keep_its_reads_blocks_from_writers() {
         let addr = start().await;
         let iser = iser_session(addr).await;
         let tcp = url(addr, "iscsi");
-        let tcp = transports::connect_session(&tcp, SessionConfig::from_url(&tcp))
-            .await
-            .unwrap();
+        let tcp = test_support::connect(&tcp).await.unwrap();
         let iser = std::sync::Arc::new(iser);
         for round in 0..5u64 {
             // Enough reads at once that the last data leaves after the target's completion

@@ -24,14 +24,13 @@ use std::time::{Duration, Instant};
 
 use iwarp::TerminateCode;
 use rdma::{
-    Access, CompletionQueue, ConnInfo, ConnParams, MemoryRegion, Provider, QpCaps, QpState,
-    QueuePair, RecvWr, SendOp, SendWr, Wc, WcOpcode, WcStatus,
+    Access, ConnInfo, ConnParams, MemoryRegion, Provider, QpState, QueuePair, SendOp, SendWr, Wc,
+    WcOpcode, WcStatus,
 };
 use rnic::{AccessError, Rnic};
 
-#[path = "common/target.rs"]
-mod common;
-use common::{bhs, key_values, parse_keys, pattern, read10, write10};
+use test_support::iser_raw::{iser_header, send_bytes, RingSizes, Rings};
+use test_support::pdu::{be32, bhs, key_values, parse_keys, pattern, read10, write10};
 
 /// Every wait in these tests is bounded by this.
 const WAIT: Duration = Duration::from_secs(10);
@@ -47,6 +46,12 @@ const RECV_LEN: usize = 8192 + 128;
 /// Send buffers, each big enough for a Send longer than the target's receives (8272 bytes).
 const SEND_SLOTS: usize = 64;
 const SEND_LEN: usize = 9216;
+const RINGS: RingSizes = RingSizes {
+    recv_slots: RECV_SLOTS,
+    recv_len: RECV_LEN,
+    send_slots: SEND_SLOTS,
+    send_len: SEND_LEN,
+};
 
 /// The target's TargetRecvDataSegmentLength and FirstBurstLength over iSER.
 const SEGMENT: usize = 8192;
@@ -59,16 +64,10 @@ async fn start_target() -> SocketAddr {
 
 /// [`start_target`] with more top-level configuration keys.
 async fn start_target_with(extra: &str) -> SocketAddr {
-    common::log_from_env();
-    let text = format!(
-        "portals = [\"iser://127.0.0.1:0\"]\nqueue_depth = {QUEUE_DEPTH}\n{extra}\n[[target]]\n\
-         name = \"{IQN}\"\n[target.lun.0]\nsize = \"16MiB\"\nbackend = \"memory\"\n"
-    );
-    let config = iscsi_target::Config::parse(&text, "test.toml").expect("config");
-    let bound = transports::bind_target(config).await.expect("bind");
-    let addr = bound.local_addrs()[0];
-    tokio::spawn(bound.serve());
-    addr
+    let top = format!("queue_depth = {QUEUE_DEPTH}\n{extra}");
+    let lun = "size = \"16MiB\"\nbackend = \"memory\"";
+    let portals = "[\"iser://127.0.0.1:0\"]";
+    test_support::start_target(&test_support::one_lun_config(portals, &top, IQN, "", lun)).await
 }
 
 /// A distinct ISID byte for every raw initiator of the process (no session reinstatement
@@ -76,38 +75,6 @@ async fn start_target_with(extra: &str) -> SocketAddr {
 fn next_isid() -> [u8; 6] {
     static NEXT: AtomicU8 = AtomicU8::new(1);
     [0x80, 0, 0, 0x15, 0xe4, NEXT.fetch_add(1, Ordering::Relaxed)]
-}
-
-fn be32(b: &[u8]) -> u32 {
-    u32::from_be_bytes(b[..4].try_into().unwrap())
-}
-
-/// The 28-byte iSER header (RFC 7145 §9.2 as Linux lays it out): a control PDU follows,
-/// with the Write STag and address when `write` is given (WSV) and the Read STag and
-/// address when `read` is (RSV).
-fn iser_header(write: Option<(u32, u64)>, read: Option<(u32, u64)>) -> [u8; 28] {
-    let mut h = [0u8; 28];
-    h[0] = 0x10;
-    if let Some((stag, va)) = write {
-        h[0] |= 0x08;
-        h[4..8].copy_from_slice(&stag.to_be_bytes());
-        h[8..16].copy_from_slice(&va.to_be_bytes());
-    }
-    if let Some((stag, va)) = read {
-        h[0] |= 0x04;
-        h[16..20].copy_from_slice(&stag.to_be_bytes());
-        h[20..28].copy_from_slice(&va.to_be_bytes());
-    }
-    h
-}
-
-/// One Send: iSER header, BHS, data padded to 4.
-fn send_bytes(header: &[u8; 28], bhs: &[u8; 48], data: &[u8]) -> Vec<u8> {
-    let mut v = header.to_vec();
-    v.extend_from_slice(bhs);
-    v.extend_from_slice(data);
-    v.resize(76 + data.len().next_multiple_of(4), 0);
-    v
 }
 
 /// A received Send.
@@ -154,20 +121,12 @@ impl Default for Connect {
 /// A raw iSER initiator: a queue pair on its own software RNIC, a ring of posted receives
 /// (each posted again once read), a ring of registered send buffers.
 struct Peer {
-    qp: rnic::Qp,
-    cq: rnic::Cq,
+    rings: Rings,
     pd: rnic::Pd,
-    recv: rnic::Mr,
-    send: rnic::Mr,
-    sends_posted: u64,
-    sends_done: u64,
     reads_done: u64,
     received: VecDeque<Rx>,
     /// Completions with an error status, in order.
     errors: Vec<Wc>,
-    /// Whether a receive is posted again once its Send is read (a peer that never reads has
-    /// only the receives it posted first).
-    repost: bool,
     info: Option<ConnInfo>,
     isid: [u8; 6],
     cmd_sn: u32,
@@ -197,38 +156,13 @@ impl Peer {
 
     fn on(dev: Rnic, driver: Option<rnic::Driver>, max_send_wr: u32) -> Peer {
         let pd = dev.alloc_pd().unwrap();
-        let cq = dev.create_cq(4096, None).unwrap();
-        let caps = QpCaps {
-            max_send_wr,
-            max_recv_wr: RECV_SLOTS as u32,
-            max_sge: 4,
-        };
-        let qp = dev.create_qp(&pd, &cq, &cq, caps).unwrap();
-        let recv = dev
-            .reg_mr(&pd, RECV_SLOTS * RECV_LEN, Access::LOCAL_WRITE)
-            .unwrap();
-        let send = dev
-            .reg_mr(&pd, SEND_SLOTS * SEND_LEN, Access::NONE)
-            .unwrap();
-        for slot in 0..RECV_SLOTS {
-            qp.post_recv(RecvWr {
-                wr_id: slot as u64,
-                sges: vec![recv.sge(slot * RECV_LEN, RECV_LEN)],
-            })
-            .unwrap();
-        }
+        let rings = Rings::new(&dev, &pd, 4096, max_send_wr, 4, RINGS).unwrap();
         Peer {
-            qp,
-            cq,
+            rings,
             pd,
-            recv,
-            send,
-            sends_posted: 0,
-            sends_done: 0,
             reads_done: 0,
             received: VecDeque::new(),
             errors: Vec::new(),
-            repost: true,
             info: None,
             isid: next_isid(),
             cmd_sn: 1,
@@ -249,7 +183,7 @@ impl Peer {
             ord: c.ord,
             ..ConnParams::default()
         };
-        self.info = Some(self.qp.connect(addr, &params).expect("connected"));
+        self.info = Some(self.rings.qp.connect(addr, &params).expect("connected"));
         self
     }
 
@@ -284,51 +218,31 @@ impl Peer {
                 }
             }
         }
-        let mut wcs = [Wc::EMPTY; 64];
-        let n = self.cq.poll(&mut wcs);
-        for wc in &wcs[..n] {
+        self.rings.poll(|wc, bytes| {
             if wc.status != WcStatus::Success {
                 self.errors.push(*wc);
-                if wc.opcode == WcOpcode::Send {
-                    self.sends_done += 1;
-                }
-                continue;
+            } else if let Some(bytes) = bytes {
+                assert!(bytes.len() >= 76, "a Send shorter than the headers");
+                assert_eq!(bytes[0], 0x10, "a control PDU behind a plain iSER header");
+                let bhs: [u8; 48] = bytes[28..76].try_into().unwrap();
+                let len = u32::from_be_bytes([0, bhs[5], bhs[6], bhs[7]]) as usize;
+                let start = 76 + bhs[4] as usize * 4;
+                self.received.push_back(Rx {
+                    bhs,
+                    data: bytes[start..start + len].to_vec(),
+                    invalidated: wc.invalidated_rkey,
+                });
+            } else if wc.opcode == WcOpcode::RdmaRead {
+                self.reads_done += 1;
             }
-            match wc.opcode {
-                WcOpcode::Recv => {
-                    let slot = wc.wr_id as usize;
-                    let mut bytes = vec![0u8; wc.byte_len as usize];
-                    self.recv.read_at(slot * RECV_LEN, &mut bytes);
-                    if self.repost {
-                        let _ = self.qp.post_recv(RecvWr {
-                            wr_id: slot as u64,
-                            sges: vec![self.recv.sge(slot * RECV_LEN, RECV_LEN)],
-                        });
-                    }
-                    assert!(bytes.len() >= 76, "a Send shorter than the headers");
-                    assert_eq!(bytes[0], 0x10, "a control PDU behind a plain iSER header");
-                    let bhs: [u8; 48] = bytes[28..76].try_into().unwrap();
-                    let len = u32::from_be_bytes([0, bhs[5], bhs[6], bhs[7]]) as usize;
-                    let start = 76 + bhs[4] as usize * 4;
-                    self.received.push_back(Rx {
-                        bhs,
-                        data: bytes[start..start + len].to_vec(),
-                        invalidated: wc.invalidated_rkey,
-                    });
-                }
-                WcOpcode::Send => self.sends_done += 1,
-                WcOpcode::RdmaRead => self.reads_done += 1,
-                WcOpcode::RdmaWrite => {}
-            }
-        }
-        n
+        })
     }
 
     /// Posts `bytes` as one Send. False if the connection failed first.
     fn post(&mut self, bytes: &[u8]) -> bool {
         let deadline = Instant::now() + WAIT;
-        while self.sends_posted - self.sends_done >= SEND_SLOTS as u64 {
-            if !self.errors.is_empty() || self.qp.state() == QpState::Error {
+        while self.rings.full() {
+            if !self.errors.is_empty() || self.rings.qp.state() == QpState::Error {
                 return false;
             }
             assert!(Instant::now() < deadline, "a Send never completed");
@@ -336,20 +250,7 @@ impl Peer {
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
-        let at = (self.sends_posted as usize % SEND_SLOTS) * SEND_LEN;
-        self.send.write_at(at, bytes);
-        let posted = self.qp.post_send(SendWr {
-            wr_id: (1 << 32) | self.sends_posted,
-            op: SendOp::Send,
-            sges: vec![self.send.sge(at, bytes.len())],
-            signaled: true,
-        });
-        self.sends_posted += 1;
-        if posted.is_err() {
-            self.sends_done += 1;
-            return false;
-        }
-        true
+        self.rings.post_send(bytes)
     }
 
     fn post_pdu(&mut self, header: &[u8; 28], bhs: &[u8; 48], data: &[u8]) -> bool {
@@ -364,7 +265,7 @@ impl Peer {
         self.frozen = true;
         let mut driver = self.driver.take().expect("a driven RNIC");
         let deadline = Instant::now() + WAIT;
-        while self.sends_done < self.sends_posted {
+        while self.rings.sends_done < self.rings.sends_posted {
             assert!(Instant::now() < deadline, "the Sends never left");
             assert!(self.errors.is_empty(), "{:?}", self.errors);
             driver.turn();
@@ -385,7 +286,7 @@ impl Peer {
             if self.poll() > 0 {
                 continue;
             }
-            if self.qp.state() == QpState::Error || Instant::now() >= deadline {
+            if self.rings.qp.state() == QpState::Error || Instant::now() >= deadline {
                 // What completed before the error still counts.
                 self.poll();
                 return self.received.pop_front();
@@ -552,7 +453,7 @@ impl Peer {
     fn torn_down(&mut self) -> Vec<u8> {
         let mut got = Vec::new();
         let deadline = Instant::now() + WAIT;
-        while self.qp.state() != QpState::Error {
+        while self.rings.qp.state() != QpState::Error {
             assert!(
                 Instant::now() < deadline,
                 "the target did not end the connection"
@@ -645,7 +546,7 @@ async fn bad_read_stags_are_terminated_and_only_that_connection_ends() {
             "{case}: no SCSI Response after a refused Write: {got:x?}"
         );
         assert_eq!(
-            p.qp.last_error().as_deref(),
+            p.rings.qp.last_error().as_deref(),
             Some(format!("sent Terminate: {}", expected.ddp_code()).as_str()),
             "{case}: the initiator's RNIC terminated with the RFC 5041 code"
         );
@@ -701,7 +602,7 @@ async fn bad_write_stags_are_terminated_and_only_that_connection_ends() {
             "{case}: no SCSI Response for data never fetched: {got:x?}"
         );
         assert_eq!(
-            p.qp.last_error().as_deref(),
+            p.rings.qp.last_error().as_deref(),
             Some(format!("sent Terminate: {}", expected.rdmap_code()).as_str()),
             "{case}: the initiator's RNIC terminated with the RFC 5040 code"
         );
@@ -731,7 +632,7 @@ async fn a_send_longer_than_the_posted_receive_is_terminated() {
         p.post_pdu(&iser_header(None, None), &b, &data);
         p.torn_down();
         assert_eq!(
-            p.qp.last_error().as_deref(),
+            p.rings.qp.last_error().as_deref(),
             Some(
                 format!(
                     "peer sent Terminate: {}",
@@ -763,7 +664,7 @@ impl Peer {
         }
         self.cmd_sn = saved;
         let deadline = Instant::now() + WAIT;
-        while self.sends_done < self.sends_posted && self.errors.is_empty() {
+        while self.rings.sends_done < self.rings.sends_posted && self.errors.is_empty() {
             assert!(Instant::now() < deadline, "the Sends were never sent");
             if self.poll() == 0 {
                 std::thread::sleep(Duration::from_millis(1));
@@ -805,7 +706,7 @@ async fn a_flood_of_sends_past_the_command_window_touches_nothing_else() {
     // Our Sends complete once sent; the target's Terminate for one that found no receive may
     // come after that, even after the ping below is posted (seen under load: the ping then
     // never got its echo).
-    let mut terminated = !p.errors.is_empty() || p.qp.state() != QpState::Rts;
+    let mut terminated = !p.errors.is_empty() || p.rings.qp.state() != QpState::Rts;
     if !terminated {
         match p.ping_or_end(b"still here") {
             Some(echo) => assert_eq!(echo, b"still here"),
@@ -823,10 +724,11 @@ async fn a_flood_of_sends_past_the_command_window_touches_nothing_else() {
             TerminateCode::DDP_UNTAGGED_NO_BUFFER
         );
         assert!(
-            p.qp.last_error() == Some(no_buffer) || datamover_iser::credit::overruns() > overruns,
+            p.rings.qp.last_error() == Some(no_buffer)
+                || datamover_iser::credit::overruns() > overruns,
             "the target's RNIC ran out of receives or the target cut the peer off at its \
              receive credit ({posted} Sends posted; {:?})",
-            p.qp.last_error()
+            p.rings.qp.last_error()
         );
     } else {
         assert_eq!(posted, flood);
@@ -850,7 +752,7 @@ impl Peer {
             b[24..28].copy_from_slice(&self.cmd_sn.to_be_bytes());
             b[28..32].copy_from_slice(&self.exp_stat_sn.to_be_bytes());
             if !self.errors.is_empty()
-                || self.qp.state() == QpState::Error
+                || self.rings.qp.state() == QpState::Error
                 || !self.post_pdu(&iser_header(None, None), &b, &[])
             {
                 break;
@@ -887,7 +789,7 @@ async fn a_peer_sending_past_the_receive_credit_in_full_feature_phase_is_cut_off
     logout[24..28].copy_from_slice(&p.cmd_sn.to_be_bytes());
     logout[28..32].copy_from_slice(&p.exp_stat_sn.to_be_bytes());
     assert!(p.post_pdu(&iser_header(None, None), &logout, &[]));
-    p.repost = false;
+    p.rings.repost = false;
     let flood = 2000;
     let started = Instant::now();
     let posted = p.flood_of_nops(flood);
@@ -898,7 +800,7 @@ async fn a_peer_sending_past_the_receive_credit_in_full_feature_phase_is_cut_off
         "the connection ended before the flood was through ({posted} of {flood} posted)"
     );
     assert_ne!(
-        p.qp.last_error().as_deref(),
+        p.rings.qp.last_error().as_deref(),
         Some(
             format!(
                 "peer sent Terminate: {}",
@@ -1078,7 +980,7 @@ async fn a_refused_login_leaves_the_initiator_time_to_close_first() {
     while refused.elapsed() < Duration::from_millis(1500) {
         p.poll();
         assert_ne!(
-            p.qp.state(),
+            p.rings.qp.state(),
             QpState::Error,
             "the target closed {:?} after refusing",
             refused.elapsed()
@@ -1134,16 +1036,18 @@ async fn read_requests_beyond_the_ird_or_into_target_memory_are_terminated() {
     let p = Peer::new(512);
     let sink = p.reg(64, Access::LOCAL_WRITE);
     for i in 0..reads {
-        p.qp.post_send(SendWr {
-            wr_id: (2 << 32) | i,
-            op: SendOp::RdmaRead {
-                remote_addr: 0,
-                rkey: 0,
-            },
-            sges: vec![sink.sge(0, 0)],
-            signaled: true,
-        })
-        .unwrap();
+        p.rings
+            .qp
+            .post_send(SendWr {
+                wr_id: (2 << 32) | i,
+                op: SendOp::RdmaRead {
+                    remote_addr: 0,
+                    rkey: 0,
+                },
+                sges: vec![sink.sge(0, 0)],
+                signaled: true,
+            })
+            .unwrap();
     }
     let c = Connect {
         mpa_revision: 1,
@@ -1164,7 +1068,7 @@ async fn read_requests_beyond_the_ird_or_into_target_memory_are_terminated() {
         p.reads_done
     );
     assert_eq!(
-        p.qp.last_error().as_deref(),
+        p.rings.qp.last_error().as_deref(),
         Some(
             format!(
                 "peer sent Terminate: {}",
@@ -1179,16 +1083,18 @@ async fn read_requests_beyond_the_ird_or_into_target_memory_are_terminated() {
     // One Read Request of 512 bytes from a made-up STag, after login.
     let mut p = Peer::logged_in(addr);
     let sink = p.reg(512, Access::LOCAL_WRITE);
-    p.qp.post_send(SendWr {
-        wr_id: 3 << 32,
-        op: SendOp::RdmaRead {
-            remote_addr: 0x10_0000,
-            rkey: 0x0000_0101,
-        },
-        sges: vec![sink.sge(0, 512)],
-        signaled: true,
-    })
-    .unwrap();
+    p.rings
+        .qp
+        .post_send(SendWr {
+            wr_id: 3 << 32,
+            op: SendOp::RdmaRead {
+                remote_addr: 0x10_0000,
+                rkey: 0x0000_0101,
+            },
+            sges: vec![sink.sge(0, 512)],
+            signaled: true,
+        })
+        .unwrap();
     p.torn_down();
     let refused = [
         TerminateCode::RDMAP_INVALID_STAG,
@@ -1196,7 +1102,7 @@ async fn read_requests_beyond_the_ird_or_into_target_memory_are_terminated() {
         TerminateCode::RDMAP_ACCESS,
     ]
     .map(|c| format!("peer sent Terminate: {c}"));
-    let why = p.qp.last_error();
+    let why = p.rings.qp.last_error();
     assert!(
         why.as_ref().is_some_and(|w| refused.contains(w)),
         "the target's RNIC refused the Read Request: {why:?}"
@@ -1345,7 +1251,7 @@ async fn a_write_whose_unsolicited_data_never_comes_ends_its_connection() {
     let took = start.elapsed();
     assert!(got.is_none(), "no answer but the end: {got:?}");
     assert_eq!(
-        p.qp.state(),
+        p.rings.qp.state(),
         QpState::Error,
         "the target ended the connection"
     );
@@ -1417,7 +1323,7 @@ async fn a_write_whose_rdma_read_is_never_answered_ends_its_connection() {
     let got = p.recv_or_end();
     assert!(got.is_none(), "no answer but the end: {got:?}");
     assert_eq!(
-        p.qp.state(),
+        p.rings.qp.state(),
         QpState::Error,
         "the target ended the connection"
     );
@@ -1483,7 +1389,7 @@ async fn a_peer_that_stops_reading_is_dropped_after_the_send_stall_time() {
         answered += 1;
     }
     assert_eq!(
-        p.qp.state(),
+        p.rings.qp.state(),
         QpState::Error,
         "the target ended the connection"
     );

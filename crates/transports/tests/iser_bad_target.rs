@@ -26,10 +26,8 @@ use rdma::{
 use rnic::Rnic;
 use tokio::sync::mpsc;
 
-#[allow(dead_code)] // start_target is for the tests against ironsan's own target
-#[path = "common/initiator.rs"]
-mod common;
-use common::{iser_login_response, random_bytes, raw_target_send};
+use test_support::iser_raw::{iser_login_response, raw_target_send};
+use test_support::random_bytes;
 
 /// The bound on any single wait (generous for a busy 2-core machine, short enough for CI).
 const T: Duration = Duration::from_secs(10);

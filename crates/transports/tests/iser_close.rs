@@ -17,10 +17,6 @@ use iscsi_wire::{Bhs, LogoutResponse, Pdu};
 use iwarp::ddp::{DdpHeader, Opcode, UntaggedHeader, QN_SEND};
 use iwarp::{fpdu, mpa};
 
-#[allow(dead_code)] // start_target is for the tests against ironsan's own target
-#[path = "common/initiator.rs"]
-mod common;
-
 /// The bound on any single wait.
 const T: Duration = Duration::from_secs(10);
 const TARGET_NAME: &str = "iqn.2026-11.org.ironsan:mpa-peer";
@@ -109,7 +105,7 @@ impl MpaPeer {
 
     /// Sends `pdu` in one Send, stamped with our numbers.
     fn send_pdu(&mut self, pdu: Pdu) -> Result<(), String> {
-        let send = common::raw_target_send(pdu, &mut self.stat_sn, self.exp_cmd_sn);
+        let send = test_support::iser_raw::raw_target_send(pdu, &mut self.stat_sn, self.exp_cmd_sn);
         let header = DdpHeader::Untagged(UntaggedHeader {
             last: true,
             opcode: Opcode::Send,
@@ -131,7 +127,7 @@ impl MpaPeer {
             return Err(format!("expected a Login Request, got {:?}", pdu.bhs));
         };
         self.exp_cmd_sn = r.cmd_sn;
-        self.send_pdu(common::iser_login_response(&r))
+        self.send_pdu(test_support::iser_raw::iser_login_response(&r))
     }
 
     /// The initiator's FIN, with no PDU before it.

@@ -12,9 +12,7 @@ use iscsi_initiator::{Error, IscsiUrl, Session, SessionConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-#[path = "common/initiator.rs"]
-mod common;
-use common::random_bytes;
+use test_support::random_bytes;
 
 const CONFIG: &str = r#"
 portals = ["127.0.0.1:0"]
@@ -55,7 +53,7 @@ backend = "memory"
 "#;
 
 async fn start_target() -> SocketAddr {
-    common::start_target(CONFIG).await
+    test_support::start_target(CONFIG).await
 }
 
 fn url(addr: SocketAddr, creds: &str, target: &str, lun: u16) -> IscsiUrl {
@@ -93,9 +91,7 @@ async fn plain_login_capacity_inquiry_and_data_both_ways() {
     timeout(async {
         let addr = start_target().await;
         let u = url(addr, "", "plain", 0);
-        let s = transports::connect_session(&u, SessionConfig::from_url(&u))
-            .await
-            .unwrap();
+        let s = test_support::connect(&u).await.unwrap();
         let inq = s.inquiry(0).await.unwrap();
         assert_eq!(inq.device_type, 0);
         assert!(!inq.vendor.is_empty());
@@ -138,12 +134,12 @@ async fn chap_mutual_chap_and_their_failures() {
     timeout(async {
         let addr = start_target().await;
         let u = url(addr, "alice%alicesecret12@", "chap", 0);
-        let s = transports::connect_session(&u, SessionConfig::from_url(&u)).await.unwrap();
+        let s = test_support::connect(&u).await.unwrap();
         write_read_verify(&s, 8, 64 * 1024, 4).await;
         s.logout().await.unwrap();
 
         let u = url(addr, "alice%wrongsecret99@", "chap", 0);
-        let e = transports::connect_session(&u, SessionConfig::from_url(&u)).await.err().unwrap();
+        let e = test_support::connect(&u).await.err().unwrap();
         let m = e.to_string();
         assert!(m.contains("authentication failure") && m.contains("0x0201"), "{m}");
 
@@ -151,7 +147,7 @@ async fn chap_mutual_chap_and_their_failures() {
             "iscsi://bob%bobsecret1234@{addr}/iqn.2026-11.org.ironsan:mutual/0?target_user=tgt&target_password=targetsecret1"
         ))
         .unwrap();
-        let s = transports::connect_session(&u, SessionConfig::from_url(&u)).await.unwrap();
+        let s = test_support::connect(&u).await.unwrap();
         write_read_verify(&s, 0, 128 * 1024, 5).await;
         s.logout().await.unwrap();
 
@@ -159,12 +155,12 @@ async fn chap_mutual_chap_and_their_failures() {
             "iscsi://bob%bobsecret1234@{addr}/iqn.2026-11.org.ironsan:mutual/0?target_user=tgt&target_password=notthesecret1"
         ))
         .unwrap();
-        let e = transports::connect_session(&u, SessionConfig::from_url(&u)).await.err().unwrap();
+        let e = test_support::connect(&u).await.err().unwrap();
         assert!(e.to_string().contains("mutual CHAP"), "{e}");
 
         // A target that demands CHAP, without credentials.
         let u = url(addr, "", "chap", 0);
-        let e = transports::connect_session(&u, SessionConfig::from_url(&u)).await.err().unwrap();
+        let e = test_support::connect(&u).await.err().unwrap();
         assert!(matches!(e, Error::Login(_)), "{e}");
     })
     .await
@@ -179,7 +175,7 @@ async fn header_and_data_digests() {
             "iscsi://{addr}/iqn.2026-11.org.ironsan:digests/0?header_digest=crc32c&data_digest=crc32c"
         ))
         .unwrap();
-        let s = transports::connect_session(&u, SessionConfig::from_url(&u)).await.unwrap();
+        let s = test_support::connect(&u).await.unwrap();
         write_read_verify(&s, 0, 512, 6).await;
         write_read_verify(&s, 77, 5 << 20, 7).await;
         s.logout().await.unwrap();
@@ -293,9 +289,7 @@ async fn a_16_mib_read_is_one_scsi_command_on_the_wire() {
         let addr = start_target().await;
         let (proxy, reads, read_bytes) = counting_proxy(addr).await;
         let u = url(proxy, "", "plain", 0);
-        let s = transports::connect_session(&u, SessionConfig::from_url(&u))
-            .await
-            .unwrap();
+        let s = test_support::connect(&u).await.unwrap();
         s.test_unit_ready(0).await.unwrap();
         let data = random_bytes(16 << 20, 9);
         s.write(0, 0, 512, data.clone()).await.unwrap();
@@ -365,9 +359,7 @@ async fn lost_connection_fails_commands_with_a_clear_error() {
     timeout(async {
         let addr = start_target().await;
         let u = url(addr, "", "plain", 0);
-        let s = transports::connect_session(&u, SessionConfig::from_url(&u))
-            .await
-            .unwrap();
+        let s = test_support::connect(&u).await.unwrap();
         s.test_unit_ready(0).await.unwrap();
         s.break_connections();
         let e = s.read(0, 0, 1, 512).await.unwrap_err().to_string();
@@ -473,9 +465,7 @@ async fn commands_in_flight_when_the_connection_drops_are_retried_or_failed() {
         let target = start_target().await;
         // Known data first, straight to the target.
         let u = url(target, "", "plain", 0);
-        let s = transports::connect_session(&u, SessionConfig::from_url(&u))
-            .await
-            .unwrap();
+        let s = test_support::connect(&u).await.unwrap();
         s.test_unit_ready(0).await.unwrap();
         let data = random_bytes(8 << 20, 77);
         s.write(0, 0, 512, data.clone()).await.unwrap();

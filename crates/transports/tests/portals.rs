@@ -38,10 +38,7 @@ fn lun_url(addr: SocketAddr) -> IscsiUrl {
 async fn a_portal_added_serves_and_a_portal_removed_stops_accepting() {
     tokio::time::timeout(T, async {
         let config = iscsi_target::Config::parse(CONFIG, "test.toml").expect("config");
-        let bound = transports::bind_target(config).await.expect("bind");
-        let first = bound.local_addrs()[0];
-        let target = bound.target();
-        tokio::spawn(bound.serve());
+        let (first, target) = test_support::serve(config).await;
 
         let portal = datamover_tcp::TcpPortal::bind("127.0.0.1:0".parse().unwrap())
             .await
@@ -54,7 +51,7 @@ async fn a_portal_added_serves_and_a_portal_removed_stops_accepting() {
         assert_eq!(listed_ports(first).await, both);
 
         let url = lun_url(second);
-        let s = transports::connect_session(&url, SessionConfig::from_url(&url))
+        let s = test_support::connect(&url)
             .await
             .expect("login through the added portal");
         s.test_unit_ready(0).await.expect("TEST UNIT READY");

@@ -3,10 +3,8 @@
 //! (Reject with the right reason, a login failure status, or a closed connection) while other
 //! sessions carry on.
 
-#[path = "common/target.rs"]
-mod common;
-use common::*;
 use std::time::Duration;
+use test_support::raw_tcp::*;
 
 const NOT_A_LOGIN_FIRST: [u8; 48] = {
     let mut b = [0u8; 48];

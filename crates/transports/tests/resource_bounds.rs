@@ -8,9 +8,7 @@
 //! (and this test's); the tests run one at a time (`SERIAL`), and the attacks that measure
 //! memory one after another in one test.
 
-#[path = "common/target.rs"]
-mod common;
-use common::*;
+use test_support::raw_tcp::*;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -682,10 +680,7 @@ async fn a_lun_reset_touches_only_the_target_it_was_sent_to() {
          [[target]]\nname = \"{IQN}\"\n[target.lun.0]\nsize = \"16MiB\"\nbackend = \"memory\"\n\
          [[target]]\nname = \"{other}\"\n[target.lun.0]\nsize = \"16MiB\"\nbackend = \"memory\"\n"
     );
-    let config = iscsi_target::Config::parse(&text, "test.toml").expect("config");
-    let bound = transports::bind_target(config).await.expect("bind");
-    let addr = bound.local_addrs()[0];
-    tokio::spawn(bound.serve());
+    let addr = test_support::start_target(&text).await;
 
     // On the other target, a write waits for its data.
     let mut victim = RawConn::connect(addr).await;

@@ -12,9 +12,6 @@ use analyze::{Dir, PduRecord};
 use bytes::Bytes;
 use iscsi_initiator::{scsi, IscsiUrl, SessionConfig, TraceFile};
 
-#[path = "common/initiator.rs"]
-mod common;
-
 const CONFIG: &str = r#"
 portals = ["127.0.0.1:0"]
 
@@ -34,7 +31,7 @@ backend = "memory"
 "#;
 
 async fn start_target() -> SocketAddr {
-    common::start_target(CONFIG).await
+    test_support::start_target(CONFIG).await
 }
 
 /// Logs in, writes 1 MiB at LBA 0, reads 64 KiB back, logs out; the commands go out raw so

@@ -1,7 +1,7 @@
-//! A raw iSCSI initiator for the target's integration tests: PDUs are built byte by byte from
-//! RFC 7143's layouts (not with the project's codec), so the tests check the target against the
-//! standard rather than against our own encoder.
-#![allow(dead_code)]
+//! A raw iSCSI initiator over TCP: PDUs are built byte by byte from RFC 7143's layouts
+//! (not with the project's codec, see [`crate::pdu`]), so tests check the target against the
+//! standard rather than against our own encoder. Also the target these tests start (one RAM
+//! LUN 0 on an ephemeral loopback port) and round trips through it.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -9,20 +9,13 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+pub use crate::pdu::{be32, bhs, crc32c, key_values, parse_keys, pattern, put32, read10, write10};
+pub use crate::target::log_from_env;
+
 pub const IQN: &str = "iqn.2026-11.org.ironsan.test:raw";
 pub const INITIATOR: &str = "iqn.2026-11.org.ironsan.test:raw-initiator";
 /// Every wait in these tests is bounded by this.
 pub const WAIT: Duration = Duration::from_secs(10);
-
-/// IRONSAN_LOG (a filter such as `info` or `debug`) shows the target's log when a test fails.
-pub fn log_from_env() {
-    if let Ok(f) = std::env::var("IRONSAN_LOG") {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new(f))
-            .with_test_writer()
-            .try_init();
-    }
-}
 
 /// Starts a target with one 64 MiB RAM LUN 0 on an ephemeral loopback port.
 pub async fn start_target(extra_config: &str) -> SocketAddr {
@@ -34,19 +27,11 @@ pub async fn start_target_with_lun(extra_config: &str, lun_config: &str) -> Sock
     start_target_with(extra_config, "", lun_config).await
 }
 
-/// A target on an ephemeral loopback port: `top` top-level configuration, `target_keys` in
-/// the one target's table, LUN 0 configured by `lun_config`.
+/// A target [`IQN`] on an ephemeral loopback port: `top` top-level configuration,
+/// `target_keys` in the one target's table, LUN 0 configured by `lun_config`.
 pub async fn start_target_with(top: &str, target_keys: &str, lun_config: &str) -> SocketAddr {
-    log_from_env();
-    let text = format!(
-        "portals = [\"127.0.0.1:0\"]\n{top}\n[[target]]\nname = \"{IQN}\"\n{target_keys}\n\
-         [target.lun.0]\n{lun_config}\n"
-    );
-    let config = iscsi_target::Config::parse(&text, "test.toml").expect("config");
-    let bound = transports::bind_target(config).await.expect("bind");
-    let addr = bound.local_addrs()[0];
-    tokio::spawn(bound.serve());
-    addr
+    let text = crate::one_lun_config("[\"127.0.0.1:0\"]", top, IQN, target_keys, lun_config);
+    crate::start_target(&text).await
 }
 
 /// The status (class, detail) of a Login Response.
@@ -73,39 +58,7 @@ impl Rx {
     }
 }
 
-pub fn be32(b: &[u8]) -> u32 {
-    u32::from_be_bytes(b.try_into().unwrap())
-}
-
-pub fn key_values(pairs: &[(&str, &str)]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for (k, v) in pairs {
-        out.extend_from_slice(k.as_bytes());
-        out.push(b'=');
-        out.extend_from_slice(v.as_bytes());
-        out.push(0);
-    }
-    out
-}
-
-pub fn parse_keys(data: &[u8]) -> HashMap<String, String> {
-    String::from_utf8_lossy(data)
-        .split('\0')
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
-/// A BHS with opcode, flags byte, data segment length, ITT; the rest zero.
-pub fn bhs(opcode: u8, flags: u8, data_len: usize, itt: u32) -> [u8; 48] {
-    let mut b = [0u8; 48];
-    b[0] = opcode;
-    b[1] = flags;
-    b[5..8].copy_from_slice(&(data_len as u32).to_be_bytes()[1..]);
-    b[16..20].copy_from_slice(&itt.to_be_bytes());
-    b
-}
-
+/// One iSCSI/TCP connection driven PDU by PDU.
 pub struct RawConn {
     pub stream: TcpStream,
     pub cmd_sn: u32,
@@ -482,32 +435,6 @@ impl RawConn {
         }
         panic!("no NOP-In for the ping");
     }
-}
-
-/// CRC32C by the reference byte-table implementation, not the hardware path the target uses.
-pub fn crc32c(bytes: &[u8]) -> u32 {
-    digest::sarwate::append(0, bytes)
-}
-
-pub fn read10(lba: u32, blocks: u16) -> [u8; 10] {
-    let mut c = [0u8; 10];
-    c[0] = 0x28;
-    c[2..6].copy_from_slice(&lba.to_be_bytes());
-    c[7..9].copy_from_slice(&blocks.to_be_bytes());
-    c
-}
-
-pub fn write10(lba: u32, blocks: u16) -> [u8; 10] {
-    let mut c = read10(lba, blocks);
-    c[0] = 0x2a;
-    c
-}
-
-/// Bytes that differ per position and per seed.
-pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 9) as u8)
-        .collect()
 }
 
 /// [`plain_keys`] with the values of `changes` in place of theirs.
