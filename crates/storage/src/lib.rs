@@ -13,6 +13,7 @@ mod block;
 mod file;
 mod memory;
 mod pool;
+mod uring;
 
 use std::io;
 
@@ -24,6 +25,18 @@ use std::sync::Arc;
 pub use block::BlockBackend;
 pub use file::FileBackend;
 pub use memory::{ImageMemory, MemoryBackend};
+
+/// How the file and block backends issue their reads, writes and flushes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IoMode {
+    /// Through an io_uring ring per backend (the default). Where the kernel does not offer
+    /// io_uring (too old, or disabled by `kernel.io_uring_disabled`) the backend uses
+    /// `Threads` instead and says so in one log line.
+    #[default]
+    Uring,
+    /// Blocking system calls on tokio's blocking pool, bounded per backend.
+    Threads,
+}
 
 /// Memory a read is produced into, lent by whoever consumes the data (a transport's buffer,
 /// later registered RDMA memory). Bytes are appended in order. A buffer may do its own work
