@@ -6,8 +6,11 @@
 //!
 //! All offsets and lengths are in bytes. Callers (the SCSI engine) only issue ranges
 //! that lie inside `0..size()`; backends still check and return `InvalidInput` rather than
-//! panic. Methods must be called from inside a tokio runtime (file and block backends run
-//! their blocking system calls on tokio's blocking pool, bounded per backend).
+//! panic. Methods must be called from inside a tokio runtime. The file and block backends
+//! submit reads, writes and flushes through an io_uring ring of their own (module `uring`),
+//! or, with [`IoMode::Threads`] or no io_uring in the kernel, run them as blocking system
+//! calls on tokio's blocking pool, bounded per backend (module `pool`); their rarer
+//! operations (punch, zeroing, mapping status) always use the pool.
 
 mod block;
 mod file;
