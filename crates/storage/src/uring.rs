@@ -1,18 +1,19 @@
 //! io_uring submission for the file and block backends: reads, writes (FUA as `RWF_DSYNC`
-//! writes) and fdatasync go to a ring owned by the backend, so a command costs one
-//! `io_uring_enter` instead of two thread hand-offs. Hole punching, zeroing and mapping
-//! status are rare and stay on the blocking pool ([`crate::pool`]).
+//! writes) and fdatasync go to a ring owned by the backend instead of the blocking pool's
+//! threads. Hole punching, zeroing and mapping status are rare and stay on the blocking pool
+//! ([`crate::pool`]).
 //!
-//! One ring per backend, its files registered (fixed files). Submitters push under a short
-//! lock and reap whatever has completed on the way out (a read served from the page cache
-//! completes inside the submit call: no hop at all). Everything else is reaped by the ring's
-//! one reaper thread, which waits in the kernel for completions and completes each
-//! operation's oneshot channel, keyed by `user_data`; no thread per command, and it works
-//! under any tokio runtime. The memory an operation lends the kernel (the read vector, the
+//! One ring per backend, its files registered (fixed files). A submitter pushes and submits
+//! under the ring's lock and takes whatever has completed on the way out: an operation the
+//! kernel completes inside the submit call (a read the page cache holds) costs no thread
+//! hand-off at all. The rest are reaped by the ring's one reaper thread, which waits in the
+//! kernel for completions and completes each operation's oneshot channel, keyed by
+//! `user_data`: no thread per command, and no dependence on the runtime having an I/O
+//! driver. The memory an operation lends the kernel (the read vector, the
 //! write `Bytes`) is owned by the in-flight table until its completion is reaped, so a
-//! command whose future is dropped never leaves the kernel writing into freed memory. At
-//! most [`RING_ENTRIES`]` - 1` operations are in flight; further ones queue on a semaphore.
-//! A failed completion is an `io::Error` for that operation only.
+//! command whose future is dropped never leaves the kernel writing into freed memory. Fewer
+//! than [`RING_ENTRIES`] operations are in flight per ring; further ones queue on a
+//! semaphore. A failed completion is an `io::Error` for that operation only.
 
 use std::collections::HashMap;
 use std::fs::File;
