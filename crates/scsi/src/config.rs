@@ -15,6 +15,7 @@
 //! revision = "0001"
 //! removable = false
 //! sanitize = false          # offer SANITIZE (wipes the whole LUN)
+//! io = "uring"              # file/block I/O path: "uring" (default) or "threads"
 //! ```
 
 use std::fmt;
@@ -168,6 +169,28 @@ pub struct LunConfig {
     /// Off by default: a sanitize wipes the whole LUN and blocks it while it runs.
     #[serde(default)]
     pub sanitize: bool,
+    /// How a file or block backend issues reads, writes and flushes: "uring" (the default;
+    /// the blocking pool where the kernel has no io_uring) or "threads" (the blocking pool).
+    #[serde(default)]
+    pub io: IoConfig,
+}
+
+/// The `io` key of a LUN (see [`LunConfig::io`]).
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum IoConfig {
+    #[default]
+    Uring,
+    Threads,
+}
+
+impl From<IoConfig> for storage::IoMode {
+    fn from(io: IoConfig) -> Self {
+        match io {
+            IoConfig::Uring => storage::IoMode::Uring,
+            IoConfig::Threads => storage::IoMode::Threads,
+        }
+    }
 }
 
 fn default_block_size() -> u32 {
@@ -202,6 +225,7 @@ impl LunConfig {
             revision: default_revision(),
             removable: false,
             sanitize: false,
+            io: IoConfig::Uring,
         }
     }
 
@@ -348,6 +372,12 @@ mod tests {
             }
         );
         assert_eq!(c.block_size, 4096);
+        assert_eq!(c.io, IoConfig::Uring);
+        let c: LunConfig =
+            toml::from_str("backend = { type = \"block\", path = \"/dev/x\" }\nio = \"threads\"")
+                .unwrap();
+        assert_eq!(storage::IoMode::from(c.io), storage::IoMode::Threads);
+        assert!(toml::from_str::<LunConfig>("backend = \"memory\"\nio = \"aio\"").is_err());
         let c: LunConfig =
             toml::from_str("backend = { type = \"block\", path = \"/dev/loop0\" }").unwrap();
         assert_eq!(

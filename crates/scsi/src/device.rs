@@ -550,11 +550,12 @@ fn open_backend(
             }
         }
         BackendConfig::File { path, create } => Arc::new(
-            storage::FileBackend::open(path, size, *create, cfg.read_only)
+            storage::FileBackend::open_with(path, size, *create, cfg.read_only, cfg.io.into())
                 .map_err(|e| e.to_string())?,
         ),
         BackendConfig::Block { path } => Arc::new(
-            storage::BlockBackend::open(path, size, cfg.read_only).map_err(|e| e.to_string())?,
+            storage::BlockBackend::open_with(path, size, cfg.read_only, cfg.io.into())
+                .map_err(|e| e.to_string())?,
         ),
         BackendConfig::Osd { .. } => return Err("an object store is not a block backend".into()),
         BackendConfig::Rbd(spec) => {

@@ -47,7 +47,7 @@ mod tasks;
 pub use cdb::op;
 pub use cmds::{RwParams, MAX_TRANSFER_BYTES};
 pub use command::{Command, NexusId, Residual, Response, TaskAttr};
-pub use config::{BackendConfig, ByteSize, LunConfig};
+pub use config::{BackendConfig, ByteSize, IoConfig, LunConfig};
 pub use device::{Device, DeviceError, ImageProvider, LunChangeError, ResetKind};
 pub use object::OSD_DEVICE_TYPE;
 /// Status codes and sense data are the shared SCSI vocabulary's.

@@ -1,7 +1,10 @@
 //! Block-device backend: O_DIRECT for page-aligned requests (bypassing the page cache,
 //! with the data read straight into the buffer that becomes the response), a buffered
 //! descriptor for unaligned ones, fdatasync for flush, fallocate(PUNCH_HOLE) (a discard
-//! on block devices) for unmap.
+//! on block devices) for unmap. Reads, writes and flushes go through the backend's io_uring
+//! ring ([`crate::uring`]; FUA as an RWF_DSYNC write), or with [`IoMode::Threads`] (or no
+//! io_uring in the kernel) run on tokio's blocking pool (FUA as write then fdatasync);
+//! unmap and zeroing always run on the pool.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -15,7 +18,12 @@ use rustix::fs::{OFlags, SeekFrom};
 
 use crate::file::{punch_or_write_zeroes, read_exact, write_zeroes_by_writing};
 use crate::pool::{BlockingPool, DEFAULT_LIMIT};
-use crate::{check_range, Backend, MapRun};
+use crate::uring::{ring_for, Ring};
+use crate::{check_range, Backend, IoMode, MapRun};
+
+/// Indexes of the buffered and the O_DIRECT descriptor among the ring's registered files.
+const BUFFERED: u32 = 0;
+const DIRECT: u32 = 1;
 
 /// Alignment (memory address, offset and length) used for O_DIRECT transfers.
 const DIRECT_ALIGN: usize = 4096;
@@ -26,12 +34,24 @@ pub struct BlockBackend {
     size: u64,
     buffered: Arc<File>,
     direct: Option<Arc<File>>,
+    ring: Option<Ring>,
     pool: BlockingPool,
 }
 
 impl BlockBackend {
     /// Opens the device at `path`; its size is the device size, or `size` if smaller.
     pub fn open(path: &Path, size: Option<u64>, read_only: bool) -> io::Result<Self> {
+        Self::open_with(path, size, read_only, IoMode::default())
+    }
+
+    /// [`BlockBackend::open`] with the I/O path chosen (io_uring falls back to threads
+    /// where the kernel does not offer it: [`BlockBackend::io_mode`] tells which is in use).
+    pub fn open_with(
+        path: &Path,
+        size: Option<u64>,
+        read_only: bool,
+        io: IoMode,
+    ) -> io::Result<Self> {
         let ctx = |e: io::Error, what: &str| {
             io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
         };
@@ -59,11 +79,15 @@ impl BlockBackend {
             .open(path)
             .ok()
             .map(Arc::new);
+        let mut files = vec![&buffered];
+        files.extend(direct.as_deref());
+        let ring = ring_for(io, &files, path);
         Ok(BlockBackend {
             path: path.to_path_buf(),
             size,
             buffered: Arc::new(buffered),
             direct,
+            ring,
             pool: BlockingPool::new(DEFAULT_LIMIT),
         })
     }
@@ -76,6 +100,20 @@ impl BlockBackend {
     /// True when O_DIRECT is in use for aligned requests.
     pub fn is_direct(&self) -> bool {
         self.direct.is_some()
+    }
+
+    /// Operations on the ring not yet completed (0 without a ring).
+    #[cfg(test)]
+    pub(crate) fn ring_in_flight(&self) -> usize {
+        self.ring.as_ref().map_or(0, |r| r.in_flight())
+    }
+
+    /// The I/O path in use.
+    pub fn io_mode(&self) -> IoMode {
+        match self.ring {
+            Some(_) => IoMode::Uring,
+            None => IoMode::Threads,
+        }
     }
 
     fn direct_for(&self, offset: u64, len: usize) -> Option<Arc<File>> {
@@ -118,6 +156,16 @@ fn read_direct(file: &File, offset: u64, len: usize) -> io::Result<Bytes> {
     Ok(Bytes::from(buf).slice(start..start + len))
 }
 
+/// `data`, or a copy of it whose start is DIRECT_ALIGN-aligned in memory.
+fn aligned_bytes(data: Bytes) -> Bytes {
+    if (data.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN) {
+        return data;
+    }
+    let (mut buf, start) = aligned_buffer(data.len());
+    buf[start..start + data.len()].copy_from_slice(&data);
+    Bytes::from(buf).slice(start..start + data.len())
+}
+
 fn write_direct(file: &File, offset: u64, data: &[u8]) -> io::Result<()> {
     if (data.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN) {
         return file.write_all_at(data, offset);
@@ -143,6 +191,12 @@ impl Backend for BlockBackend {
 
     async fn read_at(&self, offset: u64, len: usize) -> io::Result<Bytes> {
         check_range(self.size, offset, len as u64)?;
+        if let Some(ring) = &self.ring {
+            return match self.direct_for(offset, len) {
+                Some(_) => ring.read(DIRECT, offset, len, DIRECT_ALIGN).await,
+                None => ring.read(BUFFERED, offset, len, 1).await,
+            };
+        }
         match self.direct_for(offset, len) {
             Some(direct) => {
                 self.pool
@@ -159,6 +213,14 @@ impl Backend for BlockBackend {
     async fn write_at(&self, offset: u64, data: Bytes, fua: bool) -> io::Result<()> {
         check_range(self.size, offset, data.len() as u64)?;
         let direct = self.direct_for(offset, data.len());
+        if let Some(ring) = &self.ring {
+            // RWF_DSYNC: the write is durable on completion (the device's volatile cache
+            // included), as FUA asks.
+            return match direct {
+                Some(_) => ring.write(DIRECT, offset, aligned_bytes(data), fua).await,
+                None => ring.write(BUFFERED, offset, data, fua).await,
+            };
+        }
         let buffered = self.buffered.clone();
         self.pool
             .run(move || {
@@ -176,6 +238,9 @@ impl Backend for BlockBackend {
     }
 
     async fn flush(&self) -> io::Result<()> {
+        if let Some(ring) = &self.ring {
+            return ring.fdatasync(BUFFERED).await;
+        }
         let file = self.buffered.clone();
         self.pool.run(move || file.sync_data()).await
     }

@@ -1,6 +1,9 @@
-//! Sparse-file backend: positional reads/writes (pread/pwrite) on tokio's blocking pool (a
-//! read whose data is all in the page cache is done in place first, with RWF_NOWAIT), FUA writes through a second O_DSYNC descriptor, flush by fdatasync, unmap by
-//! fallocate(PUNCH_HOLE), mapping status by SEEK_DATA/SEEK_HOLE.
+//! Sparse-file backend: reads, writes (FUA as RWF_DSYNC writes) and flush (fdatasync)
+//! through the backend's io_uring ring ([`crate::uring`]), or with [`IoMode::Threads`] (or
+//! no io_uring in the kernel) as pread/pwrite on tokio's blocking pool, a read whose data
+//! is all in the page cache done in place first (RWF_NOWAIT) and FUA writes through a second
+//! O_DSYNC descriptor. On tmpfs reads are done in place in both modes (the file is memory).
+//! Unmap by fallocate(PUNCH_HOLE) and mapping status by SEEK_DATA/SEEK_HOLE, on the pool.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -14,15 +17,21 @@ use bytes::{Bytes, BytesMut};
 use rustix::fs::{FallocateFlags, OFlags, SeekFrom};
 
 use crate::pool::{BlockingPool, DEFAULT_LIMIT};
-use crate::{check_range, Backend, MapRun};
+use crate::uring::{ring_for, Ring};
+use crate::{check_range, Backend, IoMode, MapRun};
+
+/// Index of the image file among the ring's registered files.
+const IMAGE: u32 = 0;
 
 /// A device image stored in a (normally sparse) regular file.
 pub struct FileBackend {
     path: PathBuf,
     size: u64,
     file: Arc<File>,
-    /// Same file opened with O_DSYNC: a write on it is durable when it returns (FUA).
-    dsync: Arc<File>,
+    /// Same file opened with O_DSYNC: a write on it is durable when it returns (FUA). Only
+    /// without a ring (which writes FUA with RWF_DSYNC).
+    dsync: Option<Arc<File>>,
+    ring: Option<Ring>,
     pool: BlockingPool,
     punch_works: bool,
     /// How a read may skip the blocking pool (see [`InPlace`]); downgraded to `Never` when the
@@ -49,6 +58,18 @@ impl FileBackend {
     /// `size`: the device size; `None` means the file's current length. A file shorter
     /// than `size` is extended sparsely; a longer one is used up to `size`.
     pub fn open(path: &Path, size: Option<u64>, create: bool, read_only: bool) -> io::Result<Self> {
+        Self::open_with(path, size, create, read_only, IoMode::default())
+    }
+
+    /// [`FileBackend::open`] with the I/O path chosen (io_uring falls back to threads where
+    /// the kernel does not offer it: [`FileBackend::io_mode`] tells which is in use).
+    pub fn open_with(
+        path: &Path,
+        size: Option<u64>,
+        create: bool,
+        read_only: bool,
+        io: IoMode,
+    ) -> io::Result<Self> {
         let ctx = |e: io::Error, what: &str| {
             io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
         };
@@ -87,14 +108,18 @@ impl FileBackend {
             }
             file.set_len(size).map_err(|e| ctx(e, "cannot extend"))?;
         }
-        let mut dopts = OpenOptions::new();
-        dopts
-            .read(true)
-            .write(!read_only)
-            .custom_flags(OFlags::DSYNC.bits() as i32);
-        let dsync = dopts
-            .open(path)
-            .map_err(|e| ctx(e, "cannot open (O_DSYNC)"))?;
+        let ring = ring_for(io, &[&file], path);
+        let dsync = match ring {
+            Some(_) => None,
+            None => Some(Arc::new(
+                OpenOptions::new()
+                    .read(true)
+                    .write(!read_only)
+                    .custom_flags(OFlags::DSYNC.bits() as i32)
+                    .open(path)
+                    .map_err(|e| ctx(e, "cannot open (O_DSYNC)"))?,
+            )),
+        };
         let punch_works = !read_only && probe_punch(&file, size);
         // f_type's integer type differs between architectures, hence the cast.
         #[allow(clippy::unnecessary_cast)]
@@ -108,7 +133,8 @@ impl FileBackend {
             path: path.to_path_buf(),
             size,
             file: Arc::new(file),
-            dsync: Arc::new(dsync),
+            dsync,
+            ring,
             pool: BlockingPool::new(DEFAULT_LIMIT),
             punch_works,
             in_place: AtomicU8::new(in_place as u8),
@@ -118,6 +144,20 @@ impl FileBackend {
     /// Path of the image file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Operations on the ring not yet completed (0 without a ring).
+    #[cfg(test)]
+    pub(crate) fn ring_in_flight(&self) -> usize {
+        self.ring.as_ref().map_or(0, |r| r.in_flight())
+    }
+
+    /// The I/O path in use.
+    pub fn io_mode(&self) -> IoMode {
+        match self.ring {
+            Some(_) => IoMode::Uring,
+            None => IoMode::Threads,
+        }
     }
 }
 
@@ -256,9 +296,11 @@ impl Backend for FileBackend {
     async fn read_at(&self, offset: u64, len: usize) -> io::Result<Bytes> {
         check_range(self.size, offset, len as u64)?;
         // A page-cache hit costs a memcpy; handing it to a blocking thread costs more than
-        // that. RWF_NOWAIT never sleeps: a miss goes to the pool.
+        // that. RWF_NOWAIT never sleeps: a miss goes to the pool. (A ring serves a hit inside
+        // its submit call already.)
         match self.in_place.load(Ordering::Relaxed) {
             m if m == InPlace::Memory as u8 => return read_exact(&self.file, offset, len),
+            _ if self.ring.is_some() => {}
             m if m == InPlace::NoWait as u8 => match read_cached(&self.file, offset, len) {
                 Ok(Some(data)) => return Ok(data),
                 Ok(None) => {}
@@ -266,16 +308,21 @@ impl Backend for FileBackend {
             },
             _ => {}
         }
+        if let Some(ring) = &self.ring {
+            return ring.read(IMAGE, offset, len, 1).await;
+        }
         let file = self.file.clone();
         self.pool.run(move || read_exact(&file, offset, len)).await
     }
 
     async fn write_at(&self, offset: u64, data: Bytes, fua: bool) -> io::Result<()> {
         check_range(self.size, offset, data.len() as u64)?;
-        let file = if fua {
-            self.dsync.clone()
-        } else {
-            self.file.clone()
+        if let Some(ring) = &self.ring {
+            return ring.write(IMAGE, offset, data, fua).await;
+        }
+        let file = match (&self.dsync, fua) {
+            (Some(dsync), true) => dsync.clone(),
+            _ => self.file.clone(),
         };
         self.pool
             .run(move || file.write_all_at(&data, offset))
@@ -283,6 +330,9 @@ impl Backend for FileBackend {
     }
 
     async fn flush(&self) -> io::Result<()> {
+        if let Some(ring) = &self.ring {
+            return ring.fdatasync(IMAGE).await;
+        }
         let file = self.file.clone();
         self.pool.run(move || file.sync_data()).await
     }

@@ -6,8 +6,11 @@
 //!
 //! All offsets and lengths are in bytes. Callers (the SCSI engine) only issue ranges
 //! that lie inside `0..size()`; backends still check and return `InvalidInput` rather than
-//! panic. Methods must be called from inside a tokio runtime (file and block backends run
-//! their blocking system calls on tokio's blocking pool, bounded per backend).
+//! panic. Methods must be called from inside a tokio runtime. The file and block backends
+//! submit reads, writes and flushes through an io_uring ring of their own (module `uring`),
+//! or, with [`IoMode::Threads`] or no io_uring in the kernel, run them as blocking system
+//! calls on tokio's blocking pool, bounded per backend (module `pool`); their rarer
+//! operations (punch, zeroing, mapping status) always use the pool.
 //!
 //! A read may be produced into memory its consumer lends ([`ReadBuf`], [`Backend::read_into`]):
 //! the buffer's own work (a transport's CRCs) rides on the backend's copy, and a RAM image in
@@ -20,6 +23,7 @@ mod file;
 mod lent;
 mod memory;
 mod pool;
+mod uring;
 
 use std::io;
 
@@ -31,6 +35,18 @@ pub use block::BlockBackend;
 pub use file::FileBackend;
 pub use lent::{BufNote, Held, Registered, Registration, SegmentCrcs};
 pub use memory::{ImageMemory, MemoryBackend};
+
+/// How the file and block backends issue their reads, writes and flushes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IoMode {
+    /// Through an io_uring ring per backend (the default). Where the kernel does not offer
+    /// io_uring (too old, or disabled by `kernel.io_uring_disabled`) the backend uses
+    /// `Threads` instead and says so in one log line.
+    #[default]
+    Uring,
+    /// Blocking system calls on tokio's blocking pool, bounded per backend.
+    Threads,
+}
 
 /// Memory a read is produced into, lent by whoever consumes the data (a transport's buffer,
 /// later registered RDMA memory). Bytes are appended in order. A buffer may do its own work

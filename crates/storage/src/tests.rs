@@ -56,29 +56,54 @@ fn memory_backend_script() {
     rt().block_on(script(Arc::new(MemoryBackend::new(4 << 20))));
 }
 
+/// Both I/O paths, the one io_uring setup gives on this kernel checked against `io_mode`.
+const MODES: [IoMode; 2] = [IoMode::Uring, IoMode::Threads];
+
+/// True when a ring can be set up here (a kernel or sandbox may refuse io_uring).
+fn uring_works() -> bool {
+    let f = std::fs::File::open("/proc/self/exe").unwrap();
+    crate::uring::Ring::new(&[&f]).is_ok()
+}
+
+/// The mode a backend opened with `mode` must report.
+fn expected(mode: IoMode) -> IoMode {
+    match mode {
+        IoMode::Uring if uring_works() => IoMode::Uring,
+        _ => IoMode::Threads,
+    }
+}
+
+fn temp_dir(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("ironsan-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 #[test]
 fn file_backend_script_and_holes() {
-    let dir = std::env::temp_dir().join(format!("ironsan-storage-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("img");
-    let _ = std::fs::remove_file(&path);
-    let b = Arc::new(FileBackend::open(&path, Some(4 << 20), true, false).unwrap());
-    rt().block_on(async {
-        script(b.clone()).await;
-        // A fresh region of a sparse file is a hole; a written one is data.
-        let run = b.map_status(2 << 20, 1 << 20).await.unwrap();
-        assert!(!run.mapped || !b.supports_punch());
-        b.write_at(2 << 20, Bytes::from(vec![1u8; 65536]), false)
-            .await
-            .unwrap();
-        let run = b.map_status(2 << 20, 1 << 20).await.unwrap();
-        assert!(run.mapped);
-        if b.supports_punch() {
-            b.punch(2 << 20, 65536).await.unwrap();
-            assert!(!b.map_status(2 << 20, 65536).await.unwrap().mapped);
-        }
-    });
-    std::fs::remove_dir_all(&dir).unwrap();
+    for mode in MODES {
+        let dir = temp_dir(&format!("storage-{mode:?}"));
+        let path = dir.join("img");
+        let _ = std::fs::remove_file(&path);
+        let b = Arc::new(FileBackend::open_with(&path, Some(4 << 20), true, false, mode).unwrap());
+        assert_eq!(b.io_mode(), expected(mode));
+        rt().block_on(async {
+            script(b.clone()).await;
+            // A fresh region of a sparse file is a hole; a written one is data.
+            let run = b.map_status(2 << 20, 1 << 20).await.unwrap();
+            assert!(!run.mapped || !b.supports_punch());
+            b.write_at(2 << 20, Bytes::from(vec![1u8; 65536]), false)
+                .await
+                .unwrap();
+            let run = b.map_status(2 << 20, 1 << 20).await.unwrap();
+            assert!(run.mapped);
+            if b.supports_punch() {
+                b.punch(2 << 20, 65536).await.unwrap();
+                assert!(!b.map_status(2 << 20, 65536).await.unwrap().mapped);
+            }
+        });
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
 
 #[test]
@@ -97,27 +122,32 @@ fn file_backend_open_errors_are_clear() {
 
 #[test]
 fn block_backend_script_on_a_file() {
-    let dir = std::env::temp_dir().join(format!("ironsan-block-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("dev");
-    std::fs::File::create(&path)
-        .unwrap()
-        .set_len(4 << 20)
-        .unwrap();
-    let b = Arc::new(BlockBackend::open(&path, None, false).unwrap());
-    assert_eq!(b.size(), 4 << 20);
-    rt().block_on(async {
-        script(b.clone()).await;
-        // Aligned (O_DIRECT) and unaligned paths see the same bytes.
-        let data = Bytes::from((0..8192u32).map(|i| (i * 7) as u8).collect::<Vec<_>>());
-        b.write_at(8192, data.clone(), false).await.unwrap();
-        assert_eq!(b.read_at(8192, 8192).await.unwrap(), data);
-        assert_eq!(
-            &b.read_at(8192 + 100, 50).await.unwrap()[..],
-            &data[100..150]
-        );
-    });
-    std::fs::remove_dir_all(&dir).unwrap();
+    for mode in MODES {
+        let dir = temp_dir(&format!("block-{mode:?}"));
+        let path = dir.join("dev");
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(4 << 20)
+            .unwrap();
+        let b = Arc::new(BlockBackend::open_with(&path, None, false, mode).unwrap());
+        assert_eq!(b.size(), 4 << 20);
+        assert_eq!(b.io_mode(), expected(mode));
+        rt().block_on(async {
+            script(b.clone()).await;
+            // Aligned (O_DIRECT) and unaligned paths see the same bytes.
+            let data = Bytes::from((0..8192u32).map(|i| (i * 7) as u8).collect::<Vec<_>>());
+            b.write_at(8192, data.clone(), false).await.unwrap();
+            assert_eq!(b.read_at(8192, 8192).await.unwrap(), data);
+            assert_eq!(
+                &b.read_at(8192 + 100, 50).await.unwrap()[..],
+                &data[100..150]
+            );
+            // Misaligned memory on the O_DIRECT path, FUA too.
+            b.write_at(16384, data.slice(1..4097), true).await.unwrap();
+            assert_eq!(b.read_at(16384, 4096).await.unwrap(), data.slice(1..4097));
+        });
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
 
 use std::path::Path;
@@ -258,11 +288,16 @@ fn file_backend_on_tmpfs() {
     if !shm.is_dir() {
         return; // no tmpfs mounted here: nothing to exercise
     }
-    let path = shm.join(format!("ironsan-storage-{}.img", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let b = Arc::new(FileBackend::open(&path, Some(4 << 20), true, false).unwrap());
-    rt().block_on(script(b));
-    std::fs::remove_file(&path).unwrap();
+    for mode in MODES {
+        let path = shm.join(format!(
+            "ironsan-storage-{}-{mode:?}.img",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&path);
+        let b = Arc::new(FileBackend::open_with(&path, Some(4 << 20), true, false, mode).unwrap());
+        rt().block_on(script(b));
+        std::fs::remove_file(&path).unwrap();
+    }
 }
 
 /// The simplest lent buffer: the bytes, appended.
@@ -457,4 +492,175 @@ impl AsRef<[u8]> for LentView {
     fn as_ref(&self) -> &[u8] {
         self.0.bytes_at(self.1, self.2)
     }
+}
+
+/// A kernel without io_uring (forced here) gives the blocking pool, which serves the
+/// same script.
+#[test]
+fn without_io_uring_the_pool_serves() {
+    crate::uring::test_hooks::FORCE_UNAVAILABLE.with(|f| f.set(true));
+    let dir = temp_dir("fallback");
+    let b = Arc::new(
+        FileBackend::open_with(&dir.join("img"), Some(4 << 20), true, false, IoMode::Uring)
+            .unwrap(),
+    );
+    std::fs::File::create(dir.join("dev"))
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    let blk = BlockBackend::open(&dir.join("dev"), None, false).unwrap();
+    crate::uring::test_hooks::FORCE_UNAVAILABLE.with(|f| f.set(false));
+    assert_eq!(b.io_mode(), IoMode::Threads);
+    assert_eq!(blk.io_mode(), IoMode::Threads);
+    rt().block_on(script(b));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Futures of reads and writes dropped while their operations are in the kernel: the
+/// buffers stay owned until the completions arrive, so memory allocated afterwards is never
+/// written by them, and the backend keeps serving.
+#[test]
+fn dropped_commands_leave_memory_and_backend_intact() {
+    use std::future::Future;
+    use std::task::{Context, Waker};
+    if !uring_works() {
+        return; // nothing in flight to drop without a ring
+    }
+    let dir = temp_dir("dropped");
+    let path = dir.join("dev");
+    std::fs::write(&path, vec![0u8; 8 << 20]).unwrap();
+    let b = Arc::new(BlockBackend::open(&path, None, false).unwrap());
+    let file = Arc::new(FileBackend::open(&dir.join("img"), Some(8 << 20), true, false).unwrap());
+    rt().block_on(async {
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut submitted = 0;
+        for i in 0..64u64 {
+            let off = (i % 8) << 20;
+            // O_DIRECT reads of the device and FUA writes of the file go to the kernel's
+            // workers: they are in flight when their futures are dropped.
+            let mut read = Box::pin(b.read_at(off, 1 << 20));
+            let mut write = Box::pin(file.write_at(off, Bytes::from(vec![i as u8; 1 << 20]), true));
+            if read.as_mut().poll(&mut cx).is_pending() {
+                submitted += 1;
+            }
+            if write.as_mut().poll(&mut cx).is_pending() {
+                submitted += 1;
+            }
+        }
+        // Memory allocated now may reuse what the dropped reads lent: it must keep its bytes.
+        let canaries: Vec<Vec<u8>> = (0..64).map(|_| vec![0xC3u8; (1 << 20) + 4095]).collect();
+        for _ in 0..1000 {
+            if b.ring_in_flight() == 0 && file.ring_in_flight() == 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(
+            b.ring_in_flight() + file.ring_in_flight(),
+            0,
+            "completions reaped"
+        );
+        assert!(canaries.iter().all(|c| c.iter().all(|&x| x == 0xC3)));
+        eprintln!("{submitted} operations were in flight when dropped");
+        // Both backends go on serving (what the dropped writes left is not checked).
+        for back in [b.clone() as Arc<dyn Backend>, file.clone()] {
+            let data = Bytes::from(vec![0xEEu8; 65536]);
+            back.write_at(1 << 20, data.clone(), true).await.unwrap();
+            assert_eq!(back.read_at(1 << 20, 65536).await.unwrap(), data);
+            back.flush().await.unwrap();
+        }
+    });
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A completion with an error (a write to an image opened read-only) fails that command
+/// only: reads on the same ring go on.
+#[test]
+fn a_failed_completion_fails_only_its_command() {
+    let dir = temp_dir("cqe-error");
+    let path = dir.join("img");
+    std::fs::write(&path, vec![9u8; 1 << 20]).unwrap();
+    for mode in MODES {
+        let b = FileBackend::open_with(&path, None, false, true, mode).unwrap();
+        let blk = BlockBackend::open_with(&path, None, true, mode).unwrap();
+        rt().block_on(async {
+            for _ in 0..3 {
+                let err = b
+                    .write_at(4096, Bytes::from(vec![1u8; 4096]), false)
+                    .await
+                    .unwrap_err();
+                assert_eq!(
+                    err.raw_os_error(),
+                    Some(rustix::io::Errno::BADF.raw_os_error()),
+                    "{err}"
+                );
+                assert!(blk
+                    .write_at(8192, Bytes::from(vec![1u8; 4096]), true)
+                    .await
+                    .is_err());
+                assert_eq!(&b.read_at(4096, 4096).await.unwrap()[..], &[9u8; 4096][..]);
+                assert_eq!(
+                    &blk.read_at(8192, 4096).await.unwrap()[..],
+                    &[9u8; 4096][..]
+                );
+            }
+        });
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A FUA write is in the file when it completes: a fresh descriptor reads it back.
+#[test]
+fn fua_writes_are_in_the_file() {
+    for mode in MODES {
+        let dir = temp_dir(&format!("fua-{mode:?}"));
+        let path = dir.join("img");
+        let b = FileBackend::open_with(&path, Some(1 << 20), true, false, mode).unwrap();
+        let data: Vec<u8> = (0..65536u32).map(|i| (i % 253) as u8).collect();
+        rt().block_on(b.write_at(123_456, Bytes::from(data.clone()), true))
+            .unwrap();
+        let mut back = vec![0u8; data.len()];
+        std::os::unix::fs::FileExt::read_exact_at(
+            &std::fs::File::open(&path).unwrap(),
+            &mut back,
+            123_456,
+        )
+        .unwrap();
+        assert_eq!(back, data);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+/// More commands at once than the ring has entries: the rest queue, and all complete with
+/// the right bytes.
+#[test]
+fn more_commands_than_ring_entries_queue_and_complete() {
+    let dir = temp_dir("many");
+    let b = Arc::new(FileBackend::open(&dir.join("img"), Some(4 << 20), true, false).unwrap());
+    let n = 3 * crate::uring::RING_ENTRIES as u64;
+    rt().block_on(async {
+        let writes: Vec<_> = (0..n)
+            .map(|i| {
+                let b = b.clone();
+                tokio::spawn(async move {
+                    b.write_at(i * 4096, Bytes::from(vec![i as u8; 4096]), i % 7 == 0)
+                        .await
+                })
+            })
+            .collect();
+        for w in writes {
+            w.await.unwrap().unwrap();
+        }
+        let reads: Vec<_> = (0..n)
+            .map(|i| {
+                let b = b.clone();
+                tokio::spawn(async move { b.read_at(i * 4096, 4096).await })
+            })
+            .collect();
+        for (i, r) in reads.into_iter().enumerate() {
+            assert!(r.await.unwrap().unwrap().iter().all(|&x| x == i as u8));
+        }
+    });
+    assert_eq!(b.ring_in_flight(), 0);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
