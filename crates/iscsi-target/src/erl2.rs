@@ -23,7 +23,7 @@
 //! A status dropped from the connection's retention unacknowledged (`StatusSeq` keeps at
 //! most 1,024) can no longer be acknowledged: its task is forgotten as if it had been.
 
-use crate::session::core::erl2::{self as decide, KeepDecision, KeptView, Reassign};
+use crate::session::core::erl2::{self as decide, KeptView, Reassign};
 use crate::session::{send_scsi_response, Allegiances, Conn, KeptState, KeptTask, Session};
 use crate::Target;
 use datamover::budget::OverBudget;
@@ -53,10 +53,10 @@ impl Allegiances {
         task: TaskRef,
     ) -> Result<Option<Arc<KeptTask>>, OverBudget> {
         let mut tasks = self.lock();
-        let existing = tasks
+        let in_progress = tasks
             .get(&task.itt)
-            .map(|k| k.state.lock().expect("kept task").response.is_some());
-        if decide::keep(existing) == KeepDecision::InProgress {
+            .is_some_and(|k| k.state.lock().expect("kept task").response.is_none());
+        if in_progress {
             return Ok(None);
         }
         let counted = conn.budget.try_reserve(KEPT_TASK_BYTES)?;
@@ -115,12 +115,14 @@ impl Allegiances {
         }
     }
 
-    /// The initiator acknowledged the status of task `itt` sent on `conn`: it is done.
+    /// The initiator acknowledged the status of task `itt` sent on `conn`: it is done, when
+    /// `conn` is the connection it is allegiant to and its response was produced (a
+    /// reassigned task's first status is not its status now).
     pub(crate) fn acknowledged(&self, conn: &Arc<Conn>, itt: u32) {
         let mut tasks = self.lock();
         let done = tasks.get(&itt).is_some_and(|k| {
             let st = k.state.lock().expect("kept task");
-            decide::acknowledged(Arc::ptr_eq(&st.conn, conn), st.response.is_some())
+            Arc::ptr_eq(&st.conn, conn) && st.response.is_some()
         });
         if done {
             tasks.remove(&itt);
@@ -303,19 +305,15 @@ impl Session {
         let itt = t.ref_task_tag;
         let kept = self.erl2.as_ref().and_then(|a| a.lock().get(&itt).cloned());
         let Some(kept) = kept else {
-            let decision = decide::reassign(self.erl2.is_some(), None);
-            if decision == Reassign::NoTask {
-                tracing::info!(peer = %conn.peer, tsih = self.tsih, "TASK REASSIGN of ITT 0x{itt:08x}: no such task");
-            }
-            return (decision.response(), None, None);
+            tracing::info!(peer = %conn.peer, tsih = self.tsih, "TASK REASSIGN of ITT 0x{itt:08x}: no such task");
+            return (decide::reassign(None).response(), None, None);
         };
         let mut st = kept.state.lock().expect("kept task");
         let view = KeptView {
             allegiant_live: self.is_live(&st.conn),
-            executed: st.response.is_some(),
         };
-        let decision = decide::reassign(true, Some(view));
-        if !matches!(decision, Reassign::Move { .. }) {
+        let decision = decide::reassign(Some(view));
+        if decision != Reassign::Move {
             return (decision.response(), None, None);
         }
         let from = st.conn.cid;

@@ -1,6 +1,6 @@
 //! Unit tests of the target session core: PDUs and events in, decisions out, no sockets.
 
-use super::erl2::{self, KeepDecision, KeptView, Reassign};
+use super::erl2::{self, KeptView, Reassign};
 use super::*;
 use iscsi_session::erl1::snack_type;
 use iscsi_wire::lun_to_wire;
@@ -187,11 +187,21 @@ fn tmf(function: u8, lun: u16) -> TaskMgmtRequest {
 #[test]
 fn task_management_plans() {
     let luns = [0u64, 1];
-    let plan = |f, lun| tmf_plan(&tmf(f, lun), false, Some(&luns));
-    assert_eq!(plan(tmf::ABORT_TASK, 5), TmfPlan::AbortTask);
-    assert_eq!(plan(tmf::ABORT_TASK_SET, 1), TmfPlan::AbortTaskSet(1));
-    assert_eq!(plan(tmf::CLEAR_TASK_SET, 0), TmfPlan::ClearTaskSet(0));
-    assert_eq!(plan(tmf::LOGICAL_UNIT_RESET, 1), TmfPlan::LunReset(1));
+    let plan = |f, lun| tmf_plan(&tmf(f, lun), false, Some(("dev", &luns[..])));
+    let act = |a| TmfPlan::Act("dev", a);
+    assert_eq!(plan(tmf::ABORT_TASK, 5), act(TmfAction::AbortTask));
+    assert_eq!(
+        plan(tmf::ABORT_TASK_SET, 1),
+        act(TmfAction::AbortTaskSet(1))
+    );
+    assert_eq!(
+        plan(tmf::CLEAR_TASK_SET, 0),
+        act(TmfAction::ClearTaskSet(0))
+    );
+    assert_eq!(
+        plan(tmf::LOGICAL_UNIT_RESET, 1),
+        act(TmfAction::LunReset(1))
+    );
     for f in [
         tmf::ABORT_TASK_SET,
         tmf::CLEAR_TASK_SET,
@@ -201,11 +211,11 @@ fn task_management_plans() {
     }
     assert_eq!(
         plan(tmf::TARGET_COLD_RESET, 9),
-        TmfPlan::TargetReset { cold: true }
+        act(TmfAction::TargetReset { cold: true })
     );
     assert_eq!(
         plan(tmf::TARGET_WARM_RESET, 0),
-        TmfPlan::TargetReset { cold: false }
+        act(TmfAction::TargetReset { cold: false })
     );
     assert_eq!(
         plan(tmf::TASK_REASSIGN, 0),
@@ -213,13 +223,18 @@ fn task_management_plans() {
     );
     assert_eq!(plan(0x55, 0), TmfPlan::Answer(tmf::RSP_NOT_SUPPORTED));
     let t = tmf(tmf::TASK_REASSIGN, 0);
-    assert_eq!(tmf_plan(&t, true, Some(&luns)), TmfPlan::Reassign);
-    // A discovery session has no device.
+    assert_eq!(
+        tmf_plan(&t, true, Some(("dev", &luns[..]))),
+        TmfPlan::Reassign
+    );
+    // A discovery session has no device; TASK REASSIGN at level 2 is still decided there.
     let t = tmf(tmf::LOGICAL_UNIT_RESET, 0);
     assert_eq!(
-        tmf_plan(&t, false, None),
+        tmf_plan::<()>(&t, false, None),
         TmfPlan::Answer(tmf::RSP_NOT_SUPPORTED)
     );
+    let t = tmf(tmf::TASK_REASSIGN, 0);
+    assert_eq!(tmf_plan::<()>(&t, true, None), TmfPlan::Reassign);
 }
 
 #[test]
@@ -463,39 +478,16 @@ fn status_snack_resends_the_retained_run() {
 }
 
 #[test]
-fn erl2_keeps_a_new_task_but_not_a_copy_of_one_in_progress() {
-    assert_eq!(erl2::keep(None), KeepDecision::Keep);
-    assert_eq!(erl2::keep(Some(false)), KeepDecision::InProgress);
-    assert_eq!(erl2::keep(Some(true)), KeepDecision::Keep);
-    assert!(erl2::acknowledged(true, true));
-    assert!(
-        !erl2::acknowledged(false, true),
-        "acknowledged on another connection"
-    );
-    assert!(!erl2::acknowledged(true, false), "not executed yet");
-}
-
-#[test]
 fn erl2_task_reassignment() {
-    let view = |allegiant_live, executed| {
-        Some(KeptView {
-            allegiant_live,
-            executed,
-        })
-    };
-    let r = erl2::reassign(false, view(false, true));
-    assert_eq!(r.response(), tmf::RSP_REASSIGN_NOT_SUPPORTED);
-    assert_eq!(erl2::reassign(true, None).response(), tmf::RSP_NO_TASK);
-    let r = erl2::reassign(true, view(true, true));
+    let view = |allegiant_live| Some(KeptView { allegiant_live });
+    assert_eq!(erl2::reassign(None), Reassign::NoTask);
+    assert_eq!(Reassign::NoTask.response(), tmf::RSP_NO_TASK);
+    let r = erl2::reassign(view(true));
     assert_eq!(r, Reassign::StillAllegiant);
     assert_eq!(r.response(), tmf::RSP_STILL_ALLEGIANT);
-    let r = erl2::reassign(true, view(false, true));
-    assert_eq!(r, Reassign::Move { resend: true });
+    let r = erl2::reassign(view(false));
+    assert_eq!(r, Reassign::Move);
     assert_eq!(r.response(), tmf::RSP_COMPLETE);
-    assert_eq!(
-        erl2::reassign(true, view(false, false)),
-        Reassign::Move { resend: false }
-    );
 }
 
 #[test]
@@ -625,13 +617,51 @@ fn pdus_an_initiator_does_not_send_in_full_feature_phase_are_rejected() {
 }
 
 #[test]
-fn a_session_ends_with_its_last_connection_unless_tasks_wait_for_reassignment() {
-    assert!(session_ends(false, false));
-    assert!(!session_ends(true, false));
-    assert!(
-        !session_ends(false, true),
-        "ERL 2: kept for DefaultTime2Retain"
+fn the_window_is_handed_out_only_when_it_moved() {
+    let mut core = session(2);
+    assert_eq!(core.window_update(), None, "as the session began");
+    assert!(core.order(false, 11, "b").is_empty());
+    assert_eq!(
+        core.window_update(),
+        None,
+        "a gap: nothing ran, no room freed"
     );
+    let _ = core.order(false, 10, "a");
+    assert_eq!(core.window_update(), Some((12, 11)));
+    assert_eq!(core.window_update(), None);
+    core.complete();
+    assert_eq!(core.window_update(), Some((12, 12)));
+}
+
+#[test]
+fn what_the_core_holds_is_counted() {
+    let mut core = session(4);
+    let empty = Held {
+        queued: 0,
+        outstanding: 0,
+        tasks: 0,
+        superseded: 0,
+        immediate: 0,
+    };
+    assert_eq!(core.held(), empty);
+    assert!(core.order(false, 12, "later").is_empty());
+    let _ = core.order(false, 10, "a");
+    let a = core.start_task(1, 0, 0);
+    assert_eq!(core.check_command(true, 2), Ok(()));
+    let i = core.start_task(1, 0, 0);
+    assert_eq!(
+        core.held(),
+        Held {
+            queued: 1,
+            outstanding: 1,
+            tasks: 1,
+            superseded: 1,
+            immediate: 1,
+        }
+    );
+    core.end_task(1, a, true);
+    core.end_task(1, i, false);
+    assert_eq!(core.held(), Held { queued: 1, ..empty });
 }
 
 #[test]
