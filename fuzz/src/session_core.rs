@@ -7,9 +7,11 @@
 //! then the NOP, Text, Logout, task management and SNACK decisions), starts and ends the
 //! tasks the core runs, numbers what it sends on each connection's `StatusSeq` and
 //! acknowledges it with the ExpStatSN of every PDU, fires each connection's NOP-In ping
-//! timer as time advances, and at ErrorRecoveryLevel 2 keeps a failed connection's tasks
-//! for TASK REASSIGN for DefaultTime2Retain. Data-Out and R2T are the datamover's and never
-//! reach the core: a write's data phase shows there only as its task's end.
+//! timer as time advances, and at ErrorRecoveryLevel 2 has the core's kept tasks
+//! (`erl2::KeptTasks`) keep each task from its arrival, end it on the acknowledgement of
+//! its status, expire a failed connection's after DefaultTime2Retain and answer TASK
+//! REASSIGN. Data-Out and R2T are the datamover's and never reach the core: a write's data
+//! phase shows there only as its task's end.
 //!
 //! Two transport profiles, as the target sets them up: iSCSI/TCP (ErrorRecoveryLevel 0 to
 //! 2) and iSER (level 0, which the target's login forces, no Data-Out, control PDUs cut to
@@ -21,7 +23,9 @@
 //!   outstanding plus queued work within the queue depth, outstanding work exactly the
 //!   counted tasks running, the task table and superseded runs exactly the tasks running,
 //!   immediate commands within `max_immediate_commands`, ExpCmdSN and MaxCmdSN never going
-//!   back, each connection's retained status within `StatusSeq`'s bound;
+//!   back, each connection's retained status within `StatusSeq`'s bound, at most one
+//!   kept task per ITT, the kept tasks and the connections they answer on as the model has
+//!   them (only a failed connection's expire or move);
 //! - every task that starts ends once: with its response, or answered by the ABORT TASK
 //!   that claimed it (the core's `end_task` says "aborted" exactly for the runs the model
 //!   saw claimed), and the core's view of the tasks on a connection is the model's;
@@ -49,9 +53,10 @@ use crate::Input;
 use bytes::Bytes;
 use iscsi_session::status::RETAINED_MAX;
 use iscsi_session::StatusSeq;
+use iscsi_target::fuzzing::erl2::{KeptId, KeptTasks, Reassign};
 use iscsi_target::fuzzing::{
-    self as core, erl2, AfterLogout, Held, Order, PingStep, PingTimer, SessionCore, SnackPlan,
-    TaskId, TmfAction, TmfPlan,
+    self as core, AfterLogout, Held, Order, PingStep, PingTimer, SessionCore, SnackPlan, TaskId,
+    TmfAction, TmfPlan,
 };
 use iscsi_wire::serial::sn_le;
 use iscsi_wire::{tmf, Bhs, LogoutRequest, SnackRequest, TaskMgmtRequest, RESERVED_TAG};
@@ -82,7 +87,7 @@ enum Work {
         lun: u64,
         immediate: bool,
         /// ERL 2: kept from its arrival.
-        kept: bool,
+        kept: Option<KeptId>,
     },
     Control {
         cid: u16,
@@ -101,12 +106,15 @@ struct Run {
     cid: u16,
     /// An ABORT TASK claimed it: it ends without a response.
     claimed: bool,
+    /// ERL 2: its run in the core's kept tasks.
+    kept: Option<KeptId>,
 }
 
-/// A level 2 task kept until its status is acknowledged (the driver's `Allegiances`).
+/// Where a level 2 task answers (the driver's part of a kept task): the connection (its
+/// generation), and whether it has executed (its response is sent again when it moves).
 #[derive(Debug, Clone, Copy)]
-struct Kept {
-    /// The connection (its generation) it is allegiant to.
+struct Allegiance {
+    itt: u32,
     conn: u32,
     executed: bool,
 }
@@ -151,10 +159,9 @@ struct Harness {
     /// ends.
     table: HashMap<u32, TaskId>,
     immediate_running: u32,
-    kept: HashMap<u32, Kept>,
-    /// Connections that failed with tasks kept, and when (ERL 2: the tasks wait
-    /// DefaultTime2Retain from then).
-    failed: Vec<(u32, Instant)>,
+    /// ERL 2: the core's kept tasks, and where each answers.
+    kept: KeptTasks<KeptId>,
+    allegiance: HashMap<KeptId, Allegiance>,
     window: (u32, u32),
     now: Instant,
     closed: bool,
@@ -235,8 +242,8 @@ impl Harness {
             running: Vec::new(),
             table: HashMap::new(),
             immediate_running: 0,
-            kept: HashMap::new(),
-            failed: Vec::new(),
+            kept: KeptTasks::new(TIME2RETAIN),
+            allegiance: HashMap::new(),
             window,
             now,
             closed: false,
@@ -330,17 +337,19 @@ impl Harness {
             self.immediate_running += 1;
         }
         // ERL 2: kept from its arrival, unless a task with its ITT is still in progress.
-        let kept = self.erl == 2 && self.kept.get(&itt).is_none_or(|k| k.executed);
-        if kept {
-            let conn = self.conns[c].gen;
-            self.kept.insert(
+        let kept = (self.erl == 2 && self.kept.may_keep(itt)).then(|| {
+            let gen = self.conns[c].gen;
+            let id = self.kept.keep(itt, u64::from(gen), c as u16, |id| id);
+            let a = Allegiance {
                 itt,
-                Kept {
-                    conn,
-                    executed: false,
-                },
-            );
-        }
+                conn: gen,
+                executed: false,
+            };
+            // It replaces a kept task with its ITT whose response went out.
+            self.allegiance.retain(|_, a| a.itt != itt);
+            self.allegiance.insert(id, a);
+            id
+        });
         let cmd_sn = self.cmd_sn(r[4]);
         let work = Work::Command {
             cid: c as u16,
@@ -367,8 +376,8 @@ impl Harness {
                     } = work
                     {
                         assert!(!immediate, "an immediate command ignored by the window");
-                        if kept {
-                            self.kept.remove(&itt);
+                        if let Some(id) = kept {
+                            self.forget(itt, id);
                         }
                     }
                 }
@@ -387,9 +396,9 @@ impl Harness {
             } => {
                 assert_eq!(counted, !immediate, "a command's window slot");
                 // At level 2 it may have moved while it waited for its turn.
-                let cid = match self.kept.get(&itt) {
-                    Some(k) if kept => (k.conn as usize % CONNS) as u16,
-                    _ => cid,
+                let cid = match kept.and_then(|id| self.allegiance.get(&id)) {
+                    Some(a) => (a.conn as usize % CONNS) as u16,
+                    None => cid,
                 };
                 let id = self.core.start_task(itt, cid, lun);
                 self.table.insert(itt, id);
@@ -399,6 +408,7 @@ impl Harness {
                     counted,
                     cid,
                     claimed: false,
+                    kept,
                 });
                 self.out.started += 1;
             }
@@ -409,6 +419,21 @@ impl Harness {
                 }
             }
         }
+    }
+
+    /// Forgets kept run `id` of `itt` in the core (and its allegiance here).
+    fn forget(&mut self, itt: u32, id: KeptId) {
+        let _ = self.kept.forget(itt, id);
+        self.allegiance.remove(&id);
+    }
+
+    /// Forgets the kept task `itt`; whether there was one.
+    fn forget_itt(&mut self, itt: u32) -> bool {
+        let gone = self.kept.forget_itt(itt);
+        if let Some(id) = gone {
+            self.allegiance.remove(&id);
+        }
+        gone.is_some()
     }
 
     /// Task `running[i]` ends: with its response unless `respond` is false (the engine
@@ -430,20 +455,18 @@ impl Harness {
         if aborted {
             self.out.aborted += 1;
         }
-        let kept = self
-            .kept
-            .get(&run.itt)
-            .filter(|k| !k.executed)
-            .map(|k| k.conn);
+        let kept = run.kept.filter(|id| self.kept.holds(run.itt, *id));
         if respond && !aborted {
             // At level 2 the response goes where the task is allegiant now, if that
             // connection is still up.
             let to = match kept {
-                Some(conn) => {
-                    if let Some(k) = self.kept.get_mut(&run.itt) {
-                        k.executed = true;
-                    }
-                    self.cid_of(conn)
+                Some(id) => {
+                    let conn = self.kept.executed(run.itt, id).expect("held");
+                    let a = self.allegiance.get_mut(&id).expect("an allegiance");
+                    assert_eq!(u64::from(a.conn), conn, "where run {id:?} answers");
+                    a.executed = true;
+                    let gen = a.conn;
+                    self.cid_of(gen)
                 }
                 None => Some(run.cid),
             };
@@ -451,8 +474,8 @@ impl Harness {
             if let Some(cid) = to.filter(|cid| self.open(usize::from(*cid))) {
                 self.send_status(usize::from(cid), run.itt);
             }
-        } else if kept.is_some() {
-            self.kept.remove(&run.itt);
+        } else if let Some(id) = kept {
+            self.forget(run.itt, id);
         }
     }
 
@@ -473,12 +496,9 @@ impl Harness {
                 continue;
             }
             let gen = self.conns[c].gen;
-            if self
-                .kept
-                .get(&itt)
-                .is_some_and(|k| k.conn == gen && k.executed)
-            {
-                self.kept.remove(&itt);
+            if let Some(id) = self.kept.acknowledged(itt, u64::from(gen)) {
+                let a = self.allegiance.remove(&id).expect("an allegiance");
+                assert!(a.conn == gen && a.executed, "acknowledged on {gen}: {a:?}");
             }
         }
     }
@@ -499,15 +519,10 @@ impl Harness {
         on.sort_unstable();
         model.sort_unstable();
         assert_eq!(on, model, "the tasks on connection {c}");
-        if self.kept.values().any(|k| k.conn == self.conns[c].gen) {
-            self.failed.push((self.conns[c].gen, self.now));
-        }
-    }
-
-    /// Whether connection generation `gen` had CID `cid` (generations of a CID are
-    /// `cid + CONNS * n`).
-    fn was_cid(&self, gen: u32, cid: usize) -> bool {
-        gen as usize % CONNS == cid
+        let gen = self.conns[c].gen;
+        let waiting = self.kept.connection_failed(u64::from(gen), self.now);
+        let model = self.allegiance.values().filter(|a| a.conn == gen).count();
+        assert_eq!(waiting, model, "tasks kept on connection {gen}");
     }
 
     /// The CID of connection generation `gen` while it is up.
@@ -563,15 +578,13 @@ impl Harness {
             }
         }
         // ERL 2: a failed connection's kept tasks go after DefaultTime2Retain.
-        let now = self.now;
-        let (due, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.failed)
-            .into_iter()
-            .partition(|(_, at)| now >= *at + TIME2RETAIN);
-        self.failed = waiting;
-        for (gen, _) in due {
-            let before = self.kept.len();
-            self.kept.retain(|_, k| k.conn != gen);
-            self.out.expired += before - self.kept.len();
+        for id in self.kept.expire(self.now) {
+            let a = self.allegiance.remove(&id).expect("an allegiance");
+            assert!(
+                self.cid_of(a.conn).is_none(),
+                "a live connection's task expired"
+            );
+            self.out.expired += 1;
         }
     }
 
@@ -671,7 +684,7 @@ impl Harness {
         let cid = usize::from(l.cid);
         let cx = core::LogoutContext {
             joined: cid < CONNS && self.conns[cid].live,
-            tasks_kept: self.kept.values().any(|k| self.was_cid(k.conn, cid)),
+            tasks_kept: u16::try_from(cid).is_ok_and(|cid| self.kept.any_on_cid(cid)),
             erl2: self.erl == 2,
             time2wait: 2,
             time2retain: TIME2RETAIN.as_secs() as u16,
@@ -683,7 +696,8 @@ impl Harness {
         match plan.after {
             AfterLogout::CloseSession => {
                 self.closed = true;
-                self.kept.clear();
+                self.kept.forget_all();
+                self.allegiance.clear();
             }
             AfterLogout::RemoveConnection(cid) => {
                 assert_eq!(plan.response.response, 0);
@@ -714,9 +728,7 @@ impl Harness {
                 });
                 for (itt, _) in &matching {
                     assert!(self.table.contains_key(itt), "ITT {itt:#x} is no task");
-                    if self.erl == 2 {
-                        self.kept.remove(itt);
-                    }
+                    self.forget_itt(*itt);
                 }
                 tmf::RSP_COMPLETE
             }
@@ -744,25 +756,33 @@ impl Harness {
             None => false,
         };
         assert_eq!(claimed, expected, "ABORT TASK of ITT {itt:#x}");
-        let kept = self.erl == 2 && self.kept.remove(&itt).is_some();
+        let kept = self.forget_itt(itt);
         let exp = self.core.window().0;
         core::abort_task(t, claimed, kept, exp)
     }
 
     fn reassign(&mut self, c: usize, t: &TaskMgmtRequest) -> u8 {
         let itt = t.ref_task_tag;
-        let view = self.kept.get(&itt).map(|k| erl2::KeptView {
-            allegiant_live: self.cid_of(k.conn).is_some(),
-        });
-        let decision = erl2::reassign(view);
-        if decision == erl2::Reassign::Move {
+        let live: Vec<u64> = self
+            .conns
+            .iter()
+            .filter(|c| c.live)
+            .map(|c| u64::from(c.gen))
+            .collect();
+        let gen = self.conns[c].gen;
+        let (decision, moved) = self
+            .kept
+            .reassign(itt, u64::from(gen), c as u16, |k| live.contains(&k));
+        if let Some(id) = moved {
+            assert_eq!(decision, Reassign::Move);
             self.out.reassigned += 1;
-            let gen = self.conns[c].gen;
-            let executed = {
-                let k = self.kept.get_mut(&itt).expect("a kept task moves");
-                k.conn = gen;
-                k.executed
-            };
+            let a = self.allegiance.get_mut(&id).expect("an allegiance");
+            assert!(
+                !live.contains(&u64::from(a.conn)),
+                "moved from a live connection"
+            );
+            a.conn = gen;
+            let executed = a.executed;
             self.core.move_task(itt, c as u16);
             if let Some(id) = self.table.get(&itt) {
                 let id = *id;
@@ -821,6 +841,9 @@ impl Harness {
         for conn in &self.conns {
             assert!(conn.status.unacknowledged() <= RETAINED_MAX);
         }
+        // Kept tasks: one per ITT at most (16 and 0xffffffff), each with its allegiance.
+        assert!(self.kept.count() <= 17, "{} tasks kept", self.kept.count());
+        assert_eq!(self.kept.count(), self.allegiance.len(), "kept tasks");
         let (exp, max) = self.core.window();
         assert!(sn_le(self.window.0, exp), "ExpCmdSN went back");
         assert!(sn_le(self.window.1, max), "MaxCmdSN went back");

@@ -793,7 +793,11 @@ fn create_session(
         conns: Mutex::new(HashMap::new()),
         joining: Mutex::new(Default::default()),
         latest_login: Mutex::new(HashMap::new()),
-        erl2: (outcome.session.error_recovery_level >= 2).then(session::Allegiances::default),
+        erl2: (outcome.session.error_recovery_level >= 2).then(|| {
+            session::Allegiances::new(Duration::from_secs(u64::from(
+                outcome.session.default_time2retain,
+            )))
+        }),
         budget: target
             .memory
             .child("session", target.config().session_memory_mib << 20),

@@ -8,6 +8,7 @@ pub(crate) mod core;
 
 use crate::Target;
 use bytes::Bytes;
+use core::erl2::{KeptId, KeptTasks};
 use core::{
     AfterLogout, BudgetRefusal, Order, PingStep, PingTimer, SessionCore, TaskId, TmfAction, TmfPlan,
 };
@@ -24,7 +25,7 @@ use iscsi_wire::{
 };
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, Notify};
@@ -78,16 +79,18 @@ pub(crate) struct Session {
     pub budget: Arc<datamover::budget::Budget>,
 }
 
-/// The SCSI tasks of a level 2 session, by ITT, until their status is acknowledged (what
+/// The SCSI tasks of a level 2 session, by ITT, until their status is acknowledged: the
+/// core's decisions (`core::erl2::KeptTasks`), holding the driver's part of each task (what
 /// is done with them is in `erl2`).
-#[derive(Default)]
 pub(crate) struct Allegiances {
-    pub(crate) tasks: Mutex<HashMap<u32, Arc<KeptTask>>>,
+    pub(crate) tasks: Mutex<KeptTasks<Arc<KeptTask>>>,
 }
 
 /// One task and the connection it answers on.
 pub(crate) struct KeptTask {
     pub(crate) task: TaskRef,
+    /// Its run in the core's kept tasks.
+    pub(crate) id: KeptId,
     pub(crate) state: Mutex<KeptState>,
     /// Woken when the task moves to another connection.
     pub(crate) moved: tokio::sync::Notify,
@@ -109,6 +112,9 @@ pub(crate) struct KeptState {
 
 pub(crate) struct Conn {
     pub cid: u16,
+    /// This connection among all the target's (a CID logged in again is another one): how
+    /// the kept tasks of level 2 name it.
+    pub(crate) key: u64,
     pub peer: SocketAddr,
     /// The transport this connection runs over (Text negotiation answers its keys).
     pub transport: TransportKind,
@@ -164,8 +170,10 @@ impl Conn {
         max_send: u32,
         ffp: &FfpConfig,
     ) -> Conn {
+        static KEYS: AtomicU64 = AtomicU64::new(0);
         Conn {
             cid,
+            key: KEYS.fetch_add(1, Ordering::Relaxed),
             peer,
             transport,
             dm,
@@ -527,9 +535,9 @@ impl Session {
         match rsp.filter(|(r, _)| !r.aborted && !aborted_by_tmf) {
             Some((rsp, r2ts)) => {
                 // At level 2 the response goes where the task is allegiant now.
-                let to = match &kept {
-                    Some(k) => k.executed(&rsp, r2ts),
-                    None => conn.clone(),
+                let to = match (&self.erl2, &kept) {
+                    (Some(allegiances), Some(k)) => allegiances.executed(k, &rsp, r2ts),
+                    _ => conn.clone(),
                 };
                 send_scsi_response(&to, task, rsp, r2ts).await;
             }

@@ -1,6 +1,6 @@
 //! Unit tests of the target session core: PDUs and events in, decisions out, no sockets.
 
-use super::erl2::{self, KeptView, Reassign};
+use super::erl2::{self, KeptTasks, Reassign};
 use super::*;
 use iscsi_session::erl1::snack_type;
 use iscsi_wire::lun_to_wire;
@@ -477,17 +477,114 @@ fn status_snack_resends_the_retained_run() {
     assert!(why.contains("no longer retained"), "{why}");
 }
 
+/// Kept tasks whose driver's part is a name, DefaultTime2Retain 20 s.
+fn kept() -> KeptTasks<&'static str> {
+    KeptTasks::new(Duration::from_secs(20))
+}
+
+#[test]
+fn erl2_keeps_a_new_task_but_not_a_copy_of_one_in_progress() {
+    let mut k = kept();
+    assert!(k.may_keep(1));
+    let a = k.keep(1, 100, 0, |_| "a");
+    assert_eq!(a, "a");
+    assert!(!k.may_keep(1), "in progress: a copy of its command");
+    let mut id = None;
+    k.keep(2, 100, 0, |i| {
+        id = Some(i);
+        "b"
+    });
+    let id = id.expect("told its id");
+    assert_eq!(
+        k.executed(2, id),
+        Some(100),
+        "its response goes on connection 100"
+    );
+    assert!(
+        k.may_keep(2),
+        "its response went out: the ITT may be reused"
+    );
+    k.keep(2, 100, 0, |_| "b2");
+    assert!(!k.holds(2, id), "replaced");
+    assert_eq!(
+        k.forget(2, id),
+        None,
+        "a replaced run is not forgotten twice"
+    );
+    assert_eq!(k.count(), 2);
+}
+
+#[test]
+fn erl2_an_acknowledgement_ends_an_executed_task_on_its_connection_only() {
+    let mut k = kept();
+    let mut id = None;
+    k.keep(7, 100, 0, |i| {
+        id = Some(i);
+        "t"
+    });
+    let id = id.unwrap();
+    assert_eq!(k.acknowledged(7, 100), None, "not executed yet");
+    k.executed(7, id);
+    assert_eq!(
+        k.acknowledged(7, 101),
+        None,
+        "acknowledged on another connection"
+    );
+    assert_eq!(k.acknowledged(7, 100), Some("t"));
+    assert!(!k.any());
+}
+
+#[test]
+fn erl2_time2retain_ends_only_a_failed_connections_tasks_and_only_when_it_runs_out() {
+    let t0 = Instant::now();
+    let s = Duration::from_secs;
+    let mut k = kept();
+    k.keep(1, 100, 0, |_| "on 100");
+    k.keep(2, 100, 0, |_| "moves");
+    k.keep(3, 200, 1, |_| "on 200");
+    assert_eq!(
+        k.connection_failed(300, t0),
+        0,
+        "nothing waits for a third one"
+    );
+    assert_eq!(k.connection_failed(100, t0), 2);
+    assert_eq!(
+        k.reassign(2, 200, 1, |c| c == 200),
+        (Reassign::Move, Some("moves"))
+    );
+    assert!(
+        k.expire(t0 + s(19)).is_empty(),
+        "DefaultTime2Retain not over"
+    );
+    assert_eq!(k.expire(t0 + s(20)), ["on 100"]);
+    assert!(k.expire(t0 + s(40)).is_empty(), "expired once");
+    assert_eq!(k.count(), 2, "the moved task and connection 200's stay");
+    assert!(k.any_on_cid(1) && !k.any_on_cid(0));
+    assert_eq!(k.forget_all().len(), 2);
+}
+
 #[test]
 fn erl2_task_reassignment() {
-    let view = |allegiant_live| Some(KeptView { allegiant_live });
-    assert_eq!(erl2::reassign(None), Reassign::NoTask);
+    let mut k = kept();
+    let live = |c: u64| c == 200;
+    assert_eq!(k.reassign(9, 200, 1, live), (Reassign::NoTask, None));
     assert_eq!(Reassign::NoTask.response(), tmf::RSP_NO_TASK);
-    let r = erl2::reassign(view(true));
-    assert_eq!(r, Reassign::StillAllegiant);
-    assert_eq!(r.response(), tmf::RSP_STILL_ALLEGIANT);
-    let r = erl2::reassign(view(false));
-    assert_eq!(r, Reassign::Move);
-    assert_eq!(r.response(), tmf::RSP_COMPLETE);
+    k.keep(4, 200, 1, |_| "t");
+    assert_eq!(
+        k.reassign(4, 200, 1, live),
+        (Reassign::StillAllegiant, None)
+    );
+    assert_eq!(
+        Reassign::StillAllegiant.response(),
+        tmf::RSP_STILL_ALLEGIANT
+    );
+    k.keep(5, 100, 0, |_| "u");
+    assert_eq!(k.reassign(5, 200, 1, live), (Reassign::Move, Some("u")));
+    assert_eq!(Reassign::Move.response(), tmf::RSP_COMPLETE);
+    assert!(!k.any_on_cid(0), "it answers on CID 1 now");
+    assert_eq!(k.count_on(200), 2);
+    assert_eq!(k.forget_itt(5), Some("u"));
+    assert_eq!(k.forget_itt(5), None);
 }
 
 #[test]
