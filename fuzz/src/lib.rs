@@ -18,6 +18,7 @@ pub mod login;
 pub mod osd_unit;
 pub mod scsi_dev;
 pub mod session;
+pub mod session_core;
 pub mod session_iser;
 pub mod wire;
 
@@ -26,6 +27,7 @@ pub use login::{chap, login_initiator, login_target, send_targets, text_keys};
 pub use osd_unit::osd;
 pub use scsi_dev::scsi;
 pub use session::session_tcp;
+pub use session_core::session_core;
 pub use session_iser::session_iser;
 pub use wire::{ddp_rdmap, iscsi_pdu, iser, mpa};
 
@@ -48,6 +50,7 @@ pub const TARGETS: &[(&str, Harness)] = &[
     ("pcap", pcap),
     ("tcp_stream", tcp_stream),
     ("config", config),
+    ("session_core", session_core),
     ("session_tcp", session_tcp),
     ("session_iser", session_iser),
 ];

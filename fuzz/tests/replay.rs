@@ -150,3 +150,43 @@ fn iser_session_seeds_reach_the_session_layer() {
         assert!(got.contains(&op), "no seed brings a {what}; got {got:x?}");
     }
 }
+
+/// The sans-IO session seeds reach the core's decisions: tasks run and answer, ABORT TASK
+/// claims one, the window turns commands away, a command is refused, pings go out and one
+/// goes unanswered, status is resent for a Status SNACK, and at level 2 tasks are
+/// reassigned and expire after DefaultTime2Retain.
+#[test]
+fn session_core_seeds_reach_the_core_decisions() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/session_core");
+    let mut sum = ironsan_fuzz::session_core::Outcome::default();
+    for f in inputs(&dir) {
+        let o = ironsan_fuzz::session_core::session_core_run(&std::fs::read(&f).unwrap());
+        sum.started += o.started;
+        sum.responses += o.responses;
+        sum.aborted += o.aborted;
+        sum.ignored += o.ignored;
+        sum.refused += o.refused;
+        sum.pings += o.pings;
+        sum.unanswered += o.unanswered;
+        sum.reassigned += o.reassigned;
+        sum.expired += o.expired;
+        sum.status_resent += o.status_resent;
+        sum.logouts += o.logouts;
+    }
+    eprintln!("session_core seeds: {sum:?}");
+    for (n, what) in [
+        (sum.started, "task started"),
+        (sum.responses, "response"),
+        (sum.aborted, "task aborted by ABORT TASK"),
+        (sum.ignored, "PDU the window ignored"),
+        (sum.refused, "command refused"),
+        (sum.pings, "ping"),
+        (sum.unanswered, "unanswered ping"),
+        (sum.reassigned, "task reassigned"),
+        (sum.expired, "kept task expired"),
+        (sum.status_resent, "status resent"),
+        (sum.logouts, "logout"),
+    ] {
+        assert!(n > 0, "no seed brings a {what}: {sum:?}");
+    }
+}

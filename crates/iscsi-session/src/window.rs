@@ -114,6 +114,11 @@ impl<T> CmdWindow<T> {
         self.outstanding = self.outstanding.saturating_sub(1);
     }
 
+    /// Commands taken with `pop_ready` and not completed yet.
+    pub fn outstanding(&self) -> u32 {
+        self.outstanding
+    }
+
     /// Commands waiting for a CmdSN gap to fill.
     pub fn queued(&self) -> usize {
         self.slots.iter().filter(|s| s.is_some()).count()

@@ -15,6 +15,11 @@
 //! connection in to it again (its TSIH) and reassign the tasks. Below level 2 nothing here
 //! runs: TASK REASSIGN gets "allegiance reassignment not supported".
 //!
+//! Which tasks are kept, which an acknowledgement ends, when DefaultTime2Retain ends them
+//! and what a TASK REASSIGN answers are the session core's decisions
+//! (`session::core::erl2::KeptTasks`, time passed in); this driver holds each task's
+//! response, wakes the data phase that waits for the task to move, and sends.
+//!
 //! What is kept counts in the memory budget of the connection the task arrived on (and so
 //! of its session and the target): the task itself from its arrival, its read data through
 //! the reservation that travels with the data. An initiator that never advances ExpStatSN
@@ -23,13 +28,12 @@
 //! A status dropped from the connection's retention unacknowledged (`StatusSeq` keeps at
 //! most 1,024) can no longer be acknowledged: its task is forgotten as if it had been.
 
-use crate::session::core::erl2::{self as decide, KeepDecision, KeptView, Reassign};
+use crate::session::core::erl2::{KeptTasks, Reassign};
 use crate::session::{send_scsi_response, Allegiances, Conn, KeptState, KeptTask, Session};
 use crate::Target;
 use datamover::budget::OverBudget;
 use datamover::{DmError, RecoveryCounters, TaskRef, WriteHandle};
-use iscsi_wire::{Bhs, Pdu, TaskMgmtRequest, TaskMgmtResponse};
-use std::collections::HashMap;
+use iscsi_wire::{tmf, Bhs, Pdu, TaskMgmtRequest, TaskMgmtResponse};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -40,67 +44,63 @@ use tokio::sync::Notify;
 const KEPT_TASK_BYTES: u64 = 1024;
 
 impl Allegiances {
+    /// No task kept yet; a failed connection's tasks wait `time2retain` (DefaultTime2Retain).
+    pub(crate) fn new(time2retain: Duration) -> Allegiances {
+        Allegiances {
+            tasks: Mutex::new(KeptTasks::new(time2retain)),
+        }
+    }
+
     /// Starts keeping `task`, arrived on `conn`, its bytes counted in `conn`'s budget;
-    /// `None` when a task with its ITT is still in progress (this is a copy of its command,
-    /// which the CmdSN window turns away). A kept task whose response went out is
-    /// replaced: the initiator reuses an ITT only once it has the status (its
-    /// acknowledgement may come later, on another connection). Refused when the budget has
-    /// no room: an initiator that does not acknowledge responses cannot make the target
-    /// keep more of them than its budget.
+    /// `None` when the core keeps no new task for it (a task with its ITT is still in
+    /// progress: this is a copy of its command, which the CmdSN window turns away). Refused
+    /// when the budget has no room: an initiator that does not acknowledge responses cannot
+    /// make the target keep more of them than its budget.
     pub(crate) fn keep(
         &self,
         conn: &Arc<Conn>,
         task: TaskRef,
     ) -> Result<Option<Arc<KeptTask>>, OverBudget> {
         let mut tasks = self.lock();
-        let existing = tasks
-            .get(&task.itt)
-            .map(|k| k.state.lock().expect("kept task").response.is_some());
-        if decide::keep(existing) == KeepDecision::InProgress {
+        if !tasks.may_keep(task.itt) {
             return Ok(None);
         }
         let counted = conn.budget.try_reserve(KEPT_TASK_BYTES)?;
-        let kept = Arc::new(KeptTask {
-            task,
-            state: Mutex::new(KeptState {
-                conn: conn.clone(),
-                answered: true,
-                response: None,
-            }),
-            moved: Notify::new(),
-            _counted: counted,
+        let kept = tasks.keep(task.itt, conn.key, conn.cid, |id| {
+            Arc::new(KeptTask {
+                task,
+                id,
+                state: Mutex::new(KeptState {
+                    conn: conn.clone(),
+                    answered: true,
+                    response: None,
+                }),
+                moved: Notify::new(),
+                _counted: counted,
+            })
         });
-        tasks.insert(task.itt, kept.clone());
         Ok(Some(kept))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Arc<KeptTask>>> {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, KeptTasks<Arc<KeptTask>>> {
         self.tasks.lock().expect("allegiances")
     }
 
     /// Whether `kept` is still kept (not forgotten by task management or Time2Retain).
-    pub(crate) fn holds(&self, kept: &Arc<KeptTask>) -> bool {
-        self.lock()
-            .get(&kept.task.itt)
-            .is_some_and(|k| Arc::ptr_eq(k, kept))
+    pub(crate) fn holds(&self, kept: &KeptTask) -> bool {
+        self.lock().holds(kept.task.itt, kept.id)
     }
 
     /// Forgets `kept` (the task ended without a response, or was aborted).
-    pub(crate) fn forget(&self, kept: &Arc<KeptTask>) {
-        let mut tasks = self.lock();
-        if tasks
-            .get(&kept.task.itt)
-            .is_some_and(|k| Arc::ptr_eq(k, kept))
-        {
-            tasks.remove(&kept.task.itt);
-        }
-        drop(tasks);
+    pub(crate) fn forget(&self, kept: &KeptTask) {
+        let gone = self.lock().forget(kept.task.itt, kept.id);
+        drop(gone);
         kept.moved.notify_waiters();
     }
 
     /// Forgets the task `itt` (task management aborted it); false when it was not kept.
     pub(crate) fn forget_itt(&self, itt: u32) -> bool {
-        let kept = self.lock().remove(&itt);
+        let kept = self.lock().forget_itt(itt);
         if let Some(k) = &kept {
             k.moved.notify_waiters();
         }
@@ -109,63 +109,46 @@ impl Allegiances {
 
     /// Forgets every task (the session was logged out).
     pub(crate) fn forget_all(&self) {
-        let gone: Vec<Arc<KeptTask>> = self.lock().drain().map(|(_, k)| k).collect();
+        let gone = self.lock().forget_all();
         for k in gone {
             k.moved.notify_waiters();
         }
     }
 
-    /// The initiator acknowledged the status of task `itt` sent on `conn`: it is done.
-    pub(crate) fn acknowledged(&self, conn: &Arc<Conn>, itt: u32) {
-        let mut tasks = self.lock();
-        let done = tasks.get(&itt).is_some_and(|k| {
-            let st = k.state.lock().expect("kept task");
-            decide::acknowledged(Arc::ptr_eq(&st.conn, conn), st.response.is_some())
-        });
-        if done {
-            tasks.remove(&itt);
-        }
+    /// The task executed with `response` (after `r2ts` R2Ts): the response is kept, and
+    /// goes on the connection returned (the one the task is allegiant to now).
+    pub(crate) fn executed(
+        &self,
+        kept: &KeptTask,
+        response: &scsi::Response,
+        r2ts: u32,
+    ) -> Arc<Conn> {
+        let _ = self.lock().executed(kept.task.itt, kept.id);
+        let mut st = kept.state.lock().expect("kept task");
+        st.response = Some((without_note(response), r2ts));
+        st.conn.clone()
     }
 
-    /// Forgets every task still allegiant to `conn` (its DefaultTime2Retain ran out).
-    fn expire(&self, conn: &Arc<Conn>) -> usize {
-        let mut gone = Vec::new();
-        self.lock().retain(|_, k| {
-            let stays = !Arc::ptr_eq(&k.state.lock().expect("kept task").conn, conn);
-            if !stays {
-                gone.push(k.clone());
-            }
-            stays
-        });
-        for k in &gone {
-            k.moved.notify_waiters();
-        }
-        gone.len()
+    /// The initiator acknowledged the status of task `itt` sent on `conn`: the core says
+    /// whether that ends it.
+    pub(crate) fn acknowledged(&self, conn: &Conn, itt: u32) {
+        let released = self.lock().acknowledged(itt, conn.key);
+        drop(released);
     }
 
     /// Whether any task is kept.
     pub(crate) fn any(&self) -> bool {
-        !self.lock().is_empty()
+        self.lock().any()
     }
 
     /// Whether a task is allegiant to a connection with CID `cid`.
     pub(crate) fn any_on_cid(&self, cid: u16) -> bool {
-        self.lock()
-            .values()
-            .any(|k| k.state.lock().expect("kept task").conn.cid == cid)
+        self.lock().any_on_cid(cid)
     }
 
     /// Whether a task is allegiant to `conn`.
-    pub(crate) fn any_on(&self, conn: &Arc<Conn>) -> bool {
-        self.count_on(conn) > 0
-    }
-
-    /// Tasks allegiant to `conn`.
-    fn count_on(&self, conn: &Arc<Conn>) -> usize {
-        self.lock()
-            .values()
-            .filter(|k| Arc::ptr_eq(&k.state.lock().expect("kept task").conn, conn))
-            .count()
+    pub(crate) fn any_on(&self, conn: &Conn) -> bool {
+        self.lock().count_on(conn.key) > 0
     }
 }
 
@@ -173,14 +156,6 @@ impl KeptTask {
     /// The connection the task is allegiant to now.
     pub(crate) fn conn(&self) -> Arc<Conn> {
         self.state.lock().expect("kept task").conn.clone()
-    }
-
-    /// The task executed: its response is kept, and goes on the connection returned (the
-    /// one the task is allegiant to now).
-    pub(crate) fn executed(&self, response: &scsi::Response, r2ts: u32) -> Arc<Conn> {
-        let mut st = self.state.lock().expect("kept task");
-        st.response = Some((without_note(response), r2ts));
-        st.conn.clone()
     }
 
     /// Waits (at most `limit`) until the task is reassigned away from `from`; the new
@@ -228,13 +203,10 @@ impl Session {
         Duration::from_secs(u64::from(self.params.default_time2retain))
     }
 
-    /// Whether `conn` is still a connection of the session.
-    fn is_live(&self, conn: &Arc<Conn>) -> bool {
-        self.conns
-            .lock()
-            .expect("conns")
-            .get(&conn.cid)
-            .is_some_and(|c| Arc::ptr_eq(c, conn))
+    /// The connections of the session now (their keys).
+    fn live_keys(&self) -> Vec<u64> {
+        let conns = self.conns.lock().expect("conns");
+        conns.values().map(|c| c.key).collect()
     }
 
     /// Collects a write's data at level 2: when the connection fails during the data
@@ -301,28 +273,25 @@ impl Session {
         Option<(TaskRef, scsi::Response, u32)>,
     ) {
         let itt = t.ref_task_tag;
-        let kept = self.erl2.as_ref().and_then(|a| a.lock().get(&itt).cloned());
-        let Some(kept) = kept else {
-            let decision = decide::reassign(self.erl2.is_some(), None);
+        let Some(allegiances) = &self.erl2 else {
+            return (tmf::RSP_REASSIGN_NOT_SUPPORTED, None, None);
+        };
+        let live = self.live_keys();
+        let mut tasks = allegiances.lock();
+        let (decision, moved) = tasks.reassign(itt, conn.key, conn.cid, |k| live.contains(&k));
+        let Some(kept) = moved else {
             if decision == Reassign::NoTask {
                 tracing::info!(peer = %conn.peer, tsih = self.tsih, "TASK REASSIGN of ITT 0x{itt:08x}: no such task");
             }
             return (decision.response(), None, None);
         };
         let mut st = kept.state.lock().expect("kept task");
-        let view = KeptView {
-            allegiant_live: self.is_live(&st.conn),
-            executed: st.response.is_some(),
-        };
-        let decision = decide::reassign(true, Some(view));
-        if !matches!(decision, Reassign::Move { .. }) {
-            return (decision.response(), None, None);
-        }
         let from = st.conn.cid;
         st.conn = conn.clone();
         st.answered = false;
         let resend = st.response.clone().map(|(r, n)| (kept.task, r, n));
         drop(st);
+        drop(tasks);
         self.with_core(|c| c.move_task(itt, conn.cid));
         RecoveryCounters::bump(&conn.recovery.task_reassigns);
         tracing::info!(
@@ -347,7 +316,8 @@ impl Session {
         let Some(allegiances) = &self.erl2 else {
             return false;
         };
-        let waiting = allegiances.count_on(conn);
+        let now = || tokio::time::Instant::now().into_std();
+        let waiting = allegiances.lock().connection_failed(conn.key, now());
         if waiting == 0 {
             return false;
         }
@@ -365,7 +335,12 @@ impl Session {
             let Some(allegiances) = &session.erl2 else {
                 return;
             };
-            let expired = allegiances.expire(&conn);
+            let gone = allegiances.lock().expire(now());
+            for k in &gone {
+                k.moved.notify_waiters();
+            }
+            let expired = gone.len();
+            drop(gone);
             if expired > 0 {
                 tracing::warn!(tsih = session.tsih, cid = conn.cid, "{expired} task(s) of a failed connection were not reassigned within DefaultTime2Retain: dropped");
             }

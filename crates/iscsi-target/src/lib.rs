@@ -18,7 +18,8 @@
 //! TASK REASSIGN on another). For diagnosis, every
 //! connection's bytes can be recorded into a pcapng trace ([`Bound::trace_to`]) and an
 //! observer can watch each accepted socket (e.g. sample its TCP_INFO) for as long as the
-//! connection lives ([`Bound::observe_connections`]).
+//! connection lives ([`Bound::observe_connections`]). With the `fuzzing` feature (the fuzz
+//! workspace's), the sans-IO session core is reachable as `fuzzing`.
 
 pub mod auth_throttle;
 pub mod config;
@@ -26,6 +27,14 @@ mod erl1;
 mod erl2;
 mod portals;
 mod session;
+
+/// The sans-IO session core, reachable by the fuzz target that drives it without sockets
+/// (`fuzz/src/session_core.rs`); not an API: it exists only with the `fuzzing` feature.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::session::core::*;
+}
 
 pub use config::{
     error_recovery_level_help, Config, ConfigError, IserProvider, PortalSpec, DEFAULT_IQN,
@@ -777,7 +786,11 @@ fn create_session(
         conns: Mutex::new(HashMap::new()),
         joining: Mutex::new(Default::default()),
         latest_login: Mutex::new(HashMap::new()),
-        erl2: (outcome.session.error_recovery_level >= 2).then(session::Allegiances::default),
+        erl2: (outcome.session.error_recovery_level >= 2).then(|| {
+            session::Allegiances::new(Duration::from_secs(u64::from(
+                outcome.session.default_time2retain,
+            )))
+        }),
         budget: target
             .memory
             .child("session", target.config().session_memory_mib << 20),

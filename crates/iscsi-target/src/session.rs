@@ -8,7 +8,10 @@ pub(crate) mod core;
 
 use crate::Target;
 use bytes::Bytes;
-use core::{AfterLogout, BudgetRefusal, Order, PingStep, PingTimer, SessionCore, TaskId, TmfPlan};
+use core::erl2::{KeptId, KeptTasks};
+use core::{
+    AfterLogout, BudgetRefusal, Order, PingStep, PingTimer, SessionCore, TaskId, TmfAction, TmfPlan,
+};
 use datamover::budget::{Budget, OverBudget, Reservation};
 use datamover::{
     CmdSnState, Datamover, DmError, FfpConfig, InPdu, Notice, RecoveryCounters, StatusNumbering,
@@ -22,7 +25,7 @@ use iscsi_wire::{
 };
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, Notify};
@@ -38,6 +41,8 @@ pub(crate) enum Work {
         /// even while it waits for its turn in CmdSN order); an error when the budget had
         /// no room to keep it, and it is answered TASK SET FULL in its turn, unexecuted.
         kept: Result<Option<Arc<KeptTask>>, OverBudget>,
+        /// Its task, when it was started in the core's turn that ordered it.
+        started: Option<TaskId>,
     },
     Control {
         conn: Arc<Conn>,
@@ -74,16 +79,18 @@ pub(crate) struct Session {
     pub budget: Arc<datamover::budget::Budget>,
 }
 
-/// The SCSI tasks of a level 2 session, by ITT, until their status is acknowledged (what
+/// The SCSI tasks of a level 2 session, by ITT, until their status is acknowledged: the
+/// core's decisions (`core::erl2::KeptTasks`), holding the driver's part of each task (what
 /// is done with them is in `erl2`).
-#[derive(Default)]
 pub(crate) struct Allegiances {
-    pub(crate) tasks: Mutex<HashMap<u32, Arc<KeptTask>>>,
+    pub(crate) tasks: Mutex<KeptTasks<Arc<KeptTask>>>,
 }
 
 /// One task and the connection it answers on.
 pub(crate) struct KeptTask {
     pub(crate) task: TaskRef,
+    /// Its run in the core's kept tasks.
+    pub(crate) id: KeptId,
     pub(crate) state: Mutex<KeptState>,
     /// Woken when the task moves to another connection.
     pub(crate) moved: tokio::sync::Notify,
@@ -105,6 +112,9 @@ pub(crate) struct KeptState {
 
 pub(crate) struct Conn {
     pub cid: u16,
+    /// This connection among all the target's (a CID logged in again is another one): how
+    /// the kept tasks of level 2 name it.
+    pub(crate) key: u64,
     pub peer: SocketAddr,
     /// The transport this connection runs over (Text negotiation answers its keys).
     pub transport: TransportKind,
@@ -160,8 +170,10 @@ impl Conn {
         max_send: u32,
         ffp: &FfpConfig,
     ) -> Conn {
+        static KEYS: AtomicU64 = AtomicU64::new(0);
         Conn {
             cid,
+            key: KEYS.fetch_add(1, Ordering::Relaxed),
             peer,
             transport,
             dm,
@@ -349,14 +361,68 @@ impl Session {
         }
     }
 
-    /// Runs `f` on the core and publishes the window as it left it (under the same lock, so
-    /// the published window never goes back to an older one).
+    /// Runs `f` on the core and publishes the window as it left it when it moved (under the
+    /// same lock, so the published window never goes back to an older one).
     pub(crate) fn with_core<R>(&self, f: impl FnOnce(&mut SessionCore<Work>) -> R) -> R {
         let mut core = self.core.lock().expect("session core");
         let r = f(&mut core);
-        let (exp, max) = core.window();
-        self.sn.store(exp, max);
+        if let Some((exp, max)) = core.window_update() {
+            self.sn.store(exp, max);
+        }
         r
+    }
+
+    /// A SCSI Command arrived on `conn`, in one turn of the core: refused (the Reject's
+    /// reason and why), or kept at level 2 from its arrival (TASK REASSIGN finds it even
+    /// while it waits for its turn in CmdSN order) and ordered, the tasks that run now
+    /// started up to the first control PDU among them (what that does to the task table
+    /// comes before the commands after it).
+    fn offer_command(
+        &self,
+        conn: &Arc<Conn>,
+        max_immediate: u32,
+        cmd: ScsiCommand,
+        ahs: Bytes,
+        write: Option<WriteHandle>,
+    ) -> Result<Vec<Order<Work>>, core::Refusal> {
+        self.with_core(|c| {
+            c.check_command(cmd.immediate, max_immediate)?;
+            let task = TaskRef {
+                itt: cmd.itt,
+                lun: cmd.lun,
+            };
+            let kept = match &self.erl2 {
+                Some(allegiances) => allegiances.keep(conn, task),
+                None => Ok(None),
+            };
+            let (immediate, cmd_sn) = (cmd.immediate, cmd.cmd_sn);
+            let work = Work::Command {
+                conn: conn.clone(),
+                cmd,
+                ahs,
+                write,
+                kept,
+                started: None,
+            };
+            let mut orders = c.order(immediate, cmd_sn, work);
+            for order in &mut orders {
+                let Order::Run { work, .. } = order else {
+                    continue;
+                };
+                let Work::Command {
+                    conn,
+                    cmd,
+                    kept,
+                    started,
+                    ..
+                } = work
+                else {
+                    break;
+                };
+                *started = Some(c.start_task(cmd.itt, task_cid(conn, kept), cmd.lun));
+            }
+            Ok(orders)
+        })
     }
 
     /// Carries out the core's ordering of a PDU: what is ready runs, what the window turned
@@ -401,14 +467,16 @@ impl Session {
                 ahs,
                 write,
                 kept,
+                started,
             } => {
                 conn.inflight.fetch_add(1, Ordering::AcqRel);
-                // At level 2 it may have moved while it waited for its turn.
-                let cid = match &kept {
-                    Ok(Some(k)) => k.conn().cid,
-                    _ => conn.cid,
+                let id = match started {
+                    Some(id) => id,
+                    None => {
+                        let cid = task_cid(&conn, &kept);
+                        self.with_core(|c| c.start_task(cmd.itt, cid, cmd.lun))
+                    }
                 };
-                let id = self.with_core(|c| c.start_task(cmd.itt, cid, cmd.lun));
                 let s = self.clone();
                 tokio::spawn(async move {
                     s.run_command(conn, cmd, ahs, write, kept, counted, id)
@@ -467,9 +535,9 @@ impl Session {
         match rsp.filter(|(r, _)| !r.aborted && !aborted_by_tmf) {
             Some((rsp, r2ts)) => {
                 // At level 2 the response goes where the task is allegiant now.
-                let to = match &kept {
-                    Some(k) => k.executed(&rsp, r2ts),
-                    None => conn.clone(),
+                let to = match (&self.erl2, &kept) {
+                    (Some(allegiances), Some(k)) => allegiances.executed(k, &rsp, r2ts),
+                    _ => conn.clone(),
                 };
                 send_scsi_response(&to, task, rsp, r2ts).await;
             }
@@ -716,11 +784,12 @@ impl Session {
         t: &iscsi_wire::TaskMgmtRequest,
     ) {
         let luns = self.device.as_ref().map(|d| d.luns());
-        let plan = core::tmf_plan(t, self.erl2.is_some(), luns.as_deref());
-        if plan == TmfPlan::Reassign {
-            return self.reassign(conn, t).await;
-        }
-        let response = self.carry_out_tmf(target, t, plan).await;
+        let device = self.device.as_ref().zip(luns.as_deref());
+        let response = match core::tmf_plan(t, self.erl2.is_some(), device) {
+            TmfPlan::Reassign => return self.reassign(conn, t).await,
+            TmfPlan::Answer(code) => code,
+            TmfPlan::Act(device, action) => self.carry_out_tmf(target, device, t, action).await,
+        };
         // A cold reset ends the target's sessions as they were when it was done (one that
         // logs in while the response goes out is not part of it).
         let reset_sessions = match &self.device {
@@ -740,22 +809,18 @@ impl Session {
         }
     }
 
-    /// Carries out a task management plan on the SCSI engine; the response code.
+    /// Carries out a task management function on the SCSI engine; the response code.
     async fn carry_out_tmf(
         self: &Arc<Self>,
         target: &Arc<Target>,
+        device: &Arc<scsi::Device>,
         t: &iscsi_wire::TaskMgmtRequest,
-        plan: TmfPlan,
+        action: TmfAction,
     ) -> u8 {
-        let device = match (&self.device, plan) {
-            (_, TmfPlan::Answer(code)) => return code,
-            (Some(d), _) => d.clone(),
-            (None, _) => return tmf::RSP_NOT_SUPPORTED,
-        };
         let on_lun =
             |lun: u64| move |_: u32, wire: u64| iscsi_wire::lun_from_wire(wire) as u64 == lun;
-        match plan {
-            TmfPlan::AbortTask => {
+        match action {
+            TmfAction::AbortTask => {
                 // From here its response will not be sent.
                 let claimed = self.with_core(|c| c.claim_for_abort(t.ref_task_tag));
                 // At level 2 a task of a failed connection is kept after it executed (its
@@ -771,25 +836,25 @@ impl Session {
                 }
                 core::abort_task(t, claimed, kept, self.sn.load().0)
             }
-            TmfPlan::AbortTaskSet(lun) => {
+            TmfAction::AbortTaskSet(lun) => {
                 self.abort_waiting(on_lun(lun));
                 device.abort_task_set(self.nexus, lun).await;
                 tmf::RSP_COMPLETE
             }
-            TmfPlan::ClearTaskSet(lun) => {
+            TmfAction::ClearTaskSet(lun) => {
                 self.abort_waiting(on_lun(lun));
                 device.clear_task_set(lun).await;
                 tmf::RSP_COMPLETE
             }
-            TmfPlan::LunReset(lun) => {
-                for s in target.sessions_of(&device) {
+            TmfAction::LunReset(lun) => {
+                for s in target.sessions_of(device) {
                     s.abort_waiting(on_lun(lun));
                 }
                 device.lun_reset(lun).await;
                 tmf::RSP_COMPLETE
             }
-            TmfPlan::TargetReset { cold } => {
-                for s in target.sessions_of(&device) {
+            TmfAction::TargetReset { cold } => {
+                for s in target.sessions_of(device) {
                     s.abort_waiting(|_, _| true);
                 }
                 let kind = if cold {
@@ -800,9 +865,16 @@ impl Session {
                 device.target_reset(kind).await;
                 tmf::RSP_COMPLETE
             }
-            TmfPlan::Answer(code) => code,
-            TmfPlan::Reassign => tmf::RSP_REASSIGN_NOT_SUPPORTED,
         }
+    }
+}
+
+/// The connection a command's task answers on: at level 2 it may have moved while it waited
+/// for its turn.
+fn task_cid(conn: &Conn, kept: &Result<Option<Arc<KeptTask>>, OverBudget>) -> u16 {
+    match kept {
+        Ok(Some(k)) => k.conn().cid,
+        _ => conn.cid,
     }
 }
 
@@ -927,33 +999,16 @@ impl Session {
                 let Bhs::ScsiCommand(cmd) = pdu.pdu.bhs else {
                     unreachable!("datamover sends commands as Command")
                 };
+                let itt = cmd.itt;
                 let max_immediate = target.config().max_immediate_commands;
-                if let Err((reason, why)) =
-                    self.with_core(|c| c.check_command(cmd.immediate, max_immediate))
-                {
-                    // What its transport set up for it goes with it.
-                    conn.dm.forget_command(cmd.itt);
-                    conn.reject(reason, pdu.raw_bhs, why).await;
-                    return None;
+                match self.offer_command(conn, max_immediate, cmd, pdu.pdu.ahs, write) {
+                    Ok(orders) => self.carry_out(target, orders).await,
+                    Err((reason, why)) => {
+                        // What its transport set up for it goes with it.
+                        conn.dm.forget_command(itt);
+                        conn.reject(reason, pdu.raw_bhs, why).await;
+                    }
                 }
-                let (immediate, cmd_sn) = (cmd.immediate, cmd.cmd_sn);
-                let task = TaskRef {
-                    itt: cmd.itt,
-                    lun: cmd.lun,
-                };
-                let kept = match &self.erl2 {
-                    Some(allegiances) => allegiances.keep(conn, task),
-                    None => Ok(None),
-                };
-                let work = Work::Command {
-                    conn: conn.clone(),
-                    cmd,
-                    ahs: pdu.pdu.ahs,
-                    write,
-                    kept,
-                };
-                let orders = self.with_core(|c| c.order(immediate, cmd_sn, work));
-                self.carry_out(target, orders).await;
             }
             Notice::Control(pdu) => {
                 self.acknowledge(conn, &pdu.pdu.bhs);
@@ -1008,7 +1063,7 @@ impl Session {
             }
             conns.is_empty()
         };
-        if core::session_ends(!now_empty, kept) {
+        if now_empty && !kept {
             target.remove_session(self);
         }
     }

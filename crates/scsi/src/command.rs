@@ -80,6 +80,21 @@ pub struct Response {
 }
 
 impl Response {
+    /// The response of a command that ended without data: `status` (with `sense`), no
+    /// data-in, no residual. A transport answers a command that never reached its logical
+    /// unit with it too (TASK SET FULL, a data phase error).
+    pub fn unexecuted(status: u8, sense: Option<Bytes>) -> Self {
+        Response {
+            status,
+            sense,
+            data_in: Bytes::new(),
+            data_in_note: None,
+            residual: Residual::None,
+            bidi_read_residual: None,
+            aborted: false,
+        }
+    }
+
     pub(crate) fn aborted() -> Self {
         Response {
             status: status::TASK_ABORTED,
@@ -162,13 +177,5 @@ pub(crate) fn finish_out(cmd: &Command, out_len: u64, st: u8) -> Response {
 }
 
 pub(crate) fn finish_error(_cmd: &Command, st: u8, sense: Option<Bytes>) -> Response {
-    Response {
-        status: st,
-        sense,
-        data_in: Bytes::new(),
-        data_in_note: None,
-        residual: Residual::None,
-        bidi_read_residual: None,
-        aborted: false,
-    }
+    Response::unexecuted(st, sense)
 }

@@ -23,13 +23,13 @@ use iscsi_wire::{
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-pub(crate) mod erl2;
+pub mod erl2;
 #[cfg(test)]
 mod tests;
 
 /// What the driver does with a PDU offered for CmdSN ordering.
 #[derive(Debug)]
-pub(crate) enum Order<W> {
+pub enum Order<W> {
     /// Runs now; `counted` when it took a slot of the CmdSN window (its end calls
     /// [`SessionCore::end_task`] or [`SessionCore::complete`] with it).
     Run { work: W, counted: bool },
@@ -40,7 +40,7 @@ pub(crate) enum Order<W> {
 
 /// Why an arriving SCSI command is refused before it is ordered: the Reject reason and the
 /// line logged.
-pub(crate) type Refusal = (u8, &'static str);
+pub type Refusal = (u8, &'static str);
 
 /// A task in the task table, found by its ITT.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,11 +58,11 @@ struct TaskEntry {
 /// One run of a task (an ITT may be reused once its task was aborted, while the aborted
 /// run still ends).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct TaskId(u64);
+pub struct TaskId(u64);
 
 /// The session's state that every connection shares.
 #[derive(Debug)]
-pub(crate) struct SessionCore<W> {
+pub struct SessionCore<W> {
     /// Admission and order, holding the work that waits for its CmdSN; what it turns away
     /// comes back to the driver to be freed.
     window: CmdWindow<W>,
@@ -75,35 +75,75 @@ pub(crate) struct SessionCore<W> {
     /// them.
     immediate_running: u32,
     discovery: bool,
+    /// The window last handed out by [`SessionCore::window_update`].
+    published: (u32, u32),
+}
+
+/// What a session core holds now, for checks of its bounds (the fuzz target's).
+#[cfg(any(test, feature = "fuzzing"))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    /// Commands waiting in the window for a CmdSN gap to fill.
+    pub queued: usize,
+    /// Work taken from the window and not completed yet.
+    pub outstanding: u32,
+    /// Tasks in the task table (the latest under each ITT).
+    pub tasks: usize,
+    /// Runs whose ITT a newer task took before they ended.
+    pub superseded: usize,
+    /// Immediate commands counted running.
+    pub immediate: u32,
 }
 
 impl<W> SessionCore<W> {
     /// A session whose window starts at the leading login's CmdSN and allows `depth`
     /// commands outstanding.
-    pub(crate) fn new(cmd_sn: u32, depth: u32, discovery: bool) -> Self {
+    pub fn new(cmd_sn: u32, depth: u32, discovery: bool) -> Self {
+        let mut window = CmdWindow::new(cmd_sn, depth);
+        let published = (window.exp_cmd_sn(), window.max_cmd_sn());
         SessionCore {
-            window: CmdWindow::new(cmd_sn, depth),
+            window,
             tasks: HashMap::new(),
             superseded: HashMap::new(),
             next_task: 0,
             immediate_running: 0,
             discovery,
+            published,
         }
     }
 
     /// (ExpCmdSN, MaxCmdSN) to advertise now.
-    pub(crate) fn window(&mut self) -> (u32, u32) {
+    pub fn window(&mut self) -> (u32, u32) {
         (self.window.exp_cmd_sn(), self.window.max_cmd_sn())
+    }
+
+    /// The window to advertise when it changed since it was last handed out here (the
+    /// first time: since the session began with [`Self::new`]'s); `None` when it did not,
+    /// so the driver publishes it only when it moved.
+    pub fn window_update(&mut self) -> Option<(u32, u32)> {
+        let now = self.window();
+        (now != self.published).then(|| {
+            self.published = now;
+            now
+        })
+    }
+
+    /// What the core holds now.
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub fn held(&self) -> Held {
+        Held {
+            queued: self.window.queued(),
+            outstanding: self.window.outstanding(),
+            tasks: self.tasks.len(),
+            superseded: self.superseded.len(),
+            immediate: self.immediate_running,
+        }
     }
 
     /// A SCSI Command arrived (`immediate`: its I bit): `Err` with the Reject to answer it
     /// with (then it is not ordered), else it goes to [`Self::order`]. An immediate command accepted here is
     /// counted running until [`Self::end_task`].
-    pub(crate) fn check_command(
-        &mut self,
-        immediate: bool,
-        max_immediate: u32,
-    ) -> Result<(), Refusal> {
+    pub fn check_command(&mut self, immediate: bool, max_immediate: u32) -> Result<(), Refusal> {
         if self.discovery {
             return Err((
                 reject::PROTOCOL_ERROR,
@@ -124,7 +164,7 @@ impl<W> SessionCore<W> {
 
     /// Immediate work runs now; the rest is admitted into CmdSN order, and runs with
     /// whatever else became ready.
-    pub(crate) fn order(&mut self, immediate: bool, cmd_sn: u32, work: W) -> Vec<Order<W>> {
+    pub fn order(&mut self, immediate: bool, cmd_sn: u32, work: W) -> Vec<Order<W>> {
         if immediate {
             return vec![Order::Run {
                 work,
@@ -146,13 +186,13 @@ impl<W> SessionCore<W> {
     }
 
     /// Work that took a window slot and has no task (a control PDU) is done.
-    pub(crate) fn complete(&mut self) {
+    pub fn complete(&mut self) {
         self.window.complete();
     }
 
     /// A SCSI task starts under `itt` on connection `cid`; it replaces in the table any
     /// older task under the same ITT.
-    pub(crate) fn start_task(&mut self, itt: u32, cid: u16, lun: u64) -> TaskId {
+    pub fn start_task(&mut self, itt: u32, cid: u16, lun: u64) -> TaskId {
         let id = TaskId(self.next_task);
         self.next_task += 1;
         let entry = TaskEntry {
@@ -170,7 +210,7 @@ impl<W> SessionCore<W> {
     /// Task `id` under `itt` ended; `counted` as [`Order::Run`] said. Frees its window slot
     /// (so its response carries the larger MaxCmdSN) or its immediate count. Returns true
     /// when an ABORT TASK claimed it first: then no response is sent.
-    pub(crate) fn end_task(&mut self, itt: u32, id: TaskId, counted: bool) -> bool {
+    pub fn end_task(&mut self, itt: u32, id: TaskId, counted: bool) -> bool {
         let aborted = match self.tasks.get(&itt) {
             Some(e) if e.id == id => self.tasks.remove(&itt).is_some_and(|e| e.settled),
             _ => self.superseded.remove(&id).unwrap_or(false),
@@ -185,7 +225,7 @@ impl<W> SessionCore<W> {
 
     /// ABORT TASK of `itt`: true when the task is known and had not ended (from here its
     /// response is not sent); a task that has ended no longer exists for an abort.
-    pub(crate) fn claim_for_abort(&mut self, itt: u32) -> bool {
+    pub fn claim_for_abort(&mut self, itt: u32) -> bool {
         match self.tasks.get_mut(&itt) {
             Some(e) if !e.settled => {
                 e.settled = true;
@@ -196,7 +236,7 @@ impl<W> SessionCore<W> {
     }
 
     /// The tasks (ITT and connection) whose ITT and wire LUN match `pred`.
-    pub(crate) fn tasks_matching(&self, pred: impl Fn(u32, u64) -> bool) -> Vec<(u32, u16)> {
+    pub fn tasks_matching(&self, pred: impl Fn(u32, u64) -> bool) -> Vec<(u32, u16)> {
         self.tasks
             .iter()
             .filter(|(itt, e)| pred(**itt, e.lun))
@@ -205,7 +245,7 @@ impl<W> SessionCore<W> {
     }
 
     /// The ITTs of the tasks on connection `cid`.
-    pub(crate) fn tasks_on(&self, cid: u16) -> Vec<u32> {
+    pub fn tasks_on(&self, cid: u16) -> Vec<u32> {
         self.tasks
             .iter()
             .filter(|(_, e)| e.cid == cid)
@@ -214,7 +254,7 @@ impl<W> SessionCore<W> {
     }
 
     /// Task `itt` answers on connection `cid` from now (TASK REASSIGN).
-    pub(crate) fn move_task(&mut self, itt: u32, cid: u16) {
+    pub fn move_task(&mut self, itt: u32, cid: u16) {
         if let Some(e) = self.tasks.get_mut(&itt) {
             e.cid = cid;
         }
@@ -225,7 +265,7 @@ impl<W> SessionCore<W> {
 /// CmdSN)` for [`SessionCore::order`], or `None` for a NOP-Out that answers a ping or only
 /// updates ExpStatSN (immediate by rule, no reply). A PDU the session does not take in full
 /// feature phase runs at once, to be rejected.
-pub(crate) fn control_order(bhs: &Bhs) -> Option<(bool, u32)> {
+pub fn control_order(bhs: &Bhs) -> Option<(bool, u32)> {
     Some(match bhs {
         Bhs::NopOut(n) if n.itt == RESERVED_TAG => return None,
         Bhs::NopOut(n) => (n.immediate, n.cmd_sn),
@@ -240,7 +280,7 @@ pub(crate) fn control_order(bhs: &Bhs) -> Option<(bool, u32)> {
 /// Command that came as control (the datamover of a discovery session does not take
 /// commands), or any PDU an initiator does not send in full feature phase; `None` for a
 /// PDU the session answers.
-pub(crate) fn refuse_control(bhs: &Bhs) -> Option<(u8, String)> {
+pub fn refuse_control(bhs: &Bhs) -> Option<(u8, String)> {
     let why = match bhs {
         Bhs::NopOut(_)
         | Bhs::TextRequest(_)
@@ -253,17 +293,10 @@ pub(crate) fn refuse_control(bhs: &Bhs) -> Option<(u8, String)> {
     Some((reject::PROTOCOL_ERROR, why))
 }
 
-/// Whether a session goes when one of its connections ended: when none is left and no
-/// task of a failed connection waits for reassignment (ERL 2: a connection logged in again
-/// in a failed one's place may still take them over).
-pub(crate) fn session_ends(connections_left: bool, tasks_kept: bool) -> bool {
-    !connections_left && !tasks_kept
-}
-
 /// The NOP-In answering a NOP-Out that asks for one (its data echoed, cut to the
 /// initiator's MaxRecvDataSegmentLength); `None` for a ping answer or an ExpStatSN update
 /// (ITT 0xffffffff), which get no reply.
-pub(crate) fn nop_reply(n: &NopOut, data: &Bytes, max_send: u32) -> Option<Pdu> {
+pub fn nop_reply(n: &NopOut, data: &Bytes, max_send: u32) -> Option<Pdu> {
     if n.itt == RESERVED_TAG {
         return None;
     }
@@ -285,7 +318,7 @@ const IDLE_RECHECK: Duration = Duration::from_secs(3600);
 /// initiator, and the connection is given up when `timeout` passes without an answer (any
 /// PDU counts as one). Time is what the driver passes in.
 #[derive(Debug)]
-pub(crate) struct PingTimer {
+pub struct PingTimer {
     every: Duration,
     timeout: Duration,
     heard: Instant,
@@ -296,7 +329,7 @@ pub(crate) struct PingTimer {
 
 /// What a connection's timer asks of the driver when it fires.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum PingStep {
+pub enum PingStep {
     /// Nothing is due yet: set the timer for then.
     Wait(Instant),
     /// Send this NOP-In ping (within the ping timeout), then [`PingTimer::ping_sent`].
@@ -307,7 +340,7 @@ pub(crate) enum PingStep {
 
 impl PingTimer {
     /// Pings after `every` of silence (never when zero), each answered within `timeout`.
-    pub(crate) fn new(every: Duration, timeout: Duration, now: Instant) -> Self {
+    pub fn new(every: Duration, timeout: Duration, now: Instant) -> Self {
         PingTimer {
             every,
             timeout,
@@ -318,7 +351,7 @@ impl PingTimer {
     }
 
     /// When the timer should fire next.
-    pub(crate) fn deadline(&self, now: Instant) -> Instant {
+    pub fn deadline(&self, now: Instant) -> Instant {
         match self.sent {
             Some(at) => at + self.timeout,
             None if self.every.is_zero() => now + IDLE_RECHECK,
@@ -327,7 +360,7 @@ impl PingTimer {
     }
 
     /// The timer fired at `now`.
-    pub(crate) fn fired(&mut self, now: Instant) -> PingStep {
+    pub fn fired(&mut self, now: Instant) -> PingStep {
         let due = self.deadline(now);
         if due > now {
             // The initiator was heard from since the timer was set.
@@ -349,14 +382,14 @@ impl PingTimer {
     }
 
     /// The ping went out at `now`; returns when the timer fires next.
-    pub(crate) fn ping_sent(&mut self, now: Instant) -> Instant {
+    pub fn ping_sent(&mut self, now: Instant) -> Instant {
         self.sent = Some(now);
         self.deadline(now)
     }
 
     /// A PDU came at `now`. Returns the timer's new deadline when it must move back (the
     /// answered ping's timeout may be later than the next ping is due).
-    pub(crate) fn heard(&mut self, now: Instant) -> Option<Instant> {
+    pub fn heard(&mut self, now: Instant) -> Option<Instant> {
         self.heard = now;
         self.sent.take().map(|_| self.deadline(now))
     }
@@ -364,7 +397,7 @@ impl PingTimer {
 
 /// What is done after a Logout Response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum AfterLogout {
+pub enum AfterLogout {
     /// The session ends: its tasks are forgotten, its connections close once the response
     /// is out.
     CloseSession,
@@ -375,29 +408,29 @@ pub(crate) enum AfterLogout {
 
 /// The answer to a Logout Request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct LogoutPlan {
+pub struct LogoutPlan {
     /// Wait (bounded) for the connection's commands in flight before answering.
-    pub(crate) drain: bool,
-    pub(crate) response: LogoutResponse,
-    pub(crate) after: AfterLogout,
+    pub drain: bool,
+    pub response: LogoutResponse,
+    pub after: AfterLogout,
 }
 
 /// What the session knows of a Logout Request's connection.
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct LogoutContext {
+pub struct LogoutContext {
     /// The CID is a connection of the session.
-    pub(crate) joined: bool,
+    pub joined: bool,
     /// Level 2: tasks are allegiant to a (failed) connection with the CID.
-    pub(crate) tasks_kept: bool,
-    pub(crate) erl2: bool,
-    pub(crate) time2wait: u16,
-    pub(crate) time2retain: u16,
+    pub tasks_kept: bool,
+    pub erl2: bool,
+    pub time2wait: u16,
+    pub time2retain: u16,
 }
 
 /// Decides the Logout Response: closing the session always succeeds; closing or removing a
 /// connection needs it in the session (or, to remove it for recovery, tasks kept from it);
 /// removing one for recovery needs ErrorRecoveryLevel 2.
-pub(crate) fn logout(l: &LogoutRequest, cx: LogoutContext) -> LogoutPlan {
+pub fn logout(l: &LogoutRequest, cx: LogoutContext) -> LogoutPlan {
     let response = match l.reason {
         0 => 0,
         1 | 2 if cx.joined => 0,
@@ -427,13 +460,20 @@ pub(crate) fn logout(l: &LogoutRequest, cx: LogoutContext) -> LogoutPlan {
     }
 }
 
-/// What a task management request asks the driver to do.
+/// What a task management request asks the driver to do; `D` is the session's device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum TmfPlan {
+pub enum TmfPlan<D> {
     /// Answer with this response at once.
     Answer(u8),
     /// TASK REASSIGN at level 2 (`erl2` decides it).
     Reassign,
+    /// Carry out `action` on the device.
+    Act(D, TmfAction),
+}
+
+/// A task management function carried out on the session's device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TmfAction {
     /// Claim the task with [`SessionCore::claim_for_abort`], then [`abort_task`].
     AbortTask,
     /// Abort the waiting tasks of the LUN (`lun` as a number) and the LUN's task set.
@@ -445,36 +485,38 @@ pub(crate) enum TmfPlan {
     },
 }
 
-/// Decides what a task management request does, given whether the session has a device
-/// (a normal session) and, if so, its LUNs.
-pub(crate) fn tmf_plan(t: &TaskMgmtRequest, erl2: bool, luns: Option<&[u64]>) -> TmfPlan {
+/// Decides what a task management request does, given the session's device and its LUNs
+/// (`None`: a discovery session, which has no device).
+pub fn tmf_plan<D>(t: &TaskMgmtRequest, erl2: bool, device: Option<(D, &[u64])>) -> TmfPlan<D> {
     if t.function == tmf::TASK_REASSIGN && erl2 {
         return TmfPlan::Reassign;
     }
-    let Some(luns) = luns else {
+    let Some((device, luns)) = device else {
         return TmfPlan::Answer(tmf::RSP_NOT_SUPPORTED);
     };
     let lun = iscsi_wire::lun_from_wire(t.lun) as u64;
     let lun_exists = luns.contains(&lun);
-    match t.function {
-        tmf::ABORT_TASK => TmfPlan::AbortTask,
+    let action = match t.function {
+        tmf::ABORT_TASK => TmfAction::AbortTask,
         tmf::ABORT_TASK_SET | tmf::CLEAR_TASK_SET | tmf::LOGICAL_UNIT_RESET if !lun_exists => {
-            TmfPlan::Answer(tmf::RSP_NO_LUN)
+            return TmfPlan::Answer(tmf::RSP_NO_LUN)
         }
-        tmf::ABORT_TASK_SET => TmfPlan::AbortTaskSet(lun),
-        tmf::CLEAR_TASK_SET => TmfPlan::ClearTaskSet(lun),
-        tmf::LOGICAL_UNIT_RESET => TmfPlan::LunReset(lun),
-        tmf::TARGET_WARM_RESET => TmfPlan::TargetReset { cold: false },
-        tmf::TARGET_COLD_RESET => TmfPlan::TargetReset { cold: true },
-        tmf::TASK_REASSIGN => TmfPlan::Answer(tmf::RSP_REASSIGN_NOT_SUPPORTED), // below level 2
-        _ => TmfPlan::Answer(tmf::RSP_NOT_SUPPORTED),
-    }
+        tmf::ABORT_TASK_SET => TmfAction::AbortTaskSet(lun),
+        tmf::CLEAR_TASK_SET => TmfAction::ClearTaskSet(lun),
+        tmf::LOGICAL_UNIT_RESET => TmfAction::LunReset(lun),
+        tmf::TARGET_WARM_RESET => TmfAction::TargetReset { cold: false },
+        tmf::TARGET_COLD_RESET => TmfAction::TargetReset { cold: true },
+        // Below level 2.
+        tmf::TASK_REASSIGN => return TmfPlan::Answer(tmf::RSP_REASSIGN_NOT_SUPPORTED),
+        _ => return TmfPlan::Answer(tmf::RSP_NOT_SUPPORTED),
+    };
+    TmfPlan::Act(device, action)
 }
 
 /// The ABORT TASK response: `claimed`, the task was running and is aborted now; `kept`, at
 /// level 2 it had executed and waited for reassignment, and is forgotten; `exp_cmd_sn`, the
 /// session's now.
-pub(crate) fn abort_task(t: &TaskMgmtRequest, claimed: bool, kept: bool, exp_cmd_sn: u32) -> u8 {
+pub fn abort_task(t: &TaskMgmtRequest, claimed: bool, kept: bool, exp_cmd_sn: u32) -> u8 {
     if claimed || kept {
         tmf::RSP_COMPLETE
     } else if sn_le(exp_cmd_sn, t.ref_cmd_sn) {
@@ -490,7 +532,7 @@ pub(crate) fn abort_task(t: &TaskMgmtRequest, claimed: bool, kept: bool, exp_cmd
 /// Why the memory budget refused a command: each is answered TASK SET FULL (SAM-5: the task
 /// set lacks the resources to take the command now; the initiator sends it again later).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum BudgetRefusal {
+pub enum BudgetRefusal {
     /// Level 2: no room to keep the task until its status is acknowledged (responses the
     /// initiator has not acknowledged fill the budget); it is neither run nor kept.
     Keep(String),
@@ -515,31 +557,18 @@ impl std::fmt::Display for BudgetRefusal {
 }
 
 /// The response to a command the budget refused: TASK SET FULL, nothing executed.
-pub(crate) fn task_set_full() -> scsi::Response {
-    unexecuted(scsi::status::TASK_SET_FULL, None)
+pub fn task_set_full() -> scsi::Response {
+    scsi::Response::unexecuted(scsi::status::TASK_SET_FULL, None)
 }
 
 /// The response to a command whose data phase broke the protocol (the Reject goes before
 /// it): CHECK CONDITION, ABORTED COMMAND / DATA PHASE ERROR.
-pub(crate) fn data_phase_error() -> scsi::Response {
+pub fn data_phase_error() -> scsi::Response {
     let sense = scsi::Sense::new(
         scsi::sense::key::ABORTED_COMMAND,
         scsi::sense::asc::DATA_PHASE_ERROR,
     );
-    unexecuted(scsi::status::CHECK_CONDITION, Some(sense.encode(false)))
-}
-
-/// The response of a command that did not reach its logical unit.
-fn unexecuted(status: u8, sense: Option<Bytes>) -> scsi::Response {
-    scsi::Response {
-        status,
-        sense,
-        data_in: Bytes::new(),
-        data_in_note: None,
-        residual: scsi::Residual::None,
-        bidi_read_residual: None,
-        aborted: false,
-    }
+    scsi::Response::unexecuted(scsi::status::CHECK_CONDITION, Some(sense.encode(false)))
 }
 
 /// (overflow, underflow, count) as the SCSI Response carries a residual.
@@ -554,7 +583,7 @@ fn residual_flags(r: scsi::Residual) -> (bool, bool, u32) {
 /// The status to put in a read's last Data-In (phase collapse) instead of a SCSI Response:
 /// only when it has data-in, went well, is not bidirectional (a SCSI Response alone carries
 /// both residuals) and has no sense.
-pub(crate) fn collapsed_status(rsp: &scsi::Response) -> Option<CollapsedStatus> {
+pub fn collapsed_status(rsp: &scsi::Response) -> Option<CollapsedStatus> {
     let collapsible = rsp.bidi_read_residual.is_none()
         && rsp.sense.is_none()
         && (rsp.status == scsi::status::GOOD || rsp.status == scsi::status::CONDITION_MET);
@@ -571,7 +600,7 @@ pub(crate) fn collapsed_status(rsp: &scsi::Response) -> Option<CollapsedStatus> 
 }
 
 /// The SCSI Response of task `itt`, after `data_pdus` Data-In and R2Ts (its ExpDataSN).
-pub(crate) fn scsi_response(itt: u32, rsp: &scsi::Response, data_pdus: u32) -> Pdu {
+pub fn scsi_response(itt: u32, rsp: &scsi::Response, data_pdus: u32) -> Pdu {
     let (overflow, underflow, residual) = residual_flags(rsp.residual);
     let (bidi_overflow, bidi_underflow, bidi_read_residual) =
         residual_flags(rsp.bidi_read_residual.unwrap_or(scsi::Residual::None));
@@ -606,7 +635,7 @@ fn sense_segment(sense: Option<&Bytes>) -> Bytes {
 
 /// What answers a SNACK Request (ErrorRecoveryLevel 1).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum SnackPlan {
+pub enum SnackPlan {
     /// Reject the SNACK (its DataSN/R2TSN field `data_sn`).
     Reject {
         reason: u8,
@@ -630,7 +659,7 @@ pub(crate) enum SnackPlan {
 }
 
 /// Decides the answer to a SNACK in a session at `erl`.
-pub(crate) fn snack(s: &SnackRequest, erl: u8) -> SnackPlan {
+pub fn snack(s: &SnackRequest, erl: u8) -> SnackPlan {
     use iscsi_session::erl1::snack_type;
     let refuse = |reason, why: String| SnackPlan::Reject {
         reason,
@@ -670,7 +699,7 @@ pub(crate) fn snack(s: &SnackRequest, erl: u8) -> SnackPlan {
 
 /// The Reject of a Data/R2T SNACK whose run the datamover no longer holds: its DataSN field
 /// says where the refused run began.
-pub(crate) fn data_snack_refused(s: &SnackRequest, why: &str) -> SnackPlan {
+pub fn data_snack_refused(s: &SnackRequest, why: &str) -> SnackPlan {
     SnackPlan::Reject {
         reason: reject::PROTOCOL_ERROR,
         data_sn: s.beg_run,
@@ -680,7 +709,7 @@ pub(crate) fn data_snack_refused(s: &SnackRequest, why: &str) -> SnackPlan {
 
 /// The Reject of an R-Data SNACK the datamover cannot answer, or of a Status SNACK
 /// [`status_run`] refused.
-pub(crate) fn snack_refused(why: String) -> SnackPlan {
+pub fn snack_refused(why: String) -> SnackPlan {
     SnackPlan::Reject {
         reason: reject::PROTOCOL_ERROR,
         data_sn: 0,
@@ -691,7 +720,7 @@ pub(crate) fn snack_refused(why: String) -> SnackPlan {
 /// The retained status a Status SNACK asks to resend, in StatSN order, given the StatSN
 /// retention starts at (`first`), the next StatSN (`next`) and the retained status by
 /// StatSN; `Err` with why the SNACK is refused (Reject, Protocol Error).
-pub(crate) fn status_run<P>(
+pub fn status_run<P>(
     s: &SnackRequest,
     first: u32,
     next: u32,

@@ -1,6 +1,6 @@
 //! Unit tests of the target session core: PDUs and events in, decisions out, no sockets.
 
-use super::erl2::{self, KeepDecision, KeptView, Reassign};
+use super::erl2::{self, KeptTasks, Reassign};
 use super::*;
 use iscsi_session::erl1::snack_type;
 use iscsi_wire::lun_to_wire;
@@ -187,11 +187,21 @@ fn tmf(function: u8, lun: u16) -> TaskMgmtRequest {
 #[test]
 fn task_management_plans() {
     let luns = [0u64, 1];
-    let plan = |f, lun| tmf_plan(&tmf(f, lun), false, Some(&luns));
-    assert_eq!(plan(tmf::ABORT_TASK, 5), TmfPlan::AbortTask);
-    assert_eq!(plan(tmf::ABORT_TASK_SET, 1), TmfPlan::AbortTaskSet(1));
-    assert_eq!(plan(tmf::CLEAR_TASK_SET, 0), TmfPlan::ClearTaskSet(0));
-    assert_eq!(plan(tmf::LOGICAL_UNIT_RESET, 1), TmfPlan::LunReset(1));
+    let plan = |f, lun| tmf_plan(&tmf(f, lun), false, Some(("dev", &luns[..])));
+    let act = |a| TmfPlan::Act("dev", a);
+    assert_eq!(plan(tmf::ABORT_TASK, 5), act(TmfAction::AbortTask));
+    assert_eq!(
+        plan(tmf::ABORT_TASK_SET, 1),
+        act(TmfAction::AbortTaskSet(1))
+    );
+    assert_eq!(
+        plan(tmf::CLEAR_TASK_SET, 0),
+        act(TmfAction::ClearTaskSet(0))
+    );
+    assert_eq!(
+        plan(tmf::LOGICAL_UNIT_RESET, 1),
+        act(TmfAction::LunReset(1))
+    );
     for f in [
         tmf::ABORT_TASK_SET,
         tmf::CLEAR_TASK_SET,
@@ -201,11 +211,11 @@ fn task_management_plans() {
     }
     assert_eq!(
         plan(tmf::TARGET_COLD_RESET, 9),
-        TmfPlan::TargetReset { cold: true }
+        act(TmfAction::TargetReset { cold: true })
     );
     assert_eq!(
         plan(tmf::TARGET_WARM_RESET, 0),
-        TmfPlan::TargetReset { cold: false }
+        act(TmfAction::TargetReset { cold: false })
     );
     assert_eq!(
         plan(tmf::TASK_REASSIGN, 0),
@@ -213,13 +223,18 @@ fn task_management_plans() {
     );
     assert_eq!(plan(0x55, 0), TmfPlan::Answer(tmf::RSP_NOT_SUPPORTED));
     let t = tmf(tmf::TASK_REASSIGN, 0);
-    assert_eq!(tmf_plan(&t, true, Some(&luns)), TmfPlan::Reassign);
-    // A discovery session has no device.
+    assert_eq!(
+        tmf_plan(&t, true, Some(("dev", &luns[..]))),
+        TmfPlan::Reassign
+    );
+    // A discovery session has no device; TASK REASSIGN at level 2 is still decided there.
     let t = tmf(tmf::LOGICAL_UNIT_RESET, 0);
     assert_eq!(
-        tmf_plan(&t, false, None),
+        tmf_plan::<()>(&t, false, None),
         TmfPlan::Answer(tmf::RSP_NOT_SUPPORTED)
     );
+    let t = tmf(tmf::TASK_REASSIGN, 0);
+    assert_eq!(tmf_plan::<()>(&t, true, None), TmfPlan::Reassign);
 }
 
 #[test]
@@ -462,40 +477,114 @@ fn status_snack_resends_the_retained_run() {
     assert!(why.contains("no longer retained"), "{why}");
 }
 
+/// Kept tasks whose driver's part is a name, DefaultTime2Retain 20 s.
+fn kept() -> KeptTasks<&'static str> {
+    KeptTasks::new(Duration::from_secs(20))
+}
+
 #[test]
 fn erl2_keeps_a_new_task_but_not_a_copy_of_one_in_progress() {
-    assert_eq!(erl2::keep(None), KeepDecision::Keep);
-    assert_eq!(erl2::keep(Some(false)), KeepDecision::InProgress);
-    assert_eq!(erl2::keep(Some(true)), KeepDecision::Keep);
-    assert!(erl2::acknowledged(true, true));
+    let mut k = kept();
+    assert!(k.may_keep(1));
+    let a = k.keep(1, 100, 0, |_| "a");
+    assert_eq!(a, "a");
+    assert!(!k.may_keep(1), "in progress: a copy of its command");
+    let mut id = None;
+    k.keep(2, 100, 0, |i| {
+        id = Some(i);
+        "b"
+    });
+    let id = id.expect("told its id");
+    assert_eq!(
+        k.executed(2, id),
+        Some(100),
+        "its response goes on connection 100"
+    );
     assert!(
-        !erl2::acknowledged(false, true),
+        k.may_keep(2),
+        "its response went out: the ITT may be reused"
+    );
+    k.keep(2, 100, 0, |_| "b2");
+    assert!(!k.holds(2, id), "replaced");
+    assert_eq!(
+        k.forget(2, id),
+        None,
+        "a replaced run is not forgotten twice"
+    );
+    assert_eq!(k.count(), 2);
+}
+
+#[test]
+fn erl2_an_acknowledgement_ends_an_executed_task_on_its_connection_only() {
+    let mut k = kept();
+    let mut id = None;
+    k.keep(7, 100, 0, |i| {
+        id = Some(i);
+        "t"
+    });
+    let id = id.unwrap();
+    assert_eq!(k.acknowledged(7, 100), None, "not executed yet");
+    k.executed(7, id);
+    assert_eq!(
+        k.acknowledged(7, 101),
+        None,
         "acknowledged on another connection"
     );
-    assert!(!erl2::acknowledged(true, false), "not executed yet");
+    assert_eq!(k.acknowledged(7, 100), Some("t"));
+    assert!(!k.any());
+}
+
+#[test]
+fn erl2_time2retain_ends_only_a_failed_connections_tasks_and_only_when_it_runs_out() {
+    let t0 = Instant::now();
+    let s = Duration::from_secs;
+    let mut k = kept();
+    k.keep(1, 100, 0, |_| "on 100");
+    k.keep(2, 100, 0, |_| "moves");
+    k.keep(3, 200, 1, |_| "on 200");
+    assert_eq!(
+        k.connection_failed(300, t0),
+        0,
+        "nothing waits for a third one"
+    );
+    assert_eq!(k.connection_failed(100, t0), 2);
+    assert_eq!(
+        k.reassign(2, 200, 1, |c| c == 200),
+        (Reassign::Move, Some("moves"))
+    );
+    assert!(
+        k.expire(t0 + s(19)).is_empty(),
+        "DefaultTime2Retain not over"
+    );
+    assert_eq!(k.expire(t0 + s(20)), ["on 100"]);
+    assert!(k.expire(t0 + s(40)).is_empty(), "expired once");
+    assert_eq!(k.count(), 2, "the moved task and connection 200's stay");
+    assert!(k.any_on_cid(1) && !k.any_on_cid(0));
+    assert_eq!(k.forget_all().len(), 2);
 }
 
 #[test]
 fn erl2_task_reassignment() {
-    let view = |allegiant_live, executed| {
-        Some(KeptView {
-            allegiant_live,
-            executed,
-        })
-    };
-    let r = erl2::reassign(false, view(false, true));
-    assert_eq!(r.response(), tmf::RSP_REASSIGN_NOT_SUPPORTED);
-    assert_eq!(erl2::reassign(true, None).response(), tmf::RSP_NO_TASK);
-    let r = erl2::reassign(true, view(true, true));
-    assert_eq!(r, Reassign::StillAllegiant);
-    assert_eq!(r.response(), tmf::RSP_STILL_ALLEGIANT);
-    let r = erl2::reassign(true, view(false, true));
-    assert_eq!(r, Reassign::Move { resend: true });
-    assert_eq!(r.response(), tmf::RSP_COMPLETE);
+    let mut k = kept();
+    let live = |c: u64| c == 200;
+    assert_eq!(k.reassign(9, 200, 1, live), (Reassign::NoTask, None));
+    assert_eq!(Reassign::NoTask.response(), tmf::RSP_NO_TASK);
+    k.keep(4, 200, 1, |_| "t");
     assert_eq!(
-        erl2::reassign(true, view(false, false)),
-        Reassign::Move { resend: false }
+        k.reassign(4, 200, 1, live),
+        (Reassign::StillAllegiant, None)
     );
+    assert_eq!(
+        Reassign::StillAllegiant.response(),
+        tmf::RSP_STILL_ALLEGIANT
+    );
+    k.keep(5, 100, 0, |_| "u");
+    assert_eq!(k.reassign(5, 200, 1, live), (Reassign::Move, Some("u")));
+    assert_eq!(Reassign::Move.response(), tmf::RSP_COMPLETE);
+    assert!(!k.any_on_cid(0), "it answers on CID 1 now");
+    assert_eq!(k.count_on(200), 2);
+    assert_eq!(k.forget_itt(5), Some("u"));
+    assert_eq!(k.forget_itt(5), None);
 }
 
 #[test]
@@ -625,13 +714,51 @@ fn pdus_an_initiator_does_not_send_in_full_feature_phase_are_rejected() {
 }
 
 #[test]
-fn a_session_ends_with_its_last_connection_unless_tasks_wait_for_reassignment() {
-    assert!(session_ends(false, false));
-    assert!(!session_ends(true, false));
-    assert!(
-        !session_ends(false, true),
-        "ERL 2: kept for DefaultTime2Retain"
+fn the_window_is_handed_out_only_when_it_moved() {
+    let mut core = session(2);
+    assert_eq!(core.window_update(), None, "as the session began");
+    assert!(core.order(false, 11, "b").is_empty());
+    assert_eq!(
+        core.window_update(),
+        None,
+        "a gap: nothing ran, no room freed"
     );
+    let _ = core.order(false, 10, "a");
+    assert_eq!(core.window_update(), Some((12, 11)));
+    assert_eq!(core.window_update(), None);
+    core.complete();
+    assert_eq!(core.window_update(), Some((12, 12)));
+}
+
+#[test]
+fn what_the_core_holds_is_counted() {
+    let mut core = session(4);
+    let empty = Held {
+        queued: 0,
+        outstanding: 0,
+        tasks: 0,
+        superseded: 0,
+        immediate: 0,
+    };
+    assert_eq!(core.held(), empty);
+    assert!(core.order(false, 12, "later").is_empty());
+    let _ = core.order(false, 10, "a");
+    let a = core.start_task(1, 0, 0);
+    assert_eq!(core.check_command(true, 2), Ok(()));
+    let i = core.start_task(1, 0, 0);
+    assert_eq!(
+        core.held(),
+        Held {
+            queued: 1,
+            outstanding: 1,
+            tasks: 1,
+            superseded: 1,
+            immediate: 1,
+        }
+    );
+    core.end_task(1, a, true);
+    core.end_task(1, i, false);
+    assert_eq!(core.held(), Held { queued: 1, ..empty });
 }
 
 #[test]
