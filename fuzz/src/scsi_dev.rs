@@ -360,8 +360,12 @@ pub fn scsi(data: &[u8]) {
             .filter(|_| len == size)
             .map(|img| img as Arc<dyn storage::ImageMemory>)
     };
-    let dev = Device::with_image_memory("iqn.2026-11.org.ironsan:fuzz", vec![(0, cfg)], &lend)
-        .expect("device");
+    let dev = Device::with_image_memory(
+        "iqn.2026-11.org.ironsan:fuzz",
+        vec![(0, cfg)],
+        Arc::new(lend),
+    )
+    .expect("device");
     dev.nexus_added(
         NexusId(1),
         "iqn.2026-11.org.ironsan:fuzzer,i,0x800000000001",
