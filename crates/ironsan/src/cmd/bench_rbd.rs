@@ -12,11 +12,13 @@
 //!
 //! The image is created (without exclusive-lock, so both targets may keep it open while
 //! only one does I/O) and written once before measuring when it does not exist, and
-//! removed afterwards; an existing image is used as it is and kept.
+//! removed afterwards (once the cluster has dropped the stopped targets' watches); an
+//! existing image is used as it is and kept.
 
 use anyhow::{anyhow, bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use super::bench_procs::{
     self, cpu_seconds, free_port, reaped_children_cpu_seconds, wait_port, which, Reaped, Scratch,
@@ -150,10 +152,31 @@ struct Image<'a> {
     created: bool,
 }
 
+/// How long removing the image may wait for the watches of the targets this run killed:
+/// the cluster drops a dead client's watch after its watch timeout (30 s by default), and
+/// `rbd rm` refuses an image that still has watchers.
+const REMOVE_WAIT: Duration = Duration::from_secs(75);
+
 impl Drop for Image<'_> {
     fn drop(&mut self) {
-        if self.created {
-            let _ = rbd(self.a, &["rm", "--no-progress", &self.spec()]);
+        if !self.created {
+            return;
+        }
+        let deadline = Instant::now() + REMOVE_WAIT;
+        let mut told = false;
+        while let Err(e) = rbd(self.a, &["rm", "--no-progress", &self.spec()]) {
+            if Instant::now() >= deadline {
+                eprintln!("bench rbd: could not remove image {}: {e}", self.spec());
+                return;
+            }
+            if !told {
+                eprintln!(
+                    "bench rbd: removing image {} once the cluster drops the stopped targets' watches",
+                    self.spec()
+                );
+                told = true;
+            }
+            std::thread::sleep(Duration::from_secs(2));
         }
     }
 }
