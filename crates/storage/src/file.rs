@@ -149,15 +149,12 @@ impl FileBackend {
     /// Operations on the ring not yet completed (0 without a ring).
     #[cfg(test)]
     pub(crate) fn ring_in_flight(&self) -> usize {
-        self.ring.as_ref().map_or(0, |r| r.in_flight())
+        crate::uring::in_flight(self.ring.as_ref())
     }
 
     /// The I/O path in use.
     pub fn io_mode(&self) -> IoMode {
-        match self.ring {
-            Some(_) => IoMode::Uring,
-            None => IoMode::Threads,
-        }
+        crate::uring::mode(self.ring.as_ref())
     }
 }
 

@@ -233,6 +233,20 @@ impl Ring {
     }
 }
 
+/// The I/O path of a backend that has `ring` (none: the blocking pool).
+pub(crate) fn mode(ring: Option<&Ring>) -> crate::IoMode {
+    match ring {
+        Some(_) => crate::IoMode::Uring,
+        None => crate::IoMode::Threads,
+    }
+}
+
+/// Operations in flight on a backend's `ring` (0 without one).
+#[cfg(test)]
+pub(crate) fn in_flight(ring: Option<&Ring>) -> usize {
+    ring.map_or(0, Ring::in_flight)
+}
+
 /// True (and counts it) when `e` is worth another try.
 fn retry(e: &io::Error, retries: &mut u32) -> bool {
     *retries += 1;

@@ -183,7 +183,14 @@ impl Drop for Image<'_> {
 
 impl Image<'_> {
     fn spec(&self) -> String {
-        format!("{}/{}", self.a.pool, self.a.image)
+        self.a.image_spec()
+    }
+}
+
+impl RbdArgs {
+    /// The image as `rbd` and tgtd name it: `pool/image`.
+    fn image_spec(&self) -> String {
+        format!("{}/{}", self.pool, self.image)
     }
 }
 
@@ -549,7 +556,7 @@ fn start_ironsan(a: &RbdArgs, dir: &Path, port: u16) -> Result<Reaped> {
 }
 
 fn start_tgtd(a: &RbdArgs, dir: &Path, port: u16) -> Result<Reaped> {
-    let spec = format!("{}/{}", a.pool, a.image);
+    let spec = a.image_spec();
     let bsopts = format!("conf={};id={}", a.conf.display(), a.user);
     let lun = [
         "--bstype",
