@@ -146,15 +146,20 @@ impl Ring {
         len: usize,
         align: usize,
     ) -> io::Result<Bytes> {
-        let mut buf = vec![0u8; len + align - 1];
+        // Not zeroed first: only the alignment padding and what lies past the end of the
+        // file are (below); the kernel fills the rest.
+        let mut buf: Vec<u8> = Vec::with_capacity(len + align - 1);
         let start = match buf.as_ptr() as usize % align {
             0 => 0,
             mis => align - mis,
         };
+        buf.spare_capacity_mut()[..start].fill(std::mem::MaybeUninit::new(0));
         let (mut done, mut retries) = (0, 0);
         while done < len {
             let n = (len - done).min(MAX_OP);
-            let at = buf[start + done..].as_mut_ptr();
+            let at = buf.spare_capacity_mut()[start + done..]
+                .as_mut_ptr()
+                .cast::<u8>();
             let entry = opcode::Read::new(types::Fixed(file), at, n as u32)
                 .offset(offset + done as u64)
                 .build();
@@ -170,6 +175,11 @@ impl Ring {
                 Err(e) => return Err(e),
             }
         }
+        // SAFETY: the first `start` bytes were zeroed above and the completed reads wrote
+        // the `done` bytes after them; the vector's capacity holds `start + len >= start +
+        // done` bytes, and nothing reads it before this length is set.
+        unsafe { buf.set_len(start + done) };
+        buf.resize(start + len, 0); // past the end of the file: zeroes
         Ok(Bytes::from(buf).slice(start..start + len))
     }
 
@@ -408,5 +418,41 @@ pub(crate) mod test_hooks {
         /// Set by a test to make ring setup on this thread fail as on a kernel without
         /// io_uring.
         pub(crate) static FORCE_UNAVAILABLE: Cell<bool> = const { Cell::new(false) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ring reads (any memory alignment) return the file's bytes and zeroes past its end:
+    /// the read buffer is not zeroed beforehand, so this is what proves the tail is.
+    #[test]
+    fn ring_reads_give_the_bytes_and_zeroes_past_the_end() {
+        let path = std::env::temp_dir().join(format!("ironsan-uring-read-{}", std::process::id()));
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8 + 1).collect();
+        std::fs::write(&path, &data).unwrap();
+        let file = File::open(&path).unwrap();
+        let Ok(ring) = Ring::new(&[&file]) else {
+            eprintln!("SKIP: no io_uring here");
+            return;
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            for align in [1, 512, 4096] {
+                let got = ring.read(0, 4096, 4096, align).await.unwrap();
+                assert_eq!(got[..], data[4096..8192], "align {align}");
+                let tail = ring.read(0, 8192, 8192, align).await.unwrap();
+                assert_eq!(tail.len(), 8192);
+                assert_eq!(tail[..1808], data[8192..], "align {align}");
+                assert!(tail[1808..].iter().all(|&b| b == 0), "align {align}");
+                let beyond = ring.read(0, 20_000, 4096, align).await.unwrap();
+                assert!(beyond.iter().all(|&b| b == 0), "align {align}");
+            }
+        });
+        drop(ring);
+        std::fs::remove_file(&path).unwrap();
     }
 }
