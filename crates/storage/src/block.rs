@@ -17,6 +17,7 @@ use bytes::Bytes;
 use rustix::fs::{OFlags, SeekFrom};
 
 use crate::file::{punch_or_write_zeroes, read_exact, write_zeroes_by_writing};
+use crate::flush::FlushBatch;
 use crate::pool::{BlockingPool, DEFAULT_LIMIT};
 use crate::uring::{ring_for, Ring};
 use crate::{check_range, Backend, IoMode, MapRun};
@@ -36,6 +37,8 @@ pub struct BlockBackend {
     direct: Option<Arc<File>>,
     ring: Option<Ring>,
     pool: BlockingPool,
+    /// SYNCHRONIZE CACHE: concurrent flushes share fdatasyncs.
+    flushes: FlushBatch,
 }
 
 impl BlockBackend {
@@ -89,6 +92,7 @@ impl BlockBackend {
             direct,
             ring,
             pool: BlockingPool::new(DEFAULT_LIMIT),
+            flushes: FlushBatch::default(),
         })
     }
 
@@ -143,7 +147,7 @@ fn read_direct(file: &File, offset: u64, len: usize) -> io::Result<Bytes> {
     let mut done = 0;
     while done < len {
         match file.read_at(&mut buf[start + done..start + len], offset + done as u64) {
-            Ok(0) => break,
+            Ok(0) => return Err(crate::ends_early(offset + done as u64)),
             Ok(n) => done += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
@@ -235,11 +239,15 @@ impl Backend for BlockBackend {
     }
 
     async fn flush(&self) -> io::Result<()> {
-        if let Some(ring) = &self.ring {
-            return ring.fdatasync(BUFFERED).await;
-        }
-        let file = self.buffered.clone();
-        self.pool.run(move || file.sync_data()).await
+        self.flushes
+            .flush(|| async {
+                if let Some(ring) = &self.ring {
+                    return ring.fdatasync(BUFFERED).await;
+                }
+                let file = self.buffered.clone();
+                self.pool.run(move || file.sync_data()).await
+            })
+            .await
     }
 
     async fn punch(&self, offset: u64, len: u64) -> io::Result<()> {

@@ -16,6 +16,7 @@ use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use rustix::fs::{FallocateFlags, OFlags, SeekFrom};
 
+use crate::flush::FlushBatch;
 use crate::pool::{BlockingPool, DEFAULT_LIMIT};
 use crate::uring::{ring_for, Ring};
 use crate::{check_range, Backend, IoMode, MapRun};
@@ -33,6 +34,8 @@ pub struct FileBackend {
     dsync: Option<Arc<File>>,
     ring: Option<Ring>,
     pool: BlockingPool,
+    /// SYNCHRONIZE CACHE: concurrent flushes share fdatasyncs.
+    flushes: FlushBatch,
     punch_works: bool,
     /// How a read may skip the blocking pool (see [`InPlace`]); downgraded to `Never` when the
     /// kernel refuses RWF_NOWAIT on this file system.
@@ -136,6 +139,7 @@ impl FileBackend {
             dsync,
             ring,
             pool: BlockingPool::new(DEFAULT_LIMIT),
+            flushes: FlushBatch::default(),
             punch_works,
             in_place: AtomicU8::new(in_place as u8),
         })
@@ -191,7 +195,7 @@ pub(crate) fn read_cached(file: &File, offset: u64, len: usize) -> io::Result<Op
             offset + done as u64,
             rustix::io::ReadWriteFlags::NOWAIT,
         ) {
-            Ok(0) => break, // past end of file: the rest stays zero
+            Ok(0) => return Err(crate::ends_early(offset + done as u64)),
             Ok(n) => done += n,
             Err(rustix::io::Errno::INTR) => {}
             Err(rustix::io::Errno::AGAIN) => return Ok(None), // not all in the page cache
@@ -206,7 +210,7 @@ pub(crate) fn read_exact(file: &File, offset: u64, len: usize) -> io::Result<Byt
     let mut done = 0;
     while done < len {
         match file.read_at(&mut buf[done..], offset + done as u64) {
-            Ok(0) => break, // past end of file: the rest stays zero
+            Ok(0) => return Err(crate::ends_early(offset + done as u64)),
             Ok(n) => done += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
@@ -301,6 +305,7 @@ impl Backend for FileBackend {
             m if m == InPlace::NoWait as u8 => match read_cached(&self.file, offset, len) {
                 Ok(Some(data)) => return Ok(data),
                 Ok(None) => {}
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(e),
                 Err(_) => self.in_place.store(InPlace::Never as u8, Ordering::Relaxed),
             },
             _ => {}
@@ -327,11 +332,15 @@ impl Backend for FileBackend {
     }
 
     async fn flush(&self) -> io::Result<()> {
-        if let Some(ring) = &self.ring {
-            return ring.fdatasync(IMAGE).await;
-        }
-        let file = self.file.clone();
-        self.pool.run(move || file.sync_data()).await
+        self.flushes
+            .flush(|| async {
+                if let Some(ring) = &self.ring {
+                    return ring.fdatasync(IMAGE).await;
+                }
+                let file = self.file.clone();
+                self.pool.run(move || file.sync_data()).await
+            })
+            .await
     }
 
     async fn punch(&self, offset: u64, len: u64) -> io::Result<()> {

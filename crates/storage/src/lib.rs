@@ -20,6 +20,7 @@
 
 mod block;
 mod file;
+mod flush;
 mod lent;
 mod memory;
 mod pool;
@@ -173,6 +174,28 @@ pub trait Backend: Send + Sync + 'static {
     async fn map_status(&self, offset: u64, len: u64) -> io::Result<MapRun>;
 }
 
+/// The error of a read that found the backing file or device ending at byte `at`, inside
+/// the device's size: it was truncated (or shrank) under the running LUN. Never zeroes
+/// passed off as data: `UnexpectedEof`, which the SCSI engine answers with MEDIUM ERROR /
+/// UNRECOVERED READ ERROR (the LBA is inside the capacity the initiator was given, so not
+/// LBA OUT OF RANGE).
+pub(crate) fn ends_early(at: u64) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        format!("the backing store ends at byte {at}, inside the device (truncated?)"),
+    )
+}
+
+/// True when `e` says the backing device is gone (ENODEV, ENXIO: removed or detached under
+/// the running LUN), as opposed to a failure of its medium (EIO).
+pub fn device_gone(e: &io::Error) -> bool {
+    use rustix::io::Errno;
+    let code = e.raw_os_error();
+    [Errno::NODEV, Errno::NXIO]
+        .iter()
+        .any(|x| code == Some(x.raw_os_error()))
+}
+
 /// Checks that `offset..offset+len` lies inside a device of `size` bytes.
 pub fn check_range(size: u64, offset: u64, len: u64) -> io::Result<()> {
     match offset.checked_add(len) {
@@ -184,5 +207,7 @@ pub fn check_range(size: u64, offset: u64, len: u64) -> io::Result<()> {
     }
 }
 
+#[cfg(test)]
+mod fault_tests;
 #[cfg(test)]
 mod tests;

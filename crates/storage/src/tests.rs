@@ -261,7 +261,7 @@ fn stuck_pool_does_not_stall_another_pool() {
 }
 
 /// A page-cache-hot range is read in place (RWF_NOWAIT) with the same bytes the blocking
-/// path reads, zeroes past the end of the file included.
+/// path reads; a range reaching past the end of the file fails on both.
 #[test]
 fn cached_read_in_place_matches_the_blocking_read() {
     let dir = std::env::temp_dir().join(format!("ironsan-cached-{}", std::process::id()));
@@ -270,13 +270,18 @@ fn cached_read_in_place_matches_the_blocking_read() {
     let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 + 3) as u8).collect();
     std::fs::write(&path, &data).unwrap();
     let f = std::fs::File::open(&path).unwrap();
-    for (off, len) in [(0u64, 4096usize), (12_345, 100_000), (290_000, 20_000)] {
+    for (off, len) in [(0u64, 4096usize), (12_345, 100_000), (290_000, 10_000)] {
         let hot = crate::file::read_cached(&f, off, len)
             .expect("RWF_NOWAIT on the temp directory's file system")
             .expect("just written: in the page cache");
         let cold = crate::file::read_exact(&f, off, len).unwrap();
         assert_eq!(hot, cold, "{off}+{len}");
     }
+    let eof = io::ErrorKind::UnexpectedEof;
+    let hot = crate::file::read_cached(&f, 290_000, 20_000).unwrap_err();
+    assert_eq!(hot.kind(), eof);
+    let cold = crate::file::read_exact(&f, 290_000, 20_000).unwrap_err();
+    assert_eq!(cold.kind(), eof);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -137,8 +137,8 @@ impl Ring {
     }
 
     /// Reads `len` bytes at `offset` of registered file `file` into a fresh buffer whose
-    /// start is `align`-aligned in memory (1: any); bytes past the end of the file read as
-    /// zeroes, as a short read is continued until end of file.
+    /// start is `align`-aligned in memory (1: any); a short read is continued, and the end
+    /// of the file before `offset + len` is an error ([`crate::ends_early`]).
     pub(crate) async fn read(
         &self,
         file: u32,
@@ -146,8 +146,7 @@ impl Ring {
         len: usize,
         align: usize,
     ) -> io::Result<Bytes> {
-        // Not zeroed first: only the alignment padding and what lies past the end of the
-        // file are (below); the kernel fills the rest.
+        // Not zeroed first: only the alignment padding is; the kernel fills the rest.
         let mut buf: Vec<u8> = Vec::with_capacity(len + align - 1);
         let start = match buf.as_ptr() as usize % align {
             0 => 0,
@@ -169,17 +168,16 @@ impl Ring {
                 _ => return res.and(Err(io::Error::other("io_uring read lost its buffer"))),
             };
             match res {
-                Ok(0) => break, // end of file: the rest stays zero
+                Ok(0) => return Err(crate::ends_early(offset + done as u64)),
                 Ok(got) => done += got as usize,
                 Err(e) if retry(&e, &mut retries) => {}
                 Err(e) => return Err(e),
             }
         }
         // SAFETY: the first `start` bytes were zeroed above and the completed reads wrote
-        // the `done` bytes after them; the vector's capacity holds `start + len >= start +
-        // done` bytes, and nothing reads it before this length is set.
+        // the `done == len` bytes after them; the vector's capacity holds `start + len`
+        // bytes, and nothing reads it before this length is set.
         unsafe { buf.set_len(start + done) };
-        buf.resize(start + len, 0); // past the end of the file: zeroes
         Ok(Bytes::from(buf).slice(start..start + len))
     }
 
@@ -425,10 +423,10 @@ pub(crate) mod test_hooks {
 mod tests {
     use super::*;
 
-    /// Ring reads (any memory alignment) return the file's bytes and zeroes past its end:
-    /// the read buffer is not zeroed beforehand, so this is what proves the tail is.
+    /// Ring reads (any memory alignment) return the file's bytes, and a read reaching past
+    /// its end fails rather than passing off unwritten memory (or zeroes) as data.
     #[test]
-    fn ring_reads_give_the_bytes_and_zeroes_past_the_end() {
+    fn ring_reads_give_the_bytes_and_fail_past_the_end() {
         let path = std::env::temp_dir().join(format!("ironsan-uring-read-{}", std::process::id()));
         let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8 + 1).collect();
         std::fs::write(&path, &data).unwrap();
@@ -444,12 +442,12 @@ mod tests {
             for align in [1, 512, 4096] {
                 let got = ring.read(0, 4096, 4096, align).await.unwrap();
                 assert_eq!(got[..], data[4096..8192], "align {align}");
-                let tail = ring.read(0, 8192, 8192, align).await.unwrap();
-                assert_eq!(tail.len(), 8192);
-                assert_eq!(tail[..1808], data[8192..], "align {align}");
-                assert!(tail[1808..].iter().all(|&b| b == 0), "align {align}");
-                let beyond = ring.read(0, 20_000, 4096, align).await.unwrap();
-                assert!(beyond.iter().all(|&b| b == 0), "align {align}");
+                let tail = ring.read(0, 8192, 1808, align).await.unwrap();
+                assert_eq!(tail[..], data[8192..], "align {align}");
+                for (at, len) in [(8192, 8192), (20_000, 4096)] {
+                    let err = ring.read(0, at, len, align).await.unwrap_err();
+                    assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof, "align {align}");
+                }
             }
         });
         drop(ring);

@@ -588,15 +588,28 @@ impl Lun {
     }
 }
 
-/// The sense for a failed backend read or write: a backend that lost its storage for now (a
-/// network backend's timeout or lost connection) is NOT READY, which initiators retry;
-/// anything else is a MEDIUM ERROR with `medium` (READ ERROR or WRITE ERROR).
+/// LOGICAL UNIT NOT READY, MANUAL INTERVENTION REQUIRED: initiators fail it rather than retry.
+const NOT_READY_MANUAL_INTERVENTION: (u8, u8) = (0x04, 0x03);
+/// SPACE ALLOCATION FAILED WRITE PROTECT (SBC-3 4.7.3.6: no room left to provision).
+const SPACE_ALLOCATION_FAILED: (u8, u8) = (0x27, 0x07);
+
+/// The sense for a failed backend operation (and one log line by its caller):
+/// - storage lost for now (a network backend's timeout or lost connection): NOT READY,
+///   BECOMING READY, which initiators retry;
+/// - the backing device gone (ENODEV, ENXIO): NOT READY, MANUAL INTERVENTION REQUIRED;
+/// - no space left to allocate (ENOSPC, a thin file on a full file system): DATA PROTECT,
+///   SPACE ALLOCATION FAILED WRITE PROTECT;
+/// - anything else (EIO; a read past the end of a backing file truncated under the LUN,
+///   whose blocks are inside the reported capacity): MEDIUM ERROR with `medium` (UNRECOVERED
+///   READ ERROR or WRITE ERROR).
 pub(crate) fn io_sense(e: &std::io::Error, medium: (u8, u8)) -> Sense {
     use std::io::ErrorKind;
     match e.kind() {
         ErrorKind::TimedOut | ErrorKind::NotConnected => {
             Sense::new(key::NOT_READY, asc::NOT_READY_BECOMING_READY)
         }
+        ErrorKind::StorageFull => Sense::new(key::DATA_PROTECT, SPACE_ALLOCATION_FAILED),
+        _ if storage::device_gone(e) => Sense::new(key::NOT_READY, NOT_READY_MANUAL_INTERVENTION),
         _ => Sense::new(key::MEDIUM_ERROR, medium),
     }
 }
@@ -614,5 +627,27 @@ mod io_sense_tests {
         }
         let s = io_sense(&Error::other("EIO"), asc::READ_ERROR);
         assert_eq!(s, Sense::new(key::MEDIUM_ERROR, asc::READ_ERROR));
+    }
+
+    /// errno by errno (as the file and block backends report them), and a read past the
+    /// end of a truncated backing file.
+    #[test]
+    fn backend_errors_map_to_the_sense_sbc_prescribes() {
+        let os = Error::from_raw_os_error;
+        let medium = Sense::new(key::MEDIUM_ERROR, asc::READ_ERROR);
+        let gone = Sense::new(key::NOT_READY, NOT_READY_MANUAL_INTERVENTION);
+        let full = Sense::new(key::DATA_PROTECT, SPACE_ALLOCATION_FAILED);
+        for (e, want) in [
+            (os(5), medium),  // EIO
+            (os(61), medium), // ENODATA
+            (os(19), gone),   // ENODEV
+            (os(6), gone),    // ENXIO
+            (os(28), full),   // ENOSPC
+            (Error::from(ErrorKind::UnexpectedEof), medium),
+        ] {
+            assert_eq!(io_sense(&e, asc::READ_ERROR), want, "{e}");
+        }
+        let w = io_sense(&os(5), asc::WRITE_ERROR);
+        assert_eq!(w, Sense::new(key::MEDIUM_ERROR, asc::WRITE_ERROR));
     }
 }
