@@ -1,10 +1,12 @@
 //! Block-device backend: O_DIRECT for page-aligned requests (bypassing the page cache,
 //! with the data read straight into the buffer that becomes the response), a buffered
-//! descriptor for unaligned ones, fdatasync for flush, fallocate(PUNCH_HOLE) (a discard
-//! on block devices) for unmap. Reads, writes and flushes go through the backend's io_uring
-//! ring ([`crate::uring`]; FUA as an RWF_DSYNC write), or with [`IoMode::Threads`] (or no
-//! io_uring in the kernel) run on tokio's blocking pool (FUA as write then fdatasync);
-//! unmap and zeroing always run on the pool.
+//! descriptor for unaligned ones, fdatasync for flush. Reads, writes, flushes, unmap and
+//! zeroing go through the backend's io_uring ring ([`crate::uring`]; FUA as an RWF_DSYNC
+//! write), or with [`IoMode::Threads`] (or no io_uring in the kernel) run on tokio's
+//! blocking pool (FUA as write then fdatasync). Unmap is fallocate(PUNCH_HOLE), offered
+//! (thin provisioning) only where the device zeroes that way without writing (its queue
+//! takes write-zeroes requests): it then reads back as zeroes, as LBPRZ says. Zeroing is
+//! fallocate(ZERO_RANGE), the kernel's BLKZEROOUT ([`crate::alloc`]).
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -16,7 +18,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use rustix::fs::{OFlags, SeekFrom};
 
-use crate::file::{punch_or_write_zeroes, read_exact, write_zeroes_by_writing};
+use crate::alloc::{device_punches, discard_granularity, Alloc, Via};
+use crate::file::{probe_punch, read_exact};
 use crate::flush::FlushBatch;
 use crate::pool::{BlockingPool, DEFAULT_LIMIT};
 use crate::uring::{ring_for, Ring};
@@ -37,6 +40,10 @@ pub struct BlockBackend {
     direct: Option<Arc<File>>,
     ring: Option<Ring>,
     pool: BlockingPool,
+    /// Unmap and zeroing (fallocate).
+    alloc: Alloc,
+    /// Discard granularity of the device in bytes (0: unknown).
+    granularity: u64,
     /// SYNCHRONIZE CACHE: concurrent flushes share fdatasyncs.
     flushes: FlushBatch,
 }
@@ -85,6 +92,10 @@ impl BlockBackend {
         let mut files = vec![&buffered];
         files.extend(direct.as_deref());
         let ring = ring_for(io, &files, path);
+        // Unmap is offered where a punch zeroes without writing (see `crate::alloc`).
+        let punches =
+            !read_only && device_punches(&buffered).unwrap_or_else(|| probe_punch(&buffered, size));
+        let granularity = discard_granularity(&buffered);
         Ok(BlockBackend {
             path: path.to_path_buf(),
             size,
@@ -93,6 +104,8 @@ impl BlockBackend {
             ring,
             pool: BlockingPool::new(DEFAULT_LIMIT),
             flushes: FlushBatch::default(),
+            alloc: Alloc::new(punches),
+            granularity,
         })
     }
 
@@ -115,6 +128,15 @@ impl BlockBackend {
     /// The I/O path in use.
     pub fn io_mode(&self) -> IoMode {
         crate::uring::mode(self.ring.as_ref())
+    }
+
+    fn via(&self) -> Via<'_> {
+        Via {
+            ring: self.ring.as_ref(),
+            index: BUFFERED,
+            pool: &self.pool,
+            file: &self.buffered,
+        }
     }
 
     fn direct_for(&self, offset: u64, len: usize) -> Option<Arc<File>> {
@@ -187,7 +209,11 @@ impl Backend for BlockBackend {
     }
 
     fn supports_punch(&self) -> bool {
-        false
+        self.alloc.punches()
+    }
+
+    fn punch_granularity(&self) -> u64 {
+        self.granularity
     }
 
     async fn read_at(&self, offset: u64, len: usize) -> io::Result<Bytes> {
@@ -252,22 +278,12 @@ impl Backend for BlockBackend {
 
     async fn punch(&self, offset: u64, len: u64) -> io::Result<()> {
         check_range(self.size, offset, len)?;
-        if len == 0 {
-            return Ok(());
-        }
-        let file = self.buffered.clone();
-        // On a block device PUNCH_HOLE|KEEP_SIZE is a discard that reads back zero.
-        self.pool
-            .run(move || punch_or_write_zeroes(&file, offset, len, true))
-            .await
+        self.alloc.punch(self.via(), offset, len).await
     }
 
     async fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
         check_range(self.size, offset, len)?;
-        let file = self.buffered.clone();
-        self.pool
-            .run(move || write_zeroes_by_writing(&file, offset, len))
-            .await
+        self.alloc.zero(self.via(), offset, len).await
     }
 
     async fn map_status(&self, offset: u64, len: u64) -> io::Result<MapRun> {

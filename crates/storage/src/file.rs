@@ -3,7 +3,8 @@
 //! no io_uring in the kernel) as pread/pwrite on tokio's blocking pool, a read whose data
 //! is all in the page cache done in place first (RWF_NOWAIT) and FUA writes through a second
 //! O_DSYNC descriptor. On tmpfs reads are done in place in both modes (the file is memory).
-//! Unmap by fallocate(PUNCH_HOLE) and mapping status by SEEK_DATA/SEEK_HOLE, on the pool.
+//! Unmap by fallocate(PUNCH_HOLE), zeroing by fallocate(ZERO_RANGE) ([`crate::alloc`]: on
+//! the ring or the pool), mapping status by SEEK_DATA/SEEK_HOLE on the pool.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -16,6 +17,7 @@ use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use rustix::fs::{FallocateFlags, OFlags, SeekFrom};
 
+use crate::alloc::{Alloc, Via};
 use crate::flush::FlushBatch;
 use crate::pool::{BlockingPool, DEFAULT_LIMIT};
 use crate::uring::{ring_for, Ring};
@@ -34,9 +36,10 @@ pub struct FileBackend {
     dsync: Option<Arc<File>>,
     ring: Option<Ring>,
     pool: BlockingPool,
+    /// Punching and zeroing (fallocate).
+    alloc: Alloc,
     /// SYNCHRONIZE CACHE: concurrent flushes share fdatasyncs.
     flushes: FlushBatch,
-    punch_works: bool,
     /// How a read may skip the blocking pool (see [`InPlace`]); downgraded to `Never` when the
     /// kernel refuses RWF_NOWAIT on this file system.
     in_place: AtomicU8,
@@ -140,7 +143,7 @@ impl FileBackend {
             ring,
             pool: BlockingPool::new(DEFAULT_LIMIT),
             flushes: FlushBatch::default(),
-            punch_works,
+            alloc: Alloc::new(punch_works),
             in_place: AtomicU8::new(in_place as u8),
         })
     }
@@ -160,12 +163,21 @@ impl FileBackend {
     pub fn io_mode(&self) -> IoMode {
         crate::uring::mode(self.ring.as_ref())
     }
+
+    fn via(&self) -> Via<'_> {
+        Via {
+            ring: self.ring.as_ref(),
+            index: IMAGE,
+            pool: &self.pool,
+            file: &self.file,
+        }
+    }
 }
 
 /// Checks whether the filesystem supports hole punching, by punching the last byte of
 /// the image when that byte is zero (so no data can be lost). When it is not zero we
 /// assume support; a failing punch later falls back to writing zeroes.
-fn probe_punch(file: &File, size: u64) -> bool {
+pub(crate) fn probe_punch(file: &File, size: u64) -> bool {
     if size == 0 {
         return false;
     }
@@ -219,28 +231,6 @@ pub(crate) fn read_exact(file: &File, offset: u64, len: usize) -> io::Result<Byt
     Ok(buf.freeze())
 }
 
-/// Deallocate a range (PUNCH_HOLE, which reads back as zeroes on files and is a discard on
-/// block devices); where punching is not tried or fails, write zeroes instead.
-pub(crate) fn punch_or_write_zeroes(
-    file: &File,
-    offset: u64,
-    len: u64,
-    try_punch: bool,
-) -> io::Result<()> {
-    let punched = try_punch
-        && rustix::fs::fallocate(
-            file,
-            FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
-            offset,
-            len,
-        )
-        .is_ok();
-    if punched {
-        return Ok(());
-    }
-    write_zeroes_by_writing(file, offset, len)
-}
-
 pub(crate) fn write_zeroes_by_writing(file: &File, offset: u64, len: u64) -> io::Result<()> {
     const STEP: u64 = 1 << 20;
     let zeroes = vec![0u8; STEP.min(len) as usize];
@@ -291,7 +281,7 @@ impl Backend for FileBackend {
     }
 
     fn supports_punch(&self) -> bool {
-        self.punch_works
+        self.alloc.punches()
     }
 
     async fn read_at(&self, offset: u64, len: usize) -> io::Result<Bytes> {
@@ -345,22 +335,12 @@ impl Backend for FileBackend {
 
     async fn punch(&self, offset: u64, len: u64) -> io::Result<()> {
         check_range(self.size, offset, len)?;
-        if len == 0 {
-            return Ok(());
-        }
-        let file = self.file.clone();
-        let try_punch = self.punch_works;
-        self.pool
-            .run(move || punch_or_write_zeroes(&file, offset, len, try_punch))
-            .await
+        self.alloc.punch(self.via(), offset, len).await
     }
 
     async fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
         check_range(self.size, offset, len)?;
-        let file = self.file.clone();
-        self.pool
-            .run(move || write_zeroes_by_writing(&file, offset, len))
-            .await
+        self.alloc.zero(self.via(), offset, len).await
     }
 
     async fn map_status(&self, offset: u64, len: u64) -> io::Result<MapRun> {

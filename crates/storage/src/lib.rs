@@ -18,6 +18,7 @@
 //! buffer noted goes back to its lender as a [`BufNote`], whose kinds name what the
 //! transports act on (the CRCs of fixed-size pieces; where the bytes lie in registered memory).
 
+mod alloc;
 mod block;
 mod file;
 mod flush;
@@ -122,6 +123,13 @@ pub trait Backend: Send + Sync + 'static {
     /// True if [`Backend::punch`] really deallocates (so unmapped ranges read back as
     /// zeroes and [`Backend::map_status`] can report them as unmapped).
     fn supports_punch(&self) -> bool;
+
+    /// The granularity in bytes at which [`Backend::punch`] deallocates best (a block
+    /// device's discard granularity), reported to initiators as the optimal unmap
+    /// granularity; 0 when the backend does not say.
+    fn punch_granularity(&self) -> u64 {
+        0
+    }
 
     /// Reads `len` bytes at `offset` into a fresh buffer. Never-written ranges read as zeroes.
     async fn read_at(&self, offset: u64, len: usize) -> io::Result<Bytes>;

@@ -1,7 +1,7 @@
 //! io_uring submission for the file and block backends: reads, writes (FUA as `RWF_DSYNC`
-//! writes) and fdatasync go to a ring owned by the backend instead of the blocking pool's
-//! threads. Hole punching, zeroing and mapping status are rare and stay on the blocking pool
-//! ([`crate::pool`]).
+//! writes), fdatasync and fallocate (punching and zeroing: [`crate::alloc`]) go to a ring
+//! owned by the backend instead of the blocking pool's threads. Mapping status (lseek) has
+//! no io_uring operation and stays on the blocking pool ([`crate::pool`]).
 //!
 //! One ring per backend, its files registered (fixed files). A submitter pushes and submits
 //! under the ring's lock and takes whatever has completed on the way out: an operation the
@@ -215,6 +215,28 @@ impl Ring {
             }
         }
         Ok(())
+    }
+
+    /// fallocate(`mode`) of `offset..offset+len` of registered file `file`.
+    pub(crate) async fn fallocate(
+        &self,
+        file: u32,
+        mode: i32,
+        offset: u64,
+        len: u64,
+    ) -> io::Result<()> {
+        let mut retries = 0;
+        loop {
+            let entry = opcode::Fallocate::new(types::Fixed(file), len)
+                .offset(offset)
+                .mode(mode)
+                .build();
+            match self.shared.clone().submit(entry, OpBuf::None).await.0 {
+                Ok(_) => return Ok(()),
+                Err(e) if retry(&e, &mut retries) => {}
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// fdatasync of registered file `file`.

@@ -120,7 +120,10 @@ impl Lun {
         if self.thin {
             b[16..20].copy_from_slice(&MAX_UNMAP_BLOCKS.to_be_bytes());
             b[20..24].copy_from_slice(&MAX_UNMAP_DESCRIPTORS.to_be_bytes());
-            b[24..28].copy_from_slice(&1u32.to_be_bytes()); // optimal unmap granularity
+            // Optimal unmap granularity: the backend's (a block device's discard
+            // granularity), at least one block.
+            let granularity = (self.backend.punch_granularity() >> self.bs_shift).max(1);
+            b[24..28].copy_from_slice(&(granularity.min(u32::MAX as u64) as u32).to_be_bytes());
         }
         b[32..40].copy_from_slice(&MAX_WRITE_SAME_BLOCKS.to_be_bytes());
         // WRITE ATOMIC(16): maximum atomic transfer length, atomic alignment 1, atomic
