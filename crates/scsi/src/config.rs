@@ -173,6 +173,11 @@ pub struct LunConfig {
     /// the blocking pool where the kernel has no io_uring) or "threads" (the blocking pool).
     #[serde(default)]
     pub io: IoConfig,
+    /// File LUNs: requests aligned to 4 KiB (offset and length) bypass the page cache
+    /// (O_DIRECT), unaligned ones stay buffered; a file system that refuses O_DIRECT gets
+    /// buffered I/O and a log line. Block LUNs always do this. Off by default.
+    #[serde(default)]
+    pub direct: bool,
 }
 
 /// The `io` key of a LUN (see [`LunConfig::io`]).
@@ -226,6 +231,7 @@ impl LunConfig {
             removable: false,
             sanitize: false,
             io: IoConfig::Uring,
+            direct: false,
         }
     }
 
@@ -373,6 +379,11 @@ mod tests {
         );
         assert_eq!(c.block_size, 4096);
         assert_eq!(c.io, IoConfig::Uring);
+        assert!(!c.direct);
+        let c: LunConfig =
+            toml::from_str("backend = { type = \"file\", path = \"/tmp/x\" }\ndirect = true")
+                .unwrap();
+        assert!(c.direct);
         let c: LunConfig =
             toml::from_str("backend = { type = \"block\", path = \"/dev/x\" }\nio = \"threads\"")
                 .unwrap();

@@ -550,8 +550,15 @@ fn open_backend(
             }
         }
         BackendConfig::File { path, create } => Arc::new(
-            storage::FileBackend::open_with(path, size, *create, cfg.read_only, cfg.io.into())
-                .map_err(|e| e.to_string())?,
+            storage::FileBackend::open_direct(
+                path,
+                size,
+                *create,
+                cfg.read_only,
+                cfg.io.into(),
+                cfg.direct,
+            )
+            .map_err(|e| e.to_string())?,
         ),
         BackendConfig::Block { path } => Arc::new(
             storage::BlockBackend::open_with(path, size, cfg.read_only, cfg.io.into())

@@ -10,15 +10,16 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use rustix::fs::{OFlags, SeekFrom};
+use rustix::fs::SeekFrom;
 
 use crate::alloc::{device_punches, discard_granularity, Alloc, Via};
+use crate::direct::{aligned, aligned_bytes, read_direct, write_direct, DIRECT_ALIGN};
 use crate::file::{probe_punch, read_exact};
 use crate::flush::FlushBatch;
 use crate::pool::{BlockingPool, DEFAULT_LIMIT};
@@ -28,9 +29,6 @@ use crate::{check_range, Backend, IoMode, MapRun};
 /// Indexes of the buffered and the O_DIRECT descriptor among the ring's registered files.
 const BUFFERED: u32 = 0;
 const DIRECT: u32 = 1;
-
-/// Alignment (memory address, offset and length) used for O_DIRECT transfers.
-const DIRECT_ALIGN: usize = 4096;
 
 /// A block device (or any file) accessed with O_DIRECT where possible.
 pub struct BlockBackend {
@@ -84,11 +82,7 @@ impl BlockBackend {
             None => dev_size,
         };
         // O_DIRECT is refused by some filesystems (tmpfs): then everything is buffered.
-        let direct = opts
-            .custom_flags(OFlags::DIRECT.bits() as i32)
-            .open(path)
-            .ok()
-            .map(Arc::new);
+        let direct = crate::direct::open(path, read_only).ok().map(Arc::new);
         let mut files = vec![&buffered];
         files.extend(direct.as_deref());
         let ring = ring_for(io, &files, path);
@@ -140,62 +134,12 @@ impl BlockBackend {
     }
 
     fn direct_for(&self, offset: u64, len: usize) -> Option<Arc<File>> {
-        let aligned = offset.is_multiple_of(DIRECT_ALIGN as u64)
-            && len.is_multiple_of(DIRECT_ALIGN)
-            && len > 0;
-        if aligned {
+        if aligned(offset, len) {
             self.direct.clone()
         } else {
             None
         }
     }
-}
-
-/// A zeroed buffer of `len` bytes whose start is DIRECT_ALIGN-aligned in memory, returned
-/// as (backing vector, start index). Over-allocating and slicing avoids unsafe code.
-fn aligned_buffer(len: usize) -> (Vec<u8>, usize) {
-    let buf = vec![0u8; len + DIRECT_ALIGN];
-    let misalign = buf.as_ptr() as usize % DIRECT_ALIGN;
-    let start = if misalign == 0 {
-        0
-    } else {
-        DIRECT_ALIGN - misalign
-    };
-    (buf, start)
-}
-
-fn read_direct(file: &File, offset: u64, len: usize) -> io::Result<Bytes> {
-    let (mut buf, start) = aligned_buffer(len);
-    let mut done = 0;
-    while done < len {
-        match file.read_at(&mut buf[start + done..start + len], offset + done as u64) {
-            Ok(0) => return Err(crate::ends_early(offset + done as u64)),
-            Ok(n) => done += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    // Zero-copy: the response shares the aligned vector.
-    Ok(Bytes::from(buf).slice(start..start + len))
-}
-
-/// `data`, or a copy of it whose start is DIRECT_ALIGN-aligned in memory.
-fn aligned_bytes(data: Bytes) -> Bytes {
-    if (data.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN) {
-        return data;
-    }
-    let (mut buf, start) = aligned_buffer(data.len());
-    buf[start..start + data.len()].copy_from_slice(&data);
-    Bytes::from(buf).slice(start..start + data.len())
-}
-
-fn write_direct(file: &File, offset: u64, data: &[u8]) -> io::Result<()> {
-    if (data.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN) {
-        return file.write_all_at(data, offset);
-    }
-    let (mut buf, start) = aligned_buffer(data.len());
-    buf[start..start + data.len()].copy_from_slice(data);
-    file.write_all_at(&buf[start..start + data.len()], offset)
 }
 
 #[async_trait]

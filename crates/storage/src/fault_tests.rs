@@ -102,3 +102,48 @@ fn enodev_and_enxio_say_the_device_is_gone_and_eio_does_not() {
     )));
     assert!(!crate::device_gone(&io::Error::other("x")));
 }
+
+/// A file LUN opened `direct`, in both modes, on disk and on tmpfs (which may refuse
+/// O_DIRECT: then it is buffered): the backend script (aligned and unaligned requests),
+/// aligned and unaligned transfers over the same bytes agreeing both ways, and a
+/// truncated file failing a direct read.
+#[test]
+fn a_direct_file_lun_mixes_aligned_and_unaligned_requests_coherently() {
+    let mut bases = vec![std::env::temp_dir()];
+    if Path::new("/dev/shm").is_dir() {
+        bases.push("/dev/shm".into());
+    }
+    for base in bases {
+        for mode in [IoMode::Uring, IoMode::Threads] {
+            let d = dir(&format!("direct-{mode:?}"), &base);
+            let path = d.join("img");
+            let b = Arc::new(
+                FileBackend::open_direct(&path, Some(4 * MIB), true, false, mode, true).unwrap(),
+            );
+            if base == std::env::temp_dir() {
+                assert!(b.is_direct(), "O_DIRECT on {}", base.display());
+            }
+            rt().block_on(async {
+                crate::tests::script(b.clone()).await;
+                let a = Bytes::from(vec![0xA1u8; 65536]);
+                b.write_at(MIB, a.clone(), true).await.unwrap(); // direct
+                let r = b.read_at(MIB + 512, 4096).await.unwrap(); // buffered
+                assert!(r.iter().all(|&x| x == 0xA1));
+                b.write_at(MIB + 1000, Bytes::from(vec![0xB2u8; 100]), false)
+                    .await
+                    .unwrap(); // buffered
+                let r = b.read_at(MIB, 4096).await.unwrap(); // direct
+                assert!(r[..1000].iter().all(|&x| x == 0xA1));
+                assert!(r[1000..1100].iter().all(|&x| x == 0xB2));
+                assert!(r[1100..].iter().all(|&x| x == 0xA1));
+                b.flush().await.unwrap();
+            });
+            let other: Arc<dyn Backend> = Arc::new(
+                FileBackend::open_with(&d.join("other"), Some(4 * MIB), true, false, mode).unwrap(),
+            );
+            let b = FileBackend::open_direct(&path, None, false, false, mode, true).unwrap();
+            rt().block_on(truncate_under(Arc::new(b), &path, &other));
+            std::fs::remove_dir_all(&d).unwrap();
+        }
+    }
+}

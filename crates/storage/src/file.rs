@@ -3,8 +3,11 @@
 //! no io_uring in the kernel) as pread/pwrite on tokio's blocking pool, a read whose data
 //! is all in the page cache done in place first (RWF_NOWAIT) and FUA writes through a second
 //! O_DSYNC descriptor. On tmpfs reads are done in place in both modes (the file is memory).
+//! Opened `direct`, requests aligned to 4 KiB bypass the page cache ([`crate::direct`]).
 //! Unmap by fallocate(PUNCH_HOLE), zeroing by fallocate(ZERO_RANGE) ([`crate::alloc`]: on
-//! the ring or the pool), mapping status by SEEK_DATA/SEEK_HOLE on the pool.
+//! the ring or the pool), mapping status by SEEK_DATA/SEEK_HOLE on the pool. A read that
+//! finds the file shorter than the device (truncated under the LUN) fails
+//! ([`crate::ends_early`]).
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -18,13 +21,16 @@ use bytes::{Bytes, BytesMut};
 use rustix::fs::{FallocateFlags, OFlags, SeekFrom};
 
 use crate::alloc::{Alloc, Via};
+use crate::direct::{aligned_bytes, read_direct, write_direct, DIRECT_ALIGN};
 use crate::flush::FlushBatch;
 use crate::pool::{BlockingPool, DEFAULT_LIMIT};
 use crate::uring::{ring_for, Ring};
 use crate::{check_range, Backend, IoMode, MapRun};
 
-/// Index of the image file among the ring's registered files.
+/// Indexes of the image file, and of its O_DIRECT descriptor if any, among the ring's
+/// registered files.
 const IMAGE: u32 = 0;
+const DIRECT: u32 = 1;
 
 /// A device image stored in a (normally sparse) regular file.
 pub struct FileBackend {
@@ -34,6 +40,8 @@ pub struct FileBackend {
     /// Same file opened with O_DSYNC: a write on it is durable when it returns (FUA). Only
     /// without a ring (which writes FUA with RWF_DSYNC).
     dsync: Option<Arc<File>>,
+    /// Same file opened with O_DIRECT, for aligned requests (`direct` in the LUN's config).
+    direct: Option<Arc<File>>,
     ring: Option<Ring>,
     pool: BlockingPool,
     /// Punching and zeroing (fallocate).
@@ -76,45 +84,36 @@ impl FileBackend {
         read_only: bool,
         io: IoMode,
     ) -> io::Result<Self> {
-        let ctx = |e: io::Error, what: &str| {
-            io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
-        };
-        let exists = path.exists();
-        if !exists && !create {
-            return Err(io::Error::new(
-                io::ErrorKind::NotFound,
-                format!(
-                    "backing file {} does not exist (set create = true to create it)",
+        Self::open_direct(path, size, create, read_only, io, false)
+    }
+
+    /// [`FileBackend::open_with`], and with `direct` requests aligned to 4 KiB (offset and
+    /// length) bypass the page cache (O_DIRECT; the others stay buffered: `crate::direct`).
+    /// A file system that refuses O_DIRECT gets buffered I/O and one log line
+    /// ([`FileBackend::is_direct`] tells).
+    pub fn open_direct(
+        path: &Path,
+        size: Option<u64>,
+        create: bool,
+        read_only: bool,
+        io: IoMode,
+        direct: bool,
+    ) -> io::Result<Self> {
+        let (file, size) = open_image(path, size, create, read_only)?;
+        let direct = match direct.then(|| crate::direct::open(path, read_only)) {
+            Some(Ok(f)) => Some(Arc::new(f)),
+            Some(Err(e)) => {
+                tracing::warn!(
+                    "{}: O_DIRECT refused ({e}); the LUN is buffered",
                     path.display()
-                ),
-            ));
-        }
-        if !exists && size.is_none() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("cannot create {} without a size", path.display()),
-            ));
-        }
-        let mut opts = OpenOptions::new();
-        opts.read(true)
-            .write(!read_only)
-            .create(create && !read_only);
-        let file = opts.open(path).map_err(|e| ctx(e, "cannot open"))?;
-        let current = file.metadata().map_err(|e| ctx(e, "cannot stat"))?.len();
-        let size = size.unwrap_or(current);
-        if current < size {
-            if read_only {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!(
-                        "{} is {current} bytes, smaller than the configured {size}",
-                        path.display()
-                    ),
-                ));
+                );
+                None
             }
-            file.set_len(size).map_err(|e| ctx(e, "cannot extend"))?;
-        }
-        let ring = ring_for(io, &[&file], path);
+            None => None,
+        };
+        let mut files = vec![&file];
+        files.extend(direct.as_deref());
+        let ring = ring_for(io, &files, path);
         let dsync = match ring {
             Some(_) => None,
             None => Some(Arc::new(
@@ -123,7 +122,7 @@ impl FileBackend {
                     .write(!read_only)
                     .custom_flags(OFlags::DSYNC.bits() as i32)
                     .open(path)
-                    .map_err(|e| ctx(e, "cannot open (O_DSYNC)"))?,
+                    .map_err(|e| context(path, e, "cannot open (O_DSYNC)"))?,
             )),
         };
         let punch_works = !read_only && probe_punch(&file, size);
@@ -140,12 +139,25 @@ impl FileBackend {
             size,
             file: Arc::new(file),
             dsync,
+            direct,
             ring,
             pool: BlockingPool::new(DEFAULT_LIMIT),
             flushes: FlushBatch::default(),
             alloc: Alloc::new(punch_works),
             in_place: AtomicU8::new(in_place as u8),
         })
+    }
+
+    /// True when aligned requests bypass the page cache (O_DIRECT).
+    pub fn is_direct(&self) -> bool {
+        self.direct.is_some()
+    }
+
+    /// The O_DIRECT descriptor when a transfer at `offset` of `len` bytes goes through it.
+    fn direct_for(&self, offset: u64, len: usize) -> Option<&Arc<File>> {
+        self.direct
+            .as_ref()
+            .filter(|_| crate::direct::aligned(offset, len))
     }
 
     /// Path of the image file.
@@ -172,6 +184,61 @@ impl FileBackend {
             file: &self.file,
         }
     }
+}
+
+fn context(path: &Path, e: io::Error, what: &str) -> io::Error {
+    io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
+}
+
+/// Opens (or creates) the image and extends it to `size` (`None`: its length): the file,
+/// and the device size.
+fn open_image(
+    path: &Path,
+    size: Option<u64>,
+    create: bool,
+    read_only: bool,
+) -> io::Result<(File, u64)> {
+    let exists = path.exists();
+    if !exists && !create {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!(
+                "backing file {} does not exist (set create = true to create it)",
+                path.display()
+            ),
+        ));
+    }
+    if !exists && size.is_none() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("cannot create {} without a size", path.display()),
+        ));
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .write(!read_only)
+        .create(create && !read_only)
+        .open(path)
+        .map_err(|e| context(path, e, "cannot open"))?;
+    let current = file
+        .metadata()
+        .map_err(|e| context(path, e, "cannot stat"))?
+        .len();
+    let size = size.unwrap_or(current);
+    if current < size {
+        if read_only {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{} is {current} bytes, smaller than the configured {size}",
+                    path.display()
+                ),
+            ));
+        }
+        file.set_len(size)
+            .map_err(|e| context(path, e, "cannot extend"))?;
+    }
+    Ok((file, size))
 }
 
 /// Checks whether the filesystem supports hole punching, by punching the last byte of
@@ -289,9 +356,10 @@ impl Backend for FileBackend {
         // A page-cache hit costs a memcpy; handing it to a blocking thread costs more than
         // that. RWF_NOWAIT never sleeps: a miss goes to the pool. (A ring serves a hit inside
         // its submit call already.)
+        let direct = self.direct_for(offset, len);
         match self.in_place.load(Ordering::Relaxed) {
             m if m == InPlace::Memory as u8 => return read_exact(&self.file, offset, len),
-            _ if self.ring.is_some() => {}
+            _ if self.ring.is_some() || direct.is_some() => {}
             m if m == InPlace::NoWait as u8 => match read_cached(&self.file, offset, len) {
                 Ok(Some(data)) => return Ok(data),
                 Ok(None) => {}
@@ -301,7 +369,16 @@ impl Backend for FileBackend {
             _ => {}
         }
         if let Some(ring) = &self.ring {
-            return ring.read(IMAGE, offset, len, 1).await;
+            return match direct {
+                Some(_) => ring.read(DIRECT, offset, len, DIRECT_ALIGN).await,
+                None => ring.read(IMAGE, offset, len, 1).await,
+            };
+        }
+        if let Some(direct) = direct.cloned() {
+            return self
+                .pool
+                .run(move || read_direct(&direct, offset, len))
+                .await;
         }
         let file = self.file.clone();
         self.pool.run(move || read_exact(&file, offset, len)).await
@@ -309,8 +386,26 @@ impl Backend for FileBackend {
 
     async fn write_at(&self, offset: u64, data: Bytes, fua: bool) -> io::Result<()> {
         check_range(self.size, offset, data.len() as u64)?;
+        let direct = self.direct_for(offset, data.len()).cloned();
         if let Some(ring) = &self.ring {
-            return ring.write(IMAGE, offset, data, fua).await;
+            return match direct {
+                Some(_) => ring.write(DIRECT, offset, aligned_bytes(data), fua).await,
+                None => ring.write(IMAGE, offset, data, fua).await,
+            };
+        }
+        if let Some(direct) = direct {
+            // O_DIRECT skips the page cache, not the disk's volatile cache: FUA syncs.
+            let file = self.file.clone();
+            return self
+                .pool
+                .run(move || {
+                    write_direct(&direct, offset, &data)?;
+                    if fua {
+                        file.sync_data()?;
+                    }
+                    Ok(())
+                })
+                .await;
         }
         let file = match (&self.dsync, fua) {
             (Some(dsync), true) => dsync.clone(),

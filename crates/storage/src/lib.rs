@@ -7,10 +7,14 @@
 //! All offsets and lengths are in bytes. Callers (the SCSI engine) only issue ranges
 //! that lie inside `0..size()`; backends still check and return `InvalidInput` rather than
 //! panic. Methods must be called from inside a tokio runtime. The file and block backends
-//! submit reads, writes and flushes through an io_uring ring of their own (module `uring`),
-//! or, with [`IoMode::Threads`] or no io_uring in the kernel, run them as blocking system
-//! calls on tokio's blocking pool, bounded per backend (module `pool`); their rarer
-//! operations (punch, zeroing, mapping status) always use the pool.
+//! submit reads, writes, flushes, punching and zeroing (fallocate, module `alloc`) through an
+//! io_uring ring of their own (module `uring`), or, with [`IoMode::Threads`] or no io_uring
+//! in the kernel, run them as blocking system calls on tokio's blocking pool, bounded per
+//! backend (module `pool`); mapping status always uses the pool. Block devices, and files
+//! opened `direct`, take aligned requests with O_DIRECT (module `direct`). Concurrent flushes
+//! share fdatasyncs (module `flush`). A read that finds the backing file shorter than the
+//! device (truncated under it) fails with `UnexpectedEof` rather than reading zeroes; see
+//! [`device_gone`] for the errno that says the device went away.
 //!
 //! A read may be produced into memory its consumer lends ([`ReadBuf`], [`Backend::read_into`]):
 //! the buffer's own work (a transport's CRCs) rides on the backend's copy, and a RAM image in
@@ -20,6 +24,7 @@
 
 mod alloc;
 mod block;
+mod direct;
 mod file;
 mod flush;
 mod lent;

@@ -13,7 +13,7 @@ fn rt() -> tokio::runtime::Runtime {
 }
 
 /// Exercises one backend against a plain Vec model with a fixed script.
-async fn script(b: Arc<dyn Backend>) {
+pub(crate) async fn script(b: Arc<dyn Backend>) {
     let size = b.size();
     assert_eq!(&b.read_at(0, 4096).await.unwrap()[..], &[0u8; 4096][..]);
     let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
