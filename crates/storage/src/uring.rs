@@ -3,10 +3,10 @@
 //! owned by the backend instead of the blocking pool's threads. Mapping status (lseek) has
 //! no io_uring operation and stays on the blocking pool ([`crate::pool`]).
 //!
-//! One ring per backend, its files registered (fixed files). A submitter pushes and submits
-//! under the ring's lock and takes whatever has completed on the way out: an operation the
-//! kernel completes inside the submit call (a read the page cache holds) costs no thread
-//! hand-off at all. The rest are reaped by the ring's one reaper thread, which waits in the
+//! One ring per backend, its files registered (fixed files). A submitter pushes under the
+//! ring's lock, submits without it, and takes whatever has completed on the way out: an
+//! operation the kernel completes inside the submit call (a read the page cache holds)
+//! costs no thread hand-off at all. The rest are reaped by the ring's one reaper thread, which waits in the
 //! kernel for completions and completes each operation's oneshot channel, keyed by
 //! `user_data`: no thread per command, and no dependence on the runtime having an I/O
 //! driver. The memory an operation lends the kernel (the read vector, the
@@ -315,7 +315,7 @@ impl Shared {
             Err(e) => return (Err(io::Error::other(e)), buf),
         };
         let (tx, rx) = oneshot::channel();
-        let completed = {
+        {
             let mut state = self.lock();
             let id = state.next;
             state.next = (state.next + 1) % CLOSE;
@@ -336,9 +336,11 @@ impl Shared {
                     _slot: slot,
                 },
             );
-            self.enter();
-            self.drain(&mut state)
-        };
+        }
+        // The system call runs without the lock: other submitters push meanwhile (the kernel
+        // serialises the calls, and takes whatever the queue's tail shows).
+        self.enter();
+        let completed = self.drain(&mut self.lock());
         complete(completed);
         match rx.await {
             Ok((res, buf)) if res >= 0 => (Ok(res as u32), buf),
