@@ -25,7 +25,7 @@ use crate::file::write_zeroes_by_writing;
 use crate::pool::BlockingPool;
 use crate::uring::Ring;
 
-/// A backend's fallocate path: its ring (and the file's index there) or its pool.
+/// A backend's punching and zeroing: which fallocate modes are still worth trying.
 pub(crate) struct Alloc {
     /// Whether punching is tried at all (probed when the backend opened).
     punch: AtomicBool,
@@ -33,7 +33,7 @@ pub(crate) struct Alloc {
     zero_range: AtomicBool,
 }
 
-/// What a backend lends [`Alloc`] for one operation.
+/// Where one operation runs: the backend's ring (and the file's index there) or its pool.
 pub(crate) struct Via<'a> {
     pub(crate) ring: Option<&'a Ring>,
     /// The file's index among the ring's registered files.
