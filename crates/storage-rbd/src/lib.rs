@@ -6,11 +6,13 @@
 //! Every I/O is one librbd AIO whose result goes into a oneshot channel the awaiting task
 //! holds: no thread per command. How librbd reports completions is the LUN's `completions`
 //! ([`Completions`]): by default through an eventfd, reaped in batches by one thread per
-//! image ([`reap`]); else (or with a librbd lacking that API) by a callback on librbd's
-//! thread for each. Buffers an operation reads into or writes from belong to the completion
-//! until it is reaped, so a task dropped mid-operation never leaves librbd with freed memory. A FUA write is a write and
-//! then an `rbd_aio_flush` (librbd's cache acknowledges writes before they are durable).
-//! A resize of the image by anyone (seen through `rbd_update_watch`) changes [`Backend::size`].
+//! image (module `reap`); else (or with a librbd lacking that API) by a callback on librbd's
+//! thread for each (COMPARE AND WRITE always so: librbd does not queue it for polling).
+//! Buffers an operation reads into or writes from belong to the completion until it is
+//! reaped, so a task dropped mid-operation never leaves librbd with freed memory. A FUA write
+//! is a write and then an `rbd_aio_flush` (librbd's cache acknowledges writes before they
+//! are durable). A resize of the image by anyone (seen through `rbd_update_watch`) changes
+//! [`Backend::size`].
 
 pub mod ffi;
 mod reap;

@@ -42,7 +42,9 @@ struct Image(RbdImageT);
 unsafe impl Send for Image {}
 
 impl Reaper {
-    /// Creates the eventfd, sets it as `image`'s notification and starts the reaper thread.
+    /// Creates the eventfd, starts the reaper thread and sets the eventfd as `image`'s
+    /// notification (in that order: should librbd refuse it, the thread is stopped and the
+    /// image never had the descriptor).
     pub(crate) fn start(api: &'static Api, events: Events, image: RbdImageT) -> io::Result<Reaper> {
         // SAFETY: eventfd has no memory arguments; a non-negative result is a new descriptor.
         let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
@@ -51,11 +53,6 @@ impl Reaper {
         }
         // SAFETY: `raw` is a descriptor we just opened and own alone.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: an open image and an open eventfd, which outlives the image (see `fd`).
-        let r = unsafe { (events.rbd_set_image_notification)(image, raw, EVENT_TYPE_EVENTFD) };
-        if r < 0 {
-            return Err(io::Error::from_raw_os_error(-r));
-        }
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let (stop, image) = (stop.clone(), Image(image));
@@ -63,11 +60,18 @@ impl Reaper {
                 .name("rbd-reap".into())
                 .spawn(move || reap(api, events, &image, raw, &stop))?
         };
-        Ok(Reaper {
+        let mut reaper = Reaper {
             fd,
             stop,
             thread: Some(thread),
-        })
+        };
+        // SAFETY: an open image and an open eventfd, which outlives the image (see `fd`).
+        let r = unsafe { (events.rbd_set_image_notification)(image, raw, EVENT_TYPE_EVENTFD) };
+        if r < 0 {
+            reaper.stop();
+            return Err(io::Error::from_raw_os_error(-r));
+        }
+        Ok(reaper)
     }
 
     /// Stops the thread and waits for it; called with no operation in flight, before the
@@ -77,6 +81,16 @@ impl Reaper {
         signal(self.fd.as_raw_fd());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Reaper {
+    /// A reaper not stopped yet (its owner failed before using it) is stopped before its
+    /// eventfd closes.
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            self.stop();
         }
     }
 }
