@@ -8,7 +8,8 @@
 #
 # Clients use it with `-c DIR/ceph.conf` (rbd, ceph, qemu-img's rbd:...:conf=, ironsan's
 # `conf =`). Every wait is bounded; a start that fails stops what it started.
-# The monitor listens on Ceph's default ports (3300, 6789): one such cluster per machine.
+# The monitor listens on two free ports picked at start (written into DIR/ceph.conf) and
+# the OSD on free ports of Ceph's 6800-7300 range, so several clusters can run at once.
 set -euo pipefail
 
 usage() { echo "usage: $0 start|stop DIR" >&2; exit 2; }
@@ -50,11 +51,20 @@ start() {
     exit 1
   fi
   rm -rf "$dir"
+  # Two free loopback ports for the monitor (msgr2, msgr1), asked of the kernel.
+  local ports v2 v1
+  ports=$(python3 -c 'import socket
+ss = [socket.socket() for _ in range(2)]
+for s in ss: s.bind(("127.0.0.1", 0))
+print(*(s.getsockname()[1] for s in ss))')
+  read -r v2 v1 <<<"$ports"
   mkdir -p "$dir/mon" "$dir/osd" "$dir/run" "$dir/log"
+  local fsid
+  fsid=$(cat /proc/sys/kernel/random/uuid)
   cat >"$dir/ceph.conf" <<EOF
 [global]
-fsid = $(cat /proc/sys/kernel/random/uuid)
-mon host = 127.0.0.1
+fsid = $fsid
+mon host = [v2:127.0.0.1:$v2,v1:127.0.0.1:$v1]
 mon initial members = a
 public network = 127.0.0.1/32
 run dir = $dir/run
@@ -74,6 +84,7 @@ osd pool default pg autoscale mode = off
 
 [mon.a]
 mon data = $dir/mon
+public addrv = [v2:127.0.0.1:$v2,v1:127.0.0.1:$v1]
 mon data avail crit = 0
 
 [osd.0]
@@ -83,7 +94,11 @@ memstore device bytes = 2147483648
 EOF
   trap 'stop' ERR
   export CEPH_CONF="$dir/ceph.conf"
-  ceph-mon --id a --mkfs --keyring /dev/null >"$dir/log/mkfs-mon.out" 2>&1
+  # A monitor map naming monitor a at those ports (one built from `mon host` would name it
+  # noname-a, and the monitor would wait for a peer that never comes).
+  monmaptool --create --fsid "$fsid" --addv a "[v2:127.0.0.1:$v2,v1:127.0.0.1:$v1]" \
+    "$dir/monmap" >"$dir/log/monmaptool.out" 2>&1
+  ceph-mon --id a --mkfs --monmap "$dir/monmap" --keyring /dev/null >"$dir/log/mkfs-mon.out" 2>&1
   ceph-mon --id a 2>>"$dir/log/mon.a.stderr"
   bounded 30 ceph -s
   local id

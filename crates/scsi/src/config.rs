@@ -424,6 +424,7 @@ mod tests {
                 user: Some("u".into()),
                 namespace: Some("n".into()),
                 create: false,
+                completions: storage_rbd::Completions::Eventfd,
             })
         );
         c.validate().unwrap();

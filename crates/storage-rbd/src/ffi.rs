@@ -32,8 +32,10 @@ pub struct Api {
         unsafe extern "C" fn(RadosIoctxT, *const c_char, *mut RbdImageT, *const c_char) -> c_int,
     pub rbd_close: unsafe extern "C" fn(RbdImageT) -> c_int,
     pub rbd_get_size: unsafe extern "C" fn(RbdImageT, *mut u64) -> c_int,
+    /// A `None` callback is librbd's NULL: the completion is then only reported through the
+    /// image's event notification ([`Api::events`]).
     pub rbd_aio_create_completion:
-        unsafe extern "C" fn(*mut c_void, RbdCallbackT, *mut RbdCompletionT) -> c_int,
+        unsafe extern "C" fn(*mut c_void, Option<RbdCallbackT>, *mut RbdCompletionT) -> c_int,
     pub rbd_aio_get_return_value: unsafe extern "C" fn(RbdCompletionT) -> isize,
     pub rbd_aio_release: unsafe extern "C" fn(RbdCompletionT),
     pub rbd_aio_readv:
@@ -57,9 +59,24 @@ pub struct Api {
     pub rbd_update_watch:
         unsafe extern "C" fn(RbdImageT, *mut u64, RbdUpdateCallbackT, *mut c_void) -> c_int,
     pub rbd_update_unwatch: unsafe extern "C" fn(RbdImageT, u64) -> c_int,
+    /// Completion by event notification, when this librbd has it (see [`Events`]).
+    pub events: Option<Events>,
     _rados: Library,
     _rbd: Library,
 }
+
+/// The functions of librbd's completion-by-notification API: with an eventfd set on an image
+/// (`rbd_set_image_notification`), every AIO on it that completes is queued for
+/// `rbd_poll_io_events` and the eventfd is signalled (a completion with a callback gets both).
+#[derive(Clone, Copy)]
+pub struct Events {
+    pub rbd_set_image_notification: unsafe extern "C" fn(RbdImageT, c_int, c_int) -> c_int,
+    pub rbd_poll_io_events: unsafe extern "C" fn(RbdImageT, *mut RbdCompletionT, c_int) -> c_int,
+    pub rbd_aio_get_arg: unsafe extern "C" fn(RbdCompletionT) -> *mut c_void,
+}
+
+/// `rbd_set_image_notification`'s type for an eventfd (librbd.h's `EVENT_TYPE_EVENTFD`).
+pub const EVENT_TYPE_EVENTFD: c_int = 2;
 
 /// Resolves `name` in `lib` as a value of type `T` (a function pointer type).
 ///
@@ -112,6 +129,19 @@ impl Api {
                 rbd_aio_compare_and_write: sym(&rbd_lib, "rbd_aio_compare_and_write", rbd)?,
                 rbd_update_watch: sym(&rbd_lib, "rbd_update_watch", rbd)?,
                 rbd_update_unwatch: sym(&rbd_lib, "rbd_update_unwatch", rbd)?,
+                // Optional: without them, completions come by callback only.
+                events: (|| {
+                    Ok::<_, String>(Events {
+                        rbd_set_image_notification: sym(
+                            &rbd_lib,
+                            "rbd_set_image_notification",
+                            rbd,
+                        )?,
+                        rbd_poll_io_events: sym(&rbd_lib, "rbd_poll_io_events", rbd)?,
+                        rbd_aio_get_arg: sym(&rbd_lib, "rbd_aio_get_arg", rbd)?,
+                    })
+                })()
+                .ok(),
                 _rados: rados_lib,
                 _rbd: rbd_lib,
             })

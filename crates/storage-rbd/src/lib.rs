@@ -3,14 +3,19 @@
 //! `librbd.so.1` and `librados.so.2` at run time, so that builds need no Ceph headers and a
 //! host without librbd gets a one-line message saying what to install.
 //!
-//! Every I/O is one librbd AIO whose completion callback (on a librbd thread) sends the
-//! result into a oneshot channel the awaiting task holds: no thread per command. Buffers an
-//! operation reads into or writes from belong to the completion until it fires, so a task
-//! dropped mid-operation never leaves librbd with freed memory. A FUA write is a write and
-//! then an `rbd_aio_flush` (librbd's cache acknowledges writes before they are durable).
-//! A resize of the image by anyone (seen through `rbd_update_watch`) changes [`Backend::size`].
+//! Every I/O is one librbd AIO whose result goes into a oneshot channel the awaiting task
+//! holds: no thread per command. How librbd reports completions is the LUN's `completions`
+//! ([`Completions`]): by default through an eventfd, reaped in batches by one thread per
+//! image (module `reap`); else (or with a librbd lacking that API) by a callback on librbd's
+//! thread for each (COMPARE AND WRITE always so: librbd does not queue it for polling).
+//! Buffers an operation reads into or writes from belong to the completion until it is
+//! reaped, so a task dropped mid-operation never leaves librbd with freed memory. A FUA write
+//! is a write and then an `rbd_aio_flush` (librbd's cache acknowledges writes before they
+//! are durable). A resize of the image by anyone (seen through `rbd_update_watch`) changes
+//! [`Backend::size`].
 
 pub mod ffi;
+mod reap;
 
 use std::ffi::{c_int, c_void, CString};
 use std::io;
@@ -42,6 +47,22 @@ pub struct RbdSpec {
     /// Create the image (of the LUN's `size`) when it does not exist.
     #[serde(default)]
     pub create: bool,
+    /// How librbd reports completed I/O.
+    #[serde(default)]
+    pub completions: Completions,
+}
+
+/// How librbd reports completed I/O to the backend (`completions = "eventfd"` in the LUN's
+/// backend table).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Completions {
+    /// Through an eventfd per image, reaped in batches by one thread (`rbd_poll_io_events`);
+    /// a librbd without that API falls back to callbacks.
+    #[default]
+    Eventfd,
+    /// A callback per completion on librbd's thread.
+    Callback,
 }
 
 /// The Ceph configuration file used when `conf` is left out.
@@ -75,6 +96,8 @@ struct Handles {
     cluster: RadosT,
     ioctx: RadosIoctxT,
     image: RbdImageT,
+    /// The eventfd reaper, when completions come that way (else by callback).
+    reaper: Option<reap::Reaper>,
 }
 
 // SAFETY: librados and librbd handles may be used from any thread, and librbd's C API is
@@ -85,6 +108,11 @@ unsafe impl Sync for Handles {}
 
 impl Drop for Handles {
     fn drop(&mut self) {
+        // No operation is in flight (each holds a reference): the reaper can stop first. Its
+        // eventfd is closed after the image (the field drops after this body).
+        if let Some(r) = &mut self.reaper {
+            r.stop();
+        }
         // SAFETY: each handle was created by the matching open call, is non-null once set,
         // and is released exactly once, here, when no operation refers to it any more.
         unsafe {
@@ -126,6 +154,7 @@ fn connect(api: &'static Api, spec: &RbdSpec, size: Option<u64>) -> io::Result<H
         cluster: std::ptr::null_mut(),
         ioctx: std::ptr::null_mut(),
         image: std::ptr::null_mut(),
+        reaper: None,
     };
     let user = spec
         .user
@@ -226,7 +255,27 @@ fn connect(api: &'static Api, spec: &RbdSpec, size: Option<u64>) -> io::Result<H
     if r < 0 {
         return Err(err("cannot open the image".into(), r));
     }
+    h.reaper = start_reaper(api, spec, h.image);
     Ok(h)
+}
+
+/// The eventfd reaper of an open image when `spec` asks for one and librbd can; else None
+/// (completions by callback), with a log line saying why when it was asked for.
+fn start_reaper(api: &'static Api, spec: &RbdSpec, image: RbdImageT) -> Option<reap::Reaper> {
+    if spec.completions != Completions::Eventfd {
+        return None;
+    }
+    let Some(events) = api.events else {
+        tracing::info!(image = %spec.display_name(), "this librbd lacks rbd_poll_io_events: completions by callback");
+        return None;
+    };
+    match reap::Reaper::start(api, events, image) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            tracing::warn!(image = %spec.display_name(), "no eventfd completions ({e}): completions by callback");
+            None
+        }
+    }
 }
 
 /// Reads the image's current size.
@@ -274,7 +323,7 @@ struct Completed {
     mismatch: u64,
 }
 
-/// The argument of librbd's completion callback for one operation.
+/// What a completion carries for one operation (its argument), reclaimed when it completes.
 struct OpContext {
     tx: oneshot::Sender<Completed>,
     buf: OpBuf,
@@ -283,7 +332,8 @@ struct OpContext {
     mismatch: u64,
 }
 
-/// librbd's completion callback: hands the result and the buffer back to the awaiting task.
+/// librbd's completion callback (callback mode): hands the result and the buffer back to the
+/// awaiting task.
 unsafe extern "C" fn on_complete(c: RbdCompletionT, arg: *mut c_void) {
     // SAFETY: `arg` is the Box<OpContext> that `submit` leaked for this completion; librbd
     // calls back exactly once per completion, so the box is reclaimed exactly once.
@@ -293,17 +343,24 @@ unsafe extern "C" fn on_complete(c: RbdCompletionT, arg: *mut c_void) {
     let ret = unsafe { (api.rbd_aio_get_return_value)(c) };
     // SAFETY: released once; librbd no longer refers to it after the callback returns.
     unsafe { (api.rbd_aio_release)(c) };
+    complete(*ctx, ret);
+}
+
+/// Hands an operation's result `ret` and its buffer back to the awaiting task; on librbd's
+/// callback thread or the image's reaper thread.
+fn complete(ctx: OpContext, ret: isize) {
     let OpContext {
         tx,
         buf,
         handles,
         mismatch,
-    } = *ctx;
+    } = ctx;
     // The awaiting task may be gone (aborted command): the result is then dropped.
     let _ = tx.send(Completed { ret, buf, mismatch });
     // When this operation holds the last reference (its backend was dropped while it ran),
     // closing the image and shutting the cluster connection down here, on librbd's own
-    // callback thread, would wait for this very thread: another thread does it. Should no
+    // callback thread or the reaper (which the close joins), would wait for this very
+    // thread: another thread does it. Should no
     // thread start, the handles are leaked rather than closed in place.
     if let Some(last) = Arc::into_inner(handles) {
         let last = std::mem::ManuallyDrop::new(last);
@@ -482,6 +539,15 @@ impl RbdBackend {
         })
     }
 
+    /// How completions of this backend's I/O are reported (None until the cluster was
+    /// reached): `spec.completions`, or callbacks where eventfd completions are unavailable.
+    pub fn completions(&self) -> Option<Completions> {
+        self.conn.get().map(|c| match c.handles.reaper {
+            Some(_) => Completions::Eventfd,
+            None => Completions::Callback,
+        })
+    }
+
     /// The open image, or the error a command meets while the cluster was never reached.
     fn handles(&self) -> io::Result<&Arc<Handles>> {
         match self.conn.get() {
@@ -550,6 +616,15 @@ impl RbdBackend {
             OpBuf::Write(b) => (iovec(b.as_ptr().cast_mut(), b.len()), std::ptr::null()),
             OpBuf::CompareAndWrite(cmp, w) => (iovec(w.as_ptr().cast_mut(), w.len()), cmp.as_ptr()),
         };
+        // With a reaper, no callback: the completion is reported through the eventfd only.
+        // Except COMPARE AND WRITE: librbd's C function issues it as not natively
+        // asynchronous, so it never reaches the event queue (librbd 16), only a callback.
+        let callback = match (&handles.reaper, &buf) {
+            (Some(_), OpBuf::CompareAndWrite(..)) | (None, _) => {
+                Some(on_complete as ffi::RbdCallbackT)
+            }
+            (Some(_), _) => None,
+        };
         let (tx, rx) = oneshot::channel();
         let ctx = Box::into_raw(Box::new(OpContext {
             tx,
@@ -560,14 +635,16 @@ impl RbdBackend {
         // SAFETY: `ctx` is a live allocation; only the field's address is taken.
         let mismatch = unsafe { std::ptr::addr_of_mut!((*ctx).mismatch) };
         let mut c: RbdCompletionT = std::ptr::null_mut();
-        // SAFETY: `ctx` stays valid until `on_complete` reclaims it; `c` is an out-pointer.
-        let r = unsafe { (api.rbd_aio_create_completion)(ctx.cast(), on_complete, &mut c) };
+        // SAFETY: `ctx` stays valid until `on_complete` or the reaper reclaims it; `c` is an
+        // out-pointer.
+        let r = unsafe { (api.rbd_aio_create_completion)(ctx.cast(), callback, &mut c) };
         if r < 0 {
             // SAFETY: no completion exists, so nothing else holds `ctx`.
             drop(unsafe { Box::from_raw(ctx) });
             return Err(errno(r as i64));
         }
-        // From here on `ctx` belongs to the completion (it may fire before `start` returns).
+        // From here on `ctx` belongs to the completion (it may complete before `start`
+        // returns).
         let r = start(
             handles.image,
             OpArgs {
@@ -578,7 +655,7 @@ impl RbdBackend {
             c,
         );
         if r < 0 {
-            // librbd refused the operation and will not call back: release both ourselves.
+            // librbd refused the operation and will not report it: release both ourselves.
             // SAFETY: the completion was never handed to an operation.
             unsafe { (api.rbd_aio_release)(c) };
             // SAFETY: no callback will come, so this is the only owner.

@@ -37,6 +37,7 @@ fn names_and_defaults() {
         user: None,
         namespace: None,
         create: false,
+        completions: Completions::default(),
     };
     assert_eq!(s.display_name(), "rbd/disk1");
     assert_eq!(s.conf_path(), Path::new("/etc/ceph/ceph.conf"));
@@ -60,6 +61,7 @@ fn an_unreadable_conf_says_which_file() {
         user: None,
         namespace: None,
         create: false,
+        completions: Completions::default(),
     };
     let e = RbdBackend::open(&spec, None).err().expect("no such conf");
     assert!(e.to_string().contains("/nonexistent/ceph.conf"), "{e}");
@@ -87,6 +89,7 @@ async fn an_unreachable_cluster_leaves_the_backend_not_ready() {
         user: None,
         namespace: None,
         create: false,
+        completions: Completions::default(),
     };
     let b = RbdBackend::open(&spec, Some(1 << 20)).unwrap();
     assert!(!b.ready());
@@ -127,6 +130,11 @@ fn remove_image(conf: &Path, spec: &RbdSpec) {
 
 /// A spec for a fresh image name in the test cluster's pool "rbd".
 fn fresh(conf: &Path, create: bool) -> RbdSpec {
+    fresh_in(conf, create, Completions::default())
+}
+
+/// As [`fresh`], with completions reported as `mode` says.
+fn fresh_in(conf: &Path, create: bool, mode: Completions) -> RbdSpec {
     static N: AtomicUsize = AtomicUsize::new(0);
     RbdSpec {
         pool: "rbd".into(),
@@ -139,14 +147,25 @@ fn fresh(conf: &Path, create: bool) -> RbdSpec {
         user: None,
         namespace: None,
         create,
+        completions: mode,
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn io_round_trips_on_the_test_cluster() {
+async fn io_round_trips_on_the_test_cluster_by_eventfd() {
+    io_round_trips(Completions::Eventfd).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn io_round_trips_on_the_test_cluster_by_callback() {
+    io_round_trips(Completions::Callback).await
+}
+
+async fn io_round_trips(mode: Completions) {
     let Some(conf) = cluster() else { return };
-    let spec = fresh(&conf, true);
+    let spec = fresh_in(&conf, true, mode);
     let b = RbdBackend::open(&spec, Some(8 << 20)).unwrap();
+    assert_eq!(b.completions(), Some(mode));
     assert_eq!(b.size(), 8 << 20);
     assert_eq!(b.kind(), "rbd");
     let data: Bytes = (0..65536u32)
@@ -301,4 +320,157 @@ fn missing_images_and_pools_say_what_to_do() {
         .expect("too small");
     assert!(e.to_string().contains("rbd resize"), "{e}");
     remove_image(&conf, &spec);
+}
+
+/// The bytes test I/O number `i` writes: distinct per I/O and per byte.
+fn pattern(i: u64, len: usize) -> Bytes {
+    (0..len)
+        .map(|k| (i as usize * 131 + k * 7 + (k >> 8)) as u8)
+        .collect::<Vec<_>>()
+        .into()
+}
+
+/// Writes then reads back `n` 4 KiB blocks, all at once, on a runtime without the I/O
+/// driver (the reaper needs none); every one comes back with its own bytes.
+fn many_at_once(mode: Completions, n: u64) {
+    let Some(conf) = cluster() else { return };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap();
+    let spec = fresh_in(&conf, true, mode);
+    rt.block_on(async {
+        let b = Arc::new(RbdBackend::open(&spec, Some(n * 4096)).unwrap());
+        assert_eq!(b.completions(), Some(mode));
+        let writes: Vec<_> = (0..n)
+            .map(|i| {
+                let b = b.clone();
+                tokio::spawn(async move { b.write_at(i * 4096, pattern(i, 4096), false).await })
+            })
+            .collect();
+        for w in writes {
+            w.await.unwrap().unwrap();
+        }
+        let reads: Vec<_> = (0..n)
+            .map(|i| {
+                let b = b.clone();
+                tokio::spawn(async move { (i, b.read_at(i * 4096, 4096).await) })
+            })
+            .collect();
+        for r in reads {
+            let (i, got) = r.await.unwrap();
+            assert_eq!(got.unwrap(), pattern(i, 4096), "block {i} ({mode:?})");
+        }
+    });
+    drop(rt);
+    remove_image(&conf, &spec);
+}
+
+#[test]
+fn many_concurrent_ios_complete_with_their_bytes_by_eventfd() {
+    // Far more than one reap takes (reap::BATCH).
+    many_at_once(Completions::Eventfd, 20 * reap::BATCH as u64);
+}
+
+#[test]
+fn many_concurrent_ios_complete_with_their_bytes_by_callback() {
+    many_at_once(Completions::Callback, 20 * reap::BATCH as u64);
+}
+
+/// Starts many reads and writes and drops them in flight, then drops the backend with
+/// operations still in flight: librbd keeps writing into buffers that stay valid, the
+/// backend closes once they complete, and the image holds what the finished writes wrote.
+async fn dropped_in_flight(mode: Completions) {
+    let Some(conf) = cluster() else { return };
+    let spec = fresh_in(&conf, true, mode);
+    let b = Arc::new(RbdBackend::open(&spec, Some(4 << 20)).unwrap());
+    assert_eq!(b.completions(), Some(mode));
+    b.write_at(0, pattern(1, 65536), false).await.unwrap();
+    for round in 0..3u64 {
+        let futures: Vec<_> = (0..64u64)
+            .map(|i| {
+                let b = b.clone();
+                async move {
+                    if i % 2 == 0 {
+                        b.read_at((i % 16) * 65536, 65536).await.map(drop)
+                    } else {
+                        b.write_at((1 << 20) + i * 4096, pattern(i + round, 4096), false)
+                            .await
+                    }
+                }
+            })
+            .collect();
+        // Each future is polled once (its AIO issued), then dropped.
+        let all = futures_join(futures);
+        let _ = tokio::time::timeout(Duration::from_micros(50), all).await;
+    }
+    // Spawned tasks aborted mid-flight as well.
+    let tasks: Vec<_> = (0..32u64)
+        .map(|i| {
+            let b = b.clone();
+            tokio::spawn(async move { b.read_at(i * 65536, 65536).await })
+        })
+        .collect();
+    for t in &tasks {
+        t.abort();
+    }
+    assert_eq!(b.read_at(0, 65536).await.unwrap(), pattern(1, 65536));
+    // Dropped with operations in flight: they finish, then the image closes.
+    let _ = tokio::time::timeout(
+        Duration::from_micros(10),
+        b.write_at(2 << 20, pattern(9, 65536), false),
+    )
+    .await;
+    let started = std::time::Instant::now();
+    drop(b);
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let again = RbdBackend::open(&spec, Some(4 << 20)).unwrap();
+    assert_eq!(again.read_at(0, 65536).await.unwrap(), pattern(1, 65536));
+    drop(again);
+    remove_image(&conf, &spec);
+}
+
+/// Polls all of `futures` until every one is done (a join without another dependency).
+async fn futures_join<F: std::future::Future>(futures: Vec<F>) {
+    let mut futures: Vec<_> = futures.into_iter().map(Box::pin).map(Some).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for slot in futures.iter_mut() {
+            if let Some(f) = slot {
+                if f.as_mut().poll(cx).is_ready() {
+                    *slot = None;
+                } else {
+                    pending = true;
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_in_flight_ios_are_safe_by_eventfd() {
+    dropped_in_flight(Completions::Eventfd).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_in_flight_ios_are_safe_by_callback() {
+    dropped_in_flight(Completions::Callback).await
+}
+
+#[test]
+fn completions_parse_from_a_lun_table() {
+    use serde::de::{value::Error, Deserialize, IntoDeserializer};
+    let parse =
+        |s: &str| Completions::deserialize(IntoDeserializer::<Error>::into_deserializer(s)).ok();
+    assert_eq!(parse("eventfd"), Some(Completions::Eventfd));
+    assert_eq!(parse("callback"), Some(Completions::Callback));
+    assert_eq!(parse("poll"), None);
+    assert_eq!(Completions::default(), Completions::Eventfd);
 }

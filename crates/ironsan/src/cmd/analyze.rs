@@ -129,8 +129,19 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<()> {
         ports: args.ports.clone(),
         detect_by_content: true,
     };
+    // The capture is read in one library call: a spinner with the time spent, and its size.
+    let spinner = super::progress::spinner("analyze");
+    if let Ok(m) = std::fs::metadata(&args.capture) {
+        spinner.set_message(format!(
+            "{} ({})",
+            args.capture.display(),
+            report::format_size(m.len())
+        ));
+    }
     let a = analyze::analyze_file(&args.capture, &opts)
-        .with_context(|| format!("reading {}", args.capture.display()))?;
+        .with_context(|| format!("reading {}", args.capture.display()));
+    spinner.finish_and_clear();
+    let a = a?;
     let sopts = StatsOptions {
         idle_gap_ns: args.idle_gap_us * 1000,
         link_rate: args.link_mbit.map(|m| m * 1e6 / 8.0),

@@ -8,7 +8,9 @@
 //! loopback. Each workload runs on every side in turn, the order rotating round by round so
 //! drift in the machine or the cluster hits all sides; the table shows means, each side's
 //! ratio to fio, ironsan's ratio to tgtd, and the CPU seconds per GB moved of the process
-//! that holds librbd (fio, the ironsan target, tgtd).
+//! that holds librbd (fio, the ironsan target, tgtd). The sides `ironsan-eventfd` and
+//! `ironsan-callback` are ironsan with its LUN's `completions` set (an A/B of how librbd
+//! reports completions, in one run).
 //!
 //! The image is created (without exclusive-lock, so both targets may keep it open while
 //! only one does I/O) and written once before measuring when it does not exist, and
@@ -40,7 +42,8 @@ pub struct RbdArgs {
     /// Size of an image this benchmark creates.
     #[arg(long, default_value = "512MiB")]
     pub image_size: String,
-    /// Sides to run, a comma list of fio, ironsan and tgtd.
+    /// Sides to run, a comma list of fio, ironsan, tgtd, ironsan-eventfd and
+    /// ironsan-callback (ironsan with that `completions` mode).
     #[arg(long, default_value = "fio,ironsan,tgtd")]
     pub sides: String,
     /// Seconds per run.
@@ -105,6 +108,10 @@ enum Side {
     Fio,
     Ironsan,
     Tgtd,
+    /// ironsan with `completions = "eventfd"`.
+    IronsanEventfd,
+    /// ironsan with `completions = "callback"`.
+    IronsanCallback,
 }
 
 impl Side {
@@ -112,6 +119,8 @@ impl Side {
         match self {
             Side::Fio => "fio rbd",
             Side::Ironsan => "ironsan",
+            Side::IronsanEventfd => "ironsan eventfd",
+            Side::IronsanCallback => "ironsan callback",
             Side::Tgtd => "tgtd bs_rbd",
         }
     }
@@ -123,8 +132,10 @@ fn parse_sides(s: &str) -> Result<Vec<Side>> {
         let side = match name {
             "fio" => Side::Fio,
             "ironsan" => Side::Ironsan,
+            "ironsan-eventfd" => Side::IronsanEventfd,
+            "ironsan-callback" => Side::IronsanCallback,
             "tgtd" => Side::Tgtd,
-            other => bail!("--sides {other:?}: use a comma list of fio, ironsan and tgtd"),
+            other => bail!("--sides {other:?}: use a comma list of fio, ironsan, tgtd, ironsan-eventfd and ironsan-callback"),
         };
         if !sides.contains(&side) {
             sides.push(side);
@@ -301,8 +312,8 @@ pub fn run(a: RbdArgs) -> Result<()> {
         let port = free_port()?;
         let (child, url) = match side {
             Side::Fio => continue,
-            Side::Ironsan => (
-                start_ironsan(&a, &scratch.0, port)?,
+            Side::Ironsan | Side::IronsanEventfd | Side::IronsanCallback => (
+                start_ironsan(&a, &scratch.0, port, side)?,
                 format!("iscsi://127.0.0.1:{port}/{IRONSAN_IQN}/1"),
             ),
             Side::Tgtd => (
@@ -524,20 +535,27 @@ fn run_initiator(a: &RbdArgs, load: &Workload, url: &str, target_pid: u32) -> Re
     })
 }
 
-fn start_ironsan(a: &RbdArgs, dir: &Path, port: u16) -> Result<Reaped> {
-    let config = dir.join("ironsan.toml");
+/// Starts ironsan's target serving the image; `side` picks its `completions` mode (none for
+/// [`Side::Ironsan`]: the default).
+fn start_ironsan(a: &RbdArgs, dir: &Path, port: u16, side: Side) -> Result<Reaped> {
+    let (tag, mode) = match side {
+        Side::IronsanEventfd => ("-eventfd", ", completions = \"eventfd\""),
+        Side::IronsanCallback => ("-callback", ", completions = \"callback\""),
+        _ => ("", ""),
+    };
+    let config = dir.join(format!("ironsan{tag}.toml"));
     std::fs::write(
         &config,
         format!(
             "portals = [\"127.0.0.1:{port}\"]\n\n[[target]]\nname = \"{IRONSAN_IQN}\"\n\n\
-             [target.lun.1]\nbackend = {{ type = \"rbd\", pool = \"{}\", image = \"{}\", conf = \"{}\", user = \"{}\" }}\n",
+             [target.lun.1]\nbackend = {{ type = \"rbd\", pool = \"{}\", image = \"{}\", conf = \"{}\", user = \"{}\"{mode} }}\n",
             a.pool,
             a.image,
             a.conf.display(),
             a.user
         ),
     )?;
-    let log = dir.join("ironsan.log");
+    let log = dir.join(format!("ironsan{tag}.log"));
     let child = Command::new(std::env::current_exe()?)
         .arg("target")
         .arg("--config")
@@ -584,6 +602,10 @@ mod tests {
         assert_eq!(
             parse_sides("fio,ironsan,fio").unwrap(),
             vec![Side::Fio, Side::Ironsan]
+        );
+        assert_eq!(
+            parse_sides("ironsan-eventfd, ironsan-callback").unwrap(),
+            vec![Side::IronsanEventfd, Side::IronsanCallback]
         );
         let e = parse_sides("fio,spdk").unwrap_err().to_string();
         assert!(e.contains("spdk"), "{e}");

@@ -1,7 +1,6 @@
 //! `ironsan bench URL`: the access generator. Keeps `--qd` commands of exactly `--size`
 //! bytes outstanding per session and reports throughput, IOPS and latency percentiles.
 
-use std::io::IsTerminal;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -11,6 +10,7 @@ use std::time::{Duration, Instant};
 use analyze::tcpinfo::{self, TcpSample};
 use anyhow::{bail, Context};
 use bench::workload::{self, Pattern, Progress, Rw, Step, Summary, Workload};
+use indicatif::ProgressBar;
 use iscsi_initiator::{IscsiUrl, Session};
 use lab::tcpinfo::TcpInfoSampler;
 use report::{Cell, LinePlot, Series, Table, TickLabels};
@@ -258,10 +258,18 @@ pub(crate) fn write_file(p: &PathBuf, text: &str) -> anyhow::Result<()> {
     std::fs::write(p, text).with_context(|| format!("writing {}", p.display()))
 }
 
-fn progress_ticker(progress: Arc<Progress>, label: String) -> Option<tokio::task::JoinHandle<()>> {
-    if !std::io::stderr().is_terminal() {
+/// Shows the running point's rates as `bar`'s message, every second, while it runs (nothing
+/// when the bar is hidden: stderr is not a terminal).
+fn progress_ticker(
+    progress: Arc<Progress>,
+    label: String,
+    bar: &ProgressBar,
+) -> Option<tokio::task::JoinHandle<()>> {
+    if bar.is_hidden() {
         return None;
     }
+    bar.set_message(label.clone());
+    let bar = bar.clone();
     Some(tokio::spawn(async move {
         let start = Instant::now();
         loop {
@@ -269,12 +277,12 @@ fn progress_ticker(progress: Arc<Progress>, label: String) -> Option<tokio::task
             let secs = start.elapsed().as_secs_f64();
             let ops = progress.ops.load(Ordering::Relaxed);
             let bytes = progress.bytes.load(Ordering::Relaxed);
-            eprint!(
-                "\r  {label}: {:>9.1} MB/s {:>9.0} IOPS  {:>5.0} s ",
+            bar.set_message(format!(
+                "{label}: {:>9.1} MB/s {:>9.0} IOPS  {:>5.0} s",
                 bytes as f64 / secs / 1e6,
                 ops as f64 / secs,
                 secs
-            );
+            ));
         }
     }))
 }
@@ -302,7 +310,12 @@ async fn logout_all(sessions: Vec<Arc<Session>>) {
     }
 }
 
-async fn measure(sessions: &[Arc<Session>], w: &Workload) -> anyhow::Result<Summary> {
+/// Runs one point; `bar` (the sweep's) shows its rates meanwhile and counts it when done.
+async fn measure(
+    sessions: &[Arc<Session>],
+    w: &Workload,
+    bar: &ProgressBar,
+) -> anyhow::Result<Summary> {
     let s = &sessions[0];
     let lun = s.default_lun();
     s.test_unit_ready(lun).await?;
@@ -314,12 +327,12 @@ async fn measure(sessions: &[Arc<Session>], w: &Workload) -> anyhow::Result<Summ
         w.pattern.label(),
         report::format_size(w.size as u64)
     );
-    let ticker = progress_ticker(progress.clone(), label);
+    let ticker = progress_ticker(progress.clone(), label, bar);
     let r = workload::run(sessions, lun, cap, w, progress).await;
     if let Some(t) = ticker {
         t.abort();
-        eprint!("\r{:70}\r", "");
     }
+    bar.inc(1);
     Ok(r?)
 }
 
@@ -390,6 +403,8 @@ pub fn run(a: BlockBenchArgs) -> anyhow::Result<()> {
                 let sessions = connect_all(&url, &a.login, a.sessions).await?;
                 let samplers = start_tcp_info(&a, &sessions)?;
                 let mut rows = Vec::new();
+                let points = rws.len() * pats.len() * sizes.len();
+                let bar = super::progress::steps(points as u64, "bench");
                 for &rw in &rws {
                     for &pattern in &pats {
                         for &size in &sizes {
@@ -404,10 +419,11 @@ pub fn run(a: BlockBenchArgs) -> anyhow::Result<()> {
                                 verify: a.verify,
                                 seed: a.seed,
                             };
-                            rows.push(measure(&sessions, &w).await?);
+                            rows.push(measure(&sessions, &w, &bar).await?);
                         }
                     }
                 }
+                bar.finish_and_clear();
                 finish_tcp_info(&a, samplers)?;
                 logout_all(sessions).await;
                 anyhow::Ok(rows)
@@ -453,6 +469,7 @@ pub fn run(a: BlockBenchArgs) -> anyhow::Result<()> {
 async fn run_script(a: &BlockBenchArgs, steps: Vec<Step>) -> anyhow::Result<Vec<Summary>> {
     let mut sessions: Option<Vec<Arc<Session>>> = None;
     let mut rows = Vec::new();
+    let bar = super::progress::steps(steps.len() as u64, "script");
     for step in steps {
         match step {
             Step::Login(u) => {
@@ -486,7 +503,7 @@ async fn run_script(a: &BlockBenchArgs, steps: Vec<Step>) -> anyhow::Result<Vec<
                     verify: false,
                     seed: a.seed,
                 };
-                rows.push(measure(s, &w).await?);
+                rows.push(measure(s, &w, &bar).await?);
             }
             Step::Logout => {
                 if let Some(old) = sessions.take() {
@@ -495,6 +512,7 @@ async fn run_script(a: &BlockBenchArgs, steps: Vec<Step>) -> anyhow::Result<Vec<
             }
         }
     }
+    bar.finish_and_clear();
     if let Some(old) = sessions.take() {
         logout_all(old).await;
     }

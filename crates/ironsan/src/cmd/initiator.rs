@@ -441,6 +441,7 @@ pub fn read(args: ReadArgs) -> anyhow::Result<()> {
         let mut pending = VecDeque::new();
         let mut at = args.offset;
         let end = args.offset + len;
+        let bar = super::progress::bytes(Some(len), "read");
         // Bounded: each round submits or completes one chunk.
         while at < end || !pending.is_empty() {
             if at < end && pending.len() < IN_FLIGHT {
@@ -454,7 +455,9 @@ pub fn read(args: ReadArgs) -> anyhow::Result<()> {
             let p = pending.pop_front().expect("non-empty");
             let r = p.wait().await?.good("READ")?;
             out.write_all(&r.data).context("writing the output")?;
+            bar.inc(r.data.len() as u64);
         }
+        bar.finish_and_clear();
         out.flush().context("writing the output")?;
         let _ = s.logout().await;
         Ok(())
@@ -521,6 +524,7 @@ pub fn write(args: WriteArgs) -> anyhow::Result<()> {
         let mut pending = VecDeque::new();
         let mut at = args.offset;
         let mut eof = false;
+        let bar = super::progress::bytes(known_len, "write");
         while !eof || !pending.is_empty() {
             if !eof && pending.len() < IN_FLIGHT {
                 let mut buf = vec![0u8; CHUNK as usize];
@@ -541,13 +545,18 @@ pub fn write(args: WriteArgs) -> anyhow::Result<()> {
                 }
                 let blocks = (n / bs as usize) as u32;
                 let cdb = scsi::read_write(true, at / bs as u64, blocks, false);
-                pending.push_back(s.submit(CommandRequest::write(lun, cdb, Bytes::from(buf))));
+                pending.push_back((
+                    n as u64,
+                    s.submit(CommandRequest::write(lun, cdb, Bytes::from(buf))),
+                ));
                 at += n as u64;
                 continue;
             }
-            let p = pending.pop_front().expect("non-empty");
+            let (n, p) = pending.pop_front().expect("non-empty");
             p.wait().await?.good("WRITE")?;
+            bar.inc(n);
         }
+        bar.finish_and_clear();
         s.synchronize_cache(lun).await?;
         let _ = s.logout().await;
         Ok(())

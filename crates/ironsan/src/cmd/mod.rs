@@ -12,6 +12,7 @@ pub mod initiator;
 pub mod mount;
 pub mod nbd;
 pub mod osd;
+pub mod progress;
 pub mod rdma;
 pub mod soak;
 pub mod target;

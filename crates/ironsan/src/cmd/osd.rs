@@ -446,9 +446,15 @@ impl Osd<'_> {
             "remove/s",
         ]);
         let mut series: [Vec<(f64, f64)>; 2] = [Vec::new(), Vec::new()];
-        for &size in &sizes {
-            let count = (a.bytes / u64::from(size)).clamp(2, 256);
-            let row = self.bench_size(pid, size, count).await?;
+        let counts: Vec<u64> = sizes
+            .iter()
+            .map(|&size| (a.bytes / u64::from(size)).clamp(2, 256))
+            .collect();
+        // Four commands per object: create, write, read, remove.
+        let bar = super::progress::steps(4 * counts.iter().sum::<u64>(), "osd bench");
+        for (&size, &count) in sizes.iter().zip(&counts) {
+            bar.set_message(report::format_size(u64::from(size)));
+            let row = self.bench_size(pid, size, count, &bar).await?;
             table.push_row([
                 Cell::Text(report::format_size(u64::from(size))),
                 Cell::Int(count as i64),
@@ -460,14 +466,22 @@ impl Osd<'_> {
             series[0].push((f64::from(size), row[1]));
             series[1].push((f64::from(size), row[2]));
         }
+        bar.finish_and_clear();
         self.send("REMOVE PARTITION", client::remove_partition(pid))
             .await?;
         print!("{table}");
         write_reports(a, &table, series)
     }
 
-    /// create/s, write MB/s, read MB/s, remove/s for `count` objects of `size` bytes.
-    async fn bench_size(&self, pid: u64, size: u32, count: u64) -> Result<[f64; 4]> {
+    /// create/s, write MB/s, read MB/s, remove/s for `count` objects of `size` bytes; `bar`
+    /// counts the commands.
+    async fn bench_size(
+        &self,
+        pid: u64,
+        size: u32,
+        count: u64,
+        bar: &indicatif::ProgressBar,
+    ) -> Result<[f64; 4]> {
         let data = pattern(size as usize);
         let t = Instant::now();
         let mut ids = Vec::with_capacity(count as usize);
@@ -477,11 +491,13 @@ impl Osd<'_> {
                     .await?
                     .object,
             );
+            bar.inc(1);
         }
         let create = count as f64 / t.elapsed().as_secs_f64();
         let t = Instant::now();
         for &id in &ids {
             self.send("WRITE", client::write(pid, id, 0, &data)).await?;
+            bar.inc(1);
         }
         let write = (count * u64::from(size)) as f64 / t.elapsed().as_secs_f64() / 1e6;
         let t = Instant::now();
@@ -490,11 +506,13 @@ impl Osd<'_> {
             if r.data[..] != data[..] {
                 bail!("object 0x{id:x} read back differs from what was written");
             }
+            bar.inc(1);
         }
         let read = (count * u64::from(size)) as f64 / t.elapsed().as_secs_f64() / 1e6;
         let t = Instant::now();
         for &id in &ids {
             self.send("REMOVE", client::remove(pid, id)).await?;
+            bar.inc(1);
         }
         let remove = count as f64 / t.elapsed().as_secs_f64();
         Ok([create, write, read, remove])

@@ -313,6 +313,7 @@ async fn sample_until(a: &SoakArgs, c: &Counters, deadline: Instant) -> Vec<Samp
     let mut samples = Vec::new();
     let (mut last_bytes, mut last_cmds, mut last_at) = (0u64, 0u64, start);
     let mut next_line = start + Duration::from_secs(10);
+    let bar = super::progress::steps(a.duration.ceil() as u64, "soak s");
     while Instant::now() < deadline {
         tokio::time::sleep(every.min(deadline.saturating_duration_since(Instant::now()))).await;
         let now = Instant::now();
@@ -331,23 +332,28 @@ async fn sample_until(a: &SoakArgs, c: &Counters, deadline: Instant) -> Vec<Samp
             target_rss_mib: rss,
             target_fds: fds,
         };
+        bar.set_position(s.secs as u64);
+        bar.set_message(format!("{:.1} MB/s, errors {}", s.mb_per_s, s.errors));
         if now >= next_line {
-            eprintln!(
-                "soak: {:>6.0} s  {:>8.1} MB/s  {:>8.0} IOPS  errors {}  mismatches {}{}",
-                s.secs,
-                s.mb_per_s,
-                s.iops,
-                s.errors,
-                s.mismatches,
-                s.target_rss_mib
-                    .map(|r| format!("  target RSS {r:.1} MiB"))
-                    .unwrap_or_default()
-            );
+            bar.suspend(|| {
+                eprintln!(
+                    "soak: {:>6.0} s  {:>8.1} MB/s  {:>8.0} IOPS  errors {}  mismatches {}{}",
+                    s.secs,
+                    s.mb_per_s,
+                    s.iops,
+                    s.errors,
+                    s.mismatches,
+                    s.target_rss_mib
+                        .map(|r| format!("  target RSS {r:.1} MiB"))
+                        .unwrap_or_default()
+                )
+            });
             next_line = now + Duration::from_secs(10);
         }
         samples.push(s);
         (last_bytes, last_cmds, last_at) = (bytes, cmds, now);
     }
+    bar.finish_and_clear();
     samples
 }
 
