@@ -15,6 +15,8 @@
 //!   answers on it, every peer's uid checked (SO_PEERCRED: ours or root), connections and
 //!   request time bounded, requests dispatched to a [`server::Methods`] table the binary fills.
 //! - [`client`]: a blocking client, one request at a time (`ironsan admin`).
+//!
+//! [`default_socket_path`] is the path both sides use when given none.
 
 pub mod client;
 pub mod codec;
@@ -24,3 +26,17 @@ pub mod server;
 pub use codec::{Id, Request, Response, RpcError};
 pub use params::Params;
 pub use server::{Methods, Server, ServerConfig};
+
+/// Where `ironsan target --control` and `ironsan admin` put and look for the socket when
+/// given no path: `$XDG_RUNTIME_DIR/ironsan/control.sock` (a directory only its user can
+/// write), else `/run/ironsan/control.sock` for root. `None` otherwise: a shared directory
+/// such as /tmp would let another user put a socket of theirs there first.
+pub fn default_socket_path() -> Option<std::path::PathBuf> {
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(dir) if !dir.is_empty() => {
+            Some(std::path::Path::new(&dir).join("ironsan/control.sock"))
+        }
+        _ if nix::unistd::geteuid().is_root() => Some("/run/ironsan/control.sock".into()),
+        _ => None,
+    }
+}

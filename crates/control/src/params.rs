@@ -114,6 +114,14 @@ impl Params {
             .map_err(|e| RpcError::invalid_params(format!("params.{name}: expected {what}: {e}")))
     }
 
+    /// Every field not read yet, as one `T` (a flat table such as a LUN's, whose own
+    /// `deny_unknown_fields` then names a misspelt key); `what` describes it for the error.
+    pub fn rest<T: DeserializeOwned>(&mut self, what: &str) -> Result<T, RpcError> {
+        let fields = std::mem::take(&mut self.fields);
+        serde_json::from_value(Value::Object(fields))
+            .map_err(|e| RpcError::invalid_params(format!("params: expected {what}: {e}")))
+    }
+
     /// Refuses fields no accessor asked for, naming them and the ones the method knows.
     pub fn finish(self) -> Result<(), RpcError> {
         match self.fields.keys().next() {
@@ -182,6 +190,22 @@ mod tests {
         );
         let e = params(json!({"a": 1})).finish().unwrap_err();
         assert!(e.message.contains("no parameters"), "{e}");
+    }
+
+    #[test]
+    fn the_rest_reads_as_one_table() {
+        #[derive(serde::Deserialize, Debug, PartialEq)]
+        #[serde(deny_unknown_fields)]
+        struct Lun {
+            size: u64,
+        }
+        let mut p = params(json!({"target": "t", "size": 4}));
+        p.str("target").unwrap();
+        assert_eq!(p.rest::<Lun>("a LUN table").unwrap(), Lun { size: 4 });
+        p.finish().expect("all read");
+        let mut p = params(json!({"size": 4, "sise": 5}));
+        let e = p.rest::<Lun>("a LUN table").unwrap_err();
+        assert!(e.message.contains("sise"), "{e}");
     }
 
     #[test]
