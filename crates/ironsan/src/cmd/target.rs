@@ -41,25 +41,25 @@ pub struct TargetArgs {
     /// Serve the control socket `ironsan admin` talks to (docs/admin.md) at PATH, created
     /// mode 0600; bare `--control`: $XDG_RUNTIME_DIR/ironsan/control.sock (root:
     /// /run/ironsan/control.sock). Overrides the config's control_socket. Default: none.
-    #[arg(long, value_name = "PATH", num_args = 0..=1, default_missing_value = "")]
-    pub control: Option<std::path::PathBuf>,
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<Option<std::path::PathBuf>>,
 }
 
-/// Where the control socket goes: `--control`, else the config's `control_socket`; an empty
-/// `--control` means the default path.
+/// Where the control socket goes: `--control PATH`, else the default path for a bare
+/// `--control`, else the config's `control_socket`.
 fn control_path(
-    arg: Option<&std::path::Path>,
+    arg: Option<Option<&std::path::Path>>,
     config: &Config,
 ) -> anyhow::Result<Option<std::path::PathBuf>> {
     match arg {
-        Some(p) if p.as_os_str().is_empty() => control::default_socket_path()
+        Some(None) => control::default_socket_path()
             .map(Some)
             .ok_or_else(|| {
                 anyhow::anyhow!(
                     "--control: XDG_RUNTIME_DIR is not set; give a path (--control /path/to/control.sock) in a directory only you can write"
                 )
             }),
-        Some(p) => Ok(Some(p.to_path_buf())),
+        Some(Some(p)) => Ok(Some(p.to_path_buf())),
         None => Ok(config.control_socket.clone()),
     }
 }
@@ -87,7 +87,7 @@ pub fn run(args: TargetArgs) -> anyhow::Result<()> {
             t.error_recovery_level = level;
         }
     }
-    let control_path = control_path(args.control.as_deref(), &config)?;
+    let control_path = control_path(args.control.as_ref().map(|c| c.as_deref()), &config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
