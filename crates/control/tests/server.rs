@@ -284,3 +284,51 @@ fn a_closed_socket_says_how_to_reach_the_target() {
     let text = e.to_string();
     assert!(text.contains("--control") && !text.contains('\n'), "{text}");
 }
+
+/// Run by `a_peer_of_another_uid_is_refused` as another user: sends a change to the socket
+/// named by CONTROL_TEST_PEER and prints the error code of the reply. Does nothing otherwise.
+#[test]
+fn peer_of_another_uid() {
+    let Some(path) = std::env::var_os("CONTROL_TEST_PEER") else {
+        return;
+    };
+    let reply = raw(
+        Path::new(&path),
+        b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"counter.set\",\"params\":{\"value\":9}}\n",
+    );
+    let code = reply.and_then(|r| r.outcome.err()).map(|e| e.code);
+    println!("PEER-CODE {code:?}");
+}
+
+#[test]
+fn a_peer_of_another_uid_is_refused() {
+    use std::os::unix::process::CommandExt;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: only root can run a peer as another uid");
+        return;
+    }
+    let (path, _rt) = start("peer", |_| {});
+    // Let the other user reach the socket, so that the credential check is what refuses it.
+    let dir = path.parent().unwrap();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "peer_of_another_uid",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("CONTROL_TEST_PEER", &path)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .expect("run the peer as uid 65534");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!("PEER-CODE Some({})", codec::FORBIDDEN)),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(get(&path), 0, "the refused peer changed the state");
+}
