@@ -99,14 +99,6 @@ impl<S: Send + Sync + 'static> Methods<S> {
             outcome,
         }
     }
-
-    /// Decodes and runs one request line.
-    pub async fn call_line(&self, line: &[u8]) -> Response {
-        match decode_request(line) {
-            Ok(req) => self.call(req).await,
-            Err((id, e)) => Response::err(id, e),
-        }
-    }
 }
 
 /// Whether a peer with uid `peer` may use the socket of a server running as `ours`: the same
@@ -215,21 +207,16 @@ async fn connection<S: Send + Sync + 'static>(
     let mut buf = vec![0u8; 64 << 10];
     loop {
         let reply = match framer.next_frame() {
-            Ok(Some(line)) => {
-                match tokio::time::timeout(config.call_timeout, methods.call_line(&line)).await {
-                    Ok(r) => r,
-                    Err(_) => Response::err(
-                        Id::Null,
-                        RpcError::new(
-                            INTERNAL_ERROR,
-                            format!(
-                                "the call ran past {} s and was abandoned; its outcome is unknown, list the state to check",
-                                config.call_timeout.as_secs()
-                            ),
-                        ),
-                    ),
+            Ok(Some(line)) => match decode_request(&line) {
+                Ok(req) => {
+                    let id = req.id.clone();
+                    match tokio::time::timeout(config.call_timeout, methods.call(req)).await {
+                        Ok(r) => r,
+                        Err(_) => Response::err(id, abandoned(config.call_timeout)),
+                    }
                 }
-            }
+                Err((id, e)) => Response::err(id, e),
+            },
             Ok(None) => {
                 let read = tokio::time::timeout(config.idle_timeout, stream.read(&mut buf)).await;
                 match read {
@@ -250,6 +237,17 @@ async fn connection<S: Send + Sync + 'static>(
             _ => return,
         }
     }
+}
+
+/// The error of a call that ran past `limit`.
+fn abandoned(limit: Duration) -> RpcError {
+    RpcError::new(
+        INTERNAL_ERROR,
+        format!(
+            "the call ran past {} s and was abandoned; its outcome is unknown, list the state to check",
+            limit.as_secs_f64()
+        ),
+    )
 }
 
 /// Binds a listening socket at `path` with mode 0600 and no window in which it has any

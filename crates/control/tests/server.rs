@@ -240,7 +240,9 @@ fn connections_beyond_the_bound_are_refused_and_calls_bounded_in_time() {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let e = answered.expect("answered").outcome.unwrap_err();
+    let answered = answered.expect("answered");
+    assert_eq!(answered.id, Id::Num(1), "answered under the request's id");
+    let e = answered.outcome.unwrap_err();
     assert_eq!(e.code, codec::INTERNAL_ERROR);
     assert!(e.message.contains("abandoned"), "{e}");
 }
