@@ -52,8 +52,21 @@ fn socket_path(name: &str) -> PathBuf {
     dir.join("control.sock")
 }
 
+/// A started server's runtime; dropping it stops the server and removes its directory.
+struct Running {
+    rt: Option<tokio::runtime::Runtime>,
+    dir: PathBuf,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        drop(self.rt.take());
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// Starts a server on a runtime of its own thread; returns its path.
-fn start(name: &str, tune: impl FnOnce(&mut ServerConfig)) -> (PathBuf, tokio::runtime::Runtime) {
+fn start(name: &str, tune: impl FnOnce(&mut ServerConfig)) -> (PathBuf, Running) {
     let path = socket_path(name);
     let mut config = ServerConfig::new(&path);
     tune(&mut config);
@@ -64,7 +77,8 @@ fn start(name: &str, tune: impl FnOnce(&mut ServerConfig)) -> (PathBuf, tokio::r
         .unwrap();
     let server = rt.block_on(async { Server::bind(config) }).expect("bind");
     rt.spawn(server.serve(methods()));
-    (path, rt)
+    let dir = path.parent().unwrap().to_path_buf();
+    (path, Running { rt: Some(rt), dir })
 }
 
 /// Sends raw bytes and reads one reply line (None: closed without one).
@@ -277,6 +291,8 @@ fn a_stale_socket_is_replaced_and_a_live_one_is_not() {
         .expect("a file is not replaced");
     assert!(e.to_string().contains("not a socket"), "{e}");
     assert_eq!(std::fs::read(&file).unwrap(), b"x");
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+    let _ = std::fs::remove_dir_all(file.parent().unwrap());
 }
 
 #[test]

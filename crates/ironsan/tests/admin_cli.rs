@@ -184,6 +184,8 @@ fn portals_are_added_and_removed_through_the_control_socket() {
     assert!(!ok && err.contains("no portal is bound"), "{err}");
     let (ok, out, _) = admin(&socket, &["sessions"]);
     assert!(ok && out.contains("sessions"), "{out}");
-    target.stop("-INT");
+    target.signal("-INT");
+    assert!(target.wait_exit(LIMIT).success());
+    assert!(!socket.exists(), "the socket outlived the target");
     let _ = std::fs::remove_dir_all(&dir);
 }
