@@ -42,7 +42,7 @@ if (($#)); then
   done
 else
   # The order of ironsan_fuzz::TARGETS: cheap codecs first.
-  targets="iscsi_pdu login_target login_initiator chap text_keys send_targets iser mpa ddp_rdmap scsi pcap tcp_stream config session_core session_tcp session_iser"
+  targets="iscsi_pdu login_target login_initiator chap text_keys send_targets iser mpa ddp_rdmap scsi pcap tcp_stream config control_request session_core session_tcp session_iser"
   for t in $all; do grep -qw "$t" <<<"$targets" || targets="$targets $t"; done
 fi
 jobs="${FUZZ_JOBS:-1}"

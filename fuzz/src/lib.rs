@@ -13,6 +13,7 @@
 //! the harness can fill in correctly when asked (otherwise the fuzzer would never get past
 //! a CRC or a challenge).
 
+pub mod control_request;
 pub mod input;
 pub mod login;
 pub mod osd_unit;
@@ -22,6 +23,7 @@ pub mod session_core;
 pub mod session_iser;
 pub mod wire;
 
+pub use control_request::control_request;
 pub use input::Input;
 pub use login::{chap, login_initiator, login_target, send_targets, text_keys};
 pub use osd_unit::osd;
@@ -50,6 +52,7 @@ pub const TARGETS: &[(&str, Harness)] = &[
     ("pcap", pcap),
     ("tcp_stream", tcp_stream),
     ("config", config),
+    ("control_request", control_request),
     ("session_core", session_core),
     ("session_tcp", session_tcp),
     ("session_iser", session_iser),

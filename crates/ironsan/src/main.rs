@@ -28,6 +28,8 @@ struct Cli {
 enum Command {
     /// Serve iSCSI targets (default: a 1 GiB RAM LUN on 127.0.0.1:3260).
     Target(cmd::target::TargetArgs),
+    /// Watch and change a running target through its control socket (`target --control`).
+    Admin(cmd::admin::AdminArgs),
     /// Benchmarks: `ironsan bench iscsi://...` (access generator), `ironsan bench crc`.
     Bench(cmd::bench::BenchArgs),
     /// List the targets a portal offers (SendTargets discovery).
@@ -95,6 +97,7 @@ fn main() {
     }
     let result = match cli.command {
         Command::Target(args) => cmd::target::run(args),
+        Command::Admin(args) => cmd::admin::run(args),
         Command::Bench(args) => cmd::bench::run(args),
         Command::Soak(args) => cmd::soak::run(args),
         Command::Discover(args) => cmd::initiator::discover(args),

@@ -255,6 +255,9 @@ pub struct Config {
     /// "sha-1", "md5". Among them the initiator's CHAP_A order decides (RFC 7143 list
     /// negotiation). Left out: all four.
     pub chap_algorithms: Option<Vec<String>>,
+    /// The control socket (`ironsan admin`, docs/admin.md): a Unix socket created owner-only
+    /// at this path. Left out: none (or `ironsan target --control`).
+    pub control_socket: Option<std::path::PathBuf>,
     #[serde(default)]
     pub discovery: DiscoveryConfig,
     #[serde(default, rename = "target")]
@@ -356,6 +359,7 @@ impl Config {
             iser_provider: IserProvider::Software,
             iser_register_ram_luns: None,
             chap_algorithms: None,
+            control_socket: None,
             discovery: DiscoveryConfig::default(),
             lun_places: BTreeMap::new(),
             targets: vec![TargetConfig {

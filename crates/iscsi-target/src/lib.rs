@@ -11,7 +11,8 @@
 //! kept in one list that SendTargets reads too. Each target's LUNs live in its
 //! `scsi::Device`, built from the configuration at start; LUNs can be added and removed
 //! while it runs as well ([`Target::add_lun`], [`Target::remove_lun`]), its sessions told
-//! by the REPORTED LUNS DATA HAS CHANGED unit attention.
+//! by the REPORTED LUNS DATA HAS CHANGED unit attention; [`inspect`] describes each target
+//! as it is now, for the control socket.
 //! It also answers NOP, Text (SendTargets), Logout and task management, pings idle
 //! connections, and announces shutdown with an Async Message. Error recovery above level 0
 //! has one module per level: `erl1` (SNACK) and `erl2` (a failed connection's tasks kept for
@@ -25,6 +26,7 @@ pub mod auth_throttle;
 pub mod config;
 mod erl1;
 mod erl2;
+pub mod inspect;
 mod portals;
 mod session;
 

@@ -309,6 +309,12 @@ impl Device {
         self.block(lun).map(|l| (l.num_blocks(), l.block_size))
     }
 
+    /// The configuration block LUN `lun` was built from (`None` for an object LUN or no
+    /// LUN), for a control client's listing.
+    pub fn lun_config(&self, lun: u64) -> Option<LunConfig> {
+        self.block(lun).map(|l| l.cfg.clone())
+    }
+
     /// Registers a new I_T nexus. `initiator_port` names the initiator port (for iSCSI
     /// "<initiator name>,i,0x<isid>"); `transport_id` is its SCSI TransportID (used in
     /// PERSISTENT RESERVE IN READ FULL STATUS; may be empty).

@@ -1,4 +1,6 @@
 //! One module per subcommand.
+pub mod admin;
+pub mod admin_server;
 pub mod analyze;
 pub mod bench;
 pub mod bench_procs;

@@ -38,6 +38,30 @@ pub struct TargetArgs {
     /// tasks for TASK REASSIGN on another connection.
     #[arg(long, value_name = "LEVEL")]
     pub error_recovery_level: Option<u8>,
+    /// Serve the control socket `ironsan admin` talks to (docs/admin.md) at PATH, created
+    /// mode 0600; bare `--control`: $XDG_RUNTIME_DIR/ironsan/control.sock (root:
+    /// /run/ironsan/control.sock). Overrides the config's control_socket. Default: none.
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<Option<std::path::PathBuf>>,
+}
+
+/// Where the control socket goes: `--control PATH`, else the default path for a bare
+/// `--control`, else the config's `control_socket`.
+fn control_path(
+    arg: Option<Option<&std::path::Path>>,
+    config: &Config,
+) -> anyhow::Result<Option<std::path::PathBuf>> {
+    match arg {
+        Some(None) => control::default_socket_path()
+            .map(Some)
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--control: XDG_RUNTIME_DIR is not set; give a path (--control /path/to/control.sock) in a directory only you can write"
+                )
+            }),
+        Some(Some(p)) => Ok(Some(p.to_path_buf())),
+        None => Ok(config.control_socket.clone()),
+    }
 }
 
 pub fn run(args: TargetArgs) -> anyhow::Result<()> {
@@ -63,6 +87,7 @@ pub fn run(args: TargetArgs) -> anyhow::Result<()> {
             t.error_recovery_level = level;
         }
     }
+    let control_path = control_path(args.control.as_ref().map(|c| c.as_deref()), &config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -127,7 +152,24 @@ pub fn run(args: TargetArgs) -> anyhow::Result<()> {
             println!("    iscsiadm -m discovery -t sendtargets -p {hp}   # Linux open-iscsi");
         }
         let serving = tokio::spawn(bound.serve());
+        let control = match &control_path {
+            Some(path) => {
+                let (server, methods) = super::admin_server::bind(path, target.clone())
+                    .with_context(|| format!("control socket {}", path.display()))?;
+                println!(
+                    "ironsan: control socket {0} (ironsan admin --socket {0} targets)",
+                    path.display()
+                );
+                Some(tokio::spawn(server.serve(methods)))
+            }
+            None => None,
+        };
         shutdown_signal().await;
+        if let Some(control) = control {
+            // Dropping the server removes the socket file.
+            control.abort();
+            let _ = control.await;
+        }
         println!("ironsan: shutting down (asking initiators to log out)");
         target.shutdown(Duration::from_secs(2)).await;
         let _ = tokio::time::timeout(Duration::from_secs(1), serving).await;
