@@ -116,8 +116,13 @@ pub(crate) struct Conn {
     /// the kept tasks of level 2 name it.
     pub(crate) key: u64,
     pub peer: SocketAddr,
+    /// The address of the portal that accepted it.
+    pub local: SocketAddr,
     /// The transport this connection runs over (Text negotiation answers its keys).
     pub transport: TransportKind,
+    /// What its login negotiated for it (digests, data segment lengths), for reports.
+    pub(crate) digests: iscsi_wire::Digests,
+    pub(crate) max_recv: u32,
     pub dm: Arc<dyn Datamover>,
     /// The initiator's MaxRecvDataSegmentLength (bounds NOP-In and Text data); a Text
     /// negotiation in full feature phase may change it.
@@ -165,6 +170,7 @@ impl Conn {
     pub fn new(
         cid: u16,
         peer: SocketAddr,
+        local: SocketAddr,
         transport: TransportKind,
         dm: Arc<dyn Datamover>,
         max_send: u32,
@@ -175,7 +181,10 @@ impl Conn {
             cid,
             key: KEYS.fetch_add(1, Ordering::Relaxed),
             peer,
+            local,
             transport,
+            digests: ffp.digests,
+            max_recv: ffp.max_recv_data_segment_length,
             dm,
             max_send: AtomicU32::new(max_send),
             inflight: AtomicUsize::new(0),
@@ -199,6 +208,11 @@ impl Conn {
         }
         let most = u64::from(cmd.expected_data_len).min(scsi::MAX_TRANSFER_BYTES);
         self.budget.reserve(most, self.budget_wait).await.map(Some)
+    }
+
+    /// SCSI commands running on this connection now.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.inflight.load(Ordering::Relaxed)
     }
 
     fn task_done(&self) {

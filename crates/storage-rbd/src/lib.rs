@@ -28,7 +28,7 @@ use ffi::{Api, RadosIoctxT, RadosT, RbdCompletionT, RbdImageT};
 
 /// Where an RBD LUN's image is, as configured
 /// (`backend = { type = "rbd", pool = "rbd", image = "disk1" }`).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RbdSpec {
     pub pool: String,

@@ -171,6 +171,16 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Provisioning status of the run starting at `offset` (at most `len` bytes long).
     async fn map_status(&self, offset: u64, len: u64) -> io::Result<MapRun>;
+
+    /// Makes the capacity `size` bytes while the backend runs (what grows reads back as
+    /// zeroes), where the backend can; it may block. The default refuses, saying why.
+    fn resize(&self, size: u64) -> io::Result<()> {
+        let _ = size;
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("a {} backend cannot be resized", self.kind()),
+        ))
+    }
 }
 
 /// Checks that `offset..offset+len` lies inside a device of `size` bytes.
