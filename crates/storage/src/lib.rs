@@ -1,6 +1,7 @@
 //! Storage backends for ironsan logical units. One job: read and write byte ranges of a
 //! linear address space (a RAM image, a sparse file or a block device) asynchronously,
-//! with durability (FUA, flush) and thin-provisioning (punch, mapping status) operations.
+//! with durability (FUA, flush) and thin-provisioning (punch, mapping status) operations, and
+//! change its size while running where the backend can ([`Backend::resize`]).
 //! The SCSI engine (crate `scsi`) talks to every backend through [`Backend`] as
 //! `Arc<dyn Backend>`; it knows nothing about files or memory.
 //!
