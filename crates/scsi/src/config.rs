@@ -46,7 +46,7 @@ impl Serialize for ByteSize {
         let units = [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")];
         match units
             .iter()
-            .find(|(shift, _)| self.0 != 0 && self.0 % (1u64 << shift) == 0)
+            .find(|(shift, _)| self.0 != 0 && self.0.is_multiple_of(1u64 << shift))
         {
             Some((shift, unit)) => s.serialize_str(&format!("{}{unit}", self.0 >> shift)),
             None => s.serialize_u64(self.0),

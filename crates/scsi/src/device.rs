@@ -575,7 +575,7 @@ impl Device {
             None => return Err(LunChangeError::NotFound(lun)),
         };
         let bs = u64::from(l.block_size);
-        if bytes == 0 || bytes % bs != 0 {
+        if bytes == 0 || !bytes.is_multiple_of(bs) {
             return Err(LunChangeError::Build(format!(
                 "LUN {lun}: size {bytes} must be a non-zero multiple of its block size {bs}"
             )));
