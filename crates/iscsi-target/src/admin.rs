@@ -15,6 +15,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -77,6 +78,12 @@ pub struct ConnectionInfo {
     pub max_send_data_segment_length: u32,
     /// SCSI commands running on it now.
     pub commands_in_flight: usize,
+    /// SCSI commands executed on it so far.
+    pub commands: u64,
+    /// Write data it brought (bytes).
+    pub bytes_written: u64,
+    /// Read data produced for it (bytes).
+    pub bytes_read: u64,
 }
 
 fn session_info(s: &Session) -> SessionInfo {
@@ -97,6 +104,9 @@ fn session_info(s: &Session) -> SessionInfo {
             max_recv_data_segment_length: c.max_recv,
             max_send_data_segment_length: c.max_send(),
             commands_in_flight: c.in_flight(),
+            commands: c.commands.load(Ordering::Relaxed),
+            bytes_written: c.bytes_written.load(Ordering::Relaxed),
+            bytes_read: c.bytes_read.load(Ordering::Relaxed),
         })
         .collect();
     connections.sort_by_key(|c| c.cid);
@@ -578,8 +588,10 @@ impl Target {
     /// or writable and resized, ACL, CHAP, digest and alias changes, portals removed.
     /// Settings that cannot change live (top-level keys such as `memory_mib`, portals
     /// added) are left as they run and reported as needing a restart. `new` is checked
-    /// whole first, and the new targets' LUNs opened before anything changes: a refused
-    /// configuration changes nothing. Returns one line per change made.
+    /// whole first, and the new targets' and LUNs' backends opened before anything else
+    /// changes: a configuration refused then changes nothing. A step that fails later (a
+    /// LUN that cannot be removed or resized) stops there, its error saying so. Returns
+    /// one line per change made.
     pub async fn reconfigure(&self, new: Config) -> Result<Vec<String>, String> {
         let _changing = self.changing.lock().await;
         new.check("new configuration").map_err(|e| e.0)?;
@@ -706,7 +718,7 @@ impl Target {
         for (t, n) in &plan.luns_removed {
             self.remove_lun(t, *n)
                 .await
-                .map_err(|e| format!("target {t}: {e}"))?;
+                .map_err(|e| format!("target {t}: {e} (the changes before it were made)"))?;
             if let Some((_, _, cfg)) = plan
                 .luns_added
                 .iter()
@@ -725,14 +737,14 @@ impl Target {
         for (t, n, ro) in &plan.read_only {
             self.set_lun_read_only(t, *n, *ro)
                 .await
-                .map_err(|e| format!("target {t}: {e}"))?;
+                .map_err(|e| format!("target {t}: {e} (the changes before it were made)"))?;
             let now = if *ro { "read-only" } else { "writable" };
             done.push(format!("target {t} LUN {n}: {now}"));
         }
         for (t, n, bytes) in &plan.resized {
             self.resize_lun(t, *n, *bytes)
                 .await
-                .map_err(|e| format!("target {t}: {e}"))?;
+                .map_err(|e| format!("target {t}: {e} (the changes before it were made)"))?;
             done.push(format!("target {t} LUN {n}: resized to {bytes} bytes"));
         }
         Ok(())

@@ -78,6 +78,9 @@ pub struct Target {
     /// Held by a live change of targets or of the configuration (`admin`), so that two
     /// never interleave.
     changing: tokio::sync::Mutex<()>,
+    /// `max_immediate_commands`, read by every command: a top-level setting, fixed until a
+    /// restart, so kept here rather than read from the configuration snapshot each time.
+    max_immediate_commands: u32,
     sessions: Mutex<HashMap<u16, Arc<Session>>>,
     next_tsih: AtomicU16,
     next_nexus: AtomicU64,
@@ -152,6 +155,7 @@ impl Target {
         }
         let (shutdown, _) = watch::channel(false);
         let max_pending_logins = config.max_pending_logins as usize;
+        let max_immediate_commands = config.max_immediate_commands;
         let memory = Budget::root("target", config.memory_mib() << 20);
         let auth_limits = config.auth_throttle_limits();
         let target = Arc::new(Target {
@@ -162,6 +166,7 @@ impl Target {
             devices: std::sync::RwLock::new(devices),
             images,
             changing: tokio::sync::Mutex::new(()),
+            max_immediate_commands,
             sessions: Mutex::new(HashMap::new()),
             next_tsih: AtomicU16::new(1),
             next_nexus: AtomicU64::new(1),

@@ -145,6 +145,11 @@ pub(crate) struct Conn {
     budget_wait: Duration,
     /// Rejects sent on this connection.
     rejects: AtomicU32,
+    /// SCSI commands executed on it, write data taken and read data produced (bytes), for
+    /// reports ([`crate::Target::sessions`]).
+    pub(crate) commands: AtomicU64,
+    pub(crate) bytes_written: AtomicU64,
+    pub(crate) bytes_read: AtomicU64,
 }
 
 /// Rejects logged per connection; later ones are only counted.
@@ -197,6 +202,9 @@ impl Conn {
             budget: ffp.budget.clone(),
             budget_wait: ffp.timeouts.budget_wait,
             rejects: AtomicU32::new(0),
+            commands: AtomicU64::new(0),
+            bytes_written: AtomicU64::new(0),
+            bytes_read: AtomicU64::new(0),
         }
     }
 
@@ -620,6 +628,7 @@ impl Session {
             4 => scsi::TaskAttr::Aca,
             _ => scsi::TaskAttr::Simple,
         };
+        let written = data_out.len() as u64;
         let rsp = device
             .execute(scsi::Command {
                 nexus: self.nexus,
@@ -635,6 +644,10 @@ impl Session {
                 read_buffers: conn.dm.read_buffers(),
             })
             .await;
+        conn.commands.fetch_add(1, Ordering::Relaxed);
+        conn.bytes_written.fetch_add(written, Ordering::Relaxed);
+        conn.bytes_read
+            .fetch_add(rsp.data_in.len() as u64, Ordering::Relaxed);
         // The read data stays counted until the transport lets go of it (sent; at
         // ErrorRecoveryLevel ≥ 1, acknowledged).
         let mut rsp = rsp;
@@ -1014,7 +1027,7 @@ impl Session {
                     unreachable!("datamover sends commands as Command")
                 };
                 let itt = cmd.itt;
-                let max_immediate = target.config().max_immediate_commands;
+                let max_immediate = target.max_immediate_commands;
                 match self.offer_command(conn, max_immediate, cmd, pdu.pdu.ahs, write) {
                     Ok(orders) => self.carry_out(target, orders).await,
                     Err((reason, why)) => {

@@ -201,6 +201,12 @@ async fn a_resized_lun_tells_other_sessions_and_reports_its_new_size() {
         let other = login(addr, A).await;
         let data = Bytes::from(vec![0x5Au8; 4096]);
         one.write(0, 0, 512, data.clone()).await.unwrap();
+        let written: u64 = target
+            .sessions()
+            .iter()
+            .flat_map(|s| s.connections.iter().map(|c| c.bytes_written))
+            .sum();
+        assert_eq!(written, 4096, "the write is counted");
         target.resize_lun(A, 0, 8 << 20).await.expect("grown");
         assert_eq!(
             sense_of(&other, 0, &TUR, 0, Bytes::new()).await,
@@ -275,6 +281,10 @@ async fn sessions_are_listed_and_one_asked_to_log_out_hears_it() {
         assert_eq!(conn.local, addr);
         assert_eq!(conn.transport, "iSCSI/TCP");
         assert!(!conn.header_digest);
+        assert_eq!(
+            (conn.commands, conn.bytes_written, conn.bytes_read),
+            (0, 0, 0)
+        );
 
         target
             .logout_session(s.tsih, Duration::from_secs(1))

@@ -195,7 +195,7 @@ async fn reload_on_hangup(
                 }
             }
             Err(e) => tracing::error!(
-                "reload of {} refused, nothing changed: {}",
+                "reload of {} refused: {}",
                 path.display(),
                 e.replace('\n', " ")
             ),
