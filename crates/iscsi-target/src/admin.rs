@@ -193,6 +193,22 @@ impl Target {
         Ok(())
     }
 
+    /// A connection that joined its session after the session was dropped (between its
+    /// Login Response and its start, when `drop_sessions` found it not there yet) ends
+    /// too. The connection is in its session first, then this looks for the session: one
+    /// of the two sees the other.
+    pub(crate) fn closed_meanwhile(&self, logged_in: &crate::LoggedIn) {
+        let s = &logged_in.session;
+        if self.session(s.tsih).is_ok_and(|now| Arc::ptr_eq(&now, s)) {
+            return;
+        }
+        tracing::info!(
+            tsih = s.tsih,
+            "session dropped while its connection started: closing it"
+        );
+        logged_in.conn.dm.close();
+    }
+
     fn drop_sessions(&self, sessions: &[Arc<Session>]) {
         for s in sessions {
             self.remove_session(s);

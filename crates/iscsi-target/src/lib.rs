@@ -600,7 +600,7 @@ async fn login(
                     session.release_connection(outcome.cid, ticket);
                     return Err(e.to_string());
                 }
-                return Ok(Some(enter_full_feature(
+                let logged_in = enter_full_feature(
                     &target.config(),
                     session,
                     conn,
@@ -608,7 +608,9 @@ async fn login(
                     stat_sn.wrapping_add(1),
                     ticket,
                     portal.address,
-                )));
+                );
+                target.closed_meanwhile(&logged_in);
+                return Ok(Some(logged_in));
             }
         }
         stat_sn = stat_sn.wrapping_add(1);
