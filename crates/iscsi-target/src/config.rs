@@ -9,7 +9,7 @@ use iscsi_login::directory::{AuthRequirement, Portal, TargetDirectory};
 use iscsi_login::params::TransportKind;
 use iscsi_login::target::DigestPolicy;
 use scsi::LunConfig;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -20,7 +20,7 @@ pub const DEFAULT_IQN: &str = "iqn.2026-11.org.ironsan:default";
 /// The default portal.
 pub const DEFAULT_PORTAL: &str = "127.0.0.1:3260";
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct Chap {
     pub user: String,
@@ -33,7 +33,7 @@ impl Chap {
     }
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, Default, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum DigestSetting {
     Never,
@@ -52,14 +52,14 @@ impl From<DigestSetting> for DigestPolicy {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Default)]
+#[derive(Debug, Clone, Deserialize, Serialize, Default, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct DiscoveryConfig {
     pub chap: Option<Chap>,
     pub mutual_chap: Option<Chap>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct TargetConfig {
     pub name: String,
@@ -144,7 +144,9 @@ fn default_iser_poll_us() -> u64 {
     datamover::iser_defaults::DEFAULT_POLL.as_micros() as u64
 }
 
-#[derive(Debug, Clone, Deserialize)]
+/// The whole configuration; [`Config::to_toml`] writes it back in the syntax it is read in
+/// (equality ignores where it was read from).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     #[serde(default)]
@@ -264,11 +266,22 @@ pub struct Config {
     pub targets: Vec<TargetConfig>,
     /// Where each target's LUN tables are in the file read (for errors found when they open).
     #[serde(skip)]
-    lun_places: BTreeMap<(String, u64), String>,
+    lun_places: LunPlaces,
+}
+
+/// `file:line` of each LUN table read, by (lower-case target name, LUN): not part of what
+/// a configuration says, so equal whatever it holds.
+#[derive(Debug, Clone, Default)]
+struct LunPlaces(BTreeMap<(String, u64), String>);
+
+impl PartialEq for LunPlaces {
+    fn eq(&self, _: &LunPlaces) -> bool {
+        true
+    }
 }
 
 /// The RDMA provider behind iser:// portals.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum IserProvider {
     /// ironsan's software iWARP RNIC.
@@ -361,7 +374,7 @@ impl Config {
             chap_algorithms: None,
             control_socket: None,
             discovery: DiscoveryConfig::default(),
-            lun_places: BTreeMap::new(),
+            lun_places: LunPlaces::default(),
             targets: vec![TargetConfig {
                 name: DEFAULT_IQN.to_string(),
                 alias: Some("ironsan default RAM disk".to_string()),
@@ -404,14 +417,21 @@ impl Config {
         })?;
         config.validate(text, origin)?;
         let mut config = config;
-        config.lun_places = lun_places(&config.targets, text, origin);
+        config.lun_places = LunPlaces(lun_places(&config.targets, text, origin));
         Ok(config)
+    }
+
+    /// Checks a configuration built or changed in memory (not read from a file) as
+    /// [`Config::parse`] checks a file's; errors name `origin`.
+    pub fn check(&self, origin: &str) -> Result<(), ConfigError> {
+        self.validate("", origin)
     }
 
     /// Where LUN `lun` of target `target` is configured (`file:line` of its table), when
     /// this configuration was read from a file.
     pub fn lun_place(&self, target: &str, lun: u64) -> Option<&str> {
         self.lun_places
+            .0
             .get(&(target.to_ascii_lowercase(), lun))
             .map(String::as_str)
     }
@@ -672,6 +692,67 @@ impl Config {
     }
 }
 
+impl Config {
+    /// The configuration as TOML, in the syntax [`Config::parse`] reads (every key written,
+    /// defaults too): `Config::parse(&c.to_toml(), ..) == c`.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_else(|e| {
+            // Every field is a TOML value or table; nothing here can fail to serialize.
+            unreachable!("a configuration that TOML cannot write: {e}")
+        })
+    }
+}
+
+/// Writes `config` to `path` so that a crash at any moment leaves either the old file or
+/// the new one whole: the TOML goes to a temporary file in the same directory, which is
+/// synced; the old file, if any, is kept as `PATH.bak` (a hard link, so `path` never
+/// disappears); the temporary file is renamed over `path`, and the directory synced. On an
+/// error the temporary file is removed and `path` is as it was.
+pub fn save_atomic(path: &Path, config: &Config) -> Result<(), ConfigError> {
+    use std::io::Write;
+    let fail = |what: &str, p: &Path, e: std::io::Error| {
+        ConfigError(format!("{}: cannot {what}: {e}", p.display()))
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| ConfigError(format!("{}: not a file name", path.display())))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".tmp{}", std::process::id()));
+    let tmp = dir.join(tmp_name);
+    let write = || -> Result<(), ConfigError> {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .map_err(|e| fail("create", &tmp, e))?;
+        f.write_all(config.to_toml().as_bytes())
+            .map_err(|e| fail("write", &tmp, e))?;
+        f.sync_all().map_err(|e| fail("sync", &tmp, e))?;
+        if path.exists() {
+            let mut bak = path.as_os_str().to_owned();
+            bak.push(".bak");
+            let bak = std::path::PathBuf::from(bak);
+            let _ = std::fs::remove_file(&bak);
+            std::fs::hard_link(path, &bak)
+                .or_else(|_| std::fs::copy(path, &bak).map(|_| ()))
+                .map_err(|e| fail("keep a copy as", &bak, e))?;
+        }
+        std::fs::rename(&tmp, path).map_err(|e| fail("rename over", path, e))
+    };
+    if let Err(e) = write() {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    std::fs::File::open(&dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| fail("sync the directory", &dir, e))
+}
+
 /// `file:line` of each target's LUN tables: the `[target.lun.N]` header (or a `lun.N` key)
 /// after the line that names the target, else that line.
 fn lun_places(
@@ -754,20 +835,42 @@ fn auth(chap: &Option<Chap>, mutual: &Option<Chap>) -> AuthRequirement {
     }
 }
 
-/// The login layer's view of the configured targets.
+/// The login layer's view of the configured targets: the configuration as it runs now
+/// (replaced whole by a live change, so a login reads one consistent snapshot per question).
 pub struct Directory {
-    pub config: Config,
+    config: std::sync::RwLock<std::sync::Arc<Config>>,
     /// The target's portals, which SendTargets lists: changed as portals are added and
     /// removed.
     pub(crate) portals: crate::portals::Portals,
 }
 
 impl Directory {
-    fn find(&self, name: &str) -> Option<&TargetConfig> {
+    pub(crate) fn new(config: Config, portals: crate::portals::Portals) -> Directory {
+        Directory {
+            config: std::sync::RwLock::new(std::sync::Arc::new(config)),
+            portals,
+        }
+    }
+
+    /// The configuration as it is now.
+    pub fn config(&self) -> std::sync::Arc<Config> {
         self.config
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Makes `config` the configuration from now on.
+    pub(crate) fn set_config(&self, config: Config) {
+        *self.config.write().unwrap_or_else(|e| e.into_inner()) = std::sync::Arc::new(config);
+    }
+
+    fn find(&self, name: &str) -> Option<TargetConfig> {
+        self.config()
             .targets
             .iter()
             .find(|t| t.name.eq_ignore_ascii_case(name))
+            .cloned()
     }
 }
 
@@ -789,16 +892,18 @@ impl TargetDirectory for Directory {
             .unwrap_or_default()
     }
     fn discovery_auth(&self) -> AuthRequirement {
-        auth(
-            &self.config.discovery.chap,
-            &self.config.discovery.mutual_chap,
-        )
+        let config = self.config();
+        auth(&config.discovery.chap, &config.discovery.mutual_chap)
     }
     fn target_alias(&self, target: &str) -> Option<String> {
-        self.find(target).and_then(|t| t.alias.clone())
+        self.find(target).and_then(|t| t.alias)
     }
     fn target_names(&self) -> Vec<String> {
-        self.config.targets.iter().map(|t| t.name.clone()).collect()
+        self.config()
+            .targets
+            .iter()
+            .map(|t| t.name.clone())
+            .collect()
     }
     fn portals(&self, _target: &str) -> Vec<Portal> {
         self.portals.entries()
@@ -891,6 +996,83 @@ read_only = true
         assert!(lun3.sanitize && lun3.serial.as_deref() == Some("DISK3-0001"));
         // The derived identities must accept the example's WWN too.
         scsi::Device::new(&c.targets[0].name, vec![(3, lun3.clone())]).unwrap();
+    }
+
+    /// Every TOML block of docs/target.md that is a whole configuration.
+    fn documented_configs() -> Vec<Config> {
+        let page = include_str!("../../../docs/target.md");
+        page.split("```toml\n")
+            .skip(1)
+            .filter_map(|b| b.split("```").next())
+            .filter_map(|b| Config::parse(b, "docs/target.md").ok())
+            .collect()
+    }
+
+    #[test]
+    fn to_toml_parses_back_equal() {
+        let mut configs = documented_configs();
+        assert!(!configs.is_empty());
+        configs.push(Config::embedded_default());
+        let mut every_key = Config::parse(
+            "memory_mib = 512\nchap_algorithms = [\"sha-256\"]\nmax_sessions = 9\n\
+             [discovery]\nchap = { user = \"d\", secret = \"discsecret12\" }\n",
+            "k.toml",
+        )
+        .unwrap();
+        every_key.targets = Config::embedded_default().targets;
+        let mut lun = scsi::LunConfig::memory(3 * 512);
+        lun.backend = scsi::BackendConfig::File {
+            path: "/tmp/x.img".into(),
+            create: true,
+        };
+        lun.wwn = Some("0x3fedcba987654321".into());
+        lun.io = scsi::IoConfig::Threads;
+        every_key.targets[0].lun.insert("7".into(), lun);
+        every_key.targets[0].chap = Some(Chap {
+            user: "u".into(),
+            secret: "secretsecret".into(),
+        });
+        every_key.targets[0].initiators = vec!["iqn.2026-11.org.x:i".into()];
+        configs.push(every_key);
+        for c in configs {
+            let text = c.to_toml();
+            let back = Config::parse(&text, "saved.toml").unwrap_or_else(|e| panic!("{e}\n{text}"));
+            assert_eq!(back, c, "{text}");
+        }
+    }
+
+    #[test]
+    fn save_atomic_keeps_the_old_file_and_leaves_no_temporary() {
+        let dir = std::env::temp_dir().join(format!("ironsan-save-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("target.toml");
+        let first = Config::embedded_default();
+        save_atomic(&path, &first).unwrap();
+        assert_eq!(Config::load(&path).unwrap(), first);
+        let mut second = first.clone();
+        second.queue_depth = 7;
+        save_atomic(&path, &second).unwrap();
+        assert_eq!(Config::load(&path).unwrap(), second);
+        assert_eq!(Config::load(&dir.join("target.toml.bak")).unwrap(), first);
+        let names = |d: &Path| {
+            let mut n: Vec<String> = std::fs::read_dir(d)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            n.sort();
+            n
+        };
+        assert_eq!(names(&dir), ["target.toml", "target.toml.bak"]);
+        // A path whose rename fails (a directory stands there): an error, the directory's
+        // contents as they were, no temporary file left.
+        let blocked = dir.join("blocked");
+        std::fs::create_dir(blocked.join("")).unwrap();
+        std::fs::write(blocked.join("inside"), "x").unwrap();
+        let e = save_atomic(&blocked, &second).unwrap_err().0;
+        assert!(e.contains("blocked"), "{e}");
+        assert_eq!(names(&dir), ["blocked", "target.toml", "target.toml.bak"]);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -66,8 +66,8 @@ impl Target {
 
     /// The target named `name` (any case) as it is now; `None` when there is none.
     pub fn target_info(&self, name: &str) -> Option<TargetInfo> {
-        let t = self
-            .config()
+        let config = self.config();
+        let t = config
             .targets
             .iter()
             .find(|t| t.name.eq_ignore_ascii_case(name))?;

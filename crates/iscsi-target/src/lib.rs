@@ -22,6 +22,7 @@
 //! connection lives ([`Bound::observe_connections`]). With the `fuzzing` feature (the fuzz
 //! workspace's), the sans-IO session core is reachable as `fuzzing`.
 
+mod admin;
 pub mod auth_throttle;
 pub mod config;
 mod erl1;
@@ -38,6 +39,7 @@ pub mod fuzzing {
     pub use crate::session::core::*;
 }
 
+pub use admin::{ConnectionInfo, SessionInfo, SessionKeys};
 pub use config::{
     error_recovery_level_help, Config, ConfigError, IserProvider, PortalSpec, DEFAULT_IQN,
     DEFAULT_PORTAL, MAX_ERROR_RECOVERY_LEVEL,
@@ -70,7 +72,17 @@ use config::MAX_WRITE_LEN;
 /// A running target: configuration, SCSI devices and live sessions.
 pub struct Target {
     directory: Arc<config::Directory>,
-    devices: HashMap<String, Arc<scsi::Device>>,
+    /// Each target's SCSI device by lower-case name; targets come and go while it runs
+    /// (`admin`).
+    devices: std::sync::RwLock<HashMap<String, Arc<scsi::Device>>>,
+    /// Where RAM LUNs' images live, for targets and LUNs added later too.
+    images: Arc<scsi::ImageProvider>,
+    /// Held by a live change of targets or of the configuration (`admin`), so that two
+    /// never interleave.
+    changing: tokio::sync::Mutex<()>,
+    /// `max_immediate_commands`, read by every command: a top-level setting, fixed until a
+    /// restart, so kept here rather than read from the configuration snapshot each time.
+    max_immediate_commands: u32,
     sessions: Mutex<HashMap<u16, Arc<Session>>>,
     next_tsih: AtomicU16,
     next_nexus: AtomicU64,
@@ -145,14 +157,18 @@ impl Target {
         }
         let (shutdown, _) = watch::channel(false);
         let max_pending_logins = config.max_pending_logins as usize;
+        let max_immediate_commands = config.max_immediate_commands;
         let memory = Budget::root("target", config.memory_mib() << 20);
         let auth_limits = config.auth_throttle_limits();
         let target = Arc::new(Target {
-            directory: Arc::new(config::Directory {
+            directory: Arc::new(config::Directory::new(
                 config,
-                portals: portals::Portals::new(portals),
-            }),
-            devices,
+                portals::Portals::new(portals),
+            )),
+            devices: std::sync::RwLock::new(devices),
+            images,
+            changing: tokio::sync::Mutex::new(()),
+            max_immediate_commands,
             sessions: Mutex::new(HashMap::new()),
             next_tsih: AtomicU16::new(1),
             next_nexus: AtomicU64::new(1),
@@ -167,8 +183,8 @@ impl Target {
         Ok(Bound { target })
     }
 
-    fn config(&self) -> &Config {
-        &self.directory.config
+    fn config(&self) -> Arc<Config> {
+        self.directory.config()
     }
 
     /// Tell every session the target is going away (Async Message: logout requested),
@@ -226,8 +242,9 @@ impl Target {
 
     fn limits_for(&self, target_name: Option<&str>) -> TargetLimits {
         let mut l = self.base_limits();
+        let config = self.config();
         if let Some(t) = target_name.and_then(|n| {
-            self.config()
+            config
                 .targets
                 .iter()
                 .find(|t| t.name.eq_ignore_ascii_case(n))
@@ -344,6 +361,8 @@ impl Target {
 
     fn device(&self, target: &str) -> Result<Arc<scsi::Device>, LunAdminError> {
         self.devices
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
             .get(&target.to_ascii_lowercase())
             .cloned()
             .ok_or_else(|| LunAdminError::NoSuchTarget(target.to_string()))
@@ -583,14 +602,17 @@ async fn login(
                     session.release_connection(outcome.cid, ticket);
                     return Err(e.to_string());
                 }
-                return Ok(Some(enter_full_feature(
-                    target.config(),
+                let logged_in = enter_full_feature(
+                    &target.config(),
                     session,
                     conn,
                     &outcome,
                     stat_sn.wrapping_add(1),
                     ticket,
-                )));
+                    portal.address,
+                );
+                target.closed_meanwhile(&logged_in);
+                return Ok(Some(logged_in));
             }
         }
         stat_sn = stat_sn.wrapping_add(1);
@@ -647,6 +669,7 @@ fn enter_full_feature(
     outcome: &iscsi_login::target::LoginOutcome,
     next_stat_sn: u32,
     ticket: u64,
+    local: SocketAddr,
 ) -> LoggedIn {
     let peer = conn.peer();
     let cp = &outcome.connection;
@@ -701,7 +724,15 @@ fn enter_full_feature(
     let (dm, notices) = conn.into_full_feature(ffp.clone(), session.sn.clone());
     let cid = outcome.cid;
     let control_send = send_len.min(control_data_max);
-    let c = Arc::new(Conn::new(cid, peer, transport, dm, control_send, &ffp));
+    let c = Arc::new(Conn::new(
+        cid,
+        peer,
+        local,
+        transport,
+        dm,
+        control_send,
+        &ffp,
+    ));
     match session.add_connection(c.clone(), ticket) {
         Ok(Some(old)) => {
             tracing::info!(%peer, cid, "connection reinstatement: closing the old connection");
@@ -758,7 +789,7 @@ fn create_session(
     let device = outcome
         .target_name
         .as_ref()
-        .and_then(|n| target.devices.get(&n.to_ascii_lowercase()).cloned());
+        .and_then(|n| target.device(n).ok());
     let nexus = scsi::NexusId(target.next_nexus.fetch_add(1, Ordering::Relaxed));
     let isid_hex: String = outcome.isid.iter().map(|b| format!("{b:02x}")).collect();
     let port = format!("{},i,0x{isid_hex}", outcome.initiator_name);

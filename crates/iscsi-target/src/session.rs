@@ -116,8 +116,13 @@ pub(crate) struct Conn {
     /// the kept tasks of level 2 name it.
     pub(crate) key: u64,
     pub peer: SocketAddr,
+    /// The address of the portal that accepted it.
+    pub local: SocketAddr,
     /// The transport this connection runs over (Text negotiation answers its keys).
     pub transport: TransportKind,
+    /// What its login negotiated for it (digests, data segment lengths), for reports.
+    pub(crate) digests: iscsi_wire::Digests,
+    pub(crate) max_recv: u32,
     pub dm: Arc<dyn Datamover>,
     /// The initiator's MaxRecvDataSegmentLength (bounds NOP-In and Text data); a Text
     /// negotiation in full feature phase may change it.
@@ -140,6 +145,11 @@ pub(crate) struct Conn {
     budget_wait: Duration,
     /// Rejects sent on this connection.
     rejects: AtomicU32,
+    /// SCSI commands executed on it, write data taken and read data produced (bytes), for
+    /// reports ([`crate::Target::sessions`]).
+    pub(crate) commands: AtomicU64,
+    pub(crate) bytes_written: AtomicU64,
+    pub(crate) bytes_read: AtomicU64,
 }
 
 /// Rejects logged per connection; later ones are only counted.
@@ -165,6 +175,7 @@ impl Conn {
     pub fn new(
         cid: u16,
         peer: SocketAddr,
+        local: SocketAddr,
         transport: TransportKind,
         dm: Arc<dyn Datamover>,
         max_send: u32,
@@ -175,7 +186,10 @@ impl Conn {
             cid,
             key: KEYS.fetch_add(1, Ordering::Relaxed),
             peer,
+            local,
             transport,
+            digests: ffp.digests,
+            max_recv: ffp.max_recv_data_segment_length,
             dm,
             max_send: AtomicU32::new(max_send),
             inflight: AtomicUsize::new(0),
@@ -188,6 +202,9 @@ impl Conn {
             budget: ffp.budget.clone(),
             budget_wait: ffp.timeouts.budget_wait,
             rejects: AtomicU32::new(0),
+            commands: AtomicU64::new(0),
+            bytes_written: AtomicU64::new(0),
+            bytes_read: AtomicU64::new(0),
         }
     }
 
@@ -199,6 +216,11 @@ impl Conn {
         }
         let most = u64::from(cmd.expected_data_len).min(scsi::MAX_TRANSFER_BYTES);
         self.budget.reserve(most, self.budget_wait).await.map(Some)
+    }
+
+    /// SCSI commands running on this connection now.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.inflight.load(Ordering::Relaxed)
     }
 
     fn task_done(&self) {
@@ -606,6 +628,7 @@ impl Session {
             4 => scsi::TaskAttr::Aca,
             _ => scsi::TaskAttr::Simple,
         };
+        let written = data_out.len() as u64;
         let rsp = device
             .execute(scsi::Command {
                 nexus: self.nexus,
@@ -621,6 +644,10 @@ impl Session {
                 read_buffers: conn.dm.read_buffers(),
             })
             .await;
+        conn.commands.fetch_add(1, Ordering::Relaxed);
+        conn.bytes_written.fetch_add(written, Ordering::Relaxed);
+        conn.bytes_read
+            .fetch_add(rsp.data_in.len() as u64, Ordering::Relaxed);
         // The read data stays counted until the transport lets go of it (sent; at
         // ErrorRecoveryLevel ≥ 1, acknowledged).
         let mut rsp = rsp;
@@ -1000,7 +1027,7 @@ impl Session {
                     unreachable!("datamover sends commands as Command")
                 };
                 let itt = cmd.itt;
-                let max_immediate = target.config().max_immediate_commands;
+                let max_immediate = target.max_immediate_commands;
                 match self.offer_command(conn, max_immediate, cmd, pdu.pdu.ahs, write) {
                     Ok(orders) => self.carry_out(target, orders).await,
                     Err((reason, why)) => {

@@ -22,7 +22,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 use serde::de::{self, Deserializer, MapAccess, Visitor};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize, Serializer};
 
 /// A byte count given as an integer or a string with a binary/decimal suffix
 /// ("1GiB", "512MiB", "64k", "1000000").
@@ -36,6 +36,21 @@ impl ByteSize {
         byte_size::parse_size_si(text)
             .map(ByteSize)
             .map_err(|e| e.to_string())
+    }
+}
+
+/// Written as the configuration writes sizes: the largest binary unit that divides it
+/// exactly ("64MiB"), else a byte count.
+impl Serialize for ByteSize {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let units = [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")];
+        match units
+            .iter()
+            .find(|(shift, _)| self.0 != 0 && self.0.is_multiple_of(1u64 << shift))
+        {
+            Some((shift, unit)) => s.serialize_str(&format!("{}{unit}", self.0 >> shift)),
+            None => s.serialize_u64(self.0),
+        }
     }
 }
 
@@ -79,7 +94,7 @@ pub enum BackendConfig {
     Rbd(storage_rbd::RbdSpec),
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Serialize)]
 #[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
 enum BackendTable {
     Memory,
@@ -95,6 +110,20 @@ enum BackendTable {
         path: PathBuf,
     },
     Rbd(storage_rbd::RbdSpec),
+}
+
+/// Written as read: `"memory"`, or the table of the other kinds.
+impl Serialize for BackendConfig {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let table = match self.clone() {
+            BackendConfig::Memory => return s.serialize_str("memory"),
+            BackendConfig::File { path, create } => BackendTable::File { path, create },
+            BackendConfig::Block { path } => BackendTable::Block { path },
+            BackendConfig::Osd { path } => BackendTable::Osd { path },
+            BackendConfig::Rbd(spec) => BackendTable::Rbd(spec),
+        };
+        table.serialize(s)
+    }
 }
 
 impl<'de> Deserialize<'de> for BackendConfig {
@@ -132,8 +161,8 @@ impl<'de> Deserialize<'de> for BackendConfig {
     }
 }
 
-/// Configuration of one logical unit.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+/// Configuration of one logical unit (written back as read: [`Serialize`]).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct LunConfig {
     /// Capacity. Required for memory; for file/block defaults to the file/device size.
@@ -181,7 +210,7 @@ pub struct LunConfig {
 }
 
 /// The `io` key of a LUN (see [`LunConfig::io`]).
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum IoConfig {
     #[default]

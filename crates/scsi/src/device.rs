@@ -113,6 +113,9 @@ pub struct Device {
     /// Where RAM LUNs' images live, for LUNs built at start and later alike.
     image: Arc<ImageProvider>,
     nexuses: Mutex<HashMap<NexusId, Nexus>>,
+    /// Each LUN's configuration as it runs (read-only flag and size as changed since), for
+    /// [`Device::lun_config`]; changed under `changing`.
+    configs: Mutex<BTreeMap<u64, LunConfig>>,
 }
 
 impl Device {
@@ -137,6 +140,7 @@ impl Device {
             changing: Mutex::new(()),
             image,
             nexuses: Mutex::new(HashMap::new()),
+            configs: Mutex::default(),
         };
         let mut map = LunMap::new();
         for (id, cfg) in luns {
@@ -147,9 +151,10 @@ impl Device {
                 ));
             }
             let unit = device
-                .build_unit(id, cfg)
+                .build_unit(id, cfg.clone())
                 .map_err(|e| DeviceError::of_lun(id, e))?;
             map.insert(id, unit);
+            device.configs().insert(id, cfg);
         }
         *device.luns.get_mut().unwrap_or_else(|e| e.into_inner()) = Arc::new(map);
         Ok(device)
@@ -190,7 +195,9 @@ impl Device {
         if self.snapshot().contains_key(&id) {
             return Err(LunChangeError::InUse(id));
         }
-        let unit = self.build_unit(id, cfg).map_err(LunChangeError::Build)?;
+        let unit = self
+            .build_unit(id, cfg.clone())
+            .map_err(LunChangeError::Build)?;
         {
             let _changing = self.changing.lock().unwrap_or_else(|e| e.into_inner());
             let mut next = LunMap::clone(&self.snapshot());
@@ -200,6 +207,7 @@ impl Device {
             }
             next.insert(id, unit);
             self.publish(next);
+            self.configs().insert(id, cfg);
         }
         self.luns_changed();
         Ok(())
@@ -220,6 +228,7 @@ impl Device {
                 return Err(LunChangeError::NotFound(id));
             };
             self.publish(next);
+            self.configs().remove(&id);
             removed
         };
         self.luns_changed();
@@ -307,12 +316,6 @@ impl Device {
     /// Capacity of a LUN as (number of blocks, block size).
     pub fn capacity(&self, lun: u64) -> Option<(u64, u32)> {
         self.block(lun).map(|l| (l.num_blocks(), l.block_size))
-    }
-
-    /// The configuration block LUN `lun` was built from (`None` for an object LUN or no
-    /// LUN), for a control client's listing.
-    pub fn lun_config(&self, lun: u64) -> Option<LunConfig> {
-        self.block(lun).map(|l| l.cfg.clone())
     }
 
     /// Registers a new I_T nexus. `initiator_port` names the initiator port (for iSCSI
@@ -508,6 +511,112 @@ impl Device {
     }
 }
 
+/// Live changes of a LUN's settings: read-only flag and size.
+impl Device {
+    fn configs(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, LunConfig>> {
+        self.configs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// LUN `lun`'s configuration as it runs now: as built, with the read-only flag and the
+    /// size as changed since ([`Device::set_read_only`], [`Device::resize_lun`]).
+    pub fn lun_config(&self, lun: u64) -> Option<LunConfig> {
+        self.configs().get(&lun).cloned()
+    }
+
+    /// Makes LUN `lun` read-only (writes get DATA PROTECT, WRITE PROTECTED; MODE SENSE
+    /// reports WP) or writable again, at once for every nexus. A file or block device
+    /// opened read-only cannot become writable here (its descriptor does not allow writes):
+    /// remove the LUN and add it again.
+    pub fn set_read_only(&self, lun: u64, read_only: bool) -> Result<(), LunChangeError> {
+        let _changing = self.changing.lock().unwrap_or_else(|e| e.into_inner());
+        let l = match self.unit(lun) {
+            Some(Unit::Block(l)) => l,
+            Some(Unit::Object(_)) => {
+                return Err(LunChangeError::Build(format!(
+                    "LUN {lun} is an object store: its read_only cannot change while it runs"
+                )))
+            }
+            None => return Err(LunChangeError::NotFound(lun)),
+        };
+        if !read_only && opened_read_only(&l) {
+            return Err(LunChangeError::Build(format!(
+                "LUN {lun} was opened read-only (its {} is open for reading only): remove it \
+                 and add it again with read_only = false",
+                l.backend.kind()
+            )));
+        }
+        l.set_read_only(read_only);
+        if let Some(c) = self.configs().get_mut(&lun) {
+            c.read_only = read_only;
+        }
+        Ok(())
+    }
+
+    /// Whether LUN `lun`'s backend was opened for reading only (a file or block device
+    /// configured read-only), so that it cannot become writable while it runs; `None` when
+    /// there is no such block LUN.
+    pub fn opened_read_only(&self, lun: u64) -> Option<bool> {
+        self.block(lun).map(|l| opened_read_only(&l))
+    }
+
+    /// Resizes LUN `lun` to `bytes` (a multiple of its block size): a RAM LUN within what
+    /// its image can hold, a file LUN by setting the file's length; a block device or RBD
+    /// image is resized outside (the LUN follows an RBD image by itself). Every nexus hears
+    /// CAPACITY DATA HAS CHANGED. Shrinking refuses commands past the new end at once, waits
+    /// (at most 5 s) for the LUN's running commands, then cuts the backend.
+    pub async fn resize_lun(&self, lun: u64, bytes: u64) -> Result<(), LunChangeError> {
+        let l = match self.unit(lun) {
+            Some(Unit::Block(l)) => l,
+            Some(Unit::Object(_)) => {
+                return Err(LunChangeError::Build(format!(
+                    "LUN {lun} is an object store: its capacity cannot change while it runs"
+                )))
+            }
+            None => return Err(LunChangeError::NotFound(lun)),
+        };
+        let bs = u64::from(l.block_size);
+        if bytes == 0 || !bytes.is_multiple_of(bs) {
+            return Err(LunChangeError::Build(format!(
+                "LUN {lun}: size {bytes} must be a non-zero multiple of its block size {bs}"
+            )));
+        }
+        let fail =
+            |e: std::io::Error| LunChangeError::Build(format!("LUN {lun}: cannot resize: {e}"));
+        match &l.cfg.backend {
+            BackendConfig::Block { path } => {
+                return Err(LunChangeError::Build(format!(
+                    "LUN {lun}: a block device's size is the device's: resize {} itself",
+                    path.display()
+                )))
+            }
+            BackendConfig::Rbd(spec) => {
+                return Err(LunChangeError::Build(format!(
+                    "LUN {lun}: resize the image (rbd resize {}/{}); the LUN follows it",
+                    spec.pool, spec.image
+                )))
+            }
+            _ => {}
+        }
+        let nexuses = self.known_nexuses();
+        if bytes < l.num_blocks() * bs {
+            l.set_num_blocks(bytes / bs, &[]);
+            if !l.tasks.wait_empty(Duration::from_secs(5)).await {
+                tracing::warn!(lun, "LUN shrunk with commands still running after 5 s");
+            }
+        }
+        if let Err(e) = l.backend.resize(bytes) {
+            // What shrank before the backend refused comes back.
+            l.take_backend_size(&[]);
+            return Err(fail(e));
+        }
+        l.take_backend_size(&nexuses);
+        if let Some(c) = self.configs().get_mut(&lun) {
+            c.size = Some(crate::ByteSize(bytes));
+        }
+        Ok(())
+    }
+}
+
 impl DeviceView for Device {
     fn luns(&self) -> Vec<u64> {
         Device::luns(self)
@@ -520,6 +629,14 @@ impl DeviceView for Device {
     fn lun_by_naa(&self, naa: &[u8]) -> Option<Arc<Lun>> {
         Device::lun_by_naa(self, naa)
     }
+}
+
+fn opened_read_only(l: &Lun) -> bool {
+    l.cfg.read_only
+        && matches!(
+            l.cfg.backend,
+            BackendConfig::File { .. } | BackendConfig::Block { .. }
+        )
 }
 
 /// A LUN's NAA designator (VPD 0x83) and serial number (VPD 0x80): as configured, or

@@ -17,7 +17,10 @@
 //!   A change publishes a new LUN map whole, so a command's lookup is one uncontended read
 //!   lock; every nexus then hears REPORTED LUNS DATA HAS CHANGED once, on its next command
 //!   to any LUN (REPORT LUNS clears it), and commands to a removed LUN get LOGICAL UNIT
-//!   NOT SUPPORTED while those already running on it finish.
+//!   NOT SUPPORTED while those already running on it finish. A LUN's read-only flag and
+//!   size change in place too ([`Device::set_read_only`], [`Device::resize_lun`]: every
+//!   nexus then hears CAPACITY DATA HAS CHANGED), and [`Device::lun_config`] tells each
+//!   LUN's configuration as it runs.
 //! * Concurrency: `execute` may be called concurrently for any number of commands;
 //!   SIMPLE tasks run in parallel, ORDERED tasks wait for older ones, HEAD OF QUEUE tasks
 //!   start at once. Reads of independent ranges never share a lock across an await.

@@ -75,6 +75,9 @@ pub(crate) struct Lun {
     /// the READ/WRITE path skip the state lock.
     needs_checks: AtomicBool,
     pub d_sense: AtomicBool,
+    /// The LUN is read-only: its configured `read_only`, or as set while it runs
+    /// ([`crate::Device::set_read_only`]).
+    read_only: AtomicBool,
     pub swp: AtomicBool,
     pub wce: AtomicBool,
 }
@@ -112,6 +115,7 @@ impl Lun {
             state: Mutex::new(LunState::default()),
             needs_checks: AtomicBool::new(false),
             d_sense: AtomicBool::new(false),
+            read_only: AtomicBool::new(cfg.read_only),
             swp: AtomicBool::new(false),
             wce: AtomicBool::new(true),
             backend,
@@ -223,7 +227,25 @@ impl Lun {
     }
 
     pub fn write_protected(&self) -> bool {
-        self.cfg.read_only || self.swp.load(Ordering::Relaxed)
+        self.read_only() || self.swp.load(Ordering::Relaxed)
+    }
+
+    /// Whether the LUN is read-only (hardware write protection: DATA PROTECT, WRITE
+    /// PROTECTED), as configured or as set since.
+    pub fn read_only(&self) -> bool {
+        self.read_only.load(Ordering::Acquire)
+    }
+
+    pub fn set_read_only(&self, read_only: bool) {
+        self.read_only.store(read_only, Ordering::Release);
+    }
+
+    /// Takes the backend's size now (after [`Backend::resize`]) as the LUN's; every nexus in
+    /// `nexuses` hears CAPACITY DATA HAS CHANGED.
+    pub(crate) fn take_backend_size(&self, nexuses: &[NexusId]) {
+        let now = self.backend.size();
+        self.seen_size.store(now, Ordering::Release);
+        self.set_num_blocks(now >> self.bs_shift, nexuses);
     }
 
     /// The pipeline: task admission, pre-checks, dispatch, response assembly.

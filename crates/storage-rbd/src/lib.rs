@@ -33,7 +33,7 @@ use ffi::{Api, RadosIoctxT, RadosT, RbdCompletionT, RbdImageT};
 
 /// Where an RBD LUN's image is, as configured
 /// (`backend = { type = "rbd", pool = "rbd", image = "disk1" }`).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RbdSpec {
     pub pool: String,
@@ -54,7 +54,7 @@ pub struct RbdSpec {
 
 /// How librbd reports completed I/O to the backend (`completions = "eventfd"` in the LUN's
 /// backend table).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Completions {
     /// Through an eventfd per image, reaped in batches by one thread (`rbd_poll_io_events`);

@@ -13,7 +13,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -35,7 +35,8 @@ const DIRECT: u32 = 1;
 /// A device image stored in a (normally sparse) regular file.
 pub struct FileBackend {
     path: PathBuf,
-    size: u64,
+    /// The capacity: the file's length as opened, or as [`Backend::resize`] set it.
+    size: AtomicU64,
     file: Arc<File>,
     /// Same file opened with O_DSYNC: a write on it is durable when it returns (FUA). Only
     /// without a ring (which writes FUA with RWF_DSYNC).
@@ -136,7 +137,7 @@ impl FileBackend {
         };
         Ok(FileBackend {
             path: path.to_path_buf(),
-            size,
+            size: AtomicU64::new(size),
             file: Arc::new(file),
             dsync,
             direct,
@@ -340,11 +341,23 @@ pub(crate) fn seek_map_status(file: &File, offset: u64, len: u64) -> io::Result<
 #[async_trait]
 impl Backend for FileBackend {
     fn size(&self) -> u64 {
-        self.size
+        self.size.load(Ordering::Acquire)
     }
 
     fn kind(&self) -> &'static str {
         "file"
+    }
+
+    /// Sets the file's length (sparsely when it grows); a file opened read-only refuses.
+    fn resize(&self, size: u64) -> io::Result<()> {
+        self.file.set_len(size).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("cannot set the length of {}: {e}", self.path.display()),
+            )
+        })?;
+        self.size.store(size, Ordering::Release);
+        Ok(())
     }
 
     fn supports_punch(&self) -> bool {
@@ -352,7 +365,7 @@ impl Backend for FileBackend {
     }
 
     async fn read_at(&self, offset: u64, len: usize) -> io::Result<Bytes> {
-        check_range(self.size, offset, len as u64)?;
+        check_range(self.size(), offset, len as u64)?;
         // A page-cache hit costs a memcpy; handing it to a blocking thread costs more than
         // that. RWF_NOWAIT never sleeps: a miss goes to the pool. (A ring serves a hit inside
         // its submit call already.)
@@ -385,7 +398,7 @@ impl Backend for FileBackend {
     }
 
     async fn write_at(&self, offset: u64, data: Bytes, fua: bool) -> io::Result<()> {
-        check_range(self.size, offset, data.len() as u64)?;
+        check_range(self.size(), offset, data.len() as u64)?;
         let direct = self.direct_for(offset, data.len()).cloned();
         if let Some(ring) = &self.ring {
             return match direct {
@@ -429,17 +442,17 @@ impl Backend for FileBackend {
     }
 
     async fn punch(&self, offset: u64, len: u64) -> io::Result<()> {
-        check_range(self.size, offset, len)?;
+        check_range(self.size(), offset, len)?;
         self.alloc.punch(self.via(), offset, len).await
     }
 
     async fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
-        check_range(self.size, offset, len)?;
+        check_range(self.size(), offset, len)?;
         self.alloc.zero(self.via(), offset, len).await
     }
 
     async fn map_status(&self, offset: u64, len: u64) -> io::Result<MapRun> {
-        check_range(self.size, offset, len)?;
+        check_range(self.size(), offset, len)?;
         let file = self.file.clone();
         self.pool
             .run(move || seek_map_status(&file, offset, len))

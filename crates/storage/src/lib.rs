@@ -1,6 +1,7 @@
 //! Storage backends for ironsan logical units. One job: read and write byte ranges of a
 //! linear address space (a RAM image, a sparse file or a block device) asynchronously,
-//! with durability (FUA, flush) and thin-provisioning (punch, mapping status) operations.
+//! with durability (FUA, flush) and thin-provisioning (punch, mapping status) operations, and
+//! change its size while running where the backend can ([`Backend::resize`]).
 //! The SCSI engine (crate `scsi`) talks to every backend through [`Backend`] as
 //! `Arc<dyn Backend>`; it knows nothing about files or memory.
 //!
@@ -185,6 +186,16 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Provisioning status of the run starting at `offset` (at most `len` bytes long).
     async fn map_status(&self, offset: u64, len: u64) -> io::Result<MapRun>;
+
+    /// Makes the capacity `size` bytes while the backend runs (what grows reads back as
+    /// zeroes), where the backend can; it may block. The default refuses, saying why.
+    fn resize(&self, size: u64) -> io::Result<()> {
+        let _ = size;
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("a {} backend cannot be resized", self.kind()),
+        ))
+    }
 }
 
 /// The error of a read that found the backing file or device ending at byte `at`, inside

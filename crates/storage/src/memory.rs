@@ -5,6 +5,7 @@
 //! offer their bytes where they lie ([`ReadBuf::put_image`]).
 
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use async_trait::async_trait;
@@ -16,6 +17,10 @@ use crate::{check_range, Backend, MapRun, ReadBuf, Registration};
 const MIN_CHUNK: u64 = 64 * 1024;
 /// Upper bound on the number of chunk slots (keeps the slot table itself small).
 const MAX_CHUNKS: u64 = 1 << 20;
+/// How many times its size at start a RAM device can grow to ([`Backend::resize`]): its slot
+/// table is made that long up front (a few bytes per chunk), so that I/O never waits on a
+/// table that moves.
+pub const GROWTH: u64 = 4;
 
 /// Memory a RAM LUN's image lives in when another layer provides it: zeroed when handed
 /// over, `len()` bytes, written only through the backend (under its chunk locks). A
@@ -46,9 +51,12 @@ enum Store {
     },
 }
 
-/// A RAM device of fixed size. Unwritten chunks read as zeroes without allocating.
+/// A RAM device, resizable up to its slot table ([`GROWTH`] times its size at start; lent
+/// memory: its length). Unwritten chunks read as zeroes without allocating.
 pub struct MemoryBackend {
-    size: u64,
+    size: AtomicU64,
+    /// The largest size the slot table (lent memory) holds.
+    capacity: u64,
     chunk_shift: u32,
     store: Store,
 }
@@ -57,10 +65,14 @@ impl MemoryBackend {
     /// Creates an all-zero RAM device of `size` bytes (no memory is allocated yet).
     pub fn new(size: u64) -> Self {
         let (chunk_shift, count) = Self::chunking(size);
+        let slots = (count as u64)
+            .saturating_mul(GROWTH)
+            .min(MAX_CHUNKS.max(count as u64));
         MemoryBackend {
-            size,
+            size: AtomicU64::new(size),
+            capacity: slots << chunk_shift,
             chunk_shift,
-            store: Store::Heap((0..count).map(|_| RwLock::new(None)).collect()),
+            store: Store::Heap((0..slots).map(|_| RwLock::new(None)).collect()),
         }
     }
 
@@ -69,7 +81,8 @@ impl MemoryBackend {
         let size = mem.len() as u64;
         let (chunk_shift, count) = Self::chunking(size);
         MemoryBackend {
-            size,
+            size: AtomicU64::new(size),
+            capacity: size,
             chunk_shift,
             store: Store::Image {
                 mem,
@@ -91,7 +104,8 @@ impl MemoryBackend {
     /// Length of chunk `index` (the last one may be short).
     fn chunk_len(&self, index: usize) -> usize {
         let start = (index as u64) << self.chunk_shift;
-        (self.size - start).min(self.chunk_size()) as usize
+        let size = self.size.load(Ordering::Acquire);
+        size.saturating_sub(start).min(self.chunk_size()) as usize
     }
 
     /// Byte offset of `in_chunk` in chunk `index`.
@@ -134,7 +148,8 @@ impl MemoryBackend {
         match &self.store {
             Store::Heap(chunks) => {
                 let mut slot = chunks[index].write().unwrap_or_else(|e| e.into_inner());
-                let chunk_len = self.chunk_len(index);
+                // Whole even at the end: the device may grow past it.
+                let chunk_len = self.chunk_size() as usize;
                 let chunk = slot.get_or_insert_with(|| vec![0u8; chunk_len].into_boxed_slice());
                 match data {
                     Some(d) => chunk[in_chunk..in_chunk + n].copy_from_slice(d),
@@ -197,7 +212,7 @@ impl MemoryBackend {
     }
 
     fn read_sync(&self, offset: u64, len: usize) -> io::Result<Bytes> {
-        check_range(self.size, offset, len as u64)?;
+        check_range(self.size(), offset, len as u64)?;
         // Appended piece by piece (pieces come in order): no zero-fill of bytes then copied.
         let mut buf = BytesMut::with_capacity(len);
         self.for_each_piece(offset, len as u64, |index, in_chunk, at, n| {
@@ -214,7 +229,7 @@ impl MemoryBackend {
     /// straight into it, so the lender's work rides on this one copy; or, lent memory, the
     /// buffer takes the bytes where they lie.
     fn read_into_sync(&self, offset: u64, len: usize, buf: &mut dyn ReadBuf) -> io::Result<()> {
-        check_range(self.size, offset, len as u64)?;
+        check_range(self.size(), offset, len as u64)?;
         if let Store::Image { mem, .. } = &self.store {
             if buf.is_empty() && buf.put_image(mem, offset as usize, len) {
                 return Ok(());
@@ -230,7 +245,7 @@ impl MemoryBackend {
     }
 
     fn write_sync(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        check_range(self.size, offset, data.len() as u64)?;
+        check_range(self.size(), offset, data.len() as u64)?;
         self.for_each_piece(offset, data.len() as u64, |index, in_chunk, at, n| {
             self.write_piece(index, in_chunk, n, Some(&data[at..at + n]));
         });
@@ -238,7 +253,7 @@ impl MemoryBackend {
     }
 
     fn punch_sync(&self, offset: u64, len: u64) -> io::Result<()> {
-        check_range(self.size, offset, len)?;
+        check_range(self.size(), offset, len)?;
         self.for_each_piece(offset, len, |index, in_chunk, _, n| {
             self.punch_piece(index, in_chunk, n);
         });
@@ -247,7 +262,7 @@ impl MemoryBackend {
 
     /// Zeroes a range but keeps it allocated (so it still reports as mapped).
     fn zero_sync(&self, offset: u64, len: u64) -> io::Result<()> {
-        check_range(self.size, offset, len)?;
+        check_range(self.size(), offset, len)?;
         self.for_each_piece(offset, len, |index, in_chunk, _, n| {
             self.write_piece(index, in_chunk, n, None);
         });
@@ -255,7 +270,7 @@ impl MemoryBackend {
     }
 
     fn map_status_sync(&self, offset: u64, len: u64) -> io::Result<MapRun> {
-        check_range(self.size, offset, len.max(1))?;
+        check_range(self.size(), offset, len.max(1))?;
         let mut first: Option<bool> = None;
         let mut run = 0u64;
         let mut stop = false;
@@ -295,11 +310,46 @@ fn write_zeroes(mem: &dyn ImageMemory, offset: usize, n: usize) {
 #[async_trait]
 impl Backend for MemoryBackend {
     fn size(&self) -> u64 {
-        self.size
+        self.size.load(Ordering::Acquire)
     }
 
     fn kind(&self) -> &'static str {
         "memory"
+    }
+
+    /// Grows up to the slot table's capacity (lent memory: its length). Shrinking zeroes
+    /// what it cuts off, so that growing again reads zeroes there.
+    fn resize(&self, size: u64) -> io::Result<()> {
+        if size == 0 || size > self.capacity {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "a RAM device of this one's start size can be 1 to {} bytes (the size it \
+                     started with, times {GROWTH}; registered memory: its length), not {size}",
+                    self.capacity
+                ),
+            ));
+        }
+        let old = self.size.swap(size, Ordering::AcqRel);
+        if size < old {
+            let tail = old - size;
+            // chunk_len follows the new size: zero the tail piece by piece, whole chunks freed.
+            self.for_each_piece(size, tail, |index, in_chunk, _, n| match &self.store {
+                Store::Heap(chunks) => {
+                    let mut slot = chunks[index].write().unwrap_or_else(|e| e.into_inner());
+                    if in_chunk == 0 {
+                        *slot = None;
+                    } else if let Some(chunk) = slot.as_mut() {
+                        chunk[in_chunk..in_chunk + n].fill(0);
+                    }
+                }
+                Store::Image { mem, written } => {
+                    let _w = written[index].write().unwrap_or_else(|e| e.into_inner());
+                    write_zeroes(mem.as_ref(), self.image_offset(index, in_chunk), n);
+                }
+            });
+        }
+        Ok(())
     }
 
     fn supports_punch(&self) -> bool {

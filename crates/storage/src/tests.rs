@@ -56,6 +56,46 @@ fn memory_backend_script() {
     rt().block_on(script(Arc::new(MemoryBackend::new(4 << 20))));
 }
 
+/// Grown, a device reads zeroes past its old end; shrunk and grown again, zeroes where it
+/// was cut (a RAM device's last chunk included), while what stayed keeps its data.
+async fn resize_script(b: Arc<dyn Backend>, start: u64) {
+    let data = Bytes::from(vec![0xA5u8; 8192]);
+    b.write_at(start - 8192, data.clone(), false).await.unwrap();
+    b.resize(start * 2).unwrap();
+    assert_eq!(b.size(), start * 2);
+    assert_eq!(b.read_at(start - 8192, 8192).await.unwrap(), data);
+    assert!(b
+        .read_at(start, 8192)
+        .await
+        .unwrap()
+        .iter()
+        .all(|&x| x == 0));
+    b.write_at(start, data.clone(), false).await.unwrap();
+    b.resize(start - 4096).unwrap();
+    assert!(b.read_at(start - 4096, 4096).await.is_err(), "past the end");
+    b.resize(start * 2).unwrap();
+    let back = b.read_at(start - 8192, 16384).await.unwrap();
+    assert!(back[..4096].iter().all(|&x| x == 0xA5), "kept");
+    assert!(back[4096..].iter().all(|&x| x == 0), "cut off: zeroes");
+}
+
+#[test]
+fn memory_and_file_backends_resize() {
+    // 100 KiB + 4 KiB: the last 64 KiB chunk is partial.
+    let start = 104 << 10;
+    rt().block_on(resize_script(Arc::new(MemoryBackend::new(start)), start));
+    let small = MemoryBackend::new(1 << 20);
+    let e = small.resize(1 << 30).unwrap_err().to_string();
+    assert!(e.contains("times 4"), "{e}");
+    let dir = temp_dir("storage-resize");
+    let path = dir.join("img");
+    let _ = std::fs::remove_file(&path);
+    let f = Arc::new(FileBackend::open(&path, Some(start), true, false).unwrap());
+    rt().block_on(resize_script(f, start));
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), start * 2);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Both I/O paths, the one io_uring setup gives on this kernel checked against `io_mode`.
 const MODES: [IoMode; 2] = [IoMode::Uring, IoMode::Threads];
 

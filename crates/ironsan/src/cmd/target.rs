@@ -1,5 +1,6 @@
 //! `ironsan target`: serve iSCSI targets from a TOML config, or the embedded default
-//! (one 1 GiB RAM LUN on 127.0.0.1:3260).
+//! (one 1 GiB RAM LUN on 127.0.0.1:3260). Started with --config, SIGHUP reads the file
+//! again and applies what changed while the target runs.
 
 use anyhow::Context;
 use iscsi_target::Config;
@@ -70,11 +71,8 @@ pub fn run(args: TargetArgs) -> anyhow::Result<()> {
         Some(path) => Config::load(path)?,
         None => Config::embedded_default(),
     };
-    if !args.portals.is_empty() {
-        for p in &args.portals {
-            iscsi_target::PortalSpec::parse(p).map_err(|why| anyhow::anyhow!("--portal: {why}"))?;
-        }
-        config.portals = args.portals.clone();
+    for p in &args.portals {
+        iscsi_target::PortalSpec::parse(p).map_err(|why| anyhow::anyhow!("--portal: {why}"))?;
     }
     if let Some(level) = args.error_recovery_level {
         if level > iscsi_target::MAX_ERROR_RECOVERY_LEVEL {
@@ -83,10 +81,12 @@ pub fn run(args: TargetArgs) -> anyhow::Result<()> {
                 iscsi_target::error_recovery_level_help(level)
             );
         }
-        for t in &mut config.targets {
-            t.error_recovery_level = level;
-        }
     }
+    let overrides = Overrides {
+        portals: args.portals.clone(),
+        error_recovery_level: args.error_recovery_level,
+    };
+    overrides.apply(&mut config);
     let control_path = control_path(args.control.as_ref().map(|c| c.as_deref()), &config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -164,6 +164,9 @@ pub fn run(args: TargetArgs) -> anyhow::Result<()> {
             }
             None => None,
         };
+        if let Some(path) = args.config.clone() {
+            tokio::spawn(reload_on_hangup(target.clone(), path, overrides));
+        }
         shutdown_signal().await;
         if let Some(control) = control {
             // Dropping the server removes the socket file.
@@ -178,6 +181,68 @@ pub fn run(args: TargetArgs) -> anyhow::Result<()> {
         }
         Ok(())
     })
+}
+
+/// What the command line changes in the configuration file's settings: applied to the file
+/// at start and each time it is read again.
+struct Overrides {
+    portals: Vec<String>,
+    error_recovery_level: Option<u8>,
+}
+
+impl Overrides {
+    fn apply(&self, config: &mut Config) {
+        if !self.portals.is_empty() {
+            config.portals = self.portals.clone();
+        }
+        if let Some(level) = self.error_recovery_level {
+            for t in &mut config.targets {
+                t.error_recovery_level = level;
+            }
+        }
+    }
+}
+
+/// On each SIGHUP, reads the configuration file again and applies the difference from the
+/// running configuration ([`iscsi_target::Target::reconfigure`]), one log line per change.
+/// A file that does not parse, or a configuration refused, changes nothing: one log line
+/// says why (`file:line` for a parse error).
+async fn reload_on_hangup(
+    target: std::sync::Arc<iscsi_target::Target>,
+    path: std::path::PathBuf,
+    overrides: Overrides,
+) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        tracing::warn!("no SIGHUP handler: the configuration cannot be reloaded");
+        return;
+    };
+    while hup.recv().await.is_some() {
+        let mut config = match Config::load(&path) {
+            Ok(c) => c,
+            Err(e) => {
+                let why = e.0.replace('\n', " ");
+                tracing::error!("reload refused, nothing changed: {why}");
+                continue;
+            }
+        };
+        overrides.apply(&mut config);
+        match target.reconfigure(config).await {
+            Ok(changes) if changes.is_empty() => {
+                tracing::info!("reload of {}: no changes", path.display())
+            }
+            Ok(changes) => {
+                for change in changes {
+                    tracing::info!("reload: {change}");
+                }
+            }
+            Err(e) => tracing::error!(
+                "reload of {} refused: {}",
+                path.display(),
+                e.replace('\n', " ")
+            ),
+        }
+    }
 }
 
 async fn shutdown_signal() {

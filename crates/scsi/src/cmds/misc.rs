@@ -234,7 +234,7 @@ impl Lun {
         };
         let _ = ause;
         if self.write_protected() {
-            let code = if self.cfg.read_only {
+            let code = if self.read_only() {
                 asc::WRITE_PROTECTED
             } else {
                 asc::SOFTWARE_WRITE_PROTECTED

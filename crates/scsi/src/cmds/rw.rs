@@ -76,7 +76,7 @@ impl Lun {
 
     fn check_writable(&self) -> Result<(), Fail> {
         if self.write_protected() {
-            let code = if self.cfg.read_only {
+            let code = if self.read_only() {
                 asc::WRITE_PROTECTED
             } else {
                 asc::SOFTWARE_WRITE_PROTECTED
