@@ -18,6 +18,7 @@ use crate::config::LunConfig;
 use crate::outcome::Fail;
 use crate::pr::PrState;
 use crate::sense::{asc, key, Sense};
+use crate::stats::LunStats;
 use crate::status;
 use crate::tasks::{RangeLock, TaskSet};
 
@@ -77,6 +78,8 @@ pub(crate) struct Lun {
     pub d_sense: AtomicBool,
     pub swp: AtomicBool,
     pub wce: AtomicBool,
+    /// Commands, bytes and latency by direction, for an exporter.
+    pub stats: LunStats,
 }
 
 /// Commands that neither report nor clear a unit attention (SPC-4 5.14: INQUIRY,
@@ -114,6 +117,7 @@ impl Lun {
             d_sense: AtomicBool::new(false),
             swp: AtomicBool::new(false),
             wce: AtomicBool::new(true),
+            stats: LunStats::default(),
             backend,
             cfg,
         }
