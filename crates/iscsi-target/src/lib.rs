@@ -27,6 +27,7 @@ mod erl1;
 mod erl2;
 mod portals;
 mod session;
+pub mod stats;
 
 /// The sans-IO session core, reachable by the fuzz target that drives it without sockets
 /// (`fuzz/src/session_core.rs`); not an API: it exists only with the `fuzzing` feature.
@@ -84,6 +85,7 @@ pub struct Target {
     memory: Arc<Budget>,
     /// Failed authentications by initiator name and address, which lock out further tries.
     auth_throttle: Mutex<auth_throttle::AuthThrottle>,
+    stats: Arc<stats::TargetStats>,
 }
 
 /// Listeners bound for a target, ready to serve.
@@ -161,6 +163,7 @@ impl Target {
             logging_in: datamover::admission::Admission::new(max_pending_logins),
             memory,
             auth_throttle: Mutex::new(auth_throttle::AuthThrottle::new(auth_limits)),
+            stats: Arc::default(),
         });
         Ok(Bound { target })
     }
@@ -414,6 +417,7 @@ async fn handle_connection(
     let outcome = tokio::select! {
         r = tokio::time::timeout(deadline, login(&target, conn, portal)) => r,
         _ = admitted.evicted() => {
+            target.stats.refused(stats::Refusal::Limits);
             tracing::info!(
                 %peer,
                 "connection dropped: the longest waiting of {} still logging in (max_pending_logins)",
@@ -423,8 +427,12 @@ async fn handle_connection(
         }
     };
     drop(admitted);
+    if matches!(outcome, Ok(Err(_)) | Err(_)) {
+        target.stats.refused(stats::Refusal::Incomplete);
+    }
     match outcome {
         Ok(Ok(Some(logged_in))) => {
+            let _live = target.stats.connection_started(&logged_in.conn.recovery);
             session::run_full_feature(target, logged_in.session, logged_in.conn, logged_in.notices)
                 .await
         }
@@ -502,6 +510,7 @@ async fn login(
                 let status = LoginStatus::AUTHENTICATION_FAILURE;
                 let fail = LoginResponse::failure(&req, status);
                 let _ = conn.send(&respond(&fail, exp, max)).await;
+                target.stats.refused(stats::Refusal::LockedOut);
                 tracing::warn!(
                     %peer,
                     initiator = name,
@@ -533,6 +542,7 @@ async fn login(
                     );
                 }
                 let _ = conn.send(&respond(&rsp, exp, max)).await;
+                target.stats.refused_with(status);
                 tracing::warn!(%peer, "login rejected: {} (0x{:04x})", status.meaning(), status.code());
                 return Ok(None);
             }
@@ -566,6 +576,7 @@ async fn login(
                     Err((status, why)) => {
                         let fail = LoginResponse::failure(&req, status);
                         let _ = conn.send(&respond(&fail, exp, max)).await;
+                        target.stats.refused_with(status);
                         tracing::warn!(
                             %peer,
                             "login refused: {why} ({}, 0x{:04x})",
@@ -746,6 +757,7 @@ fn create_session(
         .cloned()
         .collect();
     for s in old {
+        target.stats.session_reinstated();
         tracing::info!(
             tsih = s.tsih,
             "session reinstatement: closing the old session"
