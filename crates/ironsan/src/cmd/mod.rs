@@ -15,3 +15,4 @@ pub mod osd;
 pub mod rdma;
 pub mod soak;
 pub mod target;
+pub mod target_service;

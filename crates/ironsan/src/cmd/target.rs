@@ -3,7 +3,6 @@
 
 use anyhow::Context;
 use iscsi_target::Config;
-use std::io::IsTerminal;
 use std::time::Duration;
 
 #[derive(clap::Args)]
@@ -38,6 +37,9 @@ pub struct TargetArgs {
     /// tasks for TASK REASSIGN on another connection.
     #[arg(long, value_name = "LEVEL")]
     pub error_recovery_level: Option<u8>,
+    /// Serve Prometheus metrics on http://ADDR/metrics (overrides the config's `metrics`).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 pub fn run(args: TargetArgs) -> anyhow::Result<()> {
@@ -74,6 +76,7 @@ pub fn run(args: TargetArgs) -> anyhow::Result<()> {
                 .get("0")
                 .is_some_and(|l| matches!(l.backend, scsi::BackendConfig::Osd { .. }))
         });
+        let metrics_addr = args.metrics.or(config.metrics);
         let bound = transports::bind_target(config)
             .await
             .map_err(anyhow::Error::msg)?;
@@ -126,8 +129,14 @@ pub fn run(args: TargetArgs) -> anyhow::Result<()> {
             }
             println!("    iscsiadm -m discovery -t sendtargets -p {hp}   # Linux open-iscsi");
         }
+        if let Some(addr) = metrics_addr {
+            let at = super::target_service::start_metrics(addr, target.clone()).await?;
+            println!("ironsan: metrics on http://{at}/metrics");
+        }
         let serving = tokio::spawn(bound.serve());
+        super::target_service::notify_ready();
         shutdown_signal().await;
+        super::target_service::notify_stopping();
         println!("ironsan: shutting down (asking initiators to log out)");
         target.shutdown(Duration::from_secs(2)).await;
         let _ = tokio::time::timeout(Duration::from_secs(1), serving).await;
@@ -208,10 +217,16 @@ pub(crate) fn init_logging() {
 pub(crate) fn init_logging_or(default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("IRONSAN_LOG")
         .unwrap_or_else(|_| default_filter.into());
-    // Colour only on a terminal: a log file or a pipe gets plain text, no escape codes.
-    let _ = tracing_subscriber::fmt()
+    // Colour only on a terminal: a log file, a pipe or the journal gets plain text, no
+    // escape codes; the journal stamps each line, so ours are left out there.
+    let (ansi, timestamps) = super::target_service::log_style();
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr);
+    let _ = if timestamps {
+        fmt.try_init()
+    } else {
+        fmt.without_time().try_init()
+    };
 }
