@@ -134,8 +134,10 @@ pub fn run(args: TargetArgs) -> anyhow::Result<()> {
             println!("ironsan: metrics on http://{at}/metrics");
         }
         let serving = tokio::spawn(bound.serve());
+        // The handlers are in place before systemd hears the target is ready.
+        let stop = shutdown_signal();
         super::target_service::notify_ready();
-        shutdown_signal().await;
+        stop.await;
         super::target_service::notify_stopping();
         println!("ironsan: shutting down (asking initiators to log out)");
         target.shutdown(Duration::from_secs(2)).await;
@@ -147,12 +149,16 @@ pub fn run(args: TargetArgs) -> anyhow::Result<()> {
     })
 }
 
-async fn shutdown_signal() {
+/// SIGINT or SIGTERM, whichever comes first; the handlers are installed at the call.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
     }
 }
 
