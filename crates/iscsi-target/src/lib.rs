@@ -18,7 +18,8 @@
 //! TASK REASSIGN on another). For diagnosis, every
 //! connection's bytes can be recorded into a pcapng trace ([`Bound::trace_to`]) and an
 //! observer can watch each accepted socket (e.g. sample its TCP_INFO) for as long as the
-//! connection lives ([`Bound::observe_connections`]). With the `fuzzing` feature (the fuzz
+//! connection lives ([`Bound::observe_connections`]); [`stats`] counts logins, sessions,
+//! connections and error recovery for an exporter ([`Target::stats`], [`Target::lun_stats`]). With the `fuzzing` feature (the fuzz
 //! workspace's), the sans-IO session core is reachable as `fuzzing`.
 
 pub mod auth_throttle;
