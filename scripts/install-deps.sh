@@ -23,6 +23,9 @@ packages=(
   ceph-common    # ceph, rbd: cluster setup, rbd export/import; pulls in librbd1 and librados2
   tgt-rbd        # tgtd's bs_rbd store: the comparison of `ironsan bench rbd` (stage 67)
   chromium       # headless browser: runs the self-test of `ironsan analyze --html` pages
+  prometheus     # promtool: lints a scrape of `ironsan target --metrics` (stage 68)
+  systemd        # systemd-analyze: verifies dist/ironsan.service (stage 68)
+  curl           # scrapes the metrics endpoint (stage 68)
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -235,6 +235,11 @@ impl<P: Device> Shared<P> {
             return Err(DmError::Closed);
         };
         done.map_err(|_| DmError::Closed)?;
+        crate::stats::count(
+            &crate::stats::RDMA_READS,
+            &crate::stats::RDMA_READ_BYTES,
+            len.into(),
+        );
         let took = posted.elapsed();
         if took > std::time::Duration::from_millis(100) {
             tracing::debug!(peer = %self.peer, len, ?took, "a slow RDMA Read");
@@ -312,10 +317,16 @@ impl<P: Device> Datamover for IserDatamover<P> {
             // Not waited for: the status Send follows it on the queue pair, so the data is
             // placed before the initiator sees the status (waiting cost a completion's
             // round trip through the completion task per read).
+            let sent = data.len() as u64;
             self.shared
                 .ep
                 .post_holding(wr, Box::new((copy, data)))
                 .map_err(|_| DmError::Closed)?;
+            crate::stats::count(
+                &crate::stats::RDMA_WRITES,
+                &crate::stats::RDMA_WRITE_BYTES,
+                sent,
+            );
             ops = 1;
         }
         if let Some(st) = status {

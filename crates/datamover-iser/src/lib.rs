@@ -16,7 +16,7 @@
 //! command, the caller's own write data registered in place through [`write_regs`] (a
 //! registration cache). [`target_device`] keeps a target's connections on a device in one
 //! protection domain, where a RAM LUN's image is registered once and read data leaves straight
-//! from it.
+//! from it. [`stats`] counts the target's RDMA operations, bytes and registrations.
 
 pub mod credit;
 pub mod datamover;
@@ -27,6 +27,7 @@ pub mod lent;
 pub mod mr_pool;
 pub mod portal;
 pub mod rnic_task;
+pub mod stats;
 pub mod target;
 pub mod target_device;
 pub mod write_regs;

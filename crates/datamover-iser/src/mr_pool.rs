@@ -63,11 +63,16 @@ impl<P: Provider> MrPool<P> {
         };
         let mr = match idle {
             Some(mr) if self.remote() => {
+                crate::stats::POOL_HITS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 mr.revalidate_bounded(len);
                 mr
             }
-            Some(mr) => mr,
+            Some(mr) => {
+                crate::stats::POOL_HITS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                mr
+            }
             None => {
+                crate::stats::REGISTRATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let mr = self.dev.reg_mr(&self.pd, MIN_CLASS << class, self.access)?;
                 if self.remote() && len < mr.len() {
                     mr.revalidate_bounded(len);

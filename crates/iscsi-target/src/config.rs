@@ -222,6 +222,10 @@ pub struct Config {
     /// dropped. Each PDU must also come within 15 s of the last.
     #[serde(default = "default_login_deadline")]
     pub login_deadline_secs: u64,
+    /// Address of the Prometheus scrape endpoint (`GET /metrics`), e.g. "127.0.0.1:9100";
+    /// left out: none. `ironsan target --metrics` overrides it.
+    #[serde(default)]
+    pub metrics: Option<std::net::SocketAddr>,
     /// iSER portals insist on MPA CRC (iWARP); otherwise they use it when the initiator asks.
     #[serde(default)]
     pub iser_mpa_crc: bool,
@@ -365,6 +369,7 @@ impl Config {
             auth_lockout_secs: default_auth_lockout(),
             max_pending_logins: default_max_pending_logins(),
             login_deadline_secs: default_login_deadline(),
+            metrics: None,
             iser_mpa_crc: false,
             iser_align_loopback: false,
             iser_reactor: true,

@@ -19,7 +19,8 @@
 //! TASK REASSIGN on another). For diagnosis, every
 //! connection's bytes can be recorded into a pcapng trace ([`Bound::trace_to`]) and an
 //! observer can watch each accepted socket (e.g. sample its TCP_INFO) for as long as the
-//! connection lives ([`Bound::observe_connections`]). With the `fuzzing` feature (the fuzz
+//! connection lives ([`Bound::observe_connections`]); [`stats`] counts logins, sessions,
+//! connections and error recovery for an exporter ([`Target::stats`], [`Target::lun_stats`]). With the `fuzzing` feature (the fuzz
 //! workspace's), the sans-IO session core is reachable as `fuzzing`.
 
 mod admin;
@@ -30,6 +31,7 @@ mod erl2;
 pub mod inspect;
 mod portals;
 mod session;
+pub mod stats;
 
 /// The sans-IO session core, reachable by the fuzz target that drives it without sockets
 /// (`fuzz/src/session_core.rs`); not an API: it exists only with the `fuzzing` feature.
@@ -98,6 +100,7 @@ pub struct Target {
     memory: Arc<Budget>,
     /// Failed authentications by initiator name and address, which lock out further tries.
     auth_throttle: Mutex<auth_throttle::AuthThrottle>,
+    stats: Arc<stats::TargetStats>,
 }
 
 /// Listeners bound for a target, ready to serve.
@@ -179,6 +182,7 @@ impl Target {
             logging_in: datamover::admission::Admission::new(max_pending_logins),
             memory,
             auth_throttle: Mutex::new(auth_throttle::AuthThrottle::new(auth_limits)),
+            stats: Arc::default(),
         });
         Ok(Bound { target })
     }
@@ -435,6 +439,7 @@ async fn handle_connection(
     let outcome = tokio::select! {
         r = tokio::time::timeout(deadline, login(&target, conn, portal)) => r,
         _ = admitted.evicted() => {
+            target.stats.refused(stats::Refusal::Limits);
             tracing::info!(
                 %peer,
                 "connection dropped: the longest waiting of {} still logging in (max_pending_logins)",
@@ -444,8 +449,12 @@ async fn handle_connection(
         }
     };
     drop(admitted);
+    if matches!(outcome, Ok(Err(_)) | Err(_)) {
+        target.stats.refused(stats::Refusal::Incomplete);
+    }
     match outcome {
         Ok(Ok(Some(logged_in))) => {
+            let _live = target.stats.connection_started(&logged_in.conn.recovery);
             session::run_full_feature(target, logged_in.session, logged_in.conn, logged_in.notices)
                 .await
         }
@@ -523,6 +532,7 @@ async fn login(
                 let status = LoginStatus::AUTHENTICATION_FAILURE;
                 let fail = LoginResponse::failure(&req, status);
                 let _ = conn.send(&respond(&fail, exp, max)).await;
+                target.stats.refused(stats::Refusal::LockedOut);
                 tracing::warn!(
                     %peer,
                     initiator = name,
@@ -554,6 +564,7 @@ async fn login(
                     );
                 }
                 let _ = conn.send(&respond(&rsp, exp, max)).await;
+                target.stats.refused_with(status);
                 tracing::warn!(%peer, "login rejected: {} (0x{:04x})", status.meaning(), status.code());
                 return Ok(None);
             }
@@ -587,6 +598,7 @@ async fn login(
                     Err((status, why)) => {
                         let fail = LoginResponse::failure(&req, status);
                         let _ = conn.send(&respond(&fail, exp, max)).await;
+                        target.stats.refused_with(status);
                         tracing::warn!(
                             %peer,
                             "login refused: {why} ({}, 0x{:04x})",
@@ -779,6 +791,7 @@ fn create_session(
         .cloned()
         .collect();
     for s in old {
+        target.stats.session_reinstated();
         tracing::info!(
             tsih = s.tsih,
             "session reinstatement: closing the old session"

@@ -687,6 +687,7 @@ impl Session {
         conn: &Arc<Conn>,
         l: &iscsi_wire::LogoutRequest,
     ) {
+        target.stats.logout();
         let cx = core::LogoutContext {
             joined: self.conns.lock().expect("conns").contains_key(&l.cid),
             tasks_kept: self.erl2.as_ref().is_some_and(|a| a.any_on_cid(l.cid)),

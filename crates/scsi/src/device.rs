@@ -396,7 +396,23 @@ impl Device {
         if tell {
             lun.queue_ua(cmd.nexus, asc::REPORTED_LUNS_CHANGED);
         }
-        lun.execute(self, cmd, info).await
+        let running = lun.stats.start();
+        let direction = crate::stats::Direction::of(opcode);
+        let out_len = cmd.data_out.len() as u64;
+        let rsp = lun.execute(self, cmd, info).await;
+        let bytes = match direction {
+            crate::stats::Direction::Write => out_len,
+            _ => rsp.data_in.len() as u64,
+        };
+        running.finish(direction, bytes);
+        rsp
+    }
+
+    /// The counters of every block LUN, by LUN number (ascending).
+    pub fn lun_stats(&self) -> Vec<(u64, crate::stats::LunStatsSnapshot)> {
+        Device::blocks(&self.snapshot())
+            .map(|l| (l.id, l.stats.snapshot()))
+            .collect()
     }
 
     /// REPORT LUNS from `nexus` gives it the current inventory: the news that it changed,

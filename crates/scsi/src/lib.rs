@@ -33,6 +33,8 @@
 //!   LUN or target reset, [`Device::nexus_removed`]).
 //!   Dropping an `execute` future is also safe (the task leaves the task set; a backend
 //!   write already handed to the kernel still completes).
+//! * Counters: each block LUN counts its commands, bytes and latency by direction and
+//!   the commands running on it ([`stats`]), read whole by [`Device::lun_stats`].
 //! * Sense: returned raw, fixed (0x70) or descriptor (0x72) format per the D_SENSE bit of
 //!   the control mode page.
 
@@ -45,6 +47,7 @@ mod lun;
 mod object;
 mod outcome;
 mod pr;
+pub mod stats;
 mod tasks;
 
 pub use cdb::op;
@@ -55,6 +58,7 @@ pub use device::{Device, DeviceError, ImageProvider, LunChangeError, ResetKind};
 pub use object::OSD_DEVICE_TYPE;
 /// Status codes and sense data are the shared SCSI vocabulary's.
 pub use scsi_spec::{sense, status, Sense};
+pub use stats::{Direction, LunStatsSnapshot};
 
 #[cfg(test)]
 mod tests;

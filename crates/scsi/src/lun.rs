@@ -18,6 +18,7 @@ use crate::config::LunConfig;
 use crate::outcome::Fail;
 use crate::pr::PrState;
 use crate::sense::{asc, key, Sense};
+use crate::stats::LunStats;
 use crate::status;
 use crate::tasks::{RangeLock, TaskSet};
 
@@ -80,6 +81,8 @@ pub(crate) struct Lun {
     read_only: AtomicBool,
     pub swp: AtomicBool,
     pub wce: AtomicBool,
+    /// Commands, bytes and latency by direction, for an exporter.
+    pub stats: LunStats,
 }
 
 /// Commands that neither report nor clear a unit attention (SPC-4 5.14: INQUIRY,
@@ -118,6 +121,7 @@ impl Lun {
             read_only: AtomicBool::new(cfg.read_only),
             swp: AtomicBool::new(false),
             wce: AtomicBool::new(true),
+            stats: LunStats::default(),
             backend,
             cfg,
         }

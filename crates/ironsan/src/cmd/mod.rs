@@ -18,3 +18,4 @@ pub mod progress;
 pub mod rdma;
 pub mod soak;
 pub mod target;
+pub mod target_service;

@@ -4,7 +4,6 @@
 
 use anyhow::Context;
 use iscsi_target::Config;
-use std::io::IsTerminal;
 use std::time::Duration;
 
 #[derive(clap::Args)]
@@ -44,6 +43,9 @@ pub struct TargetArgs {
     /// /run/ironsan/control.sock). Overrides the config's control_socket. Default: none.
     #[arg(long, value_name = "PATH")]
     pub control: Option<Option<std::path::PathBuf>>,
+    /// Serve Prometheus metrics on http://ADDR/metrics (overrides the config's `metrics`).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// Where the control socket goes: `--control PATH`, else the default path for a bare
@@ -99,6 +101,7 @@ pub fn run(args: TargetArgs) -> anyhow::Result<()> {
                 .get("0")
                 .is_some_and(|l| matches!(l.backend, scsi::BackendConfig::Osd { .. }))
         });
+        let metrics_addr = args.metrics.or(config.metrics);
         let bound = transports::bind_target(config)
             .await
             .map_err(anyhow::Error::msg)?;
@@ -151,6 +154,10 @@ pub fn run(args: TargetArgs) -> anyhow::Result<()> {
             }
             println!("    iscsiadm -m discovery -t sendtargets -p {hp}   # Linux open-iscsi");
         }
+        if let Some(addr) = metrics_addr {
+            let at = super::target_service::start_metrics(addr, target.clone()).await?;
+            println!("ironsan: metrics on http://{at}/metrics");
+        }
         let serving = tokio::spawn(bound.serve());
         let control = match &control_path {
             Some(path) => {
@@ -165,9 +172,14 @@ pub fn run(args: TargetArgs) -> anyhow::Result<()> {
             None => None,
         };
         if let Some(path) = args.config.clone() {
-            tokio::spawn(reload_on_hangup(target.clone(), path, overrides));
+            let hup = hangup_signal();
+            tokio::spawn(reload_on_hangup(hup, target.clone(), path, overrides));
         }
-        shutdown_signal().await;
+        // The handlers are in place before systemd hears the target is ready.
+        let stop = shutdown_signal();
+        super::target_service::notify_ready();
+        stop.await;
+        super::target_service::notify_stopping();
         if let Some(control) = control {
             // Dropping the server removes the socket file.
             control.abort();
@@ -208,12 +220,12 @@ impl Overrides {
 /// A file that does not parse, or a configuration refused, changes nothing: one log line
 /// says why (`file:line` for a parse error).
 async fn reload_on_hangup(
+    hup: Option<tokio::signal::unix::Signal>,
     target: std::sync::Arc<iscsi_target::Target>,
     path: std::path::PathBuf,
     overrides: Overrides,
 ) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+    let Some(mut hup) = hup else {
         tracing::warn!("no SIGHUP handler: the configuration cannot be reloaded");
         return;
     };
@@ -245,12 +257,23 @@ async fn reload_on_hangup(
     }
 }
 
-async fn shutdown_signal() {
+/// The SIGHUP handler, installed at the call (before systemd is told the target is ready,
+/// so an early `systemctl reload` never kills it).
+fn hangup_signal() -> Option<tokio::signal::unix::Signal> {
+    use tokio::signal::unix::{signal, SignalKind};
+    signal(SignalKind::hangup()).ok()
+}
+
+/// SIGINT or SIGTERM, whichever comes first; the handlers are installed at the call.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
     }
 }
 
@@ -315,10 +338,16 @@ pub(crate) fn init_logging() {
 pub(crate) fn init_logging_or(default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("IRONSAN_LOG")
         .unwrap_or_else(|_| default_filter.into());
-    // Colour only on a terminal: a log file or a pipe gets plain text, no escape codes.
-    let _ = tracing_subscriber::fmt()
+    // Colour only on a terminal: a log file, a pipe or the journal gets plain text, no
+    // escape codes; the journal stamps each line, so ours are left out there.
+    let (ansi, timestamps) = super::target_service::log_style();
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr);
+    let _ = if timestamps {
+        fmt.try_init()
+    } else {
+        fmt.without_time().try_init()
+    };
 }

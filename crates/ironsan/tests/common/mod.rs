@@ -47,6 +47,17 @@ impl Proc {
         Proc::start(cmd)
     }
 
+    /// Starts `ironsan ARGS` at the default log level with `env` added to its environment
+    /// and its stderr in the file `log`.
+    pub fn spawn_with_env(args: &[&str], env: &[(&str, &str)], log: &Path) -> Proc {
+        let mut cmd = Command::new(exe());
+        cmd.args(args)
+            .env_remove("IRONSAN_LOG")
+            .envs(env.iter().copied())
+            .stderr(std::fs::File::create(log).expect("log file"));
+        Proc::start(cmd)
+    }
+
     /// Another program's child (e.g. tgtd), killed with the guard; it has no lines.
     pub fn adopt(child: Child) -> Proc {
         let (_tx, lines) = mpsc::channel();
