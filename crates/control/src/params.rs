@@ -114,6 +114,20 @@ impl Params {
             .map_err(|e| RpcError::invalid_params(format!("params.{name}: expected {what}: {e}")))
     }
 
+    /// An optional field of any deserialisable type (absent or null: `None`).
+    pub fn opt_typed<T: DeserializeOwned>(
+        &mut self,
+        name: &'static str,
+        what: &str,
+    ) -> Result<Option<T>, RpcError> {
+        match self.take(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => serde_json::from_value(v).map(Some).map_err(|e| {
+                RpcError::invalid_params(format!("params.{name}: expected {what}: {e}"))
+            }),
+        }
+    }
+
     /// Every field not read yet, as one `T` (a flat table such as a LUN's, whose own
     /// `deny_unknown_fields` then names a misspelt key); `what` describes it for the error.
     pub fn rest<T: DeserializeOwned>(&mut self, what: &str) -> Result<T, RpcError> {

@@ -183,9 +183,102 @@ fn portals_are_added_and_removed_through_the_control_socket() {
     let (ok, _, err) = admin(&socket, &["portal", "rm", &address]);
     assert!(!ok && err.contains("no portal is bound"), "{err}");
     let (ok, out, _) = admin(&socket, &["sessions"]);
-    assert!(ok && out.contains("sessions"), "{out}");
+    assert!(ok && out.starts_with("TSIH"), "{out}");
     target.signal("-INT");
     assert!(target.wait_exit(LIMIT).success());
     assert!(!socket.exists(), "the socket outlived the target");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The state `admin --json` lists: every target as `target show` gives it.
+fn listed_state(socket: &Path) -> Vec<serde_json::Value> {
+    let (ok, out, err) = admin(socket, &["--json", "targets"]);
+    assert!(ok, "{out}{err}");
+    let targets: serde_json::Value = serde_json::from_str(&out).unwrap();
+    targets
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let name = t["name"].as_str().unwrap();
+            let (ok, out, err) = admin(socket, &["--json", "target", "show", name]);
+            assert!(ok, "{out}{err}");
+            serde_json::from_str(&out).unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn live_changes_are_saved_and_the_next_start_lists_the_same_state() {
+    let dir = scratch("save");
+    let socket = dir.join("control.sock");
+    let config = dir.join("target.toml");
+    let first = format!(
+        "portals = [\"127.0.0.1:0\"]\ncontrol_socket = \"{}\"\n\n[[target]]\nname = \"{T}\"\n\n[target.lun.0]\nsize = \"1MiB\"\nbackend = \"memory\"\n",
+        socket.display()
+    );
+    std::fs::write(&config, &first).unwrap();
+    let mut target = Proc::spawn(&["target", "--config", config.to_str().unwrap()]);
+    target.wait_line("ironsan: serving iSCSI on ", ' ');
+    target.wait_line("ironsan: control socket ", ' ');
+    let second = "iqn.2026-11.org.ironsan:second";
+    for args in [
+        vec![
+            "target",
+            "add",
+            second,
+            "--initiator",
+            "iqn.2026-11.org.example:a",
+        ],
+        vec!["lun", "add", second, "0", "--ram", "8MiB"],
+        vec!["acl", "add", second, "iqn.2026-11.org.example:b"],
+        vec!["lun", "read-only", T, "0", "on"],
+        vec!["lun", "resize", T, "0", "2MiB"],
+        vec![
+            "chap",
+            "--target",
+            second,
+            "--user",
+            "u",
+            "--secret",
+            "s3cret-s3cret-1",
+        ],
+    ] {
+        let (ok, out, err) = admin(&socket, &args);
+        assert!(ok, "{args:?}: {out}{err}");
+    }
+    // Refused changes leave the state as it was.
+    let before = listed_state(&socket);
+    for (args, want) in [
+        (vec!["target", "add", second], "defined twice"),
+        (vec!["acl", "rm", "iqn.nope", "iqn.x"], "no target"),
+        (vec!["lun", "resize", T, "9", "2MiB"], "no LUN 9"),
+        (vec!["session", "drop", "77"], "no session"),
+    ] {
+        let (ok, _, err) = admin(&socket, &args);
+        assert!(!ok && err.contains(want), "{args:?}: {err}");
+    }
+    assert_eq!(listed_state(&socket), before);
+    let lun0 = &before[0]["luns"][0];
+    assert_eq!(
+        (lun0["size"].as_u64(), lun0["read_only"].as_bool()),
+        (Some(2 << 20), Some(true))
+    );
+    assert_eq!(before[1]["chap"], true);
+    assert_eq!(before[1]["initiators"].as_array().unwrap().len(), 2);
+
+    let (ok, out, err) = admin(&socket, &["save"]);
+    assert!(ok && out.contains("saved"), "{out}{err}");
+    let backup = std::fs::read_to_string(dir.join("target.toml.bak")).unwrap();
+    assert_eq!(backup, first, "the previous file is kept as .bak");
+    target.signal("-INT");
+    assert!(target.wait_exit(LIMIT).success());
+
+    let mut target = Proc::spawn(&["target", "--config", config.to_str().unwrap()]);
+    target.wait_line("ironsan: serving iSCSI on ", ' ');
+    target.wait_line("ironsan: control socket ", ' ');
+    assert_eq!(listed_state(&socket), before, "the restart lists what ran");
+    target.signal("-INT");
+    assert!(target.wait_exit(LIMIT).success());
     let _ = std::fs::remove_dir_all(&dir);
 }

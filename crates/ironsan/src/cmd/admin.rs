@@ -30,9 +30,14 @@ pub struct AdminArgs {
 pub enum AdminCommand {
     /// The targets with their LUN numbers, ACL and whether CHAP is set.
     Targets,
-    /// One target.
+    /// One target: show, add or remove it.
     #[command(subcommand)]
     Target(TargetCommand),
+    /// A target's ACL: the initiator names allowed to log in.
+    #[command(subcommand)]
+    Acl(AclCommand),
+    /// Set or clear CHAP of a target (or, without --target, of discovery sessions).
+    Chap(ChapArgs),
     /// A target's LUNs.
     Luns { target: String },
     /// Add or remove a LUN while the target runs.
@@ -43,8 +48,16 @@ pub enum AdminCommand {
     /// Add or remove a portal while the target runs.
     #[command(subcommand)]
     Portal(PortalCommand),
-    /// How many sessions are logged in.
+    /// The sessions logged in: initiator, TSIH, connections with their addresses.
     Sessions,
+    /// Ask a session to log out (Async Message), or drop it now.
+    #[command(subcommand)]
+    Session(SessionCommand),
+    /// The configuration as it runs now, as TOML.
+    Config,
+    /// Write the running configuration to the target's --config file (or PATH), atomically,
+    /// the previous one kept as FILE.bak.
+    Save { path: Option<PathBuf> },
     /// Any method, its params as a JSON object; prints the JSON result.
     Call {
         method: String,
@@ -57,6 +70,55 @@ pub enum AdminCommand {
 pub enum TargetCommand {
     /// Name, alias, ACL, CHAP (set or not; never the secret) and LUNs of a target.
     Show { name: String },
+    /// Add a target with no LUNs (add them with `lun add`), open to any initiator unless
+    /// --initiator names some.
+    Add {
+        name: String,
+        #[arg(long)]
+        alias: Option<String>,
+        /// An initiator name allowed to log in (repeatable).
+        #[arg(long = "initiator", value_name = "IQN")]
+        initiators: Vec<String>,
+    },
+    /// Remove a target: its sessions are closed.
+    Rm { name: String },
+}
+
+#[derive(clap::Subcommand)]
+pub enum AclCommand {
+    /// Allow an initiator to log in to TARGET.
+    Add { target: String, initiator: String },
+    /// Stop allowing an initiator: its sessions with TARGET are closed.
+    Rm { target: String, initiator: String },
+}
+
+#[derive(clap::Args)]
+pub struct ChapArgs {
+    /// The target (default: discovery sessions).
+    #[arg(long)]
+    pub target: Option<String>,
+    /// The user initiators authenticate as (with --secret); leave both out to clear CHAP.
+    #[arg(long, requires = "secret")]
+    pub user: Option<String>,
+    #[arg(long, requires = "user")]
+    pub secret: Option<String>,
+    /// Mutual CHAP: the name and secret the target answers with.
+    #[arg(long, requires_all = ["mutual_secret", "user"])]
+    pub mutual_user: Option<String>,
+    #[arg(long, requires = "mutual_user")]
+    pub mutual_secret: Option<String>,
+}
+
+#[derive(clap::Subcommand)]
+pub enum SessionCommand {
+    /// Ask the initiator to log out within GRACE seconds, then drop the session.
+    Logout {
+        tsih: u16,
+        #[arg(long, value_name = "SECS", default_value_t = 5)]
+        grace: u64,
+    },
+    /// Close the session's connections now.
+    Drop { tsih: u16 },
 }
 
 #[derive(clap::Subcommand)]
@@ -66,6 +128,19 @@ pub enum LunCommand {
     Add(LunAddArgs),
     /// Remove LUN number LUN from TARGET (once the commands running on it finish).
     Rm { target: String, lun: u64 },
+    /// Make a LUN read-only (on) or writable (off).
+    ReadOnly {
+        target: String,
+        lun: u64,
+        #[arg(value_parser = ["on", "off"])]
+        state: String,
+    },
+    /// Grow or shrink a LUN to SIZE ("2GiB"); its sessions hear CAPACITY DATA HAS CHANGED.
+    Resize {
+        target: String,
+        lun: u64,
+        size: String,
+    },
 }
 
 #[derive(clap::Args)]
@@ -140,7 +215,53 @@ fn request(command: &AdminCommand) -> anyhow::Result<(&str, Option<Value>)> {
         AdminCommand::Portal(PortalCommand::Rm { portal }) => {
             ("portal.remove", Some(json!({ "portal": portal })))
         }
-        AdminCommand::Sessions => ("sessions.count", None),
+        AdminCommand::Target(TargetCommand::Add {
+            name,
+            alias,
+            initiators,
+        }) => (
+            "target.add",
+            Some(json!({ "name": name, "alias": alias, "initiators": initiators })),
+        ),
+        AdminCommand::Target(TargetCommand::Rm { name }) => {
+            ("target.remove", Some(json!({ "target": name })))
+        }
+        AdminCommand::Acl(AclCommand::Add { target, initiator }) => (
+            "acl.add",
+            Some(json!({ "target": target, "initiator": initiator })),
+        ),
+        AdminCommand::Acl(AclCommand::Rm { target, initiator }) => (
+            "acl.remove",
+            Some(json!({ "target": target, "initiator": initiator })),
+        ),
+        AdminCommand::Chap(c) => ("chap.set", Some(chap_params(c))),
+        AdminCommand::Lun(LunCommand::ReadOnly { target, lun, state }) => (
+            "lun.set_read_only",
+            Some(json!({ "target": target, "lun": lun, "read_only": state == "on" })),
+        ),
+        AdminCommand::Lun(LunCommand::Resize { target, lun, size }) => (
+            "lun.resize",
+            Some(json!({ "target": target, "lun": lun, "size": size })),
+        ),
+        AdminCommand::Sessions => ("sessions.list", None),
+        AdminCommand::Session(SessionCommand::Logout { tsih, grace }) => (
+            "session.logout",
+            Some(json!({ "tsih": tsih, "grace_secs": grace })),
+        ),
+        AdminCommand::Session(SessionCommand::Drop { tsih }) => {
+            ("session.drop", Some(json!({ "tsih": tsih })))
+        }
+        AdminCommand::Config => ("config.show", None),
+        AdminCommand::Save { path } => {
+            let path =
+                match path {
+                    Some(p) => Some(std::path::absolute(p).with_context(|| {
+                        format!("{}: cannot make the path absolute", p.display())
+                    })?),
+                    None => None,
+                };
+            ("config.save", Some(json!({ "path": path })))
+        }
         AdminCommand::Call { method, params } => {
             let params = match params {
                 Some(text) => Some(serde_json::from_str(text).with_context(|| {
@@ -150,6 +271,18 @@ fn request(command: &AdminCommand) -> anyhow::Result<(&str, Option<Value>)> {
             };
             (method.as_str(), params)
         }
+    })
+}
+
+fn chap_params(c: &ChapArgs) -> Value {
+    let pair = |user: &Option<String>, secret: &Option<String>| match (user, secret) {
+        (Some(u), Some(s)) => json!({ "user": u, "secret": s }),
+        _ => Value::Null,
+    };
+    json!({
+        "target": c.target,
+        "chap": pair(&c.user, &c.secret),
+        "mutual_chap": pair(&c.mutual_user, &c.mutual_secret),
     })
 }
 
@@ -206,7 +339,7 @@ fn show(command: &AdminCommand, result: &Value) -> String {
                 })
                 .collect(),
         ),
-        AdminCommand::Target(_) => {
+        AdminCommand::Target(TargetCommand::Show { .. }) => {
             let chap = match (result["chap"].as_bool(), result["mutual_chap"].as_bool()) {
                 (Some(true), Some(true)) => "yes (mutual)",
                 (Some(true), _) => "yes",
@@ -247,9 +380,61 @@ fn show(command: &AdminCommand, result: &Value) -> String {
             )
         }
         AdminCommand::Portal(PortalCommand::Rm { portal }) => format!("removed portal {portal}\n"),
-        AdminCommand::Sessions => format!("{} sessions\n", s(result)),
+        AdminCommand::Sessions => sessions_table(result),
+        AdminCommand::Target(TargetCommand::Add { name, .. }) => format!("added target {name}\n"),
+        AdminCommand::Target(TargetCommand::Rm { name }) => format!("removed target {name}\n"),
+        AdminCommand::Acl(AclCommand::Add { target, .. } | AclCommand::Rm { target, .. }) => {
+            format!("acl of {target}: {}\n", acl(result))
+        }
+        AdminCommand::Chap(c) => match (&c.target, &c.user) {
+            (Some(t), Some(_)) => format!("CHAP set on {t}\n"),
+            (Some(t), None) => format!("CHAP cleared on {t}\n"),
+            (None, Some(_)) => "CHAP set for discovery sessions\n".into(),
+            (None, None) => "CHAP cleared for discovery sessions\n".into(),
+        },
+        AdminCommand::Lun(LunCommand::ReadOnly { .. } | LunCommand::Resize { .. }) => {
+            lun_table(&json!([result]))
+        }
+        AdminCommand::Session(SessionCommand::Logout { tsih, grace }) => {
+            format!("session {tsih} asked to log out within {grace} s\n")
+        }
+        AdminCommand::Session(SessionCommand::Drop { tsih }) => format!("session {tsih} dropped\n"),
+        AdminCommand::Config => s(result),
+        AdminCommand::Save { .. } => format!("saved {}\n", s(&result["path"])),
         AdminCommand::Call { .. } => format!("{result}\n"),
     }
+}
+
+fn sessions_table(result: &Value) -> String {
+    let mut rows = Vec::new();
+    for sess in result.as_array().into_iter().flatten() {
+        for c in sess["connections"].as_array().into_iter().flatten() {
+            rows.push(vec![
+                sess["tsih"].to_string(),
+                sess["initiator_name"].as_str().unwrap_or("-").to_string(),
+                sess["target_name"]
+                    .as_str()
+                    .unwrap_or("(discovery)")
+                    .to_string(),
+                c["cid"].to_string(),
+                c["peer"].as_str().unwrap_or("-").to_string(),
+                c["transport"].as_str().unwrap_or("-").to_string(),
+                c["commands"].to_string(),
+            ]);
+        }
+    }
+    table(
+        &[
+            "TSIH",
+            "INITIATOR",
+            "TARGET",
+            "CID",
+            "PEER",
+            "TRANSPORT",
+            "COMMANDS",
+        ],
+        rows,
+    )
 }
 
 fn yes_no(v: &Value) -> String {

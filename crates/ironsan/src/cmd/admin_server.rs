@@ -4,8 +4,9 @@
 //! paragraph there.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use control::{codec::RpcError, Methods, Params, Server, ServerConfig};
 use iscsi_target::{LunAdminError, PortalSpec, Target};
@@ -14,13 +15,24 @@ use serde_json::{json, Value};
 /// What every method reaches.
 pub struct Admin {
     pub target: Arc<Target>,
+    /// The configuration file the target started from (`config.save` writes there by
+    /// default); none for the embedded default.
+    pub config_path: Option<PathBuf>,
 }
 
 /// Binds the control socket at `path` (call it within the target's runtime) and returns
 /// what serves it, until dropped (which removes the socket).
-pub fn bind(path: &Path, target: Arc<Target>) -> std::io::Result<(Server, Methods<Admin>)> {
+pub fn bind(
+    path: &Path,
+    target: Arc<Target>,
+    config_path: Option<PathBuf>,
+) -> std::io::Result<(Server, Methods<Admin>)> {
     let server = Server::bind(ServerConfig::new(path))?;
-    Ok((server, methods(Arc::new(Admin { target }))))
+    let admin = Admin {
+        target,
+        config_path,
+    };
+    Ok((server, methods(Arc::new(admin))))
 }
 
 /// The method table.
@@ -96,7 +108,159 @@ pub fn methods(admin: Arc<Admin>) -> Methods<Admin> {
         p.finish()?;
         Ok(json!(a.target.session_count()))
     });
+    live_methods(&mut m);
     m
+}
+
+/// Methods over the target's live administration (`iscsi_target::Target`'s admin API):
+/// targets, ACLs, CHAP, LUN flags and sizes, sessions, the running configuration.
+fn live_methods(m: &mut Methods<Admin>) {
+    m.add("target.add", |a, mut p| async move {
+        let config: iscsi_target::config::TargetConfig =
+            p.rest("the target's keys as in a [[target]] table (name, initiators, lun, ...)")?;
+        let name = config.name.clone();
+        a.target
+            .add_target(config)
+            .await
+            .map_err(RpcError::refused)?;
+        Ok(json!(target_info(&a, &name)?))
+    })
+    .add("target.remove", |a, mut p| async move {
+        let name = p.str("target")?;
+        p.finish()?;
+        a.target
+            .remove_target(&name)
+            .await
+            .map_err(refused_or_missing)?;
+        Ok(Value::Null)
+    })
+    .add("acl.add", |a, mut p| async move {
+        let (name, initiator) = (p.str("target")?, p.str("initiator")?);
+        p.finish()?;
+        let r = a.target.add_initiator(&name, &initiator).await;
+        r.map_err(refused_or_missing)?;
+        Ok(json!(target_info(&a, &name)?.initiators))
+    })
+    .add("acl.remove", |a, mut p| async move {
+        let (name, initiator) = (p.str("target")?, p.str("initiator")?);
+        p.finish()?;
+        let r = a.target.remove_initiator(&name, &initiator).await;
+        r.map_err(refused_or_missing)?;
+        Ok(json!(target_info(&a, &name)?.initiators))
+    })
+    .add("acl.set", |a, mut p| async move {
+        let name = p.str("target")?;
+        let initiators: Vec<String> = p.typed("initiators", "a list of initiator names")?;
+        p.finish()?;
+        let r = a.target.set_initiators(&name, initiators).await;
+        r.map_err(refused_or_missing)?;
+        Ok(json!(target_info(&a, &name)?.initiators))
+    })
+    .add("chap.set", |a, mut p| async move {
+        let name = p.opt_str("target")?;
+        let chap = opt_chap(&mut p, "chap")?;
+        let mutual = opt_chap(&mut p, "mutual_chap")?;
+        p.finish()?;
+        let r = match &name {
+            Some(name) => a.target.set_chap(name, chap, mutual).await,
+            None => a.target.set_discovery_chap(chap, mutual).await,
+        };
+        r.map_err(refused_or_missing)?;
+        Ok(Value::Null)
+    })
+    .add("lun.set_read_only", |a, mut p| async move {
+        let (name, lun) = (p.str("target")?, p.u64("lun")?);
+        let read_only = p.bool("read_only")?;
+        p.finish()?;
+        let r = a.target.set_lun_read_only(&name, lun, read_only).await;
+        r.map_err(lun_error)?;
+        Ok(json!(lun_info(&a, &name, lun)?))
+    })
+    .add("lun.resize", |a, mut p| async move {
+        let (name, lun) = (p.str("target")?, p.u64("lun")?);
+        let size: scsi::ByteSize = p.typed("size", "a size in bytes, or text such as \"2GiB\"")?;
+        p.finish()?;
+        a.target
+            .resize_lun(&name, lun, size.0)
+            .await
+            .map_err(lun_error)?;
+        Ok(json!(lun_info(&a, &name, lun)?))
+    });
+    session_methods(m);
+    config_methods(m);
+}
+
+fn session_methods(m: &mut Methods<Admin>) {
+    m.add("sessions.list", |a, p| async move {
+        p.finish()?;
+        Ok(json!(a.target.sessions()))
+    })
+    .add("session.logout", |a, mut p| async move {
+        let tsih = tsih(&mut p)?;
+        let grace = p.opt_u64("grace_secs")?.unwrap_or(5).clamp(1, 3600);
+        p.finish()?;
+        let r = a
+            .target
+            .logout_session(tsih, Duration::from_secs(grace))
+            .await;
+        r.map_err(RpcError::not_found)?;
+        Ok(Value::Null)
+    })
+    .add("session.drop", |a, mut p| async move {
+        let tsih = tsih(&mut p)?;
+        p.finish()?;
+        a.target.drop_session(tsih).map_err(RpcError::not_found)?;
+        Ok(Value::Null)
+    });
+}
+
+fn config_methods(m: &mut Methods<Admin>) {
+    m.add("config.show", |a, p| async move {
+        p.finish()?;
+        Ok(json!(a.target.running_config().to_toml()))
+    })
+    .add("config.save", |a, mut p| async move {
+        let path = p.opt_str("path")?.map(PathBuf::from);
+        p.finish()?;
+        let Some(path) = path.or_else(|| a.config_path.clone()) else {
+            return Err(RpcError::invalid_params(
+                "params.path: the target started without --config: say where to save",
+            ));
+        };
+        let config = a.target.running_config();
+        iscsi_target::config::save_atomic(&path, &config)
+            .map_err(|e| RpcError::refused(format!("{}: {}", path.display(), e.0)))?;
+        Ok(json!({ "path": path }))
+    });
+}
+
+fn tsih(p: &mut Params) -> Result<u16, RpcError> {
+    let v = p.u64("tsih")?;
+    u16::try_from(v).map_err(|_| RpcError::invalid_params("params.tsih: a TSIH is 1 to 65535"))
+}
+
+fn opt_chap(
+    p: &mut Params,
+    name: &'static str,
+) -> Result<Option<iscsi_target::config::Chap>, RpcError> {
+    p.opt_typed(name, "an object {\"user\": ..., \"secret\": ...}")
+}
+
+fn lun_info(a: &Admin, name: &str, lun: u64) -> Result<iscsi_target::inspect::LunInfo, RpcError> {
+    target_info(a, name)?
+        .luns
+        .into_iter()
+        .find(|l| l.lun == lun)
+        .ok_or_else(|| RpcError::not_found(format!("there is no LUN {lun} (lun.list shows them)")))
+}
+
+/// The admin API's errors are sentences; the ones about a missing target are "not found".
+fn refused_or_missing(why: String) -> RpcError {
+    if why.starts_with("no target") {
+        RpcError::not_found(why)
+    } else {
+        RpcError::refused(why)
+    }
 }
 
 fn target_info(a: &Admin, name: &str) -> Result<iscsi_target::inspect::TargetInfo, RpcError> {

@@ -161,8 +161,9 @@ pub fn run(args: TargetArgs) -> anyhow::Result<()> {
         let serving = tokio::spawn(bound.serve());
         let control = match &control_path {
             Some(path) => {
-                let (server, methods) = super::admin_server::bind(path, target.clone())
-                    .with_context(|| format!("control socket {}", path.display()))?;
+                let (server, methods) =
+                    super::admin_server::bind(path, target.clone(), args.config.clone())
+                        .with_context(|| format!("control socket {}", path.display()))?;
                 println!(
                     "ironsan: control socket {0} (ironsan admin --socket {0} targets)",
                     path.display()
