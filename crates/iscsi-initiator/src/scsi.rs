@@ -4,7 +4,7 @@
 
 /// Status codes and decoded sense data with readable names: the shared SCSI vocabulary,
 /// so the target builds and the capture analyzer names them the same way.
-pub use scsi_spec::{status, Sense};
+pub use scsi_spec::{sense::key as sense_key, status, Sense};
 
 /// Operation codes: the shared vocabulary's.
 pub use scsi_spec::cdb::op;

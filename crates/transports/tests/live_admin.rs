@@ -353,3 +353,140 @@ async fn reconfigure_applies_the_difference_or_nothing() {
     .await
     .expect("in time");
 }
+
+const THREE_LUNS: &str = r#"
+portals = ["127.0.0.1:0"]
+[[target]]
+name = "iqn.2026-11.org.ironsan:admin-a"
+[target.lun.0]
+size = "8MiB"
+backend = "memory"
+[target.lun.1]
+size = "4MiB"
+backend = "memory"
+[target.lun.2]
+size = "4MiB"
+backend = "memory"
+"#;
+
+/// Every unit attention queued for `s` on `lun`, in order, drained with TEST UNIT READY.
+async fn unit_attentions(s: &Session, lun: u16) -> Vec<(u8, u8)> {
+    let mut seen = Vec::new();
+    for _ in 0..8 {
+        match sense_of(s, lun, &TUR, 0, Bytes::new()).await {
+            Some((0x06, asc, ascq)) => seen.push((asc, ascq)),
+            Some(other) => panic!("TEST UNIT READY: sense {other:?}"),
+            None => break,
+        }
+    }
+    seen
+}
+
+/// The issue's scenario: while a verifying workload runs on LUN 0, a target and a LUN are
+/// added, an ACL changed, LUN 1 resized and LUN 2 removed. The workload sees no error (its
+/// initiator retries the unit attentions, as initiators do); another session of the same
+/// target hears exactly REPORTED LUNS DATA HAS CHANGED and CAPACITY DATA HAS CHANGED; a
+/// session of the added target is untouched by the changes to the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_while_a_verifying_workload_runs_leave_it_unharmed() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        test_support::target::log_from_env();
+        let config = Config::parse(THREE_LUNS, "test.toml").expect("config");
+        let (addr, target) = test_support::target::serve(config).await;
+        let verifier = Arc::new(login(addr, A).await);
+        let watcher = login(addr, A).await;
+        assert!(
+            unit_attentions(&watcher, 1).await.len() <= 1,
+            "the login's own"
+        );
+        let cap = verifier.capacity(0).await.expect("capacity");
+        let w = bench::workload::Workload {
+            rw: bench::workload::Rw::Mixed { read_pct: 50 },
+            pattern: bench::workload::Pattern::Rand,
+            size: 4096,
+            qd: 4,
+            duration: Some(Duration::from_secs(4)),
+            count: None,
+            span: None,
+            verify: true,
+            seed: 7,
+        };
+        let running = tokio::spawn({
+            let verifier = verifier.clone();
+            async move {
+                let progress = Arc::new(bench::workload::Progress::default());
+                bench::workload::run(&[verifier], 0, cap, &w, progress).await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        target
+            .add_target(target_table(B, "2MiB"))
+            .await
+            .expect("target added");
+        let b_host = "iqn.2026-11.org.example:b-host";
+        let b_session = login_as(addr, B, Some(b_host)).await.expect("login to B");
+        target
+            .add_lun(A, 3, lun_table("1MiB"))
+            .await
+            .expect("LUN added");
+        target.add_initiator(B, b_host).await.expect("ACL changed");
+        target.resize_lun(A, 1, 8 << 20).await.expect("resized");
+        target.remove_lun(A, 2).await.expect("removed");
+
+        let summary = running.await.expect("workload task").expect("no error");
+        assert!(summary.verified_bytes > 0 && summary.ops > 0, "{summary:?}");
+
+        // The other session of A: REPORTED LUNS DATA HAS CHANGED (once for both LUN
+        // changes, or once each) and, on the resized LUN, CAPACITY DATA HAS CHANGED.
+        let seen = unit_attentions(&watcher, 1).await;
+        assert!(
+            seen.contains(&(0x2A, 0x09)),
+            "CAPACITY DATA HAS CHANGED: {seen:?}"
+        );
+        assert!(
+            seen.contains(&(0x3F, 0x0E)),
+            "REPORTED LUNS DATA HAS CHANGED: {seen:?}"
+        );
+        assert!(
+            seen.iter()
+                .all(|ua| [(0x2A, 0x09), (0x3F, 0x0E)].contains(ua)),
+            "nothing else: {seen:?}"
+        );
+        assert_eq!(
+            watcher.report_luns().await.expect("REPORT LUNS"),
+            vec![0, 1, 3]
+        );
+        assert_eq!(
+            watcher.capacity(1).await.expect("capacity").bytes(),
+            8 << 20
+        );
+        // B's ACL now names only b_host: its session carries on, another initiator is
+        // refused.
+        let refused = login_as(addr, B, Some("iqn.2026-11.org.example:other")).await;
+        assert!(refused.is_err(), "the ACL refuses other initiators");
+        assert!(
+            unit_attentions(&b_session, 0).await.len() <= 1,
+            "only its login's"
+        );
+        assert_eq!(
+            b_session
+                .read(0, 0, 1, 512)
+                .await
+                .expect("B still serves")
+                .len(),
+            512
+        );
+        let verifier = Arc::into_inner(verifier).expect("the workload let go of its session");
+        verifier.logout().await.unwrap();
+        watcher.logout().await.unwrap();
+    })
+    .await
+    .expect("in time");
+}
+
+fn lun_table(size: &str) -> scsi::LunConfig {
+    let text = format!(
+        "[[target]]\nname = \"iqn.2026-11.org.ironsan:x\"\n[target.lun.0]\nsize = \"{size}\"\nbackend = \"memory\"\n"
+    );
+    Config::parse(&text, "t.toml").expect("table").targets[0].lun["0"].clone()
+}
