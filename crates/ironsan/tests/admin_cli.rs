@@ -176,12 +176,22 @@ fn portals_are_added_and_removed_through_the_control_socket() {
     assert_eq!(served_luns(&address).len(), 1, "the added portal serves");
     let (ok, out, _) = admin(&socket, &["portals"]);
     assert!(ok && out.contains(&address), "{out}");
+    let (ok, out, _) = admin(&socket, &["config"]);
+    assert!(
+        ok && out.contains(&format!("tcp://{address}")),
+        "saved with the rest: {out}"
+    );
     let (ok, _, err) = admin(&socket, &["portal", "add", "iser://127.0.0.1:0"]);
     assert!(!ok && err.contains("only tcp://"), "{err}");
     let (ok, out, err) = admin(&socket, &["portal", "rm", &address]);
     assert!(ok, "{out}{err}");
     let (ok, _, err) = admin(&socket, &["portal", "rm", &address]);
     assert!(!ok && err.contains("no portal is bound"), "{err}");
+    let (ok, out, _) = admin(&socket, &["config"]);
+    assert!(
+        ok && !out.contains(&address),
+        "removed from the config: {out}"
+    );
     let (ok, out, _) = admin(&socket, &["sessions"]);
     assert!(ok && out.starts_with("TSIH"), "{out}");
     target.signal("-INT");

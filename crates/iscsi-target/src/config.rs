@@ -303,6 +303,17 @@ pub struct PortalSpec {
     pub address: SocketAddr,
 }
 
+/// Written back as `tcp://ADDR:PORT` or `iser://ADDR:PORT`, which [`PortalSpec::parse`] reads.
+impl std::fmt::Display for PortalSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let scheme = match self.kind {
+            TransportKind::Tcp => "tcp",
+            TransportKind::Iser => "iser",
+        };
+        write!(f, "{scheme}://{}", self.address)
+    }
+}
+
 impl PortalSpec {
     /// Parses a portal as written in the configuration or on the command line; the error
     /// says what to write instead.
@@ -865,6 +876,15 @@ impl Directory {
             .clone()
     }
 
+    /// Changes the configuration in place: `change` works on a copy, which replaces it whole,
+    /// with no other change in between.
+    pub(crate) fn update_config(&self, change: impl FnOnce(&mut Config)) {
+        let mut config = self.config.write().unwrap_or_else(|e| e.into_inner());
+        let mut next = Config::clone(&config);
+        change(&mut next);
+        *config = std::sync::Arc::new(next);
+    }
+
     /// Makes `config` the configuration from now on.
     pub(crate) fn set_config(&self, config: Config) {
         *self.config.write().unwrap_or_else(|e| e.into_inner()) = std::sync::Arc::new(config);
@@ -918,6 +938,21 @@ impl TargetDirectory for Directory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn portal_specs_are_written_as_they_are_read() {
+        for text in [
+            "tcp://127.0.0.1:3260",
+            "iser://[::1]:3261",
+            "tcp://0.0.0.0:0",
+        ] {
+            assert_eq!(PortalSpec::parse(text).unwrap().to_string(), text);
+        }
+        assert_eq!(
+            PortalSpec::parse("10.0.0.1:3260").unwrap().to_string(),
+            "tcp://10.0.0.1:3260"
+        );
+    }
 
     #[test]
     fn error_recovery_level_is_checked() {

@@ -305,18 +305,40 @@ impl Target {
     /// Starts accepting connections on `portal`, a portal bound while the target runs, and
     /// lists it in SendTargets answers. Call it within the target's runtime, after
     /// [`Bound::serve`].
+    /// The running configuration ([`Target::running_config`]) lists it from now on.
     pub fn add_portal(self: &Arc<Self>, portal: Arc<dyn datamover::Portal>) {
+        let spec = PortalSpec {
+            kind: portal.kind(),
+            address: portal.local_addr(),
+        };
         let target = self.clone();
         self.directory
             .portals
             .add(portal, |p| tokio::spawn(accept_loop(target, p)));
+        self.directory.update_config(|c| {
+            let listed = c
+                .portals
+                .iter()
+                .any(|p| PortalSpec::parse(p).ok() == Some(spec));
+            if !listed {
+                c.portals.push(spec.to_string());
+            }
+        });
     }
 
     /// Stops accepting connections on the portal bound to `address` (its accept loop ends,
-    /// dropping it closes its listener) and no longer lists it in SendTargets answers; the
-    /// connections it accepted stay. Whether a portal was there.
+    /// dropping it closes its listener) and no longer lists it in SendTargets answers, nor
+    /// the running configuration; the connections it accepted stay. Whether a portal was
+    /// there.
     pub fn remove_portal(&self, address: SocketAddr) -> bool {
-        self.directory.portals.remove(address)
+        let removed = self.directory.portals.remove(address);
+        if removed {
+            self.directory.update_config(|c| {
+                c.portals
+                    .retain(|p| PortalSpec::parse(p).map_or(true, |s| s.address != address));
+            });
+        }
+        removed
     }
 
     /// The target's portals, in the order they were bound or added: each one's address
