@@ -292,3 +292,32 @@ fn live_changes_are_saved_and_the_next_start_lists_the_same_state() {
     assert!(target.wait_exit(LIMIT).success());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn with_save_on_change_every_change_is_in_the_file_at_once() {
+    let dir = scratch("autosave");
+    let socket = dir.join("control.sock");
+    let config = dir.join("target.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "portals = [\"127.0.0.1:0\"]\ncontrol_socket = \"{}\"\nsave_on_change = true\n\n[[target]]\nname = \"{T}\"\n\n[target.lun.0]\nsize = \"1MiB\"\nbackend = \"memory\"\n",
+            socket.display()
+        ),
+    )
+    .unwrap();
+    let mut target = Proc::spawn(&["target", "--config", config.to_str().unwrap()]);
+    target.wait_line("ironsan: control socket ", ' ');
+    let (ok, out, err) = admin(&socket, &["lun", "add", T, "5", "--ram", "2MiB"]);
+    assert!(ok, "{out}{err}");
+    let saved = std::fs::read_to_string(&config).unwrap();
+    assert!(saved.contains("[target.lun.5]"), "{saved}");
+    assert!(dir.join("target.toml.bak").exists());
+    // A refused change writes nothing.
+    let (ok, _, _) = admin(&socket, &["lun", "add", T, "5", "--ram", "2MiB"]);
+    assert!(!ok);
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), saved);
+    target.signal("-INT");
+    assert!(target.wait_exit(LIMIT).success());
+    let _ = std::fs::remove_dir_all(&dir);
+}

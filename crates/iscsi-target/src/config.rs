@@ -264,6 +264,10 @@ pub struct Config {
     /// The control socket (`ironsan admin`, docs/admin.md): a Unix socket created owner-only
     /// at this path. Left out: none (or `ironsan target --control`).
     pub control_socket: Option<std::path::PathBuf>,
+    /// Write the running configuration back to the file the target started from after
+    /// every change made through the control socket (as `ironsan admin save` does).
+    #[serde(default)]
+    pub save_on_change: bool,
     #[serde(default)]
     pub discovery: DiscoveryConfig,
     #[serde(default, rename = "target")]
@@ -389,6 +393,7 @@ impl Config {
             iser_register_ram_luns: None,
             chap_algorithms: None,
             control_socket: None,
+            save_on_change: false,
             discovery: DiscoveryConfig::default(),
             lun_places: LunPlaces::default(),
             targets: vec![TargetConfig {

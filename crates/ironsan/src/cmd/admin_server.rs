@@ -75,6 +75,7 @@ pub fn methods(admin: Arc<Admin>) -> Methods<Admin> {
             .await
             .map_err(lun_error)?;
         let info = target_info(&a, &name)?;
+        autosave(&a)?;
         Ok(json!(info.luns.into_iter().find(|l| l.lun == lun)))
     })
     .add("lun.remove", |a, mut p| async move {
@@ -82,6 +83,7 @@ pub fn methods(admin: Arc<Admin>) -> Methods<Admin> {
         let lun = p.u64("lun")?;
         p.finish()?;
         a.target.remove_lun(&name, lun).await.map_err(lun_error)?;
+        autosave(&a)?;
         Ok(Value::Null)
     })
     .add("portal.list", |a, p| async move {
@@ -91,7 +93,9 @@ pub fn methods(admin: Arc<Admin>) -> Methods<Admin> {
     .add("portal.add", |a, mut p| async move {
         let spec = portal_param(&mut p)?;
         p.finish()?;
-        add_portal(&a, spec).await
+        let added = add_portal(&a, spec).await?;
+        autosave(&a)?;
+        Ok(added)
     })
     .add("portal.remove", |a, mut p| async move {
         let spec = portal_param(&mut p)?;
@@ -102,6 +106,7 @@ pub fn methods(admin: Arc<Admin>) -> Methods<Admin> {
                 spec.address
             )));
         }
+        autosave(&a)?;
         Ok(Value::Null)
     })
     .add("sessions.count", |a, p| async move {
@@ -123,6 +128,7 @@ fn live_methods(m: &mut Methods<Admin>) {
             .add_target(config)
             .await
             .map_err(RpcError::refused)?;
+        autosave(&a)?;
         Ok(json!(target_info(&a, &name)?))
     })
     .add("target.remove", |a, mut p| async move {
@@ -132,6 +138,7 @@ fn live_methods(m: &mut Methods<Admin>) {
             .remove_target(&name)
             .await
             .map_err(refused_or_missing)?;
+        autosave(&a)?;
         Ok(Value::Null)
     })
     .add("acl.add", |a, mut p| async move {
@@ -139,6 +146,7 @@ fn live_methods(m: &mut Methods<Admin>) {
         p.finish()?;
         let r = a.target.add_initiator(&name, &initiator).await;
         r.map_err(refused_or_missing)?;
+        autosave(&a)?;
         Ok(json!(target_info(&a, &name)?.initiators))
     })
     .add("acl.remove", |a, mut p| async move {
@@ -146,6 +154,7 @@ fn live_methods(m: &mut Methods<Admin>) {
         p.finish()?;
         let r = a.target.remove_initiator(&name, &initiator).await;
         r.map_err(refused_or_missing)?;
+        autosave(&a)?;
         Ok(json!(target_info(&a, &name)?.initiators))
     })
     .add("acl.set", |a, mut p| async move {
@@ -154,6 +163,7 @@ fn live_methods(m: &mut Methods<Admin>) {
         p.finish()?;
         let r = a.target.set_initiators(&name, initiators).await;
         r.map_err(refused_or_missing)?;
+        autosave(&a)?;
         Ok(json!(target_info(&a, &name)?.initiators))
     })
     .add("chap.set", |a, mut p| async move {
@@ -166,6 +176,7 @@ fn live_methods(m: &mut Methods<Admin>) {
             None => a.target.set_discovery_chap(chap, mutual).await,
         };
         r.map_err(refused_or_missing)?;
+        autosave(&a)?;
         Ok(Value::Null)
     })
     .add("lun.set_read_only", |a, mut p| async move {
@@ -174,6 +185,7 @@ fn live_methods(m: &mut Methods<Admin>) {
         p.finish()?;
         let r = a.target.set_lun_read_only(&name, lun, read_only).await;
         r.map_err(lun_error)?;
+        autosave(&a)?;
         Ok(json!(lun_info(&a, &name, lun)?))
     })
     .add("lun.resize", |a, mut p| async move {
@@ -184,6 +196,7 @@ fn live_methods(m: &mut Methods<Admin>) {
             .resize_lun(&name, lun, size.0)
             .await
             .map_err(lun_error)?;
+        autosave(&a)?;
         Ok(json!(lun_info(&a, &name, lun)?))
     });
     session_methods(m);
@@ -232,6 +245,22 @@ fn config_methods(m: &mut Methods<Admin>) {
             .map_err(|e| RpcError::refused(format!("{}: {}", path.display(), e.0)))?;
         Ok(json!({ "path": path }))
     });
+}
+
+/// With `save_on_change`, writes the running configuration to the file the target started
+/// from after a change. A failed save leaves the change made and says so.
+fn autosave(a: &Admin) -> Result<(), RpcError> {
+    let config = a.target.running_config();
+    let (true, Some(path)) = (config.save_on_change, &a.config_path) else {
+        return Ok(());
+    };
+    iscsi_target::config::save_atomic(path, &config).map_err(|e| {
+        RpcError::refused(format!(
+            "the change was made but not saved ({}: {}): fix that, then run `ironsan admin save`",
+            path.display(),
+            e.0
+        ))
+    })
 }
 
 fn tsih(p: &mut Params) -> Result<u16, RpcError> {
