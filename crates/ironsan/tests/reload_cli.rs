@@ -1,5 +1,5 @@
 //! `ironsan target --config FILE` reads FILE again on SIGHUP: a LUN added to the file is
-//! then listed by REPORT LUNS (`ironsan ls`), a file that does not parse is refused whole
+//! then listed by REPORT LUNS (`ironsan ls`), a portal added to it is bound, a file that does not parse is refused whole
 //! with one log line naming its line, and the target keeps what it runs.
 
 use std::path::PathBuf;
@@ -68,6 +68,19 @@ fn sighup_applies_a_lun_added_to_the_file_and_refuses_a_broken_file() {
     target.signal("-HUP");
     wait_log(&log, &format!("reload: target {NAME} LUN 5: added"));
     assert_eq!(listed_luns(&portal), vec![0, 5]);
+
+    // A portal added to the file is bound, and serves the same target.
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let second = free.local_addr().unwrap().to_string();
+    drop(free);
+    let both = head.replace(
+        "portals = [\"127.0.0.1:0\"]",
+        &format!("portals = [\"127.0.0.1:0\", \"{second}\"]"),
+    );
+    std::fs::write(&config, format!("{both}{}{}", lun(0), lun(5))).unwrap();
+    target.signal("-HUP");
+    wait_log(&log, &format!("reload: portal tcp://{second}: added"));
+    assert_eq!(listed_luns(&second), vec![0, 5]);
 
     std::fs::write(&config, format!("{head}{}queue_depht = 3\n", lun(0))).unwrap();
     target.signal("-HUP");

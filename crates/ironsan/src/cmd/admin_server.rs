@@ -329,18 +329,26 @@ fn portal_param(p: &mut Params) -> Result<PortalSpec, RpcError> {
         .map_err(|why| RpcError::invalid_params(format!("params.portal: {why}")))
 }
 
-/// Binds a tcp:// portal and serves it; iSER portals need the RNIC or device chosen at start,
-/// so they are refused.
 async fn add_portal(a: &Admin, spec: PortalSpec) -> Result<Value, RpcError> {
+    let address = bind_tcp_portal(&a.target, spec)
+        .await
+        .map_err(RpcError::refused)?;
+    Ok(json!({"address": address, "serves": "iSCSI/TCP"}))
+}
+
+/// Binds a tcp:// portal and serves it on `target` (which lists it in its running
+/// configuration); iSER portals need the RNIC or device chosen at start, so they are
+/// refused. The address bound.
+pub async fn bind_tcp_portal(target: &Arc<Target>, spec: PortalSpec) -> Result<SocketAddr, String> {
     if spec.kind != datamover::TransportKind::Tcp {
-        return Err(RpcError::refused(
-            "only tcp:// portals can be added while the target runs; list iser:// portals in the configuration",
+        return Err(format!(
+            "{spec}: only tcp:// portals can be added while the target runs; iser:// portals are bound at start"
         ));
     }
     let portal = datamover_tcp::TcpPortal::bind(spec.address)
         .await
-        .map_err(|e| RpcError::refused(format!("cannot listen on {}: {e}", spec.address)))?;
+        .map_err(|e| format!("cannot listen on {}: {e}", spec.address))?;
     let address: SocketAddr = datamover::Portal::local_addr(&portal);
-    a.target.add_portal(Arc::new(portal));
-    Ok(json!({"address": address, "serves": "iSCSI/TCP"}))
+    target.add_portal(Arc::new(portal));
+    Ok(address)
 }

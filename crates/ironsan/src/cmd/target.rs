@@ -240,22 +240,76 @@ async fn reload_on_hangup(
             }
         };
         overrides.apply(&mut config);
+        let bound = match bind_new_portals(&target, &config).await {
+            Ok(bound) => bound,
+            Err(why) => {
+                tracing::error!(
+                    "reload of {} refused, nothing changed: {why}",
+                    path.display()
+                );
+                continue;
+            }
+        };
         match target.reconfigure(config).await {
-            Ok(changes) if changes.is_empty() => {
+            Ok(changes) if changes.is_empty() && bound.is_empty() => {
                 tracing::info!("reload of {}: no changes", path.display())
             }
             Ok(changes) => {
+                for address in &bound {
+                    tracing::info!("reload: portal tcp://{address}: added");
+                }
                 for change in changes {
                     tracing::info!("reload: {change}");
                 }
             }
-            Err(e) => tracing::error!(
-                "reload of {} refused: {}",
-                path.display(),
-                e.replace('\n', " ")
-            ),
+            Err(e) => {
+                for address in &bound {
+                    target.remove_portal(*address);
+                }
+                tracing::error!(
+                    "reload of {} refused: {}",
+                    path.display(),
+                    e.replace('\n', " ")
+                )
+            }
         }
     }
+}
+
+/// Binds the tcp:// portals `config` lists and the target does not serve yet (a fixed port:
+/// a file's port 0 is bound at start only), once `config` is known valid. All or none: a
+/// portal that cannot be bound unbinds the others and says why.
+async fn bind_new_portals(
+    target: &std::sync::Arc<iscsi_target::Target>,
+    config: &Config,
+) -> Result<Vec<std::net::SocketAddr>, String> {
+    use iscsi_target::PortalSpec;
+    config.check("the file").map_err(|e| e.0)?;
+    let running: Vec<PortalSpec> = target
+        .running_config()
+        .portals
+        .iter()
+        .filter_map(|p| PortalSpec::parse(p).ok())
+        .collect();
+    let new = config
+        .portals
+        .iter()
+        .filter_map(|p| PortalSpec::parse(p).ok())
+        .filter(|s| s.kind == datamover::TransportKind::Tcp && s.address.port() != 0)
+        .filter(|s| !running.contains(s));
+    let mut bound = Vec::new();
+    for spec in new {
+        match super::admin_server::bind_tcp_portal(target, spec).await {
+            Ok(address) => bound.push(address),
+            Err(why) => {
+                for address in &bound {
+                    target.remove_portal(*address);
+                }
+                return Err(why);
+            }
+        }
+    }
+    Ok(bound)
 }
 
 /// The SIGHUP handler, installed at the call (before systemd is told the target is ready,
