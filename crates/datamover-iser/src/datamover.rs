@@ -31,14 +31,12 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use crate::endpoint::{Device, Endpoint, Inbound, Received};
 use crate::lent::{self, RegisteredReadBuffers};
 use crate::mr_pool::PooledMr;
-
-/// RDMA Writes of read data sent straight from a registered LUN image, in this process.
-static WRITES_FROM_LUN_IMAGES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+use crate::stats;
 
 /// How many RDMA Writes of read data left straight from a registered RAM LUN image (no copy
 /// into a buffer first) in this process so far: a diagnostic, and what tests check.
 pub fn writes_from_lun_images() -> u64 {
-    WRITES_FROM_LUN_IMAGES.load(Ordering::Relaxed)
+    stats::WRITES_FROM_LUN_IMAGES.load(Ordering::Relaxed)
 }
 
 /// The initiator's buffers of one command, from its iSER header.
@@ -291,7 +289,7 @@ impl<P: Device> Datamover for IserDatamover<P> {
             let (sge, copy) = match self.shared.read_buffers.sge_of(note.as_ref(), &data) {
                 Some((sge, in_image)) => {
                     if in_image {
-                        WRITES_FROM_LUN_IMAGES.fetch_add(1, Ordering::Relaxed);
+                        stats::WRITES_FROM_LUN_IMAGES.fetch_add(1, Ordering::Relaxed);
                     }
                     (sge, None)
                 }

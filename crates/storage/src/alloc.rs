@@ -15,13 +15,13 @@
 
 use std::fs::File;
 use std::io;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use rustix::fs::FallocateFlags;
 
-use crate::file::write_zeroes_by_writing;
 use crate::pool::BlockingPool;
 use crate::uring::Ring;
 
@@ -139,6 +139,20 @@ fn block_queue(file: &File) -> Option<std::path::PathBuf> {
 
 fn read_number(path: &Path) -> Option<u64> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// Zeroes `len` bytes at `offset` by writing them, a MiB at a time: where the file system
+/// cannot zero a range itself.
+fn write_zeroes_by_writing(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    const STEP: u64 = 1 << 20;
+    let zeroes = vec![0u8; STEP.min(len) as usize];
+    let mut done = 0;
+    while done < len {
+        let n = STEP.min(len - done) as usize;
+        file.write_all_at(&zeroes[..n], offset + done)?;
+        done += n as u64;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -299,18 +299,6 @@ pub(crate) fn read_exact(file: &File, offset: u64, len: usize) -> io::Result<Byt
     Ok(buf.freeze())
 }
 
-pub(crate) fn write_zeroes_by_writing(file: &File, offset: u64, len: u64) -> io::Result<()> {
-    const STEP: u64 = 1 << 20;
-    let zeroes = vec![0u8; STEP.min(len) as usize];
-    let mut done = 0;
-    while done < len {
-        let n = STEP.min(len - done) as usize;
-        file.write_all_at(&zeroes[..n], offset + done)?;
-        done += n as u64;
-    }
-    Ok(())
-}
-
 /// SEEK_DATA/SEEK_HOLE based mapping status of `offset..offset+len`.
 pub(crate) fn seek_map_status(file: &File, offset: u64, len: u64) -> io::Result<MapRun> {
     let end = offset + len;
