@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use crate::{Config, Target};
+use crate::Target;
 
 /// One target as a control client sees it.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -34,15 +34,14 @@ pub struct LunInfo {
     pub read_only: bool,
 }
 
-fn describe(lun: u64, cfg: Option<&scsi::LunConfig>, capacity: Option<(u64, u32)>) -> LunInfo {
+fn describe(lun: u64, cfg: &scsi::LunConfig, capacity: Option<(u64, u32)>) -> LunInfo {
     use scsi::BackendConfig as B;
-    let (backend, path) = match cfg.map(|c| &c.backend) {
-        Some(B::Memory) => ("memory", None),
-        Some(B::File { path, .. }) => ("file", Some(path.display().to_string())),
-        Some(B::Block { path }) => ("block", Some(path.display().to_string())),
-        Some(B::Osd { path }) => ("osd", Some(path.display().to_string())),
-        Some(B::Rbd(spec)) => ("rbd", Some(format!("{}/{}", spec.pool, spec.image))),
-        None => ("osd", None),
+    let (backend, path) = match &cfg.backend {
+        B::Memory => ("memory", None),
+        B::File { path, .. } => ("file", Some(path.display().to_string())),
+        B::Block { path } => ("block", Some(path.display().to_string())),
+        B::Osd { path } => ("osd", Some(path.display().to_string())),
+        B::Rbd(spec) => ("rbd", Some(format!("{}/{}", spec.pool, spec.image))),
     };
     LunInfo {
         lun,
@@ -50,7 +49,7 @@ fn describe(lun: u64, cfg: Option<&scsi::LunConfig>, capacity: Option<(u64, u32)
         path,
         size: capacity.map(|(blocks, bs)| blocks.saturating_mul(u64::from(bs))),
         block_size: capacity.map(|(_, bs)| bs),
-        read_only: cfg.is_some_and(|c| c.read_only),
+        read_only: cfg.read_only,
     }
 }
 
@@ -72,19 +71,17 @@ impl Target {
             .iter()
             .find(|t| t.name.eq_ignore_ascii_case(name))?;
         let device = self.device(&t.name).ok()?;
-        let configured = Config::luns(t);
+        // The device keeps every LUN's configuration as it runs (object LUNs' too); one
+        // removed between the two calls is left out.
         let luns = device
             .luns()
             .into_iter()
-            .map(|lun| {
-                let cfg = device.lun_config(lun).or_else(|| {
-                    // An object LUN keeps no configuration; the file's says where it lives.
-                    configured
-                        .iter()
-                        .find(|(n, _)| *n == lun)
-                        .map(|(_, c)| c.clone())
-                });
-                describe(lun, cfg.as_ref(), device.capacity(lun))
+            .filter_map(|lun| {
+                Some(describe(
+                    lun,
+                    &device.lun_config(lun)?,
+                    device.capacity(lun),
+                ))
             })
             .collect();
         Some(TargetInfo {
@@ -101,6 +98,7 @@ impl Target {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Config;
 
     #[tokio::test]
     async fn a_target_is_described_with_its_luns_and_without_secrets() {
