@@ -140,12 +140,17 @@ fn ready_comes_once_the_portal_listens_and_stopping_on_sigterm() {
         ("NOTIFY_SOCKET", path.to_str().unwrap()),
         ("JOURNAL_STREAM", journal.as_str()),
     ];
-    let mut target = Proc::spawn_with_env(&["target", "--portal", "127.0.0.1:0"], &env, &log);
+    // A port known before the start, so the portal is tried the moment READY=1 arrives
+    // (a READY sent before the portal listens would be refused here).
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let portal = free.local_addr().unwrap();
+    drop(free);
+    let arg = portal.to_string();
+    let mut target = Proc::spawn_with_env(&["target", "--portal", &arg], &env, &log);
     assert_eq!(notice(&sock).trim_end(), "READY=1");
-    // Printed before READY=1: the portal listens by now.
-    let portal = target.wait_line("ironsan: serving iSCSI on ", ' ');
-    TcpStream::connect_timeout(&portal.parse().unwrap(), Duration::from_secs(5))
+    TcpStream::connect_timeout(&portal, Duration::from_secs(5))
         .expect("the portal takes connections once READY=1 came");
+    assert_eq!(target.wait_line("ironsan: serving iSCSI on ", ' '), arg);
     target.signal("-TERM");
     assert_eq!(notice(&sock).trim_end(), "STOPPING=1");
     assert!(target.wait_exit(LIMIT).success());
