@@ -366,8 +366,8 @@ impl Shared {
 
     /// Takes every completion out of the queue, with its in-flight entry (the caller
     /// completes them after releasing the lock).
-    fn drain(&self, state: &mut State) -> Vec<(InFlight, i32)> {
-        let mut out = Vec::new();
+    fn drain(&self, state: &mut State) -> Reaped {
+        let mut out = Reaped::new();
         // SAFETY: the completion queue is only touched under the state lock, which the
         // caller holds (`state` is borrowed from it).
         for cqe in unsafe { self.ring.completion_shared() } {
@@ -405,6 +405,10 @@ impl Shared {
     }
 }
 
+/// Completions taken from the queue in one drain, completed once the lock is released: a
+/// few inline (a submitter's drain usually finds its own and maybe one more), more on the heap.
+type Reaped = smallvec::SmallVec<[(InFlight, i32); 4]>;
+
 fn retry_submit(e: &io::Error) -> bool {
     use rustix::io::Errno;
     let code = e.raw_os_error();
@@ -415,7 +419,7 @@ fn retry_submit(e: &io::Error) -> bool {
 
 /// Completes operations (their waiters may be gone: the buffer is then dropped here, after
 /// the kernel is done with it).
-fn complete(done: Vec<(InFlight, i32)>) {
+fn complete(done: Reaped) {
     for (op, res) in done {
         let _ = op.done.send((res, op.buf));
     }
