@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use iscsi_initiator::scsi::{self, status, Capacity, Sense};
-use iscsi_initiator::{CommandRequest, CommandResult, Error, RecoveryStats, Session};
+use iscsi_initiator::{CommandRequest, Error, RecoveryStats, Session};
 
 /// Reads, writes, or a mix with the given percentage of reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -216,29 +216,6 @@ fn rw_error(what: &str, status: u8, sense: &[u8]) -> Error {
     }
 }
 
-/// A command sent again while it ends in UNIT ATTENTION, as initiators do: the target's
-/// changes (a LUN added elsewhere, a capacity changed) are reported once per event and
-/// nexus, and say nothing about this command, which was not executed. A few tries drain
-/// what has queued up; the next answer is the command's own.
-async fn through_unit_attentions<F, Fut>(mut send: F) -> Result<CommandResult, Error>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<CommandResult, Error>>,
-{
-    const TRIES: usize = 8;
-    let mut r = send().await?;
-    for _ in 1..TRIES {
-        let unit_attention = r.status == status::CHECK_CONDITION
-            && Sense::parse(&r.sense)
-                .is_some_and(|sense| sense.key == scsi::sense_key::UNIT_ATTENTION);
-        if !unit_attention {
-            break;
-        }
-        r = send().await?;
-    }
-    Ok(r)
-}
-
 /// Issues one command of the workload at `chunk` (with `generation`: writes that write's
 /// pattern, or checks a read against it).
 #[allow(clippy::too_many_arguments)]
@@ -264,19 +241,18 @@ async fn one_op(
             template.clone()
         };
         let cdb = scsi::read_write(true, lba, blocks, false);
-        let r = through_unit_attentions(|| {
-            s.execute(CommandRequest::write(lun, cdb.clone(), data.clone()))
-        })
-        .await?;
+        let r = s
+            .execute_past_unit_attentions(CommandRequest::write(lun, cdb, data))
+            .await?;
         if r.status != status::GOOD {
             return Err(rw_error("WRITE", r.status, &r.sense));
         }
         Ok(0)
     } else {
         let cdb = scsi::read_write(false, lba, blocks, false);
-        let r =
-            through_unit_attentions(|| s.execute(CommandRequest::read(lun, cdb.clone(), w.size)))
-                .await?;
+        let r = s
+            .execute_past_unit_attentions(CommandRequest::read(lun, cdb, w.size))
+            .await?;
         if r.status != status::GOOD {
             return Err(rw_error("READ", r.status, &r.sense));
         }

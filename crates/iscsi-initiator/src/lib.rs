@@ -86,6 +86,15 @@ impl Error {
 }
 
 impl CommandResult {
+    /// Whether it ended in CHECK CONDITION with the sense key UNIT ATTENTION: the target
+    /// reports a change (power on, LUNs or capacity changed, ...) and did not execute the
+    /// command.
+    pub fn is_unit_attention(&self) -> bool {
+        self.status == scsi::status::CHECK_CONDITION
+            && scsi::Sense::parse(&self.sense)
+                .is_some_and(|s| s.key == scsi::sense_key::UNIT_ATTENTION)
+    }
+
     /// The result if its status is GOOD, else [`Error::Scsi`] naming `what` failed, with the
     /// status and decoded sense.
     pub fn good(self, what: &str) -> Result<CommandResult, Error> {

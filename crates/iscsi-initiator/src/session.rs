@@ -24,7 +24,7 @@ use crate::core::{
     Action, CommandRequest, CommandResult, RecoveryStats, Reply, SessionCore, SessionLimits,
     TaskError,
 };
-use crate::scsi::{self, status, Capacity, Inquiry, Sense};
+use crate::scsi::{self, Capacity, Inquiry};
 use crate::url::IscsiUrl;
 use crate::Error;
 use datamover::IserProvider;
@@ -35,6 +35,9 @@ pub const DEFAULT_INITIATOR_NAME: &str = "iqn.2026-11.org.ironsan:initiator";
 /// How long a logout waits for its connections' close to finish on the wire (iSER: the
 /// RNIC's FIN handshake after the last Send) before it returns anyway.
 const LOGOUT_CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+/// How many times a command is sent while it ends in UNIT ATTENTION.
+pub const UNIT_ATTENTION_TRIES: usize = 6;
 
 /// How to log in and run a session.
 #[derive(Debug, Clone)]
@@ -988,20 +991,29 @@ impl Session {
         self.submit(req).wait().await
     }
 
-    /// Runs a command that must end GOOD; a UNIT ATTENTION is retried (a new session's
-    /// first command usually gets the power-on one).
-    pub async fn run(&self, what: &str, req: CommandRequest) -> Result<CommandResult, Error> {
-        // Unit attentions queue up one per event; a few retries drain them.
-        for attempt in 0..6 {
-            let r = self.execute(req.clone()).await?;
-            let unit_attention = r.status == status::CHECK_CONDITION
-                && Sense::parse(&r.sense).is_some_and(|s| s.key == 6);
-            if unit_attention && attempt < 5 {
-                continue;
+    /// Runs a SCSI command, sending it again while it ends in UNIT ATTENTION, as initiators
+    /// do: a new session's first command usually gets the power-on one, and a target changed
+    /// while it serves reports each change once per nexus; the command itself was not
+    /// executed. Unit attentions queue up one per event: at most [`UNIT_ATTENTION_TRIES`]
+    /// tries drain them, and the last try's status is returned whatever it is.
+    pub async fn execute_past_unit_attentions(
+        &self,
+        req: CommandRequest,
+    ) -> Result<CommandResult, Error> {
+        let mut r = self.execute(req.clone()).await?;
+        for _ in 1..UNIT_ATTENTION_TRIES {
+            if !r.is_unit_attention() {
+                break;
             }
-            return r.good(what);
+            r = self.execute(req.clone()).await?;
         }
-        unreachable!("the last attempt returns")
+        Ok(r)
+    }
+
+    /// Runs a command that must end GOOD, past unit attentions
+    /// ([`Session::execute_past_unit_attentions`]).
+    pub async fn run(&self, what: &str, req: CommandRequest) -> Result<CommandResult, Error> {
+        self.execute_past_unit_attentions(req).await?.good(what)
     }
 
     async fn immediate(

@@ -25,8 +25,6 @@ use tokio::sync::Notify;
 pub const MAX_COMMAND_BYTES: u32 = 4 << 20;
 /// WRITE SAME blocks per command when the LUN reports no limit.
 const DEFAULT_WRITE_SAME_BLOCKS: u64 = 1 << 16;
-/// A command that keeps getting UNIT ATTENTION is given up after this many tries.
-const UA_RETRIES: usize = 6;
 
 /// The errors an I/O ends with. The numbers are Linux's, which NBD's error field uses too.
 pub mod errno {
@@ -380,7 +378,7 @@ impl Lun {
             .wait()
             .await
             .map_err(|e| IoError::eio(format!("READ at LBA {lba}: {e}")))?;
-        if is_unit_attention(&r) {
+        if r.is_unit_attention() {
             let cdb = scsi::read_write(false, lba, blocks as u32, false);
             r = self
                 .execute(
@@ -458,7 +456,7 @@ impl Lun {
         let mut result = Ok(());
         for (req, p) in pending {
             let r = match p.wait().await {
-                Ok(r) if is_unit_attention(&r) => self.execute(what, req, write).await.map(|_| ()),
+                Ok(r) if r.is_unit_attention() => self.execute(what, req, write).await.map(|_| ()),
                 Ok(r) if r.status == status::GOOD => Ok(()),
                 Ok(r) => Err(scsi_error(what, &r, write)),
                 Err(e) => Err(IoError::eio(format!("{what}: {e}"))),
@@ -468,28 +466,22 @@ impl Lun {
         result
     }
 
-    /// One command, retried while it gets UNIT ATTENTION.
+    /// One command, sent again while it gets UNIT ATTENTION.
     async fn execute(
         &self,
         what: &str,
         req: CommandRequest,
         write: bool,
     ) -> Result<CommandResult, IoError> {
-        for attempt in 0..UA_RETRIES {
-            let r = self
-                .session
-                .execute(req.clone())
-                .await
-                .map_err(|e| IoError::eio(format!("{what}: {e}")))?;
-            if is_unit_attention(&r) && attempt + 1 < UA_RETRIES {
-                continue;
-            }
-            if r.status != status::GOOD {
-                return Err(scsi_error(what, &r, write));
-            }
-            return Ok(r);
+        let r = self
+            .session
+            .execute_past_unit_attentions(req)
+            .await
+            .map_err(|e| IoError::eio(format!("{what}: {e}")))?;
+        if r.status != status::GOOD {
+            return Err(scsi_error(what, &r, write));
         }
-        unreachable!("the last attempt returns")
+        Ok(r)
     }
 }
 
@@ -529,10 +521,6 @@ fn sense_key(r: &CommandResult) -> Option<u8> {
     (r.status == status::CHECK_CONDITION)
         .then(|| Sense::parse(&r.sense).map(|s| s.key))
         .flatten()
-}
-
-fn is_unit_attention(r: &CommandResult) -> bool {
-    sense_key(r) == Some(6)
 }
 
 /// A result other than GOOD in the initiator's own words ("WHAT failed: status, sense").
