@@ -22,6 +22,10 @@
 //! registered memory ([`ImageMemory`], its [`Registration`]) is taken where it lies. What the
 //! buffer noted goes back to its lender as a [`BufNote`], whose kinds name what the
 //! transports act on (the CRCs of fixed-size pieces; where the bytes lie in registered memory).
+//!
+//! Several gateways serving the same storage agree through two seams: [`ExclusiveOwner`]
+//! (which gateway writes, the others fenced) and [`SharedBlob`] (a record they share, such as
+//! persistent reservations), from the backend where its storage offers them.
 
 mod alloc;
 mod block;
@@ -30,7 +34,9 @@ mod file;
 mod flush;
 mod lent;
 mod memory;
+pub mod owner;
 mod pool;
+pub mod shared_blob;
 mod uring;
 
 use std::io;
@@ -43,6 +49,8 @@ pub use block::BlockBackend;
 pub use file::FileBackend;
 pub use lent::{BufNote, Held, Registered, Registration, SegmentCrcs};
 pub use memory::{ImageMemory, MemoryBackend};
+pub use owner::ExclusiveOwner;
+pub use shared_blob::SharedBlob;
 
 /// How the file and block backends issue their reads, writes and flushes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -186,6 +194,20 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Provisioning status of the run starting at `offset` (at most `len` bytes long).
     async fn map_status(&self, offset: u64, len: u64) -> io::Result<MapRun>;
+
+    /// The lock that decides which of several gateways serving this storage may write it,
+    /// where the storage itself offers one (an RBD image's exclusive lock); `None` (the
+    /// default) when ownership must come from the configuration.
+    fn exclusive_owner(&self) -> Option<Arc<dyn ExclusiveOwner>> {
+        None
+    }
+
+    /// A record beside this storage that every gateway serving it reaches (persistent
+    /// reservations live there), where the storage offers one; `None` (the default) when it
+    /// must come from the configuration.
+    fn shared_state(&self) -> Option<Arc<dyn SharedBlob>> {
+        None
+    }
 
     /// Makes the capacity `size` bytes while the backend runs (what grows reads back as
     /// zeroes), where the backend can; it may block. The default refuses, saying why.
