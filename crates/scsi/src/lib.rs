@@ -43,6 +43,7 @@ pub(crate) mod cmds;
 mod command;
 pub mod config;
 mod device;
+mod fault_log;
 mod lun;
 mod object;
 mod outcome;

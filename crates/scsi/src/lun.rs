@@ -83,6 +83,8 @@ pub(crate) struct Lun {
     pub wce: AtomicBool,
     /// Commands, bytes and latency by direction, for an exporter.
     pub stats: LunStats,
+    /// Backend failures as one log line per episode.
+    pub faults: crate::fault_log::FaultLog,
 }
 
 /// Commands that neither report nor clear a unit attention (SPC-4 5.14: INQUIRY,
@@ -122,6 +124,7 @@ impl Lun {
             swp: AtomicBool::new(false),
             wce: AtomicBool::new(true),
             stats: LunStats::default(),
+            faults: Default::default(),
             backend,
             cfg,
         }

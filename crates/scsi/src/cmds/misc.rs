@@ -279,7 +279,7 @@ impl Lun {
                 r
             }
         };
-        result.map_err(|e| Fail::Check(super::rw::io_sense(&e, asc::WRITE_ERROR)))?;
+        result.map_err(|e| self.backend_failed("sanitize", 0, &e, asc::WRITE_ERROR))?;
         Done::none()
     }
 }

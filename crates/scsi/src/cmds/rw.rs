@@ -91,10 +91,13 @@ impl Lun {
     }
 
     pub(crate) async fn read_blocks(&self, lba: u64, blocks: u64) -> Result<Bytes, Fail> {
-        self.backend
+        let data = self
+            .backend
             .read_at(self.offset(lba), (blocks << self.bs_shift) as usize)
             .await
-            .map_err(|e| self.read_failed(lba, blocks, e))
+            .map_err(|e| self.read_failed(lba, blocks, e))?;
+        self.faults.succeeded(self.id);
+        Ok(data)
     }
 
     /// `read_blocks` into a buffer the transport lent: the data and what the buffer noted.
@@ -114,14 +117,27 @@ impl Lun {
             .read_into(self.offset(lba), len, lender.lend(len))
             .await
             .map_err(|e| self.read_failed(lba, blocks, e))?;
+        self.faults.succeeded(self.id);
         range.sending();
         filled.keep_until_sent(storage::Held::new(range));
         Ok(filled.finish())
     }
 
     fn read_failed(&self, lba: u64, blocks: u64, e: std::io::Error) -> Fail {
-        tracing::warn!(lun = self.id, lba, blocks, "backend read failed: {e}");
-        Fail::Check(io_sense(&e, asc::READ_ERROR))
+        let _ = blocks;
+        self.backend_failed("read", self.offset(lba), &e, asc::READ_ERROR)
+    }
+
+    /// A failed backend operation: its sense, and a line in the LUN's fault log.
+    pub(crate) fn backend_failed(
+        &self,
+        what: &str,
+        offset: u64,
+        e: &std::io::Error,
+        medium: (u8, u8),
+    ) -> Fail {
+        self.faults.failed(self.id, what, offset, e);
+        Fail::Check(io_sense(e, medium))
     }
 
     pub(crate) async fn write_bytes(
@@ -130,10 +146,12 @@ impl Lun {
         data: Bytes,
         fua: bool,
     ) -> Result<(), Fail> {
-        self.backend.write_at(offset, data, fua).await.map_err(|e| {
-            tracing::warn!(lun = self.id, offset, "backend write failed: {e}");
-            Fail::Check(io_sense(&e, asc::WRITE_ERROR))
-        })
+        self.backend
+            .write_at(offset, data, fua)
+            .await
+            .map_err(|e| self.backend_failed("write", offset, &e, asc::WRITE_ERROR))?;
+        self.faults.succeeded(self.id);
+        Ok(())
     }
 
     fn len_field(opcode: u8) -> u16 {
@@ -379,8 +397,8 @@ impl Lun {
                     .into())
             }
             Some(Err(e)) => {
-                tracing::warn!(lun = self.id, lba, "backend compare and write failed: {e}");
-                return Err(Fail::Check(io_sense(&e, asc::WRITE_ERROR)));
+                let at = self.offset(lba);
+                return Err(self.backend_failed("compare and write", at, &e, asc::WRITE_ERROR));
             }
             None => {}
         }
@@ -471,7 +489,7 @@ impl Lun {
             }
             result
         };
-        io.map_err(|e| Fail::Check(io_sense(&e, asc::WRITE_ERROR)))?;
+        io.map_err(|e| self.backend_failed("write same", off, &e, asc::WRITE_ERROR))?;
         Done::none()
     }
 
@@ -512,10 +530,11 @@ impl Lun {
                 continue;
             }
             let _range = self.ranges.lock(lba, n, true, task).await?;
+            let at = self.offset(lba);
             self.backend
-                .punch(self.offset(lba), n << self.bs_shift)
+                .punch(at, n << self.bs_shift)
                 .await
-                .map_err(|e| Fail::Check(io_sense(&e, asc::WRITE_ERROR)))?;
+                .map_err(|e| self.backend_failed("unmap", at, &e, asc::WRITE_ERROR))?;
         }
         Done::none()
     }
@@ -538,7 +557,9 @@ impl Lun {
                 self.backend
                     .map_status(self.offset(at), (total - at) << self.bs_shift)
                     .await
-                    .map_err(|e| Fail::Check(io_sense(&e, asc::READ_ERROR)))?
+                    .map_err(|e| {
+                        self.backend_failed("mapping status", self.offset(at), &e, asc::READ_ERROR)
+                    })?
             } else {
                 storage::MapRun {
                     mapped: true,
@@ -583,7 +604,7 @@ impl Lun {
         self.backend
             .flush()
             .await
-            .map_err(|e| Fail::Check(io_sense(&e, asc::WRITE_ERROR)))?;
+            .map_err(|e| self.backend_failed("flush", 0, &e, asc::WRITE_ERROR))?;
         Done::none()
     }
 }
