@@ -1,0 +1,224 @@
+# Scenario: one LUN through two ironsan gateways (two target processes on the host serving one
+# shared file with the same identity), seen by the guest's dm-multipath as one device. fio with
+# crc32c verify runs on the multipath device while gateway A is killed with kill -9 and later
+# restarted: fio must see no error and verify every block, the path through A must come back,
+# and no I/O error may reach the block layer above dm-multipath.
+KP_DEFAULT_KIND=ironsan
+KP_TIMEOUT=900
+host_available() { ironsan_target_available; }
+
+MPATH_IQN_SUFFIX=mpath
+
+guest_main() {
+  IQN=$KP_IQN_PREFIX:$MPATH_IQN_SUFFIX
+  start_iscsid
+  step "host: gateways A and B for $IQN"
+  if ! host_call mpath_start; then
+    bad "the gateways did not start"
+    finish
+    return
+  fi
+  port_b=$(sed -n 's/^port_b=//p' "$HOST_OUT")
+  A=10.0.2.2:$KP_HOST_PORT
+  B=10.0.2.2:$port_b
+  mpath_daemons || {
+    finish
+    return
+  }
+  for p in "$A" "$B"; do
+    check "discovery through $p lists $IQN" discover "$p" "$IQN"
+    iscsiadm -m node -o new -T "$IQN" -p "$p" >/dev/null
+    # dm-multipath takes over recovery: a path whose session is down fails over after 5 s
+    # instead of holding I/O for the single-path default.
+    node_set "$p" "$IQN" node.session.timeo.replacement_timeout 5
+    check "login through $p" login "$p" "$IQN"
+  done
+  if ! session_disks "$IQN" 2 >/tmp/lun-disks; then
+    bad "two paths attached"
+    mpath_end
+    return
+  fi
+  while read -r lun dev; do
+    slow_guest_timeouts "$dev"
+  done </tmp/lun-disks
+  map=$(mpath_map) || {
+    bad "one multipath map over both paths"
+    multipath -ll 2>&1 | sed 's/^/  /'
+    mpath_end
+    return
+  }
+  ok "one multipath map over both paths: /dev/mapper/$map"
+  multipath -ll 2>&1 | sed 's/^/  /'
+  step "fio with crc32c verify through /dev/mapper/$map while gateway A dies and returns"
+  fio --name=kp-mpath --filename=/dev/mapper/$map --direct=1 --ioengine=libaio --iodepth=8 \
+    --rw=randwrite --bssplit=4k/40:64k/40:256k/20 --blockalign=4k --size=96m --offset=0 \
+    --verify=crc32c --verify_fatal=1 --do_verify=1 --verify_backlog=0 --rate=,4m \
+    --output-format=json --output=/tmp/fio-mpath.json >/tmp/fio-mpath.out 2>&1 &
+  fio_pid=$!
+  sleep 8
+  host_call mpath_kill a
+  sleep 15
+  mpath_paths "after A died" | sed 's/^/  /'
+  host_call mpath_restart a
+  wait $fio_pid
+  rc=$?
+  check "fio exit status 0" test $rc -eq 0
+  python3 - /tmp/fio-mpath.json 96 <<'PY'
+import json, sys
+job = json.load(open(sys.argv[1]))["jobs"][0]
+w, r = job["write"], job["read"]
+print(f"  fio: wrote {w['io_bytes']} B, verify read {r['io_bytes']} B, errors {job['error']}")
+sys.exit(0 if job["error"] == 0 and w["io_bytes"] == int(sys.argv[2]) << 20 and r["io_bytes"] == w["io_bytes"] else 1)
+PY
+  if [ $? -eq 0 ]; then ok "fio wrote 96 MiB across the failover and verified all of it"; else
+    bad "fio JSON check"
+    sed 's/^/  /' /tmp/fio-mpath.out | tail -20
+  fi
+  step "the path through A comes back"
+  i=0
+  while [ $i -lt 60 ] && [ "$(mpath_active_paths "$map")" -lt 2 ]; do
+    sleep 1
+    i=$((i + 1))
+  done
+  check "both paths active again" test "$(mpath_active_paths "$map")" -ge 2
+  multipath -ll 2>&1 | sed 's/^/  /'
+  dmesg | grep -E 'I/O error|Buffer I/O|critical|blk_update_request' | grep -E 'dm-' >/tmp/mpath-errors
+  check "no I/O error on the multipath device in dmesg" test ! -s /tmp/mpath-errors
+  sed 's/^/  /' /tmp/mpath-errors
+  dmesg | grep -E 'multipath|alua|device-mapper' | tail -15 | sed 's/^/  dmesg| /'
+  mpath_end
+}
+
+# mpath_daemons: udevd (multipathd learns about paths from its events), dm-multipath and the
+# ALUA device handler, multipath.conf with the settings the docs give a host, multipathd.
+mpath_daemons() {
+  step "udevd, dm-multipath, multipathd"
+  for m in dm_multipath dm_round_robin scsi_dh_alua; do check "modprobe $m" modprobe $m; done
+  mkdir -p /run/udev /etc/multipath
+  /lib/systemd/systemd-udevd --daemon >/tmp/udevd.log 2>&1
+  udevadm trigger --action=add >/dev/null 2>&1
+  udevadm settle -t 20
+  cat >/etc/multipath.conf <<'EOF'
+defaults {
+  user_friendly_names yes
+  find_multipaths no
+}
+devices {
+  device {
+    vendor "IRONSAN"
+    product ".*"
+    path_grouping_policy failover
+    path_checker tur
+    failback immediate
+    no_path_retry queue
+  }
+}
+EOF
+  multipathd -s >/tmp/multipathd.log 2>&1
+  i=0
+  while [ $i -lt 50 ] && ! multipathd show daemon >/dev/null 2>&1; do
+    sleep 0.2
+    i=$((i + 1))
+  done
+  if multipathd show daemon >/dev/null 2>&1; then ok "multipathd runs: $(multipathd show daemon)"; else
+    bad "multipathd did not start"
+    sed 's/^/  /' /tmp/multipathd.log | tail -10
+    return 1
+  fi
+}
+
+# mpath_map: the name of the one map with two paths (bounded wait).
+mpath_map() {
+  i=0
+  while [ $i -lt 60 ]; do
+    multipath -r >/dev/null 2>&1
+    name=$(multipathd show maps raw format '%n %N' 2>/dev/null | awk '$2 >= 2 {print $1; exit}')
+    if [ -n "$name" ] && [ -b "/dev/mapper/$name" ]; then
+      echo "$name"
+      return 0
+    fi
+    sleep 1
+    i=$((i + 1))
+  done
+  return 1
+}
+
+# mpath_paths LABEL: multipathd's view of every path.
+mpath_paths() {
+  echo "$1:"
+  multipathd show paths raw format '%d %t %T %s %p' 2>/dev/null
+}
+
+# mpath_active_paths MAP: how many of MAP's paths are up and running.
+mpath_active_paths() {
+  multipathd show paths raw format '%m %t %T' 2>/dev/null | awk -v m="$1" '$1 == m && $2 == "active" && $3 == "ready"' | wc -l
+}
+
+mpath_end() {
+  iscsiadm -m node --logoutall=all >/dev/null 2>&1
+  multipath -F >/dev/null 2>&1
+  multipathd shutdown >/dev/null 2>&1
+  udevadm control --exit >/dev/null 2>&1
+  host_call mpath_stop
+}
+
+# ---------------------------------------------------------------- host side
+# The two gateways' configuration: one target name, one LUN on a shared file, the same serial
+# and NAA, so that the host sees one logical unit behind two portals.
+mpath_conf() {
+  local gw=$1 port=$2 conf=$KP_RUN/host/mpath-$1.toml
+  cat >"$conf" <<EOF
+portals = ["127.0.0.1:$port"]
+
+[[target]]
+name = "$KP_IQN_PREFIX:$MPATH_IQN_SUFFIX"
+
+[target.lun.0]
+size = "256MiB"
+backend = { type = "file", path = "$KP_RUN/host/mpath-lun0.img", create = true }
+serial = "mpath-lun0"
+wwn = "0x500140512345678a"
+EOF
+  echo "$conf"
+}
+
+mpath_gateway_start() {
+  local gw=$1 port=$2 conf
+  conf=$(mpath_conf "$gw" "$port")
+  export IRONSAN_LOG=${IRONSAN_LOG:-info}
+  spawn "gw-$gw" "$IRONSAN" target --config "$conf"
+  wait_for 15 listening "$port" || {
+    echo "gateway $gw is not listening on 127.0.0.1:$port:"
+    tail -20 "$KP_RUN/host/gw-$gw.log"
+    return 1
+  }
+  echo "gateway $gw serving on 127.0.0.1:$port"
+}
+
+host_mpath_start() {
+  local port_b
+  rm -f "$KP_RUN/host/mpath-lun0.img"
+  port_b=$(free_port) || return 1
+  echo "$port_b" >"$KP_RUN/host/mpath-port-b"
+  mpath_gateway_start a "$KP_HOST_PORT" && mpath_gateway_start b "$port_b" || return 1
+  echo "port_b=$port_b"
+}
+
+# mpath_kill GW: kill -9, as a crashed gateway.
+host_mpath_kill() {
+  local f=$KP_RUN/pids/gw-$1.pid
+  [[ -f $f ]] || return 1
+  kill -9 "$(cat "$f")" && rm -f "$f"
+  echo "gateway $1 killed"
+}
+
+host_mpath_restart() {
+  local port=$KP_HOST_PORT
+  [[ $1 == b ]] && port=$(cat "$KP_RUN/host/mpath-port-b")
+  mpath_gateway_start "$1" "$port"
+}
+
+host_mpath_stop() {
+  stop gw-a
+  stop gw-b
+}
