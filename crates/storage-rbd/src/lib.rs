@@ -479,22 +479,13 @@ impl Shared {
 }
 
 impl Handles {
-    /// Records that this client was found blocklisted: one log line, and the backend starts
-    /// watching for the entry's removal ([`owner::watch_blocklist`]).
+    /// Records that this client was found blocklisted: the backend logs it once and starts
+    /// watching for the entry's removal ([`owner::watch_blocklist`], on a thread of its own:
+    /// this may run on librbd's callback thread).
     fn note_fenced(&self) {
-        if self.fenced.swap(true, Ordering::AcqRel) {
-            return;
+        if !self.fenced.swap(true, Ordering::AcqRel) {
+            owner::watch_blocklist(self.shared.clone(), self.addr.clone());
         }
-        let Some(shared) = self.shared.upgrade() else {
-            return;
-        };
-        tracing::error!(
-            image = %shared.spec.display_name(),
-            client = %self.addr,
-            "this gateway was FENCED: another gateway broke its exclusive lock and the cluster blocklisted this client; its I/O fails until it reconnects (RbdOwner::recover, or by itself once `ceph osd blocklist rm {}` removes the entry or it expires)",
-            self.addr
-        );
-        owner::watch_blocklist(Arc::downgrade(&shared), self.addr.clone());
     }
 }
 

@@ -200,13 +200,22 @@ fn blocklisted(api: &Api, cluster: RadosT, addr: &str) -> io::Result<bool> {
         .any(|l| l.split_whitespace().next().map(bare) == Some(want)))
 }
 
-/// Watches a fenced client's blocklist entry, every [`RECOVER_CHECK_SECS`], and recovers the
-/// backend once it is gone; ends early when the backend is dropped or recovered otherwise.
+/// Logs that the client `addr` is fenced (the one line saying so), then watches its
+/// blocklist entry every [`RECOVER_CHECK_SECS`] and recovers the backend once it is gone;
+/// ends early when the backend is dropped or recovered otherwise.
 pub(crate) fn watch_blocklist(shared: Weak<Shared>, addr: String) {
     let client = addr.clone();
     let spawned = std::thread::Builder::new()
         .name("rbd-fenced".into())
         .spawn(move || {
+            match shared.upgrade() {
+                Some(sh) => tracing::error!(
+                    image = %sh.spec.display_name(),
+                    client = %addr,
+                    "this gateway was FENCED: another gateway broke its exclusive lock and the cluster blocklisted this client; its I/O fails until it reconnects (RbdOwner::recover, or by itself once `ceph osd blocklist rm {addr}` removes the entry or it expires)"
+                ),
+                None => return,
+            }
             let rounds = RECOVER_CHECK_FOR.as_secs() / RECOVER_CHECK_SECS;
             for _ in 0..rounds {
                 std::thread::sleep(Duration::from_secs(RECOVER_CHECK_SECS));
@@ -236,7 +245,7 @@ pub(crate) fn watch_blocklist(shared: Weak<Shared>, addr: String) {
             }
         });
     if let Err(e) = spawned {
-        tracing::warn!(client = %client, "no thread to watch the blocklist entry ({e}): recover by hand");
+        tracing::error!(client = %client, "this gateway was FENCED (its client is blocklisted) and no thread watches the entry ({e}): RbdOwner::recover brings it back");
     }
 }
 
