@@ -12,6 +12,14 @@ pub type RbdImageT = *mut c_void;
 pub type RbdCompletionT = *mut c_void;
 pub type RbdCallbackT = unsafe extern "C" fn(c: RbdCompletionT, arg: *mut c_void);
 pub type RbdUpdateCallbackT = unsafe extern "C" fn(arg: *mut c_void);
+pub type RadosWriteOpT = *mut c_void;
+pub type RadosReadOpT = *mut c_void;
+
+/// librbd.h's `RBD_LOCK_MODE_EXCLUSIVE` (`rbd_lock_mode_t`).
+pub const RBD_LOCK_MODE_EXCLUSIVE: c_int = 0;
+/// librados.h's `LIBRADOS_CREATE_EXCLUSIVE`: `rados_write_op_create` fails (EEXIST) when the
+/// object exists.
+pub const LIBRADOS_CREATE_EXCLUSIVE: c_int = 1;
 
 /// The library names the backend loads (the sonames Debian's librados2 and librbd1 ship).
 pub const RADOS_LIB: &str = "librados.so.2";
@@ -59,6 +67,10 @@ pub struct Api {
     pub rbd_update_watch:
         unsafe extern "C" fn(RbdImageT, *mut u64, RbdUpdateCallbackT, *mut c_void) -> c_int,
     pub rbd_update_unwatch: unsafe extern "C" fn(RbdImageT, u64) -> c_int,
+    /// The image's managed exclusive lock (module `owner`).
+    pub lock: Lock,
+    /// Compare-and-swap of one object (module `blob`).
+    pub objects: Objects,
     /// Completion by event notification, when this librbd has it (see [`Events`]).
     pub events: Option<Events>,
     _rados: Library,
@@ -73,6 +85,60 @@ pub struct Events {
     pub rbd_set_image_notification: unsafe extern "C" fn(RbdImageT, c_int, c_int) -> c_int,
     pub rbd_poll_io_events: unsafe extern "C" fn(RbdImageT, *mut RbdCompletionT, c_int) -> c_int,
     pub rbd_aio_get_arg: unsafe extern "C" fn(RbdCompletionT) -> *mut c_void,
+}
+
+/// librbd's managed exclusive lock and what fencing needs of librados: the lock owners are
+/// named by their clients' addresses, which `rados_getaddrs` gives for this client.
+#[derive(Clone, Copy)]
+pub struct Lock {
+    pub rbd_is_exclusive_lock_owner: unsafe extern "C" fn(RbdImageT, *mut c_int) -> c_int,
+    pub rbd_lock_acquire: unsafe extern "C" fn(RbdImageT, c_int) -> c_int,
+    pub rbd_lock_release: unsafe extern "C" fn(RbdImageT) -> c_int,
+    pub rbd_lock_get_owners:
+        unsafe extern "C" fn(RbdImageT, *mut c_int, *mut *mut c_char, *mut usize) -> c_int,
+    pub rbd_lock_get_owners_cleanup: unsafe extern "C" fn(*mut *mut c_char, usize),
+    pub rbd_lock_break: unsafe extern "C" fn(RbdImageT, c_int, *const c_char) -> c_int,
+    pub rados_getaddrs: unsafe extern "C" fn(RadosT, *mut *mut c_char) -> c_int,
+    pub rados_buffer_free: unsafe extern "C" fn(*mut c_char),
+    #[allow(clippy::type_complexity)]
+    pub rados_mon_command: unsafe extern "C" fn(
+        RadosT,
+        *const *const c_char,
+        usize,
+        *const c_char,
+        usize,
+        *mut *mut c_char,
+        *mut usize,
+        *mut *mut c_char,
+        *mut usize,
+    ) -> c_int,
+}
+
+/// librados' compound object operations, for a record replaced by compare-and-swap on the
+/// object's version.
+#[derive(Clone, Copy)]
+pub struct Objects {
+    pub rados_create_write_op: unsafe extern "C" fn() -> RadosWriteOpT,
+    pub rados_release_write_op: unsafe extern "C" fn(RadosWriteOpT),
+    pub rados_write_op_assert_version: unsafe extern "C" fn(RadosWriteOpT, u64),
+    pub rados_write_op_create: unsafe extern "C" fn(RadosWriteOpT, c_int, *const c_char),
+    pub rados_write_op_write_full: unsafe extern "C" fn(RadosWriteOpT, *const c_char, usize),
+    pub rados_write_op_operate: unsafe extern "C" fn(
+        RadosWriteOpT,
+        RadosIoctxT,
+        *const c_char,
+        *mut libc::time_t,
+        c_int,
+    ) -> c_int,
+    pub rados_create_read_op: unsafe extern "C" fn() -> RadosReadOpT,
+    pub rados_release_read_op: unsafe extern "C" fn(RadosReadOpT),
+    pub rados_read_op_stat:
+        unsafe extern "C" fn(RadosReadOpT, *mut u64, *mut libc::time_t, *mut c_int),
+    pub rados_read_op_read:
+        unsafe extern "C" fn(RadosReadOpT, u64, usize, *mut c_char, *mut usize, *mut c_int),
+    pub rados_read_op_operate:
+        unsafe extern "C" fn(RadosReadOpT, RadosIoctxT, *const c_char, c_int) -> c_int,
+    pub rados_get_last_version: unsafe extern "C" fn(RadosIoctxT) -> u64,
 }
 
 /// `rbd_set_image_notification`'s type for an eventfd (librbd.h's `EVENT_TYPE_EVENTFD`).
@@ -129,6 +195,35 @@ impl Api {
                 rbd_aio_compare_and_write: sym(&rbd_lib, "rbd_aio_compare_and_write", rbd)?,
                 rbd_update_watch: sym(&rbd_lib, "rbd_update_watch", rbd)?,
                 rbd_update_unwatch: sym(&rbd_lib, "rbd_update_unwatch", rbd)?,
+                lock: Lock {
+                    rbd_is_exclusive_lock_owner: sym(&rbd_lib, "rbd_is_exclusive_lock_owner", rbd)?,
+                    rbd_lock_acquire: sym(&rbd_lib, "rbd_lock_acquire", rbd)?,
+                    rbd_lock_release: sym(&rbd_lib, "rbd_lock_release", rbd)?,
+                    rbd_lock_get_owners: sym(&rbd_lib, "rbd_lock_get_owners", rbd)?,
+                    rbd_lock_get_owners_cleanup: sym(&rbd_lib, "rbd_lock_get_owners_cleanup", rbd)?,
+                    rbd_lock_break: sym(&rbd_lib, "rbd_lock_break", rbd)?,
+                    rados_getaddrs: sym(&rados_lib, "rados_getaddrs", rados)?,
+                    rados_buffer_free: sym(&rados_lib, "rados_buffer_free", rados)?,
+                    rados_mon_command: sym(&rados_lib, "rados_mon_command", rados)?,
+                },
+                objects: Objects {
+                    rados_create_write_op: sym(&rados_lib, "rados_create_write_op", rados)?,
+                    rados_release_write_op: sym(&rados_lib, "rados_release_write_op", rados)?,
+                    rados_write_op_assert_version: sym(
+                        &rados_lib,
+                        "rados_write_op_assert_version",
+                        rados,
+                    )?,
+                    rados_write_op_create: sym(&rados_lib, "rados_write_op_create", rados)?,
+                    rados_write_op_write_full: sym(&rados_lib, "rados_write_op_write_full", rados)?,
+                    rados_write_op_operate: sym(&rados_lib, "rados_write_op_operate", rados)?,
+                    rados_create_read_op: sym(&rados_lib, "rados_create_read_op", rados)?,
+                    rados_release_read_op: sym(&rados_lib, "rados_release_read_op", rados)?,
+                    rados_read_op_stat: sym(&rados_lib, "rados_read_op_stat", rados)?,
+                    rados_read_op_read: sym(&rados_lib, "rados_read_op_read", rados)?,
+                    rados_read_op_operate: sym(&rados_lib, "rados_read_op_operate", rados)?,
+                    rados_get_last_version: sym(&rados_lib, "rados_get_last_version", rados)?,
+                },
                 // Optional: without them, completions come by callback only.
                 events: (|| {
                     Ok::<_, String>(Events {

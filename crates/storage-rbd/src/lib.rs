@@ -13,23 +13,38 @@
 //! is a write and then an `rbd_aio_flush` (librbd's cache acknowledges writes before they
 //! are durable). A resize of the image by anyone (seen through `rbd_update_watch`) changes
 //! [`Backend::size`].
+//!
+//! Several gateways may serve one image. Which one writes is decided by the image's
+//! exclusive lock in librbd's managed mode ([`RbdOwner`], the backend's
+//! [`Backend::exclusive_owner`]): a gateway that takes over breaks the owner's lock, which
+//! blocklists the owner's RADOS client (fencing it), so writes it still had in flight can
+//! never land after the new owner's. A fenced gateway's I/O fails with an error
+//! [`is_fenced`] recognises (one log line); it serves again on a new client once asked
+//! ([`RbdOwner::recover`]) or once its blocklist entry is gone. The gateways keep a small
+//! shared record (persistent reservations) in a RADOS object beside the image, replaced by
+//! compare-and-swap ([`RadosBlob`], the backend's [`Backend::shared_state`]).
 
+mod blob;
 pub mod ffi;
+mod owner;
 mod reap;
 
 use std::ffi::{c_int, c_void, CString};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, OnceLock, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
-use storage::{Backend, MapRun};
+use storage::{Backend, ExclusiveOwner, MapRun, SharedBlob};
 use tokio::sync::oneshot;
 
 use ffi::{Api, RadosIoctxT, RadosT, RbdCompletionT, RbdImageT};
+
+pub use blob::RadosBlob;
+pub use owner::{is_fenced, RbdOwner, RECOVER_CHECK_SECS};
 
 /// Where an RBD LUN's image is, as configured
 /// (`backend = { type = "rbd", pool = "rbd", image = "disk1" }`).
@@ -98,6 +113,12 @@ struct Handles {
     image: RbdImageT,
     /// The eventfd reaper, when completions come that way (else by callback).
     reaper: Option<reap::Reaper>,
+    /// This client's address, which names it as a lock owner (and in the blocklist).
+    addr: String,
+    /// Set when an operation found this client blocklisted (fenced): logged once.
+    fenced: AtomicBool,
+    /// The backend's shared state, told when this client is found fenced.
+    shared: Weak<Shared>,
 }
 
 // SAFETY: librados and librbd handles may be used from any thread, and librbd's C API is
@@ -143,7 +164,12 @@ fn errno(ret: i64) -> io::Error {
 }
 
 /// Connects to the cluster of `spec` and opens (or creates) its image.
-fn connect(api: &'static Api, spec: &RbdSpec, size: Option<u64>) -> io::Result<Handles> {
+fn connect(
+    api: &'static Api,
+    spec: &RbdSpec,
+    size: Option<u64>,
+    shared: Weak<Shared>,
+) -> io::Result<Handles> {
     let name = spec.display_name();
     let err = |what: String, ret: c_int| {
         let e = errno(ret as i64);
@@ -155,6 +181,9 @@ fn connect(api: &'static Api, spec: &RbdSpec, size: Option<u64>) -> io::Result<H
         ioctx: std::ptr::null_mut(),
         image: std::ptr::null_mut(),
         reaper: None,
+        addr: String::new(),
+        fenced: AtomicBool::new(false),
+        shared,
     };
     let user = spec
         .user
@@ -192,6 +221,9 @@ fn connect(api: &'static Api, spec: &RbdSpec, size: Option<u64>) -> io::Result<H
         ("rados_osd_op_timeout", OP_TIMEOUT_SECS.to_string()),
         // Unmapped ranges must read back as zeroes, however small the discard.
         ("rbd_skip_partial_discard", "false".to_string()),
+        // Breaking another gateway's exclusive lock fences it (module `owner`), whatever
+        // the configuration file says.
+        ("rbd_blocklist_on_break_lock", "true".to_string()),
     ];
     for (key, value) in settings {
         let (k, v) = (cstring("option", key)?, cstring("value", &value)?);
@@ -214,6 +246,8 @@ fn connect(api: &'static Api, spec: &RbdSpec, size: Option<u64>) -> io::Result<H
             ),
         ));
     }
+    h.addr = owner::client_addr(api, h.cluster)
+        .map_err(|e| io::Error::new(e.kind(), format!("rbd image {name}: {e}")))?;
     // SAFETY: a connected cluster handle, a NUL-terminated pool name, an out-pointer.
     let r = unsafe { (api.rados_ioctx_create)(h.cluster, pool.as_ptr(), &mut h.ioctx) };
     if r < 0 {
@@ -355,6 +389,9 @@ fn complete(ctx: OpContext, ret: isize) {
         handles,
         mismatch,
     } = ctx;
+    if ret == -(libc::ESHUTDOWN as isize) {
+        handles.note_fenced();
+    }
     // The awaiting task may be gone (aborted command): the result is then dropped.
     let _ = tx.send(Completed { ret, buf, mismatch });
     // When this operation holds the last reference (its backend was dropped while it ran),
@@ -376,11 +413,80 @@ const COMPLETION_WAIT: Duration = Duration::from_secs(2 * OP_TIMEOUT_SECS + 5);
 
 /// A RBD image serving as a LUN's backend.
 pub struct RbdBackend {
+    shared: Arc<Shared>,
+}
+
+/// What the backend, its [`RbdOwner`] and its [`RadosBlob`] share: the image's connection,
+/// replaced when a fenced gateway reconnects.
+struct Shared {
+    api: &'static Api,
     spec: RbdSpec,
-    /// The open image, once the cluster was reached (until then the LUN is NOT READY).
-    conn: Arc<OnceLock<Connection>>,
+    /// The configured size, if any.
+    want: Option<u64>,
+    /// The open image, once the cluster was reached (until then the LUN is NOT READY); a
+    /// new one after [`RbdOwner::recover`].
+    conn: RwLock<Option<Arc<Connection>>>,
+    /// Held while a connection is replaced, so that two recoveries never race.
+    reconnecting: Mutex<()>,
     /// The LUN's size in bytes, updated when a resize of the image is seen.
     size: Arc<AtomicU64>,
+    /// The client addresses this gateway had, the current one last ([`RbdOwner`]'s id).
+    ids: owner::Ids,
+}
+
+impl Shared {
+    /// The current connection, or the error a command meets while the cluster was never
+    /// reached.
+    fn connection(&self) -> io::Result<Arc<Connection>> {
+        match &*self.conn.read().unwrap_or_else(|e| e.into_inner()) {
+            Some(c) => Ok(c.clone()),
+            None => Err(io::Error::new(
+                io::ErrorKind::NotConnected,
+                format!(
+                    "rbd image {}: cluster not reached yet",
+                    self.spec.display_name()
+                ),
+            )),
+        }
+    }
+
+    /// Makes `conn` the current connection (dropping the one it replaces, if any).
+    fn install(&self, conn: Connection) {
+        self.ids.push(&conn.handles.addr);
+        let old = self
+            .conn
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace(Arc::new(conn));
+        drop(old);
+    }
+
+    /// The error an operation that librbd failed with `ret` returns: fencing and a write
+    /// refused to a non-owner get errors of their own (see [`is_fenced`]).
+    fn op_error(&self, ret: i64) -> io::Error {
+        match -ret as i32 {
+            libc::ESHUTDOWN => owner::fenced_error(&self.spec),
+            libc::EROFS => io::Error::new(
+                io::ErrorKind::ReadOnlyFilesystem,
+                format!(
+                    "rbd image {}: another gateway holds the image's exclusive lock (this one may not write)",
+                    self.spec.display_name()
+                ),
+            ),
+            _ => errno(ret),
+        }
+    }
+}
+
+impl Handles {
+    /// Records that this client was found blocklisted: the backend logs it once and starts
+    /// watching for the entry's removal ([`owner::watch_blocklist`], on a thread of its own:
+    /// this may run on librbd's callback thread).
+    fn note_fenced(&self) {
+        if !self.fenced.swap(true, Ordering::AcqRel) {
+            owner::watch_blocklist(self.shared.clone(), self.addr.clone());
+        }
+    }
 }
 
 /// An open image and its update watch.
@@ -443,8 +549,9 @@ impl Connection {
         spec: &RbdSpec,
         size: Option<u64>,
         lun_size: &Arc<AtomicU64>,
+        shared: Weak<Shared>,
     ) -> io::Result<Connection> {
-        let handles = Arc::new(connect(api, spec, size)?);
+        let handles = Arc::new(connect(api, spec, size, shared)?);
         let image_bytes = image_size(&handles)?;
         let bytes = match size {
             Some(want) if want > image_bytes => {
@@ -512,54 +619,54 @@ impl RbdBackend {
     /// [`RETRY_SECS`] until it connects or the backend is dropped.
     pub fn open(spec: &RbdSpec, size: Option<u64>) -> io::Result<RbdBackend> {
         let api = Api::get().map_err(|e| io::Error::new(io::ErrorKind::Unsupported, e))?;
-        let lun_size = Arc::new(AtomicU64::new(size.unwrap_or(UNKNOWN_SIZE)));
-        let conn = Arc::new(OnceLock::new());
-        match Connection::open(api, spec, size, &lun_size) {
-            Ok(c) => {
-                let _ = conn.set(c);
-            }
+        let shared = Arc::new(Shared {
+            api,
+            spec: spec.clone(),
+            want: size,
+            conn: RwLock::new(None),
+            reconnecting: Mutex::new(()),
+            size: Arc::new(AtomicU64::new(size.unwrap_or(UNKNOWN_SIZE))),
+            ids: owner::Ids::default(),
+        });
+        match Connection::open(api, spec, size, &shared.size, Arc::downgrade(&shared)) {
+            Ok(c) => shared.install(c),
             Err(e) if e.kind() == io::ErrorKind::NotConnected => {
                 tracing::warn!(
                     "{e}: the LUN is NOT READY until it connects; retrying every {RETRY_SECS} s"
                 );
-                retry_in_background(
-                    api,
-                    spec.clone(),
-                    size,
-                    Arc::downgrade(&conn),
-                    lun_size.clone(),
-                )?;
+                retry_in_background(Arc::downgrade(&shared))?;
             }
             Err(e) => return Err(e),
         }
-        Ok(RbdBackend {
-            spec: spec.clone(),
-            conn,
-            size: lun_size,
-        })
+        Ok(RbdBackend { shared })
     }
 
     /// How completions of this backend's I/O are reported (None until the cluster was
     /// reached): `spec.completions`, or callbacks where eventfd completions are unavailable.
     pub fn completions(&self) -> Option<Completions> {
-        self.conn.get().map(|c| match c.handles.reaper {
-            Some(_) => Completions::Eventfd,
-            None => Completions::Callback,
-        })
+        self.shared
+            .connection()
+            .ok()
+            .map(|c| match c.handles.reaper {
+                Some(_) => Completions::Eventfd,
+                None => Completions::Callback,
+            })
+    }
+
+    /// The image's exclusive lock as this gateway holds it ([`Backend::exclusive_owner`]).
+    pub fn owner(&self) -> RbdOwner {
+        RbdOwner::new(self.shared.clone())
+    }
+
+    /// The record beside the image that the gateways serving it share
+    /// ([`Backend::shared_state`]).
+    pub fn blob(&self) -> RadosBlob {
+        RadosBlob::new(self.shared.clone())
     }
 
     /// The open image, or the error a command meets while the cluster was never reached.
-    fn handles(&self) -> io::Result<&Arc<Handles>> {
-        match self.conn.get() {
-            Some(c) => Ok(&c.handles),
-            None => Err(io::Error::new(
-                io::ErrorKind::NotConnected,
-                format!(
-                    "rbd image {}: cluster not reached yet",
-                    self.spec.display_name()
-                ),
-            )),
-        }
+    fn handles(&self) -> io::Result<Arc<Handles>> {
+        Ok(self.shared.connection()?.handles.clone())
     }
 
     /// Starts one AIO (`start` issues it with the completion) owning `buf` until it
@@ -571,7 +678,7 @@ impl RbdBackend {
     ) -> io::Result<Completed> {
         let done = self.wait(self.issue(buf, start)?).await?;
         if done.ret < 0 {
-            return Err(errno(done.ret as i64));
+            return Err(self.shared.op_error(done.ret as i64));
         }
         Ok(done)
     }
@@ -585,7 +692,7 @@ impl RbdBackend {
                 io::ErrorKind::TimedOut,
                 format!(
                     "rbd image {}: no completion within {} s",
-                    self.spec.display_name(),
+                    self.shared.spec.display_name(),
                     COMPLETION_WAIT.as_secs()
                 ),
             )),
@@ -600,6 +707,10 @@ impl RbdBackend {
         start: impl FnOnce(RbdImageT, OpArgs, RbdCompletionT) -> c_int,
     ) -> io::Result<oneshot::Receiver<Completed>> {
         let handles = self.handles()?;
+        if handles.fenced.load(Ordering::Acquire) {
+            // A fenced client is never used again, even should its blocklist entry go.
+            return Err(owner::fenced_error(&self.shared.spec));
+        }
         let api = handles.api;
         let mut buf = buf;
         // The data's address, taken before the buffer moves into the context (moving a
@@ -660,7 +771,10 @@ impl RbdBackend {
             unsafe { (api.rbd_aio_release)(c) };
             // SAFETY: no callback will come, so this is the only owner.
             drop(unsafe { Box::from_raw(ctx) });
-            return Err(errno(r as i64));
+            if r == -libc::ESHUTDOWN {
+                handles.note_fenced();
+            }
+            return Err(self.shared.op_error(r as i64));
         }
         Ok(rx)
     }
@@ -676,27 +790,25 @@ impl RbdBackend {
     }
 }
 
-/// Tries to open the image every [`RETRY_SECS`] until it opens (then sets `conn`) or the
-/// backend is gone (`conn` cannot be upgraded).
-fn retry_in_background(
-    api: &'static Api,
-    spec: RbdSpec,
-    size: Option<u64>,
-    conn: Weak<OnceLock<Connection>>,
-    lun_size: Arc<AtomicU64>,
-) -> io::Result<()> {
-    let name = spec.display_name();
+/// Tries to open the image every [`RETRY_SECS`] until it opens (then installs the
+/// connection, unless a recovery installed one first) or the backend is gone.
+fn retry_in_background(shared: Weak<Shared>) -> io::Result<()> {
     std::thread::Builder::new()
         .name("rbd-connect".into())
         .spawn(move || {
             let mut attempt = 1u64;
             loop {
                 std::thread::sleep(Duration::from_secs(RETRY_SECS));
-                let Some(slot) = conn.upgrade() else { return };
+                let Some(sh) = shared.upgrade() else { return };
+                let name = sh.spec.display_name();
+                let _one = sh.reconnecting.lock().unwrap_or_else(|e| e.into_inner());
+                if sh.connection().is_ok() {
+                    return;
+                }
                 attempt += 1;
-                match Connection::open(api, &spec, size, &lun_size) {
+                match Connection::open(sh.api, &sh.spec, sh.want, &sh.size, shared.clone()) {
                     Ok(c) => {
-                        let _ = slot.set(c);
+                        sh.install(c);
                         tracing::info!(image = %name, attempt, "rbd image open: the LUN is ready");
                         return;
                     }
@@ -721,7 +833,7 @@ fn iovec(ptr: *mut u8, len: usize) -> libc::iovec {
 #[async_trait]
 impl Backend for RbdBackend {
     fn size(&self) -> u64 {
-        self.size.load(Ordering::Acquire)
+        self.shared.size.load(Ordering::Acquire)
     }
 
     fn kind(&self) -> &'static str {
@@ -733,7 +845,15 @@ impl Backend for RbdBackend {
     }
 
     fn ready(&self) -> bool {
-        self.conn.get().is_some()
+        self.shared.connection().is_ok()
+    }
+
+    fn exclusive_owner(&self) -> Option<Arc<dyn ExclusiveOwner>> {
+        Some(Arc::new(self.owner()))
+    }
+
+    fn shared_state(&self) -> Option<Arc<dyn SharedBlob>> {
+        Some(Arc::new(self.blob()))
     }
 
     async fn read_at(&self, offset: u64, len: usize) -> io::Result<Bytes> {
@@ -847,7 +967,7 @@ impl Backend for RbdBackend {
             return None;
         }
         if done.ret < 0 {
-            return Some(Err(errno(done.ret as i64)));
+            return Some(Err(self.shared.op_error(done.ret as i64)));
         }
         if fua {
             if let Err(e) = self.aio_flush().await {

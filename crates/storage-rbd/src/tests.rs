@@ -474,3 +474,5 @@ fn completions_parse_from_a_lun_table() {
     assert_eq!(parse("poll"), None);
     assert_eq!(Completions::default(), Completions::Eventfd);
 }
+
+mod fence;
