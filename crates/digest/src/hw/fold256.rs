@@ -139,13 +139,14 @@ fn combine(acc: [__m256i; ACC]) -> __m128i {
     )
 }
 
-/// One chunk of `steps` steps (`steps * STEP` bytes at `src`) from raw register `reg`; returns
-/// the raw register after it. With `COPY`, every byte read is also stored at the same offset
-/// at `out` (a separate instance, so the loop has no branch on it).
+/// One chunk of `steps` steps with `L` lanes (`steps * (FOLD_STEP + L * LANE_STEP)` bytes at
+/// `src`, the chunk) from raw register `reg`; returns the raw register after it. With `COPY`,
+/// every byte read is also stored at the same offset at `out` (a separate instance, so the loop
+/// has no branch on it).
 ///
 /// # Safety
-/// `1 <= steps <= MAX_STEPS`; `src` readable and, with `COPY`, `out` writable for
-/// `steps * STEP` bytes, not overlapping; AVX2, VPCLMULQDQ, PCLMULQDQ, SSE4.2, SSE4.1.
+/// `1 <= steps <= MAX_STEPS`; `src` readable and, with `COPY`, `out` writable for the chunk's
+/// length, not overlapping; AVX2, VPCLMULQDQ, PCLMULQDQ, SSE4.2, SSE4.1.
 #[target_feature(enable = "avx2,vpclmulqdq,pclmulqdq,sse4.2,sse4.1")]
 unsafe fn chunk<const COPY: bool, const L: usize>(
     reg: u32,
@@ -157,11 +158,12 @@ unsafe fn chunk<const COPY: bool, const L: usize>(
     debug_assert!((1..=MAX_STEPS).contains(&steps));
     let fold_len = steps * FOLD_STEP;
     let lane_len = steps * LANE_STEP;
-    // Every offset named below is < steps * STEP and leaves room for its 32 bytes.
+    // Every offset named below leaves room for its 32 bytes inside the chunk: the folded part
+    // is fold_len bytes, then L lanes of lane_len.
     macro_rules! block {
         ($off:expr) => {{
             let off: usize = $off;
-            // SAFETY: off + 32 <= steps * STEP: readable (the caller's contract).
+            // SAFETY: off + 32 <= fold_len, inside the chunk: readable (the caller's contract).
             let v = unsafe { load_once(src.add(off)) };
             if COPY {
                 // SAFETY: the same 32 bytes of the output, writable and apart from `src`.
@@ -190,7 +192,7 @@ unsafe fn chunk<const COPY: bool, const L: usize>(
             let at = fold_len + l * lane_len + step * LANE_STEP;
             _mm_prefetch::<_MM_HINT_T0>(src.wrapping_add(at + PF).cast());
             for w in 0..LANE_STEP / 8 {
-                // SAFETY: at + LANE_STEP <= steps * STEP: readable.
+                // SAFETY: at + LANE_STEP <= fold_len + (l + 1) * lane_len, inside the chunk.
                 *c = _mm_crc32_u64(*c, unsafe { super::x86::load_word(src.add(at + 8 * w)) });
             }
         }
@@ -213,7 +215,7 @@ unsafe fn chunk<const COPY: bool, const L: usize>(
 }
 
 /// Runs whole chunks over `len` bytes at `src` (storing to `out` with `COPY`) from raw register
-/// `reg`; returns the register and how many bytes that was (all but fewer than `STEP`).
+/// `reg`; returns the register and how many bytes that was (all but less than one step).
 ///
 /// # Safety
 /// As for [`chunk`], for `len` bytes.
