@@ -1,5 +1,5 @@
-//! The hardware path: the CPU's CRC32C instruction, and on x86-64 CPUs with AVX-512 and
-//! VPCLMULQDQ, carry-less-multiply folding for longer buffers.
+//! The hardware path: the CPU's CRC32C instruction, and on x86-64 CPUs with VPCLMULQDQ,
+//! carry-less-multiply folding for longer buffers.
 //!
 //! On x86-64 (SSE4.2 `crc32` + PCLMULQDQ) a buffer is cut into [`STREAMS`] equal blocks whose
 //! CRCs run as independent instruction streams, hiding the instruction's 3-cycle latency; the
@@ -12,18 +12,35 @@
 //! more streams make the CRC alone faster but then the copy can no longer hide under the CRC.
 //! Four is the best point for the fused copy and costs nothing on one-unit cores.
 //!
-//! From [`FOLD_MIN_LEN`] bytes on, where the CPU has AVX-512F and VPCLMULQDQ, [`append`] and
-//! [`copy_append`] fold 64 bytes per 512-bit register with carry-less multiplies instead
-//! (eight registers in flight), which is faster than the `crc32` streams (figures in
-//! docs/performance-notes.md), and the fused copy is one 64-byte store per load. [`append_streams`] keeps the `crc32` streams for comparison.
+//! Longer buffers are folded with carry-less multiplies where the CPU has VPCLMULQDQ, which is
+//! faster than the `crc32` streams (figures in docs/performance-notes.md). Which kernels run is
+//! the [`Path`], chosen once at run time ([`best_path`]) or forced ([`force_path`], for
+//! benchmarks and tests):
+//!
+//! - [`Path::Avx2Fold`] (AVX2 + VPCLMULQDQ, no AVX-512: AMD Zen 3, for one) folds 32 bytes per
+//!   256-bit register from [`AVX2_FOLD_MIN_LEN`] bytes on, with `crc32` streams beside the
+//!   fold for longer buffers; the fused copy is one 32-byte store per load.
+//! - [`Path::Avx512Fold`] (AVX-512F too) folds 64 bytes per 512-bit register from
+//!   [`FOLD_MIN_LEN`] on and uses the 256-bit kernel between the two minimums.
+//!
+//! On every path the copying entry points ([`copy_append`], [`copy_append_uninit`]) run the
+//! fused kernel or a copy followed by the CRC, whichever measured faster for the length.
+//! [`append_streams`] and [`append_with`] keep the other kernels callable for comparison.
 //!
 //! Every function here panics when [`available`] is false; [`crate::crc32c`] picks this path only
 //! when it is.
 
 use std::mem::MaybeUninit;
 
+pub use path::{
+    append_with, best_path, copy_append_uninit_with, copy_append_with, force_path, path, Path,
+};
+
 #[cfg(target_arch = "x86_64")]
 mod fold;
+#[cfg(target_arch = "x86_64")]
+mod fold256;
+mod path;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -34,22 +51,20 @@ mod arm;
 /// without folding).
 pub const STREAMS: usize = 4;
 
-/// Shortest buffer folded with VPCLMULQDQ (two steps of eight 64-byte registers): at 512 B,
-/// one step and the final reduction cost more than the `crc32` streams; from 1 KiB on
-/// folding wins (docs/performance-notes.md).
+/// Shortest buffer folded with 512-bit VPCLMULQDQ on [`Path::Avx512Fold`] (two steps of eight
+/// 64-byte registers): at 512 B one step and the final reduction cost more than the `crc32`
+/// streams; from 1 KiB on folding wins (docs/performance-notes.md).
 pub const FOLD_MIN_LEN: usize = 1024;
 
-/// Whether [`append`] and [`copy_append`] fold buffers of [`FOLD_MIN_LEN`] bytes or more (x86-64
-/// with AVX-512F and VPCLMULQDQ).
+/// Shortest buffer folded with 256-bit VPCLMULQDQ (on [`Path::Avx2Fold`], and below
+/// [`FOLD_MIN_LEN`] on [`Path::Avx512Fold`]): two 256-byte steps. At 384 bytes one step and the
+/// streams for the rest cost more than the streams alone (docs/performance-notes.md).
+pub const AVX2_FOLD_MIN_LEN: usize = 512;
+
+/// Whether [`append`] and [`copy_append`] fold longer buffers: [`path()`] is one of the
+/// folding paths.
 pub fn folding_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        fold::available()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    available() && path() != Path::Streams
 }
 
 /// Whether this CPU can run the hardware path (checked at run time; std caches the answer).
@@ -76,26 +91,12 @@ fn require() {
     );
 }
 
-/// The CRC32C of `previous || data`, given `crc` = the CRC32C of `previous` (0 for none), using
-/// several interleaved streams where the architecture benefits from it.
+/// The CRC32C of `previous || data`, given `crc` = the CRC32C of `previous` (0 for none), on
+/// [`path()`]: the best path this CPU has unless one was forced.
 pub fn append(crc: u32, data: &[u8]) -> u32 {
     require();
-    #[cfg(target_arch = "x86_64")]
-    {
-        if data.len() >= FOLD_MIN_LEN && fold::available() {
-            // SAFETY: `fold::available` checked AVX-512F, VPCLMULQDQ, PCLMULQDQ and SSE4.2.
-            return !unsafe { fold::update(!crc, data) };
-        }
-        // SAFETY: `require` checked that the CPU has SSE4.2 and PCLMULQDQ.
-        return !unsafe { x86::update_nway::<STREAMS>(!crc, data) };
-    }
-    #[cfg(target_arch = "aarch64")]
-    // SAFETY: `require` checked that the CPU has the CRC extension.
-    return !unsafe { arm::update_1way(!crc, data) };
-    #[allow(unreachable_code)]
-    {
-        unreachable!("require() panics on this architecture")
-    }
+    // SAFETY: `path()` is available: the best one, or a forced one `force_path` checked.
+    unsafe { path::append_on(path(), crc, data) }
 }
 
 /// Like [`append`] but with a single dependent instruction stream: the plain way to use the
@@ -181,22 +182,8 @@ pub fn copy_append_uninit(crc: u32, dst: &mut [MaybeUninit<u8>], src: &[u8]) -> 
         "copy_append: dst and src lengths differ"
     );
     require();
-    #[cfg(target_arch = "x86_64")]
-    {
-        if src.len() >= FOLD_MIN_LEN && fold::available() {
-            // SAFETY: `fold::available` checked AVX-512F, VPCLMULQDQ, PCLMULQDQ and SSE4.2.
-            return !unsafe { fold::copy_update(!crc, dst, src) };
-        }
-        // SAFETY: `require` checked that the CPU has SSE4.2 and PCLMULQDQ.
-        return !unsafe { x86::copy_update_nway::<STREAMS>(!crc, dst, src) };
-    }
-    #[cfg(target_arch = "aarch64")]
-    // SAFETY: `require` checked that the CPU has the CRC extension.
-    return !unsafe { arm::copy_update_1way(!crc, dst, src) };
-    #[allow(unreachable_code)]
-    {
-        unreachable!("require() panics on this architecture")
-    }
+    // SAFETY: `path()` is available (as in `append`); the lengths are equal.
+    unsafe { path::copy_append_on(path(), crc, dst, src) }
 }
 
 /// `dst` as possibly-uninitialized bytes, for the copy kernels.

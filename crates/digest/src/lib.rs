@@ -3,9 +3,11 @@
 //! computed separately, and [`copy_with_crc32c`], which copies a buffer and computes its CRC in
 //! one pass for the send and receive paths that copy anyway, and [`SegmentCrcs`] /
 //! [`SegmentedCopy`] for the per-PDU digests of a Data-In sequence computed during a copy. The fastest implementation the CPU
-//! supports is chosen once at run time: the CRC32C instruction in interleaved streams ([`hw`]),
-//! else Slicing-by-8 ([`slicing8`]); Sarwate's byte table ([`sarwate`]) is the reference. The
-//! `bench` crate measures them all.
+//! supports is chosen once at run time: the CRC32C instruction in interleaved streams, with
+//! VPCLMULQDQ folding on 256-bit (AVX2) or 512-bit (AVX-512) registers for longer buffers
+//! ([`hw`], which can also be forced onto a slower path for measurement), else Slicing-by-8
+//! ([`slicing8`]); Sarwate's byte table ([`sarwate`]) is the reference. The `bench` crate
+//! measures them all.
 //!
 //! CRC values here are the finished CRC (initial value and final XOR applied), so
 //! `crc32c(b"123456789") == 0xE3069283`. iSCSI and MPA put them on the wire least significant

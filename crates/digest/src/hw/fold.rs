@@ -45,7 +45,7 @@ const _: () = assert!(MIN_LEN >= STEP);
 
 /// The pair of constants that moves a 128-bit piece forward by `bits`: (for the high-order
 /// lane, for the low-order lane), each in the lane's top 32 bits.
-const fn fold_constants(bits: u64) -> (u64, u64) {
+pub(super) const fn fold_constants(bits: u64) -> (u64, u64) {
     (
         (xpow(64 + bits - 1) as u64) << 32,
         (xpow(bits - 1) as u64) << 32,
@@ -87,7 +87,7 @@ fn fold512(acc: __m512i, k: __m512i, next: __m512i) -> __m512i {
 /// `acc` moved forward by the distance `k` was made for.
 #[inline]
 #[target_feature(enable = "sse2,pclmulqdq")]
-fn fold128(acc: __m128i, k: (u64, u64)) -> __m128i {
+pub(super) fn fold128(acc: __m128i, k: (u64, u64)) -> __m128i {
     let k = _mm_set_epi64x(k.1 as i64, k.0 as i64);
     _mm_xor_si128(
         _mm_clmulepi64_si128(acc, k, 0x00),
@@ -98,7 +98,7 @@ fn fold128(acc: __m128i, k: (u64, u64)) -> __m128i {
 /// The raw register after the 128 bits of `x` (which already carry the incoming register).
 #[inline]
 #[target_feature(enable = "sse4.2,sse4.1")]
-fn reduce128(x: __m128i) -> u32 {
+pub(super) fn reduce128(x: __m128i) -> u32 {
     let first = _mm_cvtsi128_si64(x) as u64;
     let second = _mm_extract_epi64(x, 1) as u64;
     _mm_crc32_u64(_mm_crc32_u64(0, first), second) as u32

@@ -41,7 +41,7 @@ static SHIFT_K: [u32; (MAX_STREAMS - 1) * MAX_STREAM / 8 + 1] = {
 
 #[inline]
 #[target_feature(enable = "sse4.2,pclmulqdq")]
-unsafe fn shift_words(reg: u32, words: usize) -> u32 {
+pub(super) unsafe fn shift_words(reg: u32, words: usize) -> u32 {
     let k = _mm_cvtsi32_si128(SHIFT_K[words] as i32);
     let product = _mm_clmulepi64_si128(_mm_cvtsi32_si128(reg as i32), k, 0x00);
     _mm_crc32_u64(0, _mm_cvtsi128_si64(product) as u64) as u32
@@ -63,7 +63,7 @@ unsafe fn join<const N: usize>(crc: &[u64; N], words: usize) -> u32 {
 ///
 /// Callers guarantee `p..p+8` lies inside one live slice.
 #[inline(always)]
-unsafe fn load_word(p: *const u8) -> u64 {
+pub(super) unsafe fn load_word(p: *const u8) -> u64 {
     u64::from_le(p.cast::<u64>().read_unaligned())
 }
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use bench::crc::{self, Clock, Config, Measurement, Method};
+use digest::hw::Path;
 use report::{format_size, parse_size, Cell, LinePlot, Series, Table, TickLabels};
 
 #[derive(clap::Args)]
@@ -14,7 +15,9 @@ pub struct CrcArgs {
     #[arg(long, value_delimiter = ',', value_parser = parse_size_arg)]
     pub sizes: Vec<usize>,
     /// Methods to measure, comma-separated (default: all this CPU can run): sarwate,
-    /// slicing-by-8, hw-1stream, hw-4stream, hw, copy, copy-then-crc, fused-copy-crc.
+    /// slicing-by-8, hw-1stream, hw-4stream, hw-avx2, hw-avx512, hw, copy, copy-then-crc,
+    /// fused-copy-crc, and per hardware path copy-then-4stream, fused-4stream, copy-then-avx2,
+    /// fused-avx2, copy-then-avx512, fused-avx512.
     #[arg(long, value_delimiter = ',', value_parser = parse_method)]
     pub methods: Vec<Method>,
     /// Timed samples per method and size; the best is reported.
@@ -32,8 +35,13 @@ pub struct CrcArgs {
     /// Draw cycles per byte against buffer size, one line per method, as SVG.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
-    /// Exit with an error unless, at 8 KiB, hardware < slicing-by-8 < Sarwate and the fused
-    /// copy+CRC costs at most 1.1x the CRC alone and less than copy-then-CRC.
+    /// Make digest::crc32c (the hw, copy-then-crc and fused-copy-crc columns) use this hardware
+    /// path instead of the best one: streams, avx2-vpclmul or avx512-vpclmul.
+    #[arg(long, value_parser = parse_path)]
+    pub path: Option<Path>,
+    /// Exit with an error unless, at 8 KiB, hardware < slicing-by-8 < Sarwate, the fused
+    /// copy+CRC costs at most 1.1x the CRC alone, and on every path measured the fused copy
+    /// costs no more than copy-then-CRC.
     #[arg(long)]
     pub check: bool,
     /// Multiply every factor --check allows by this: 1 checks the promise, 2 only guards
@@ -55,6 +63,13 @@ fn parse_method(s: &str) -> Result<Method, String> {
     Method::from_name(s).ok_or_else(|| {
         let names: Vec<&str> = Method::ALL.iter().map(|m| m.name()).collect();
         format!("unknown method {s:?}; one of: {}", names.join(", "))
+    })
+}
+
+fn parse_path(s: &str) -> Result<Path, String> {
+    Path::from_name(s).ok_or_else(|| {
+        let names: Vec<&str> = Path::ALL.iter().map(|p| p.name()).collect();
+        format!("unknown path {s:?}; one of: {}", names.join(", "))
     })
 }
 
@@ -81,6 +96,12 @@ pub fn run(args: CrcArgs) -> anyhow::Result<()> {
         }
         config.methods = args.methods.clone();
     }
+    if let Some(path) = args.path {
+        if !path.available() {
+            bail!("CRC32C path {} not available on this CPU", path.name());
+        }
+        digest::hw::force_path(Some(path));
+    }
     if args.check && !config.sizes.contains(&CHECK_SIZE) {
         config.sizes.push(CHECK_SIZE);
         config.sizes.sort_unstable();
@@ -94,15 +115,7 @@ pub fn run(args: CrcArgs) -> anyhow::Result<()> {
     text.push_str(&format!(
         "CRC32C: digest::crc32c uses the {} path{}; clock: {}\n\n",
         digest::implementation_name(),
-        if digest::hw::folding_available() {
-            format!(
-                " (VPCLMULQDQ folding from {} B, crc32 in {} streams below)",
-                digest::hw::FOLD_MIN_LEN,
-                digest::hw::STREAMS
-            )
-        } else {
-            String::new()
-        },
+        hw_path_note(args.path.is_some()),
         if clock.is_tsc {
             format!(
                 "TSC at {:.3} GHz (measured against the monotonic clock)",
@@ -160,6 +173,28 @@ pub fn run(args: CrcArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Which hardware path the dispatcher runs, and from which length it folds.
+fn hw_path_note(forced: bool) -> String {
+    if !digest::hw::available() {
+        return String::new();
+    }
+    let path = digest::hw::path();
+    let how = if forced { "forced" } else { "the best here" };
+    match path {
+        Path::Streams => format!(
+            " ({}, {how}: crc32 in {} streams)",
+            path.name(),
+            digest::hw::STREAMS
+        ),
+        Path::Avx2Fold | Path::Avx512Fold => format!(
+            " ({}, {how}: VPCLMULQDQ folding from {} B, crc32 in {} streams below)",
+            path.name(),
+            path.fold_min_len(),
+            digest::hw::STREAMS
+        ),
+    }
 }
 
 fn measured_methods(rows: &[Measurement], config: &Config) -> Vec<Method> {
@@ -251,6 +286,18 @@ fn ratio_summary(rows: &[Measurement], size: usize) -> Option<String> {
             out.push_str(&format!(
                 "  fused saves {:.0}% of copy-then-crc\n",
                 100.0 * (1.0 - fused / ctc)
+            ));
+        }
+    }
+    for fused in Method::ALL {
+        let Some(pair) = fused.unfused().filter(|_| fused != Method::FusedCopyCrc) else {
+            continue;
+        };
+        if let (Some(f), Some(p)) = (get(fused), get(pair)) {
+            out.push_str(&format!(
+                "  {:<27} = {:.3}x (bar: <= 1)\n",
+                format!("{} / {}", fused.name(), pair.name()),
+                f / p
             ));
         }
     }
