@@ -85,6 +85,8 @@ pub struct Decoder {
     buf: BytesMut,
     layout: Option<Layout>,
     failed: bool,
+    last_header: [u8; TERM_REQ_MAX_DATA],
+    last_header_len: usize,
 }
 
 fn invalid(fei: u32, what: &'static str) -> PduError {
@@ -99,6 +101,8 @@ impl Decoder {
             buf: BytesMut::with_capacity(COMMON_HEADER_LEN),
             layout: None,
             failed: false,
+            last_header: [0; TERM_REQ_MAX_DATA],
+            last_header_len: 0,
         }
     }
 
@@ -110,6 +114,11 @@ impl Decoder {
     /// Changes the configuration (after the IC exchange); applies from the next PDU.
     pub fn set_config(&mut self, config: DecoderConfig) {
         self.config = config;
+    }
+
+    /// The header (HLEN bytes) of the last PDU decoded, which a TermReq about it carries.
+    pub fn last_header(&self) -> &[u8] {
+        &self.last_header[..self.last_header_len]
     }
 
     /// Bytes of a partial PDU held.
@@ -151,6 +160,9 @@ impl Decoder {
         }
         self.layout = None;
         let pdu = self.buf.split_to(layout.plen).freeze();
+        let n = layout.ty.hlen().min(TERM_REQ_MAX_DATA);
+        self.last_header[..n].copy_from_slice(&pdu[..n]);
+        self.last_header_len = n;
         parse(pdu, &layout)
     }
 

@@ -223,7 +223,10 @@ impl ControllerQueue {
                 Err(DecodeError::Fatal(e)) => Err(e),
                 Err(DecodeError::DataDigest { pdu }) => self.on_digest_error(*pdu, &mut out),
             };
-            if let Err(e) = r {
+            if let Err(mut e) = r {
+                if e.header.is_empty() {
+                    e = e.with_header(self.decoder.last_header());
+                }
                 self.fail(e, &mut out);
             }
         }
