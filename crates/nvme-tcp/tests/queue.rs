@@ -557,3 +557,84 @@ fn pdus_split_anywhere_give_the_same_actions() {
     assert_eq!(a, b);
     assert_eq!(executed(&a).len(), 2);
 }
+
+mod prop {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Host PDUs near the valid ones: commands of each direction with either SGL, H2CData
+    /// with small CIDs, TTAGs and offsets.
+    fn host_pdu() -> impl Strategy<Value = (PduHeader, Vec<u8>)> {
+        prop_oneof![
+            (
+                0u16..4,
+                prop_oneof![Just(nvm::READ), Just(nvm::WRITE), Just(nvm::FLUSH)],
+                0u32..3,
+                any::<bool>()
+            )
+                .prop_map(|(cid, op, blocks, inline)| {
+                    let mut s = Sqe::rw(op, cid, 1, 0, blocks.max(1));
+                    let len = blocks * 512;
+                    let data = if inline && op == nvm::WRITE {
+                        vec![1; len as usize]
+                    } else {
+                        vec![]
+                    };
+                    s.set_sgl(if inline {
+                        SglDescriptor::in_capsule(len)
+                    } else {
+                        SglDescriptor::transport(len)
+                    });
+                    (PduHeader::CapsuleCmd(s), data)
+                }),
+            (0u16..4, 0u16..3, 0u32..3, 1usize..3, any::<bool>()).prop_map(
+                |(cid, ttag, at, n, last)| {
+                    let d = DataHeader {
+                        cid,
+                        ttag,
+                        offset: at * 512,
+                        last,
+                        success: false,
+                    };
+                    (PduHeader::H2CData(d), vec![2; n * 512])
+                }
+            ),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn any_host_sequence_is_answered_with_well_formed_pdus(
+            pdus in proptest::collection::vec(host_pdu(), 0..24),
+            answer in any::<u32>(),
+        ) {
+            let (mut q, mut host) = connect(QueueConfig { max_r2t_len: 512, ..QueueConfig::default() }, true, true);
+            q.set_sq(3, false);
+            for (h, data) in pdus {
+                let actions = q.receive(&host.pdu(h, &data));
+                let closed = actions.iter().any(|a| matches!(a, Action::Close(_)));
+                let (_sent, rest) = host.split(actions);
+                prop_assert!(q.outstanding() <= 3);
+                for a in rest {
+                    if let Action::Execute(c) = a {
+                        let cid = c.sqe.cid();
+                        if answer & (1 << (cid % 32)) != 0 {
+                            let len = c.sqe.sgl().length as usize;
+                            let data = vec![0; len];
+                            for p in q.respond_with_data(Cqe::new(cid, Status::SUCCESS), &[&data]).unwrap_or_default() {
+                                host.decode(&p.to_vec());
+                            }
+                            if c.sqe.opcode() != nvm::READ {
+                                let _ = q.respond(Cqe::new(cid, Status::SUCCESS)).map(|p| host.decode(&p.to_vec()));
+                            }
+                        }
+                    }
+                }
+                if closed {
+                    prop_assert!(!q.is_ready());
+                    break;
+                }
+            }
+        }
+    }
+}
