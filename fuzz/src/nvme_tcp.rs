@@ -126,15 +126,17 @@ fn drive_queue(stream: &[u8], chunk: usize, flow_control_off: bool) {
                         continue;
                     }
                     let cqe = Cqe::new(cid, Status::SUCCESS);
-                    if cmd.sqe.direction() == DataDirection::ControllerToHost {
+                    // A fatal error later in the same input closes the queue, which
+                    // then knows no command; until then every executed command is answered.
+                    let pdus = if cmd.sqe.direction() == DataDirection::ControllerToHost {
                         let n = (cmd.sqe.sgl().length as usize).min(zeros.len());
-                        let pdus = q
-                            .respond_with_data(cqe, &[&zeros[..n]])
-                            .expect("read answer");
-                        sent(&pdus, framing);
+                        q.respond_with_data(cqe, &[&zeros[..n]])
                     } else {
-                        let pdu = q.respond(cqe).expect("answer");
-                        sent(&[pdu], framing);
+                        q.respond(cqe).map(|p| vec![p])
+                    };
+                    match pdus {
+                        Ok(pdus) => sent(&pdus, framing),
+                        Err(e) => assert!(!q.is_ready(), "an executed command refused: {e}"),
                     }
                 }
                 Action::Close(_) => return,
