@@ -16,6 +16,7 @@
 pub mod control_request;
 pub mod input;
 pub mod login;
+pub mod nvme_tcp;
 pub mod osd_unit;
 pub mod scsi_dev;
 pub mod session;
@@ -26,6 +27,7 @@ pub mod wire;
 pub use control_request::control_request;
 pub use input::Input;
 pub use login::{chap, login_initiator, login_target, send_targets, text_keys};
+pub use nvme_tcp::nvme_tcp_pdu;
 pub use osd_unit::osd;
 pub use scsi_dev::scsi;
 pub use session::session_tcp;
@@ -56,6 +58,7 @@ pub const TARGETS: &[(&str, Harness)] = &[
     ("session_core", session_core),
     ("session_tcp", session_tcp),
     ("session_iser", session_iser),
+    ("nvme_tcp_pdu", nvme_tcp_pdu),
 ];
 
 /// The harness of the target called `name`.

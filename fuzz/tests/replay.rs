@@ -190,3 +190,36 @@ fn session_core_seeds_reach_the_core_decisions() {
         assert!(n > 0, "no seed brings a {what}: {sum:?}");
     }
 }
+
+#[test]
+fn nvme_tcp_seeds_reach_the_queues_commands() {
+    use nvme_tcp::pdu::{encode, Framing, IcReq, PduHeader};
+    use nvme_tcp::queue::{Action, ControllerQueue, QueueConfig};
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/nvme_tcp_pdu");
+    let mut best = 0;
+    for file in inputs(&dir) {
+        let data = std::fs::read(&file).expect("readable seed");
+        if data.len() < 2 || data[0] & 8 == 0 {
+            continue;
+        }
+        let opts = data[0];
+        let ic = IcReq {
+            pfv: 0,
+            hpda: opts >> 5,
+            hdgst: opts & 1 != 0,
+            ddgst: opts & 2 != 0,
+            maxr2t: 0,
+        };
+        let mut stream = encode(&PduHeader::IcReq(ic), &[], &Framing::default()).to_vec();
+        stream.extend_from_slice(&data[2..]);
+        let mut q = ControllerQueue::new(QueueConfig::default());
+        let actions = q.receive(&stream);
+        let executed = actions
+            .iter()
+            .filter(|a| matches!(a, Action::Execute(_)))
+            .count();
+        best = best.max(executed);
+    }
+    // Connect, Property Get, two writes, a read and a flush.
+    assert_eq!(best, 6, "no NVMe/TCP seed reaches every command");
+}

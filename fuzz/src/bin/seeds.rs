@@ -460,6 +460,9 @@ fn main() {
         count: BTreeMap::new(),
     };
     scsi_extra(&mut out);
+    for seed in ironsan_fuzz::nvme_tcp::seeds() {
+        out.put("nvme_tcp_pdu", &seed);
+    }
     for input in inputs {
         let path = Path::new(input);
         if input.ends_with(".toml") {
