@@ -189,8 +189,8 @@ impl Device {
         }
         let shared = crate::pr_shared::blob_of(&cfg, &*backend);
         let mut lun = Lun::new(id, cfg, backend, naa, serial, &self.target_name);
-        if let Some(blob) = shared {
-            let (shared, pr) = crate::pr_shared::SharedPr::open(blob).map_err(fail)?;
+        if let Some((blob, file)) = shared {
+            let (shared, pr) = crate::pr_shared::SharedPr::open(blob, file).map_err(fail)?;
             lun = lun.with_shared_pr(shared, pr);
         }
         Ok(Unit::Block(Arc::new(lun)))

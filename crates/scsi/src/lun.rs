@@ -291,7 +291,7 @@ impl Lun {
             r.bidi_read_residual = Some(Residual::Underflow(read_len));
             return r;
         }
-        if self.shared_pr.as_ref().is_some_and(|s| s.stale()) {
+        if self.shared_pr.as_ref().is_some_and(|s| s.due()) {
             self.refresh_shared(dev).await;
         }
         let guard = self.tasks.enter(cmd.nexus, cmd.tag, cmd.attr).await;

@@ -6,12 +6,16 @@
 //! [`crate::pr`] and writes it back with `compare_and_write`, again on a lost race (at most
 //! [`MAX_TRIES`] times); PERSISTENT RESERVE IN answers from a fresh read. The reservation
 //! checks of other commands use the LUN's cached copy, read again by the first command
-//! that finds it older than [`REFRESH`]: a change made through another gateway is enforced
-//! here for every command that starts at least that long after it. The record also logs the
+//! that finds it older than [`REFRESH`] or, for a record in a file, finds the file changed
+//! (a `stat` per command): a change made through another gateway is enforced here for
+//! every command that starts after it completed (a file record) or at least [`REFRESH`]
+//! after (a backend's record, or a file whose `stat` cannot tell, as when two writes in
+//! one timestamp tick reuse an inode and a size). The record also logs the
 //! unit attentions each change owes (the last [`LOG_MAX`]), and each gateway raises those
 //! owed to its own nexuses when it first sees them. Blob calls run on a blocking thread.
 
 use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -226,6 +230,11 @@ pub(crate) struct SharedPr {
     epoch: Instant,
     /// When the cached copy was last read (nanoseconds since `epoch`).
     refreshed: AtomicU64,
+    /// The record's file, when it is one: a command whose `stat` of it differs from
+    /// `stamp` reads the record again at once.
+    file: Option<PathBuf>,
+    /// What `stat` said of `file` just before the cached copy was read.
+    stamp: AtomicU64,
     /// One reader or writer of the record at a time in this gateway, and what it last saw.
     pub seen: tokio::sync::Mutex<Seen>,
 }
@@ -241,7 +250,11 @@ impl std::fmt::Debug for SharedPr {
 impl SharedPr {
     /// Reads the record once (blocking: the LUN is being built) and returns the link with
     /// the state to start from.
-    pub fn open(blob: Arc<dyn SharedBlob>) -> Result<(SharedPr, PrState), String> {
+    pub fn open(
+        blob: Arc<dyn SharedBlob>,
+        file: Option<PathBuf>,
+    ) -> Result<(SharedPr, PrState), String> {
+        let stamp = stamp_of(file.as_deref()).unwrap_or(0);
         let (version, raw) = blob
             .read()
             .map_err(|e| format!("persistent reservations: {e}"))?;
@@ -252,6 +265,8 @@ impl SharedPr {
             blob,
             epoch: Instant::now(),
             refreshed: AtomicU64::new(0),
+            file,
+            stamp: AtomicU64::new(stamp),
             seen: tokio::sync::Mutex::new(Seen {
                 version,
                 seq: rec.seq,
@@ -266,6 +281,14 @@ impl SharedPr {
         now.saturating_sub(self.refreshed.load(Ordering::Acquire)) >= REFRESH.as_nanos() as u64
     }
 
+    /// Whether a command must read the record before it is checked: the cached copy is
+    /// older than [`REFRESH`], or the record's file changed since it was read (a `stat`).
+    pub fn due(&self) -> bool {
+        self.stale()
+            || stamp_of(self.file.as_deref())
+                .is_some_and(|now| now != self.stamp.load(Ordering::Acquire))
+    }
+
     pub fn mark_refreshed(&self) {
         let now = self.epoch.elapsed().as_nanos() as u64;
         self.refreshed.store(now, Ordering::Release);
@@ -273,6 +296,7 @@ impl SharedPr {
 
     /// The record as it is now: its version and contents (on a blocking thread).
     pub async fn read(&self) -> Result<(u64, Record), String> {
+        let stamp = stamp_of(self.file.as_deref());
         let blob = self.blob.clone();
         let (version, raw) = tokio::task::spawn_blocking(move || blob.read())
             .await
@@ -281,6 +305,9 @@ impl SharedPr {
         let rec = Record::decode(&raw).map_err(|e| {
             format!("persistent reservations: corrupt record (version {version}): {e}")
         })?;
+        if let Some(stamp) = stamp {
+            self.stamp.store(stamp, Ordering::Release);
+        }
         Ok((version, rec))
     }
 
@@ -345,13 +372,13 @@ impl Lun {
         }
     }
 
-    /// Reads the shared record again if the cached copy is older than [`REFRESH`] (one
-    /// reader at a time; the others wait for it). A record that cannot be read leaves the
-    /// cached copy in force, and is tried again after the same interval.
+    /// Reads the shared record again when [`SharedPr::due`] (one reader at a time; the
+    /// others wait for it). A record that cannot be read leaves the cached copy in force,
+    /// and is tried again after [`REFRESH`].
     pub(crate) async fn refresh_shared(&self, dev: &dyn DeviceView) {
         let Some(sh) = &self.shared_pr else { return };
         let mut seen = sh.seen.lock().await;
-        if !sh.stale() {
+        if !sh.due() {
             return;
         }
         match sh.read().await {
@@ -435,18 +462,42 @@ impl Lun {
     }
 }
 
-/// The shared record a LUN's reservations live in: the configured file, else the one its
-/// backend offers; `None` keeps them in memory.
+/// The shared record a LUN's reservations live in, and its file when it is one: the
+/// configured file, else the record its backend offers; `None` keeps them in memory.
 pub(crate) fn blob_of(
     cfg: &crate::config::LunConfig,
     backend: &dyn storage::Backend,
-) -> Option<Arc<dyn SharedBlob>> {
+) -> Option<(Arc<dyn SharedBlob>, Option<PathBuf>)> {
     match &cfg.reservations {
-        Some(path) => Some(Arc::new(storage::shared_blob_file::FileBlob::new(
-            path.clone(),
-        ))),
-        None => backend.shared_state(),
+        Some(path) => {
+            let blob = storage::shared_blob_file::FileBlob::new(path.clone());
+            Some((Arc::new(blob), Some(path.clone())))
+        }
+        None => backend.shared_state().map(|b| (b, None)),
     }
+}
+
+/// What `stat` says of the record's file, hashed: a rename over it (every write) changes
+/// its inode, times or size. `None` without a file or when `stat` fails (the interval
+/// then bounds how stale the copy gets); 0 while there is no record yet.
+fn stamp_of(file: Option<&Path>) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let m = match std::fs::metadata(file?) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Some(0),
+        Err(_) => return None,
+    };
+    let fields = [
+        m.dev(),
+        m.ino(),
+        m.size(),
+        m.mtime() as u64,
+        m.mtime_nsec() as u64,
+        m.ctime() as u64,
+        m.ctime_nsec() as u64,
+    ];
+    let bytes: Vec<u8> = fields.iter().flat_map(|f| f.to_be_bytes()).collect();
+    Some(crate::config::stable_hash(&[&bytes]).max(1))
 }
 
 #[cfg(test)]
@@ -543,6 +594,50 @@ mod tests {
         fn arbitrary_bytes_never_panic(raw in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = Record::decode(&raw);
         }
+    }
+
+    fn temp_record(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("ironsan-pr-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.join("lun.pr")
+    }
+
+    fn other_gateway_registers(path: &Path, version: u64) {
+        let mut rec = Record::default();
+        rec.pr.generation = version as u32 + 1;
+        let blob = storage::shared_blob_file::FileBlob::new(path);
+        assert_eq!(
+            blob.compare_and_write(version, &rec.encode()).unwrap(),
+            Some(version + 1)
+        );
+    }
+
+    #[test]
+    fn a_changed_file_is_due_at_once_a_record_without_one_after_the_interval() {
+        let path = temp_record("due");
+        other_gateway_registers(&path, 0);
+        let blob = || Arc::new(storage::shared_blob_file::FileBlob::new(&path));
+        let (with_file, _) = SharedPr::open(blob(), Some(path.clone())).unwrap();
+        let (without, _) = SharedPr::open(blob(), None).unwrap();
+        with_file.mark_refreshed();
+        without.mark_refreshed();
+        assert!(!with_file.due() && !without.due());
+        other_gateway_registers(&path, 1);
+        assert!(with_file.due(), "the file's stat changed");
+        assert!(!without.due(), "nothing tells a record without a file");
+        std::thread::sleep(REFRESH + Duration::from_millis(10));
+        assert!(without.due());
+        // The cost of the per-command check (one stat, the interval not yet passed).
+        with_file.mark_refreshed();
+        let n = 10_000;
+        let t = Instant::now();
+        for _ in 0..n {
+            std::hint::black_box(with_file.due());
+        }
+        let each = t.elapsed() / n;
+        eprintln!("SharedPr::due with a file: {each:?} each");
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
     }
 
     #[test]
