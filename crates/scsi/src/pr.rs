@@ -321,9 +321,9 @@ impl PrState {
                 self.generation = self.generation.wrapping_add(1);
             }
             1 => {
-                if my_key != Some(key) {
+                let Some(m) = mine.as_ref().filter(|m| m.key == key) else {
                     return Err(conflict());
-                }
+                };
                 if scope != 0 {
                     return Err(Sense::invalid_cdb_field(2, Some(7)).into());
                 }
@@ -337,7 +337,6 @@ impl PrState {
                         }
                     }
                     None => {
-                        let m = mine.as_ref().expect("registered: its key matched");
                         self.reservation = Some(Reservation {
                             holder: m.port.clone(),
                             holder_rtp: m.rtp,

@@ -16,7 +16,7 @@
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -235,6 +235,8 @@ pub(crate) struct SharedPr {
     file: Option<PathBuf>,
     /// What `stat` said of `file` just before the cached copy was read.
     stamp: AtomicU64,
+    /// The last re-read failed (logged once until one succeeds).
+    failing: AtomicBool,
     /// One reader or writer of the record at a time in this gateway, and what it last saw.
     pub seen: tokio::sync::Mutex<Seen>,
 }
@@ -267,6 +269,7 @@ impl SharedPr {
             refreshed: AtomicU64::new(0),
             file,
             stamp: AtomicU64::new(stamp),
+            failing: AtomicBool::new(false),
             seen: tokio::sync::Mutex::new(Seen {
                 version,
                 seq: rec.seq,
@@ -381,18 +384,28 @@ impl Lun {
         if !sh.due() {
             return;
         }
-        match sh.read().await {
+        let read = sh.read().await;
+        let failing = read.is_err();
+        match read {
             Ok((version, rec)) if version != seen.version => {
                 self.adopt(&rec, version, &mut seen, dev)
             }
             Ok(_) => sh.mark_refreshed(),
             Err(e) => {
                 sh.mark_refreshed();
-                tracing::warn!(
-                    lun = self.id,
-                    "{e}; the reservations last read stay in force"
-                );
+                if !sh.failing.load(Ordering::Relaxed) {
+                    tracing::warn!(
+                        lun = self.id,
+                        "{e}; the reservations last read stay in force"
+                    );
+                }
             }
+        }
+        if sh.failing.swap(failing, Ordering::Relaxed) && !failing {
+            tracing::info!(
+                lun = self.id,
+                "persistent reservations: the record reads again"
+            );
         }
     }
 
