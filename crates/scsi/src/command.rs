@@ -115,6 +115,8 @@ pub(crate) struct NexusInfo {
     pub port: Arc<str>,
     /// TransportID for PERSISTENT RESERVE IN READ FULL STATUS.
     pub transport_id: Bytes,
+    /// The relative target port identifier of the device the nexus reaches it through.
+    pub rel_port: u16,
 }
 
 pub(crate) fn residual(wanted: u64, edtl: u64) -> Residual {

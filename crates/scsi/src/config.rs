@@ -16,6 +16,8 @@
 //! removable = false
 //! sanitize = false          # offer SANITIZE (wipes the whole LUN)
 //! io = "uring"              # file/block I/O path: "uring" (default) or "threads"
+//! reservations = "/shared/lun0.pr" # persistent reservations in this file, shared by the
+//!                           # gateways exporting the LUN (docs/reservations.md)
 //! ```
 
 use std::fmt;
@@ -207,6 +209,12 @@ pub struct LunConfig {
     /// buffered I/O and a log line. Block LUNs always do this. Off by default.
     #[serde(default)]
     pub direct: bool,
+    /// A file holding the LUN's persistent reservations (a `FileBlob`), on storage every
+    /// gateway exporting the LUN reaches: registrations and reservations made through one
+    /// gateway hold through the others and survive restarts (docs/reservations.md). Without
+    /// it they are kept where the backend offers (an RBD image's), else in memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservations: Option<PathBuf>,
 }
 
 /// The `io` key of a LUN (see [`LunConfig::io`]).
@@ -261,6 +269,7 @@ impl LunConfig {
             sanitize: false,
             io: IoConfig::Uring,
             direct: false,
+            reservations: None,
         }
     }
 

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -116,6 +117,9 @@ pub struct Device {
     /// Each LUN's configuration as it runs (read-only flag and size as changed since), for
     /// [`Device::lun_config`]; changed under `changing`.
     configs: Mutex<BTreeMap<u64, LunConfig>>,
+    /// The relative target port identifier of this device's one target port (SPC-4): the
+    /// gateways exporting one LUN each have their own; 1 unless set.
+    rel_port: AtomicU16,
 }
 
 impl Device {
@@ -141,6 +145,7 @@ impl Device {
             image,
             nexuses: Mutex::new(HashMap::new()),
             configs: Mutex::default(),
+            rel_port: AtomicU16::new(1),
         };
         let mut map = LunMap::new();
         for (id, cfg) in luns {
@@ -182,7 +187,12 @@ impl Device {
                 "backend of {size} bytes is smaller than one block"
             )));
         }
-        let lun = Lun::new(id, cfg, backend, naa, serial, &self.target_name);
+        let shared = crate::pr_shared::blob_of(&cfg, &*backend);
+        let mut lun = Lun::new(id, cfg, backend, naa, serial, &self.target_name);
+        if let Some((blob, file)) = shared {
+            let (shared, pr) = crate::pr_shared::SharedPr::open(blob, file).map_err(fail)?;
+            lun = lun.with_shared_pr(shared, pr);
+        }
         Ok(Unit::Block(Arc::new(lun)))
     }
 
@@ -291,6 +301,18 @@ impl Device {
         self.nexuses.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Sets the relative target port identifier of this device's target port (SPC-4; 1
+    /// unless set), which persistent reservations name the I_T nexuses by: the gateways
+    /// exporting one LUN as one target each set their own. Commands from then on use it.
+    pub fn set_relative_port(&self, id: u16) {
+        self.rel_port.store(id, Ordering::Relaxed);
+    }
+
+    /// The relative target port identifier (see [`Device::set_relative_port`]).
+    pub fn relative_port(&self) -> u16 {
+        self.rel_port.load(Ordering::Relaxed)
+    }
+
     /// The target name this device was built for.
     pub fn target_name(&self) -> &str {
         &self.target_name
@@ -325,6 +347,7 @@ impl Device {
         let info = NexusInfo {
             port: Arc::from(initiator_port),
             transport_id,
+            rel_port: self.relative_port(),
         };
         let entry = Nexus {
             info,
@@ -367,7 +390,9 @@ impl Device {
             return (None, false);
         };
         let tell = take && std::mem::take(&mut n.luns_changed);
-        (Some(n.info.clone()), tell)
+        let mut info = n.info.clone();
+        info.rel_port = self.relative_port();
+        (Some(info), tell)
     }
 
     /// Executes one command to completion.
@@ -644,6 +669,10 @@ impl DeviceView for Device {
 
     fn lun_by_naa(&self, naa: &[u8]) -> Option<Arc<Lun>> {
         Device::lun_by_naa(self, naa)
+    }
+
+    fn relative_port(&self) -> u16 {
+        Device::relative_port(self)
     }
 }
 

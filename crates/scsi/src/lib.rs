@@ -33,6 +33,12 @@
 //!   LUN or target reset, [`Device::nexus_removed`]).
 //!   Dropping an `execute` future is also safe (the task leaves the task set; a backend
 //!   write already handed to the kernel still completes).
+//! * Persistent reservations (`pr`): registrations name an I_T nexus by initiator port and
+//!   relative target port ([`Device::set_relative_port`], 1 unless set), or the initiator
+//!   port through every target port (ALL_TG_PT). A LUN with a shared record (its
+//!   `reservations` file, or its backend's [`storage::Backend::shared_state`]) keeps them
+//!   there (`pr_shared`), so the gateways exporting one LUN share them and they outlive a
+//!   gateway's restart; other LUNs keep them in memory.
 //! * Counters: each block LUN counts its commands, bytes and latency by direction and
 //!   the commands running on it ([`stats`]), read whole by [`Device::lun_stats`].
 //! * Sense: returned raw, fixed (0x70) or descriptor (0x72) format per the D_SENSE bit of
@@ -48,6 +54,7 @@ mod lun;
 mod object;
 mod outcome;
 mod pr;
+mod pr_shared;
 pub mod stats;
 mod tasks;
 

@@ -17,6 +17,7 @@ use crate::command::{
 use crate::config::LunConfig;
 use crate::outcome::Fail;
 use crate::pr::PrState;
+use crate::pr_shared::SharedPr;
 use crate::sense::{asc, key, Sense};
 use crate::stats::LunStats;
 use crate::status;
@@ -32,6 +33,8 @@ pub(crate) trait DeviceView: Sync {
     fn known_nexus_ports(&self) -> Vec<(NexusId, Arc<str>)>;
     /// The LUN whose NAA designator (VPD page 0x83) is `naa`.
     fn lun_by_naa(&self, naa: &[u8]) -> Option<Arc<Lun>>;
+    /// The device's relative target port identifier (its nexuses' target port).
+    fn relative_port(&self) -> u16;
 }
 
 /// Result of an EXTENDED COPY kept for RECEIVE COPY RESULTS.
@@ -85,6 +88,9 @@ pub(crate) struct Lun {
     pub stats: LunStats,
     /// Backend failures as one log line per episode.
     pub faults: crate::fault_log::FaultLog,
+    /// The shared record the persistent reservations live in (`state().pr` is then its
+    /// cached copy), when the LUN has one.
+    pub shared_pr: Option<SharedPr>,
 }
 
 /// Commands that neither report nor clear a unit attention (SPC-4 5.14: INQUIRY,
@@ -125,9 +131,23 @@ impl Lun {
             wce: AtomicBool::new(true),
             stats: LunStats::default(),
             faults: Default::default(),
+            shared_pr: None,
             backend,
             cfg,
         }
+    }
+
+    /// Keeps the persistent reservations in `shared`, starting from `pr` as read from it.
+    pub fn with_shared_pr(mut self, shared: SharedPr, pr: PrState) -> Lun {
+        self.shared_pr = Some(shared);
+        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        st.pr = PrState {
+            ptpl_capable: true,
+            ..pr
+        };
+        let busy = st.pr.reservation.is_some();
+        self.needs_checks.store(busy, Ordering::Release);
+        self
     }
 
     pub fn num_blocks(&self) -> u64 {
@@ -274,6 +294,9 @@ impl Lun {
             r.bidi_read_residual = Some(Residual::Underflow(read_len));
             return r;
         }
+        if self.shared_pr.as_ref().is_some_and(|s| s.due()) {
+            self.refresh_shared(dev).await;
+        }
         let guard = self.tasks.enter(cmd.nexus, cmd.tag, cmd.attr).await;
         if guard.aborted() {
             return Response::aborted();
@@ -408,8 +431,8 @@ fn access_check(
         }
     }
     if st.pr.reservation.is_some() {
-        let port = info.map(|i| &*i.port).unwrap_or("");
-        if st.pr.conflicts(port, cdb) {
+        let (port, rtp) = info.map(|i| (&*i.port, i.rel_port)).unwrap_or(("", 1));
+        if st.pr.conflicts(port, rtp, cdb) {
             return Some(Fail::Status(status::RESERVATION_CONFLICT));
         }
     }

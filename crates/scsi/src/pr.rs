@@ -18,28 +18,75 @@ pub(crate) const EA_REGISTRANTS_ONLY: u8 = 6;
 pub(crate) const WE_ALL_REGISTRANTS: u8 = 7;
 pub(crate) const EA_ALL_REGISTRANTS: u8 = 8;
 
-#[derive(Debug, Clone)]
+/// One registration: an I_T nexus (initiator port `port` through relative target port
+/// `rtp`) and its key; with `all_tg_pt` it stands for that initiator port through every
+/// target port (SPC-4 5.13.7.2), as one record.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Registration {
     pub port: Arc<str>,
+    pub rtp: u16,
+    pub all_tg_pt: bool,
     pub key: u64,
     pub transport_id: Bytes,
 }
 
-#[derive(Debug, Clone)]
+impl Registration {
+    /// Whether this registration is the one of the I_T nexus `(port, rtp)`.
+    pub fn covers(&self, port: &str, rtp: u16) -> bool {
+        &*self.port == port && (self.all_tg_pt || self.rtp == rtp)
+    }
+
+    fn same(&self, other: &Registration) -> bool {
+        self.port == other.port && self.rtp == other.rtp && self.all_tg_pt == other.all_tg_pt
+    }
+}
+
+/// The reservation: its type and the registration that holds it, named by that
+/// registration's initiator port and relative target port (so a holder registered with
+/// ALL_TG_PT holds it through every target port).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Reservation {
     pub holder: Arc<str>,
+    pub holder_rtp: u16,
     pub rtype: u8,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub(crate) struct PrState {
     pub generation: u32,
     pub regs: Vec<Registration>,
     pub reservation: Option<Reservation>,
+    /// APTPL as the last REGISTER set it (only where `ptpl_capable`).
+    pub aptpl: bool,
+    /// The state outlives the gateway (it is kept in a shared record): APTPL is accepted
+    /// and REPORT CAPABILITIES says PTPL_C. Not part of the state itself.
+    pub ptpl_capable: bool,
 }
 
-/// A unit attention the caller must queue for every nexus of an initiator port.
-pub(crate) type Notice = (Arc<str>, (u8, u8));
+/// A unit attention owed to the I_T nexuses a registration stood for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Notice {
+    pub port: Arc<str>,
+    pub rtp: u16,
+    pub all_tg_pt: bool,
+    pub code: (u8, u8),
+}
+
+impl Notice {
+    fn to(g: &Registration, code: (u8, u8)) -> Notice {
+        Notice {
+            port: g.port.clone(),
+            rtp: g.rtp,
+            all_tg_pt: g.all_tg_pt,
+            code,
+        }
+    }
+
+    /// Whether the I_T nexus `(port, rtp)` is owed this unit attention.
+    pub fn reaches(&self, port: &str, rtp: u16) -> bool {
+        &*self.port == port && (self.all_tg_pt || self.rtp == rtp)
+    }
+}
 
 fn conflict() -> Fail {
     Fail::Status(status::RESERVATION_CONFLICT)
@@ -87,27 +134,41 @@ fn exempt(cdb: &[u8]) -> bool {
 }
 
 impl PrState {
-    fn reg(&self, port: &str) -> Option<&Registration> {
-        self.regs.iter().find(|r| &*r.port == port)
+    /// The registration of the I_T nexus `(port, rtp)`.
+    fn reg(&self, port: &str, rtp: u16) -> Option<&Registration> {
+        self.regs.iter().find(|r| r.covers(port, rtp))
     }
 
-    fn is_holder(&self, port: &str) -> bool {
+    /// The registration that holds the reservation (for the all-registrants types, the
+    /// one that made it, if it is still registered).
+    fn holder_reg(&self) -> Option<&Registration> {
+        let r = self.reservation.as_ref()?;
+        self.regs
+            .iter()
+            .find(|g| g.port == r.holder && g.rtp == r.holder_rtp)
+    }
+
+    fn reg_holds(&self, g: &Registration) -> bool {
         match &self.reservation {
-            Some(r) if all_registrants(r.rtype) => self.reg(port).is_some(),
-            Some(r) => &*r.holder == port,
+            Some(r) if all_registrants(r.rtype) => true,
+            Some(r) => g.port == r.holder && g.rtp == r.holder_rtp,
             None => false,
         }
     }
 
-    /// Whether `cdb` from initiator port `port` conflicts with the reservation.
-    pub fn conflicts(&self, port: &str, cdb: &[u8]) -> bool {
+    fn is_holder(&self, port: &str, rtp: u16) -> bool {
+        self.reg(port, rtp).is_some_and(|g| self.reg_holds(g))
+    }
+
+    /// Whether `cdb` from the I_T nexus `(port, rtp)` conflicts with the reservation.
+    pub fn conflicts(&self, port: &str, rtp: u16, cdb: &[u8]) -> bool {
         let Some(r) = &self.reservation else {
             return false;
         };
-        if exempt(cdb) || self.is_holder(port) {
+        if exempt(cdb) || self.is_holder(port, rtp) {
             return false;
         }
-        let registered = self.reg(port).is_some();
+        let registered = self.reg(port, rtp).is_some();
         match r.rtype {
             WRITE_EXCLUSIVE => !reads_only(cdb),
             EXCLUSIVE_ACCESS => true,
@@ -135,7 +196,7 @@ impl PrState {
                     let key = if all_registrants(r.rtype) {
                         0
                     } else {
-                        self.reg(&r.holder).map(|g| g.key).unwrap_or(0)
+                        self.holder_reg().map(|g| g.key).unwrap_or(0)
                     };
                     d.extend_from_slice(&key.to_be_bytes());
                     d.extend_from_slice(&[0, 0, 0, 0, 0, r.rtype & 0x0F, 0, 0]);
@@ -145,7 +206,10 @@ impl PrState {
             2 => {
                 d.clear();
                 let mask: u16 = 0x8000 | 0x4000 | 0x2000 | 0x0800 | 0x0200 | 0x0001;
-                d.extend_from_slice(&[0, 8, 0x10 | 0x04, 0x80]);
+                // CRH, ATP_C, PTPL_C where the state outlives the gateway; TMV, PTPL_A.
+                let ptpl_c = u8::from(self.ptpl_capable);
+                let ptpl_a = u8::from(self.ptpl_capable && self.aptpl);
+                d.extend_from_slice(&[0, 8, 0x10 | 0x04 | ptpl_c, 0x80 | ptpl_a]);
                 d.extend_from_slice(&mask.to_be_bytes());
                 d.extend_from_slice(&[0, 0]);
             }
@@ -154,15 +218,15 @@ impl PrState {
                 for r in &self.regs {
                     body.extend_from_slice(&r.key.to_be_bytes());
                     body.extend_from_slice(&[0; 4]);
-                    let holder = self.is_holder(&r.port);
-                    body.push(if holder { 0x01 } else { 0 });
+                    let holder = self.reg_holds(r);
+                    body.push(u8::from(r.all_tg_pt) << 1 | u8::from(holder));
                     body.push(if holder {
                         self.reservation.as_ref().map(|x| x.rtype).unwrap_or(0)
                     } else {
                         0
                     });
                     body.extend_from_slice(&[0; 4]);
-                    body.extend_from_slice(&1u16.to_be_bytes()); // relative target port 1
+                    body.extend_from_slice(&r.rtp.to_be_bytes());
                     body.extend_from_slice(&(r.transport_id.len() as u32).to_be_bytes());
                     body.extend_from_slice(&r.transport_id);
                 }
@@ -174,13 +238,14 @@ impl PrState {
         Ok(d)
     }
 
-    /// PERSISTENT RESERVE OUT from initiator port `port`. Returns the unit attentions
-    /// to raise for other initiator ports.
+    /// PERSISTENT RESERVE OUT from the I_T nexus of initiator port `port` through relative
+    /// target port `rtp`. Returns the unit attentions owed to other nexuses.
     pub fn pr_out(
         &mut self,
         cdb: &[u8],
         data: &[u8],
         port: &Arc<str>,
+        rtp: u16,
         transport_id: &Bytes,
     ) -> Result<Vec<Notice>, Fail> {
         let sa = cdb[1] & 0x1F;
@@ -203,44 +268,62 @@ impl PrState {
         if flags & 0x08 != 0 {
             return Err(Sense::invalid_param_field(20, Some(3)).into()); // SPEC_I_PT
         }
-        if flags & 0x01 != 0 {
+        if flags & 0x01 != 0 && !self.ptpl_capable {
             return Err(Sense::invalid_param_field(20, Some(0)).into()); // APTPL: PTPL_C = 0
         }
         let _ = be16(data, 22);
         let mut notices = Vec::new();
-        let my_key = self.reg(port).map(|r| r.key);
+        let mine = self.reg(port, rtp).cloned();
+        let my_key = mine.as_ref().map(|r| r.key);
+        let others = |st: &PrState, code| -> Vec<Notice> {
+            st.regs
+                .iter()
+                .filter(|g| !mine.as_ref().is_some_and(|m| m.same(g)))
+                .map(|g| Notice::to(g, code))
+                .collect()
+        };
         match sa {
             0 | 6 => {
-                match my_key {
+                match &mine {
                     None => {
                         if sa == 0 && key != 0 {
                             return Err(conflict());
                         }
                         if sa_key != 0 {
+                            let all_tg_pt = flags & 0x04 != 0;
+                            if all_tg_pt && self.regs.iter().any(|g| g.port == *port) {
+                                // Its nexuses through other ports are registered already.
+                                return Err(conflict());
+                            }
                             self.regs.push(Registration {
                                 port: port.clone(),
+                                rtp,
+                                all_tg_pt,
                                 key: sa_key,
                                 transport_id: transport_id.clone(),
                             });
                         }
                     }
-                    Some(k) => {
-                        if sa == 0 && key != k {
+                    Some(m) => {
+                        if sa == 0 && key != m.key {
                             return Err(conflict());
                         }
                         if sa_key == 0 {
-                            self.unregister(port, &mut notices);
-                        } else if let Some(r) = self.regs.iter_mut().find(|r| &r.port == port) {
+                            self.unregister(m, &mut notices);
+                        } else if let Some(r) = self.regs.iter_mut().find(|r| r.same(m)) {
                             r.key = sa_key;
                         }
                     }
                 }
+                if sa_key != 0 && self.ptpl_capable {
+                    self.aptpl = flags & 0x01 != 0;
+                }
                 self.generation = self.generation.wrapping_add(1);
             }
             1 => {
-                if my_key != Some(key) {
+                let Some(m) = mine.as_ref().filter(|m| m.key == key) else {
                     return Err(conflict());
-                }
+                };
                 if scope != 0 {
                     return Err(Sense::invalid_cdb_field(2, Some(7)).into());
                 }
@@ -249,13 +332,14 @@ impl PrState {
                 }
                 match &self.reservation {
                     Some(r) => {
-                        if !(self.is_holder(port) && r.rtype == rtype) {
+                        if !(self.is_holder(port, rtp) && r.rtype == rtype) {
                             return Err(conflict());
                         }
                     }
                     None => {
                         self.reservation = Some(Reservation {
-                            holder: port.clone(),
+                            holder: m.port.clone(),
+                            holder_rtp: m.rtp,
                             rtype,
                         })
                     }
@@ -266,17 +350,13 @@ impl PrState {
                     return Err(conflict());
                 }
                 if let Some(r) = self.reservation.clone() {
-                    if self.is_holder(port) {
+                    if self.is_holder(port, rtp) {
                         if r.rtype != rtype || scope != 0 {
                             return Err(Sense::illegal((0x26, 0x04)).into()); // invalid release of PR
                         }
                         self.reservation = None;
                         if !matches!(rtype, WRITE_EXCLUSIVE | EXCLUSIVE_ACCESS) {
-                            for g in &self.regs {
-                                if &g.port != port {
-                                    notices.push((g.port.clone(), asc::RESERVATIONS_RELEASED));
-                                }
-                            }
+                            notices = others(self, asc::RESERVATIONS_RELEASED);
                         }
                     }
                 }
@@ -285,80 +365,74 @@ impl PrState {
                 if my_key != Some(key) {
                     return Err(conflict());
                 }
-                for g in &self.regs {
-                    if &g.port != port {
-                        notices.push((g.port.clone(), asc::RESERVATIONS_PREEMPTED));
-                    }
-                }
+                notices = others(self, asc::RESERVATIONS_PREEMPTED);
                 self.regs.clear();
                 self.reservation = None;
                 self.generation = self.generation.wrapping_add(1);
             }
             _ => {
                 // PREEMPT (4) and PREEMPT AND ABORT (5).
-                if my_key != Some(key) {
+                let Some(m) = mine.as_ref().filter(|m| m.key == key) else {
                     return Err(conflict());
-                }
-                let res = self.reservation.clone();
-                let holder_key = res
-                    .as_ref()
-                    .and_then(|r| self.reg(&r.holder).map(|g| g.key));
-                let preempts_reservation = match &res {
-                    Some(r) if all_registrants(r.rtype) => sa_key == 0,
-                    Some(_) => Some(sa_key) == holder_key,
-                    None => false,
                 };
-                if preempts_reservation {
-                    if !matches!(rtype, 1 | 3 | 5 | 6 | 7 | 8) {
-                        return Err(Sense::invalid_cdb_field(2, Some(3)).into());
-                    }
-                    let all = res
-                        .as_ref()
-                        .map(|r| all_registrants(r.rtype))
-                        .unwrap_or(false);
-                    let removed: Vec<Arc<str>> = self
-                        .regs
-                        .iter()
-                        .filter(|g| &g.port != port && (all || g.key == sa_key))
-                        .map(|g| g.port.clone())
-                        .collect();
-                    self.regs.retain(|g| !removed.contains(&g.port));
-                    for p in removed {
-                        notices.push((p, asc::REGISTRATIONS_PREEMPTED));
-                    }
-                    self.reservation = Some(Reservation {
-                        holder: port.clone(),
-                        rtype,
-                    });
-                } else {
-                    if sa_key == 0 {
-                        return Err(Sense::invalid_param_field(8, None).into());
-                    }
-                    let removed: Vec<Arc<str>> = self
-                        .regs
-                        .iter()
-                        .filter(|g| g.key == sa_key && &g.port != port)
-                        .map(|g| g.port.clone())
-                        .collect();
-                    if removed.is_empty() {
-                        return Err(conflict());
-                    }
-                    self.regs.retain(|g| !removed.contains(&g.port));
-                    for p in removed {
-                        notices.push((p, asc::REGISTRATIONS_PREEMPTED));
-                    }
-                }
+                self.preempt(m, sa_key, rtype, &mut notices)?;
                 self.generation = self.generation.wrapping_add(1);
             }
         }
         Ok(notices)
     }
 
-    /// Removes `port`'s registration; a reservation it held goes with it (for the
+    /// PREEMPT by the registration `mine` of the registrations holding `sa_key` (and of
+    /// the reservation, when they hold it).
+    fn preempt(
+        &mut self,
+        mine: &Registration,
+        sa_key: u64,
+        rtype: u8,
+        notices: &mut Vec<Notice>,
+    ) -> Result<(), Fail> {
+        let res = self.reservation.clone();
+        let holder_key = self.holder_reg().map(|g| g.key);
+        let preempts_reservation = match &res {
+            Some(r) if all_registrants(r.rtype) => sa_key == 0,
+            Some(_) => Some(sa_key) == holder_key,
+            None => false,
+        };
+        if preempts_reservation && !matches!(rtype, 1 | 3 | 5 | 6 | 7 | 8) {
+            return Err(Sense::invalid_cdb_field(2, Some(3)).into());
+        }
+        if !preempts_reservation && sa_key == 0 {
+            return Err(Sense::invalid_param_field(8, None).into());
+        }
+        let all = preempts_reservation && res.as_ref().is_some_and(|r| all_registrants(r.rtype));
+        let (removed, kept): (Vec<Registration>, Vec<Registration>) = self
+            .regs
+            .drain(..)
+            .partition(|g| !g.same(mine) && (all || g.key == sa_key));
+        self.regs = kept;
+        if !preempts_reservation && removed.is_empty() {
+            return Err(conflict());
+        }
+        notices.extend(
+            removed
+                .iter()
+                .map(|g| Notice::to(g, asc::REGISTRATIONS_PREEMPTED)),
+        );
+        if preempts_reservation {
+            self.reservation = Some(Reservation {
+                holder: mine.port.clone(),
+                holder_rtp: mine.rtp,
+                rtype,
+            });
+        }
+        Ok(())
+    }
+
+    /// Removes the registration `mine`; a reservation it held goes with it (for the
     /// all-registrants types only when it was the last registrant).
-    fn unregister(&mut self, port: &Arc<str>, notices: &mut Vec<Notice>) {
-        let was_holder = self.is_holder(port);
-        self.regs.retain(|r| &r.port != port);
+    fn unregister(&mut self, mine: &Registration, notices: &mut Vec<Notice>) {
+        let was_holder = self.reg_holds(mine);
+        self.regs.retain(|r| !r.same(mine));
         if let Some(r) = self.reservation.clone() {
             let release = if all_registrants(r.rtype) {
                 self.regs.is_empty()
@@ -369,7 +443,7 @@ impl PrState {
                 self.reservation = None;
                 if matches!(r.rtype, WE_REGISTRANTS_ONLY | EA_REGISTRANTS_ONLY) {
                     for g in &self.regs {
-                        notices.push((g.port.clone(), asc::RESERVATIONS_RELEASED));
+                        notices.push(Notice::to(g, asc::RESERVATIONS_RELEASED));
                     }
                 }
             }
@@ -402,7 +476,7 @@ mod tests {
         sa_key: u64,
     ) -> Result<Vec<Notice>, Fail> {
         let (c, p) = prout(sa, rtype, key, sa_key);
-        st.pr_out(&c, &p, port, &Bytes::new())
+        st.pr_out(&c, &p, port, 1, &Bytes::new())
     }
 
     #[test]
@@ -425,15 +499,27 @@ mod tests {
             run(&mut st, &b, 6, 0, 0, 2).unwrap();
             run(&mut st, &a, 1, t, 1, 0).unwrap();
             assert!(
-                !st.conflicts("a", &read) && !st.conflicts("a", &write),
+                !st.conflicts("a", 1, &read) && !st.conflicts("a", 1, &write),
                 "holder, type {t}"
             );
-            assert_eq!(!st.conflicts("b", &read), rr, "registered read, type {t}");
-            assert_eq!(!st.conflicts("b", &write), rw, "registered write, type {t}");
-            run(&mut st, &b, 0, 0, 2, 0).unwrap();
-            assert_eq!(!st.conflicts("b", &read), ur, "unregistered read, type {t}");
             assert_eq!(
-                !st.conflicts("b", &write),
+                !st.conflicts("b", 1, &read),
+                rr,
+                "registered read, type {t}"
+            );
+            assert_eq!(
+                !st.conflicts("b", 1, &write),
+                rw,
+                "registered write, type {t}"
+            );
+            run(&mut st, &b, 0, 0, 2, 0).unwrap();
+            assert_eq!(
+                !st.conflicts("b", 1, &read),
+                ur,
+                "unregistered read, type {t}"
+            );
+            assert_eq!(
+                !st.conflicts("b", 1, &write),
                 uw,
                 "unregistered write, type {t}"
             );
@@ -451,9 +537,48 @@ mod tests {
         assert_eq!(run(&mut st, &a, 0, 0, 9, 3).unwrap_err(), conflict());
         let n = run(&mut st, &a, 4, WRITE_EXCLUSIVE, 1, 2).unwrap();
         assert_eq!(st.regs.len(), 1);
-        assert_eq!(n[0].1, asc::REGISTRATIONS_PREEMPTED);
+        assert_eq!(n[0].code, asc::REGISTRATIONS_PREEMPTED);
         run(&mut st, &a, 3, 0, 1, 0).unwrap();
         assert!(st.regs.is_empty() && st.reservation.is_none());
         assert_eq!(st.generation, 4);
+    }
+
+    #[test]
+    fn nexuses_are_initiator_port_and_target_port() {
+        let x: Arc<str> = Arc::from("x");
+        let write = [op::WRITE_10, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+        let mut st = PrState::default();
+        // X through port 1 registers and reserves; X through port 2 is another nexus.
+        let (c, p) = prout(0, 0, 0, 1);
+        st.pr_out(&c, &p, &x, 1, &Bytes::new()).unwrap();
+        let (c, p) = prout(1, WRITE_EXCLUSIVE, 1, 0);
+        st.pr_out(&c, &p, &x, 1, &Bytes::new()).unwrap();
+        assert!(!st.conflicts("x", 1, &write));
+        assert!(st.conflicts("x", 2, &write));
+        // Registering through port 2 for every port would cover port 1 twice: refused.
+        let (c, mut p) = prout(0, 0, 0, 2);
+        p[20] = 0x04;
+        assert_eq!(
+            st.pr_out(&c, &p, &x, 2, &Bytes::new()).unwrap_err(),
+            conflict()
+        );
+        // Registered with ALL_TG_PT, X holds through every port.
+        let mut st = PrState::default();
+        st.pr_out(&c, &p, &x, 2, &Bytes::new()).unwrap();
+        let (c, p) = prout(1, WRITE_EXCLUSIVE, 2, 0);
+        st.pr_out(&c, &p, &x, 1, &Bytes::new()).unwrap();
+        for port in [1, 2, 7] {
+            assert!(!st.conflicts("x", port, &write), "port {port}");
+        }
+        assert!(st.conflicts("y", 2, &write));
+        // Its preemption is owed to X through every port.
+        let y: Arc<str> = Arc::from("y");
+        let (c, p) = prout(0, 0, 0, 9);
+        st.pr_out(&c, &p, &y, 3, &Bytes::new()).unwrap();
+        let (c, p) = prout(4, WRITE_EXCLUSIVE, 9, 2);
+        let n = st.pr_out(&c, &p, &y, 3, &Bytes::new()).unwrap();
+        assert_eq!(n.len(), 1);
+        assert!(n[0].reaches("x", 1) && n[0].reaches("x", 5) && !n[0].reaches("y", 3));
+        assert!(st.conflicts("x", 2, &write) && !st.conflicts("y", 3, &write));
     }
 }

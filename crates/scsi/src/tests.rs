@@ -1521,3 +1521,4 @@ fn extended_copy_from_a_lun_without_medium_is_copy_aborted() {
 
 mod backend_faults;
 mod luns;
+mod shared_pr;

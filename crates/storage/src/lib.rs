@@ -25,7 +25,8 @@
 //!
 //! Several gateways serving the same storage agree through two seams: [`ExclusiveOwner`]
 //! (which gateway writes, the others fenced) and [`SharedBlob`] (a record they share, such as
-//! persistent reservations), from the backend where its storage offers them.
+//! persistent reservations), from the backend where its storage offers them; a
+//! [`shared_blob_file::FileBlob`] keeps such a record in a file on storage every gateway reaches.
 
 mod alloc;
 mod block;
@@ -37,6 +38,7 @@ mod memory;
 pub mod owner;
 mod pool;
 pub mod shared_blob;
+pub mod shared_blob_file;
 mod uring;
 
 use std::io;

@@ -149,36 +149,47 @@ impl Lun {
         Done::none()
     }
 
-    pub(crate) fn pr_in(&self, cdb: &[u8]) -> CmdResult {
+    pub(crate) async fn pr_in(&self, dev: &dyn DeviceView, cdb: &[u8]) -> CmdResult {
         let alloc = be16(cdb, 7) as usize;
-        let d = self.state().pr.pr_in(cdb)?;
+        let d = match &self.shared_pr {
+            Some(sh) => self.pr_in_shared(sh, dev, cdb).await?,
+            None => self.state().pr.pr_in(cdb)?,
+        };
         Done::alloc(d, alloc)
     }
 
-    pub(crate) fn pr_out(
+    pub(crate) async fn pr_out(
         &self,
         dev: &dyn DeviceView,
         cmd: &Command,
         info: Option<&NexusInfo>,
     ) -> CmdResult {
-        let (port, tid): (Arc<str>, Bytes) = match info {
-            Some(i) => (i.port.clone(), i.transport_id.clone()),
-            None => (Arc::from(format!("nexus-{}", cmd.nexus.0)), Bytes::new()),
+        let (port, tid, rtp): (Arc<str>, Bytes, u16) = match info {
+            Some(i) => (i.port.clone(), i.transport_id.clone(), i.rel_port),
+            None => (
+                Arc::from(format!("nexus-{}", cmd.nexus.0)),
+                Bytes::new(),
+                dev.relative_port(),
+            ),
         };
-        let mut st = self.state();
-        if st.reserve6.is_some_and(|h| h != cmd.nexus) {
+        if self.state().reserve6.is_some_and(|h| h != cmd.nexus) {
             return Err(Fail::Status(status::RESERVATION_CONFLICT));
         }
-        let notices = st.pr.pr_out(&cmd.cdb, &cmd.data_out, &port, &tid)?;
+        if let Some(sh) = &self.shared_pr {
+            self.pr_out_shared(sh, dev, cmd, &port, rtp, &tid).await?;
+            return Done::none();
+        }
+        let mut st = self.state();
+        let notices = st.pr.pr_out(&cmd.cdb, &cmd.data_out, &port, rtp, &tid)?;
         if !notices.is_empty() {
             let nexuses = dev.known_nexus_ports();
-            for (p, code) in notices {
+            for n in notices {
                 let targets: Vec<_> = nexuses
                     .iter()
-                    .filter(|(_, np)| **np == *p)
-                    .map(|(n, _)| *n)
+                    .filter(|(_, np)| n.reaches(np, rtp))
+                    .map(|(id, _)| *id)
                     .collect();
-                self.raise_ua(&mut st, &targets, None, code);
+                self.raise_ua(&mut st, &targets, None, n.code);
             }
         }
         self.refresh(&st);
