@@ -25,7 +25,8 @@
 //!
 //! Several gateways serving the same storage agree through two seams: [`ExclusiveOwner`]
 //! (which gateway writes, the others fenced) and [`SharedBlob`] (a record they share, such as
-//! persistent reservations), from the backend where its storage offers them.
+//! persistent reservations), from the backend where its storage offers them; where it does not,
+//! [`owner_file::FileOwner`] keeps ownership in a lock file every gateway reaches.
 
 mod alloc;
 mod block;
@@ -35,6 +36,7 @@ mod flush;
 mod lent;
 mod memory;
 pub mod owner;
+pub mod owner_file;
 mod pool;
 pub mod shared_blob;
 mod uring;
