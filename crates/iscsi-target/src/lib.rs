@@ -403,6 +403,12 @@ impl Target {
         self.device(target).ok().map(|d| d.luns())
     }
 
+    /// This gateway's ALUA state for each block LUN of `target` (`[gateway]`; empty
+    /// without it); `None` when there is no such target.
+    pub fn alua_status(&self, target: &str) -> Option<Vec<(u64, scsi::AluaStatus)>> {
+        self.device(target).ok().map(|d| d.alua_status())
+    }
+
     fn device(&self, target: &str) -> Result<Arc<scsi::Device>, LunAdminError> {
         self.devices
             .read()
