@@ -321,3 +321,55 @@ fn with_save_on_change_every_change_is_in_the_file_at_once() {
     assert!(target.wait_exit(LIMIT).success());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn alua_show_tells_a_gateways_state_for_each_lun() {
+    let dir = scratch("alua");
+    let socket = dir.join("control.sock");
+    let image = dir.join("lun.img");
+    std::fs::write(&image, vec![0u8; 1 << 20]).unwrap();
+    let config = dir.join("gw.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "portals = [\"127.0.0.1:0\"]\n[gateway]\ngroup = \"pair\"\nname = \"gw-a\"\n\
+             port_group = 1\nrelative_port = 1\n[[gateway.peer]]\nname = \"gw-b\"\n\
+             port_group = 2\nrelative_port = 2\n[[target]]\nname = \"{T}\"\n[target.lun.0]\n\
+             backend = {{ type = \"file\", path = \"{}\" }}\nowner_lock = \"{}\"\n\
+             [target.lun.1]\nsize = \"1MiB\"\nbackend = \"memory\"\n",
+            image.display(),
+            dir.join("lun.owner").display()
+        ),
+    )
+    .unwrap();
+    let mut target = Proc::spawn(&[
+        "target",
+        "--config",
+        config.to_str().unwrap(),
+        "--control",
+        socket.to_str().unwrap(),
+    ]);
+    target.wait_line("ironsan: control socket ", ' ');
+    let params = format!("{{\"target\": \"{T}\"}}");
+    let mut doc = serde_json::Value::Null;
+    for _ in 0..100 {
+        let (ok, out, err) = admin(&socket, &["call", "alua.show", &params]);
+        assert!(ok, "alua.show: {out}{err}");
+        doc = serde_json::from_str(&out).expect("JSON");
+        if doc["luns"][0]["state"] == "active/optimized" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(doc["gateway"]["name"], "gw-a");
+    assert_eq!(doc["gateway"]["port_group"], 1);
+    let (shared, ram) = (&doc["luns"][0], &doc["luns"][1]);
+    assert_eq!(shared["state"], "active/optimized", "{doc}");
+    assert_eq!(
+        (&shared["shared"], &shared["owner"]),
+        (&true.into(), &"gw-a".into())
+    );
+    assert_eq!(shared["acquired"], 1);
+    assert_eq!((&ram["lun"], &ram["shared"]), (&1.into(), &false.into()));
+    assert_eq!(ram["state"], "active/optimized");
+}

@@ -253,8 +253,9 @@ impl Target {
     /// Opens target `t`'s LUNs into a device of its own, not yet visible.
     async fn open_device(&self, t: &TargetConfig) -> Result<Arc<scsi::Device>, String> {
         let (name, luns, images) = (t.name.clone(), Config::luns(t), self.images.clone());
+        let gateway = self.config().gateway.clone();
         let device = tokio::task::spawn_blocking(move || {
-            scsi::Device::with_image_memory(&name, luns, images)
+            scsi::Device::with_gateway(&name, luns, images, gateway)
         })
         .await
         .map_err(|e| format!("target {}: opening its LUNs failed: {e}", t.name))?

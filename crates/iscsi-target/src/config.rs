@@ -270,6 +270,10 @@ pub struct Config {
     pub save_on_change: bool,
     #[serde(default)]
     pub discovery: DiscoveryConfig,
+    /// `[gateway]`: this target process is one of several gateways exporting the same LUNs
+    /// (asymmetric logical unit access, `scsi::alua`); left out: a target of its own, as ever.
+    #[serde(default)]
+    pub gateway: Option<scsi::GatewayConfig>,
     #[serde(default, rename = "target")]
     pub targets: Vec<TargetConfig>,
     /// Where each target's LUN tables are in the file read (for errors found when they open).
@@ -395,6 +399,7 @@ impl Config {
             control_socket: None,
             save_on_change: false,
             discovery: DiscoveryConfig::default(),
+            gateway: None,
             lun_places: LunPlaces::default(),
             targets: vec![TargetConfig {
                 name: DEFAULT_IQN.to_string(),
@@ -601,6 +606,7 @@ impl Config {
                 })?;
             }
         }
+        self.validate_gateway(text, origin)?;
         if self.discovery.mutual_chap.is_some() && self.discovery.chap.is_none() {
             return Err(ConfigError(format!(
                 "{}: discovery mutual_chap needs chap too",
@@ -615,6 +621,45 @@ impl Config {
             )));
         }
         Ok(())
+    }
+
+    /// `[gateway]`: ids unique among this gateway and its peers, names and timings sane;
+    /// `owner_lock` only with it. Errors name the line of the key at fault.
+    fn validate_gateway(&self, text: &str, origin: &str) -> Result<(), ConfigError> {
+        let section = line_number(text, 0, |l| l.trim_start().starts_with("[gateway]"));
+        let Some(gateway) = &self.gateway else {
+            for t in &self.targets {
+                if let Some((k, _)) = t.lun.iter().find(|(_, l)| l.owner_lock.is_some()) {
+                    let line = line_number(text, 0, |l| l.trim_start().starts_with("owner_lock"));
+                    let at = line.map_or(origin.to_string(), |n| format!("{origin}:{n}"));
+                    return Err(ConfigError(format!(
+                        "{at}: target {:?} LUN {k}: owner_lock needs a [gateway] section",
+                        t.name
+                    )));
+                }
+            }
+            return Ok(());
+        };
+        gateway.validate().map_err(|e| {
+            // The `occurrence`-th `key = value` line from the section on.
+            let from = section.unwrap_or(1) - 1;
+            let line = text
+                .lines()
+                .enumerate()
+                .skip(from)
+                .filter(|(_, l)| {
+                    l.trim_start().strip_prefix(e.key).is_some_and(|rest| {
+                        rest.trim_start()
+                            .strip_prefix('=')
+                            .is_some_and(|v| e.value.is_empty() || v.trim().starts_with(&e.value))
+                    })
+                })
+                .nth(e.occurrence.saturating_sub(1))
+                .map(|(i, _)| i + 1)
+                .or(section);
+            let at = line.map_or(origin.to_string(), |n| format!("{origin}:{n}"));
+            ConfigError(format!("{at}: [gateway]: {}", e.message))
+        })
     }
 
     /// The memory budgets nest (connection ≤ session ≤ target) and each takes the largest
@@ -935,8 +980,18 @@ impl TargetDirectory for Directory {
             .map(|t| t.name.clone())
             .collect()
     }
+    /// This target's portals, then its peer gateways' (`[gateway]`), so that one discovery
+    /// finds every path.
     fn portals(&self, _target: &str) -> Vec<Portal> {
-        self.portals.entries()
+        let mut portals = self.portals.entries();
+        let tpgt = portals.first().map_or(1, |p| p.tpgt);
+        if let Some(gateway) = &self.config().gateway {
+            let peers = gateway.peers.iter().flat_map(|p| &p.portals);
+            for address in peers.filter_map(|a| a.parse().ok()) {
+                portals.push(Portal { address, tpgt });
+            }
+        }
+        portals
     }
 }
 
@@ -1200,6 +1255,89 @@ read_only = true
         assert!(
             e.starts_with("c.toml:1: ") && e.contains("at least one"),
             "{e}"
+        );
+    }
+
+    const GATEWAY: &str = r#"
+[gateway]
+group = "cluster-1"
+name = "gw-a"
+port_group = 1
+relative_port = 1
+[[gateway.peer]]
+name = "gw-b"
+port_group = 2
+relative_port = 2
+portals = ["127.0.0.2:3260"]
+[[target]]
+name = "iqn.2026-11.org.x:shared"
+[target.lun.0]
+backend = { type = "file", path = "/srv/lun0.img" }
+owner_lock = "/srv/lun0.owner"
+"#;
+
+    #[test]
+    fn a_gateway_section_parses_and_writes_back() {
+        let c = Config::parse(GATEWAY, "g.toml").unwrap();
+        let g = c.gateway.as_ref().unwrap();
+        assert_eq!(
+            (g.name.as_str(), g.port_group, g.relative_port),
+            ("gw-a", 1, 1)
+        );
+        assert_eq!((g.hold_down_ms, g.check_interval_ms), (5000, 1000));
+        assert_eq!(g.peers[0].portals, vec!["127.0.0.2:3260".to_string()]);
+        let lun = &c.targets[0].lun["0"];
+        assert_eq!(
+            lun.owner_lock.as_deref(),
+            Some(Path::new("/srv/lun0.owner"))
+        );
+        assert_eq!(Config::parse(&c.to_toml(), "again.toml").unwrap(), c);
+        assert!(Config::embedded_default().gateway.is_none());
+    }
+
+    #[test]
+    fn gateway_mistakes_name_their_line() {
+        let e = |text: String| Config::parse(&text, "g.toml").unwrap_err().0;
+        // Line 9 is the peer's `port_group = 2`; 1 repeats this gateway's.
+        let err = e(GATEWAY.replace("port_group = 2", "port_group = 1"));
+        assert!(
+            err.starts_with("g.toml:9: ") && err.contains("target port group id 1 is used twice"),
+            "{err}"
+        );
+        let err = e(GATEWAY.replace("relative_port = 2", "relative_port = 1"));
+        assert!(
+            err.starts_with("g.toml:10: ") && err.contains("relative target port id 1"),
+            "{err}"
+        );
+        let err = e(GATEWAY.replace("relative_port = 1", "relative_port = 0"));
+        assert!(
+            err.starts_with("g.toml:6: ") && err.contains("reserved"),
+            "{err}"
+        );
+        let err = e(GATEWAY.replace("\"gw-b\"", "\"gw-a\""));
+        assert!(
+            err.starts_with("g.toml:8: ") && err.contains("used twice"),
+            "{err}"
+        );
+        let err = e(GATEWAY.replace("127.0.0.2:3260", "somewhere"));
+        assert!(
+            err.starts_with("g.toml:11: ") && err.contains("ADDR:PORT"),
+            "{err}"
+        );
+        let err = e(GATEWAY.replace(
+            "relative_port = 1\n",
+            "relative_port = 1\ncheck_interval_ms = 0\n",
+        ));
+        assert!(
+            err.starts_with("g.toml:7: ") && err.contains("check_interval_ms"),
+            "{err}"
+        );
+        // owner_lock without [gateway].
+        let alone = GATEWAY.split("[[target]]").nth(1).unwrap();
+        let err = e(format!("[[target]]{alone}"));
+        assert!(
+            err.starts_with("g.toml:5: ") && err.contains("needs a [gateway]"),
+            "{err}"
         );
     }
 

@@ -148,7 +148,9 @@ impl Target {
         let images = images.unwrap_or_else(|| Arc::new(|_, _| None));
         let mut devices = HashMap::new();
         for t in &config.targets {
-            let device = scsi::Device::with_image_memory(&t.name, Config::luns(t), images.clone())
+            let luns = Config::luns(t);
+            let gateway = config.gateway.clone();
+            let device = scsi::Device::with_gateway(&t.name, luns, images.clone(), gateway)
                 .map_err(|e| {
                     let place = e.lun.and_then(|lun| config.lun_place(&t.name, lun));
                     match place {
@@ -217,9 +219,25 @@ impl Target {
         {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        self.release_ownership().await;
         let _ = self.shutdown.send(true);
         for s in self.sessions.lock().expect("sessions").values() {
             s.close_all();
+        }
+    }
+
+    /// A gateway (`[gateway]`) stopping hands its shared LUNs over: each is released after
+    /// the writes it admitted (a few seconds at most), so a peer takes it at once.
+    async fn release_ownership(&self) {
+        let devices: Vec<Arc<scsi::Device>> = self
+            .devices
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for d in devices.iter().filter(|d| d.gateway().is_some()) {
+            d.release_ownership(Duration::from_secs(5)).await;
         }
     }
 
@@ -383,6 +401,12 @@ impl Target {
     /// such target.
     pub fn luns(&self, target: &str) -> Option<Vec<u64>> {
         self.device(target).ok().map(|d| d.luns())
+    }
+
+    /// This gateway's ALUA state for each block LUN of `target` (`[gateway]`; empty
+    /// without it); `None` when there is no such target.
+    pub fn alua_status(&self, target: &str) -> Option<Vec<(u64, scsi::AluaStatus)>> {
+        self.device(target).ok().map(|d| d.alua_status())
     }
 
     fn device(&self, target: &str) -> Result<Arc<scsi::Device>, LunAdminError> {

@@ -18,6 +18,24 @@
 //! io = "uring"              # file/block I/O path: "uring" (default) or "threads"
 //! reservations = "/shared/lun0.pr" # persistent reservations in this file, shared by the
 //!                           # gateways exporting the LUN (docs/reservations.md)
+//! owner_lock = "/shared/lun0.owner" # with [gateway]: the lock file deciding which gateway
+//!                           # writes this LUN, where the backend has no lock of its own
+//! ```
+//!
+//! Several gateways exporting the same LUNs (ALUA, [`GatewayConfig`]) share a `[gateway]`
+//! section of the target's file:
+//!
+//! ```toml
+//! [gateway]
+//! group = "cluster-1"       # the gateways' common name (logs, admin)
+//! name = "gw-a"             # this gateway: its id in ownership locks
+//! port_group = 1            # this gateway's target port group id
+//! relative_port = 1         # this gateway's relative target port id (1..65535)
+//! [[gateway.peer]]
+//! name = "gw-b"
+//! port_group = 2
+//! relative_port = 2
+//! portals = ["10.0.0.2:3260"] # optional: listed by SendTargets beside this gateway's own
 //! ```
 
 use std::fmt;
@@ -215,6 +233,11 @@ pub struct LunConfig {
     /// it they are kept where the backend offers (an RBD image's), else in memory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reservations: Option<PathBuf>,
+    /// With `[gateway]`: a lock file every gateway reaches that decides which one writes
+    /// this LUN ([`storage::owner_file::FileOwner`]), for a shared file or block device whose
+    /// backend has no lock of its own.
+    #[serde(default)]
+    pub owner_lock: Option<PathBuf>,
 }
 
 /// The `io` key of a LUN (see [`LunConfig::io`]).
@@ -270,6 +293,7 @@ impl LunConfig {
             io: IoConfig::Uring,
             direct: false,
             reservations: None,
+            owner_lock: None,
         }
     }
 
@@ -322,6 +346,180 @@ impl LunConfig {
         }
         if let Some(w) = &self.wwn {
             parse_naa(w)?;
+        }
+        Ok(())
+    }
+}
+
+/// `[gateway]`: this process is one of several gateways exporting the same LUNs as one
+/// logical target (asymmetric logical unit access, module `alua`). Each gateway is one target
+/// port group with one target port; the LUN's owner (see `owner_lock`) is active/optimized,
+/// the others active/non-optimized.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// The gateways' common name (logs, admin).
+    pub group: String,
+    /// This gateway's name: its id in ownership locks, which peers' `name`s are matched to.
+    pub name: String,
+    /// This gateway's target port group id.
+    pub port_group: u16,
+    /// This gateway's relative target port id (1..65535).
+    pub relative_port: u16,
+    /// Set the PREF bit on this gateway's port group (hosts add to its priority).
+    #[serde(default)]
+    pub preferred: bool,
+    /// Milliseconds a gateway that lost a LUN's ownership refuses to take it back (its
+    /// commands answer NOT READY, transitioning), so a host that briefly sends on both paths
+    /// converges on one gateway.
+    #[serde(default = "default_hold_down_ms")]
+    pub hold_down_ms: u64,
+    /// Milliseconds between checks of each shared LUN's ownership.
+    #[serde(default = "default_check_interval_ms")]
+    pub check_interval_ms: u64,
+    /// Reads on a non-owner take the LUN over as writes do (for storage whose clients cache
+    /// reads); off: a non-owner serves reads straight from the shared storage.
+    #[serde(default)]
+    pub reads_take_over: bool,
+    /// The other gateways: `[[gateway.peer]]`.
+    #[serde(default, rename = "peer")]
+    pub peers: Vec<PeerConfig>,
+}
+
+/// Another gateway of the group (`[[gateway.peer]]`).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PeerConfig {
+    /// Its name (its id in ownership locks).
+    pub name: String,
+    pub port_group: u16,
+    pub relative_port: u16,
+    #[serde(default)]
+    pub preferred: bool,
+    /// Its portals, `ADDR:PORT`: SendTargets lists them beside this gateway's own.
+    #[serde(default)]
+    pub portals: Vec<String>,
+}
+
+fn default_hold_down_ms() -> u64 {
+    5000
+}
+fn default_check_interval_ms() -> u64 {
+    1000
+}
+
+/// What is wrong with a `[gateway]` section: the message, and the `key = value` it is about
+/// (its `occurrence`-th appearance in the section, counted from 1), for a line number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatewayConfigError {
+    pub message: String,
+    pub key: &'static str,
+    pub value: String,
+    pub occurrence: usize,
+}
+
+impl GatewayConfig {
+    /// Checks names, ids and timings; ids repeated among this gateway and its peers are
+    /// refused, naming the second appearance.
+    pub fn validate(&self) -> Result<(), GatewayConfigError> {
+        let err = |message: String, key: &'static str, value: String, occurrence: usize| {
+            Err(GatewayConfigError {
+                message,
+                key,
+                value,
+                occurrence,
+            })
+        };
+        let names = std::iter::once(&self.name).chain(self.peers.iter().map(|p| &p.name));
+        for (i, name) in names.enumerate() {
+            let ok = !name.is_empty()
+                && name.len() <= 128
+                && name.bytes().all(|b| b.is_ascii_graphic() && b != b'"');
+            if !ok {
+                return err(
+                    format!(
+                        "gateway name {name:?} must be 1..128 printable characters without spaces"
+                    ),
+                    "name",
+                    format!("\"{name}\""),
+                    1,
+                );
+            }
+            let before = std::iter::once(&self.name)
+                .chain(self.peers.iter().map(|p| &p.name))
+                .take(i)
+                .filter(|n| *n == name)
+                .count();
+            if before > 0 {
+                return err(
+                    format!("gateway name {name:?} is used twice"),
+                    "name",
+                    format!("\"{name}\""),
+                    before + 1,
+                );
+            }
+        }
+        let ids = |f: fn(u16, u16) -> u16| {
+            std::iter::once(f(self.port_group, self.relative_port))
+                .chain(
+                    self.peers
+                        .iter()
+                        .map(move |p| f(p.port_group, p.relative_port)),
+                )
+                .collect::<Vec<u16>>()
+        };
+        for (key, what, list) in [
+            ("port_group", "target port group id", ids(|g, _| g)),
+            ("relative_port", "relative target port id", ids(|_, r| r)),
+        ] {
+            for (i, id) in list.iter().enumerate() {
+                if key == "relative_port" && *id == 0 {
+                    return err(
+                        "relative_port must be 1..65535 (0 is reserved)".into(),
+                        key,
+                        "0".into(),
+                        1,
+                    );
+                }
+                let before = list[..i].iter().filter(|x| *x == id).count();
+                if before > 0 {
+                    return err(
+                        format!("{what} {id} is used twice among this gateway and its peers"),
+                        key,
+                        id.to_string(),
+                        before + 1,
+                    );
+                }
+            }
+        }
+        if !(10..=60_000).contains(&self.check_interval_ms) {
+            return err(
+                "check_interval_ms must be 10..60000".into(),
+                "check_interval_ms",
+                self.check_interval_ms.to_string(),
+                1,
+            );
+        }
+        if self.hold_down_ms > 120_000 {
+            return err(
+                "hold_down_ms must be at most 120000 (hosts wait about that long for a transition)"
+                    .into(),
+                "hold_down_ms",
+                self.hold_down_ms.to_string(),
+                1,
+            );
+        }
+        for p in &self.peers {
+            for portal in &p.portals {
+                if portal.parse::<std::net::SocketAddr>().is_err() {
+                    return err(
+                        format!("peer {:?}: portal {portal:?} is not ADDR:PORT", p.name),
+                        "portals",
+                        String::new(),
+                        1,
+                    );
+                }
+            }
         }
         Ok(())
     }

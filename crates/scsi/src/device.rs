@@ -10,10 +10,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use crate::alua::{AluaStatus, LunAlua};
 use crate::cdb::op;
 use crate::cmds::report_luns;
 use crate::command::{finish_data_in, finish_error, Command, NexusId, NexusInfo, Response};
-use crate::config::{derived_naa, derived_serial, parse_naa, BackendConfig, LunConfig};
+use crate::config::{
+    derived_naa, derived_serial, parse_naa, BackendConfig, GatewayConfig, LunConfig,
+};
 use crate::lun::{ua_exempt, DeviceView, Lun};
 use crate::object::ObjectLun;
 use crate::sense::{asc, key, Sense};
@@ -120,6 +123,8 @@ pub struct Device {
     /// The relative target port identifier of this device's one target port (SPC-4): the
     /// gateways exporting one LUN each have their own; 1 unless set.
     rel_port: AtomicU16,
+    /// This process as one of several gateways of the same LUNs (ALUA), with `[gateway]`.
+    gateway: Option<Arc<GatewayConfig>>,
 }
 
 impl Device {
@@ -138,14 +143,30 @@ impl Device {
         luns: Vec<(u64, LunConfig)>,
         image: Arc<ImageProvider>,
     ) -> Result<Device, DeviceError> {
+        Device::with_gateway(target_name, luns, image, None)
+    }
+
+    /// [`Device::with_image_memory`], as one of several gateways exporting the same LUNs
+    /// when `gateway` is given: every block LUN reports asymmetric access (module
+    /// [`crate::alua`]), a shared one (with `owner_lock`, or a backend that has a lock of its
+    /// own) following its ownership.
+    pub fn with_gateway(
+        target_name: &str,
+        luns: Vec<(u64, LunConfig)>,
+        image: Arc<ImageProvider>,
+        gateway: Option<GatewayConfig>,
+    ) -> Result<Device, DeviceError> {
+        // Reservations name an I_T nexus by this gateway's relative target port too.
+        let rel_port = gateway.as_ref().map_or(1, |g| g.relative_port);
         let mut device = Device {
+            gateway: gateway.map(Arc::new),
             target_name: target_name.to_string(),
             luns: RwLock::default(),
             changing: Mutex::new(()),
             image,
             nexuses: Mutex::new(HashMap::new()),
             configs: Mutex::default(),
-            rel_port: AtomicU16::new(1),
+            rel_port: AtomicU16::new(rel_port),
         };
         let mut map = LunMap::new();
         for (id, cfg) in luns {
@@ -188,12 +209,44 @@ impl Device {
             )));
         }
         let shared = crate::pr_shared::blob_of(&cfg, &*backend);
-        let mut lun = Lun::new(id, cfg, backend, naa, serial, &self.target_name);
+        let alua = self.lun_alua(id, &cfg, &backend).map_err(fail)?;
+        let mut lun = Lun::new(id, cfg, backend, naa, serial, &self.target_name, alua);
         if let Some((blob, file)) = shared {
             let (shared, pr) = crate::pr_shared::SharedPr::open(blob, file).map_err(fail)?;
             lun = lun.with_shared_pr(shared, pr);
         }
         Ok(Unit::Block(Arc::new(lun)))
+    }
+
+    /// LUN `id`'s ALUA side with `[gateway]`: its owner is the lock file `owner_lock`
+    /// names, or the backend's own lock; neither: the LUN is not shared.
+    fn lun_alua(
+        &self,
+        id: u64,
+        cfg: &LunConfig,
+        backend: &Arc<dyn storage::Backend>,
+    ) -> Result<Option<LunAlua>, String> {
+        let Some(gateway) = &self.gateway else {
+            return match &cfg.owner_lock {
+                Some(_) => Err("owner_lock needs a [gateway] section".into()),
+                None => Ok(None),
+            };
+        };
+        let owner: Option<Arc<dyn storage::ExclusiveOwner>> =
+            match (&cfg.owner_lock, backend.exclusive_owner()) {
+                (Some(_), Some(_)) => {
+                    return Err(format!(
+                        "its {} backend has an ownership lock of its own: leave owner_lock out",
+                        backend.kind()
+                    ))
+                }
+                (Some(path), None) => Some(Arc::new(
+                    storage::owner_file::FileOwner::open(path, &gateway.name)
+                        .map_err(|e| format!("owner_lock: {e}"))?,
+                )),
+                (None, own) => own,
+            };
+        Ok(Some(LunAlua::new(gateway.clone(), id, owner)))
     }
 
     /// Adds LUN `id` while the device runs. Its backend is opened first, with no lock held
@@ -282,6 +335,12 @@ impl Device {
         }
     }
 
+    /// The block LUN numbered `id`, for tests that look inside it.
+    #[cfg(test)]
+    pub(crate) fn block_lun(&self, id: u64) -> Option<Arc<Lun>> {
+        self.block(id)
+    }
+
     /// Every block LUN of a snapshot.
     fn blocks(map: &LunMap) -> impl Iterator<Item = &Arc<Lun>> {
         map.values().filter_map(|u| match u {
@@ -301,8 +360,8 @@ impl Device {
         self.nexuses.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Sets the relative target port identifier of this device's target port (SPC-4; 1
-    /// unless set), which persistent reservations name the I_T nexuses by: the gateways
+    /// Sets the relative target port identifier of this device's target port (SPC-4; the
+    /// `[gateway]`'s `relative_port`, else 1), which persistent reservations name the I_T nexuses by: the gateways
     /// exporting one LUN as one target each set their own. Commands from then on use it.
     pub fn set_relative_port(&self, id: u16) {
         self.rel_port.store(id, Ordering::Relaxed);
@@ -549,6 +608,41 @@ impl Device {
         }
         l.set_num_blocks(blocks, &self.known_nexuses());
         Ok(())
+    }
+}
+
+/// The ALUA side of a gateway's LUNs.
+impl Device {
+    /// This gateway's `[gateway]` configuration, if it is one of several.
+    pub fn gateway(&self) -> Option<&GatewayConfig> {
+        self.gateway.as_deref()
+    }
+
+    /// This gateway's ALUA state for each block LUN (ascending), with `[gateway]`.
+    pub fn alua_status(&self) -> Vec<(u64, AluaStatus)> {
+        Device::blocks(&self.snapshot())
+            .filter_map(|l| Some((l.id, l.alua.as_ref()?.status())))
+            .collect()
+    }
+
+    /// Gives up ownership of every shared LUN (a gateway stopping hands its LUNs over
+    /// cleanly): from now on they are unavailable here. Returns once every LUN released,
+    /// each after its admitted writes (at most 30 s), or after `limit`.
+    pub async fn release_ownership(&self, limit: Duration) {
+        let luns: Vec<Arc<Lun>> = Device::blocks(&self.snapshot()).cloned().collect();
+        for l in &luns {
+            if let Some(a) = &l.alua {
+                a.stop();
+            }
+        }
+        let deadline = tokio::time::Instant::now() + limit;
+        while tokio::time::Instant::now() < deadline
+            && luns
+                .iter()
+                .any(|l| l.alua.as_ref().is_some_and(|a| !a.stopped()))
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 }
 

@@ -41,9 +41,14 @@
 //!   gateway's restart; other LUNs keep them in memory.
 //! * Counters: each block LUN counts its commands, bytes and latency by direction and
 //!   the commands running on it ([`stats`]), read whole by [`Device::lun_stats`].
+//! * Gateways: with a [`GatewayConfig`] ([`Device::with_gateway`]) the device is one of
+//!   several gateways exporting the same LUNs, with asymmetric access ([`alua`]): INQUIRY's
+//!   TPGS, the target port designators, REPORT TARGET PORT GROUPS, and each shared LUN's
+//!   state following its owner ([`storage::ExclusiveOwner`]).
 //! * Sense: returned raw, fixed (0x70) or descriptor (0x72) format per the D_SENSE bit of
 //!   the control mode page.
 
+pub mod alua;
 mod cdb;
 pub(crate) mod cmds;
 mod command;
@@ -58,10 +63,11 @@ mod pr_shared;
 pub mod stats;
 mod tasks;
 
+pub use alua::{AccessState, AluaStatus};
 pub use cdb::op;
 pub use cmds::{RwParams, MAX_TRANSFER_BYTES};
 pub use command::{Command, NexusId, Residual, Response, TaskAttr};
-pub use config::{BackendConfig, ByteSize, IoConfig, LunConfig};
+pub use config::{BackendConfig, ByteSize, GatewayConfig, IoConfig, LunConfig, PeerConfig};
 pub use device::{Device, DeviceError, ImageProvider, LunChangeError, ResetKind};
 pub use object::OSD_DEVICE_TYPE;
 /// Status codes and sense data are the shared SCSI vocabulary's.

@@ -9,13 +9,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use bytes::Bytes;
 use storage::Backend;
 
+use crate::alua::LunAlua;
 use crate::cdb::{allowed_under_reserve6, data_out_len, needs_medium, op};
 use crate::command::{
     finish_data_in, finish_error, finish_out, residual, Command, NexusId, NexusInfo, Residual,
     Response,
 };
 use crate::config::LunConfig;
-use crate::outcome::Fail;
+use crate::outcome::{CmdResult, Fail};
 use crate::pr::PrState;
 use crate::pr_shared::SharedPr;
 use crate::sense::{asc, key, Sense};
@@ -91,6 +92,10 @@ pub(crate) struct Lun {
     /// The shared record the persistent reservations live in (`state().pr` is then its
     /// cached copy), when the LUN has one.
     pub shared_pr: Option<SharedPr>,
+    /// This gateway's ALUA state for the LUN, with `[gateway]`.
+    pub alua: Option<LunAlua>,
+    /// The ALUA state changes already announced to every nexus (unit attention).
+    alua_announced: AtomicU64,
 }
 
 /// Commands that neither report nor clear a unit attention (SPC-4 5.14: INQUIRY,
@@ -107,6 +112,7 @@ impl Lun {
         naa: Vec<u8>,
         serial: String,
         target: &str,
+        alua: Option<LunAlua>,
     ) -> Lun {
         let block_size = cfg.block_size;
         let num_blocks = backend.size() / block_size as u64;
@@ -132,6 +138,8 @@ impl Lun {
             stats: LunStats::default(),
             faults: Default::default(),
             shared_pr: None,
+            alua_announced: AtomicU64::new(alua.as_ref().map_or(0, LunAlua::changes)),
+            alua,
             backend,
             cfg,
         }
@@ -301,9 +309,13 @@ impl Lun {
         if guard.aborted() {
             return Response::aborted();
         }
+        self.announce_alua(dev);
         let result = match self.pre_checks(opcode, &cmd, info.as_ref()) {
             Some(fail) => Err(fail),
-            None => self.dispatch(dev, &cmd, info.as_ref(), &guard).await,
+            None => {
+                self.dispatch_admitted(dev, &cmd, info.as_ref(), &guard)
+                    .await
+            }
         };
         if guard.aborted() {
             return Response::aborted();
@@ -336,6 +348,50 @@ impl Lun {
                 r
             }
         }
+    }
+
+    /// Dispatches a command this gateway's ALUA state admits (all of them without
+    /// `[gateway]`); a write that failed on the medium makes the watcher check ownership.
+    async fn dispatch_admitted(
+        &self,
+        dev: &dyn DeviceView,
+        cmd: &Command,
+        info: Option<&NexusInfo>,
+        guard: &crate::tasks::TaskGuard<'_>,
+    ) -> CmdResult {
+        let Some(alua) = &self.alua else {
+            return self.dispatch(dev, cmd, info, guard).await;
+        };
+        let admitted = alua.admit(cmd.cdb[0]).await?;
+        let result = self.dispatch(dev, cmd, info, guard).await;
+        if let Err(Fail::Check(s)) = &result {
+            let medium = matches!(s.key, key::MEDIUM_ERROR | key::HARDWARE_ERROR);
+            if medium && crate::alua::writes_medium(cmd.cdb[0]) {
+                alua.poke();
+            }
+        }
+        drop(admitted);
+        result
+    }
+
+    /// Queues ASYMMETRIC ACCESS STATE CHANGED for every nexus once per change of this
+    /// gateway's ALUA state for the LUN (noticed by the next command to it).
+    fn announce_alua(&self, dev: &dyn DeviceView) {
+        let Some(alua) = &self.alua else { return };
+        let now = alua.changes();
+        if self.alua_announced.load(Ordering::Acquire) == now
+            || self.alua_announced.swap(now, Ordering::AcqRel) == now
+        {
+            return;
+        }
+        let nexuses: Vec<NexusId> = dev
+            .known_nexus_ports()
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        let mut st = self.state();
+        self.raise_ua(&mut st, &nexuses, None, crate::alua::asc::STATE_CHANGED);
+        self.refresh(&st);
     }
 
     /// Unit attention, sanitize, reservation and medium checks. `None` = go ahead.
@@ -391,6 +447,9 @@ impl Lun {
         write: bool,
     ) -> Option<Fail> {
         let opcode = if write { op::WRITE_16 } else { op::READ_16 };
+        if let Some(fail) = self.alua.as_ref().and_then(|a| a.copy_check(write)) {
+            return Some(fail);
+        }
         if self.needs_checks.load(Ordering::Acquire) {
             let mut as_if = [0u8; 16];
             as_if[0] = opcode;

@@ -1519,6 +1519,7 @@ fn extended_copy_from_a_lun_without_medium_is_copy_aborted() {
     assert_eq!(sixteen_blocks(&d, 1, 0, 10), before, "unchanged");
 }
 
+mod alua;
 mod backend_faults;
 mod luns;
 mod shared_pr;

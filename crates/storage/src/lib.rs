@@ -25,8 +25,9 @@
 //!
 //! Several gateways serving the same storage agree through two seams: [`ExclusiveOwner`]
 //! (which gateway writes, the others fenced) and [`SharedBlob`] (a record they share, such as
-//! persistent reservations), from the backend where its storage offers them; a
-//! [`shared_blob_file::FileBlob`] keeps such a record in a file on storage every gateway reaches.
+//! persistent reservations), from the backend where its storage offers them; where it does not,
+//! [`owner_file::FileOwner`] keeps ownership in a lock file every gateway reaches, and a
+//! [`shared_blob_file::FileBlob`] such a record in a file on storage every gateway reaches.
 
 mod alloc;
 mod block;
@@ -36,6 +37,7 @@ mod flush;
 mod lent;
 mod memory;
 pub mod owner;
+pub mod owner_file;
 mod pool;
 pub mod shared_blob;
 pub mod shared_blob_file;

@@ -65,6 +65,11 @@ pub fn methods(admin: Arc<Admin>) -> Methods<Admin> {
         p.finish()?;
         Ok(json!(target_info(&a, &name)?.luns))
     })
+    .add("alua.show", |a, mut p| async move {
+        let name = p.str("target")?;
+        p.finish()?;
+        alua_show(&a, &name)
+    })
     .add("lun.add", |a, mut p| async move {
         let name = p.str("target")?;
         let lun = p.u64("lun")?;
@@ -294,6 +299,35 @@ fn refused_or_missing(why: String) -> RpcError {
 
 fn target_info(a: &Admin, name: &str) -> Result<iscsi_target::inspect::TargetInfo, RpcError> {
     a.target.target_info(name).ok_or_else(|| no_target(name))
+}
+
+/// `alua.show`: this gateway's `[gateway]` identity and its ALUA state for each LUN.
+fn alua_show(a: &Admin, name: &str) -> Result<Value, RpcError> {
+    let luns = a.target.alua_status(name).ok_or_else(|| no_target(name))?;
+    let config = a.target.running_config();
+    let gateway = config.gateway.as_ref().map(|g| {
+        json!({
+            "group": g.group,
+            "name": g.name,
+            "port_group": g.port_group,
+            "relative_port": g.relative_port,
+        })
+    });
+    let luns: Vec<Value> = luns
+        .into_iter()
+        .map(|(lun, s)| {
+            json!({
+                "lun": lun,
+                "state": s.state.name(),
+                "shared": s.shared,
+                "owner": s.owner,
+                "acquired": s.acquired,
+                "lost": s.lost,
+                "last_error": s.last_error,
+            })
+        })
+        .collect();
+    Ok(json!({ "gateway": gateway, "luns": luns }))
 }
 
 fn no_target(name: &str) -> RpcError {

@@ -1,4 +1,5 @@
-//! INQUIRY (standard data and VPD pages), READ CAPACITY, REPORT SUPPORTED OPERATION CODES.
+//! INQUIRY (standard data and VPD pages), READ CAPACITY, REPORT SUPPORTED OPERATION CODES
+//! (REPORT TARGET PORT GROUPS among them with `[gateway]`).
 
 use super::rw::{
     MAX_CAW_BLOCKS, MAX_TRANSFER_BYTES, MAX_UNMAP_BLOCKS, MAX_UNMAP_DESCRIPTORS,
@@ -72,6 +73,9 @@ impl Lun {
         d[3] = 0x12; // HISUP, response data format 2
         d[4] = (d.len() - 5) as u8;
         d[5] = if XCOPY_SUPPORTED { 0x08 } else { 0 }; // 3PC: EXTENDED COPY
+        if self.alua.is_some() {
+            d[5] |= 0x10; // TPGS 01b: implicit asymmetric access
+        }
         d[6] = 0x00;
         d[7] = 0x02; // CMDQUE
         pad_ascii(&mut d[8..16], &self.cfg.vendor);
@@ -103,8 +107,12 @@ impl Lun {
         }
         b.extend_from_slice(&[0x53, 0xA8, 0x00, name.len() as u8]);
         b.extend_from_slice(&name);
-        // Relative target port 1 (iSCSI protocol, target port association).
-        b.extend_from_slice(&[0x51, 0x94, 0x00, 0x04, 0, 0, 0, 1]);
+        match &self.alua {
+            // This gateway's relative target port and target port group.
+            Some(alua) => b.extend_from_slice(&alua.designators()),
+            // Relative target port 1 (iSCSI protocol, target port association).
+            None => b.extend_from_slice(&[0x51, 0x94, 0x00, 0x04, 0, 0, 0, 1]),
+        }
         b
     }
 
@@ -228,6 +236,10 @@ impl Lun {
         match o.op {
             op::UNMAP => self.thin,
             op::EXTENDED_COPY | op::RECEIVE_COPY_RESULTS => XCOPY_SUPPORTED,
+            op::MAINTENANCE_IN => {
+                o.sa != Some(crate::alua::SA_REPORT_TARGET_PORT_GROUPS.into())
+                    || self.alua.is_some()
+            }
             op::SANITIZE => match o.sa {
                 Some(0x02) | Some(0x03) => self.sanitize_erase_supported(),
                 _ => self.cfg.sanitize,
@@ -483,6 +495,11 @@ static OPS: &[OpInfo] = &[
     o(
         op::REPORT_LUNS,
         &[0xA0, 0, 0xFF, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0],
+    ),
+    s(
+        op::MAINTENANCE_IN,
+        0x0A,
+        &[0xA3, 0xEA, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0],
     ),
     s(
         op::MAINTENANCE_IN,

@@ -92,6 +92,10 @@ impl Lun {
             }),
             op::MAINTENANCE_IN => match cdb[1] & 0x1F {
                 op::SA_REPORT_SUPPORTED_OPCODES => self.report_supported_opcodes(cdb),
+                crate::alua::SA_REPORT_TARGET_PORT_GROUPS => match &self.alua {
+                    Some(alua) => Done::data(alua.report_target_port_groups(cdb)?),
+                    None => Err(Sense::invalid_cdb_field(1, Some(4)).into()),
+                },
                 _ => Err(Sense::invalid_cdb_field(1, Some(4)).into()),
             },
             op::START_STOP_UNIT => self.start_stop_unit(cmd).await,
