@@ -428,6 +428,9 @@ pub(crate) struct Multipath {
     first_params: SessionParams,
 }
 
+/// A path logged in at the start: its index, session and probe.
+type Opened = (usize, (Arc<dyn PathLink>, Probe));
+
 /// How a path reports itself when admitted.
 struct Probe {
     identity: LunIdentity,
@@ -470,7 +473,7 @@ impl Multipath {
                 Err(e) => failed.push((i, format!("login task ended: {e}"))),
             }
         }
-        let close_all = |opened: &[(usize, (Arc<dyn PathLink>, Probe))]| {
+        let close_all = |opened: &[Opened]| {
             for (_, (l, _)) in opened {
                 l.close();
             }
@@ -819,19 +822,16 @@ impl Multipath {
 
     /// Reads every path's state again (bounded by the command timeout per path).
     async fn check_all(&self) {
-        let links: Vec<(usize, Arc<dyn PathLink>, bool, Option<u16>)> = {
+        let links: Vec<(usize, Arc<dyn PathLink>, bool, Designators)> = {
             let p = self.lock();
             p.slots
                 .iter()
                 .enumerate()
-                .filter_map(|(i, s)| {
-                    let l = s.link.clone()?;
-                    Some((i, l, s.alua, s.designators.target_port_group))
-                })
+                .filter_map(|(i, s)| Some((i, s.link.clone()?, s.alua, s.designators.clone())))
                 .collect()
         };
-        for (i, link, alua, tpg) in links {
-            match probe_state(&*link, self.lun, alua, tpg, self.cfg.command_timeout).await {
+        for (i, link, alua, ports) in links {
+            match probe_state(&*link, self.lun, alua, &ports, self.cfg.command_timeout).await {
                 Ok(state) => self.set_state(i, &link, state),
                 Err(e) => {
                     self.path_failed(i, &link, &e.to_string());
@@ -931,7 +931,7 @@ impl Multipath {
             known
                 .check_same(&p.identity)
                 .map_err(|why| format!("it shows another logical unit now ({why})"))?;
-            let state = probe_state(&*link, self.lun, p.alua, p.designators.target_port_group, t)
+            let state = probe_state(&*link, self.lun, p.alua, &p.designators, t)
                 .await
                 .map_err(|e| e.to_string())?;
             Ok::<_, String>((p, state))
@@ -1127,12 +1127,13 @@ async fn probe_identity(link: &dyn PathLink, lun: u16, t: Duration) -> Result<Pr
 }
 
 /// A path's state now: TEST UNIT READY (NOT READY 04/0A-0C say it), then, when the LU
-/// reports ALUA, REPORT TARGET PORT GROUPS for the path's own group.
+/// reports ALUA, REPORT TARGET PORT GROUPS for the path's own group (by its target port
+/// group designator, else the group listing its relative target port).
 async fn probe_state(
     link: &dyn PathLink,
     lun: u16,
     alua: bool,
-    tpg: Option<u16>,
+    ports: &Designators,
     t: Duration,
 ) -> Result<AluaState, Error> {
     let tur = exec(link, CommandRequest::none(lun, scsi::test_unit_ready()), t).await?;
@@ -1150,12 +1151,22 @@ async fn probe_state(
         return Ok(from_tur.unwrap_or(AluaState::ActiveOptimized));
     }
     let groups = parse_rtpg(&r.data);
-    let own = tpg.and_then(|g| groups.iter().find(|x| x.id == g));
+    let own = own_group(&groups, ports);
     Ok(match (own, from_tur) {
         (Some(g), _) => g.state,
         (None, Some(s)) => s,
         (None, None) => AluaState::ActiveOptimized,
     })
+}
+
+/// The group of REPORT TARGET PORT GROUPS data a path belongs to: the one its target port
+/// group designator names, else the one listing its relative target port.
+pub fn own_group<'a>(groups: &'a [PortGroup], ports: &Designators) -> Option<&'a PortGroup> {
+    match (ports.target_port_group, ports.relative_target_port) {
+        (Some(g), _) => groups.iter().find(|x| x.id == g),
+        (None, Some(p)) => groups.iter().find(|x| x.relative_target_ports.contains(&p)),
+        (None, None) => None,
+    }
 }
 
 /// Runs the checks and reconnections while the session lives (ends when it is closed or

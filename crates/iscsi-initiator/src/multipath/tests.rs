@@ -183,7 +183,7 @@ async fn start(fakes: &[Arc<Fake>]) -> Result<Arc<Multipath>, Error> {
         })
     });
     let url = IscsiUrl::parse_lun("iscsi://a,b/iqn.2026-11.org.x:t/0").unwrap();
-    let portals = vec!["a:3260".to_string(), "b:3260".to_string()];
+    let portals = ["a:3260".to_string(), "b:3260".to_string()];
     Multipath::start(url, portals[..fakes.len()].to_vec(), quick(), opener).await
 }
 
@@ -233,6 +233,16 @@ fn designators_and_port_groups_parse() {
     ext[..4].copy_from_slice(&len.to_be_bytes());
     assert_eq!(parse_rtpg(&ext).len(), 2);
     assert_eq!(rtpg_cdb(4096)[..2], [0xa3, 0x0a]);
+    // A path's own group: by group designator, else by its relative target port.
+    let by = |tpg, rtpi| Designators {
+        naa: None,
+        target_port_group: tpg,
+        relative_target_port: rtpi,
+    };
+    assert_eq!(own_group(&g, &by(Some(2), Some(1))).map(|x| x.id), Some(2));
+    assert_eq!(own_group(&g, &by(None, Some(3))).map(|x| x.id), Some(3));
+    assert_eq!(own_group(&g, &by(None, Some(9))), None);
+    assert_eq!(own_group(&g, &by(None, None)), None);
 }
 
 #[test]
