@@ -10,10 +10,10 @@
 //! IPv6 hosts go in brackets. Several portals of one logical unit (gateways exporting the
 //! same LUN, see [`crate::multipath`]) are listed comma-separated in place of the host:
 //! `iscsi://host1:3260,[fd00::2]:3261/iqn.x/0`, each with its own port; every other part
-//! (credentials, target, LUN, query) is shared. libiscsi takes no comma there (its portal
-//! goes to getaddrinfo whole), so no libiscsi URL changes meaning. A part made of digits
-//! only is refused: it is the portal group tag of SendTargets' `host:port,tpgt` notation,
-//! not a host. Optional query arguments (`?a=b&c=d`): `target_user` and
+//! (credentials, target, LUN, query) is shared. A part made of digits only is the portal
+//! group tag of the portal before it (SendTargets' `host:port,tpgt`), ignored as libiscsi
+//! ignores it, so every libiscsi URL means here what it means there; libiscsi, given a list,
+//! cuts it at its last comma and connects to what is before. Optional query arguments (`?a=b&c=d`): `target_user` and
 //! `target_password` (mutual CHAP), `header_digest` and `data_digest` (`none`, `crc32c`,
 //! `crc32c-none`, `none-crc32c`, as libiscsi spells them), and `error_recovery_level`
 //! (`0` or `1`).
@@ -76,20 +76,19 @@ pub const MAX_PORTALS: usize = 16;
 
 /// Parses the comma-separated portals of a URL's authority.
 fn parse_portal_list(input: &str, list: &str) -> Result<Vec<(String, u16)>, UrlError> {
-    let parts: Vec<&str> = list.split(',').collect();
-    if parts.len() > MAX_PORTALS {
-        return Err(err(
-            input,
-            format!("{} portals listed; at most {MAX_PORTALS}", parts.len()),
-        ));
-    }
-    let mut out: Vec<(String, u16)> = Vec::with_capacity(parts.len());
-    for part in parts {
+    let mut out: Vec<(String, u16)> = Vec::new();
+    for part in list.split(',') {
         if is_tag(part) {
-            return Err(err(
-                input,
-                format!("{part:?} after a comma looks like a portal group tag (host:port,tpgt); list portals as host1[:port],host2[:port]"),
-            ));
+            // The portal group tag of the portal before it: not needed to log in.
+            if out.is_empty() || part.parse::<u16>().is_err() {
+                return Err(err(
+                    input,
+                    format!(
+                        "portal group tag {part:?} does not follow a host[:port] (host:port,tpgt)"
+                    ),
+                ));
+            }
+            continue;
         }
         let p = parse_portal(part).map_err(|e| {
             if part.is_empty() {
@@ -100,6 +99,12 @@ fn parse_portal_list(input: &str, list: &str) -> Result<Vec<(String, u16)>, UrlE
         })?;
         if out.contains(&p) {
             return Err(err(input, format!("portal {part} is listed twice")));
+        }
+        if out.len() == MAX_PORTALS {
+            return Err(err(
+                input,
+                format!("more than {MAX_PORTALS} portals listed"),
+            ));
         }
         out.push(p);
     }
@@ -547,20 +552,30 @@ mod tests {
             ("iscsi://h1,/t/0", "empty host"),
             ("iscsi://,h2/t/0", "empty host"),
             ("iscsi://h1,,h2/t/0", "empty host"),
-            ("iscsi://10.0.0.1:3260,1/t/0", "portal group tag"),
+            ("iscsi://1,h2/t/0", "portal group tag"),
+            ("iscsi://h1,99999/t/0", "portal group tag"),
             ("iscsi://h1:3260,h1/t/0", "listed twice"),
             ("iscsi://h1,h2:0/t/0", "port"),
             ("iscsi://h1,h2:x/t/0", "port"),
             ("iscsi://h1,::1/t/0", "brackets"),
             ("iscsi://h1,[::1/t/0", "closing"),
             ("iscsi://h1,h2 x/t/0", "space"),
-            (&format!("iscsi://{many}/t/0"), "at most"),
+            (&format!("iscsi://{many}/t/0"), "more than"),
         ] {
             let e = bad.parse::<IscsiUrl>().unwrap_err().to_string();
             assert!(e.contains(why), "{bad}: {e}");
             assert!(!e.contains('\n'));
         }
         assert!(parse_portal("h1,h2").is_err());
+        // libiscsi's host:port,tpgt: the tag is ignored, as there.
+        let u = IscsiUrl::parse_lun("iscsi://10.0.0.1:3260,1/t/0").unwrap();
+        assert!(!u.is_multipath());
+        assert_eq!(u.host_port(), "10.0.0.1:3260");
+        let u = IscsiUrl::parse_lun("iscsi://h1:3260,1,h2:3261,2/t/0").unwrap();
+        assert_eq!(
+            u.portals(),
+            vec![("h1".to_string(), 3260), ("h2".to_string(), 3261)]
+        );
         assert!(IscsiUrl::from_portal_or_url("h1,h2:3261").is_err());
     }
 
