@@ -14,6 +14,11 @@
 //! CAPACITY, READ/WRITE 10/16, SYNCHRONIZE CACHE, UNMAP, REPORT LUNS, raw CDBs) sit on top.
 //! The access generator behind `ironsan bench` is the `bench` crate's.
 //!
+//! A URL that lists several portals of one logical unit (`iscsi://h1,h2:3261/iqn/0`:
+//! gateways exporting the same LUN) gives a multipath [`Session`] ([`multipath`]): one
+//! session per portal, the LU's identity checked on each, commands sent to the best path by
+//! its ALUA state and moved to another when it fails, without an error to the caller.
+//!
 //! ```no_run
 //! use iscsi_initiator::{IscsiUrl, Session, SessionConfig, SessionConnector};
 //!
@@ -36,6 +41,7 @@
 
 mod conn;
 pub mod core;
+pub mod multipath;
 pub mod scsi;
 mod session;
 pub mod url;
@@ -43,6 +49,7 @@ pub mod url;
 pub use crate::core::{CommandRequest, CommandResult, RecoveryStats, Residual, TaskError};
 pub use datamover::IserProvider;
 pub use iscsi_login::{ChapCredentials, DigestPreference, DiscoveredTarget, LoginError};
+pub use multipath::{AluaState, MultipathConfig, PathStatus};
 pub use session::{
     discover, PendingCommand, Session, SessionConfig, SessionConnector, TraceFile,
     DEFAULT_INITIATOR_NAME,

@@ -24,6 +24,7 @@ use crate::core::{
     Action, CommandRequest, CommandResult, RecoveryStats, Reply, SessionCore, SessionLimits,
     TaskError,
 };
+use crate::multipath::{Multipath, MultipathConfig, PathStatus};
 use crate::scsi::{self, Capacity, Inquiry};
 use crate::url::IscsiUrl;
 use crate::Error;
@@ -94,6 +95,9 @@ pub struct SessionConfig {
     /// What opens the session's connections, of every transport (the `transports` crate
     /// composes it); none: connecting fails and says so.
     pub connector: Option<SessionConnector>,
+    /// How a URL listing several portals is served: one session per portal, commands
+    /// routed and moved between them ([`crate::multipath`]).
+    pub multipath: MultipathConfig,
 }
 
 /// The [`datamover::Connector`] a session opens its connections with.
@@ -157,6 +161,7 @@ impl Default for SessionConfig {
             iser_unsolicited_only_whole: true,
             iser_poll: datamover::iser_defaults::DEFAULT_POLL,
             connector: None,
+            multipath: MultipathConfig::default(),
         }
     }
 }
@@ -307,18 +312,44 @@ fn flush(st: &mut State) {
 /// A command sent (or queued) whose completion has not been awaited yet.
 pub struct PendingCommand {
     itt: u32,
-    rx: Result<oneshot::Receiver<Result<Reply, TaskError>>, Error>,
+    rx: Pending,
+}
+
+enum Pending {
+    /// On a session's connection: the core's completion.
+    Sent(oneshot::Receiver<Result<Reply, TaskError>>),
+    /// Carried by a multipath session's router, which may move it between paths.
+    Routed(oneshot::Receiver<Result<CommandResult, Error>>),
+    /// Never sent.
+    Failed(Error),
 }
 
 impl PendingCommand {
-    /// The command's Initiator Task Tag (for [`Session::abort_task`]).
+    /// A command whose completion `rx` delivers (multipath routing, test paths).
+    pub(crate) fn routed(rx: oneshot::Receiver<Result<CommandResult, Error>>) -> PendingCommand {
+        PendingCommand {
+            itt: 0,
+            rx: Pending::Routed(rx),
+        }
+    }
+
+    /// The command's Initiator Task Tag (for [`Session::abort_task`]; 0 on a multipath
+    /// session, whose commands may move between paths).
     pub fn itt(&self) -> u32 {
         self.itt
     }
 
     /// Waits for the status.
     pub async fn wait(self) -> Result<CommandResult, Error> {
-        let rx = self.rx?;
+        let rx = match self.rx {
+            Pending::Sent(rx) => rx,
+            Pending::Routed(rx) => {
+                return rx
+                    .await
+                    .unwrap_or(Err(Error::Task(TaskError::SessionClosed)))
+            }
+            Pending::Failed(e) => return Err(e),
+        };
         match rx.await {
             Ok(Ok(Reply::Scsi(r))) => Ok(r),
             Ok(Ok(other)) => Err(Error::Protocol(format!("unexpected reply {other:?}"))),
@@ -328,9 +359,16 @@ impl PendingCommand {
     }
 }
 
-/// A logged-in session to one target (one or more connections).
+/// A logged-in session to one target (one or more connections), or to one logical unit
+/// through several portals (a URL listing several: [`crate::multipath`]); both offer the
+/// same calls.
 pub struct Session {
-    inner: Arc<Inner>,
+    kind: Kind,
+}
+
+enum Kind {
+    One(Arc<Inner>),
+    Paths(Arc<Multipath>),
 }
 
 struct Established {
@@ -880,8 +918,21 @@ fn probe_datamovers(st: &mut State) -> bool {
 }
 
 impl Session {
-    /// Logs in to the URL's target (it must name one) with `cfg`'s connections.
+    /// Logs in to the URL's target (it must name one) with `cfg`'s connections. A URL that
+    /// lists several portals logs in on each (one session per portal) and gives a multipath
+    /// session ([`crate::multipath`]).
     pub async fn connect(url: &IscsiUrl, cfg: SessionConfig) -> Result<Session, Error> {
+        if url.is_multipath() {
+            let m = crate::multipath::connect(url, cfg).await?;
+            return Ok(Session {
+                kind: Kind::Paths(m),
+            });
+        }
+        Session::connect_one(url, cfg).await
+    }
+
+    /// Logs in to the URL's first portal (one path of a multipath session, or the whole).
+    pub(crate) async fn connect_one(url: &IscsiUrl, cfg: SessionConfig) -> Result<Session, Error> {
         let mut r = [0u8; 4];
         rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut r);
         let isid = [0x80, 0x00, r[0], r[1], r[2], r[3]];
@@ -913,52 +964,92 @@ impl Session {
                 inner.cfg.nop_timeout,
             ));
         }
-        Ok(Session { inner })
+        Ok(Session {
+            kind: Kind::One(inner),
+        })
     }
 
     /// The URL this session logged in to.
     pub fn url(&self) -> &IscsiUrl {
-        &self.inner.url
+        match &self.kind {
+            Kind::One(inner) => &inner.url,
+            Kind::Paths(m) => m.url(),
+        }
     }
 
     /// The URL's LUN (0 when it names none).
     pub fn default_lun(&self) -> u16 {
-        self.inner.url.lun.unwrap_or(0)
+        self.url().lun.unwrap_or(0)
     }
 
-    /// The negotiated session parameters.
+    /// The negotiated session parameters (multipath: the path in use's).
     pub fn params(&self) -> SessionParams {
-        self.inner.lock().params.clone()
+        match &self.kind {
+            Kind::One(inner) => inner.lock().params.clone(),
+            Kind::Paths(m) => m.params(),
+        }
     }
 
-    /// The target-assigned session handle.
-    /// Error recovery events so far (SNACKs, retries, reinstatements).
+    /// Error recovery events so far (SNACKs, retries, reinstatements; multipath: summed
+    /// over the paths' sessions up now).
     pub fn recovery(&self) -> RecoveryStats {
-        self.inner.lock().core.recovery
+        match &self.kind {
+            Kind::One(inner) => inner.lock().core.recovery,
+            Kind::Paths(m) => m
+                .sessions()
+                .iter()
+                .fold(RecoveryStats::default(), |a, s| a.plus(s.recovery())),
+        }
     }
 
     /// The registration caches of the connections up now: how often a write's data had been
     /// registered for an earlier command (iSER; zeros over TCP).
     pub fn write_registrations(&self) -> datamover::RegistrationStats {
-        let st = self.inner.lock();
+        let inner = match &self.kind {
+            Kind::One(inner) => inner,
+            Kind::Paths(m) => {
+                return m
+                    .sessions()
+                    .iter()
+                    .fold(Default::default(), |a, s| a.plus(s.write_registrations()))
+            }
+        };
+        let st = inner.lock();
         st.conns.iter().flatten().fold(Default::default(), |a, h| {
             a.plus(h.dm.write_registrations())
         })
     }
 
+    /// The target-assigned session handle (multipath: the path in use's, 0 without one).
     pub fn tsih(&self) -> u16 {
-        self.inner.lock().tsih
+        match &self.kind {
+            Kind::One(inner) => inner.lock().tsih,
+            Kind::Paths(m) => m.current().map_or(0, |s| s.tsih()),
+        }
     }
 
-    /// Connections currently up.
+    /// Connections currently up (multipath: over every path).
     pub fn connection_count(&self) -> usize {
-        self.inner.lock().core.live_connections().len()
+        match &self.kind {
+            Kind::One(inner) => inner.lock().core.live_connections().len(),
+            Kind::Paths(m) => m.sessions().iter().map(|s| s.connection_count()).sum(),
+        }
     }
 
     /// Duplicates of the descriptors of the connections up now, in connection order (for
     /// TCP_INFO sampling; each stays valid after the connection closes, reading as closed).
     pub fn connection_sockets(&self) -> Vec<std::os::fd::OwnedFd> {
-        let st = self.inner.lock();
+        let inner = match &self.kind {
+            Kind::One(inner) => inner,
+            Kind::Paths(m) => {
+                return m
+                    .sessions()
+                    .iter()
+                    .flat_map(|s| s.connection_sockets())
+                    .collect()
+            }
+        };
+        let st = inner.lock();
         st.conns
             .iter()
             .flatten()
@@ -966,24 +1057,59 @@ impl Session {
             .collect()
     }
 
-    /// Commands the target accepts right now (MaxCmdSN - ExpCmdSN + 1).
+    /// Commands the target accepts right now (MaxCmdSN - ExpCmdSN + 1; multipath: on the
+    /// path in use).
     pub fn window(&self) -> u32 {
-        self.inner.lock().core.window_size()
+        match &self.kind {
+            Kind::One(inner) => inner.lock().core.window_size(),
+            Kind::Paths(m) => m.window(),
+        }
     }
 
-    /// Sends (or queues, while the CmdSN window is closed) a SCSI command.
+    /// Each path of a multipath session: its portal, whether it is up, its ALUA state and
+    /// the commands it carried; one entry for a single-path session.
+    pub fn paths(&self) -> Vec<PathStatus> {
+        match &self.kind {
+            Kind::One(inner) => vec![PathStatus {
+                portal: inner.url.host_port(),
+                up: inner.lock().failed.is_none(),
+                down_because: inner.lock().failed.clone(),
+                ..PathStatus::default()
+            }],
+            Kind::Paths(m) => m.status(),
+        }
+    }
+
+    /// Why the session can take no more commands, once it cannot (its connections are gone
+    /// for good, or it was closed).
+    pub fn failure(&self) -> Option<String> {
+        match &self.kind {
+            Kind::One(inner) => inner.lock().failed.clone(),
+            Kind::Paths(m) => m.failure(),
+        }
+    }
+
+    /// Sends (or queues, while the CmdSN window is closed) a SCSI command. On a multipath
+    /// session the command goes to the path in use and, should that path fail, to another.
     pub fn submit(&self, req: CommandRequest) -> PendingCommand {
+        let inner = match &self.kind {
+            Kind::One(inner) => inner,
+            Kind::Paths(m) => return m.submit(req),
+        };
         let (tx, rx) = oneshot::channel();
-        let mut st = self.inner.lock();
+        let mut st = inner.lock();
         if let Some(why) = &st.failed {
             return PendingCommand {
                 itt: 0,
-                rx: Err(Error::Task(TaskError::ConnectionLost(why.clone()))),
+                rx: Pending::Failed(Error::Task(TaskError::ConnectionLost(why.clone()))),
             };
         }
         let itt = st.core.submit(tx, req);
         flush(&mut st);
-        PendingCommand { itt, rx: Ok(rx) }
+        PendingCommand {
+            itt,
+            rx: Pending::Sent(rx),
+        }
     }
 
     /// Runs a SCSI command and returns whatever status it ended with.
@@ -1016,14 +1142,26 @@ impl Session {
         self.execute_past_unit_attentions(req).await?.good(what)
     }
 
+    /// The single-path state, or what a multipath session says to a call that has no
+    /// meaning across paths.
+    fn single(&self, what: &str) -> Result<&Arc<Inner>, Error> {
+        match &self.kind {
+            Kind::One(inner) => Ok(inner),
+            Kind::Paths(_) => Err(Error::Invalid(format!(
+                "{what} is not available on a multipath session"
+            ))),
+        }
+    }
+
     async fn immediate(
         &self,
         send: impl FnOnce(&mut SessionCore<Waiter>, Waiter) -> Result<u32, Waiter>,
         timeout: Duration,
     ) -> Result<Reply, Error> {
+        let inner = self.single("this request")?;
         let (tx, rx) = oneshot::channel();
         {
-            let mut st = self.inner.lock();
+            let mut st = inner.lock();
             if send(&mut st.core, tx).is_err() {
                 return Err(Error::Task(TaskError::SessionClosed));
             }
@@ -1052,12 +1190,19 @@ impl Session {
                 "MaxRecvDataSegmentLength {len} is outside 512..16777215"
             )));
         }
+        if let Kind::Paths(m) = &self.kind {
+            for s in m.sessions() {
+                Box::pin(s.set_max_recv_data_segment_length(len)).await?;
+            }
+            return Ok(());
+        }
+        let inner = self.single("MaxRecvDataSegmentLength")?;
         const KEY: &str = "MaxRecvDataSegmentLength";
         let keys = Bytes::from(iscsi_login::text::encode(&[(KEY, len.to_string())]));
-        let conns = self.inner.lock().core.live_connections();
+        let conns = inner.lock().core.live_connections();
         for c in conns {
             let dm = {
-                let st = self.inner.lock();
+                let st = inner.lock();
                 st.conns
                     .get(c)
                     .and_then(Option::as_ref)
@@ -1088,7 +1233,8 @@ impl Session {
     }
 
     /// ABORT TASK for a command from [`Session::submit`]; returns the TMF response code
-    /// (0 function complete, 1 task does not exist).
+    /// (0 function complete, 1 task does not exist). Not on a multipath session, whose
+    /// commands may move between paths.
     pub async fn abort_task(&self, itt: u32) -> Result<u8, Error> {
         match self
             .immediate(|c, t| c.abort_task(itt, t), Duration::from_secs(30))
@@ -1099,8 +1245,13 @@ impl Session {
         }
     }
 
-    /// LOGICAL UNIT RESET; returns the TMF response code.
+    /// LOGICAL UNIT RESET; returns the TMF response code (multipath: through the path in
+    /// use).
     pub async fn lun_reset(&self, lun: u16) -> Result<u8, Error> {
+        if let Kind::Paths(m) = &self.kind {
+            let s = m.current().ok_or_else(|| m.no_path_error())?;
+            return Box::pin(s.lun_reset(lun)).await;
+        }
         match self
             .immediate(|c, t| c.lun_reset(lun, t), Duration::from_secs(30))
             .await?
@@ -1110,20 +1261,40 @@ impl Session {
         }
     }
 
-    /// Pings the target on every connection; returns the slowest round trip.
+    /// Pings the target on every connection; returns the slowest round trip (multipath:
+    /// every path up).
     pub async fn ping(&self) -> Result<Duration, Error> {
-        let conns = self.inner.lock().core.live_connections();
+        if let Kind::Paths(m) = &self.kind {
+            let mut slowest = Duration::ZERO;
+            for s in m.sessions() {
+                slowest = slowest.max(Box::pin(s.ping()).await?);
+            }
+            return Ok(slowest);
+        }
+        let inner = self.single("ping")?;
+        let conns = inner.lock().core.live_connections();
         let start = Instant::now();
         for c in conns {
-            self.immediate(|core, t| core.ping(c, t), self.inner.cfg.nop_timeout)
+            self.immediate(|core, t| core.ping(c, t), inner.cfg.nop_timeout)
                 .await?;
         }
         Ok(start.elapsed())
     }
 
-    /// Logs out (closing the session) and closes every connection.
+    /// Logs out (closing the session) and closes every connection (multipath: of every
+    /// path; the first failure is returned).
     pub async fn logout(self) -> Result<(), Error> {
-        self.inner.closing.store(true, Ordering::Release);
+        self.logout_here().await
+    }
+
+    /// [`Session::logout`] on a shared reference (multipath paths are shared with the
+    /// commands they carry); the session is closed afterwards whatever the answer.
+    pub(crate) async fn logout_here(&self) -> Result<(), Error> {
+        let inner = match &self.kind {
+            Kind::One(inner) => inner,
+            Kind::Paths(m) => return m.logout().await,
+        };
+        inner.closing.store(true, Ordering::Release);
         let r = self
             .immediate(|c, t| c.logout(t), Duration::from_secs(10))
             .await;
@@ -1147,9 +1318,16 @@ impl Session {
 
     /// Closes every connection (`logged_out`: the target answered a logout) and fails what is
     /// left; returns the datamovers closing.
-    fn shutdown(&self, logged_out: bool) -> Vec<Arc<dyn InitiatorDatamover>> {
-        self.inner.closing.store(true, Ordering::Release);
-        let mut st = self.inner.lock();
+    pub(crate) fn shutdown(&self, logged_out: bool) -> Vec<Arc<dyn InitiatorDatamover>> {
+        let inner = match &self.kind {
+            Kind::One(inner) => inner,
+            Kind::Paths(m) => {
+                m.close();
+                return Vec::new();
+            }
+        };
+        inner.closing.store(true, Ordering::Release);
+        let mut st = inner.lock();
         st.generation += 1;
         let closing: Vec<_> = st
             .conns
@@ -1174,10 +1352,20 @@ impl Session {
 
     /// Kills the first connection without logging out, as a network failure would (tests
     /// of the recovery paths): at ErrorRecoveryLevel 2 that connection is recovered, below
-    /// it every connection goes (session reinstatement with `reconnect`).
+    /// it every connection goes (session reinstatement with `reconnect`). Multipath: the
+    /// path in use's.
     pub fn break_connections(&self) {
+        let inner = match &self.kind {
+            Kind::One(inner) => inner,
+            Kind::Paths(m) => {
+                if let Some(s) = m.current() {
+                    s.break_connections();
+                }
+                return;
+            }
+        };
         let first = {
-            let st = self.inner.lock();
+            let st = inner.lock();
             st.conns
                 .iter()
                 .enumerate()
@@ -1185,12 +1373,12 @@ impl Session {
         };
         if let Some((i, epoch)) = first {
             {
-                let st = self.inner.lock();
+                let st = inner.lock();
                 if let Some(Some(h)) = st.conns.get(i) {
                     h.dm.abort();
                 }
             }
-            connection_lost(&self.inner, i, epoch, "connection broken by the caller");
+            connection_lost(inner, i, epoch, "connection broken by the caller");
         }
     }
 

@@ -7,7 +7,13 @@
 //! iser://...                                                the same over iSER (RDMA)
 //! ```
 //!
-//! IPv6 hosts go in brackets. Optional query arguments (`?a=b&c=d`): `target_user` and
+//! IPv6 hosts go in brackets. Several portals of one logical unit (gateways exporting the
+//! same LUN, see [`crate::multipath`]) are listed comma-separated in place of the host:
+//! `iscsi://host1:3260,[fd00::2]:3261/iqn.x/0`, each with its own port; every other part
+//! (credentials, target, LUN, query) is shared. A part made of digits only is the portal
+//! group tag of the portal before it (SendTargets' `host:port,tpgt`), ignored as libiscsi
+//! ignores it, so every libiscsi URL means here what it means there; libiscsi, given a list,
+//! cuts it at its last comma and connects to what is before. Optional query arguments (`?a=b&c=d`): `target_user` and
 //! `target_password` (mutual CHAP), `header_digest` and `data_digest` (`none`, `crc32c`,
 //! `crc32c-none`, `none-crc32c`, as libiscsi spells them), and `error_recovery_level`
 //! (`0` or `1`).
@@ -22,9 +28,13 @@ pub const DEFAULT_PORT: u16 = 3260;
 /// A parsed `iscsi://` URL.
 #[derive(Clone, PartialEq, Eq)]
 pub struct IscsiUrl {
-    /// Host name or address, without IPv6 brackets.
+    /// Host name or address, without IPv6 brackets (the first portal's when the URL lists
+    /// several).
     pub host: String,
     pub port: u16,
+    /// The further portals of a URL that lists several (`host1,host2:3261`), in order;
+    /// empty for one.
+    pub more_portals: Vec<(String, u16)>,
     /// CHAP user and secret (`user%password@`).
     pub user: Option<String>,
     pub password: Option<String>,
@@ -61,6 +71,51 @@ fn err(input: &str, why: impl Into<String>) -> UrlError {
 
 const FORM: &str = "expected iscsi://[user[%password]@]host[:port]/target-iqn/lun";
 
+/// Most portals one URL may list.
+pub const MAX_PORTALS: usize = 16;
+
+/// Parses the comma-separated portals of a URL's authority.
+fn parse_portal_list(input: &str, list: &str) -> Result<Vec<(String, u16)>, UrlError> {
+    let mut out: Vec<(String, u16)> = Vec::new();
+    for part in list.split(',') {
+        if is_tag(part) {
+            // The portal group tag of the portal before it: not needed to log in.
+            if out.is_empty() || part.parse::<u16>().is_err() {
+                return Err(err(
+                    input,
+                    format!(
+                        "portal group tag {part:?} does not follow a host[:port] (host:port,tpgt)"
+                    ),
+                ));
+            }
+            continue;
+        }
+        let p = parse_portal(part).map_err(|e| {
+            if part.is_empty() {
+                err(input, "empty host in the list of portals")
+            } else {
+                err(input, e.why)
+            }
+        })?;
+        if out.contains(&p) {
+            return Err(err(input, format!("portal {part} is listed twice")));
+        }
+        if out.len() == MAX_PORTALS {
+            return Err(err(
+                input,
+                format!("more than {MAX_PORTALS} portals listed"),
+            ));
+        }
+        out.push(p);
+    }
+    Ok(out)
+}
+
+/// A part of digits only: SendTargets' portal group tag, never a host here.
+fn is_tag(part: &str) -> bool {
+    !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit())
+}
+
 /// Parses `host`, `host:port`, `[v6]` or `[v6]:port` (port defaults to 3260).
 pub fn parse_portal(s: &str) -> Result<(String, u16), UrlError> {
     let bad = |why: &str| err(s, why);
@@ -88,9 +143,9 @@ pub fn parse_portal(s: &str) -> Result<(String, u16), UrlError> {
     }
     if host
         .chars()
-        .any(|c| c.is_whitespace() || c == '/' || c == '@')
+        .any(|c| c.is_whitespace() || c == '/' || c == '@' || c == ',')
     {
-        return Err(bad("host contains '/', '@' or a space"));
+        return Err(bad("host contains '/', '@', ',' or a space"));
     }
     let port = match port {
         None => DEFAULT_PORT,
@@ -147,6 +202,7 @@ impl IscsiUrl {
         IscsiUrl {
             host: host.into(),
             port,
+            more_portals: Vec::new(),
             user: None,
             password: None,
             target_user: None,
@@ -160,13 +216,34 @@ impl IscsiUrl {
         }
     }
 
-    /// `host:port` with IPv6 brackets, for connecting.
+    /// `host:port` with IPv6 brackets, for connecting (the first portal's).
     pub fn host_port(&self) -> String {
-        if self.host.contains(':') {
-            format!("[{}]:{}", self.host, self.port)
-        } else {
-            format!("{}:{}", self.host, self.port)
-        }
+        join_host_port(&self.host, self.port)
+    }
+
+    /// Every portal the URL lists, the first one first.
+    pub fn portals(&self) -> Vec<(String, u16)> {
+        std::iter::once((self.host.clone(), self.port))
+            .chain(self.more_portals.iter().cloned())
+            .collect()
+    }
+
+    /// Whether the URL lists more than one portal (a multipath session).
+    pub fn is_multipath(&self) -> bool {
+        !self.more_portals.is_empty()
+    }
+
+    /// One URL per listed portal, each with this URL's other parts.
+    pub fn path_urls(&self) -> Vec<IscsiUrl> {
+        self.portals()
+            .into_iter()
+            .map(|(host, port)| IscsiUrl {
+                host,
+                port,
+                more_portals: Vec::new(),
+                ..self.clone()
+            })
+            .collect()
     }
 
     /// This URL with another target and LUN.
@@ -176,6 +253,15 @@ impl IscsiUrl {
             lun: Some(lun),
             ..self.clone()
         }
+    }
+}
+
+/// `host:port`, IPv6 hosts in brackets.
+fn join_host_port(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
     }
 }
 
@@ -218,7 +304,8 @@ impl std::str::FromStr for IscsiUrl {
                 (Some(u.to_string()), p.map(str::to_string))
             }
         };
-        let (host, port) = parse_portal(hostport).map_err(|e| err(s, e.why))?;
+        let mut portals = parse_portal_list(s, hostport)?.into_iter();
+        let (host, port) = portals.next().expect("split yields one part at least");
         let (target, lun) = if path.is_empty() {
             (None, None)
         } else {
@@ -244,6 +331,7 @@ impl std::str::FromStr for IscsiUrl {
             target,
             lun,
             transport,
+            more_portals: portals.collect(),
             ..IscsiUrl::portal(host, port)
         };
         for arg in query.unwrap_or("").split('&').filter(|a| !a.is_empty()) {
@@ -294,7 +382,12 @@ impl fmt::Display for IscsiUrl {
         if let Some(u) = &self.user {
             write!(f, "{u}%***@")?;
         }
-        write!(f, "{}", self.host_port())?;
+        let portals: Vec<String> = self
+            .portals()
+            .iter()
+            .map(|(h, p)| join_host_port(h, *p))
+            .collect();
+        write!(f, "{}", portals.join(","))?;
         if let (Some(t), Some(l)) = (&self.target, self.lun) {
             write!(f, "/{t}/{l}")?;
         }
@@ -414,7 +507,89 @@ mod tests {
         assert!(IscsiUrl::parse_lun("iscsi://h/").is_err());
     }
 
+    #[test]
+    fn several_portals() {
+        let u = IscsiUrl::parse_lun(
+            "iscsi://a%b@h1,h2:3261,[fd00::2]:3262/iqn.x:y/4?header_digest=crc32c",
+        )
+        .unwrap();
+        assert!(u.is_multipath());
+        assert_eq!(
+            u.portals(),
+            vec![
+                ("h1".to_string(), 3260),
+                ("h2".to_string(), 3261),
+                ("fd00::2".to_string(), 3262)
+            ]
+        );
+        assert_eq!(u.host_port(), "h1:3260");
+        let paths = u.path_urls();
+        assert_eq!(paths.len(), 3);
+        for p in &paths {
+            assert!(!p.is_multipath());
+            assert_eq!(p.target.as_deref(), Some("iqn.x:y"));
+            assert_eq!(p.lun, Some(4));
+            assert_eq!(p.user.as_deref(), Some("a"));
+            assert_eq!(p.header_digest, Some(DigestPreference::Crc32c));
+        }
+        assert_eq!(paths[2].host_port(), "[fd00::2]:3262");
+        assert_eq!(
+            u.to_string(),
+            "iscsi://a%***@h1:3260,h2:3261,[fd00::2]:3262/iqn.x:y/4"
+        );
+        let one = IscsiUrl::parse_lun("iscsi://h/iqn.x:y/0").unwrap();
+        assert!(!one.is_multipath());
+        assert_eq!(one.path_urls(), vec![one.clone()]);
+    }
+
+    #[test]
+    fn bad_portal_lists() {
+        let many = (0..=MAX_PORTALS)
+            .map(|i| format!("h{i}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        for (bad, why) in [
+            ("iscsi://h1,/t/0", "empty host"),
+            ("iscsi://,h2/t/0", "empty host"),
+            ("iscsi://h1,,h2/t/0", "empty host"),
+            ("iscsi://1,h2/t/0", "portal group tag"),
+            ("iscsi://h1,99999/t/0", "portal group tag"),
+            ("iscsi://h1:3260,h1/t/0", "listed twice"),
+            ("iscsi://h1,h2:0/t/0", "port"),
+            ("iscsi://h1,h2:x/t/0", "port"),
+            ("iscsi://h1,::1/t/0", "brackets"),
+            ("iscsi://h1,[::1/t/0", "closing"),
+            ("iscsi://h1,h2 x/t/0", "space"),
+            (&format!("iscsi://{many}/t/0"), "more than"),
+        ] {
+            let e = bad.parse::<IscsiUrl>().unwrap_err().to_string();
+            assert!(e.contains(why), "{bad}: {e}");
+            assert!(!e.contains('\n'));
+        }
+        assert!(parse_portal("h1,h2").is_err());
+        // libiscsi's host:port,tpgt: the tag is ignored, as there.
+        let u = IscsiUrl::parse_lun("iscsi://10.0.0.1:3260,1/t/0").unwrap();
+        assert!(!u.is_multipath());
+        assert_eq!(u.host_port(), "10.0.0.1:3260");
+        let u = IscsiUrl::parse_lun("iscsi://h1:3260,1,h2:3261,2/t/0").unwrap();
+        assert_eq!(
+            u.portals(),
+            vec![("h1".to_string(), 3260), ("h2".to_string(), 3261)]
+        );
+        assert!(IscsiUrl::from_portal_or_url("h1,h2:3261").is_err());
+    }
+
     proptest! {
+        #[test]
+        fn several_portals_round_trip(hosts in proptest::collection::btree_set("[a-z][a-z0-9]{0,8}", 1..5),
+                                      port in 1u16..) {
+            let list: Vec<String> = hosts.iter().map(|h| format!("{h}:{port}")).collect();
+            let s = format!("iscsi://{}/iqn.x:y/0", list.join(","));
+            let u: IscsiUrl = s.parse().unwrap();
+            prop_assert_eq!(u.portals().len(), hosts.len());
+            prop_assert_eq!(u.to_string(), s);
+        }
+
         #[test]
         fn never_panics(s in ".{0,80}") {
             let _ = s.parse::<IscsiUrl>();

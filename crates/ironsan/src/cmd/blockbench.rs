@@ -21,7 +21,7 @@ use super::initiator::LoginOpts;
 #[derive(clap::Args)]
 #[command(after_help = SCRIPT_HELP)]
 pub struct BlockBenchArgs {
-    /// iscsi://[user%password@]HOST[:PORT]/TARGET-IQN/LUN
+    /// iscsi://[user%password@]HOST[:PORT][,HOST2[:PORT]...]/TARGET-IQN/LUN (several hosts: multipath)
     pub url: Option<String>,
     /// read, write or mixed; a comma list runs each (e.g. read,write).
     #[arg(long, default_value = "read")]

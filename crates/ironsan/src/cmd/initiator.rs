@@ -1,5 +1,6 @@
 //! The initiator commands: `ironsan discover`, `ls`, `inq`, `read` and `write`. URLs are
-//! libiscsi's: `iscsi://[user[%password]@]host[:port]/target-iqn/lun`.
+//! libiscsi's: `iscsi://[user[%password]@]host[:port]/target-iqn/lun`; a LUN URL may list
+//! several portals of one LU (`host1,host2:3261`) for a multipath session (docs/multipath.md).
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
@@ -69,6 +70,17 @@ pub struct LoginOpts {
     /// word's 0x40 bit); the initiator then invalidates its own STags.
     #[arg(long)]
     pub no_remote_invalidation: bool,
+    /// Multipath (a URL listing several portals): seconds commands wait for a usable path
+    /// when none is, before they fail.
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    pub no_path_retry: u64,
+    /// Multipath: seconds a path may take to answer a command before it counts as failed
+    /// and the command moves to another path.
+    #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub path_timeout: u64,
+    /// Multipath: seconds between checks of each path's state (ALUA).
+    #[arg(long, value_name = "SECS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    pub path_check_interval: u64,
     /// The open trace, created on first use so that every session of a run shares it.
     #[arg(skip)]
     trace_file: std::sync::OnceLock<TraceFile>,
@@ -124,6 +136,9 @@ impl LoginOpts {
             c.error_recovery_level = u.error_recovery_level.expect("set");
         }
         c.reconnect |= self.reconnect;
+        c.multipath.no_path_retry = std::time::Duration::from_secs(self.no_path_retry);
+        c.multipath.command_timeout = std::time::Duration::from_secs(self.path_timeout);
+        c.multipath.check_interval = std::time::Duration::from_secs(self.path_check_interval);
         if let Some(p) = &self.trace {
             if self.trace_file.get().is_none() {
                 let mut t = TraceFile::create(p)
@@ -322,7 +337,7 @@ pub fn ls(args: LsArgs) -> anyhow::Result<()> {
 
 #[derive(clap::Args)]
 pub struct InqArgs {
-    /// iscsi://[user%password@]HOST[:PORT]/TARGET-IQN/LUN
+    /// iscsi://[user%password@]HOST[:PORT][,HOST2[:PORT]...]/TARGET-IQN/LUN (several hosts: multipath)
     pub url: String,
     #[command(flatten)]
     pub login: LoginOpts,
@@ -384,7 +399,7 @@ const IN_FLIGHT: usize = 8;
 
 #[derive(clap::Args)]
 pub struct ReadArgs {
-    /// iscsi://[user%password@]HOST[:PORT]/TARGET-IQN/LUN
+    /// iscsi://[user%password@]HOST[:PORT][,HOST2[:PORT]...]/TARGET-IQN/LUN (several hosts: multipath)
     pub url: String,
     /// Byte offset (a multiple of the block size; 4k, 1MiB... accepted).
     #[arg(long, default_value = "0", value_parser = size)]
@@ -466,7 +481,7 @@ pub fn read(args: ReadArgs) -> anyhow::Result<()> {
 
 #[derive(clap::Args)]
 pub struct WriteArgs {
-    /// iscsi://[user%password@]HOST[:PORT]/TARGET-IQN/LUN
+    /// iscsi://[user%password@]HOST[:PORT][,HOST2[:PORT]...]/TARGET-IQN/LUN (several hosts: multipath)
     pub url: String,
     /// Byte offset (a multiple of the block size; 4k, 1MiB... accepted).
     #[arg(long, default_value = "0", value_parser = size)]

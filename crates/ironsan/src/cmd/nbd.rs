@@ -12,7 +12,7 @@ use super::initiator::{run_with, LoginOpts};
 
 #[derive(clap::Args)]
 pub struct NbdArgs {
-    /// iscsi://[user%password@]HOST[:PORT]/TARGET-IQN/LUN (or iser://...)
+    /// iscsi://[user%password@]HOST[:PORT][,HOST2[:PORT]...]/TARGET-IQN/LUN (or iser://...; several hosts: multipath)
     pub url: String,
     /// Serve NBD on this TCP address.
     #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:10809")]

@@ -32,7 +32,7 @@ const READY: &str = "ironsan: mounted ";
 
 #[derive(clap::Args)]
 pub struct MountArgs {
-    /// iscsi://[user%password@]HOST[:PORT]/TARGET-IQN[/LUN] (or iser://...): every LUN of
+    /// iscsi://[user%password@]HOST[:PORT][,HOST2[:PORT]...]/TARGET-IQN[/LUN] (or iser://...; several hosts: multipath): every LUN of
     /// the target, or only the one named
     pub url: String,
     /// The directory to mount on (exists, usually empty).
