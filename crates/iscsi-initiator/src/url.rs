@@ -9,8 +9,9 @@
 //!
 //! IPv6 hosts go in brackets. Optional query arguments (`?a=b&c=d`): `target_user` and
 //! `target_password` (mutual CHAP), `header_digest` and `data_digest` (`none`, `crc32c`,
-//! `crc32c-none`, `none-crc32c`, as libiscsi spells them), and `error_recovery_level`
-//! (`0` or `1`).
+//! `crc32c-none`, `none-crc32c`, as libiscsi spells them), `error_recovery_level`
+//! (`0` or `1`) and `tcp_poll_us` (microseconds an iSCSI/TCP connection polls its socket
+//! after each PDU; `0`: never).
 
 use std::fmt;
 
@@ -39,6 +40,8 @@ pub struct IscsiUrl {
     pub data_digest: Option<DigestPreference>,
     /// `error_recovery_level=0|1|2`: the highest level offered.
     pub error_recovery_level: Option<u8>,
+    /// `tcp_poll_us=N`: how long an iSCSI/TCP connection polls its socket after each PDU.
+    pub tcp_poll_us: Option<u64>,
     /// The transport the scheme names: `iscsi://` is iSCSI over TCP, `iser://` iSCSI over
     /// RDMA (libiscsi's convention).
     pub transport: TransportKind,
@@ -156,6 +159,7 @@ impl IscsiUrl {
             header_digest: None,
             data_digest: None,
             error_recovery_level: None,
+            tcp_poll_us: None,
             transport: TransportKind::Tcp,
         }
     }
@@ -264,6 +268,11 @@ impl std::str::FromStr for IscsiUrl {
                             "error_recovery_level {v:?}: write 0 (reconnect on errors), 1 (digest errors recovered with SNACK) or 2 (also a lost connection logged in again and its commands reassigned)"
                         ))),
                     })
+                }
+                "tcp_poll_us" => {
+                    url.tcp_poll_us = Some(v.parse().map_err(|_| {
+                        err(s, format!("tcp_poll_us {v:?}: microseconds, a whole number (0: no polling)"))
+                    })?)
                 }
                 _ => return Err(err(s, format!("unknown query argument {k:?}"))),
             }
