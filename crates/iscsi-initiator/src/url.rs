@@ -389,6 +389,11 @@ mod tests {
             .parse()
             .unwrap();
         assert_eq!(u.error_recovery_level, Some(1));
+        let u: IscsiUrl = "iscsi://h/iqn.x:y/0?tcp_poll_us=0".parse().unwrap();
+        assert_eq!(u.tcp_poll_us, Some(0));
+        assert!("iscsi://h/iqn.x:y/0?tcp_poll_us=soon"
+            .parse::<IscsiUrl>()
+            .is_err());
         let u: IscsiUrl = "iscsi://h/iqn.x:y/0?error_recovery_level=2"
             .parse()
             .unwrap();
