@@ -264,6 +264,18 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
     }
 
+    /// Appends what has arrived without waiting (see [`crate::poll::SocketPoll`]): Ok(0) at
+    /// the end of the stream, `WouldBlock` when nothing has arrived.
+    pub fn read_now(&mut self) -> io::Result<usize>
+    where
+        R: crate::poll::ReadNow,
+    {
+        if self.buf.capacity() - self.buf.len() < self.chunk / 2 {
+            self.buf.reserve(self.chunk);
+        }
+        self.r.read_now(&mut self.buf)
+    }
+
     /// Reads and drops `len` bytes: a PDU whose header failed its digest, discarded at
     /// ErrorRecoveryLevel ≥ 1 by the length its header claims. Cancel-safe.
     pub async fn discard(&mut self, len: usize) -> Result<(), FrameError> {

@@ -5,13 +5,14 @@
 //! [`initiator`] the initiator's connection and datamover (login-phase PDUs, then Data-In
 //! placed and R2Ts answered by a sans-IO data path),
 //! [`digest_buf`] the read buffers the target lends so data digests ride on the backend's
-//! copy.
+//! copy, [`poll`] the window both readers poll their socket in after each PDU.
 
 pub mod digest_buf;
 pub mod frame;
 pub mod initiator;
+pub mod poll;
 mod socket;
 pub mod target;
 pub mod trace;
 
-pub use target::{login_channels, TcpConnection, TcpDatamover, TcpPortal};
+pub use target::{login_channels, login_channels_polling, TcpConnection, TcpDatamover, TcpPortal};

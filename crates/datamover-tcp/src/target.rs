@@ -14,6 +14,7 @@
 //! data is kept until its status is acknowledged, so a Data SNACK can have it sent again.
 
 use crate::frame::{Frame, FrameError, FrameReader, PduBatch};
+use crate::poll::SocketPoll;
 use crate::socket::PduSocket;
 use crate::trace::Traced;
 use async_trait::async_trait;
@@ -36,6 +37,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
@@ -53,13 +55,26 @@ const WRITE_BATCH: usize = 64;
 pub struct TcpPortal {
     listener: TcpListener,
     local: SocketAddr,
+    /// How long each connection's reader polls after a PDU ([`crate::poll`]).
+    poll: Duration,
 }
 
 impl TcpPortal {
+    /// Listens on `addr`; its connections poll for [`crate::poll::DEFAULT_POLL`].
     pub async fn bind(addr: SocketAddr) -> io::Result<TcpPortal> {
         let listener = TcpListener::bind(addr).await?;
         let local = listener.local_addr()?;
-        Ok(TcpPortal { listener, local })
+        Ok(TcpPortal {
+            listener,
+            local,
+            poll: crate::poll::DEFAULT_POLL,
+        })
+    }
+
+    /// Its connections poll their socket for `window` after each PDU (zero: never).
+    pub fn with_poll(mut self, window: Duration) -> TcpPortal {
+        self.poll = window;
+        self
     }
 }
 
@@ -75,15 +90,23 @@ impl Portal for TcpPortal {
 
     async fn accept(&self, trace: Option<&PduTrace>) -> io::Result<Box<dyn LoginChannel>> {
         let (stream, _) = self.listener.accept().await?;
-        Ok(Box::new(TcpConnection::new(stream, trace)?))
+        Ok(Box::new(
+            TcpConnection::new(stream, trace)?.with_poll(self.poll),
+        ))
     }
 }
 
 /// Login channels of iSCSI/TCP for connections another portal accepted (one that shares its
 /// port with iSCSI/TCP and sorts connections by their first bytes).
+/// Their connections poll for [`crate::poll::DEFAULT_POLL`].
 pub fn login_channels() -> datamover::TcpLoginChannels {
-    std::sync::Arc::new(|stream, trace| {
-        Ok(Box::new(TcpConnection::new(stream, trace)?) as Box<dyn LoginChannel>)
+    login_channels_polling(crate::poll::DEFAULT_POLL)
+}
+
+/// [`login_channels`] whose connections poll their socket for `window` after each PDU.
+pub fn login_channels_polling(window: Duration) -> datamover::TcpLoginChannels {
+    std::sync::Arc::new(move |stream, trace| {
+        Ok(Box::new(TcpConnection::new(stream, trace)?.with_poll(window)) as Box<dyn LoginChannel>)
     })
 }
 
@@ -91,6 +114,8 @@ pub fn login_channels() -> datamover::TcpLoginChannels {
 pub struct TcpConnection {
     socket: PduSocket,
     peer: SocketAddr,
+    /// How long the reader polls the socket after each PDU ([`crate::poll`]).
+    poll: Duration,
 }
 
 impl TcpConnection {
@@ -101,7 +126,14 @@ impl TcpConnection {
         Ok(TcpConnection {
             socket: PduSocket::new(stream, trace, Side::Accepted, READ_CHUNK),
             peer,
+            poll: crate::poll::DEFAULT_POLL,
         })
+    }
+
+    /// Polls the socket for `window` after each PDU in full feature phase (zero: never).
+    pub fn with_poll(mut self, window: Duration) -> TcpConnection {
+        self.poll = window;
+        self
     }
 
     /// Enters full feature phase: spawns the reader and writer tasks.
@@ -110,6 +142,8 @@ impl TcpConnection {
         cfg: FfpConfig,
         sn: Arc<CmdSnState>,
     ) -> (Arc<TcpDatamover>, mpsc::Receiver<Notice>) {
+        crate::poll::set_busy_poll(self.socket.socket(), self.poll);
+        let poll = SocketPoll::new(self.poll);
         let (reader, write) = self.socket.into_split();
         let (out_tx, out_rx) = mpsc::channel(OUT_QUEUE);
         let (notice_tx, notice_rx) = mpsc::channel(NOTICE_QUEUE);
@@ -139,7 +173,7 @@ impl TcpConnection {
         };
         tokio::spawn(writer.run(write, out_rx, stop_rx.clone()));
         tokio::spawn(watch_sequences(shared.clone(), stop_rx.clone()));
-        tokio::spawn(run_reader(reader, shared.clone(), notice_tx, stop_rx));
+        tokio::spawn(run_reader(reader, poll, shared.clone(), notice_tx, stop_rx));
         (Arc::new(TcpDatamover { shared }), notice_rx)
     }
 }
@@ -630,6 +664,7 @@ type Reader = FrameReader<Traced<OwnedReadHalf>>;
 
 async fn run_reader(
     mut r: Reader,
+    mut poll: SocketPoll,
     shared: Arc<Shared>,
     notices: mpsc::Sender<Notice>,
     mut stop: watch::Receiver<bool>,
@@ -638,6 +673,7 @@ async fn run_reader(
     let end = loop {
         match next_pdu(
             &mut r,
+            &mut poll,
             &shared,
             &notices,
             &mut stop,
@@ -667,19 +703,25 @@ async fn run_reader(
 /// header digest errors since the last sound one.
 async fn next_pdu(
     r: &mut Reader,
+    poll: &mut SocketPoll,
     shared: &Shared,
     notices: &mpsc::Sender<Notice>,
     stop: &mut watch::Receiver<bool>,
     discarded_in_a_row: &mut u32,
 ) -> Result<bool, ReadEnd> {
     let cfg = &shared.cfg;
-    let next = tokio::select! {
-        f = r.next_frame(cfg.digests, cfg.max_recv_data_segment_length) => f,
-        _ = stop.changed() => return Ok(false),
+    let max_data = cfg.max_recv_data_segment_length;
+    let next = match poll.spin(r, cfg.digests, max_data).await {
+        Ok(()) => tokio::select! {
+            f = r.next_frame(cfg.digests, max_data) => f,
+            _ = stop.changed() => return Ok(false),
+        },
+        Err(e) => Err(e),
     };
     let frame = match next {
         Ok(f) => {
             *discarded_in_a_row = 0;
+            poll.busy();
             f
         }
         // ERL ≥ 1: the PDU is discarded by the length its header claims (bounded by

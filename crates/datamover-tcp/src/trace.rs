@@ -61,6 +61,19 @@ impl Traced<TcpStream> {
     }
 }
 
+impl crate::poll::ReadNow for Traced<OwnedReadHalf> {
+    fn read_now(&mut self, buf: &mut bytes::BytesMut) -> io::Result<usize> {
+        let before = buf.len();
+        let n = crate::poll::recv_now(self.inner.as_ref(), buf, 0)?;
+        if let Some(t) = &self.trace {
+            if n > 0 {
+                t.received(&buf[before..]);
+            }
+        }
+        Ok(n)
+    }
+}
+
 impl<S: AsyncRead + Unpin> AsyncRead for Traced<S> {
     fn poll_read(
         self: Pin<&mut Self>,

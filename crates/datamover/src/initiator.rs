@@ -249,6 +249,8 @@ pub struct ConnectSettings<'a> {
     pub iser_remote_invalidation: bool,
     /// iSER on the software RNIC: how long its engine polls on after its last work.
     pub iser_poll: std::time::Duration,
+    /// iSCSI/TCP: how long the connection's reader polls its socket after each PDU.
+    pub tcp_poll: std::time::Duration,
 }
 
 /// Opens an initiator's connections, of whatever transport is asked for: the initiator is

@@ -24,6 +24,7 @@ pub mod budget;
 pub mod conformance;
 pub mod initiator;
 pub mod iser_defaults;
+pub mod tcp_defaults;
 
 pub use initiator::{
     ClosedFuture, CommandOut, ConnectSettings, Connector, InitiatorDatamover, InitiatorFfpConfig,

@@ -44,6 +44,7 @@ pub(crate) async fn connect(
         iser_provider: cfg.iser_provider,
         iser_remote_invalidation: cfg.iser_remote_invalidation,
         iser_poll: cfg.iser_poll,
+        tcp_poll: cfg.tcp_poll,
     };
     connector
         .0

@@ -92,6 +92,9 @@ pub struct SessionConfig {
     /// iSER on the software RNIC: how long its engine polls on after its last work before
     /// it sleeps (zero: at once); see `datamover::iser_defaults::DEFAULT_POLL`.
     pub iser_poll: Duration,
+    /// iSCSI/TCP: how long each connection's reader polls its socket after a PDU before it
+    /// sleeps (zero: at once); see `datamover::tcp_defaults::DEFAULT_POLL`.
+    pub tcp_poll: Duration,
     /// What opens the session's connections, of every transport (the `transports` crate
     /// composes it); none: connecting fails and says so.
     pub connector: Option<SessionConnector>,
@@ -160,6 +163,7 @@ impl Default for SessionConfig {
             iser_remote_invalidation: true,
             iser_unsolicited_only_whole: true,
             iser_poll: datamover::iser_defaults::DEFAULT_POLL,
+            tcp_poll: datamover::tcp_defaults::DEFAULT_POLL,
             connector: None,
             multipath: MultipathConfig::default(),
         }
@@ -190,6 +194,9 @@ impl SessionConfig {
         }
         if let Some(l) = url.error_recovery_level {
             self.error_recovery_level = l;
+        }
+        if let Some(us) = url.tcp_poll_us {
+            self.tcp_poll = Duration::from_micros(us);
         }
     }
 

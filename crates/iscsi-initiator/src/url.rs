@@ -15,8 +15,9 @@
 //! ignores it, so every libiscsi URL means here what it means there; libiscsi, given a list,
 //! cuts it at its last comma and connects to what is before. Optional query arguments (`?a=b&c=d`): `target_user` and
 //! `target_password` (mutual CHAP), `header_digest` and `data_digest` (`none`, `crc32c`,
-//! `crc32c-none`, `none-crc32c`, as libiscsi spells them), and `error_recovery_level`
-//! (`0` or `1`).
+//! `crc32c-none`, `none-crc32c`, as libiscsi spells them), `error_recovery_level`
+//! (`0` or `1`) and `tcp_poll_us` (microseconds an iSCSI/TCP connection polls its socket
+//! after each PDU; `0`: never).
 
 use std::fmt;
 
@@ -49,6 +50,8 @@ pub struct IscsiUrl {
     pub data_digest: Option<DigestPreference>,
     /// `error_recovery_level=0|1|2`: the highest level offered.
     pub error_recovery_level: Option<u8>,
+    /// `tcp_poll_us=N`: how long an iSCSI/TCP connection polls its socket after each PDU.
+    pub tcp_poll_us: Option<u64>,
     /// The transport the scheme names: `iscsi://` is iSCSI over TCP, `iser://` iSCSI over
     /// RDMA (libiscsi's convention).
     pub transport: TransportKind,
@@ -212,6 +215,7 @@ impl IscsiUrl {
             header_digest: None,
             data_digest: None,
             error_recovery_level: None,
+            tcp_poll_us: None,
             transport: TransportKind::Tcp,
         }
     }
@@ -353,6 +357,11 @@ impl std::str::FromStr for IscsiUrl {
                         ))),
                     })
                 }
+                "tcp_poll_us" => {
+                    url.tcp_poll_us = Some(v.parse().map_err(|_| {
+                        err(s, format!("tcp_poll_us {v:?}: microseconds, a whole number (0: no polling)"))
+                    })?)
+                }
                 _ => return Err(err(s, format!("unknown query argument {k:?}"))),
             }
         }
@@ -473,6 +482,11 @@ mod tests {
             .parse()
             .unwrap();
         assert_eq!(u.error_recovery_level, Some(1));
+        let u: IscsiUrl = "iscsi://h/iqn.x:y/0?tcp_poll_us=0".parse().unwrap();
+        assert_eq!(u.tcp_poll_us, Some(0));
+        assert!("iscsi://h/iqn.x:y/0?tcp_poll_us=soon"
+            .parse::<IscsiUrl>()
+            .is_err());
         let u: IscsiUrl = "iscsi://h/iqn.x:y/0?error_recovery_level=2"
             .parse()
             .unwrap();

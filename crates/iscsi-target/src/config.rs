@@ -143,6 +143,9 @@ fn yes() -> bool {
 fn default_iser_poll_us() -> u64 {
     datamover::iser_defaults::DEFAULT_POLL.as_micros() as u64
 }
+fn default_tcp_poll_us() -> u64 {
+    datamover::tcp_defaults::DEFAULT_POLL.as_micros() as u64
+}
 
 /// The whole configuration; [`Config::to_toml`] writes it back in the syntax it is read in
 /// (equality ignores where it was read from).
@@ -246,6 +249,11 @@ pub struct Config {
     /// costs less than a sleep and a wake-up; an idle target stops polling after this long.
     #[serde(default = "default_iser_poll_us")]
     pub iser_poll_us: u64,
+    /// Microseconds an iSCSI/TCP connection's reader polls its socket after each PDU before
+    /// it sleeps in epoll (0: sleeps at once). Polling catches a busy initiator's next
+    /// command awake; an idle connection stops polling after this long.
+    #[serde(default = "default_tcp_poll_us")]
+    pub tcp_poll_us: u64,
     /// What serves iser:// portals: ironsan's software iWARP RNIC (the default; it can share
     /// a port with iSCSI/TCP), or the first rdma-core device (a build with the rdma-core
     /// feature; rdma_cm owns the port, so iSCSI/TCP needs another).
@@ -393,6 +401,7 @@ impl Config {
             iser_align_loopback: false,
             iser_reactor: true,
             iser_poll_us: default_iser_poll_us(),
+            tcp_poll_us: default_tcp_poll_us(),
             iser_provider: IserProvider::Software,
             iser_register_ram_luns: None,
             chap_algorithms: None,

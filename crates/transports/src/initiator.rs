@@ -55,7 +55,7 @@ impl Connector for Transports {
         match transport {
             TransportKind::Tcp => {
                 let c = TcpInitiatorConnection::connect(addr, timeout, settings.trace).await?;
-                Ok(Box::new(c))
+                Ok(Box::new(c.with_poll(settings.tcp_poll)))
             }
             TransportKind::Iser => {
                 let sockaddr = tokio::net::lookup_host(addr)

@@ -84,7 +84,8 @@ async fn bind_portals(
                     d
                 }
             };
-            let tcp = also_tcp.then(datamover_tcp::login_channels);
+            let tcp_poll = Duration::from_micros(config.tcp_poll_us);
+            let tcp = also_tcp.then(|| datamover_tcp::login_channels_polling(tcp_poll));
             let p = datamover_iser::IserPortal::bind_on(spec.address, dev, reactor, cfg, tcp)
                 .await
                 .map_err(cannot)?;
@@ -92,7 +93,8 @@ async fn bind_portals(
         } else {
             let p = datamover_tcp::TcpPortal::bind(spec.address)
                 .await
-                .map_err(cannot)?;
+                .map_err(cannot)?
+                .with_poll(Duration::from_micros(config.tcp_poll_us));
             portals.push(Arc::new(p));
         }
     }

@@ -9,6 +9,7 @@ mod data_path;
 pub use data_path::DataPath;
 
 use crate::frame::{FrameError, FrameReader, PduBatch};
+use crate::poll::SocketPoll;
 use crate::socket::PduSocket;
 use crate::trace::Traced;
 use async_trait::async_trait;
@@ -36,6 +37,8 @@ const WRITE_BATCH: usize = 128;
 /// A connected socket before full feature phase.
 pub struct TcpInitiatorConnection {
     socket: PduSocket,
+    /// How long the reader polls the socket after each PDU ([`crate::poll`]).
+    poll: Duration,
 }
 
 impl TcpInitiatorConnection {
@@ -53,7 +56,14 @@ impl TcpInitiatorConnection {
         let _ = s.set_nodelay(true);
         Ok(TcpInitiatorConnection {
             socket: PduSocket::new(s, trace, Side::Connected, READ_CHUNK),
+            poll: crate::poll::DEFAULT_POLL,
         })
+    }
+
+    /// Polls the socket for `window` after each PDU in full feature phase (zero: never).
+    pub fn with_poll(mut self, window: Duration) -> TcpInitiatorConnection {
+        self.poll = window;
+        self
     }
 }
 
@@ -80,11 +90,14 @@ impl InitiatorChannel for TcpInitiatorConnection {
         cfg: InitiatorFfpConfig,
         sink: NoticeSink,
     ) -> Arc<dyn InitiatorDatamover> {
+        crate::poll::set_busy_poll(self.socket.socket(), self.poll);
+        let poll = SocketPoll::new(self.poll);
         let (rd, wr) = self.socket.into_split();
         let (tx, rx) = mpsc::unbounded_channel();
         let writer = tokio::spawn(writer(wr, rx, cfg.digests)).abort_handle();
         let path = Arc::new(Mutex::new(DataPath::new(cfg)));
-        let reader = tokio::spawn(reader(rd, cfg, path.clone(), tx.clone(), sink)).abort_handle();
+        let reader =
+            tokio::spawn(reader(rd, poll, cfg, path.clone(), tx.clone(), sink)).abort_handle();
         Arc::new(TcpInitiatorDatamover {
             path,
             recovery: cfg.error_recovery_level >= 1,
@@ -199,6 +212,7 @@ const RECEIVE_BATCH: usize = 4096;
 /// handled under one lock, then Data-Out go to the writer and notices to the session.
 async fn reader(
     mut rd: FrameReader<Traced<OwnedReadHalf>>,
+    mut poll: SocketPoll,
     cfg: InitiatorFfpConfig,
     path: Arc<Mutex<DataPath>>,
     tx: mpsc::UnboundedSender<WriterMsg>,
@@ -206,12 +220,14 @@ async fn reader(
 ) {
     let mut out = Vec::new();
     let mut notices = Vec::new();
+    let max_data = cfg.max_recv_data_segment_length.max(512);
     let reason = loop {
-        match rd
-            .next_frame(cfg.digests, cfg.max_recv_data_segment_length.max(512))
-            .await
-        {
-            Ok(_) => {}
+        let next = match poll.spin(&mut rd, cfg.digests, max_data).await {
+            Ok(()) => rd.next_frame(cfg.digests, max_data).await,
+            Err(e) => Err(e),
+        };
+        match next {
+            Ok(_) => poll.busy(),
             // ERL ≥ 1: the PDU is skipped by the length its header claims; the gap it
             // leaves is asked for again (the data path's SNACKs).
             Err(FrameError::HeaderDigest { claimed_len, .. }) if cfg.error_recovery_level >= 1 => {

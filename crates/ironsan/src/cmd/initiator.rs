@@ -54,6 +54,11 @@ pub struct LoginOpts {
     /// while more than two are in flight.
     #[arg(long, value_name = "US", default_value_t = datamover_iser::rnic_task::DEFAULT_POLL.as_micros() as u64)]
     pub rdma_poll_us: u64,
+    /// iscsi:// : microseconds each connection's reader polls its socket after a PDU before
+    /// it sleeps (0: at once; default 50, or the URL's `tcp_poll_us`). Polling costs less
+    /// than a sleep and a wake-up while commands keep coming, and stops when they do.
+    #[arg(long, value_name = "US")]
+    pub tcp_poll_us: Option<u64>,
     /// Offer ImmediateData (yes or no; the target's answer decides). Any of these three
     /// options also makes iser:// send unsolicited data as negotiated; by default it sends a
     /// write unsolicited only when the whole write fits in the command's Send.
@@ -93,6 +98,9 @@ impl LoginOpts {
         c.connections = self.connections.max(1);
         c.iser_provider = self.rdma_provider;
         c.iser_poll = std::time::Duration::from_micros(self.rdma_poll_us);
+        if let Some(us) = self.tcp_poll_us {
+            c.tcp_poll = std::time::Duration::from_micros(us);
+        }
         c.iser_remote_invalidation = !self.no_remote_invalidation;
         // Asking for unsolicited data explicitly means sending it as negotiated, over iSER too
         // (whose default sends only writes that fit whole in the command's Send).

@@ -5,6 +5,7 @@ pub mod analyze;
 pub mod bench;
 pub mod bench_procs;
 pub mod bench_rbd;
+pub mod bench_tcp_rr;
 pub mod bench_tgt;
 pub mod bench_transports;
 pub mod blockbench;
