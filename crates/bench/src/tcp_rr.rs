@@ -187,10 +187,17 @@ fn summarize(mut ns: Vec<u64>, seconds: f64, cpu_seconds: f64) -> RrSummary {
 
 /// User plus system CPU seconds of this process so far.
 pub fn process_cpu_seconds() -> f64 {
-    // SAFETY: getrusage fills the zeroed struct it is given; RUSAGE_SELF is always valid.
+    rusage_cpu_seconds(libc::RUSAGE_SELF)
+}
+
+/// User plus system CPU seconds `getrusage(who)` reports: `RUSAGE_SELF` (this process) or
+/// `RUSAGE_CHILDREN` (the children it has waited for).
+pub fn rusage_cpu_seconds(who: libc::c_int) -> f64 {
+    // SAFETY: getrusage fills the zeroed struct it is given; on an invalid `who` it fails
+    // and leaves the zeroes.
     let usage = unsafe {
         let mut u: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut u);
+        libc::getrusage(who, &mut u);
         u
     };
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;

@@ -268,7 +268,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// the end of the stream, `WouldBlock` when nothing has arrived.
     pub fn read_now(&mut self) -> io::Result<usize>
     where
-        R: crate::poll::ReadNow,
+        R: ReadNow,
     {
         if self.buf.capacity() - self.buf.len() < self.chunk / 2 {
             self.buf.reserve(self.chunk);
@@ -422,6 +422,14 @@ pub async fn write_pdu<W: AsyncWrite + Unpin>(
     let mut batch = PduBatch::default();
     batch.push(&pdu.bhs, &pdu.ahs, pdu.data.clone(), digests, None);
     batch.write_to(w).await
+}
+
+/// A stream whose received bytes can be taken without waiting (what a polling reader,
+/// [`crate::poll::SocketPoll`], spins on).
+pub trait ReadNow {
+    /// Appends what has arrived to `buf` without waiting: Ok(0) at the end of the stream,
+    /// `WouldBlock` when nothing has arrived.
+    fn read_now(&mut self, buf: &mut BytesMut) -> io::Result<usize>;
 }
 
 #[cfg(test)]

@@ -26,12 +26,7 @@ const MAX_TRIES: u32 = 1 << 20;
 /// How long a reader does not poll after a spin found itself descheduled.
 pub const BACK_OFF: Duration = Duration::from_millis(100);
 
-/// A stream whose received bytes can be taken without waiting.
-pub trait ReadNow {
-    /// Appends what has arrived to `buf` without waiting: Ok(0) at the end of the stream,
-    /// `WouldBlock` when nothing has arrived.
-    fn read_now(&mut self, buf: &mut BytesMut) -> io::Result<usize>;
-}
+pub use crate::frame::ReadNow;
 
 /// Reads what `socket` has received into `buf`'s spare room (at least `room` bytes of it)
 /// without waiting (the socket is non-blocking, as every tokio socket is).

@@ -2,7 +2,7 @@
 //! identifier, command identifier and the status field (phase tag, status code and type,
 //! command retry delay, More, Do Not Retry).
 
-use crate::pdu::{get16, get32, put16, put32};
+use crate::le::{get16, get32, put16, put32};
 use crate::status::StatusCode;
 
 /// Bytes of a completion queue entry.

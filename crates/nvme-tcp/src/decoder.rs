@@ -7,10 +7,10 @@
 //! allocation. After a fatal error the decoder refuses everything.
 
 use crate::cqe::{Cqe, CQE_LEN};
+use crate::le::{get16, get32};
 use crate::pdu::{
-    get16, get32, offset, DataHeader, Framing, IcReq, IcResp, Pdu, PduHeader, PduType, R2t,
-    TermReq, FLAG_DDGST, FLAG_HDGST, FLAG_LAST_PDU, FLAG_SUCCESS, IC_DDGST_ENABLE, IC_HDGST_ENABLE,
-    IC_LEN,
+    offset, DataHeader, Framing, IcReq, IcResp, Pdu, PduHeader, PduType, R2t, TermReq, FLAG_DDGST,
+    FLAG_HDGST, FLAG_LAST_PDU, FLAG_SUCCESS, IC_DDGST_ENABLE, IC_HDGST_ENABLE, IC_LEN,
 };
 use crate::sqe::{Sqe, SQE_LEN};
 use crate::{Fes, PduError, COMMON_HEADER_LEN, DIGEST_LEN, TERM_REQ_MAX_DATA};

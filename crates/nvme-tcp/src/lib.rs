@@ -25,6 +25,7 @@
 
 pub mod cqe;
 pub mod decoder;
+mod le;
 pub mod pdu;
 pub mod queue;
 pub mod sqe;

@@ -7,6 +7,7 @@
 //! ICResp and the TermReqs never carry digests; DDGSTF is set only on PDUs with data.
 
 use crate::cqe::Cqe;
+use crate::le::{put16, put32};
 use crate::sqe::Sqe;
 use crate::{COMMON_HEADER_LEN, DIGEST_LEN};
 use bytes::Bytes;
@@ -290,22 +291,6 @@ impl PduHeader {
 
 fn digest_bits(h: bool, d: bool) -> u8 {
     (if h { IC_HDGST_ENABLE } else { 0 }) | (if d { IC_DDGST_ENABLE } else { 0 })
-}
-
-pub(crate) fn put16(b: &mut [u8], at: usize, v: u16) {
-    b[at..at + 2].copy_from_slice(&v.to_le_bytes());
-}
-
-pub(crate) fn put32(b: &mut [u8], at: usize, v: u32) {
-    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
-}
-
-pub(crate) fn get16(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([b[at], b[at + 1]])
-}
-
-pub(crate) fn get32(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
 /// A decoded PDU: its header and its data (a slice of the receive buffer; empty when none).

@@ -2,7 +2,7 @@
 //! the admin, NVM and Fabrics command sets, and the Fabrics commands' fields (Connect and
 //! its 1 KiB data, Property Get/Set, the controller registers they address).
 
-use crate::pdu::{get16, get32, put16, put32};
+use crate::le::{get16, get32, put16, put32};
 
 /// Bytes of a submission queue entry.
 pub const SQE_LEN: usize = 64;

@@ -139,14 +139,7 @@ pub fn cpu_seconds(pid: u32) -> Result<f64> {
 /// User plus system CPU seconds of all the children this process has waited for so far
 /// (every thread of each): the difference around one child's run is that child's cost.
 pub fn reaped_children_cpu_seconds() -> f64 {
-    // SAFETY: getrusage fills the zeroed struct it is given; RUSAGE_CHILDREN is always valid.
-    let usage = unsafe {
-        let mut u: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_CHILDREN, &mut u);
-        u
-    };
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    tv(usage.ru_utime) + tv(usage.ru_stime)
+    bench::tcp_rr::rusage_cpu_seconds(libc::RUSAGE_CHILDREN)
 }
 
 #[cfg(test)]
