@@ -1,8 +1,12 @@
 # Scenario: one LUN through two ironsan gateways (two target processes on the host serving one
-# shared file with the same identity), seen by the guest's dm-multipath as one device. fio with
-# crc32c verify runs on the multipath device while gateway A is killed with kill -9 and later
-# restarted: fio must see no error and verify every block, the path through A must come back,
-# and no I/O error may reach the block layer above dm-multipath.
+# shared file with the same identity, a [gateway] group with ALUA and an owner lock file), seen
+# by the guest's dm-multipath with scsi_dh_alua as one device whose path groups carry the ALUA
+# priorities (prio alua: A, the owner, 50; B 10). fio with crc32c verify runs on the multipath
+# device while gateway A is killed with kill -9 and later restarted: B takes the LUN over (its
+# path's priority becomes the owner's), fio sees no error and verifies every block, A's path is
+# reinstated as a non-owner's and the LUN stays on B (no move back and forth). Failback to A is
+# not checked: multipathd 0.9.4 gave A's restarted path 10 although its group reports the PREF
+# bit (alua prioritizer's +80), so nothing moves the host back to A yet.
 KP_DEFAULT_KIND=ironsan
 KP_TIMEOUT=900
 host_available() { ironsan_target_available; }
@@ -49,6 +53,11 @@ guest_main() {
   }
   ok "one multipath map over both paths: /dev/mapper/$map"
   multipath -ll 2>&1 | sed 's/^/  /'
+  read -r dev_a dev_b <<EOF2
+$(mpath_devs_by_port)
+EOF2
+  check "A's path has the owner's ALUA priority (50)" test "$(mpath_prio "$dev_a")" = 50
+  check "B's path has the non-owner's ALUA priority (10)" test "$(mpath_prio "$dev_b")" = 10
   step "fio with crc32c verify through /dev/mapper/$map while gateway A dies and returns"
   fio --name=kp-mpath --filename=/dev/mapper/$map --direct=1 --ioengine=libaio --iodepth=8 \
     --rw=randwrite --bssplit=4k/40:64k/40:256k/20 --blockalign=4k --size=96m --offset=0 \
@@ -74,13 +83,15 @@ PY
     bad "fio JSON check"
     sed 's/^/  /' /tmp/fio-mpath.out | tail -20
   fi
-  step "the path through A comes back"
+  step "B owns the LUN; A's path comes back as a non-owner's"
   i=0
-  while [ $i -lt 60 ] && [ "$(mpath_active_paths "$map")" -lt 2 ]; do
+  while [ $i -lt 60 ] && { [ "$(mpath_active_paths "$map")" -lt 2 ] || [ "$(mpath_prio "$dev_b")" != 50 ]; }; do
     sleep 1
     i=$((i + 1))
   done
   check "both paths active again" test "$(mpath_active_paths "$map")" -ge 2
+  check "B's path has the owner's priority (50): B took the LUN over" test "$(mpath_prio "$dev_b")" = 50
+  check "A's path has a non-owner's priority (10): no move back without a reason" test "$(mpath_prio "$dev_a")" = 10
   multipath -ll 2>&1 | sed 's/^/  /'
   dmesg | grep -E 'I/O error|Buffer I/O|critical|blk_update_request' | grep -E 'dm-' >/tmp/mpath-errors
   check "no I/O error on the multipath device in dmesg" test ! -s /tmp/mpath-errors
@@ -107,7 +118,9 @@ devices {
   device {
     vendor "IRONSAN"
     product ".*"
+    hardware_handler "1 alua"
     path_grouping_policy failover
+    prio alua
     path_checker tur
     failback immediate
     no_path_retry queue
@@ -149,6 +162,24 @@ mpath_paths() {
   multipathd show paths raw format '%d %t %T %s %p' 2>/dev/null
 }
 
+# mpath_devs_by_port: the sd names of the paths through A (the slirp side of $KP_HOST_PORT) and B.
+mpath_devs_by_port() {
+  a=
+  b=
+  for s in /sys/class/iscsi_session/session*; do
+    conn=$(ls -d "$s"/device/connection*/iscsi_connection/connection* 2>/dev/null | head -1)
+    port=$(cat "$conn/persistent_port" 2>/dev/null)
+    d=$(ls "$s"/device/target*/*/block 2>/dev/null | head -1)
+    if [ "$port" = "$KP_HOST_PORT" ]; then a=$d; else b=$d; fi
+  done
+  echo "$a $b"
+}
+
+# mpath_prio DEV: the path's priority as multipathd last computed it.
+mpath_prio() {
+  multipathd show paths raw format '%d %p' 2>/dev/null | awk -v d="$1" '$1 == d {print $2}'
+}
+
 # mpath_active_paths MAP: how many of MAP's paths are up and running.
 mpath_active_paths() {
   multipathd show paths raw format '%m %t %T' 2>/dev/null | awk -v m="$1" '$1 == m && $2 == "active" && $3 == "ready"' | wc -l
@@ -167,8 +198,22 @@ mpath_end() {
 # and NAA, so that the host sees one logical unit behind two portals.
 mpath_conf() {
   local gw=$1 port=$2 conf=$KP_RUN/host/mpath-$1.toml
+  local me=1 peer=2 peer_name=b preferred=true
+  [[ $gw == b ]] && me=2 peer=1 peer_name=a preferred=false
   cat >"$conf" <<EOF
 portals = ["127.0.0.1:$port"]
+
+[gateway]
+group = "kernel-peer"
+name = "gw-$gw"
+port_group = $me
+relative_port = $me
+preferred = $preferred
+
+[[gateway.peer]]
+name = "gw-$peer_name"
+port_group = $peer
+relative_port = $peer
 
 [[target]]
 name = "$KP_IQN_PREFIX:$MPATH_IQN_SUFFIX"
@@ -178,6 +223,7 @@ size = "256MiB"
 backend = { type = "file", path = "$KP_RUN/host/mpath-lun0.img", create = true }
 serial = "mpath-lun0"
 wwn = "0x500140512345678a"
+owner_lock = "$KP_RUN/host/mpath-lun0.owner"
 EOF
   echo "$conf"
 }
@@ -197,7 +243,7 @@ mpath_gateway_start() {
 
 host_mpath_start() {
   local port_b
-  rm -f "$KP_RUN/host/mpath-lun0.img"
+  rm -f "$KP_RUN/host/mpath-lun0.img" "$KP_RUN/host/mpath-lun0.owner"
   port_b=$(free_port) || return 1
   echo "$port_b" >"$KP_RUN/host/mpath-port-b"
   mpath_gateway_start a "$KP_HOST_PORT" && mpath_gateway_start b "$port_b" || return 1
