@@ -486,6 +486,21 @@ pub(crate) fn blob_of(
             let blob = storage::shared_blob_file::FileBlob::new(path.clone());
             Some((Arc::new(blob), Some(path.clone())))
         }
+        // A backend that has not reached its storage yet (a cluster unreachable at start)
+        // would hold the target's start on the record's first read: its reservations stay
+        // in memory instead, said once in the log.
+        None if !backend.ready() => {
+            if backend.shared_state().is_some() {
+                tracing::warn!(
+                    "{} LUN {}: its storage is unreachable at start, so its persistent \
+                     reservations are kept in this gateway's memory, not shared with the other \
+                     gateways, until the target restarts",
+                    backend.kind(),
+                    cfg.serial.as_deref().unwrap_or("-")
+                );
+            }
+            None
+        }
         None => backend.shared_state().map(|b| (b, None)),
     }
 }
