@@ -186,44 +186,21 @@ mod tests {
     use super::*;
     use std::sync::{Arc, Barrier};
 
-    fn dir() -> tempdir::Dir {
-        tempdir::Dir::new("blob")
-    }
-
-    mod tempdir {
-        /// A directory removed when dropped.
-        pub struct Dir(pub std::path::PathBuf);
-        impl Dir {
-            pub fn new(tag: &str) -> Dir {
-                use std::sync::atomic::{AtomicU32, Ordering};
-                static N: AtomicU32 = AtomicU32::new(0);
-                let p = std::env::temp_dir().join(format!(
-                    "ironsan-{tag}-{}-{}",
-                    std::process::id(),
-                    N.fetch_add(1, Ordering::Relaxed)
-                ));
-                std::fs::create_dir_all(&p).unwrap();
-                Dir(p)
-            }
-        }
-        impl Drop for Dir {
-            fn drop(&mut self) {
-                let _ = std::fs::remove_dir_all(&self.0);
-            }
-        }
+    fn dir() -> tempfile::TempDir {
+        tempfile::tempdir().unwrap()
     }
 
     #[test]
     fn empty_then_versions_advance() {
         let d = dir();
-        let b = FileBlob::new(d.0.join("pr"));
+        let b = FileBlob::new(d.path().join("pr"));
         assert_eq!(b.read().unwrap(), (0, Vec::new()));
         assert_eq!(b.compare_and_write(0, b"one").unwrap(), Some(1));
         assert_eq!(b.compare_and_write(0, b"stale").unwrap(), None);
         assert_eq!(b.compare_and_write(1, b"two").unwrap(), Some(2));
         assert_eq!(b.read().unwrap(), (2, b"two".to_vec()));
         // Another handle on the same file (another gateway) sees the same record.
-        let other = FileBlob::new(d.0.join("pr"));
+        let other = FileBlob::new(d.path().join("pr"));
         assert_eq!(other.read().unwrap(), (2, b"two".to_vec()));
         assert_eq!(other.compare_and_write(2, b"").unwrap(), Some(3));
         assert_eq!(b.read().unwrap(), (3, Vec::new()));
@@ -232,7 +209,7 @@ mod tests {
     #[test]
     fn racing_writers_one_wins_per_version() {
         let d = dir();
-        let path = d.0.join("pr");
+        let path = d.path().join("pr");
         let threads = 4;
         let rounds = 25;
         let barrier = Arc::new(Barrier::new(threads));
@@ -270,7 +247,7 @@ mod tests {
     #[test]
     fn torn_temp_file_never_replaces_the_record() {
         let d = dir();
-        let path = d.0.join("pr");
+        let path = d.path().join("pr");
         let b = FileBlob::new(&path);
         b.compare_and_write(0, b"kept").unwrap();
         // A writer that died mid-write leaves its temporary file, never renamed.
@@ -286,7 +263,7 @@ mod tests {
     #[test]
     fn corrupt_record_is_an_error_not_empty() {
         let d = dir();
-        let path = d.0.join("pr");
+        let path = d.path().join("pr");
         let b = FileBlob::new(&path);
         b.compare_and_write(0, b"payload").unwrap();
         let good = std::fs::read(&path).unwrap();
@@ -321,7 +298,7 @@ mod tests {
     #[test]
     fn read_cost() {
         let d = dir();
-        let b = FileBlob::new(d.0.join("pr"));
+        let b = FileBlob::new(d.path().join("pr"));
         b.compare_and_write(0, &[7u8; 512]).unwrap();
         let n = 2000;
         let t = std::time::Instant::now();

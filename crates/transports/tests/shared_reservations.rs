@@ -6,7 +6,7 @@
 //! gateway enforces the reservation from its start.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -21,24 +21,6 @@ const BS: usize = 512;
 /// WRITE EXCLUSIVE, REGISTRANTS ONLY: the type failover clusters reserve with.
 const WE_RO: u8 = 5;
 const RESERVATION_CONFLICT: u8 = 0x18;
-
-/// A directory removed when dropped.
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new() -> Dir {
-        let p = std::env::temp_dir().join(format!("ironsan-shared-res-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Dir(p)
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 struct Gateway {
     addr: SocketAddr,
@@ -150,9 +132,9 @@ async fn settle(s: &Session) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reservations_hold_across_gateways_and_restarts() {
     tokio::time::timeout(T, async {
-        let dir = Dir::new();
-        let a = Gateway::start(&dir.0).await;
-        let b = Gateway::start(&dir.0).await;
+        let dir = tempfile::tempdir().unwrap();
+        let a = Gateway::start(dir.path()).await;
+        let b = Gateway::start(dir.path()).await;
         let x_a = a.login(X).await;
         let x_b = b.login(X).await;
         let y_b = b.login(Y).await;
@@ -191,7 +173,7 @@ async fn reservations_hold_across_gateways_and_restarts() {
         // Gateway B restarts: the reservation is Y's still, enforced from the start.
         drop((x_b, y_b));
         b.stop().await;
-        let b = Gateway::start(&dir.0).await;
+        let b = Gateway::start(dir.path()).await;
         let x_b = b.login(X).await;
         settle(&x_b).await;
         assert_eq!(reservation(&x_b).await, Some((0xB, WE_RO)));

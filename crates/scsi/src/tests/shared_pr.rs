@@ -1,36 +1,13 @@
 //! Two gateways (two `Device`s, relative target ports 1 and 2) exporting one LUN whose
 //! persistent reservations live in one shared file.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::*;
 use crate::sense::key;
 
 const X: &str = "iqn.init-x,i,0x1";
 const Y: &str = "iqn.init-y,i,0x2";
-
-/// A directory removed when dropped.
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new() -> Dir {
-        use std::sync::atomic::{AtomicU32, Ordering};
-        static N: AtomicU32 = AtomicU32::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "ironsan-shared-pr-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&p).unwrap();
-        Dir(p)
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A gateway: relative port `rtp`, X on nexus 1 and Y on nexus 2.
 fn gateway(record: &Path, rtp: u16) -> Device {
@@ -89,8 +66,8 @@ fn write_status(d: &Device, nexus: u64) -> u8 {
 
 #[test]
 fn a_reservation_through_one_gateway_holds_through_the_other() {
-    let dir = Dir::new();
-    let record = dir.0.join("lun0.pr");
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("lun0.pr");
     let a = gateway(&record, 1);
     let b = gateway(&record, 2);
     assert_eq!(pr_out(&a, 1, 0, 0, 0, 0xA, false), status::GOOD);
@@ -113,8 +90,8 @@ fn a_reservation_through_one_gateway_holds_through_the_other() {
 
 #[test]
 fn all_tg_pt_preempt_unit_attentions_and_restart() {
-    let dir = Dir::new();
-    let record = dir.0.join("lun0.pr");
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("lun0.pr");
     let a = gateway(&record, 1);
     let b = gateway(&record, 2);
     // X registers through A for every target port and reserves WRITE EXCLUSIVE.
@@ -165,8 +142,8 @@ fn all_tg_pt_preempt_unit_attentions_and_restart() {
 
 #[test]
 fn a_corrupt_record_stops_the_lun_from_being_built() {
-    let dir = Dir::new();
-    let record = dir.0.join("lun0.pr");
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("lun0.pr");
     {
         let a = gateway(&record, 1);
         assert_eq!(pr_out(&a, 1, 0, 0, 0, 0xA, false), status::GOOD);
@@ -184,8 +161,8 @@ fn a_corrupt_record_stops_the_lun_from_being_built() {
 
 #[test]
 fn aptpl_is_accepted_only_where_reservations_are_shared() {
-    let dir = Dir::new();
-    let a = gateway(&dir.0.join("lun0.pr"), 1);
+    let dir = tempfile::tempdir().unwrap();
+    let a = gateway(&dir.path().join("lun0.pr"), 1);
     let caps = pr_in(&a, 1, 2);
     assert_eq!(caps[2] & 0x01, 0x01, "PTPL_C");
     let (c, mut p) = prout(0, 0, 0, 0xA, false);
