@@ -101,6 +101,9 @@ impl SocketPoll {
             return Ok(());
         }
         let mut tried = Instant::now();
+        // The buffer is looked at again only when bytes came (with header digests, the
+        // look computes the header's CRC).
+        let mut grew = true;
         for _ in 0..MAX_TRIES {
             let now = Instant::now();
             if now - tried > self.window {
@@ -108,15 +111,20 @@ impl SocketPoll {
                 return Ok(());
             }
             tried = now;
-            if complete_frame(r.buffered(), digests, max_data)?.is_some()
-                || now - self.last >= self.window
-            {
+            if grew && complete_frame(r.buffered(), digests, max_data)?.is_some() {
+                return Ok(());
+            }
+            grew = false;
+            if now - self.last >= self.window {
                 return Ok(());
             }
             match r.read_now() {
                 Ok(0) => return Err(FrameError::Eof),
                 // Bytes came: the next PDU is under way, so its rest is polled for anew.
-                Ok(_) => self.last = Instant::now(),
+                Ok(_) => {
+                    self.last = Instant::now();
+                    grew = true;
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     // The runtime's other tasks first, then the machine's other threads: on
                     // an idle core sched_yield returns at once, on a busy one the spin

@@ -297,11 +297,12 @@ pub fn verdict(r: &CommandResult) -> Verdict {
     let Some(s) = Sense::parse(&r.sense) else {
         return Verdict::Done;
     };
-    match (s.key, s.asc, s.ascq) {
-        (sense_key::NOT_READY, 0x04, 0x0a) => Verdict::Transitioning,
-        (sense_key::NOT_READY, 0x04, 0x0b) => Verdict::Unusable(AluaState::Standby),
-        (sense_key::NOT_READY, 0x04, 0x0c) => Verdict::Unusable(AluaState::Unavailable),
-        (sense_key::UNIT_ATTENTION, 0x2a, 0x06) => Verdict::StatesChanged,
+    use scsi_spec::sense::asc;
+    match (s.key, (s.asc, s.ascq)) {
+        (sense_key::NOT_READY, asc::ALUA_TRANSITIONING) => Verdict::Transitioning,
+        (sense_key::NOT_READY, asc::ALUA_STANDBY) => Verdict::Unusable(AluaState::Standby),
+        (sense_key::NOT_READY, asc::ALUA_UNAVAILABLE) => Verdict::Unusable(AluaState::Unavailable),
+        (sense_key::UNIT_ATTENTION, asc::ASYMMETRIC_ACCESS_STATE_CHANGED) => Verdict::StatesChanged,
         _ => Verdict::Done,
     }
 }

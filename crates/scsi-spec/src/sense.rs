@@ -50,6 +50,14 @@ pub mod asc {
     pub const NO_ADDITIONAL: (u8, u8) = (0x00, 0x00);
     pub const NOT_READY_SANITIZE: (u8, u8) = (0x04, 0x1B);
     pub const NOT_READY_BECOMING_READY: (u8, u8) = (0x04, 0x01);
+    /// LOGICAL UNIT NOT ACCESSIBLE, ASYMMETRIC ACCESS STATE TRANSITION (ALUA).
+    pub const ALUA_TRANSITIONING: (u8, u8) = (0x04, 0x0A);
+    /// LOGICAL UNIT NOT ACCESSIBLE, TARGET PORT IN STANDBY STATE (ALUA).
+    pub const ALUA_STANDBY: (u8, u8) = (0x04, 0x0B);
+    /// LOGICAL UNIT NOT ACCESSIBLE, TARGET PORT IN UNAVAILABLE STATE (ALUA).
+    pub const ALUA_UNAVAILABLE: (u8, u8) = (0x04, 0x0C);
+    /// LOGICAL UNIT NOT READY, OFFLINE (ALUA's offline state).
+    pub const NOT_READY_OFFLINE: (u8, u8) = (0x04, 0x12);
     pub const UNREACHABLE_COPY_TARGET: (u8, u8) = (0x08, 0x04);
     pub const WRITE_ERROR: (u8, u8) = (0x0C, 0x00);
     pub const COPY_TARGET_NOT_REACHABLE: (u8, u8) = (0x0D, 0x02);
@@ -75,6 +83,8 @@ pub mod asc {
     pub const RESERVATIONS_PREEMPTED: (u8, u8) = (0x2A, 0x03);
     pub const RESERVATIONS_RELEASED: (u8, u8) = (0x2A, 0x04);
     pub const REGISTRATIONS_PREEMPTED: (u8, u8) = (0x2A, 0x05);
+    /// ASYMMETRIC ACCESS STATE CHANGED (unit attention; ALUA).
+    pub const ASYMMETRIC_ACCESS_STATE_CHANGED: (u8, u8) = (0x2A, 0x06);
     pub const CAPACITY_DATA_CHANGED: (u8, u8) = (0x2A, 0x09);
     pub const SAVING_PARAMETERS_NOT_SUPPORTED: (u8, u8) = (0x39, 0x00);
     pub const MEDIUM_NOT_PRESENT: (u8, u8) = (0x3A, 0x00);

@@ -36,7 +36,7 @@ use tokio::sync::watch;
 use crate::cdb::{be32, op};
 use crate::config::GatewayConfig;
 use crate::outcome::Fail;
-use crate::sense::{key, Sense};
+use crate::sense::{asc, key, Sense};
 
 /// How long a command waits for a takeover it started (or found running) before it answers
 /// NOT READY, transitioning.
@@ -48,20 +48,6 @@ const FAST_TICK: Duration = Duration::from_millis(20);
 
 /// SERVICE ACTION of MAINTENANCE IN: REPORT TARGET PORT GROUPS.
 pub(crate) const SA_REPORT_TARGET_PORT_GROUPS: u8 = 0x0A;
-
-/// Additional sense codes of ALUA (SPC-4 table 28).
-pub mod asc {
-    /// LOGICAL UNIT NOT ACCESSIBLE, ASYMMETRIC ACCESS STATE TRANSITION.
-    pub const TRANSITIONING: (u8, u8) = (0x04, 0x0A);
-    /// LOGICAL UNIT NOT ACCESSIBLE, TARGET PORT IN STANDBY STATE.
-    pub const STANDBY: (u8, u8) = (0x04, 0x0B);
-    /// LOGICAL UNIT NOT ACCESSIBLE, TARGET PORT IN UNAVAILABLE STATE.
-    pub const UNAVAILABLE: (u8, u8) = (0x04, 0x0C);
-    /// LOGICAL UNIT NOT READY, OFFLINE.
-    pub const OFFLINE: (u8, u8) = (0x04, 0x12);
-    /// ASYMMETRIC ACCESS STATE CHANGED (unit attention).
-    pub const STATE_CHANGED: (u8, u8) = (0x2A, 0x06);
-}
 
 /// A target port group's asymmetric access state for a LUN (its code in RTPG).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -90,10 +76,10 @@ impl AccessState {
     /// The NOT READY sense a command this state does not serve gets.
     fn refusal(self) -> Sense {
         let code = match self {
-            AccessState::Standby => asc::STANDBY,
-            AccessState::Unavailable => asc::UNAVAILABLE,
-            AccessState::Offline => asc::OFFLINE,
-            _ => asc::TRANSITIONING,
+            AccessState::Standby => asc::ALUA_STANDBY,
+            AccessState::Unavailable => asc::ALUA_UNAVAILABLE,
+            AccessState::Offline => asc::NOT_READY_OFFLINE,
+            _ => asc::ALUA_TRANSITIONING,
         };
         Sense::new(key::NOT_READY, code)
     }
@@ -386,8 +372,8 @@ impl LunAlua {
     pub async fn admit(&self, opcode: u8) -> Result<Option<AdmittedWrite>, Fail> {
         let write = writes_medium(opcode);
         let takes_over = write || (self.gateway.reads_take_over && reads_medium(opcode));
-        let deadline = tokio::time::Instant::now() + TAKEOVER_WAIT;
-        let mut changes = self.shared.changes.subscribe();
+        // Set up only when the command has to wait: the admitted path costs one lock.
+        let mut wait: Option<(tokio::time::Instant, watch::Receiver<u64>)> = None;
         loop {
             {
                 let mut inner = self.shared.lock();
@@ -410,9 +396,15 @@ impl LunAlua {
                     _ if state.serves(opcode) => return Ok(None),
                     _ => return Err(state.refusal().into()),
                 }
+                // Subscribed under the lock the state changes under, so no change after
+                // this check goes unseen.
+                wait.get_or_insert_with(|| {
+                    let deadline = tokio::time::Instant::now() + TAKEOVER_WAIT;
+                    (deadline, self.shared.changes.subscribe())
+                });
             }
-            changes.borrow_and_update();
-            match tokio::time::timeout_at(deadline, changes.changed()).await {
+            let (deadline, changes) = wait.as_mut().expect("set above");
+            match tokio::time::timeout_at(*deadline, changes.changed()).await {
                 Ok(Ok(())) => continue,
                 _ => return Err(AccessState::Transitioning.refusal().into()),
             }

@@ -390,7 +390,12 @@ impl Lun {
             .map(|(n, _)| n)
             .collect();
         let mut st = self.state();
-        self.raise_ua(&mut st, &nexuses, None, crate::alua::asc::STATE_CHANGED);
+        self.raise_ua(
+            &mut st,
+            &nexuses,
+            None,
+            asc::ASYMMETRIC_ACCESS_STATE_CHANGED,
+        );
         self.refresh(&st);
     }
 

@@ -257,12 +257,7 @@ impl SharedPr {
         file: Option<PathBuf>,
     ) -> Result<(SharedPr, PrState), String> {
         let stamp = stamp_of(file.as_deref()).unwrap_or(0);
-        let (version, raw) = blob
-            .read()
-            .map_err(|e| format!("persistent reservations: {e}"))?;
-        let rec = Record::decode(&raw).map_err(|e| {
-            format!("persistent reservations: corrupt record (version {version}): {e}")
-        })?;
+        let (version, rec) = decoded(blob.read())?;
         let shared = SharedPr {
             blob,
             epoch: Instant::now(),
@@ -301,13 +296,10 @@ impl SharedPr {
     pub async fn read(&self) -> Result<(u64, Record), String> {
         let stamp = stamp_of(self.file.as_deref());
         let blob = self.blob.clone();
-        let (version, raw) = tokio::task::spawn_blocking(move || blob.read())
+        let read = tokio::task::spawn_blocking(move || blob.read())
             .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("persistent reservations: {e}"))?;
-        let rec = Record::decode(&raw).map_err(|e| {
-            format!("persistent reservations: corrupt record (version {version}): {e}")
-        })?;
+            .map_err(|e| e.to_string())?;
+        let (version, rec) = decoded(read)?;
         if let Some(stamp) = stamp {
             self.stamp.store(stamp, Ordering::Release);
         }
@@ -477,6 +469,14 @@ impl Lun {
 
 /// The shared record a LUN's reservations live in, and its file when it is one: the
 /// configured file, else the record its backend offers; `None` keeps them in memory.
+/// A read of the record, decoded: its version and contents, or what went wrong.
+fn decoded(read: std::io::Result<(u64, Vec<u8>)>) -> Result<(u64, Record), String> {
+    let (version, raw) = read.map_err(|e| format!("persistent reservations: {e}"))?;
+    let rec = Record::decode(&raw)
+        .map_err(|e| format!("persistent reservations: corrupt record (version {version}): {e}"))?;
+    Ok((version, rec))
+}
+
 pub(crate) fn blob_of(
     cfg: &crate::config::LunConfig,
     backend: &dyn storage::Backend,
