@@ -219,7 +219,9 @@ mod tests {
         let mut off = SocketPoll::new(Duration::ZERO);
         let started = Instant::now();
         off.spin(&mut r, Digests::default(), 8192).await.unwrap();
-        assert!(started.elapsed() < Duration::from_millis(5));
+        // Returns without waiting for bytes that never come (a shared machine may deschedule
+        // the test for milliseconds, hence the loose bound).
+        assert!(started.elapsed() < Duration::from_secs(1));
         drop(peer);
         let mut poll = SocketPoll::new(Duration::from_secs(5));
         poll.busy();
