@@ -37,8 +37,9 @@
 //!   relative target port ([`Device::set_relative_port`], 1 unless set), or the initiator
 //!   port through every target port (ALL_TG_PT). A LUN with a shared record (its
 //!   `reservations` file, or its backend's [`storage::Backend::shared_state`]) keeps them
-//!   there (`pr_shared`), so the gateways exporting one LUN share them and they outlive a
-//!   gateway's restart; other LUNs keep them in memory.
+//!   there (`pr_shared`: the record and its encoding; `lun_pr_shared`: the LUN reading,
+//!   adopting and writing it), so the gateways exporting one LUN share them and they outlive
+//!   a gateway's restart; other LUNs keep them in memory.
 //! * Counters: each block LUN counts its commands, bytes and latency by direction and
 //!   the commands running on it ([`stats`]), read whole by [`Device::lun_stats`].
 //! * Gateways: with a [`GatewayConfig`] ([`Device::with_gateway`]) the device is one of
@@ -56,6 +57,7 @@ pub mod config;
 mod device;
 mod fault_log;
 mod lun;
+mod lun_pr_shared;
 mod object;
 mod outcome;
 mod pr;
