@@ -42,6 +42,7 @@
 mod conn;
 pub mod core;
 pub mod multipath;
+mod pending;
 pub mod scsi;
 mod session;
 pub mod url;
@@ -50,9 +51,9 @@ pub use crate::core::{CommandRequest, CommandResult, RecoveryStats, Residual, Ta
 pub use datamover::IserProvider;
 pub use iscsi_login::{ChapCredentials, DigestPreference, DiscoveredTarget, LoginError};
 pub use multipath::{AluaState, MultipathConfig, PathStatus};
+pub use pending::PendingCommand;
 pub use session::{
-    discover, PendingCommand, Session, SessionConfig, SessionConnector, TraceFile,
-    DEFAULT_INITIATOR_NAME,
+    discover, Session, SessionConfig, SessionConnector, TraceFile, DEFAULT_INITIATOR_NAME,
 };
 pub use url::{parse_portal, IscsiUrl, UrlError};
 

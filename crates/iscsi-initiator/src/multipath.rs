@@ -1,6 +1,6 @@
 //! One logical unit through several portals: gateways (separate targets on separate
 //! portals) exporting the same LUN. A URL listing several portals
-//! (`iscsi://h1,h2:3261/iqn/0`) gives a [`Session`] of this kind, which logs in on every
+//! (`iscsi://h1,h2:3261/iqn/0`) gives a [`Session`](crate::Session) of this kind, which logs in on every
 //! portal (one session per path), checks that they show the same logical unit (the NAA
 //! designator of VPD page 0x83 and the unit serial number of page 0x80; refused otherwise),
 //! reads each path's ALUA state and routes each command to one path:
@@ -40,8 +40,8 @@ use iscsi_login::SessionParams;
 use tokio::sync::{oneshot, Notify};
 
 use crate::core::{CommandRequest, CommandResult, TaskError};
-use crate::scsi::{self, sense_key, status, Sense};
-use crate::session::{PendingCommand, Session, SessionConfig, UNIT_ATTENTION_TRIES};
+use crate::pending::PendingCommand;
+use crate::scsi::{self, sense_key, status, Sense, UNIT_ATTENTION_TRIES};
 use crate::url::IscsiUrl;
 use crate::Error;
 
@@ -127,7 +127,7 @@ impl AluaState {
     }
 }
 
-/// One path of a multipath session, as [`Session::paths`] reports it.
+/// One path of a multipath session, as [`crate::Session::paths`] reports it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PathStatus {
     /// `host:port`.
@@ -327,7 +327,7 @@ pub fn is_idempotent(cdb: &[u8]) -> bool {
     )
 }
 
-type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub(crate) type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// One path's commands: a session, or a test's stand-in.
 pub(crate) trait PathLink: Send + Sync {
@@ -339,54 +339,17 @@ pub(crate) trait PathLink: Send + Sync {
     fn logout(&self) -> BoxFut<'_, Result<(), Error>>;
     /// Closes the path without a logout.
     fn close(&self);
-    fn session(&self) -> Option<Arc<Session>>;
+    /// The path's negotiated parameters, when it is a session.
+    fn params(&self) -> Option<SessionParams>;
+    /// The path's CmdSN window, when it is a session.
+    fn window(&self) -> Option<u32>;
+    /// The link itself, for the session that opened it to find its own type again.
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 /// Opens path `i` (logs in).
 pub(crate) type Opener =
     Arc<dyn Fn(usize) -> BoxFut<'static, Result<Arc<dyn PathLink>, Error>> + Send + Sync>;
-
-struct SessionPath(Arc<Session>);
-
-impl PathLink for SessionPath {
-    fn submit(&self, req: CommandRequest) -> PendingCommand {
-        self.0.submit(req)
-    }
-    fn failure(&self) -> Option<String> {
-        self.0.failure()
-    }
-    fn abort(&self, itt: u32) -> BoxFut<'_, Result<u8, Error>> {
-        Box::pin(self.0.abort_task(itt))
-    }
-    fn logout(&self) -> BoxFut<'_, Result<(), Error>> {
-        Box::pin(self.0.logout_here())
-    }
-    fn close(&self) {
-        self.0.shutdown(false);
-    }
-    fn session(&self) -> Option<Arc<Session>> {
-        Some(self.0.clone())
-    }
-}
-
-/// Logs in on every portal of `url` and starts routing (see the module's documentation).
-pub(crate) async fn connect(url: &IscsiUrl, cfg: SessionConfig) -> Result<Arc<Multipath>, Error> {
-    let paths = url.path_urls();
-    let mcfg = cfg.multipath.clone();
-    let opener: Opener = {
-        let paths = paths.clone();
-        Arc::new(move |i| {
-            let url = paths[i].clone();
-            let cfg = cfg.clone();
-            Box::pin(async move {
-                let s = Session::connect_one(&url, cfg).await?;
-                Ok(Arc::new(SessionPath(Arc::new(s))) as Arc<dyn PathLink>)
-            })
-        })
-    };
-    let portals = paths.iter().map(IscsiUrl::host_port).collect();
-    Multipath::start(url.clone(), portals, mcfg, opener).await
-}
 
 struct Slot {
     portal: String,
@@ -413,7 +376,7 @@ struct Paths {
     checking: bool,
 }
 
-/// The router behind a multipath [`Session`].
+/// The router behind a multipath [`Session`](crate::Session).
 pub(crate) struct Multipath {
     url: IscsiUrl,
     lun: u16,
@@ -425,7 +388,7 @@ pub(crate) struct Multipath {
     /// Wakes the monitor early (a path failed, states changed).
     kick: Arc<Notify>,
     closing: AtomicBool,
-    /// The first path's parameters, for [`Session::params`] while no path is up.
+    /// The first path's parameters, for [`crate::Session::params`] while no path is up.
     first_params: SessionParams,
 }
 
@@ -523,7 +486,7 @@ impl Multipath {
         }
         let mut first_params = None;
         for (i, (link, p)) in opened {
-            let params = link.session().map(|s| s.params());
+            let params = link.params();
             first_params = first_params.or(params.clone());
             let s = &mut slots[i];
             s.link = Some(link);
@@ -952,7 +915,7 @@ impl Multipath {
             return Err("the session is closing".into());
         }
         let s = &mut paths.slots[i];
-        s.params = link.session().map(|x| x.params());
+        s.params = link.params();
         s.link = Some(link);
         s.alua = p.alua;
         s.designators = p.designators;
@@ -962,7 +925,8 @@ impl Multipath {
         Ok(())
     }
 
-    fn links(&self) -> Vec<Arc<dyn PathLink>> {
+    /// The links of the paths up now.
+    pub(crate) fn links(&self) -> Vec<Arc<dyn PathLink>> {
         self.lock()
             .slots
             .iter()
@@ -970,14 +934,9 @@ impl Multipath {
             .collect()
     }
 
-    /// The sessions of the paths up now.
-    pub(crate) fn sessions(&self) -> Vec<Arc<Session>> {
-        self.links().iter().filter_map(|l| l.session()).collect()
-    }
-
-    /// The session of the path commands go to now.
-    pub(crate) fn current(&self) -> Option<Arc<Session>> {
-        self.pick().and_then(|(_, l, _)| l.session())
+    /// The link of the path commands go to now.
+    pub(crate) fn current(&self) -> Option<Arc<dyn PathLink>> {
+        self.pick().map(|(_, l, _)| l)
     }
 
     pub(crate) fn params(&self) -> SessionParams {
@@ -988,7 +947,7 @@ impl Multipath {
 
     /// The path in use's CmdSN window (32 while none is usable).
     pub(crate) fn window(&self) -> u32 {
-        self.current().map_or(32, |s| s.window())
+        self.current().and_then(|l| l.window()).unwrap_or(32)
     }
 
     pub(crate) fn status(&self) -> Vec<PathStatus> {

@@ -222,6 +222,9 @@ pub fn parse_unit_serial(b: &[u8]) -> Option<String> {
     Some(ascii(&b[4..(4 + n).min(b.len())]).trim().to_string())
 }
 
+/// How many times a command is sent while it ends in UNIT ATTENTION.
+pub const UNIT_ATTENTION_TRIES: usize = 6;
+
 #[cfg(test)]
 mod tests {
     use super::*;

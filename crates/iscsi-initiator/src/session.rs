@@ -24,8 +24,9 @@ use crate::core::{
     Action, CommandRequest, CommandResult, RecoveryStats, Reply, SessionCore, SessionLimits,
     TaskError,
 };
-use crate::multipath::{Multipath, MultipathConfig, PathStatus};
-use crate::scsi::{self, Capacity, Inquiry};
+use crate::multipath::{BoxFut, Multipath, MultipathConfig, Opener, PathLink, PathStatus};
+use crate::pending::{Pending, PendingCommand};
+use crate::scsi::{self, Capacity, Inquiry, UNIT_ATTENTION_TRIES};
 use crate::url::IscsiUrl;
 use crate::Error;
 use datamover::IserProvider;
@@ -36,9 +37,6 @@ pub const DEFAULT_INITIATOR_NAME: &str = "iqn.2026-11.org.ironsan:initiator";
 /// How long a logout waits for its connections' close to finish on the wire (iSER: the
 /// RNIC's FIN handshake after the last Send) before it returns anyway.
 const LOGOUT_CLOSE_WAIT: Duration = Duration::from_secs(2);
-
-/// How many times a command is sent while it ends in UNIT ATTENTION.
-pub const UNIT_ATTENTION_TRIES: usize = 6;
 
 /// How to log in and run a session.
 #[derive(Debug, Clone)]
@@ -312,56 +310,6 @@ fn flush(st: &mut State) {
             Action::Async { conn, event } => {
                 tracing::info!(conn, event, "asynchronous message from the target");
             }
-        }
-    }
-}
-
-/// A command sent (or queued) whose completion has not been awaited yet.
-pub struct PendingCommand {
-    itt: u32,
-    rx: Pending,
-}
-
-enum Pending {
-    /// On a session's connection: the core's completion.
-    Sent(oneshot::Receiver<Result<Reply, TaskError>>),
-    /// Carried by a multipath session's router, which may move it between paths.
-    Routed(oneshot::Receiver<Result<CommandResult, Error>>),
-    /// Never sent.
-    Failed(Error),
-}
-
-impl PendingCommand {
-    /// A command whose completion `rx` delivers (multipath routing, test paths).
-    pub(crate) fn routed(rx: oneshot::Receiver<Result<CommandResult, Error>>) -> PendingCommand {
-        PendingCommand {
-            itt: 0,
-            rx: Pending::Routed(rx),
-        }
-    }
-
-    /// The command's Initiator Task Tag (for [`Session::abort_task`]; 0 on a multipath
-    /// session, whose commands may move between paths).
-    pub fn itt(&self) -> u32 {
-        self.itt
-    }
-
-    /// Waits for the status.
-    pub async fn wait(self) -> Result<CommandResult, Error> {
-        let rx = match self.rx {
-            Pending::Sent(rx) => rx,
-            Pending::Routed(rx) => {
-                return rx
-                    .await
-                    .unwrap_or(Err(Error::Task(TaskError::SessionClosed)))
-            }
-            Pending::Failed(e) => return Err(e),
-        };
-        match rx.await {
-            Ok(Ok(Reply::Scsi(r))) => Ok(r),
-            Ok(Ok(other)) => Err(Error::Protocol(format!("unexpected reply {other:?}"))),
-            Ok(Err(e)) => Err(Error::Task(e)),
-            Err(_) => Err(Error::Task(TaskError::SessionClosed)),
         }
     }
 }
@@ -924,13 +872,82 @@ fn probe_datamovers(st: &mut State) -> bool {
     stalled
 }
 
+/// One path of a multipath session: a session to one portal.
+struct SessionPath(Arc<Session>);
+
+impl PathLink for SessionPath {
+    fn submit(&self, req: CommandRequest) -> PendingCommand {
+        self.0.submit(req)
+    }
+    fn failure(&self) -> Option<String> {
+        self.0.failure()
+    }
+    fn abort(&self, itt: u32) -> BoxFut<'_, Result<u8, Error>> {
+        Box::pin(self.0.abort_task(itt))
+    }
+    fn logout(&self) -> BoxFut<'_, Result<(), Error>> {
+        Box::pin(self.0.logout_here())
+    }
+    fn close(&self) {
+        self.0.shutdown(false);
+    }
+    fn params(&self) -> Option<SessionParams> {
+        Some(self.0.params())
+    }
+    fn window(&self) -> Option<u32> {
+        Some(self.0.window())
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// Logs in on every portal of `url` and starts routing ([`crate::multipath`]).
+async fn connect_paths(url: &IscsiUrl, cfg: SessionConfig) -> Result<Arc<Multipath>, Error> {
+    let paths = url.path_urls();
+    let mcfg = cfg.multipath.clone();
+    let opener: Opener = {
+        let paths = paths.clone();
+        Arc::new(move |i| {
+            let url = paths[i].clone();
+            let cfg = cfg.clone();
+            Box::pin(async move {
+                let s = Session::connect_one(&url, cfg).await?;
+                Ok(Arc::new(SessionPath(Arc::new(s))) as Arc<dyn PathLink>)
+            })
+        })
+    };
+    let portals = paths.iter().map(IscsiUrl::host_port).collect();
+    Multipath::start(url.clone(), portals, mcfg, opener).await
+}
+
+/// The sessions of a multipath session's paths up now.
+fn path_sessions(m: &Multipath) -> Vec<Arc<Session>> {
+    m.links()
+        .iter()
+        .filter_map(|l| session_of(l.as_ref()))
+        .collect()
+}
+
+/// The session of the path a multipath session sends to now.
+fn current_session(m: &Multipath) -> Option<Arc<Session>> {
+    m.current().and_then(|l| session_of(l.as_ref()))
+}
+
+/// The session behind a path link (every link a session opens is a [`SessionPath`]).
+fn session_of(link: &dyn PathLink) -> Option<Arc<Session>> {
+    link.as_any()
+        .downcast_ref::<SessionPath>()
+        .map(|p| p.0.clone())
+}
+
 impl Session {
     /// Logs in to the URL's target (it must name one) with `cfg`'s connections. A URL that
     /// lists several portals logs in on each (one session per portal) and gives a multipath
     /// session ([`crate::multipath`]).
     pub async fn connect(url: &IscsiUrl, cfg: SessionConfig) -> Result<Session, Error> {
         if url.is_multipath() {
-            let m = crate::multipath::connect(url, cfg).await?;
+            let m = connect_paths(url, cfg).await?;
             return Ok(Session {
                 kind: Kind::Paths(m),
             });
@@ -1002,8 +1019,7 @@ impl Session {
     pub fn recovery(&self) -> RecoveryStats {
         match &self.kind {
             Kind::One(inner) => inner.lock().core.recovery,
-            Kind::Paths(m) => m
-                .sessions()
+            Kind::Paths(m) => path_sessions(m)
                 .iter()
                 .fold(RecoveryStats::default(), |a, s| a.plus(s.recovery())),
         }
@@ -1015,8 +1031,7 @@ impl Session {
         let inner = match &self.kind {
             Kind::One(inner) => inner,
             Kind::Paths(m) => {
-                return m
-                    .sessions()
+                return path_sessions(m)
                     .iter()
                     .fold(Default::default(), |a, s| a.plus(s.write_registrations()))
             }
@@ -1031,7 +1046,7 @@ impl Session {
     pub fn tsih(&self) -> u16 {
         match &self.kind {
             Kind::One(inner) => inner.lock().tsih,
-            Kind::Paths(m) => m.current().map_or(0, |s| s.tsih()),
+            Kind::Paths(m) => current_session(m).map_or(0, |s| s.tsih()),
         }
     }
 
@@ -1039,7 +1054,7 @@ impl Session {
     pub fn connection_count(&self) -> usize {
         match &self.kind {
             Kind::One(inner) => inner.lock().core.live_connections().len(),
-            Kind::Paths(m) => m.sessions().iter().map(|s| s.connection_count()).sum(),
+            Kind::Paths(m) => path_sessions(m).iter().map(|s| s.connection_count()).sum(),
         }
     }
 
@@ -1049,8 +1064,7 @@ impl Session {
         let inner = match &self.kind {
             Kind::One(inner) => inner,
             Kind::Paths(m) => {
-                return m
-                    .sessions()
+                return path_sessions(m)
                     .iter()
                     .flat_map(|s| s.connection_sockets())
                     .collect()
@@ -1198,7 +1212,7 @@ impl Session {
             )));
         }
         if let Kind::Paths(m) = &self.kind {
-            for s in m.sessions() {
+            for s in path_sessions(m) {
                 Box::pin(s.set_max_recv_data_segment_length(len)).await?;
             }
             return Ok(());
@@ -1256,7 +1270,7 @@ impl Session {
     /// use).
     pub async fn lun_reset(&self, lun: u16) -> Result<u8, Error> {
         if let Kind::Paths(m) = &self.kind {
-            let s = m.current().ok_or_else(|| m.no_path_error())?;
+            let s = current_session(m).ok_or_else(|| m.no_path_error())?;
             return Box::pin(s.lun_reset(lun)).await;
         }
         match self
@@ -1273,7 +1287,7 @@ impl Session {
     pub async fn ping(&self) -> Result<Duration, Error> {
         if let Kind::Paths(m) = &self.kind {
             let mut slowest = Duration::ZERO;
-            for s in m.sessions() {
+            for s in path_sessions(m) {
                 slowest = slowest.max(Box::pin(s.ping()).await?);
             }
             return Ok(slowest);
@@ -1365,7 +1379,7 @@ impl Session {
         let inner = match &self.kind {
             Kind::One(inner) => inner,
             Kind::Paths(m) => {
-                if let Some(s) = m.current() {
+                if let Some(s) = current_session(m) {
                     s.break_connections();
                 }
                 return;

@@ -155,8 +155,14 @@ impl PathLink for Fake {
         Box::pin(async { Ok(()) })
     }
     fn close(&self) {}
-    fn session(&self) -> Option<Arc<Session>> {
+    fn params(&self) -> Option<SessionParams> {
         None
+    }
+    fn window(&self) -> Option<u32> {
+        None
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 
