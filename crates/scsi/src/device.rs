@@ -19,6 +19,8 @@ use crate::config::{
 };
 use crate::lun::{ua_exempt, DeviceView, Lun};
 use crate::object::ObjectLun;
+use crate::pr::PrState;
+use crate::pr_shared::SharedPr;
 use crate::sense::{asc, key, Sense};
 use crate::status;
 
@@ -208,11 +210,15 @@ impl Device {
                 "backend of {size} bytes is smaller than one block"
             )));
         }
-        let shared = crate::pr_shared::blob_of(&cfg, &*backend);
+        let shared = crate::pr_shared::source_of(&cfg, &*backend);
         let alua = self.lun_alua(id, &cfg, &backend).map_err(fail)?;
         let mut lun = Lun::new(id, cfg, backend, naa, serial, &self.target_name, alua);
-        if let Some((blob, file)) = shared {
-            let (shared, pr) = crate::pr_shared::SharedPr::open(blob, file).map_err(fail)?;
+        if let Some(src) = shared {
+            let (shared, pr) = if src.read_at_start {
+                SharedPr::open(src.blob, src.file).map_err(fail)?
+            } else {
+                (SharedPr::unread(src.blob, src.file), PrState::default())
+            };
             lun = lun.with_shared_pr(shared, pr);
         }
         Ok(Unit::Block(Arc::new(lun)))

@@ -302,7 +302,9 @@ impl Lun {
             r.bidi_read_residual = Some(Residual::Underflow(read_len));
             return r;
         }
-        if self.shared_pr.as_ref().is_some_and(|s| s.due()) {
+        // Not while the backend has not reached its storage: the record lives there too, and
+        // the command is answered NOT READY below.
+        if self.shared_pr.as_ref().is_some_and(|s| s.due()) && self.backend.ready() {
             self.refresh_shared(dev).await;
         }
         let guard = self.tasks.enter(cmd.nexus, cmd.tag, cmd.attr).await;

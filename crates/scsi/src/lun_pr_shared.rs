@@ -12,7 +12,7 @@ use crate::command::{Command, NexusId};
 use crate::lun::{DeviceView, Lun};
 use crate::outcome::Fail;
 use crate::pr::{Notice, PrState};
-use crate::pr_shared::{Record, Seen, SharedPr, MAX_TRIES};
+use crate::pr_shared::{Record, Seen, SharedPr, MAX_TRIES, NEVER};
 use crate::sense::{asc, key, Sense};
 use crate::status;
 
@@ -21,6 +21,10 @@ impl Lun {
     /// Takes `rec` (at `version`) as the cached state and raises the unit attentions it
     /// logged since `seen` for this gateway's nexuses.
     fn adopt(&self, rec: &Record, version: u64, seen: &mut Seen, dev: &dyn DeviceView) {
+        if seen.version == NEVER {
+            // The first read of a record not read at start: what it logged is the past.
+            seen.seq = rec.seq;
+        }
         let fresh: Vec<&Notice> = rec
             .log
             .iter()

@@ -32,6 +32,9 @@ pub(crate) const MAX_TRIES: usize = 16;
 /// Unit attentions kept in the record for gateways that have not seen them yet.
 pub(crate) const LOG_MAX: usize = 256;
 
+/// `SharedPr::refreshed` and `Seen::version` of a link whose record was never read.
+pub(crate) const NEVER: u64 = u64::MAX;
+
 /// The record's layout number (the first payload byte).
 const FORMAT: u8 = 1;
 
@@ -268,10 +271,29 @@ impl SharedPr {
         Ok((shared, rec.pr))
     }
 
-    /// Whether the cached copy is older than [`REFRESH`].
+    /// The link without a first read: the first command that checks reservations reads the
+    /// record ([`SharedPr::due`] from the start), and adopts it without raising the unit
+    /// attentions logged before.
+    pub fn unread(blob: Arc<dyn SharedBlob>, file: Option<PathBuf>) -> SharedPr {
+        SharedPr {
+            blob,
+            epoch: Instant::now(),
+            refreshed: AtomicU64::new(NEVER),
+            file,
+            stamp: AtomicU64::new(0),
+            failing: AtomicBool::new(false),
+            seen: tokio::sync::Mutex::new(Seen {
+                version: NEVER,
+                seq: 0,
+            }),
+        }
+    }
+
+    /// Whether the cached copy is older than [`REFRESH`], or was never read.
     pub fn stale(&self) -> bool {
         let now = self.epoch.elapsed().as_nanos() as u64;
-        now.saturating_sub(self.refreshed.load(Ordering::Acquire)) >= REFRESH.as_nanos() as u64
+        let refreshed = self.refreshed.load(Ordering::Acquire);
+        refreshed == NEVER || now.saturating_sub(refreshed) >= REFRESH.as_nanos() as u64
     }
 
     /// Whether a command must read the record before it is checked: the cached copy is
@@ -313,8 +335,6 @@ impl SharedPr {
     }
 }
 
-/// The shared record a LUN's reservations live in, and its file when it is one: the
-/// configured file, else the record its backend offers; `None` keeps them in memory.
 /// A read of the record, decoded: its version and contents, or what went wrong.
 fn decoded(read: std::io::Result<(u64, Vec<u8>)>) -> Result<(u64, Record), String> {
     let (version, raw) = read.map_err(|e| format!("persistent reservations: {e}"))?;
@@ -323,32 +343,45 @@ fn decoded(read: std::io::Result<(u64, Vec<u8>)>) -> Result<(u64, Record), Strin
     Ok((version, rec))
 }
 
-pub(crate) fn blob_of(
+/// Where a LUN's reservations live, when they are shared.
+pub(crate) struct SharedSource {
+    pub blob: Arc<dyn SharedBlob>,
+    /// The record's file, when it is one.
+    pub file: Option<PathBuf>,
+    /// Read the record when the LUN is built; otherwise at its first command (a backend that
+    /// has not reached its storage yet, whose read would hold the target's start).
+    pub read_at_start: bool,
+}
+
+/// The shared record a LUN's reservations live in: the configured file, else the record its
+/// backend offers; `None` keeps them in memory.
+pub(crate) fn source_of(
     cfg: &crate::config::LunConfig,
     backend: &dyn storage::Backend,
-) -> Option<(Arc<dyn SharedBlob>, Option<PathBuf>)> {
-    match &cfg.reservations {
-        Some(path) => {
-            let blob = storage::shared_blob_file::FileBlob::new(path.clone());
-            Some((Arc::new(blob), Some(path.clone())))
-        }
-        // A backend that has not reached its storage yet (a cluster unreachable at start)
-        // would hold the target's start on the record's first read: its reservations stay
-        // in memory instead, said once in the log.
-        None if !backend.ready() => {
-            if backend.shared_state().is_some() {
-                tracing::warn!(
-                    "{} LUN {}: its storage is unreachable at start, so its persistent \
-                     reservations are kept in this gateway's memory, not shared with the other \
-                     gateways, until the target restarts",
-                    backend.kind(),
-                    cfg.serial.as_deref().unwrap_or("-")
-                );
-            }
-            None
-        }
-        None => backend.shared_state().map(|b| (b, None)),
+) -> Option<SharedSource> {
+    if let Some(path) = &cfg.reservations {
+        return Some(SharedSource {
+            blob: Arc::new(storage::shared_blob_file::FileBlob::new(path.clone())),
+            file: Some(path.clone()),
+            read_at_start: true,
+        });
     }
+    let blob = backend.shared_state()?;
+    let ready = backend.ready();
+    if !ready {
+        tracing::warn!(
+            "{} LUN {}: its storage is unreachable at start; its persistent reservations are \
+             read from the shared record when it is reached (until then every PERSISTENT \
+             RESERVE command fails)",
+            backend.kind(),
+            cfg.serial.as_deref().unwrap_or("-")
+        );
+    }
+    Some(SharedSource {
+        blob,
+        file: None,
+        read_at_start: ready,
+    })
 }
 
 /// What `stat` says of the record's file, hashed: a rename over it (every write) changes

@@ -177,3 +177,95 @@ fn aptpl_is_accepted_only_where_reservations_are_shared() {
         "APTPL refused in memory"
     );
 }
+
+/// A shared record that cannot be read while `down` is set (a cluster not reached yet).
+#[derive(Debug, Default)]
+struct LateBlob {
+    down: std::sync::atomic::AtomicBool,
+    record: std::sync::Mutex<(u64, Vec<u8>)>,
+}
+
+impl storage::SharedBlob for LateBlob {
+    fn read(&self) -> std::io::Result<(u64, Vec<u8>)> {
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(std::io::Error::other("cluster not reached"));
+        }
+        Ok(self.record.lock().unwrap().clone())
+    }
+    fn compare_and_write(&self, expected: u64, data: &[u8]) -> std::io::Result<Option<u64>> {
+        let mut r = self.record.lock().unwrap();
+        if r.0 != expected {
+            return Ok(None);
+        }
+        *r = (expected + 1, data.to_vec());
+        Ok(Some(r.0))
+    }
+}
+
+/// A LUN whose record could not be read at start (`SharedPr::unread`) keeps trying at its
+/// commands, and takes the registrations made through other gateways once it reads it,
+/// without raising the unit attentions logged before.
+#[test]
+fn a_record_not_read_at_start_is_read_when_it_can_be() {
+    use crate::pr::{Notice, PrState, Registration};
+    use crate::pr_shared::{Record, SharedPr, REFRESH};
+
+    let mut rec = Record {
+        pr: PrState {
+            regs: vec![Registration {
+                port: X.into(),
+                rtp: 2,
+                all_tg_pt: false,
+                key: 0xAB,
+                transport_id: Bytes::new(),
+            }],
+            generation: 1,
+            ..PrState::default()
+        },
+        ..Record::default()
+    };
+    rec.log_notices(vec![Notice {
+        code: (0x2A, 0x03),
+        port: Y.into(),
+        rtp: 2,
+        all_tg_pt: true,
+    }]);
+    let blob = Arc::new(LateBlob::default());
+    *blob.record.lock().unwrap() = (5, rec.encode());
+    blob.down.store(true, std::sync::atomic::Ordering::SeqCst);
+
+    let dev = Device::new("iqn.2024-01.test:late", vec![]).unwrap();
+    dev.nexus_added(NexusId(2), Y, Bytes::new());
+    let backend = Arc::new(storage::MemoryBackend::new(BLOCKS * BS as u64));
+    let lun = crate::lun::Lun::new(
+        0,
+        LunConfig::memory(BLOCKS * BS as u64),
+        backend,
+        vec![0x60; 16],
+        "late".into(),
+        "iqn.2024-01.test:late",
+        None,
+    )
+    .with_shared_pr(SharedPr::unread(blob.clone(), None), PrState::default());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let shared = lun.shared_pr.as_ref().unwrap();
+    assert!(shared.due(), "a record never read is due at once");
+    rt.block_on(lun.refresh_shared(&dev));
+    assert!(lun.state().pr.regs.is_empty(), "nothing read yet");
+
+    blob.down.store(false, std::sync::atomic::Ordering::SeqCst);
+    std::thread::sleep(REFRESH + std::time::Duration::from_millis(10));
+    assert!(shared.due());
+    rt.block_on(lun.refresh_shared(&dev));
+    let pr = lun.state().pr.clone();
+    assert_eq!(pr.regs.len(), 1);
+    assert_eq!((pr.regs[0].key, pr.generation), (0xAB, 1));
+    let ua = lun.state().ua.get(&NexusId(2)).map_or(0, |q| q.len());
+    assert_eq!(
+        ua, 0,
+        "the notice logged before the first read is not raised"
+    );
+}
