@@ -17,6 +17,11 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Iovecs per vectored write (Linux's IOV_MAX is 1024).
 const MAX_IOVECS: usize = 512;
+
+/// The rest of a frame read by itself rather than with what follows it (see
+/// [`FrameReader::next_frame`]): below this, copying a partly read frame costs less than
+/// the extra read.
+const LARGE_TAIL: usize = 16 * 1024;
 static ZEROS: [u8; 4] = [0; 4];
 
 /// Why a frame could not be read.
@@ -200,7 +205,7 @@ pub struct FrameReader<R> {
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
-    /// Reads `r` in pieces of at least `chunk` bytes.
+    /// Reads `r` into buffers of at least `chunk` bytes.
     pub fn new(r: R, chunk: usize) -> FrameReader<R> {
         FrameReader {
             r,
@@ -234,11 +239,32 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         FrameReader { r, buf, chunk }
     }
 
-    /// Reads once (towards `need` buffered bytes). Cancel-safe: what arrived stays buffered.
-    async fn read_more(&mut self, need: usize) -> Result<(), FrameError> {
-        self.buf
-            .reserve(self.chunk.max(need.saturating_sub(self.buf.len())));
-        match self.r.read_buf(&mut self.buf).await {
+    /// Reads once, towards `need` buffered bytes. A large frame's rest (`tail`) is read
+    /// alone, so that the buffer ends with it and, once it is taken, the next read starts a
+    /// buffer with nothing to carry over. Other reads leave `headroom` bytes of the buffer
+    /// spare, so that a frame such a read began at its end completes in place instead of
+    /// being copied into a new buffer (a read at a full buffer's end grows it, copying what
+    /// is buffered). Cancel-safe: what arrived stays buffered.
+    async fn read_more(
+        &mut self,
+        need: usize,
+        headroom: usize,
+        tail: bool,
+    ) -> Result<(), FrameError> {
+        // At least one byte: a header whose digest or AHS is still to come wants more than
+        // `BHS_LEN` (and a read into no room would look like the end of the stream).
+        let missing = need.saturating_sub(self.buf.len()).max(1);
+        if self.buf.is_empty() || self.buf.capacity() - self.buf.len() < missing {
+            self.buf.reserve(self.chunk.max(missing + headroom));
+        }
+        let spare = self.buf.capacity() - self.buf.len();
+        let limit = if tail {
+            missing
+        } else {
+            spare.saturating_sub(headroom).max(missing)
+        };
+        let mut room = bytes::BufMut::limit(&mut self.buf, limit);
+        match self.r.read_buf(&mut room).await {
             Ok(0) => Err(FrameError::Eof),
             Ok(_) => Ok(()),
             Err(e) => Err(FrameError::Io(e)),
@@ -252,14 +278,18 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         digests: Digests,
         max_data: u32,
     ) -> Result<Frame, FrameError> {
+        // Room for the largest frame `max_data` allows (BHS, AHS, digests, padded data),
+        // at most half a chunk (reads then take at least the other half): larger frames are
+        // copied when they straddle a buffer's end.
+        let headroom = (BHS_LEN + 4 * 255 + 8 + max_data as usize + 3).min(self.chunk / 2);
         loop {
             match frame_header(&self.buf, digests, max_data)? {
                 Some(f) if self.buf.len() >= f.total_len() => return Ok(f),
                 Some(f) => {
-                    let need = f.total_len();
-                    self.read_more(need).await?
+                    let tail = f.total_len() - self.buf.len() >= LARGE_TAIL;
+                    self.read_more(f.total_len(), headroom, tail).await?
                 }
-                None => self.read_more(BHS_LEN).await?,
+                None => self.read_more(BHS_LEN, headroom, false).await?,
             }
         }
     }
@@ -280,7 +310,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// ErrorRecoveryLevel ≥ 1 by the length its header claims. Cancel-safe.
     pub async fn discard(&mut self, len: usize) -> Result<(), FrameError> {
         while self.buf.len() < len {
-            self.read_more(len).await?;
+            self.read_more(len, 0, false).await?;
         }
         let _ = self.buf.split_to(len);
         Ok(())
@@ -508,6 +538,38 @@ mod tests {
             Err(FrameError::Layout { head, .. }) => assert_eq!(&head[..], &bytes[..48]),
             other => panic!("{other:?}"),
         }
+    }
+
+    /// Frames small and large, their tails read alone or with what follows, in buffers
+    /// smaller than some frames: each arrives whole and in order.
+    #[tokio::test]
+    async fn frames_of_every_size_round_trip_through_small_buffers() {
+        let d = Digests {
+            header: true,
+            data: true,
+        };
+        let sizes = [100usize, 20_000, 5, 70_000, 16_384, 3, 16_383, 40_000, 0, 1];
+        let payload =
+            |i: usize, n: usize| -> Vec<u8> { (0..n).map(|j| (i * 31 + j) as u8).collect() };
+        let (a, b) = tokio::io::duplex(3000);
+        let writer = tokio::spawn(async move {
+            let mut a = a;
+            for (i, &n) in sizes.iter().enumerate() {
+                let mut batch = PduBatch::default();
+                batch.push(&nop(b"").bhs, &[], Bytes::from(payload(i, n)), d, None);
+                batch.write_to(&mut a).await.unwrap();
+            }
+        });
+        let mut r = FrameReader::new(b, 4096);
+        for (i, &n) in sizes.iter().enumerate() {
+            let p = r.read_pdu(d, 1 << 20).await.unwrap();
+            assert_eq!(p.pdu.data[..], payload(i, n)[..], "frame {i} of {n} bytes");
+        }
+        writer.await.unwrap();
+        assert!(matches!(
+            r.next_frame(d, 1 << 20).await,
+            Err(FrameError::Eof)
+        ));
     }
 
     #[tokio::test]
