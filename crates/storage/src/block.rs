@@ -19,7 +19,7 @@ use bytes::Bytes;
 use rustix::fs::SeekFrom;
 
 use crate::alloc::{device_punches, discard_granularity, Alloc, Via};
-use crate::direct::{aligned, aligned_bytes, read_direct, write_direct, DIRECT_ALIGN};
+use crate::direct::{aligned, aligned_bytes, read_direct, write_direct};
 use crate::file::{probe_punch, read_exact};
 use crate::flush::FlushBatch;
 use crate::pool::{BlockingPool, DEFAULT_LIMIT};
@@ -85,7 +85,7 @@ impl BlockBackend {
         let direct = crate::direct::open(path, read_only).ok().map(Arc::new);
         let mut files = vec![&buffered];
         files.extend(direct.as_deref());
-        let ring = ring_for(io, &files, path);
+        let ring = ring_for(io, &files, path, direct.is_some());
         // Unmap is offered where a punch zeroes without writing (see `crate::alloc`).
         let punches =
             !read_only && device_punches(&buffered).unwrap_or_else(|| probe_punch(&buffered, size));
@@ -122,6 +122,12 @@ impl BlockBackend {
     /// The I/O path in use.
     pub fn io_mode(&self) -> IoMode {
         crate::uring::mode(self.ring.as_ref())
+    }
+
+    /// How the io_uring ring's completions were reaped so far, and how many reads took its
+    /// registered buffers (`None` on the blocking pool).
+    pub fn uring_stats(&self) -> Option<crate::UringStats> {
+        self.ring.as_ref().map(crate::uring::Ring::stats)
     }
 
     fn via(&self) -> Via<'_> {
@@ -164,7 +170,7 @@ impl Backend for BlockBackend {
         check_range(self.size, offset, len as u64)?;
         if let Some(ring) = &self.ring {
             return match self.direct_for(offset, len) {
-                Some(_) => ring.read(DIRECT, offset, len, DIRECT_ALIGN).await,
+                Some(_) => ring.read_direct(DIRECT, offset, len).await,
                 None => ring.read(BUFFERED, offset, len, 1).await,
             };
         }

@@ -21,7 +21,7 @@ use bytes::{Bytes, BytesMut};
 use rustix::fs::{FallocateFlags, OFlags, SeekFrom};
 
 use crate::alloc::{Alloc, Via};
-use crate::direct::{aligned_bytes, read_direct, write_direct, DIRECT_ALIGN};
+use crate::direct::{aligned_bytes, read_direct, write_direct};
 use crate::flush::FlushBatch;
 use crate::pool::{BlockingPool, DEFAULT_LIMIT};
 use crate::uring::{ring_for, Ring};
@@ -114,7 +114,7 @@ impl FileBackend {
         };
         let mut files = vec![&file];
         files.extend(direct.as_deref());
-        let ring = ring_for(io, &files, path);
+        let ring = ring_for(io, &files, path, direct.is_some());
         let dsync = match ring {
             Some(_) => None,
             None => Some(Arc::new(
@@ -175,6 +175,12 @@ impl FileBackend {
     /// The I/O path in use.
     pub fn io_mode(&self) -> IoMode {
         crate::uring::mode(self.ring.as_ref())
+    }
+
+    /// How the io_uring ring's completions were reaped so far, and how many reads took its
+    /// registered buffers (`None` on the blocking pool).
+    pub fn uring_stats(&self) -> Option<crate::UringStats> {
+        self.ring.as_ref().map(crate::uring::Ring::stats)
     }
 
     fn via(&self) -> Via<'_> {
@@ -371,7 +377,7 @@ impl Backend for FileBackend {
         }
         if let Some(ring) = &self.ring {
             return match direct {
-                Some(_) => ring.read(DIRECT, offset, len, DIRECT_ALIGN).await,
+                Some(_) => ring.read_direct(DIRECT, offset, len).await,
                 None => ring.read(IMAGE, offset, len, 1).await,
             };
         }

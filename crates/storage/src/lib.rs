@@ -9,11 +9,13 @@
 //! that lie inside `0..size()`; backends still check and return `InvalidInput` rather than
 //! panic. Methods must be called from inside a tokio runtime. The file and block backends
 //! submit reads, writes, flushes, punching and zeroing (fallocate, module `alloc`) through an
-//! io_uring ring of their own (module `uring`), or, with [`IoMode::Threads`] or no io_uring
-//! in the kernel, run them as blocking system calls on tokio's blocking pool, bounded per
-//! backend (module `pool`); mapping status always uses the pool. Block devices, and files
-//! opened `direct`, take aligned requests with O_DIRECT (module `direct`). Concurrent flushes
-//! share fdatasyncs (module `flush`). A read that finds the backing file shorter than the
+//! io_uring ring of their own (module `uring`; completions are reaped on the runtime the
+//! backend was made on where it has an I/O driver, [`UringStats`] counts where), or, with
+//! [`IoMode::Threads`] or no io_uring in the kernel, run them as blocking system calls on
+//! tokio's blocking pool, bounded per backend (module `pool`); mapping status always uses
+//! the pool. Block devices, and files opened `direct`, take aligned requests with O_DIRECT
+//! (module `direct`; on a ring, reads go into registered buffers where one is free, module
+//! `fixed`). Concurrent flushes share fdatasyncs (module `flush`). A read that finds the backing file shorter than the
 //! device (truncated under it) fails with `UnexpectedEof` rather than reading zeroes; see
 //! [`device_gone`] for the errno that says the device went away.
 //!
@@ -33,6 +35,7 @@ mod alloc;
 mod block;
 mod direct;
 mod file;
+mod fixed;
 mod flush;
 mod lent;
 mod memory;
@@ -55,6 +58,7 @@ pub use lent::{BufNote, Held, Registered, Registration, SegmentCrcs};
 pub use memory::{ImageMemory, MemoryBackend};
 pub use owner::ExclusiveOwner;
 pub use shared_blob::SharedBlob;
+pub use uring::UringStats;
 
 /// How the file and block backends issue their reads, writes and flushes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -22,6 +22,10 @@ pub enum BenchCommand {
     /// An RBD image served by ironsan against fio's rbd engine (the librbd ceiling) and
     /// tgtd's bs_rbd, alternating, in one run: throughput and CPU seconds per GB.
     Rbd(super::bench_rbd::RbdArgs),
+    /// ironsan's file LUNs (tmpfs, and disk with O_DIRECT) against its RAM LUN, fio's
+    /// io_uring engine and tgtd's rdwr store on the same disk file, alternating, in one run:
+    /// IOPS, MB/s and CPU seconds per GB.
+    Backends(super::bench_backends::BackendsArgs),
     /// A raw TCP request/response over loopback (48 bytes out, 4,144 back, one at a time):
     /// the floor of an iSCSI/TCP 4 KiB read's latency. Blocking reads; --poll adds spinning
     /// ones.
@@ -37,6 +41,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         Some(BenchCommand::VsTgt(args)) => super::bench_tgt::run(args),
         Some(BenchCommand::Transports(args)) => super::bench_transports::run(args),
         Some(BenchCommand::Rbd(args)) => super::bench_rbd::run(args),
+        Some(BenchCommand::Backends(args)) => super::bench_backends::run(args),
         Some(BenchCommand::TcpRr(args)) => super::bench_tcp_rr::run(args),
         None => super::blockbench::run(*args.iscsi),
     }

@@ -63,16 +63,16 @@ pub struct RbdArgs {
     pub svg: Option<PathBuf>,
 }
 
-/// One workload: what the ceiling is measured at.
-struct Workload {
-    name: &'static str,
-    write: bool,
-    random: bool,
-    bytes: u32,
-    qd: u32,
+/// One workload: what the ceiling is measured at (`bench backends` measures the same).
+pub(super) struct Workload {
+    pub(super) name: &'static str,
+    pub(super) write: bool,
+    pub(super) random: bool,
+    pub(super) bytes: u32,
+    pub(super) qd: u32,
 }
 
-const WORKLOADS: [Workload; 4] = [
+pub(super) const WORKLOADS: [Workload; 4] = [
     Workload {
         name: "rand read 4 KiB QD32",
         write: false,
@@ -146,12 +146,12 @@ fn parse_sides(s: &str) -> Result<Vec<Side>> {
 
 /// One measured run.
 #[derive(Default, Clone, Copy)]
-struct Run {
-    bytes: f64,
-    ops: f64,
-    seconds: f64,
-    /// CPU seconds of the process holding librbd during the run.
-    cpu: f64,
+pub(super) struct Run {
+    pub(super) bytes: f64,
+    pub(super) ops: f64,
+    pub(super) seconds: f64,
+    /// CPU seconds of the process doing the I/O (here: the one holding librbd) during the run.
+    pub(super) cpu: f64,
 }
 
 const TGT_IQN: &str = "iqn.2026-11.org.ironsan.bench:tgtd-rbd";
@@ -345,7 +345,7 @@ pub fn run(a: RbdArgs) -> Result<()> {
                 let side = sides[s];
                 let run = match targets.iter().find(|t| t.0 == side) {
                     None => run_fio(&a, load),
-                    Some((_, target, url)) => run_initiator(&a, load, url, target.0.id()),
+                    Some((_, target, url)) => run_initiator(a.seconds, load, url, target.0.id()),
                 }
                 .with_context(|| format!("{} on {}", load.name, side.name()))?;
                 eprintln!(
@@ -474,7 +474,7 @@ fn run_fio(a: &RbdArgs, load: &Workload) -> Result<Run> {
 }
 
 /// Bytes, operations and seconds of fio's JSON report (its one job, the direction run).
-fn parse_fio(text: &str, write: bool) -> Result<Run> {
+pub(super) fn parse_fio(text: &str, write: bool) -> Result<Run> {
     // fio may print notices before the JSON object.
     let json = &text[text
         .find('{')
@@ -500,8 +500,16 @@ fn parse_fio(text: &str, write: bool) -> Result<Run> {
 
 /// `ironsan bench` (a child process) against an iSCSI target serving the image; the cost is
 /// the target's CPU.
-fn run_initiator(a: &RbdArgs, load: &Workload, url: &str, target_pid: u32) -> Result<Run> {
-    let json = std::env::temp_dir().join(format!("ironsan-bench-rbd.{}.json", std::process::id()));
+pub(super) fn run_initiator(
+    seconds: u32,
+    load: &Workload,
+    url: &str,
+    target_pid: u32,
+) -> Result<Run> {
+    let json = std::env::temp_dir().join(format!(
+        "ironsan-bench-initiator.{}.json",
+        std::process::id()
+    ));
     let before = cpu_seconds(target_pid)?;
     let status = Command::new(std::env::current_exe()?)
         .args(["bench", url])
@@ -509,7 +517,7 @@ fn run_initiator(a: &RbdArgs, load: &Workload, url: &str, target_pid: u32) -> Re
         .args(["--pattern", if load.random { "rand" } else { "seq" }])
         .args(["--size", &load.bytes.to_string()])
         .args(["--qd", &load.qd.to_string()])
-        .args(["--duration", &a.seconds.to_string()])
+        .args(["--duration", &seconds.to_string()])
         .arg("--json")
         .arg(&json)
         .stdin(Stdio::null())

@@ -3,6 +3,7 @@ pub mod admin;
 pub mod admin_server;
 pub mod analyze;
 pub mod bench;
+pub mod bench_backends;
 pub mod bench_procs;
 pub mod bench_rbd;
 pub mod bench_tcp_rr;
