@@ -11,7 +11,8 @@
 //! CPU seconds per GB moved of the process doing the I/O (the target; fio itself), with the
 //! tmpfs file's ratio to RAM, the disk sides' ratio to fio and ironsan's to tgtd.
 //!
-//! The disk file lies under `--disk-dir` (refused if that is tmpfs) and is written in full
+//! The RAM and tmpfs LUNs are written through once before the runs. The disk file lies
+//! under `--disk-dir` (refused if that is tmpfs) and is written in full
 //! once before measuring, so reads reach allocated blocks; it is removed afterwards.
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -170,6 +171,10 @@ pub fn run(a: BackendsArgs) -> Result<()> {
 
     let port = free_port()?;
     let ironsan = start_ironsan(&a, &tmpfs_dir.0, &disk, port, bytes)?;
+    for lun in [1, 2] {
+        let url = format!("iscsi://127.0.0.1:{port}/{IRONSAN_IQN}/{lun}");
+        precondition(&url, bytes)?;
+    }
     let tgtd = match sides.contains(&Side::Tgtd) {
         true => {
             let port = free_port()?;
@@ -317,6 +322,34 @@ fn run_fio(seconds: u32, disk: &Path, bytes: u64, load: &Workload) -> Result<Run
     let mut run = parse_fio(&String::from_utf8_lossy(&out.stdout), load.write)?;
     run.cpu = cpu;
     Ok(run)
+}
+
+/// Writes LUN `url` through once (1 MiB sequential writes), as the disk file is: the RAM
+/// LUN allocates its memory, and tmpfs its pages, at a block's first write, which would
+/// otherwise be measured as the random writes' cost.
+fn precondition(url: &str, bytes: u64) -> Result<()> {
+    eprintln!("bench backends: writing {url} through once");
+    let status = Command::new(std::env::current_exe()?)
+        .args([
+            "bench",
+            url,
+            "--rw",
+            "write",
+            "--pattern",
+            "seq",
+            "--size",
+            "1m",
+        ])
+        .args(["--qd", "8", "--count", &bytes.div_ceil(1 << 20).to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .context("running ironsan bench")?;
+    if !status.success() {
+        bail!("writing {url} through failed ({status})");
+    }
+    Ok(())
 }
 
 /// ironsan's target with LUN 1 in RAM, LUN 2 a file in `tmpfs_dir`, LUN 3 the `disk` file
