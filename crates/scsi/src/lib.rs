@@ -55,6 +55,7 @@ mod command;
 pub mod config;
 mod device;
 mod fault_log;
+mod gateway_roster;
 mod lun;
 mod object;
 mod outcome;
