@@ -172,7 +172,7 @@ impl RosteredOwner {
                 }
                 return Err(io::Error::other(msg));
             }
-            if members.iter().any(|m| *m == self.me) {
+            if members.contains(&self.me) {
                 state.registered = true;
                 state.logged = None;
                 return Ok(());
