@@ -303,8 +303,11 @@ until grep -q 'relative target port 1' "$work/c.log" 2>/dev/null || ((SECONDS > 
 check "one log line naming both gateways and the fix" bash -c \
   "grep 'gw-c' '$work/c.log' | grep 'gw-a' | grep -q 'relative target port 1'"
 check "C reports its path unavailable" test "$(lun_field c state)" = unavailable
-check "C refuses a write (LOGICAL UNIT NOT ACCESSIBLE), nothing written" bash -c \
-  "! timeout 30 '$IRONSAN' write 'iscsi://127.0.0.1:$PC/$IQN/0' --offset 100MiB --input '$work/piece.bin' 2>'$work/e'"
+check "C refuses a write: NOT READY, unavailable (04/0C)" bash -c \
+  "! timeout 30 '$IRONSAN' write 'iscsi://127.0.0.1:$PC/$IQN/0' --offset 100MiB --input '$work/piece.bin' 2>'$work/e' &&
+   grep -q '0x04/0x0c' '$work/e'"
+check "nothing of C's write on the LUN (read through A: still zeros)" bash -c \
+  "timeout 60 '$IRONSAN' read '$URL_A' --offset 100MiB --length 1MiB | cmp - <(head -c 1048576 /dev/zero)"
 settle
 check "A and B still serve: A reads B's range back" bash -c \
   "timeout 60 '$IRONSAN' read '$URL_A' --offset 64MiB --length 16MiB | cmp - '$work/expect-b.bin'"
