@@ -20,7 +20,7 @@ DEFAULT_SCENARIOS=(
   siw-rping siw-ironsan@server siw-ironsan@client siw-ironsan@verbs
   kinit-basic@tgtd
   kinit-basic kinit-chap kinit-mutual-chap kinit-digests kinit-two-luns kinit-reconnect kinit-fio
-  kinit-multipath
+  kinit-multipath kinit-pr-gateways
   kinit-iser kinit-iser-verbs
   lio-tcp@libiscsi lio-tcp lio-iser@variants lio-iser-verbs
 )

@@ -103,6 +103,12 @@ impl CommandResult {
                 .is_some_and(|s| s.key == scsi::sense_key::UNIT_ATTENTION)
     }
 
+    /// Whether it ended in NOT READY, ASYMMETRIC ACCESS STATE TRANSITION (04h/0Ah): a
+    /// gateway changing its ALUA state did not execute the command.
+    pub fn is_alua_transition(&self) -> bool {
+        multipath::verdict(self) == multipath::Verdict::Transitioning
+    }
+
     /// The result if its status is GOOD, else [`Error::Scsi`] naming `what` failed, with the
     /// status and decoded sense.
     pub fn good(self, what: &str) -> Result<CommandResult, Error> {

@@ -38,6 +38,9 @@ pub const DEFAULT_INITIATOR_NAME: &str = "iqn.2026-11.org.ironsan:initiator";
 /// RNIC's FIN handshake after the last Send) before it returns anyway.
 const LOGOUT_CLOSE_WAIT: Duration = Duration::from_secs(2);
 
+/// How long a command refused as in ALUA transition (04h/0Ah) is sent again.
+pub const TRANSITION_WAIT: Duration = Duration::from_secs(10);
+
 /// How to log in and run a session.
 #[derive(Debug, Clone)]
 pub struct SessionConfig {
@@ -1142,19 +1145,29 @@ impl Session {
     /// do: a new session's first command usually gets the power-on one, and a target changed
     /// while it serves reports each change once per nexus; the command itself was not
     /// executed. Unit attentions queue up one per event: at most [`UNIT_ATTENTION_TRIES`]
-    /// tries drain them, and the last try's status is returned whatever it is.
+    /// tries drain them. A command refused with NOT READY, ASYMMETRIC ACCESS STATE
+    /// TRANSITION (04h/0Ah: a gateway taking a LUN over or in its hold-down; not executed
+    /// either) is sent again after a growing pause for at most [`TRANSITION_WAIT`], as Linux
+    /// does. The last try's status is returned whatever it is.
     pub async fn execute_past_unit_attentions(
         &self,
         req: CommandRequest,
     ) -> Result<CommandResult, Error> {
+        let deadline = Instant::now() + TRANSITION_WAIT;
+        let mut pause = Duration::from_millis(20);
+        let mut attentions = 1;
         let mut r = self.execute(req.clone()).await?;
-        for _ in 1..UNIT_ATTENTION_TRIES {
-            if !r.is_unit_attention() {
-                break;
+        loop {
+            if r.is_unit_attention() && attentions < UNIT_ATTENTION_TRIES {
+                attentions += 1;
+            } else if r.is_alua_transition() && Instant::now() + pause < deadline {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(500));
+            } else {
+                return Ok(r);
             }
             r = self.execute(req.clone()).await?;
         }
-        Ok(r)
     }
 
     /// Runs a command that must end GOOD, past unit attentions

@@ -246,10 +246,16 @@ impl Device {
                         backend.kind()
                     ))
                 }
-                (Some(path), None) => Some(Arc::new(
-                    storage::owner_file::FileOwner::open(path, &gateway.name)
-                        .map_err(|e| format!("owner_lock: {e}"))?,
-                )),
+                (Some(path), None) => {
+                    let lock = storage::owner_file::FileOwner::open(path, &gateway.name)
+                        .map_err(|e| format!("owner_lock: {e}"))?;
+                    Some(crate::gateway_roster::beside_lock_file(
+                        Arc::new(lock),
+                        path,
+                        gateway,
+                        id,
+                    ))
+                }
                 (None, own) => own,
             };
         Ok(Some(LunAlua::new(gateway.clone(), id, owner)))

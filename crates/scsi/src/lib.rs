@@ -45,7 +45,10 @@
 //! * Gateways: with a [`GatewayConfig`] ([`Device::with_gateway`]) the device is one of
 //!   several gateways exporting the same LUNs, with asymmetric access ([`alua`]): INQUIRY's
 //!   TPGS, the target port designators, REPORT TARGET PORT GROUPS, and each shared LUN's
-//!   state following its owner ([`storage::ExclusiveOwner`]).
+//!   state following its owner ([`storage::ExclusiveOwner`]). A LUN owned through an
+//!   `owner_lock` file also checks, through a roster beside it (`gateway_roster`), that no
+//!   other gateway claims this one's port group or relative port; if one does, this gateway
+//!   does not serve the LUN.
 //! * Sense: returned raw, fixed (0x70) or descriptor (0x72) format per the D_SENSE bit of
 //!   the control mode page.
 
@@ -56,6 +59,7 @@ mod command;
 pub mod config;
 mod device;
 mod fault_log;
+mod gateway_roster;
 mod lun;
 mod lun_pr_shared;
 mod object;

@@ -1,8 +1,8 @@
 //! Two gateways (`[gateway]`, ALUA) in one process on two loopback ports, exporting one
 //! file LUN whose ownership a shared lock file decides: writes through A, A stopped, writes
 //! through B (B takes the LUN over, as REPORT TARGET PORT GROUPS shows), everything read back
-//! equal; and a host writing through both alternately converges on one gateway after one
-//! takeover.
+//! equal; a host writing through both alternately converges on one gateway after one
+//! takeover; and a single-path session rides over its gateway's hold-down (04h/0Ah sent again).
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -236,6 +236,54 @@ async fn writes_through_both_gateways_converge_after_one_takeover() {
             let at = lba as usize * BS;
             assert_eq!(&data[at..at + BS], &block(lba)[..], "LBA {lba}");
         }
+        a.shutdown(Duration::from_millis(200)).await;
+        b.shutdown(Duration::from_millis(200)).await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A single-path session's write to a gateway in its hold-down (it just lost the LUN) is
+/// refused as in transition and sent again by `execute_past_unit_attentions` until the
+/// hold-down ends and the gateway takes the LUN back: GOOD, not an error, and in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_path_write_waits_out_the_gateways_hold_down() {
+    test_support::target::log_from_env();
+    tokio::time::timeout(T, async {
+        let dir = scratch("hold-down");
+        let (addr_a, a) = start(&dir, "gw-a", 1, "gw-b", 2).await;
+        wait_for(&a, "A owns", |s| s.state == AccessState::ActiveOptimized).await;
+        let (addr_b, b) = start(&dir, "gw-b", 2, "gw-a", 1).await;
+        wait_for(&b, "B sees A", |s| s.owner.as_deref() == Some("gw-a")).await;
+        let (sa, sb) = (login(addr_a).await, login(addr_b).await);
+        assert_eq!(write_via(&[&sb], 0, 1, &block(1)).await, 0, "B takes over");
+        wait_for(&a, "A in its hold-down", |s| {
+            s.state == AccessState::Transitioning && s.lost == 1
+        })
+        .await;
+        let started = std::time::Instant::now();
+        let req = iscsi_initiator::CommandRequest::write(0, write10(2).to_vec(), block(2).into());
+        let r = sa
+            .execute_past_unit_attentions(req)
+            .await
+            .expect("answered");
+        assert_eq!(
+            r.status, 0,
+            "GOOD after the hold-down, sense {:x?}",
+            r.sense
+        );
+        assert!(
+            started.elapsed() > Duration::from_secs(1),
+            "it waited for the hold-down: {:?}",
+            started.elapsed()
+        );
+        assert_eq!(state_of(&a).acquired, 2, "A took the LUN back");
+        let req = iscsi_initiator::CommandRequest::read(0, read10(2, 1).to_vec(), BS as u32);
+        let r = sa
+            .execute_past_unit_attentions(req)
+            .await
+            .expect("answered");
+        assert_eq!((r.status, &r.data[..]), (0, &block(2)[..]));
         a.shutdown(Duration::from_millis(200)).await;
         b.shutdown(Duration::from_millis(200)).await;
     })
