@@ -20,6 +20,11 @@
 //! never block a command and never race each other; commands and the watcher meet in a
 //! mutex-guarded phase and a `watch` channel of state changes.
 //!
+//! A `preferred` gateway with `failback_delay_ms` takes a LUN back on its own once it has
+//! been a healthy non-owner that long ([`failback`]). A new I_T nexus hears ASYMMETRIC ACCESS
+//! STATE CHANGED once for every shared LUN, so a host whose path came back (to a restarted
+//! gateway, say) reads the groups again rather than keep the states it saw before.
+//!
 //! A LUN without an owner (not shared) is active/optimized here. Peers' states in REPORT
 //! TARGET PORT GROUPS are inferred: the owner's group (its lock id matched to a peer's
 //! `name`) active/optimized, the rest active/non-optimized; a host asks each gateway for its
@@ -37,6 +42,9 @@ use crate::cdb::{be32, op};
 use crate::config::GatewayConfig;
 use crate::outcome::Fail;
 use crate::sense::{asc, key, Sense};
+
+mod failback;
+use failback::Failback;
 
 /// How long a command waits for a takeover it started (or found running) before it answers
 /// NOT READY, transitioning.
@@ -210,6 +218,7 @@ struct Inner {
     acquired: u64,
     lost: u64,
     last_error: Option<String>,
+    failback: Failback,
 }
 
 /// What commands and the watcher share.
@@ -232,6 +241,7 @@ impl Shared {
     fn set(&self, inner: &mut Inner, next: Phase) {
         let before = inner.phase;
         inner.phase = next;
+        inner.failback.phase_changed(before, next);
         if next.state() != before.state() && before != Phase::Starting {
             self.changes.send_modify(|n| *n += 1);
         }
@@ -251,6 +261,8 @@ pub struct AluaStatus {
     /// Times this gateway acquired the LUN, and lost it.
     pub acquired: u64,
     pub lost: u64,
+    /// Times this gateway took the LUN back as the preferred gateway (failback).
+    pub failbacks: u64,
     /// The last failed ownership call.
     pub last_error: Option<String>,
 }
@@ -297,6 +309,7 @@ impl LunAlua {
                 acquired: 0,
                 lost: 0,
                 last_error: None,
+                failback: Failback::default(),
             }),
             wake: Condvar::new(),
             changes: watch::Sender::new(0),
@@ -308,6 +321,8 @@ impl LunAlua {
                 owner,
                 interval: Duration::from_millis(gateway.check_interval_ms),
                 hold_down: Duration::from_millis(gateway.hold_down_ms),
+                failback: (gateway.preferred && gateway.failback_delay_ms > 0)
+                    .then(|| Duration::from_millis(gateway.failback_delay_ms)),
                 lun,
             };
             let spawned = std::thread::Builder::new()
@@ -335,6 +350,7 @@ impl LunAlua {
             owner: inner.owner_id.clone(),
             acquired: inner.acquired,
             lost: inner.lost,
+            failbacks: inner.failback.count,
             last_error: inner.last_error.clone(),
         }
     }
@@ -353,6 +369,11 @@ impl LunAlua {
         if inner.phase != Phase::Unshared {
             self.shared.set(&mut inner, Phase::Stopped);
         }
+    }
+
+    /// Whether the LUN has an owner to ask (a new nexus hears of its state).
+    pub fn shared(&self) -> bool {
+        self.shared.lock().phase != Phase::Unshared
     }
 
     /// Whether ownership was given up after [`LunAlua::stop`] (or there was none).
@@ -525,6 +546,8 @@ struct Watcher {
     owner: Arc<dyn ExclusiveOwner>,
     interval: Duration,
     hold_down: Duration,
+    /// `failback_delay_ms` on a preferred gateway.
+    failback: Option<Duration>,
     lun: u64,
 }
 
@@ -592,6 +615,7 @@ impl Watcher {
     fn became_owner(&self, from: Phase) {
         let id = self.owner.id().to_string();
         self.move_from(from, Phase::Owner, |i| {
+            i.failback.acquired();
             i.acquired += 1;
             i.owner_id = Some(id);
             i.last_error = None;
@@ -612,11 +636,17 @@ impl Watcher {
                     self.move_from(phase, Phase::Releasing, |i| {
                         i.lost += 1;
                         i.owner_id = None;
+                        i.failback.lost();
                     })
                 }
                 Err(e) => self.unreachable(phase, true, e),
             },
-            Phase::NonOwner => self.observe(phase),
+            Phase::NonOwner => {
+                self.observe(phase);
+                if let Some(delay) = self.failback {
+                    self.maybe_fail_back(delay);
+                }
+            }
             Phase::TakingOver => self.take_over(phase),
             Phase::Releasing => {
                 if self.shared.lock().writes == 0 {
@@ -639,6 +669,7 @@ impl Watcher {
                 Ok(false) if was_owner => self.move_from(phase, Phase::Releasing, |i| {
                     i.lost += 1;
                     i.last_error = None;
+                    i.failback.lost();
                 }),
                 Ok(false) => self.observe(phase),
                 Err(_) => {}

@@ -381,6 +381,10 @@ pub struct GatewayConfig {
     /// reads); off: a non-owner serves reads straight from the shared storage.
     #[serde(default)]
     pub reads_take_over: bool,
+    /// Milliseconds a `preferred` gateway that is healthy (its ownership calls succeed) and
+    /// not a LUN's owner waits before it takes the LUN back (failback); 0: never.
+    #[serde(default = "default_failback_delay_ms")]
+    pub failback_delay_ms: u64,
     /// The other gateways: `[[gateway.peer]]`.
     #[serde(default, rename = "peer")]
     pub peers: Vec<PeerConfig>,
@@ -406,6 +410,9 @@ fn default_hold_down_ms() -> u64 {
 }
 fn default_check_interval_ms() -> u64 {
     1000
+}
+fn default_failback_delay_ms() -> u64 {
+    30_000
 }
 
 /// What is wrong with a `[gateway]` section: the message, and the `key = value` it is about
@@ -506,6 +513,14 @@ impl GatewayConfig {
                     .into(),
                 "hold_down_ms",
                 self.hold_down_ms.to_string(),
+                1,
+            );
+        }
+        if self.failback_delay_ms > 86_400_000 {
+            return err(
+                "failback_delay_ms must be at most 86400000 (a day); 0 turns failback off".into(),
+                "failback_delay_ms",
+                self.failback_delay_ms.to_string(),
                 1,
             );
         }

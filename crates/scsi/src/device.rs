@@ -425,6 +425,13 @@ impl Device {
             luns_changed: false,
         };
         self.nexus_map().insert(nexus, entry);
+        // Shared LUNs' states may have changed since the host last asked (the path was to a
+        // gateway that restarted since, say): the new nexus is told to read them again.
+        for lun in Device::blocks(&self.snapshot()) {
+            if lun.alua.as_ref().is_some_and(|a| a.shared()) {
+                lun.queue_ua(nexus, asc::ASYMMETRIC_ACCESS_STATE_CHANGED);
+            }
+        }
     }
 
     /// I_T nexus loss (session closed or dropped): aborts its tasks (without waiting for

@@ -3,6 +3,8 @@
 //! through B (B takes the LUN over, as REPORT TARGET PORT GROUPS shows), everything read back
 //! equal; a host writing through both alternately converges on one gateway after one
 //! takeover; and a single-path session rides over its gateway's hold-down (04h/0Ah sent again).
+//! takeover; and a preferred gateway fails back on its own while hosts write through both,
+//! one transition per flip, no write lost, no ping-pong when a host insists on the other.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -22,6 +24,21 @@ const BLOCKS: usize = 2048;
 
 /// Gateway `me` (group and port `id`) with peer `peer` (group and port `peer_id`).
 fn config(dir: &Path, me: &str, id: u16, peer: &str, peer_id: u16) -> Config {
+    config_with(
+        dir,
+        (me, id),
+        (peer, peer_id, false),
+        "hold_down_ms = 4000\n",
+    )
+}
+
+/// [`config`] with `extra` lines in `[gateway]`, and the peer marked preferred or not.
+fn config_with(
+    dir: &Path,
+    (me, id): (&str, u16),
+    (peer, peer_id, peer_preferred): (&str, u16, bool),
+    extra: &str,
+) -> Config {
     let text = format!(
         r#"
 portals = ["127.0.0.1:0"]
@@ -31,11 +48,11 @@ name = "{me}"
 port_group = {id}
 relative_port = {id}
 check_interval_ms = 50
-hold_down_ms = 4000
-[[gateway.peer]]
+{extra}[[gateway.peer]]
 name = "{peer}"
 port_group = {peer_id}
 relative_port = {peer_id}
+preferred = {peer_preferred}
 [[target]]
 name = "{IQN}"
 [target.lun.0]
@@ -341,6 +358,145 @@ async fn iscsi_inq_decodes_the_tpgs_and_the_target_port_designators() {
             assert!(desc.contains("Association:(1) TARGET_PORT"), "{desc}");
         }
         a.shutdown(Duration::from_millis(200)).await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A host's writer that starts on path `start` and stays on the path that took its last
+/// write (as dm-multipath's failover policy does), or with `insist` always tries `start`
+/// first. Writes LBAs from
+/// `base` up until `done` holds (checked after each write; at most 450 writes), recording
+/// into `log` which path took each. Returns the LBAs written.
+async fn writer(
+    paths: [&Session; 2],
+    base: u32,
+    start: usize,
+    insist: bool,
+    log: &std::sync::Mutex<Vec<(u32, usize)>>,
+    done: impl Fn() -> bool,
+) -> std::ops::Range<u32> {
+    let mut at = start;
+    let mut lba = base;
+    while lba < base + 450 {
+        let first = if insist { start } else { at };
+        at = write_via(&paths, first, lba, &block(lba)).await;
+        log.lock().unwrap().push((lba, at));
+        lba += 1;
+        if done() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    base..lba
+}
+
+/// Reads `lbas` through `s` and compares each with what [`block`] wrote there.
+async fn verify(s: &Session, lbas: std::ops::Range<u32>) {
+    for chunk in lbas.clone().step_by(64) {
+        let n = (lbas.end - chunk).min(64);
+        let mut data = Err((0, 0, 0));
+        for _ in 0..5 {
+            data = send(s, &read10(chunk, n as u16), n * BS as u32, Bytes::new()).await;
+            if !matches!(data, Err((6, _, _))) {
+                break;
+            }
+        }
+        let data = data.expect("read back");
+        for i in 0..n {
+            let at = i as usize * BS;
+            let lba = chunk + i;
+            assert_eq!(&data[at..at + BS], &block(lba)[..], "LBA {lba} lost");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_preferred_gateway_fails_back_once_while_hosts_write_through_both() {
+    test_support::target::log_from_env();
+    tokio::time::timeout(T, async {
+        let dir = scratch("failback");
+        let quick = "hold_down_ms = 1500\n";
+        let (addr_b, b) =
+            test_support::target::serve(config_with(&dir, ("gw-b", 2), ("gw-a", 1, true), quick))
+                .await;
+        wait_for(&b, "B owns", |s| s.state == AccessState::ActiveOptimized).await;
+        let a_conf = format!("{quick}preferred = true\nfailback_delay_ms = 400\n");
+        let (addr_a, a) = test_support::target::serve(config_with(
+            &dir,
+            ("gw-a", 1),
+            ("gw-b", 2, false),
+            &a_conf,
+        ))
+        .await;
+        wait_for(&a, "A sees B", |s| s.owner.as_deref() == Some("gw-b")).await;
+        let (sa, sb) = (login(addr_a).await, login(addr_b).await);
+        let owns = |t: &Target| state_of(t).state == AccessState::ActiveOptimized;
+
+        // Two hosts' writers on B; A fails back on its own, they follow it to A.
+        let log = std::sync::Mutex::new(Vec::new());
+        let on_a = |log: &std::sync::Mutex<Vec<(u32, usize)>>| {
+            log.lock().unwrap().iter().filter(|w| w.1 == 1).count()
+        };
+        let (x, y) = tokio::join!(
+            writer([&sb, &sa], 0, 0, false, &log, || on_a(&log) >= 40),
+            writer([&sb, &sa], 500, 0, false, &log, || on_a(&log) >= 40),
+        );
+        assert!(owns(&a), "A fails back: {:?}", state_of(&a));
+        let (sa_, sb_) = (state_of(&a), state_of(&b));
+        assert_eq!(
+            (sa_.acquired, sa_.lost, sa_.failbacks),
+            (1, 0, 1),
+            "A: {sa_:?}"
+        );
+        assert_eq!((sb_.acquired, sb_.lost), (1, 1), "B: {sb_:?}");
+        // Each writer: first on B, then on A, never back (one transition).
+        for base in [0, 500] {
+            let paths: Vec<usize> = log
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|w| (base..base + 450).contains(&w.0))
+                .map(|w| w.1)
+                .collect();
+            let flips = paths.windows(2).filter(|w| w[0] != w[1]).count();
+            assert!(flips <= 1, "writer {base}: paths {paths:?}");
+        }
+
+        // A host insists on B while another stays on A: B takes the LUN over after its
+        // hold-down, the one on A follows, and A does not take it back again.
+        log.lock().unwrap().clear();
+        let on_b = |log: &std::sync::Mutex<Vec<(u32, usize)>>| {
+            log.lock().unwrap().iter().filter(|w| w.1 == 0).count()
+        };
+        let (z, w) = tokio::join!(
+            writer([&sb, &sa], 1000, 0, true, &log, || on_b(&log) >= 60),
+            writer([&sb, &sa], 1500, 1, false, &log, || on_b(&log) >= 60),
+        );
+        assert!(owns(&b), "B took it over again: {:?}", state_of(&b));
+        let paths: Vec<usize> = log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|w| w.0 >= 1500)
+            .map(|w| w.1)
+            .collect();
+        let flips = paths.windows(2).filter(|w| w[0] != w[1]).count();
+        assert_eq!(flips, 1, "the writer on A follows B once: {paths:?}");
+        tokio::time::sleep(Duration::from_millis(1500 + 3 * 400)).await;
+        let (sa_, sb_) = (state_of(&a), state_of(&b));
+        assert_eq!(
+            (sa_.acquired, sa_.lost, sa_.failbacks),
+            (1, 1, 1),
+            "A: {sa_:?}"
+        );
+        assert_eq!((sb_.acquired, sb_.lost), (2, 1), "B: {sb_:?}");
+        assert_eq!(sb_.state, AccessState::ActiveOptimized);
+        for lbas in [x, y, z, w] {
+            verify(&sb, lbas).await;
+        }
+        a.shutdown(Duration::from_millis(200)).await;
+        b.shutdown(Duration::from_millis(200)).await;
     })
     .await
     .expect("in time");

@@ -1,12 +1,17 @@
 # Scenario: one LUN through two ironsan gateways (two target processes on the host serving one
 # shared file with the same identity, a [gateway] group with ALUA and an owner lock file), seen
 # by the guest's dm-multipath with scsi_dh_alua as one device whose path groups carry the ALUA
-# priorities (prio alua: A, the owner, 50; B 10). fio with crc32c verify runs on the multipath
-# device while gateway A is killed with kill -9 and later restarted: B takes the LUN over (its
-# path's priority becomes the owner's), fio sees no error and verifies every block, A's path is
-# reinstated as a non-owner's and the LUN stays on B (no move back and forth). Failback to A is
-# not checked: multipathd 0.9.4 gave A's restarted path 10 although its group reports the PREF
-# bit (alua prioritizer's +80), so nothing moves the host back to A yet.
+# priorities (multipathd's detect_prio picks the sysfs prioritizer, which reads scsi_dh_alua's
+# access_state and preferred_path: A, the owner, 50; B 10). A is the preferred gateway: its
+# group carries the PREF bit in both gateways' REPORT TARGET PORT GROUPS (the kernel updates a
+# group's state from any path's answer, so B must list A as preferred too), and
+# failback_delay_ms = 5000. fio with crc32c verify runs on the multipath device while gateway A
+# is killed with kill -9 and later restarted: B takes the LUN over (its path's priority becomes
+# the owner's), fio sees no error and verifies every block. A's restarted path is reinstated;
+# its new session hears 2A/06, so the kernel reads A's groups again (preferred_path 1, prio
+# 10 + 80), and the LUN fails back to A (A takes it back after 5 s of health, or the host
+# moves first because A's path now has the best priority): A's path has the owner's priority
+# again, B's a non-owner's, and a second fio with verify runs through A alone.
 KP_DEFAULT_KIND=ironsan
 KP_TIMEOUT=900
 host_available() { ironsan_target_available; }
@@ -69,6 +74,7 @@ EOF2
   sleep 15
   mpath_paths "after A died" | sed 's/^/  /'
   host_call mpath_restart a
+  t_restart=$(date +%s)
   wait $fio_pid
   rc=$?
   check "fio exit status 0" test $rc -eq 0
@@ -83,16 +89,35 @@ PY
     bad "fio JSON check"
     sed 's/^/  /' /tmp/fio-mpath.out | tail -20
   fi
-  step "B owns the LUN; A's path comes back as a non-owner's"
+  step "failback: the LUN returns to the preferred gateway A"
   i=0
-  while [ $i -lt 60 ] && { [ "$(mpath_active_paths "$map")" -lt 2 ] || [ "$(mpath_prio "$dev_b")" != 50 ]; }; do
+  while [ $i -lt 60 ] && { [ "$(mpath_active_paths "$map")" -lt 2 ] || [ "$(mpath_prio "$dev_a")" != 50 ] || [ "$(mpath_prio "$dev_b")" != 10 ]; }; do
     sleep 1
     i=$((i + 1))
   done
+  echo "  $(($(date +%s) - t_restart)) s after A's restart:"
+  mpath_sysfs "$dev_a" A
+  mpath_sysfs "$dev_b" B
   check "both paths active again" test "$(mpath_active_paths "$map")" -ge 2
-  check "B's path has the owner's priority (50): B took the LUN over" test "$(mpath_prio "$dev_b")" = 50
-  check "A's path has a non-owner's priority (10): no move back without a reason" test "$(mpath_prio "$dev_a")" = 10
+  check "A's kernel path state carries the PREF bit (preferred_path 1)" test "$(cat /sys/block/$dev_a/device/preferred_path 2>/dev/null)" = 1
+  check "A's path has the owner's priority again (50): the LUN failed back" test "$(mpath_prio "$dev_a")" = 50
+  check "B's path has a non-owner's priority (10)" test "$(mpath_prio "$dev_b")" = 10
   multipath -ll 2>&1 | sed 's/^/  /'
+  host_call mpath_log_moves
+  step "fio with crc32c verify through /dev/mapper/$map after the failback: A carries it"
+  wa=$(mpath_written "$dev_a")
+  wb=$(mpath_written "$dev_b")
+  fio --name=kp-mpath2 --filename=/dev/mapper/$map --direct=1 --ioengine=libaio --iodepth=8 \
+    --rw=randwrite --bs=64k --size=32m --offset=128m --verify=crc32c --verify_fatal=1 \
+    --do_verify=1 --rate=,8m >/tmp/fio-mpath2.out 2>&1
+  rc=$?
+  check "fio after the failback: exit status 0" test $rc -eq 0
+  [ $rc -eq 0 ] || sed 's/^/  /' /tmp/fio-mpath2.out | tail -20
+  da=$(($(mpath_written "$dev_a") - wa))
+  db=$(($(mpath_written "$dev_b") - wb))
+  echo "  sectors written since: A $da, B $db"
+  check "the writes went through A (64 Ki sectors)" test $da -ge 65536
+  check "none through B" test $db -eq 0
   dmesg | grep -E 'I/O error|Buffer I/O|critical|blk_update_request' | grep -E 'dm-' >/tmp/mpath-errors
   check "no I/O error on the multipath device in dmesg" test ! -s /tmp/mpath-errors
   sed 's/^/  /' /tmp/mpath-errors
@@ -180,6 +205,18 @@ mpath_prio() {
   multipathd show paths raw format '%d %p' 2>/dev/null | awk -v d="$1" '$1 == d {print $2}'
 }
 
+# mpath_sysfs DEV LABEL: the kernel's (scsi_dh_alua's) view of the path: ALUA state, PREF bit,
+# and multipathd's priority.
+mpath_sysfs() {
+  echo "  $2 ($1): access_state $(cat /sys/block/$1/device/access_state 2>/dev/null)," \
+    "preferred_path $(cat /sys/block/$1/device/preferred_path 2>/dev/null), prio $(mpath_prio "$1")"
+}
+
+# mpath_written DEV: sectors written through the path so far.
+mpath_written() {
+  awk '{print $7}' /sys/block/$1/stat
+}
+
 # mpath_active_paths MAP: how many of MAP's paths are up and running.
 mpath_active_paths() {
   multipathd show paths raw format '%m %t %T' 2>/dev/null | awk -v m="$1" '$1 == m && $2 == "active" && $3 == "ready"' | wc -l
@@ -198,8 +235,8 @@ mpath_end() {
 # and NAA, so that the host sees one logical unit behind two portals.
 mpath_conf() {
   local gw=$1 port=$2 conf=$KP_RUN/host/mpath-$1.toml
-  local me=1 peer=2 peer_name=b preferred=true
-  [[ $gw == b ]] && me=2 peer=1 peer_name=a preferred=false
+  local me=1 peer=2 peer_name=b preferred=true peer_preferred=false
+  [[ $gw == b ]] && me=2 peer=1 peer_name=a preferred=false peer_preferred=true
   cat >"$conf" <<EOF
 portals = ["127.0.0.1:$port"]
 
@@ -209,11 +246,13 @@ name = "gw-$gw"
 port_group = $me
 relative_port = $me
 preferred = $preferred
+failback_delay_ms = 5000
 
 [[gateway.peer]]
 name = "gw-$peer_name"
 port_group = $peer
 relative_port = $peer
+preferred = $peer_preferred
 
 [[target]]
 name = "$KP_IQN_PREFIX:$MPATH_IQN_SUFFIX"
@@ -262,6 +301,12 @@ host_mpath_restart() {
   local port=$KP_HOST_PORT
   [[ $1 == b ]] && port=$(cat "$KP_RUN/host/mpath-port-b")
   mpath_gateway_start "$1" "$port"
+}
+
+# mpath_log_moves: what each gateway logged about ownership moves.
+host_mpath_log_moves() {
+  grep -hE 'failback|taken over|ownership lost' "$KP_RUN/host/gw-a.log" "$KP_RUN/host/gw-b.log" | tail -12
+  return 0
 }
 
 host_mpath_stop() {

@@ -323,6 +323,7 @@ fn alua_show(a: &Admin, name: &str) -> Result<Value, RpcError> {
                 "owner": s.owner,
                 "acquired": s.acquired,
                 "lost": s.lost,
+                "failbacks": s.failbacks,
                 "last_error": s.last_error,
             })
         })

@@ -34,6 +34,7 @@ fn gateway(name: &str, group: u16, port: u16, peer: (&str, u16, u16)) -> Gateway
         hold_down_ms: 5000,
         check_interval_ms: 1000,
         reads_take_over: false,
+        failback_delay_ms: 0,
         peers: vec![PeerConfig {
             name: peer.0.into(),
             port_group: peer.1,
@@ -234,6 +235,9 @@ fn a_write_on_the_non_owner_takes_the_shared_lun_over_once() {
     let b = gateway_device(quick(gateway("gw-b", 2, 2, ("gw-a", 1, 1))), lun);
     let s = wait_for(&b, "B sees A", |s| s.owner.as_deref() == Some("gw-a"));
     assert_eq!(s.state, AccessState::ActiveNonOptimized);
+    for d in [&a, &b] {
+        new_nexus_hears_the_states_changed(d);
+    }
     // B's RTPG: A's group optimized, its own non-optimized.
     let r = run(&b, cmd(1, &rtpg(0, 4096), &[], 4096));
     assert_eq!((r.data_in[4] & 0x0F, r.data_in[16] & 0x0F), (0, 1));
@@ -283,4 +287,144 @@ fn a_write_on_the_non_owner_takes_the_shared_lun_over_once() {
     wait_for(&a, "A owns again", |s| {
         s.acquired == 2 && s.state == AccessState::ActiveOptimized
     });
+}
+
+/// Each nexus's first command to a shared LUN answers ASYMMETRIC ACCESS STATE CHANGED (the
+/// host reads the groups again), the next one runs.
+fn new_nexus_hears_the_states_changed(d: &Device) {
+    for n in [1, 2] {
+        assert_eq!(sense(&run(d, cmd(n, &TUR, &[], 0))), STATE_CHANGED);
+        good(&run(d, cmd(n, &TUR, &[], 0)));
+    }
+}
+
+#[test]
+fn a_new_nexus_hears_of_shared_luns_states_only() {
+    let d = unshared();
+    good(&run(&d, cmd(1, &TUR, &[], 0)));
+    let dir = tempfile::tempdir().unwrap();
+    let g = gateway("gw-a", 1, 1, ("gw-b", 2, 2));
+    let a = gateway_device(g, shared_lun(dir.path()));
+    wait_for(&a, "A owns", |s| s.state == AccessState::ActiveOptimized);
+    new_nexus_hears_the_states_changed(&a);
+    a.nexus_added(NexusId(3), "iqn.init-c,i,0x3", Bytes::new());
+    assert_eq!(sense(&run(&a, cmd(3, &TUR, &[], 0))), STATE_CHANGED);
+    good(&run(&a, cmd(3, &TUR, &[], 0)));
+    good(&run(&a, cmd(1, &TUR, &[], 0)));
+}
+
+/// A file LUN in `dir` whose ownership the lock file `dir/lun.owner` decides.
+fn shared_lun(dir: &std::path::Path) -> LunConfig {
+    let image = dir.join("lun.img");
+    std::fs::write(&image, vec![0u8; BLOCKS as usize * BS]).unwrap();
+    LunConfig {
+        backend: BackendConfig::File {
+            path: image,
+            create: false,
+        },
+        owner_lock: Some(dir.join("lun.owner")),
+        ..LunConfig::memory(BLOCKS * BS as u64)
+    }
+}
+
+/// Gateway `name` (group and port `id`, peer `peer` with `peer_id`), checking every 20 ms,
+/// a 1 s hold-down; preferred with `failback_ms` when that is not `None`.
+fn quick_gateway(
+    name: &str,
+    id: u16,
+    peer: &str,
+    peer_id: u16,
+    failback_ms: Option<u64>,
+) -> GatewayConfig {
+    let mut g = gateway(name, id, id, (peer, peer_id, peer_id));
+    g.check_interval_ms = 20;
+    g.hold_down_ms = 1000;
+    g.preferred = failback_ms.is_some();
+    g.failback_delay_ms = failback_ms.unwrap_or(0);
+    g.peers[0].preferred = failback_ms.is_none();
+    g
+}
+
+fn owned_lost(d: &Device) -> (u64, u64, u64) {
+    let s = &d.alua_status()[0].1;
+    (s.acquired, s.lost, s.failbacks)
+}
+
+#[test]
+fn the_preferred_gateway_takes_the_lun_back_once_and_a_host_can_undo_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = gateway_device(
+        quick_gateway("gw-b", 2, "gw-a", 1, None),
+        shared_lun(dir.path()),
+    );
+    wait_for(&b, "B owns", |s| s.state == AccessState::ActiveOptimized);
+    let started = Instant::now();
+    let a = gateway_device(
+        quick_gateway("gw-a", 1, "gw-b", 2, Some(300)),
+        shared_lun(dir.path()),
+    );
+    wait_for(&a, "A sees B", |s| s.owner.as_deref() == Some("gw-b"));
+    for d in [&a, &b] {
+        new_nexus_hears_the_states_changed(d);
+    }
+    // A's RTPG: its own group non-optimized with PREF, B's optimized.
+    let r = run(&a, cmd(1, &rtpg(0, 4096), &[], 4096));
+    assert_eq!((r.data_in[4], r.data_in[16]), (0x81, 0x00));
+    let s = wait_for(&a, "A fails back", |s| {
+        s.state == AccessState::ActiveOptimized
+    });
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "not before the delay"
+    );
+    assert_eq!((s.acquired, s.lost, s.failbacks), (1, 0, 1));
+    wait_for(&b, "B gave up", |s| {
+        s.lost == 1 && s.state == AccessState::Transitioning
+    });
+    // Both announce the move; B refuses writes during its hold-down (no takeover).
+    assert_eq!(sense(&run(&a, cmd(1, &TUR, &[], 0))), STATE_CHANGED);
+    assert_eq!(sense(&run(&b, cmd(1, &TUR, &[], 0))), STATE_CHANGED);
+    let block = vec![0xA5u8; BS];
+    assert_eq!(
+        sense(&run(&b, cmd(1, &write10(3, 1), &block, 512))),
+        (2, 0x04, 0x0A)
+    );
+    good(&run(&a, cmd(1, &write10(3, 1), &block, 512)));
+    assert_eq!((owned_lost(&a), owned_lost(&b)), ((1, 0, 1), (1, 1, 0)));
+    // A host that insists on B: after B's hold-down its write takes the LUN over again...
+    wait_for(&b, "B's hold-down ends", |s| {
+        s.state == AccessState::ActiveNonOptimized
+    });
+    assert_eq!(sense(&run(&b, cmd(1, &TUR, &[], 0))), STATE_CHANGED);
+    good(&run(&b, cmd(1, &write10(4, 1), &block, 512)));
+    wait_for(&a, "A lost it", |s| s.lost == 1);
+    // ... and A does not take it back again: one failback, then the host's choice holds.
+    std::thread::sleep(Duration::from_millis(1000 + 3 * 300));
+    assert_eq!((owned_lost(&a), owned_lost(&b)), ((1, 1, 1), (2, 1, 0)));
+    assert_eq!(a.alua_status()[0].1.state, AccessState::ActiveNonOptimized);
+    assert_eq!(sense(&run(&b, cmd(2, &TUR, &[], 0))), STATE_CHANGED);
+    let r = run(&b, cmd(2, &read10(3, 2), &[], 1024));
+    good(&r);
+    assert_eq!(
+        &r.data_in[..],
+        &[block.clone(), block].concat()[..],
+        "no write lost"
+    );
+}
+
+#[test]
+fn a_failback_delay_of_zero_never_fails_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = gateway_device(
+        quick_gateway("gw-b", 2, "gw-a", 1, None),
+        shared_lun(dir.path()),
+    );
+    wait_for(&b, "B owns", |s| s.state == AccessState::ActiveOptimized);
+    let a = gateway_device(
+        quick_gateway("gw-a", 1, "gw-b", 2, Some(0)),
+        shared_lun(dir.path()),
+    );
+    wait_for(&a, "A sees B", |s| s.owner.as_deref() == Some("gw-b"));
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!((owned_lost(&a), owned_lost(&b)), ((0, 0, 0), (1, 0, 0)));
 }
