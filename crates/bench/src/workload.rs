@@ -10,8 +10,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use iscsi_initiator::scsi::{self, status, Capacity, Sense};
-use iscsi_initiator::{CommandRequest, Error, RecoveryStats, Session};
+use iscsi_initiator::scsi::Capacity;
+use iscsi_initiator::{Error, RecoveryStats};
+
+pub use crate::device::BlockDevice;
 
 /// Reads, writes, or a mix with the given percentage of reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -208,19 +210,11 @@ struct WorkerOut {
     verified: u64,
 }
 
-fn rw_error(what: &str, status: u8, sense: &[u8]) -> Error {
-    Error::Scsi {
-        what: what.to_string(),
-        status,
-        sense: Sense::parse(sense),
-    }
-}
-
 /// Issues one command of the workload at `chunk` (with `generation`: writes that write's
 /// pattern, or checks a read against it).
 #[allow(clippy::too_many_arguments)]
-async fn one_op(
-    s: &Session,
+async fn one_op<D: BlockDevice>(
+    s: &D,
     lun: u16,
     cap: Capacity,
     w: &Workload,
@@ -240,38 +234,26 @@ async fn one_op(
         } else {
             template.clone()
         };
-        let cdb = scsi::read_write(true, lba, blocks, false);
-        let r = s
-            .execute_past_unit_attentions(CommandRequest::write(lun, cdb, data))
-            .await?;
-        if r.status != status::GOOD {
-            return Err(rw_error("WRITE", r.status, &r.sense));
-        }
+        s.write(lun, lba, blocks, data).await?;
         Ok(0)
     } else {
-        let cdb = scsi::read_write(false, lba, blocks, false);
-        let r = s
-            .execute_past_unit_attentions(CommandRequest::read(lun, cdb, w.size))
-            .await?;
-        if r.status != status::GOOD {
-            return Err(rw_error("READ", r.status, &r.sense));
-        }
+        let data = s.read(lun, lba, blocks, w.size).await?;
         if let Some(g) = generation {
-            check_pattern(&r.data, lba, bs, generation_seed(w.seed, g)).map_err(|bad| {
+            check_pattern(&data, lba, bs, generation_seed(w.seed, g)).map_err(|bad| {
                 Error::Invalid(format!(
                     "verify: data read at LBA {bad} differs from what was written \
                      there last (write #{g} of that block in this run)"
                 ))
             })?;
-            return Ok(r.data.len() as u64);
+            return Ok(data.len() as u64);
         }
         Ok(0)
     }
 }
 
 #[allow(clippy::too_many_arguments)]
-async fn worker(
-    s: Arc<Session>,
+async fn worker<D: BlockDevice>(
+    s: Arc<D>,
     lun: u16,
     cap: Capacity,
     w: Arc<Workload>,
@@ -336,7 +318,7 @@ async fn worker(
             }
         }
         let t0 = Instant::now();
-        let r = one_op(&s, lun, cap, &w, chunk, write, &template, generation).await;
+        let r = one_op(&*s, lun, cap, &w, chunk, write, &template, generation).await;
         if let (Some(g), Some(n)) = (&shared.gens, generation) {
             match (&r, write) {
                 (Ok(_), true) => g.complete(chunk, n),
@@ -382,8 +364,8 @@ fn percentile(sorted: &[u64], p: f64) -> f64 {
 
 /// Runs `qd` workers per session with every command forced to read (`Some(false)`), write
 /// (`Some(true)`) or drawn from the workload (`None`).
-async fn run_phase(
-    sessions: &[Arc<Session>],
+async fn run_phase<D: BlockDevice>(
+    sessions: &[Arc<D>],
     lun: u16,
     cap: Capacity,
     w: &Workload,
@@ -410,7 +392,7 @@ async fn run_phase(
     });
     let wl = Arc::new(w.clone());
     // Error recovery and registration cache counters, summed over the sessions.
-    let counters_of = |sessions: &[Arc<Session>]| {
+    let counters_of = |sessions: &[Arc<D>]| {
         sessions.iter().fold(
             (
                 RecoveryStats::default(),
@@ -497,8 +479,8 @@ async fn run_phase(
 /// Runs one workload point on the sessions (all logged in to the same LUN). With
 /// `verify`, reads are preceded by a pattern write of the region and writes are followed
 /// by a read-back of the region; the returned summary is the measured phase.
-pub async fn run(
-    sessions: &[Arc<Session>],
+pub async fn run<D: BlockDevice>(
+    sessions: &[Arc<D>],
     lun: u16,
     cap: Capacity,
     w: &Workload,

@@ -19,12 +19,15 @@
 //!   and the checks of every H2CData against its R2T, the C2HData cuts of read data (with the
 //!   SUCCESS flag instead of a response capsule when SQ flow control is off), the response
 //!   capsule; out come [`queue::Action`]s.
+//! - [`identify_host`]: what a host reads from Identify Controller/Namespace and the CAP,
+//!   CC and CSTS registers (the host side is the `nvme-initiator` crate).
 //!
 //! Facts are from NVM Express Base 2.0, NVMe over Fabrics 1.1 and the NVMe/TCP transport
 //! binding 1.0, checked against Linux's `nvme-tcp.h`.
 
 pub mod cqe;
 pub mod decoder;
+pub mod identify_host;
 mod le;
 pub mod pdu;
 pub mod queue;

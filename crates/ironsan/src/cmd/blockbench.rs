@@ -21,7 +21,8 @@ use super::initiator::LoginOpts;
 #[derive(clap::Args)]
 #[command(after_help = SCRIPT_HELP)]
 pub struct BlockBenchArgs {
-    /// iscsi://[user%password@]HOST[:PORT][,HOST2[:PORT]...]/TARGET-IQN/LUN (several hosts: multipath)
+    /// iscsi://[user%password@]HOST[:PORT][,HOST2[:PORT]...]/TARGET-IQN/LUN (several hosts: multipath),
+    /// or nvme+tcp://HOST[:PORT]/SUBSYSTEM-NQN/NSID (--connections: I/O queues)
     pub url: Option<String>,
     /// read, write or mixed; a comma list runs each (e.g. read,write).
     #[arg(long, default_value = "read")]
@@ -320,6 +321,17 @@ async fn measure(
     let lun = s.default_lun();
     s.test_unit_ready(lun).await?;
     let cap = s.capacity(lun).await?;
+    measure_on(sessions, lun, cap, w, bar).await
+}
+
+/// [`measure`] on any [`workload::BlockDevice`] of known capacity.
+pub(crate) async fn measure_on<D: workload::BlockDevice>(
+    sessions: &[Arc<D>],
+    lun: u16,
+    cap: iscsi_initiator::scsi::Capacity,
+    w: &Workload,
+    bar: &ProgressBar,
+) -> anyhow::Result<Summary> {
     let progress = Arc::new(Progress::default());
     let label = format!(
         "{} {} {}",
@@ -384,6 +396,9 @@ pub fn run(a: BlockBenchArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("reading {}", path.display()))?;
             let steps = workload::parse_script(&text).map_err(anyhow::Error::msg)?;
             super::initiator::block_on_interruptible(&rt, run_script(&a, steps))
+        }
+        None if a.url.as_deref().is_some_and(super::nvme_host::is_nvme) => {
+            super::initiator::block_on_interruptible(&rt, nvme_rows(&a))
         }
         None => {
             let Some(u) = &a.url else {
@@ -464,6 +479,43 @@ pub fn run(a: BlockBenchArgs) -> anyhow::Result<()> {
         write_file(p, &plot(&rows))?;
     }
     Ok(())
+}
+
+/// The points of `ironsan bench nvme+tcp://...`.
+async fn nvme_rows(a: &BlockBenchArgs) -> anyhow::Result<Vec<Summary>> {
+    if a.tcp_info.is_some() || a.tcp_info_plot.is_some() {
+        bail!("--tcp-info samples iSCSI connections; it does not apply to nvme+tcp:// URLs");
+    }
+    let url = super::nvme_host::NvmeUrl::parse(a.url.as_deref().unwrap_or_default())?;
+    let duration = match (a.duration, a.count) {
+        (Some(d), _) if d > 0.0 => Some(Duration::from_secs_f64(d)),
+        (Some(_), _) => bail!("--duration must be positive"),
+        (None, Some(_)) => None,
+        (None, None) => Some(Duration::from_secs(5)),
+    };
+    let mut ws = Vec::new();
+    for rw in rws(a)? {
+        for pattern in patterns(a)? {
+            for size in sizes(&a.size)? {
+                ws.push(Workload {
+                    rw,
+                    pattern,
+                    size,
+                    qd: a.qd.max(1),
+                    duration,
+                    count: a.count,
+                    span: a.span.or(a.verify.then_some(256 << 20)),
+                    verify: a.verify,
+                    seed: a.seed,
+                });
+            }
+        }
+    }
+    let bar = super::progress::steps(ws.len() as u64, "bench");
+    let rows =
+        super::nvme_host::bench_rows(&url, &a.login, a.sessions, a.qd.max(1), &ws, &bar).await;
+    bar.finish_and_clear();
+    rows
 }
 
 async fn run_script(a: &BlockBenchArgs, steps: Vec<Step>) -> anyhow::Result<Vec<Summary>> {

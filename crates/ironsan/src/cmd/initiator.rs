@@ -1,5 +1,6 @@
 //! The initiator commands: `ironsan discover`, `ls`, `inq`, `read` and `write`. URLs are
-//! libiscsi's: `iscsi://[user[%password]@]host[:port]/target-iqn/lun`; a LUN URL may list
+//! libiscsi's: `iscsi://[user[%password]@]host[:port]/target-iqn/lun` (`read` and `write`
+//! also take `nvme+tcp://` URLs, handed to `nvme_host`); a LUN URL may list
 //! several portals of one LU (`host1,host2:3261`) for a multipath session (docs/multipath.md).
 
 use std::collections::VecDeque;
@@ -407,7 +408,8 @@ const IN_FLIGHT: usize = 8;
 
 #[derive(clap::Args)]
 pub struct ReadArgs {
-    /// iscsi://[user%password@]HOST[:PORT][,HOST2[:PORT]...]/TARGET-IQN/LUN (several hosts: multipath)
+    /// iscsi://[user%password@]HOST[:PORT][,HOST2[:PORT]...]/TARGET-IQN/LUN (several hosts: multipath),
+    /// or nvme+tcp://HOST[:PORT]/SUBSYSTEM-NQN/NSID
     pub url: String,
     /// Byte offset (a multiple of the block size; 4k, 1MiB... accepted).
     #[arg(long, default_value = "0", value_parser = size)]
@@ -430,6 +432,9 @@ fn check_aligned(what: &str, v: u64, bs: u32) -> anyhow::Result<()> {
 }
 
 pub fn read(args: ReadArgs) -> anyhow::Result<()> {
+    if super::nvme_host::is_nvme(&args.url) {
+        return super::nvme_host::read(args);
+    }
     let url = IscsiUrl::parse_lun(&args.url)?;
     let cfg = args.login.config(&url)?;
     let mut out: Box<dyn Write> = match &args.output {
@@ -489,7 +494,8 @@ pub fn read(args: ReadArgs) -> anyhow::Result<()> {
 
 #[derive(clap::Args)]
 pub struct WriteArgs {
-    /// iscsi://[user%password@]HOST[:PORT][,HOST2[:PORT]...]/TARGET-IQN/LUN (several hosts: multipath)
+    /// iscsi://[user%password@]HOST[:PORT][,HOST2[:PORT]...]/TARGET-IQN/LUN (several hosts: multipath),
+    /// or nvme+tcp://HOST[:PORT]/SUBSYSTEM-NQN/NSID
     pub url: String,
     /// Byte offset (a multiple of the block size; 4k, 1MiB... accepted).
     #[arg(long, default_value = "0", value_parser = size)]
@@ -503,7 +509,7 @@ pub struct WriteArgs {
 }
 
 /// Fills `buf` from `r` as far as possible; the count read (short only at EOF).
-fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
+pub(crate) fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut got = 0;
     while got < buf.len() {
         match r.read(&mut buf[got..]) {
@@ -517,6 +523,9 @@ fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
 }
 
 pub fn write(args: WriteArgs) -> anyhow::Result<()> {
+    if super::nvme_host::is_nvme(&args.url) {
+        return super::nvme_host::write(args);
+    }
     let url = IscsiUrl::parse_lun(&args.url)?;
     let cfg = args.login.config(&url)?;
     let (mut input, known_len): (Box<dyn Read>, Option<u64>) = match &args.input {

@@ -15,6 +15,7 @@ pub mod delay;
 pub mod initiator;
 pub mod mount;
 pub mod nbd;
+pub mod nvme_host;
 pub mod osd;
 pub mod progress;
 pub mod rdma;
