@@ -8,7 +8,13 @@
 //! that an async runtime's worker that posts a verb also runs the engine, with no thread
 //! switch between the two. Verbs calls (`post_send`, `post_recv`, `poll`, `req_notify`) run in the
 //! caller's thread and only touch the QP's queues under a short mutex; `post_send` wakes the
-//! engine once per batch (its thread's eventfd, or the driver's kick). Completions are pushed to
+//! engine once per batch (its thread's eventfd, or the driver's kick). A `post_send` that finds
+//! the send queue empty posts in place: if the engine is not serving that connection at that
+//! moment (its lock is free), the poster runs the connection's transmit side itself, so the
+//! FPDUs are written and the completions pushed on the poster's thread, with no wake-up and no
+//! switch to the engine; when the socket would block, work remains or the lock is taken, the
+//! engine is woken as before. Either way one lock orders all transmitting, so FPDUs and
+//! completions keep the posting order ([`Rnic::post_in_place`] turns it off). Completions are pushed to
 //! CQs by the engine, which signals a completion channel (an eventfd, usable with epoll or tokio's `AsyncFd`) when the CQ was
 //! armed. Connecting (TCP + MPA Request/Reply) runs blocking in the caller's thread with
 //! timeouts; the listener reads every accepted connection's MPA Request without blocking on any
@@ -145,6 +151,17 @@ impl Rnic {
             .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Lets a thread posting to a QP whose send queue is empty write the FPDUs itself, on its
+    /// own thread, when the engine is not serving that connection at that moment (on by
+    /// default); off, every posted work request is handed to the engine. Completions and
+    /// ordering are the same either way. Applies from the next post.
+    pub fn post_in_place(&self, on: bool) {
+        self.inner
+            .engine
+            .post_in_place
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// The STag table (exposed for tests and diagnostics).
     pub fn stags(&self) -> &Arc<StagTable> {
         &self.inner.stags
@@ -220,6 +237,7 @@ impl Provider for Rnic {
                 cv: Condvar::new(),
                 kick: AtomicBool::new(false),
                 engine: self.inner.engine.clone(),
+                in_place: std::sync::OnceLock::new(),
             }),
         })
     }
