@@ -65,8 +65,8 @@ pub(crate) struct QpShared {
 /// without a turn of the engine (no wake-up, no switch to the engine's thread or task).
 pub(crate) trait TransmitInPlace: Send + Sync {
     /// Generates and writes what the QP has queued, unless the engine is serving the
-    /// connection just now; true when nothing is left for the engine (all written, nothing
-    /// queued), false when the engine must take it up (busy, the socket would block, work
+    /// connection just now; true when nothing was left for the engine to write (all written,
+    /// nothing queued), false when it must take it up (busy, the socket would block, work
     /// left, or the connection failed).
     fn transmit_in_place(&self) -> bool;
 }
@@ -143,7 +143,7 @@ impl QpShared {
     }
 
     /// Writes the queued work on the caller's thread when the engine allows it (see
-    /// [`TransmitInPlace`]); true when that left the engine nothing to do.
+    /// [`TransmitInPlace`]); true when that left the engine nothing to write.
     pub(crate) fn transmit_in_place(&self) -> bool {
         if !self.engine.post_in_place.load(Ordering::Relaxed) {
             return false;
@@ -192,7 +192,7 @@ pub(crate) struct EngineShared {
     /// Align FPDUs with TCP segments on loopback connections too (see `Conn::align_fpdus`).
     pub(crate) align_on_loopback: AtomicBool,
     /// Posters write a send queue's work themselves when it was empty (see
-    /// [`TransmitInPlace`]); off: every post goes through the engine.
+    /// [`TransmitInPlace`]); off (the default): every post goes through the engine.
     pub(crate) post_in_place: AtomicBool,
 }
 
@@ -202,7 +202,7 @@ impl EngineShared {
             wake,
             inbox: Mutex::new(Vec::new()),
             align_on_loopback: AtomicBool::new(false),
-            post_in_place: AtomicBool::new(true),
+            post_in_place: AtomicBool::new(false),
         }
     }
 

@@ -1,6 +1,6 @@
-//! Posting in place: a work request posted to an empty send queue is written on the poster's
-//! thread, one posted behind queued work goes through the engine, and the two keep one order
-//! on the wire and in the completion queue.
+//! Posting in place (switched on: `Rnic::post_in_place`): a work request posted to an empty
+//! send queue is written on the poster's thread, one posted behind queued work goes through
+//! the engine, and the two keep one order on the wire and in the completion queue.
 
 mod common;
 use common::*;
@@ -19,6 +19,7 @@ fn a_send_posted_to_an_idle_queue_is_written_by_the_poster() {
     use std::sync::Arc;
     let driving = Arc::new(AtomicBool::new(true));
     let (a, mut drive_a) = Rnic::new_driven(|| {}).unwrap();
+    a.post_in_place(true);
     let b = Rnic::new().unwrap();
     let pda = a.alloc_pd().unwrap();
     let pdb = b.alloc_pd().unwrap();
@@ -104,6 +105,7 @@ fn mixed_rounds(crc: bool) {
     const RECV_LEN: usize = 9000;
     const WRITE_LEN: usize = 1 << 20;
     let (a, b) = (Rnic::new().unwrap(), Rnic::new().unwrap());
+    a.post_in_place(true);
     let pda = a.alloc_pd().unwrap();
     let pdb = b.alloc_pd().unwrap();
     let rbuf = b
