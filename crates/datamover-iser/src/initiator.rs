@@ -5,7 +5,10 @@
 //! (Write STag, VA at the first solicited byte, as LIO reads from it exactly); the SCSI
 //! Response arrives after the data is placed, and the read data goes up as a view of the
 //! registered buffer (no copy). The write data is the caller's own bytes, registered in place
-//! through a registration cache ([`crate::write_regs`]): no copy either. Read regions come
+//! through a registration cache ([`crate::write_regs`]): no copy either. A write that fits
+//! whole in what the target receives (its TargetRecvDataSegmentLength, held to our
+//! [`DEFAULT_RECV_LEN`] send buffers: 16 KiB of data) goes as immediate data in the command's
+//! Send instead, sparing the RDMA Read round trip. Read regions come
 //! from a pool; every command's regions carry STags of their own, invalidated before read
 //! data is looked at or a region is used again.
 
@@ -31,7 +34,7 @@ use crate::endpoint::{Buffers, CloseUnlessKept, Device, Endpoint, Inbound, Recei
 use crate::lent;
 use crate::mr_pool::{MrPool, PooledMr};
 use crate::rnic_task::{LargeWrite, PollWindow};
-use crate::target::DEFAULT_RECV_LEN;
+use crate::target::{CONTROL_LEN, DEFAULT_RECV_LEN};
 use crate::write_regs::{WriteReg, WriteRegistrations};
 
 /// Sends and receives the initiator keeps: a command window of this many commands, each with
@@ -98,7 +101,7 @@ impl<P: Device> IserInitiatorConnection<P> {
     ) -> Result<Self, String> {
         let buffers = Buffers {
             recv_slots: SLOTS,
-            recv_len: DEFAULT_RECV_LEN,
+            recv_len: CONTROL_LEN,
             send_slots: SLOTS,
             send_len: DEFAULT_RECV_LEN,
         };

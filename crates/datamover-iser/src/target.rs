@@ -36,12 +36,18 @@ pub struct AcceptConfig {
     pub max_sorting: usize,
 }
 
-/// Login text fits 8 KiB (both Linux peers size their login buffers so); full feature phase
-/// adds immediate and unsolicited data up to TargetRecvDataSegmentLength, also 8 KiB by
-/// default: one buffer size serves both phases. A SCSI Command's AHS (a long CDB's Extended
-/// CDB AHS, a bidirectional command's read length) comes on top of its immediate data.
+/// The target's receive buffers: login text fits 8 KiB (both Linux peers size their login
+/// buffers so); full feature phase adds immediate and unsolicited data up to
+/// TargetRecvDataSegmentLength ([`DEFAULT_RECV_DATA`]): one buffer size serves both phases. A
+/// SCSI Command's AHS (a long CDB's Extended CDB AHS, a bidirectional command's read length)
+/// comes on top of its immediate data. Also the size of the initiator's send buffers, which
+/// carry that data.
 pub const DEFAULT_RECV_LEN: usize =
     iser::ISER_HEADERS_LEN + COMMAND_AHS_MAX + DEFAULT_RECV_DATA as usize + 52;
+/// Buffers for what the target sends and the initiator receives: Login, Text and control PDUs,
+/// whose data is at most the 8 KiB of login text.
+pub const CONTROL_LEN: usize =
+    iser::ISER_HEADERS_LEN + COMMAND_AHS_MAX + iser::LOGIN_DATA_MAX as usize + 52;
 /// The largest AHS of a SCSI Command: a 260-byte CDB's Extended CDB AHS (248 bytes) and the
 /// Bidirectional Expected Read-Data Length AHS (8).
 pub const COMMAND_AHS_MAX: usize = 256;
@@ -67,7 +73,7 @@ impl AcceptConfig {
                 recv_slots: slots,
                 recv_len: DEFAULT_RECV_LEN,
                 send_slots: slots,
-                send_len: DEFAULT_RECV_LEN,
+                send_len: CONTROL_LEN,
             },
             send_invalidate: true,
             ord: 16,

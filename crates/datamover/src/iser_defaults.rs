@@ -6,8 +6,10 @@
 use std::time::Duration;
 
 /// Largest data segment a target's iSER receive buffers hold (its declared
-/// iSERTargetRecvDataSegmentLength: LIO declares the same).
-pub const DEFAULT_RECV_DATA: u32 = 8192;
+/// iSERTargetRecvDataSegmentLength; LIO declares 8192). 16 KiB: a write that fits travels as
+/// immediate data in the command's Send, which beats fetching it with an RDMA Read (a round
+/// trip the initiator must wake up for); see docs/performance-notes.md.
+pub const DEFAULT_RECV_DATA: u32 = 16_384;
 
 /// Receives a target's iSER connection keeps posted beyond the command window (its declared
 /// MaxOutstandingUnexpectedPDUs).

@@ -80,6 +80,21 @@ pub(crate) struct LoginDone {
     pub max_cmd_sn: u32,
 }
 
+impl LoginDone {
+    /// The most data one PDU to the target may carry (immediate data, a Data-Out): its
+    /// MaxRecvDataSegmentLength over TCP; over iSER its TargetRecvDataSegmentLength, held to
+    /// what the iSER datamover's send buffers hold.
+    pub fn max_send_seg(&self) -> u32 {
+        if self.session.rdma_extensions {
+            self.connection
+                .target_recv_data_segment_length
+                .min(iscsi_login::initiator::ISER_SEND_DATA_MAX)
+        } else {
+            self.connection.max_send_data_segment_length
+        }
+    }
+}
+
 /// Runs the login phase on a fresh connection.
 pub(crate) async fn login(
     stream: &mut Channel,

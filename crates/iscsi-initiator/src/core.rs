@@ -423,8 +423,9 @@ impl<T> SessionCore<T> {
     }
 
     /// Adds a connection in full feature phase; returns its index.
-    /// `exp_stat_sn` is the StatSN after the last Login Response; `max_send_seg` the
-    /// target's MaxRecvDataSegmentLength.
+    /// `exp_stat_sn` is the StatSN after the last Login Response; `max_send_seg` the most
+    /// data a PDU to the target may carry (its MaxRecvDataSegmentLength, over iSER its
+    /// TargetRecvDataSegmentLength).
     pub fn add_connection(&mut self, exp_stat_sn: u32, max_send_seg: u32) -> usize {
         let c = ConnState::new(true, exp_stat_sn, max_send_seg);
         let idx = match self.conns.iter().position(|c| !c.alive) {

@@ -405,10 +405,9 @@ fn install(inner: &Arc<Inner>, st: &mut State, est: Established) {
         let idx = st.conns.len();
         st.conns.push(None);
         start_connection(inner, st, idx, channel, &done);
-        let got = st.core.add_connection(
-            done.exp_stat_sn,
-            done.connection.max_send_data_segment_length,
-        );
+        let got = st
+            .core
+            .add_connection(done.exp_stat_sn, done.max_send_seg());
         debug_assert_eq!(got, idx);
     }
     st.reconnecting = false;
@@ -430,7 +429,7 @@ fn start_connection(
             data: done.connection.data_digest,
         },
         max_recv_data_segment_length: done.connection.max_recv_data_segment_length,
-        max_send_data_segment_length: done.connection.max_send_data_segment_length,
+        max_send_data_segment_length: done.max_send_seg(),
         max_burst_length: st.params.max_burst_length,
         exp_stat_sn: done.exp_stat_sn,
         max_outstanding_unexpected_pdus: done.connection.max_outstanding_unexpected_pdus_send,
@@ -624,11 +623,8 @@ async fn recover_connection(inner: Arc<Inner>, idx: usize, reason: String) {
                     return;
                 }
                 start_connection(&inner, &mut st, idx, channel, &done);
-                st.core.add_connection_at(
-                    idx,
-                    done.exp_stat_sn,
-                    done.connection.max_send_data_segment_length,
-                );
+                st.core
+                    .add_connection_at(idx, done.exp_stat_sn, done.max_send_seg());
                 st.core.recovery.connection_recoveries += 1;
                 let moved = st.core.reassign_to(idx);
                 tracing::info!(conn = idx, attempt, "connection logged in again after: {reason}; {moved} command(s) reassigned to it (TASK REASSIGN)");

@@ -86,9 +86,14 @@ impl Default for DesiredSession {
     }
 }
 
-/// iSER: the TargetRecvDataSegmentLength an initiator offers (Linux ib_iser's value; LIO and
-/// ironsan's target declare the same).
+/// iSER: the TargetRecvDataSegmentLength an initiator offers (Linux ib_iser's value; LIO
+/// declares the same, and takes the offer as what it may receive: offering more would have it
+/// accept Sends its receive buffers cannot hold).
 pub const ISER_TARGET_RECV_DATA: u32 = 8192;
+
+/// iSER: the most data ironsan's initiator puts in one Send (what its send buffers hold): a
+/// target that declares a larger TargetRecvDataSegmentLength is sent no more than this.
+pub const ISER_SEND_DATA_MAX: u32 = 16_384;
 
 /// Everything an [`InitiatorLogin`] needs.
 #[derive(Debug, Clone)]

@@ -800,12 +800,13 @@ impl TargetLogin {
                         self.connection.initiator_recv_data_segment_length = value as u32;
                         value.to_string()
                     }
+                    // The initiator's value is its expectation (Linux ib_iser offers 8192);
+                    // what the target receives is the target's to declare: its own limit.
                     "TargetRecvDataSegmentLength" => {
                         let ours = clamp_len(limits.iser_recv_data_segment_length);
-                        let result = (value as u32).min(ours);
-                        self.connection.target_recv_data_segment_length = result;
+                        self.connection.target_recv_data_segment_length = ours;
                         self.declared_iser_recv = true;
-                        result.to_string()
+                        ours.to_string()
                     }
                     _ => {
                         // MaxOutstandingUnexpectedPDUs: 0 or 2..

@@ -182,11 +182,8 @@ proptest! {
         } else {
             prop_assert!(!c.header_digest && !c.data_digest);
             prop_assert_eq!(c.initiator_recv_data_segment_length, i_mrdsl);
-            // The initiator offers Linux's 8192; the target answers the smaller.
-            prop_assert_eq!(
-                c.target_recv_data_segment_length,
-                t_mrdsl.min(iscsi_login::initiator::ISER_TARGET_RECV_DATA)
-            );
+            // The initiator offers Linux's 8192; the target declares its own limit.
+            prop_assert_eq!(c.target_recv_data_segment_length, t_mrdsl);
         }
     }
 }

@@ -416,14 +416,15 @@ fn iser_keys() {
     let r = reply(&s);
     assert_eq!(value(&r, "RDMAExtensions"), Some("Yes"));
     assert_eq!(value(&r, "InitiatorRecvDataSegmentLength"), Some("262144"));
-    assert_eq!(value(&r, "TargetRecvDataSegmentLength"), Some("8192"));
+    // The initiator's 8192 is its expectation: the target declares its own limit.
+    assert_eq!(value(&r, "TargetRecvDataSegmentLength"), Some("65536"));
     assert_eq!(value(&r, "HeaderDigest"), Some("None"));
     assert_eq!(value(&r, "MaxOutstandingUnexpectedPDUs"), Some("Reject"));
     let LoginState::Complete(o) = s.state else {
         panic!()
     };
     assert!(o.session.rdma_extensions);
-    assert_eq!(o.connection.target_recv_data_segment_length, 8192);
+    assert_eq!(o.connection.target_recv_data_segment_length, 65536);
     assert_eq!(o.connection.initiator_recv_data_segment_length, 262_144);
 }
 

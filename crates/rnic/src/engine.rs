@@ -4,10 +4,14 @@
 //! written with vectored writes straight from registered memory, or from a copy made with the
 //! CRC when MPA CRC is on) and the receive side (bytes read ahead into a stage, FPDU headers
 //! parsed with `iwarp` and checked, then short payloads copied from the stage and long ones
-//! read from the socket directly into the target region).
+//! read from the socket directly into the target region). Each connection sits behind a lock
+//! the engine serves it under; a poster may take it to run the transmit side on its own
+//! thread (`TransmitInPlace`, see the crate's threading model).
 
 use crate::mem::{AccessError, MrInner};
-use crate::shared::{Attach, Cmd, EngineShared, Piece, PostedRecv, PostedSend, QpShared, Wake};
+use crate::shared::{
+    Attach, Cmd, EngineShared, Piece, PostedRecv, PostedSend, QpShared, TransmitInPlace, Wake,
+};
 use iwarp::crc::Crc32c;
 use iwarp::ddp::{self, DdpHeader, Opcode, TaggedHeader, UntaggedHeader};
 use iwarp::fpdu::{self, FpduLayout};
@@ -19,7 +23,7 @@ use rdma::{Access, QpState, SendOp, Wc, WcOpcode, WcStatus};
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 const WAKER: Token = Token(usize::MAX);
@@ -86,11 +90,21 @@ pub enum Turn {
     Stopped,
 }
 
+/// A connection as the engine and posters share it: the engine serves it under this lock, a
+/// poster may transmit in place under it (see [`TransmitInPlace`]).
+type SharedConn = Arc<Mutex<Conn>>;
+
+/// Locks a connection; a poster that panicked while transmitting left it as consistent as a
+/// failed write would.
+fn lock(c: &Mutex<Conn>) -> MutexGuard<'_, Conn> {
+    c.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The engine's state: every attached connection and the poller they are registered with.
 pub(crate) struct Engine {
     poll: Poll,
     events: Events,
-    conns: HashMap<u32, Conn>,
+    conns: HashMap<u32, SharedConn>,
     again: Vec<u32>,
     pub(crate) shared: Arc<EngineShared>,
 }
@@ -149,19 +163,25 @@ impl Engine {
         ready.sort_unstable();
         ready.dedup();
         let now = Instant::now();
-        for (n, c) in self.conns.iter_mut() {
-            if c.close_deadline.is_some_and(|d| now >= d) && !ready.contains(n) {
+        for (n, c) in self.conns.iter() {
+            // A connection a poster holds is looked at next turn (a deadline is not urgent).
+            let due = c
+                .try_lock()
+                .is_ok_and(|c| c.close_deadline.is_some_and(|d| now >= d));
+            if due && !ready.contains(n) {
                 ready.push(*n);
             }
         }
         for n in ready {
-            let Some(c) = self.conns.get_mut(&n) else {
+            let Some(shared) = self.conns.get(&n) else {
                 continue;
             };
+            let mut c = lock(shared);
             let more = c.service();
             if c.finished() {
-                let mut c = self.conns.remove(&n).unwrap();
                 let _ = self.poll.registry().deregister(&mut c.sock);
+                drop(c);
+                self.conns.remove(&n);
             } else if more {
                 self.again.push(n);
             }
@@ -176,8 +196,8 @@ impl Engine {
     }
 
     fn stop(&mut self, why: &str) {
-        for (_, mut c) in self.conns.drain() {
-            c.fail(None, Some(why.into()));
+        for (_, c) in self.conns.drain() {
+            lock(&c).fail(None, Some(why.into()));
         }
     }
 
@@ -193,6 +213,10 @@ impl Engine {
                 let align_on_loopback = self.shared.align_on_loopback.load(Ordering::Relaxed);
                 match Conn::new(*a, &self.poll, align_on_loopback) {
                     Ok(c) => {
+                        let qp = c.qp.clone();
+                        let c = Arc::new(Mutex::new(c));
+                        let tx: Weak<dyn TransmitInPlace> = Arc::downgrade(&c) as _;
+                        let _ = qp.in_place.set(tx);
                         self.conns.insert(num, c);
                         ready.push(num);
                     }
@@ -201,18 +225,19 @@ impl Engine {
             }
             Cmd::Kick(n) => {
                 if let Some(c) = self.conns.get(&n) {
-                    c.qp.kick.store(false, Ordering::Release);
+                    lock(c).qp.kick.store(false, Ordering::Release);
                     ready.push(n);
                 }
             }
             Cmd::Disconnect(n) => {
-                if let Some(c) = self.conns.get_mut(&n) {
-                    c.closing = true;
+                if let Some(c) = self.conns.get(&n) {
+                    lock(c).closing = true;
                     ready.push(n);
                 }
             }
             Cmd::Reset(n) => {
-                if let Some(c) = self.conns.get_mut(&n) {
+                if let Some(c) = self.conns.get(&n) {
+                    let mut c = lock(c);
                     c.fail(None, Some("connection aborted".into()));
                     // Not waiting for the output queue to drain: the peer may never take it.
                     c.finish();
@@ -220,13 +245,14 @@ impl Engine {
                 }
             }
             Cmd::Fail(n, why) => {
-                if let Some(c) = self.conns.get_mut(&n) {
-                    c.fail(None, Some(why));
+                if let Some(c) = self.conns.get(&n) {
+                    lock(c).fail(None, Some(why));
                     ready.push(n);
                 }
             }
             Cmd::Abort(n) => {
-                if let Some(mut c) = self.conns.remove(&n) {
+                if let Some(c) = self.conns.remove(&n) {
+                    let mut c = lock(&c);
                     c.fail(None, Some("QP destroyed".into()));
                     let _ = self.poll.registry().deregister(&mut c.sock);
                 }
@@ -558,6 +584,17 @@ impl Conn {
                 }
             }
         }
+    }
+
+    /// Nothing left to write and nothing to generate: the engine need not be woken for the
+    /// transmit side.
+    fn tx_idle(&self) -> bool {
+        !self.done
+            && !self.errored
+            && self.out.is_empty()
+            && self.cur.is_none()
+            && self.irq.is_empty()
+            && !self.sq_has_work()
     }
 
     fn sq_has_work(&self) -> bool {
@@ -1466,6 +1503,23 @@ impl Conn {
         self.done = true;
         self.qp.q.lock().unwrap().attached = false;
         self.qp.set_state(QpState::Error);
+    }
+}
+
+impl TransmitInPlace for Mutex<Conn> {
+    /// Runs the connection's transmit side on the poster's thread if the engine is not
+    /// serving it (the lock is free), exactly as the engine would: FPDUs from what is queued
+    /// (Read Responses and a partly sent message first, then the send queue in order) and
+    /// completions in that order. A connection closing or failed is left to the engine.
+    fn transmit_in_place(&self) -> bool {
+        let Ok(mut c) = self.try_lock() else {
+            return false;
+        };
+        if c.done || c.errored || c.closing {
+            return false;
+        }
+        c.transmit();
+        c.tx_idle()
     }
 }
 

@@ -8,7 +8,17 @@
 //! that an async runtime's worker that posts a verb also runs the engine, with no thread
 //! switch between the two. Verbs calls (`post_send`, `post_recv`, `poll`, `req_notify`) run in the
 //! caller's thread and only touch the QP's queues under a short mutex; `post_send` wakes the
-//! engine once per batch (its thread's eventfd, or the driver's kick). Completions are pushed to
+//! engine once per batch (its thread's eventfd, or the driver's kick). With
+//! [`Rnic::post_in_place`] (off by default) a `post_send` that finds the send queue empty
+//! posts in place: if the engine is not serving that connection at that moment (its lock is
+//! free), the poster runs the connection's transmit side itself, so the FPDUs are written and
+//! the completions pushed on the poster's thread, without waiting for a switch to the engine;
+//! when the socket would block, work remains or the lock is taken, the engine writes them. The
+//! engine is kicked either way: a driven engine's turn that finds work starts its poll window,
+//! which then covers the answer to what was written. Off by default because it measured
+//! slower for iSER on a loaded 2-core machine (docs/performance-notes.md): the engine then
+//! waits on a connection lock a descheduled poster may hold. Either way one lock orders all transmitting, so FPDUs and
+//! completions keep the posting order ([`Rnic::post_in_place`] turns it off). Completions are pushed to
 //! CQs by the engine, which signals a completion channel (an eventfd, usable with epoll or tokio's `AsyncFd`) when the CQ was
 //! armed. Connecting (TCP + MPA Request/Reply) runs blocking in the caller's thread with
 //! timeouts; the listener reads every accepted connection's MPA Request without blocking on any
@@ -145,6 +155,18 @@ impl Rnic {
             .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Lets a thread posting to a QP whose send queue is empty write the FPDUs itself, on its
+    /// own thread, when the engine is not serving that connection at that moment (off by
+    /// default: see the crate's threading model); off, every posted work request is handed to
+    /// the engine. Completions and ordering are the same either way. Applies from the next
+    /// post.
+    pub fn post_in_place(&self, on: bool) {
+        self.inner
+            .engine
+            .post_in_place
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// The STag table (exposed for tests and diagnostics).
     pub fn stags(&self) -> &Arc<StagTable> {
         &self.inner.stags
@@ -220,6 +242,7 @@ impl Provider for Rnic {
                 cv: Condvar::new(),
                 kick: AtomicBool::new(false),
                 engine: self.inner.engine.clone(),
+                in_place: std::sync::OnceLock::new(),
             }),
         })
     }

@@ -65,7 +65,7 @@ impl QueuePair for Qp {
             signaled: wr.signaled,
             sink,
         };
-        {
+        let was_empty = {
             let mut q = s.q.lock().unwrap();
             if q.sq.len() >= s.caps.max_send_wr as usize {
                 return Err(rdma::Error::Invalid("send queue full".into()));
@@ -80,10 +80,20 @@ impl QueuePair for Qp {
                 s.send_cq.push(s.wc(wr.wr_id, WcStatus::Flushed, op, 0));
                 return Ok(());
             }
+            let was_empty = q.sq.is_empty();
             q.sq.push_back(posted);
             if !q.attached {
                 return Ok(());
             }
+            was_empty
+        };
+        // Work already queued is the engine's (or an earlier poster's) to write: this request
+        // goes after it, so only a post to an empty queue may write in place. The engine is
+        // kicked either way: a turn that finds work starts a driven engine's poll window, and
+        // the answer to what was just written is usually that close (without the kick each
+        // answer waited for a wake-up from epoll: 4 KiB writes at QD 1 took 4x as long).
+        if was_empty {
+            s.transmit_in_place();
         }
         s.kick();
         Ok(())

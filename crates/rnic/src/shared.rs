@@ -10,7 +10,7 @@ use mio::Waker;
 use rdma::{Access, QpCaps, QpState, Result, SendOp, Sge, Wc, WcOpcode, WcStatus};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 
 /// A resolved local SGE: region, offset inside it, length.
 #[derive(Clone)]
@@ -55,6 +55,20 @@ pub(crate) struct QpShared {
     pub cv: Condvar,
     pub kick: AtomicBool,
     pub engine: Arc<EngineShared>,
+    /// The attached connection's transmit side, for posting in place (set by the engine when
+    /// it attaches the QP; weak, as the engine owns the connection).
+    pub in_place: OnceLock<Weak<dyn TransmitInPlace>>,
+}
+
+/// A connection's transmit side as a poster may run it on its own thread: what `post_send`
+/// calls when it queued a work request on an empty send queue, so that the FPDUs are written
+/// without a turn of the engine (no wake-up, no switch to the engine's thread or task).
+pub(crate) trait TransmitInPlace: Send + Sync {
+    /// Generates and writes what the QP has queued, unless the engine is serving the
+    /// connection just now; true when nothing was left for the engine to write (all written,
+    /// nothing queued), false when it must take it up (busy, the socket would block, work
+    /// left, or the connection failed).
+    fn transmit_in_place(&self) -> bool;
 }
 
 impl QpShared {
@@ -128,6 +142,18 @@ impl QpShared {
         self.cv.notify_all();
     }
 
+    /// Writes the queued work on the caller's thread when the engine allows it (see
+    /// [`TransmitInPlace`]); true when that left the engine nothing to write.
+    pub(crate) fn transmit_in_place(&self) -> bool {
+        if !self.engine.post_in_place.load(Ordering::Relaxed) {
+            return false;
+        }
+        match self.in_place.get().and_then(Weak::upgrade) {
+            Some(tx) => tx.transmit_in_place(),
+            None => false,
+        }
+    }
+
     pub(crate) fn kick(&self) {
         if !self.kick.swap(true, Ordering::AcqRel) {
             self.engine.send(Cmd::Kick(self.num));
@@ -165,6 +191,9 @@ pub(crate) struct EngineShared {
     inbox: Mutex<Vec<Cmd>>,
     /// Align FPDUs with TCP segments on loopback connections too (see `Conn::align_fpdus`).
     pub(crate) align_on_loopback: AtomicBool,
+    /// Posters write a send queue's work themselves when it was empty (see
+    /// [`TransmitInPlace`]); off (the default): every post goes through the engine.
+    pub(crate) post_in_place: AtomicBool,
 }
 
 impl EngineShared {
@@ -173,6 +202,7 @@ impl EngineShared {
             wake,
             inbox: Mutex::new(Vec::new()),
             align_on_loopback: AtomicBool::new(false),
+            post_in_place: AtomicBool::new(false),
         }
     }
 

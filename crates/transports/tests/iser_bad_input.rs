@@ -43,9 +43,9 @@ const QUEUE_DEPTH: u32 = 16;
 /// at most 128 bytes of data, Login Responses a few hundred).
 const RECV_SLOTS: usize = 32;
 const RECV_LEN: usize = 8192 + 128;
-/// Send buffers, each big enough for a Send longer than the target's receives (8272 bytes).
+/// Send buffers, each big enough for a Send longer than the target's receives (16,768 bytes).
 const SEND_SLOTS: usize = 64;
-const SEND_LEN: usize = 9216;
+const SEND_LEN: usize = 17_408;
 const RINGS: RingSizes = RingSizes {
     recv_slots: RECV_SLOTS,
     recv_len: RECV_LEN,
@@ -54,7 +54,7 @@ const RINGS: RingSizes = RingSizes {
 };
 
 /// The target's TargetRecvDataSegmentLength and FirstBurstLength over iSER.
-const SEGMENT: usize = 8192;
+const SEGMENT: usize = 16_384;
 
 /// Starts a target with one 16 MiB RAM LUN 0 behind an `iser://` portal on an ephemeral
 /// loopback port. IRONSAN_LOG=debug shows the target's log when a test fails.
@@ -613,7 +613,7 @@ async fn bad_write_stags_are_terminated_and_only_that_connection_ends() {
     }
 }
 
-/// A Send longer than the target's posted receives (8272 bytes): its RNIC terminates
+/// A Send longer than the target's posted receives (16,768 bytes): its RNIC terminates
 /// (RFC 5041 DDP "message too long") and the connection ends; the target carries on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_send_longer_than_the_posted_receive_is_terminated() {
@@ -625,8 +625,8 @@ async fn a_send_longer_than_the_posted_receive_is_terminated() {
         } else {
             Peer::to(addr)
         };
-        // A NOP-Out announcing the 9000 - 76 bytes it carries.
-        let data = vec![0x5a; 9000 - 76];
+        // A NOP-Out announcing the 17,000 - 76 bytes it carries.
+        let data = vec![0x5a; 17_000 - 76];
         let mut b = bhs(0x40, 0x80, data.len(), 0x77);
         b[20..24].copy_from_slice(&u32::MAX.to_be_bytes());
         p.post_pdu(&iser_header(None, None), &b, &data);
@@ -1128,20 +1128,20 @@ async fn bad_unsolicited_data_out_gets_reject_and_check_condition() {
     let addr = start_target().await;
     let mut keeper = Peer::logged_in(addr);
     let mut p = Peer::logged_in(addr);
-    let before = pattern(16384, 91);
+    let before = pattern(32768, 91);
     assert_eq!(p.write(800, &before, 0).0, 0);
     // (DataSN, offset, length) of the one Data-Out (F=1) after 4 KiB of immediate data; the
-    // command has F=0: unsolicited data to FirstBurstLength (8 KiB) follows.
+    // command has F=0: unsolicited data to FirstBurstLength (16 KiB) follows.
     let cases: [(&str, u32, u32, usize); 3] = [
-        ("past FirstBurstLength", 0, 4096, 8192),
+        ("past FirstBurstLength", 0, 4096, SEGMENT),
         ("wrong DataSN", 1, 4096, 4096),
         ("wrong offset", 0, 6144, 2048),
     ];
     for (case, data_sn, offset, len) in cases {
-        let data = pattern(16384, 92);
+        let data = pattern(32768, 92);
         let mr = p.reg(data.len(), Access::REMOTE_READ);
         mr.write_at(0, &data);
-        let b = p.command_bhs_f(&write10(800, 32), 0, 16384, 4096, false);
+        let b = p.command_bhs_f(&write10(800, 64), 0, 32768, 4096, false);
         let itt = be32(&b[16..20]);
         // Solicited data would begin after the unsolicited part.
         let header = iser_header(Some((mr.rkey(), mr.addr() + SEGMENT as u64)), None);
@@ -1169,7 +1169,7 @@ async fn bad_unsolicited_data_out_gets_reject_and_check_condition() {
         assert_eq!(s[2] & 0x0f, 0x0b, "{case}: ABORTED COMMAND");
         assert_eq!((s[12], s[13]), (0x4b, 0x00), "{case}: DATA PHASE ERROR");
         drop(mr);
-        let (status, back, _) = p.read(800, 32);
+        let (status, back, _) = p.read(800, 64);
         assert_eq!(status, 0);
         assert!(back == before, "{case}: the failed write changed nothing");
     }
