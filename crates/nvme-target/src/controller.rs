@@ -57,6 +57,10 @@ pub const MAX_AERS: usize = 4;
 const AEC_NS_ATTRIBUTE: u32 = 1 << 8;
 /// Keep alive granularity reported (KAS, 100 ms units).
 const KAS: u16 = 10;
+/// Identify CNS: the I/O command set specific Identify Controller (CSI in CDW11 31:24).
+const CNS_CSI_CONTROLLER: u8 = 0x06;
+/// Command set identifier of the NVM command set.
+const CSI_NVM: u32 = 0;
 /// Connect's NVMe/TCP admin queue size a discovery entry announces.
 const ASQSZ: u16 = 32;
 
@@ -595,6 +599,10 @@ impl Registry {
                 cid,
                 identify::active_ns_list(s.namespaces.keys().copied(), nsid),
             ),
+            // The NVM command set's own Identify Controller: all zeroes, no further limits.
+            CNS_CSI_CONTROLLER if sqe.cdw(11) >> 24 == CSI_NVM => {
+                ok_data(cid, vec![0; identify::IDENTIFY_LEN])
+            }
             admin::CNS_NS_DESCRIPTORS => match s.namespaces.get(&nsid) {
                 Some(ns) => {
                     let (e, g) = (eui64(ns.naa()), nguid(ns.naa()));

@@ -144,6 +144,47 @@ impl NvmeTarget {
         })
     }
 
+    /// Binds the subsystems of a configuration, each namespace the LUN `lun_export` finds
+    /// (target name, LUN number); the discovery controller on every subsystem's discovery
+    /// addresses. Errors name the subsystem and namespace, or the address.
+    pub async fn from_config(
+        configs: &[crate::SubsystemConfig],
+        lun_export: impl Fn(&str, u64) -> Option<scsi::LunExport>,
+        config: DriverConfig,
+    ) -> Result<NvmeTarget, String> {
+        crate::config::validate(configs)?;
+        let mut subsystems = Vec::new();
+        let mut discovery: Vec<SocketAddr> = Vec::new();
+        for c in configs {
+            let mut namespaces = std::collections::BTreeMap::new();
+            for n in &c.namespaces {
+                let lun = lun_export(&n.target, n.lun).ok_or_else(|| {
+                    format!(
+                        "[[subsystem]] {} nsid {}: target {:?} has no block LUN {}",
+                        c.nqn, n.nsid, n.target, n.lun
+                    )
+                })?;
+                namespaces.insert(n.nsid, lun);
+            }
+            let s = Subsystem::new(
+                &c.nqn,
+                c.hosts.clone(),
+                c.allow_any_host,
+                c.serial.clone(),
+                namespaces,
+            );
+            subsystems.push((s, c.listen_addrs()?));
+            for a in c.discovery_addrs()? {
+                if !discovery.contains(&a) {
+                    discovery.push(a);
+                }
+            }
+        }
+        NvmeTarget::bind(subsystems, discovery, config)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
     /// The addresses bound, in order.
     pub fn local_addrs(&self) -> Vec<SocketAddr> {
         self.listeners

@@ -336,6 +336,14 @@ fn identify_controller_namespace_lists_and_descriptors() {
     assert_eq!(d[1], (identify::NIDT_NGUID, nguid(l.naa()).to_vec()));
     let (cqe, _) = run(&mut r, &mut q, identify(admin::CNS_NS_DESCRIPTORS, 2));
     assert_eq!(code(&cqe), StatusCode::INVALID_NAMESPACE);
+    let (cqe, data) = run(&mut r, &mut q, identify(0x06, 0));
+    assert!(cqe.status.is_success() && data == vec![0; 4096]);
+    let mut other_csi = identify(0x06, 0);
+    other_csi.set_cdw(11, 2 << 24);
+    assert_eq!(
+        code(&run(&mut r, &mut q, other_csi).0),
+        StatusCode::INVALID_FIELD
+    );
     let (cqe, _) = run(&mut r, &mut q, identify(0x55, 0));
     assert_eq!(code(&cqe), StatusCode::INVALID_FIELD);
 }
