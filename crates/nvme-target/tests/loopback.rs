@@ -136,12 +136,23 @@ impl Host {
     }
 
     async fn fabrics_connect(&mut self, qid: u16, cntlid: u16, subnqn: &str) -> Cqe {
+        let kato = if qid == 0 { 10_000 } else { 0 };
+        self.fabrics_connect_kato(qid, cntlid, subnqn, kato).await
+    }
+
+    async fn fabrics_connect_kato(
+        &mut self,
+        qid: u16,
+        cntlid: u16,
+        subnqn: &str,
+        kato: u32,
+    ) -> Cqe {
         let c = Connect {
             recfmt: 0,
             qid,
             sqsize: 31,
             cattr: 0,
-            kato: if qid == 0 { 10_000 } else { 0 },
+            kato,
         };
         let d = ConnectData {
             hostid: [3; 16],
@@ -314,4 +325,54 @@ async fn discover_connect_identify_write_read_and_a_bad_pdu() {
         .command(identify(admin::CNS_CONTROLLER, 0), &[], &[])
         .await;
     assert!(c.status.is_success());
+}
+
+/// Reads until the target closes the connection (bounded by STEP).
+async fn closed_by_target(h: &mut Host) -> bool {
+    let mut buf = [0u8; 256];
+    for _ in 0..100 {
+        match tokio::time::timeout(STEP, h.s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue,
+            Err(_) => return false,
+        }
+    }
+    false
+}
+
+#[tokio::test]
+async fn keep_alive_timeout_tears_the_controller_down() {
+    let (addr, _, _) = start().await;
+    let mut a = Host::connect(addr, false).await;
+    let c = a.fabrics_connect_kato(0, 0xFFFF, SUB, 600).await;
+    assert!(c.status.is_success());
+    let cntlid = c.dw0 as u16;
+    let p = Property {
+        offset: reg::CC,
+        eight_bytes: false,
+        value: 1,
+    };
+    assert!(a
+        .command(p.to_sqe(fabrics::PROPERTY_SET, 0), &[], &[])
+        .await
+        .0
+        .status
+        .is_success());
+    let mut q = Host::connect(addr, false).await;
+    assert!(q.fabrics_connect(1, cntlid, SUB).await.status.is_success());
+    // Keep alives hold it up past KATO.
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let (c, _) = a.command(Sqe::new(admin::KEEP_ALIVE, 0), &[], &[]).await;
+        assert!(c.status.is_success());
+    }
+    // Then silence: both queues are closed, and the CNTLID is gone for new I/O queues.
+    assert!(closed_by_target(&mut a).await, "admin queue closed");
+    assert!(closed_by_target(&mut q).await, "I/O queue closed");
+    let mut late = Host::connect(addr, false).await;
+    let c = late.fabrics_connect(2, cntlid, SUB).await;
+    assert_eq!(
+        c.status.code,
+        nvme_tcp::StatusCode::CONNECT_INVALID_PARAMETERS
+    );
 }
