@@ -23,6 +23,7 @@ DEFAULT_SCENARIOS=(
   kinit-multipath kinit-pr-gateways
   kinit-iser kinit-iser-verbs
   lio-tcp@libiscsi lio-tcp lio-iser@variants lio-iser-verbs
+  nvme-kernel
 )
 # shellcheck source=lib/host.sh
 source "$KP_DIR/lib/host.sh"

@@ -284,6 +284,10 @@ pub struct Config {
     pub gateway: Option<scsi::GatewayConfig>,
     #[serde(default, rename = "target")]
     pub targets: Vec<TargetConfig>,
+    /// `[[subsystem]]`: NVM subsystems served over NVMe/TCP, their namespaces the LUNs of
+    /// `targets` (`nvme_target`).
+    #[serde(default, rename = "subsystem", skip_serializing_if = "Vec::is_empty")]
+    pub subsystems: Vec<nvme_target::SubsystemConfig>,
     /// Where each target's LUN tables are in the file read (for errors found when they open).
     #[serde(skip)]
     lun_places: LunPlaces,
@@ -409,6 +413,7 @@ impl Config {
             save_on_change: false,
             discovery: DiscoveryConfig::default(),
             gateway: None,
+            subsystems: vec![],
             lun_places: LunPlaces::default(),
             targets: vec![TargetConfig {
                 name: DEFAULT_IQN.to_string(),
@@ -616,6 +621,7 @@ impl Config {
             }
         }
         self.validate_gateway(text, origin)?;
+        self.validate_subsystems(text, origin)?;
         if self.discovery.mutual_chap.is_some() && self.discovery.chap.is_none() {
             return Err(ConfigError(format!(
                 "{}: discovery mutual_chap needs chap too",
@@ -628,6 +634,50 @@ impl Config {
                  (RFC 7143 §12.1.3)",
                 line_in_table_of("[discovery", "mutual_chap")
             )));
+        }
+        Ok(())
+    }
+
+    /// `[[subsystem]]`: well formed (`nvme_target::config::validate`), each namespace a
+    /// block LUN of a configured target.
+    fn validate_subsystems(&self, text: &str, origin: &str) -> Result<(), ConfigError> {
+        let at = |needle: &str| match line_number(text, 0, |l| l.contains(needle)) {
+            Some(n) => format!("{origin}:{n}"),
+            None => origin.to_string(),
+        };
+        nvme_target::config::validate(&self.subsystems)
+            .map_err(|e| ConfigError(format!("{}: {e}", at("[[subsystem]]"))))?;
+        for s in &self.subsystems {
+            for n in &s.namespaces {
+                let lun = self
+                    .targets
+                    .iter()
+                    .find(|t| t.name.eq_ignore_ascii_case(&n.target))
+                    .and_then(|t| t.lun.get(&n.lun.to_string()));
+                match lun {
+                    None => {
+                        return Err(ConfigError(format!(
+                            "{}: [[subsystem]] {} nsid {}: target {:?} has no LUN {}",
+                            at(&n.target),
+                            s.nqn,
+                            n.nsid,
+                            n.target,
+                            n.lun
+                        )))
+                    }
+                    Some(l) if matches!(l.backend, scsi::BackendConfig::Osd { .. }) => {
+                        return Err(ConfigError(format!(
+                            "{}: [[subsystem]] {} nsid {}: LUN {} of {:?} is an object store, not a block LUN",
+                            at(&n.target),
+                            s.nqn,
+                            n.nsid,
+                            n.lun,
+                            n.target
+                        )))
+                    }
+                    Some(_) => {}
+                }
+            }
         }
         Ok(())
     }

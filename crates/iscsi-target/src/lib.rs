@@ -403,6 +403,12 @@ impl Target {
         self.device(target).ok().map(|d| d.luns())
     }
 
+    /// Block LUN `lun` of the target named `target`, for another front end (NVMe/TCP) to
+    /// serve the same storage; `None` when there is no such target or block LUN.
+    pub fn lun_export(&self, target: &str, lun: u64) -> Option<scsi::LunExport> {
+        self.device(target).ok()?.lun_export(lun)
+    }
+
     /// This gateway's ALUA state for each block LUN of `target` (`[gateway]`; empty
     /// without it); `None` when there is no such target.
     pub fn alua_status(&self, target: &str) -> Option<Vec<(u64, scsi::AluaStatus)>> {

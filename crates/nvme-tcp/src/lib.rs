@@ -1,6 +1,6 @@
 //! The NVMe/TCP transport binding (NVMe/TCP 1.0, TP 8000) and the NVMe over Fabrics capsules,
-//! sans IO: no sockets, clocks or threads. It is the core of ironsan's NVMe/TCP front end, which
-//! will serve the same LUNs as iSCSI; nothing serves it yet.
+//! sans IO: no sockets, clocks or threads. It is the core of ironsan's NVMe/TCP front end (`nvme-target`),
+//! which serves the same LUNs as iSCSI.
 //!
 //! - [`pdu`]: the nine PDU types (common header, ICReq/ICResp, H2C/C2H TermReq, CapsuleCmd,
 //!   CapsuleResp, H2CData, C2HData, R2T), header and data digests (CRC32C, least significant
@@ -21,6 +21,9 @@
 //!   capsule; out come [`queue::Action`]s.
 //! - [`identify_host`]: what a host reads from Identify Controller/Namespace and the CAP,
 //!   CC and CSTS registers (the host side is the `nvme-initiator` crate).
+//! - [`identify`], [`log`]: the Identify data structures (controller, namespace, active
+//!   namespace list, identification descriptors) and the log pages (SMART, Changed Namespace
+//!   List, Discovery) with their encoders and parsers, for both sides.
 //!
 //! Facts are from NVM Express Base 2.0, NVMe over Fabrics 1.1 and the NVMe/TCP transport
 //! binding 1.0, checked against Linux's `nvme-tcp.h`.
@@ -28,7 +31,9 @@
 pub mod cqe;
 pub mod decoder;
 pub mod identify_host;
+pub mod identify;
 mod le;
+pub mod log;
 pub mod pdu;
 pub mod queue;
 pub mod sqe;

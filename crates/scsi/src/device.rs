@@ -340,7 +340,7 @@ impl Device {
     }
 
     /// The block LUN numbered `id`.
-    fn block(&self, id: u64) -> Option<Arc<Lun>> {
+    pub(crate) fn block(&self, id: u64) -> Option<Arc<Lun>> {
         match self.unit(id)? {
             Unit::Block(l) => Some(l),
             Unit::Object(_) => None,

@@ -49,6 +49,9 @@
 //!   `owner_lock` file also checks, through a roster beside it (`gateway_roster`), that no
 //!   other gateway claims this one's port group or relative port; if one does, this gateway
 //!   does not serve the LUN.
+//!   state following its owner ([`storage::ExclusiveOwner`]).
+//! * Other front ends: [`Device::lun_export`] hands a block LUN's backend, geometry and
+//!   identity to another protocol (NVMe/TCP) serving the same storage.
 //! * Sense: returned raw, fixed (0x70) or descriptor (0x72) format per the D_SENSE bit of
 //!   the control mode page.
 
@@ -58,6 +61,7 @@ pub(crate) mod cmds;
 mod command;
 pub mod config;
 mod device;
+mod export;
 mod fault_log;
 mod gateway_roster;
 mod lun;
@@ -75,6 +79,7 @@ pub use cmds::{RwParams, MAX_TRANSFER_BYTES};
 pub use command::{Command, NexusId, Residual, Response, TaskAttr};
 pub use config::{BackendConfig, ByteSize, GatewayConfig, IoConfig, LunConfig, PeerConfig};
 pub use device::{Device, DeviceError, ImageProvider, LunChangeError, ResetKind};
+pub use export::LunExport;
 pub use object::OSD_DEVICE_TYPE;
 /// Status codes and sense data are the shared SCSI vocabulary's.
 pub use scsi_spec::{sense, status, Sense};

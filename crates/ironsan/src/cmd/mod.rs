@@ -21,4 +21,5 @@ pub mod progress;
 pub mod rdma;
 pub mod soak;
 pub mod target;
+pub mod target_nvme;
 pub mod target_service;

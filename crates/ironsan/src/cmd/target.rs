@@ -1,6 +1,8 @@
 //! `ironsan target`: serve iSCSI targets from a TOML config, or the embedded default
-//! (one 1 GiB RAM LUN on 127.0.0.1:3260). Started with --config, SIGHUP reads the file
-//! again and applies what changed while the target runs.
+//! (one 1 GiB RAM LUN on 127.0.0.1:3260), and the config's NVMe/TCP subsystems over the
+//! same LUNs (`target_nvme`). Started with --config, SIGHUP reads the file
+//! again and applies what changed to the iSCSI targets while the target runs (the NVMe/TCP
+//! subsystems are read at start).
 
 use anyhow::Context;
 use iscsi_target::Config;
@@ -102,6 +104,7 @@ pub fn run(args: TargetArgs) -> anyhow::Result<()> {
                 .is_some_and(|l| matches!(l.backend, scsi::BackendConfig::Osd { .. }))
         });
         let metrics_addr = args.metrics.or(config.metrics);
+        let subsystems = config.subsystems.clone();
         let bound = transports::bind_target(config)
             .await
             .map_err(anyhow::Error::msg)?;
@@ -159,6 +162,7 @@ pub fn run(args: TargetArgs) -> anyhow::Result<()> {
             println!("ironsan: metrics on http://{at}/metrics");
         }
         let serving = tokio::spawn(bound.serve());
+        let nvme = super::target_nvme::start(&subsystems, target.clone()).await?;
         let control = match &control_path {
             Some(path) => {
                 let (server, methods) =
@@ -185,6 +189,9 @@ pub fn run(args: TargetArgs) -> anyhow::Result<()> {
             // Dropping the server removes the socket file.
             control.abort();
             let _ = control.await;
+        }
+        if let Some(nvme) = nvme {
+            nvme.abort();
         }
         println!("ironsan: shutting down (asking initiators to log out)");
         target.shutdown(Duration::from_secs(2)).await;
