@@ -30,8 +30,8 @@
 
 pub mod cqe;
 pub mod decoder;
-pub mod identify_host;
 pub mod identify;
+pub mod identify_host;
 mod le;
 pub mod log;
 pub mod pdu;
