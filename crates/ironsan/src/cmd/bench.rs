@@ -43,6 +43,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         Some(BenchCommand::Rbd(args)) => super::bench_rbd::run(args),
         Some(BenchCommand::Backends(args)) => super::bench_backends::run(args),
         Some(BenchCommand::TcpRr(args)) => super::bench_tcp_rr::run(args),
+        None if args
+            .iscsi
+            .url
+            .as_deref()
+            .is_some_and(super::nvme_host::is_nvme) =>
+        {
+            super::nvme_host::bench(*args.iscsi)
+        }
         None => super::blockbench::run(*args.iscsi),
     }
 }

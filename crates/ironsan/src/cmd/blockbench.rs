@@ -132,7 +132,7 @@ pub(crate) fn sizes(s: &str) -> anyhow::Result<Vec<u32>> {
     Ok(v)
 }
 
-fn rws(a: &BlockBenchArgs) -> anyhow::Result<Vec<Rw>> {
+pub(super) fn rws(a: &BlockBenchArgs) -> anyhow::Result<Vec<Rw>> {
     if a.mix > 100 {
         bail!("--mix is a percentage 0..100");
     }
@@ -146,7 +146,7 @@ fn rws(a: &BlockBenchArgs) -> anyhow::Result<Vec<Rw>> {
         .collect()
 }
 
-fn patterns(a: &BlockBenchArgs) -> anyhow::Result<Vec<Pattern>> {
+pub(super) fn patterns(a: &BlockBenchArgs) -> anyhow::Result<Vec<Pattern>> {
     a.pattern
         .split(',')
         .map(|p| match p.trim() {
@@ -397,9 +397,6 @@ pub fn run(a: BlockBenchArgs) -> anyhow::Result<()> {
             let steps = workload::parse_script(&text).map_err(anyhow::Error::msg)?;
             super::initiator::block_on_interruptible(&rt, run_script(&a, steps))
         }
-        None if a.url.as_deref().is_some_and(super::nvme_host::is_nvme) => {
-            super::initiator::block_on_interruptible(&rt, nvme_rows(&a))
-        }
         None => {
             let Some(u) = &a.url else {
                 bail!("give an iscsi:// URL (or --script FILE); see ironsan bench --help");
@@ -447,7 +444,12 @@ pub fn run(a: BlockBenchArgs) -> anyhow::Result<()> {
     };
     drop(rt);
     a.login.finish_trace()?;
-    let rows = rows?;
+    report_rows(&a, rows?)
+}
+
+/// Prints the table of `rows` (stdout, or stderr when the JSON goes to stdout) and writes
+/// the JSON, CSV and plot files `a` names.
+pub(super) fn report_rows(a: &BlockBenchArgs, rows: Vec<Summary>) -> anyhow::Result<()> {
     // With the JSON on stdout, stdout carries nothing else (a script parses it): the table
     // and the verify line go to stderr.
     let json_to_stdout = a.json.as_deref().is_some_and(|p| p.as_os_str() == "-");
@@ -479,43 +481,6 @@ pub fn run(a: BlockBenchArgs) -> anyhow::Result<()> {
         write_file(p, &plot(&rows))?;
     }
     Ok(())
-}
-
-/// The points of `ironsan bench nvme+tcp://...`.
-async fn nvme_rows(a: &BlockBenchArgs) -> anyhow::Result<Vec<Summary>> {
-    if a.tcp_info.is_some() || a.tcp_info_plot.is_some() {
-        bail!("--tcp-info samples iSCSI connections; it does not apply to nvme+tcp:// URLs");
-    }
-    let url = super::nvme_host::NvmeUrl::parse(a.url.as_deref().unwrap_or_default())?;
-    let duration = match (a.duration, a.count) {
-        (Some(d), _) if d > 0.0 => Some(Duration::from_secs_f64(d)),
-        (Some(_), _) => bail!("--duration must be positive"),
-        (None, Some(_)) => None,
-        (None, None) => Some(Duration::from_secs(5)),
-    };
-    let mut ws = Vec::new();
-    for rw in rws(a)? {
-        for pattern in patterns(a)? {
-            for size in sizes(&a.size)? {
-                ws.push(Workload {
-                    rw,
-                    pattern,
-                    size,
-                    qd: a.qd.max(1),
-                    duration,
-                    count: a.count,
-                    span: a.span.or(a.verify.then_some(256 << 20)),
-                    verify: a.verify,
-                    seed: a.seed,
-                });
-            }
-        }
-    }
-    let bar = super::progress::steps(ws.len() as u64, "bench");
-    let rows =
-        super::nvme_host::bench_rows(&url, &a.login, a.sessions, a.qd.max(1), &ws, &bar).await;
-    bar.finish_and_clear();
-    rows
 }
 
 async fn run_script(a: &BlockBenchArgs, steps: Vec<Step>) -> anyhow::Result<Vec<Summary>> {

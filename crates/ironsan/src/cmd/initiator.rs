@@ -1,6 +1,6 @@
 //! The initiator commands: `ironsan discover`, `ls`, `inq`, `read` and `write`. URLs are
 //! libiscsi's: `iscsi://[user[%password]@]host[:port]/target-iqn/lun` (`read` and `write`
-//! also take `nvme+tcp://` URLs, handed to `nvme_host`); a LUN URL may list
+//! also take `nvme+tcp://` URLs, which main.rs hands to `nvme_host`); a LUN URL may list
 //! several portals of one LU (`host1,host2:3261`) for a multipath session (docs/multipath.md).
 
 use std::collections::VecDeque;
@@ -432,9 +432,6 @@ fn check_aligned(what: &str, v: u64, bs: u32) -> anyhow::Result<()> {
 }
 
 pub fn read(args: ReadArgs) -> anyhow::Result<()> {
-    if super::nvme_host::is_nvme(&args.url) {
-        return super::nvme_host::read(args);
-    }
     let url = IscsiUrl::parse_lun(&args.url)?;
     let cfg = args.login.config(&url)?;
     let mut out: Box<dyn Write> = match &args.output {
@@ -523,9 +520,6 @@ pub(crate) fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usi
 }
 
 pub fn write(args: WriteArgs) -> anyhow::Result<()> {
-    if super::nvme_host::is_nvme(&args.url) {
-        return super::nvme_host::write(args);
-    }
     let url = IscsiUrl::parse_lun(&args.url)?;
     let cfg = args.login.config(&url)?;
     let (mut input, known_len): (Box<dyn Read>, Option<u64>) = match &args.input {

@@ -11,10 +11,12 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use bench::device::NvmeNamespace;
+use bench::workload::{Summary, Workload};
 use bytes::Bytes;
 use iscsi_initiator::scsi::Capacity;
 use nvme_initiator::{ConnectOptions, Controller, Namespace};
 
+use super::blockbench::BlockBenchArgs;
 use super::initiator::{LoginOpts, ReadArgs, WriteArgs};
 
 /// The URL scheme.
@@ -252,9 +254,9 @@ pub async fn bench_rows(
     login: &LoginOpts,
     sessions: usize,
     qd: usize,
-    workloads: &[bench::workload::Workload],
+    workloads: &[Workload],
     bar: &indicatif::ProgressBar,
-) -> anyhow::Result<Vec<bench::workload::Summary>> {
+) -> anyhow::Result<Vec<Summary>> {
     let depth = u16::try_from(qd.div_ceil(usize::from(login.connections.max(1))) + 1)
         .unwrap_or(u16::MAX)
         .max(32);
@@ -287,6 +289,55 @@ pub async fn bench_rows(
         }
     }
     Ok(rows)
+}
+
+/// `ironsan bench nvme+tcp://...`: the access generator's points on an NVMe/TCP namespace,
+/// reported as for iSCSI.
+pub fn bench(a: BlockBenchArgs) -> anyhow::Result<()> {
+    if a.script.is_some() {
+        bail!("--script runs iSCSI URLs; give the nvme+tcp:// URL without it");
+    }
+    let rt = super::initiator::runtime()?;
+    let rows = super::initiator::block_on_interruptible(&rt, nvme_rows(&a));
+    drop(rt);
+    a.login.finish_trace()?;
+    super::blockbench::report_rows(&a, rows?)
+}
+
+/// The points of `ironsan bench nvme+tcp://...`.
+async fn nvme_rows(a: &BlockBenchArgs) -> anyhow::Result<Vec<Summary>> {
+    if a.tcp_info.is_some() || a.tcp_info_plot.is_some() {
+        bail!("--tcp-info samples iSCSI connections; it does not apply to nvme+tcp:// URLs");
+    }
+    let url = NvmeUrl::parse(a.url.as_deref().unwrap_or_default())?;
+    let duration = match (a.duration, a.count) {
+        (Some(d), _) if d > 0.0 => Some(Duration::from_secs_f64(d)),
+        (Some(_), _) => bail!("--duration must be positive"),
+        (None, Some(_)) => None,
+        (None, None) => Some(Duration::from_secs(5)),
+    };
+    let mut ws = Vec::new();
+    for rw in super::blockbench::rws(a)? {
+        for pattern in super::blockbench::patterns(a)? {
+            for size in super::blockbench::sizes(&a.size)? {
+                ws.push(Workload {
+                    rw,
+                    pattern,
+                    size,
+                    qd: a.qd.max(1),
+                    duration,
+                    count: a.count,
+                    span: a.span.or(a.verify.then_some(256 << 20)),
+                    verify: a.verify,
+                    seed: a.seed,
+                });
+            }
+        }
+    }
+    let bar = super::progress::steps(ws.len() as u64, "bench");
+    let rows = bench_rows(&url, &a.login, a.sessions, a.qd.max(1), &ws, &bar).await;
+    bar.finish_and_clear();
+    rows
 }
 
 #[cfg(test)]
