@@ -18,9 +18,9 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
 /// How long freed memory stays with the process before mimalloc returns it to the system.
 /// Its default (1 s) returned command buffers between bursts of a steady stream, and each
-/// one came back as page faults on zeroed (often 2 MiB) pages: thousands a second for a
-/// bench of 128 KiB reads, more CPU than the data copy. Ten seconds keeps them through any
-/// steady load and still gives memory back after one.
+/// came back as page faults on zeroed (often 2 MiB) pages, costing more CPU than the data
+/// copy (figures: docs/performance-notes.md). Ten seconds keeps them through any steady load
+/// and still gives memory back after one.
 const ALLOCATOR_PURGE_DELAY_MS: std::ffi::c_long = 10_000;
 
 fn tune_allocator() {

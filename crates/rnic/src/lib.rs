@@ -15,12 +15,12 @@
 //! the completions pushed on the poster's thread, without waiting for a switch to the engine;
 //! when the socket would block, work remains or the lock is taken, the engine writes them. The
 //! engine is kicked either way: a driven engine's turn that finds work starts its poll window,
-//! which then covers the answer to what was written. Off by default because it measured
-//! slower for iSER on a loaded 2-core machine (docs/performance-notes.md): the engine then
-//! waits on a connection lock a descheduled poster may hold. Either way one lock orders all transmitting, so FPDUs and
-//! completions keep the posting order ([`Rnic::post_in_place`] turns it off). Completions are pushed to
-//! CQs by the engine, which signals a completion channel (an eventfd, usable with epoll or tokio's `AsyncFd`) when the CQ was
-//! armed. Connecting (TCP + MPA Request/Reply) runs blocking in the caller's thread with
+//! which then covers the answer to what was written. It is off by default because the engine
+//! may then wait on a connection lock held by a poster that was descheduled (its measurement:
+//! docs/performance-notes.md). Either way one lock orders all transmitting, so FPDUs and
+//! completions keep the posting order. Completions are pushed to CQs by the engine, which
+//! signals a completion channel (an eventfd, usable with epoll or tokio's `AsyncFd`) when the
+//! CQ was armed. Connecting (TCP + MPA Request/Reply) runs blocking in the caller's thread with
 //! timeouts; the listener reads every accepted connection's MPA Request without blocking on any
 //! one (a silent client delays no other); then the socket is handed to the engine.
 //!
