@@ -23,7 +23,7 @@ use std::process::{Command, Stdio};
 use super::bench_procs::{
     self, free_port, reaped_children_cpu_seconds, wait_port, which, Reaped, Scratch,
 };
-use super::bench_rbd::{parse_fio, run_initiator, Run, Workload, WORKLOADS};
+use super::bench_rbd::{parse_fio, rotate_sides, run_initiator, Run, Workload, WORKLOADS};
 
 #[derive(clap::Args)]
 pub struct BackendsArgs {
@@ -199,41 +199,20 @@ pub fn run(a: BackendsArgs) -> Result<()> {
         a.repeat
     );
 
-    // runs[workload][side], summed over the repeats.
-    let mut runs = vec![vec![Run::default(); sides.len()]; WORKLOADS.len()];
-    for (w, load) in WORKLOADS.iter().enumerate() {
-        for round in 0..a.repeat as usize {
-            for k in 0..sides.len() {
-                let s = (k + round) % sides.len();
-                let side = sides[s];
-                let run = match (side, &tgtd) {
-                    (Side::Fio, _) => run_fio(a.seconds, &disk, bytes, load),
-                    (Side::Tgtd, Some((child, port))) => {
-                        let url = format!("iscsi://127.0.0.1:{port}/{TGT_IQN}/1");
-                        run_initiator(a.seconds, load, &url, child.0.id())
-                    }
-                    _ => {
-                        let lun = side.lun().unwrap_or(1);
-                        let url = format!("iscsi://127.0.0.1:{port}/{IRONSAN_IQN}/{lun}");
-                        run_initiator(a.seconds, load, &url, ironsan.0.id())
-                    }
-                }
-                .with_context(|| format!("{} on {}", load.name, side.name()))?;
-                eprintln!(
-                    "  {:<22} {:<18} run {}: {:>9.1} MB/s",
-                    load.name,
-                    side.name(),
-                    round + 1,
-                    run.bytes / run.seconds / 1e6
-                );
-                let sum = &mut runs[w][s];
-                sum.bytes += run.bytes;
-                sum.ops += run.ops;
-                sum.seconds += run.seconds;
-                sum.cpu += run.cpu;
+    let runs = rotate_sides(&sides, a.repeat, Side::name, |load, side| {
+        match (side, &tgtd) {
+            (Side::Fio, _) => run_fio(a.seconds, &disk, bytes, load),
+            (Side::Tgtd, Some((child, port))) => {
+                let url = format!("iscsi://127.0.0.1:{port}/{TGT_IQN}/1");
+                run_initiator(a.seconds, load, &url, child.0.id())
+            }
+            _ => {
+                let lun = side.lun().unwrap_or(1);
+                let url = format!("iscsi://127.0.0.1:{port}/{IRONSAN_IQN}/{lun}");
+                run_initiator(a.seconds, load, &url, ironsan.0.id())
             }
         }
-    }
+    })?;
     drop((ironsan, tgtd));
     report(&a, &sides, &runs)
 }

@@ -336,35 +336,48 @@ pub fn run(a: RbdArgs) -> Result<()> {
         a.repeat
     );
 
-    // runs[workload][side], summed over the repeats.
+    let runs = rotate_sides(&sides, a.repeat, Side::name, |load, side| {
+        match targets.iter().find(|t| t.0 == side) {
+            None => run_fio(&a, load),
+            Some((_, target, url)) => run_initiator(a.seconds, load, url, target.0.id()),
+        }
+    })?;
+    drop(targets);
+    report(&a, &sides, &runs)
+}
+
+/// Runs every workload on every side, `repeat` rounds each, the order of the sides rotating
+/// from round to round (so drift in the machine's load hits all sides), and returns each
+/// side's runs summed: `runs[workload][side]`. `run` measures one workload on one side.
+pub(super) fn rotate_sides<S: Copy>(
+    sides: &[S],
+    repeat: u32,
+    name: fn(S) -> &'static str,
+    mut run: impl FnMut(&Workload, S) -> Result<Run>,
+) -> Result<Vec<Vec<Run>>> {
     let mut runs = vec![vec![Run::default(); sides.len()]; WORKLOADS.len()];
     for (w, load) in WORKLOADS.iter().enumerate() {
-        for round in 0..a.repeat as usize {
+        for round in 0..repeat as usize {
             for k in 0..sides.len() {
                 let s = (k + round) % sides.len();
-                let side = sides[s];
-                let run = match targets.iter().find(|t| t.0 == side) {
-                    None => run_fio(&a, load),
-                    Some((_, target, url)) => run_initiator(a.seconds, load, url, target.0.id()),
-                }
-                .with_context(|| format!("{} on {}", load.name, side.name()))?;
+                let r = run(load, sides[s])
+                    .with_context(|| format!("{} on {}", load.name, name(sides[s])))?;
                 eprintln!(
-                    "  {:<22} {:<12} run {}: {:>9.1} MB/s",
+                    "  {:<22} {:<18} run {}: {:>9.1} MB/s",
                     load.name,
-                    side.name(),
+                    name(sides[s]),
                     round + 1,
-                    run.bytes / run.seconds / 1e6
+                    r.bytes / r.seconds / 1e6
                 );
                 let sum = &mut runs[w][s];
-                sum.bytes += run.bytes;
-                sum.ops += run.ops;
-                sum.seconds += run.seconds;
-                sum.cpu += run.cpu;
+                sum.bytes += r.bytes;
+                sum.ops += r.ops;
+                sum.seconds += r.seconds;
+                sum.cpu += r.cpu;
             }
         }
     }
-    drop(targets);
-    report(&a, &sides, &runs)
+    Ok(runs)
 }
 
 fn report(a: &RbdArgs, sides: &[Side], runs: &[Vec<Run>]) -> Result<()> {
